@@ -1,0 +1,220 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.etcd.io/bbolt"
+)
+
+// User is one account that owns API keys and a plan.
+type User struct {
+	ID        string
+	Plan      string // plan name from [plans.NAME]; empty means the default plan
+	Banned    bool
+	CreatedAt time.Time
+}
+
+// Key is one API key. Only the SHA-256 hash of the secret is stored.
+type Key struct {
+	ID        string
+	Hash      [32]byte // SHA-256 of the secret; unique across keys
+	UserID    string
+	CreatedAt time.Time
+	RevokedAt time.Time // zero means the key is active
+}
+
+// Active reports whether k has not been revoked.
+func (k Key) Active() bool { return k.RevokedAt.IsZero() }
+
+// CreateKey stores k and creates or updates its user in one transaction. It
+// returns ErrExists if a key with k.ID or k.Hash is already stored.
+//
+// u.ID may be empty (it is taken from k.UserID) but must otherwise equal
+// k.UserID. A new user is stored as u, with CreatedAt defaulting to
+// k.CreatedAt. An existing user keeps its CreatedAt and Banned flag; its
+// Plan changes only if u.Plan is not empty.
+func (db *DB) CreateKey(k Key, u User) error {
+	if u.ID == "" {
+		u.ID = k.UserID
+	}
+	switch {
+	case k.ID == "":
+		return fmt.Errorf("create key: %w: empty key id", ErrInvalid)
+	case k.UserID == "":
+		return fmt.Errorf("create key %s: %w: empty user id", k.ID, ErrInvalid)
+	case u.ID != k.UserID:
+		return fmt.Errorf("create key %s: %w: user %q is not the key's user %q", k.ID, ErrInvalid, u.ID, k.UserID)
+	case k.Hash == [32]byte{}:
+		return fmt.Errorf("create key %s: %w: empty hash", k.ID, ErrInvalid)
+	case k.CreatedAt.IsZero():
+		return fmt.Errorf("create key %s: %w: zero creation time", k.ID, ErrInvalid)
+	}
+
+	err := db.update(func(tx *bbolt.Tx) error {
+		keys, hashes := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyHashes)
+		if keys.Get([]byte(k.ID)) != nil {
+			return fmt.Errorf("key id %s: %w", k.ID, ErrExists)
+		}
+		if hashes.Get(k.Hash[:]) != nil {
+			return fmt.Errorf("key hash: %w", ErrExists)
+		}
+		if err := putJSON(keys, []byte(k.ID), k); err != nil {
+			return err
+		}
+		if err := hashes.Put(k.Hash[:], []byte(k.ID)); err != nil {
+			return fmt.Errorf("key hash: %w", err)
+		}
+
+		users := tx.Bucket(bucketUsers)
+		var old User
+		found, err := getJSON(users, []byte(u.ID), &old)
+		switch {
+		case err != nil:
+			return err
+		case found:
+			if u.Plan != "" {
+				old.Plan = u.Plan
+			}
+			u = old
+		case u.CreatedAt.IsZero():
+			u.CreatedAt = k.CreatedAt
+		}
+		return putJSON(users, []byte(u.ID), u)
+	})
+	if err != nil {
+		return fmt.Errorf("create key %s: %w", k.ID, err)
+	}
+	return nil
+}
+
+// RevokeKey marks key id revoked at at and returns it. Revoking a revoked
+// key changes nothing and returns it with its first RevokedAt. It returns
+// ErrNotFound for an unknown id.
+func (db *DB) RevokeKey(id string, at time.Time) (Key, error) {
+	if at.IsZero() {
+		return Key{}, fmt.Errorf("revoke key %s: %w: zero time", id, ErrInvalid)
+	}
+	var k Key
+	err := db.update(func(tx *bbolt.Tx) error {
+		keys := tx.Bucket(bucketKeys)
+		found, err := getJSON(keys, []byte(id), &k)
+		switch {
+		case err != nil:
+			return err
+		case !found:
+			return ErrNotFound
+		case !k.Active():
+			return nil
+		}
+		k.RevokedAt = at
+		return putJSON(keys, []byte(id), k)
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("revoke key %s: %w", id, err)
+	}
+	return k, nil
+}
+
+// Keys returns every key, active or revoked, sorted by CreatedAt then ID.
+func (db *DB) Keys() ([]Key, error) {
+	var keys []Key
+	err := db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketKeys).ForEach(func(id, v []byte) error {
+			var k Key
+			if err := json.Unmarshal(v, &k); err != nil {
+				return fmt.Errorf("key %s: %w", id, err)
+			}
+			keys = append(keys, k)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	slices.SortFunc(keys, func(a, b Key) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return bytes.Compare([]byte(a.ID), []byte(b.ID))
+	})
+	return keys, nil
+}
+
+// Users returns every user, sorted by ID.
+func (db *DB) Users() ([]User, error) {
+	var users []User
+	err := db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketUsers).ForEach(func(id, v []byte) error {
+			var u User
+			if err := json.Unmarshal(v, &u); err != nil {
+				return fmt.Errorf("user %s: %w", id, err)
+			}
+			users = append(users, u)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list users: %w", err)
+	}
+	return users, nil
+}
+
+// User returns the user with the given id, or ErrNotFound.
+func (db *DB) User(id string) (User, error) {
+	var u User
+	err := db.view(func(tx *bbolt.Tx) error {
+		found, err := getJSON(tx.Bucket(bucketUsers), []byte(id), &u)
+		if err == nil && !found {
+			err = ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return User{}, fmt.Errorf("user %s: %w", id, err)
+	}
+	return u, nil
+}
+
+// PutUser stores u, replacing any user with the same ID.
+func (db *DB) PutUser(u User) error {
+	if u.ID == "" {
+		return fmt.Errorf("put user: %w: empty user id", ErrInvalid)
+	}
+	err := db.update(func(tx *bbolt.Tx) error {
+		return putJSON(tx.Bucket(bucketUsers), []byte(u.ID), u)
+	})
+	if err != nil {
+		return fmt.Errorf("put user %s: %w", u.ID, err)
+	}
+	return nil
+}
+
+// putJSON stores v under key in b, JSON-encoded.
+func putJSON(b *bbolt.Bucket, key []byte, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	if err := b.Put(key, data); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return nil
+}
+
+// getJSON decodes the value under key in b into v. It reports false, and
+// leaves v alone, when there is no such key. json.Unmarshal copies what it
+// keeps, so v stays valid after the transaction.
+func getJSON(b *bbolt.Bucket, key []byte, v any) (bool, error) {
+	data := b.Get(key)
+	if data == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return true, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,320 @@
+// Package storage provides Breakwater's durable state: one BoltDB file that
+// holds users, API keys, plan quotas, usage records and statistics events.
+//
+// Money writes (the quota increment and its usage row) go through a group
+// commit: concurrent callers share one transaction and one fsync, and each
+// returns only once its write is on disk. Statistics events are written with a
+// plain transaction, apart from billing.
+//
+// BoltDB takes an exclusive lock on its file, so exactly one process owns the
+// database; a second Open fails with ErrLocked instead of waiting. Storage
+// refuses to open a file that is not a Breakwater database, and never writes
+// to one. It keeps no state in memory beyond the open file: live counters and
+// windows belong to the packages that use them. It is the only package that
+// imports bbolt.
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// DefaultPath is the database file used when Config.Path is empty.
+const DefaultPath = "data/breakwater.db"
+
+// DefaultStatsRetentionDays is how many days of raw statistics events are
+// kept when Config.StatsRetentionDays is zero.
+const DefaultStatsRetentionDays = 30
+
+// DefaultTimeout is how long Open waits for the file lock when
+// Options.Timeout is zero.
+const DefaultTimeout = time.Second
+
+// SchemaVersion is the version of the bucket layout this code writes. A
+// database with a newer version is refused.
+const SchemaVersion uint64 = 1
+
+// Errors returned by storage. Callers test them with errors.Is; most are
+// wrapped with the path or the record they concern.
+var (
+	// ErrLocked means another process (or another DB in this process) holds
+	// the database file.
+	ErrLocked = errors.New("storage: database is locked by another breakwater process")
+
+	// ErrNotFound means the requested user or key does not exist.
+	ErrNotFound = errors.New("storage: not found")
+
+	// ErrClosed means the DB has been closed.
+	ErrClosed = errors.New("storage: database is closed")
+
+	// ErrExists means a record with the same identity is already stored.
+	ErrExists = errors.New("storage: already exists")
+
+	// ErrNotDatabase means the file exists but is not a Breakwater database;
+	// the file is left untouched.
+	ErrNotDatabase = errors.New("storage: file is not a breakwater database")
+
+	// ErrNewerSchema means the database was written by a newer Breakwater
+	// whose schema this code does not know.
+	ErrNewerSchema = errors.New("storage: database schema is newer than this breakwater")
+
+	// ErrInvalid means a record is missing a required field or has a value
+	// storage cannot encode; nothing was written.
+	ErrInvalid = errors.New("storage: invalid record")
+)
+
+// Config is the [storage] section of config.toml.
+type Config struct {
+	// Path is the database file. Its parent folders are created (mode 0700)
+	// when missing. Default DefaultPath.
+	Path string `koanf:"path"`
+
+	// StatsRetentionDays is how many days of raw statistics events are kept
+	// before the daily aggregation deletes them. Default
+	// DefaultStatsRetentionDays (30); negative is an error.
+	StatsRetentionDays int `koanf:"stats_retention_days"`
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Path == "" {
+		c.Path = DefaultPath
+	}
+	if c.StatsRetentionDays == 0 {
+		c.StatsRetentionDays = DefaultStatsRetentionDays
+	}
+	return c
+}
+
+// Validate reports the first invalid setting of c, naming its config key.
+// Zero fields are valid: they mean the defaults.
+func (c Config) Validate() error {
+	if c.StatsRetentionDays < 0 {
+		return fmt.Errorf("storage.stats_retention_days: %d is negative", c.StatsRetentionDays)
+	}
+	return nil
+}
+
+// Options tune Open. The zero value is ready for production use.
+type Options struct {
+	// Timeout is how long Open waits for the file lock before it returns
+	// ErrLocked. Zero or negative means DefaultTimeout (1s); Open never
+	// waits forever.
+	Timeout time.Duration
+
+	// Logger receives storage's few log lines. Default slog.Default().
+	Logger *slog.Logger
+
+	// NoSync skips fsync after each commit. For benchmarks and throwaway
+	// databases only: a crash can lose or corrupt committed data.
+	NoSync bool
+}
+
+// Bucket names. Every bucket is created at Open.
+var (
+	bucketMeta      = []byte("meta")       // schema_version -> uint64
+	bucketUsers     = []byte("users")      // user id -> JSON User
+	bucketKeys      = []byte("keys")       // key id -> JSON Key
+	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
+	bucketQuota     = []byte("quota")      // "2006-01" -> bucket of user id -> uint64
+	bucketUsage     = []byte("usage")      // timeKey -> JSON UsageRecord
+	bucketEvents    = []byte("events")     // timeKey -> JSON Event
+
+	allBuckets = [][]byte{
+		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
+		bucketQuota, bucketUsage, bucketEvents,
+	}
+
+	keySchemaVersion = []byte("schema_version")
+)
+
+// DB is an open Breakwater database. Its methods are safe for concurrent
+// use. Close it when done.
+type DB struct {
+	bolt   *bbolt.DB
+	path   string
+	logger *slog.Logger
+
+	// mu guards closed and every send on queue, so that Close can close
+	// queue without racing a sender.
+	mu         sync.RWMutex
+	closed     bool
+	queue      chan commitRequest
+	writerDone chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+
+	// Group commit counters, for tests and benchmarks.
+	txs      atomic.Int64 // transactions run, including rolled-back ones
+	answered atomic.Int64 // requests answered
+}
+
+// Open opens the Breakwater database at path, creating the file and its
+// parent folders when missing. It refuses a file that is not a Breakwater
+// database (ErrNotDatabase) or that a newer Breakwater wrote
+// (ErrNewerSchema), and fails with ErrLocked when another process holds the
+// file for longer than opts.Timeout.
+func Open(path string, opts Options) (*DB, error) {
+	if path == "" {
+		return nil, fmt.Errorf("open database: %w: empty path", ErrInvalid)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open %s: folder: %w", path, err)
+	}
+
+	info, statErr := os.Stat(path)
+	existed := statErr == nil && info.Size() > 0
+
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
+		Timeout: opts.Timeout,
+		NoSync:  opts.NoSync,
+	})
+	var pathErr *fs.PathError
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("open %s: %w", path, ErrLocked)
+	case err != nil && existed && !errors.As(err, &pathErr):
+		// The file opened and locked but bbolt could not read it (bad
+		// meta pages, wrong version, too small...). bbolt writes nothing
+		// to an existing non-empty file before it validates it.
+		return nil, fmt.Errorf("open %s: %w: %w", path, ErrNotDatabase, err)
+	case err != nil:
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+
+	version, err := prepare(bdb)
+	if err != nil {
+		_ = bdb.Close() // the open error matters more
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+
+	db := &DB{
+		bolt:       bdb,
+		path:       path,
+		logger:     opts.Logger.With("component", "storage"),
+		queue:      make(chan commitRequest, queueSize),
+		writerDone: make(chan struct{}),
+	}
+	go db.writer()
+	db.logger.Info("database opened", "path", path, "schema_version", version)
+	return db, nil
+}
+
+// prepare checks that bdb holds a Breakwater database (or nothing) and
+// creates every bucket and the schema version in one transaction. It writes
+// nothing to a file it refuses.
+func prepare(bdb *bbolt.DB) (uint64, error) {
+	var version uint64
+	err := bdb.View(func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			empty := true
+			_ = tx.ForEach(func([]byte, *bbolt.Bucket) error {
+				empty = false
+				return errStop
+			})
+			if !empty {
+				return fmt.Errorf("%w: no %s bucket", ErrNotDatabase, bucketMeta)
+			}
+			return nil // a new file
+		}
+		v := meta.Get(keySchemaVersion)
+		if len(v) != 8 {
+			return fmt.Errorf("%w: no schema version", ErrNotDatabase)
+		}
+		version = binary.BigEndian.Uint64(v)
+		if version > SchemaVersion {
+			return fmt.Errorf("%w: schema version %d, this build knows up to %d",
+				ErrNewerSchema, version, SchemaVersion)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+
+	err = bdb.Update(func(tx *bbolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return fmt.Errorf("bucket %s: %w", name, err)
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if bytes.Equal(meta.Get(keySchemaVersion), encodeUint64(SchemaVersion)) {
+			return nil
+		}
+		if err := meta.Put(keySchemaVersion, encodeUint64(SchemaVersion)); err != nil {
+			return fmt.Errorf("schema version: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("create buckets: %w", err)
+	}
+	return SchemaVersion, nil
+}
+
+// errStop ends a ForEach early.
+var errStop = errors.New("storage: stop iteration")
+
+// Path returns the path of the database file, as given to Open.
+func (db *DB) Path() string { return db.path }
+
+// Close stops accepting group-commit writes (later ones get ErrClosed),
+// commits every write already queued, waits for their callers to be
+// answered, then closes the file. Reads and plain writes that are running
+// finish first; later ones get ErrClosed. Close is idempotent: later calls
+// return the first call's result.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		db.mu.Lock()
+		db.closed = true
+		close(db.queue)
+		db.mu.Unlock()
+
+		<-db.writerDone
+		if err := db.bolt.Close(); err != nil {
+			db.closeErr = fmt.Errorf("close %s: %w", db.path, err)
+		}
+		db.logger.Info("database closed", "path", db.path)
+	})
+	return db.closeErr
+}
+
+// view runs fn in a read-only transaction, mapping a closed database to
+// ErrClosed.
+func (db *DB) view(fn func(tx *bbolt.Tx) error) error {
+	return closedErr(db.bolt.View(fn))
+}
+
+// update runs fn in its own read-write transaction (no group commit),
+// mapping a closed database to ErrClosed.
+func (db *DB) update(fn func(tx *bbolt.Tx) error) error {
+	return closedErr(db.bolt.Update(fn))
+}
+
+func closedErr(err error) error {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
+}

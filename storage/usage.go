@@ -1,0 +1,147 @@
+package storage
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+)
+
+// UsageRecord is one successful paid read, written with its quota increment.
+type UsageRecord struct {
+	Time             time.Time // when the read completed; required
+	UserID           string    // required
+	KeyID            string    // empty for JWT callers
+	RequestID        string
+	Model            string
+	Outcome          string
+	Bytes            int64 // image bytes sent upstream
+	PromptTokens     int
+	CandidatesTokens int
+	ThoughtsTokens   int
+	CostMicroUSD     int64 // price of the call, in millionths of a US dollar
+	LatencyMS        int64 // upstream latency, in milliseconds
+}
+
+// validate reports the first field of r that storage cannot accept.
+func (r UsageRecord) validate() error {
+	if r.UserID == "" {
+		return fmt.Errorf("%w: usage record without user id", ErrInvalid)
+	}
+	if err := checkKeyTime(r.Time); err != nil {
+		return fmt.Errorf("usage record of %s: %w", r.UserID, err)
+	}
+	return nil
+}
+
+// RecordUsage commits, in one durable transaction shared with concurrent
+// callers (group commit), the increment of quota[month][rec.UserID] by one
+// and the usage row. It returns only once the transaction is on disk (or
+// failed); on error nothing of rec was written. month is "2006-01".
+//
+// ctx bounds only the wait to enqueue; once queued, RecordUsage waits for
+// the outcome, because the caller must know the record's fate. After Close
+// it returns ErrClosed.
+func (db *DB) RecordUsage(ctx context.Context, month string, rec UsageRecord) error {
+	return db.commit(ctx, func(tx *bbolt.Tx) error {
+		return recordUsage(tx, month, rec)
+	})
+}
+
+// recordUsage is RecordUsage's transaction function. It is pure with respect
+// to tx, as commit requires.
+func recordUsage(tx *bbolt.Tx, month string, rec UsageRecord) error {
+	if err := checkMonth(month); err != nil {
+		return err
+	}
+	if err := rec.validate(); err != nil {
+		return err
+	}
+
+	quota, err := tx.Bucket(bucketQuota).CreateBucketIfNotExists([]byte(month))
+	if err != nil {
+		return fmt.Errorf("quota %s: %w", month, err)
+	}
+	user := []byte(rec.UserID)
+	var used uint64
+	if v := quota.Get(user); len(v) == 8 {
+		used = binary.BigEndian.Uint64(v)
+	}
+	if err := quota.Put(user, encodeUint64(used+1)); err != nil {
+		return fmt.Errorf("quota %s of %s: %w", month, rec.UserID, err)
+	}
+
+	usage := tx.Bucket(bucketUsage)
+	seq, err := usage.NextSequence()
+	if err != nil {
+		return fmt.Errorf("usage sequence: %w", err)
+	}
+	return putJSON(usage, timeKey(rec.Time, seq), rec)
+}
+
+// QuotaUsed returns, for month ("2006-01"), each user's count of successful
+// reads. Users with no read that month are absent.
+func (db *DB) QuotaUsed(month string) (map[string]int64, error) {
+	if err := checkMonth(month); err != nil {
+		return nil, fmt.Errorf("quota used: %w", err)
+	}
+	used := make(map[string]int64)
+	err := db.view(func(tx *bbolt.Tx) error {
+		quota := tx.Bucket(bucketQuota).Bucket([]byte(month))
+		if quota == nil {
+			return nil
+		}
+		return quota.ForEach(func(user, v []byte) error {
+			if len(v) != 8 {
+				return fmt.Errorf("quota of %s: value of %d bytes", user, len(v))
+			}
+			used[string(user)] = int64(binary.BigEndian.Uint64(v))
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("quota used %s: %w", month, err)
+	}
+	return used, nil
+}
+
+// Usage returns the usage records with from <= Time < to, in time order
+// (records with equal times in the order they were written). A zero from
+// means from the first record; a zero to means up to the last.
+func (db *DB) Usage(from, to time.Time) ([]UsageRecord, error) {
+	var recs []UsageRecord
+	err := db.view(func(tx *bbolt.Tx) error {
+		return scanRange(tx.Bucket(bucketUsage), from, to, func(k, v []byte) error {
+			var r UsageRecord
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("usage row %x: %w", k, err)
+			}
+			recs = append(recs, r)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("usage: %w", err)
+	}
+	return recs, nil
+}
+
+// scanRange calls fn for each timeKey-keyed row of b with from <= t < to,
+// in key order. fn must copy what it keeps.
+func scanRange(b *bbolt.Bucket, from, to time.Time, fn func(k, v []byte) error) error {
+	lo, hi := rangeKeys(from, to)
+	c := b.Cursor()
+	for k, v := c.Seek(lo); k != nil; k, v = c.Next() {
+		if hi != nil && bytes.Compare(k, hi) >= 0 {
+			break
+		}
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
