@@ -1,0 +1,91 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults and bounds of a [Config].
+const (
+	// DefaultWindow is the Window used when Config.Window is zero.
+	DefaultWindow = time.Minute
+	// MinWindow is the shortest Window allowed when Rate is set.
+	MinWindow = time.Second
+	// MaxWindow is the longest Window allowed; per-key timestamps are 32-bit
+	// microsecond offsets, which span about 71 minutes.
+	MaxWindow = time.Hour
+	// MaxRate is the largest Rate, and the largest Burst, allowed. A key
+	// holds up to this many timestamps of 4 bytes each.
+	MaxRate = 100_000
+	// BurstWindow is the length of the interval that Burst applies to.
+	BurstWindow = time.Second
+	// Resolution is the granularity of stored timestamps; they are rounded
+	// up to it, so a slot may free up to this much later than exact.
+	Resolution = time.Microsecond
+)
+
+// ErrInvalidConfig is wrapped by every error that [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("limiter: invalid config")
+
+// Config is one [limits.*] section of config.toml, for example [limits.user].
+// A zero field means its documented default.
+type Config struct {
+	// Rate is the most requests admitted in any interval of length Window,
+	// per key. 0 switches the rate limit off. At most MaxRate.
+	Rate int `koanf:"rate"`
+	// Window is the length of the sliding window for Rate. 0 means
+	// DefaultWindow (1m). At most MaxWindow (1h), and at least MinWindow
+	// (1s) when Rate is set.
+	Window time.Duration `koanf:"window"`
+	// Burst is the most requests admitted in any one-second interval, per
+	// key. 0 switches the burst limit off. At most MaxRate.
+	Burst int `koanf:"burst"`
+}
+
+// WithDefaults returns c with every zero field that has a default set to it.
+func (c Config) WithDefaults() Config {
+	if c.Window == 0 {
+		c.Window = DefaultWindow
+	}
+	return c
+}
+
+// Validate reports every problem in c, each naming its field as
+// prefix+".rate", prefix+".window" or prefix+".burst" (the bare field name
+// when prefix is empty). A zero Window is valid: it means DefaultWindow. The
+// error wraps [ErrInvalidConfig]; nil means c is usable.
+func (c Config) Validate(prefix string) error {
+	name := func(field string) string {
+		if prefix == "" {
+			return field
+		}
+		return prefix + "." + field
+	}
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s %s", ErrInvalidConfig, name(field), fmt.Sprintf(format, args...)))
+	}
+	switch {
+	case c.Rate < 0:
+		bad("rate", "must not be negative, got %d", c.Rate)
+	case c.Rate > MaxRate:
+		bad("rate", "must be at most %d, got %d", MaxRate, c.Rate)
+	}
+	switch {
+	case c.Burst < 0:
+		bad("burst", "must not be negative, got %d", c.Burst)
+	case c.Burst > MaxRate:
+		bad("burst", "must be at most %d, got %d", MaxRate, c.Burst)
+	}
+	w := c.WithDefaults().Window
+	switch {
+	case w < 0:
+		bad("window", "must not be negative, got %s", w)
+	case w > MaxWindow:
+		bad("window", "must be at most %s, got %s", MaxWindow, w)
+	case c.Rate > 0 && w < MinWindow:
+		bad("window", "must be at least %s when rate is set, got %s", MinWindow, w)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,128 @@
+package limiter
+
+import "math"
+
+// tick is Resolution in nanoseconds.
+const tick = int64(Resolution)
+
+// maxSpan is the largest distance, in nanoseconds, between a window's base
+// and a stored time: a uint32 count of ticks.
+const maxSpan = int64(math.MaxUint32) * tick
+
+// window is the sliding log of one key: its most recent admitted requests,
+// oldest first, in a ring. Times are nanoseconds since the Limiter's epoch.
+// Stored time i is base + ring[(head+i) mod len(ring)]*tick; stored times are
+// non-decreasing from oldest to newest and never earlier than the request
+// they record. A window is guarded by its shard's mutex.
+type window struct {
+	base  int64
+	ring  []uint32
+	head  uint32
+	n     uint32
+	dirty bool // changed since the last Dirty, and its key is in shard.dirty
+}
+
+// at returns the stored time of the i-th oldest entry, 0 <= i < n.
+func (w *window) at(i int) int64 {
+	return w.base + int64(w.ring[w.index(i)])*tick
+}
+
+// newest returns the stored time of the newest entry; n must be > 0.
+func (w *window) newest() int64 { return w.at(int(w.n) - 1) }
+
+// wait returns how long after t the k-th newest entry leaves a window of
+// length span, or 0 when admitting a request at t keeps the half-open
+// window (t-span, t] within k requests.
+func (w *window) wait(k int, span, t int64) int64 {
+	if k <= 0 || int(w.n) < k {
+		return 0
+	}
+	if d := w.at(int(w.n)-k) + span - t; d > 0 {
+		return d
+	}
+	return 0
+}
+
+// dropOldest removes the oldest entry; n must be > 0.
+func (w *window) dropOldest() {
+	w.head++
+	if int(w.head) == len(w.ring) {
+		w.head = 0
+	}
+	w.n--
+}
+
+// push records a request admitted at t, keeping at most capacity entries.
+// Entries at or before t-horizon are dead for both limits and may be
+// dropped.
+func (w *window) push(t int64, capacity int, horizon int64) {
+	if w.n > 0 && t-w.base > maxSpan {
+		w.rebase(t, horizon)
+	}
+	var off uint32
+	if w.n == 0 {
+		w.base, w.head = t, 0
+	} else {
+		var o int64
+		if d := t - w.base; d > 0 {
+			o = (d + tick - 1) / tick // round up: never earlier than t
+		}
+		// A clock that went backwards records no earlier than the newest.
+		if last := int64(w.ring[w.index(int(w.n)-1)]); o < last {
+			o = last
+		}
+		off = uint32(o)
+	}
+	w.fit(capacity)
+	w.ring[w.index(int(w.n))] = off
+	w.n++
+}
+
+// index maps the i-th oldest position to a ring index.
+func (w *window) index(i int) int {
+	j := int(w.head) + i
+	if j >= len(w.ring) {
+		j -= len(w.ring)
+	}
+	return j
+}
+
+// rebase drops dead entries and moves base to the oldest live one, so that
+// offsets up to t fit in a uint32 again. horizon is at most MaxWindow, well
+// below maxSpan; the maxSpan cutoff only guards against a caller breaking
+// that.
+func (w *window) rebase(t, horizon int64) {
+	cutoff := max(t-horizon, t-maxSpan)
+	for w.n > 0 && w.at(0) <= cutoff {
+		w.dropOldest()
+	}
+	if w.n == 0 {
+		return
+	}
+	shift := w.ring[w.head]
+	for i := range int(w.n) {
+		w.ring[w.index(i)] -= shift
+	}
+	w.base += int64(shift) * tick
+}
+
+// fit makes room for one more entry within capacity: it drops the oldest
+// entries beyond it and grows (geometrically, up to capacity) or shrinks
+// the ring.
+func (w *window) fit(capacity int) {
+	for w.n > 0 && int(w.n) >= capacity {
+		w.dropOldest()
+	}
+	if int(w.n) < len(w.ring) && len(w.ring) <= capacity {
+		return
+	}
+	size := capacity
+	if len(w.ring) < capacity {
+		size = min(capacity, max(4, 2*len(w.ring)))
+	}
+	ring := make([]uint32, size)
+	for i := range int(w.n) {
+		ring[i] = w.ring[w.index(i)]
+	}
+	w.ring, w.head = ring, 0
+}
