@@ -1,0 +1,329 @@
+package ocr
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// ErrKeyRefused means the upstream refused GEMINI_API_KEY: a 400 "API key
+// not valid", a 401 or a 403. Read returns it wrapped in an *UpstreamError
+// with Reason "auth".
+var ErrKeyRefused = errors.New("ocr: GEMINI_API_KEY was refused by the upstream")
+
+// UpstreamError is any failed upstream call; HTTP layers map it to 502.
+// Its text holds the HTTP status and the upstream's status word, never the
+// upstream's message or the API key.
+type UpstreamError struct {
+	// Status is the HTTP status of the response, 0 if there was none.
+	Status int
+	// Reason is the upstream's status word ("RESOURCE_EXHAUSTED",
+	// "INTERNAL", ...) or one of the Reason constants ("timeout",
+	// "bad_output", "blocked", "auth", ...).
+	Reason string
+	// Err is the underlying error, if any: ErrKeyRefused,
+	// context.DeadlineExceeded, a transport error, or a description of bad
+	// output.
+	Err error
+}
+
+// Error returns "ocr: upstream [STATUS] [REASON][: ERR]".
+func (e *UpstreamError) Error() string {
+	var b strings.Builder
+	b.WriteString("ocr: upstream")
+	if e.Status != 0 {
+		fmt.Fprintf(&b, " %d", e.Status)
+	}
+	if e.Reason != "" {
+		b.WriteString(" " + e.Reason)
+	}
+	if e.Err != nil {
+		b.WriteString(": " + e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns e.Err.
+func (e *UpstreamError) Unwrap() error { return e.Err }
+
+// Retry and response bounds of Gemini.Read.
+const (
+	retryDelay       = time.Second     // wait before the one retry
+	minRetryWindow   = 2 * time.Second // time a retry needs beyond the delay
+	maxResponseBytes = 1 << 20         // larger bodies are bad output
+)
+
+// prompt is the text part of every request.
+const prompt = "Read every serial number printed on this label. " +
+	"Answer with JSON only, as {\"serials\": [...]}, each serial number exactly as printed, " +
+	"in reading order, without its caption (such as S/N or Serial). " +
+	"If there is none, answer {\"serials\": []}."
+
+// Gemini reads serials with Google's generateContent REST API. It is safe
+// for concurrent use.
+type Gemini struct {
+	cfg      Config
+	apiKey   string
+	endpoint string
+	pattern  *regexp.Regexp
+	client   *http.Client
+	logger   *slog.Logger
+
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// NewGemini returns a Gemini reader for cfg (zero fields take their
+// defaults; cfg.Provider is not consulted). apiKey is required. client may
+// be nil for a client without an overall timeout, since ctx and cfg.Timeout
+// bound each Read; either way redirects are not followed, so the key goes to
+// cfg.BaseURL only. A nil logger discards.
+func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logger) (*Gemini, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if apiKey == "" {
+		return nil, errors.New("ocr: GEMINI_API_KEY is not set")
+	}
+	pattern, err := compileSerialPattern(cfg.SerialPattern)
+	if err != nil { // Validate has compiled it already
+		return nil, fmt.Errorf("ocr.serial_pattern: %w", err)
+	}
+	var c http.Client
+	if client != nil {
+		c = *client
+	}
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	model := strings.TrimPrefix(cfg.Model, "models/")
+	return &Gemini{
+		cfg:      cfg,
+		apiKey:   apiKey,
+		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/v1beta/models/" + url.PathEscape(model) + ":generateContent",
+		pattern:  pattern,
+		client:   &c,
+		logger:   logger.With("component", "ocr"),
+		now:      time.Now,
+		sleep:    sleepCtx,
+	}, nil
+}
+
+// Read asks the model for the serials on img. The call, including one retry
+// on 429 or 503 when time remains for it, is bounded by cfg.Timeout.
+//
+// Every error is an *UpstreamError. When the model answered but the answer
+// is unusable (Reason "bad_output" or "blocked"), the Result is returned
+// with the error and holds the billed Usage; for other errors the cost is
+// unknown and the caller should assume Price.WorstCase.
+func (g *Gemini) Read(ctx context.Context, img Image) (Result, error) {
+	res := Result{Model: g.cfg.Model}
+	body, err := json.Marshal(g.request(img))
+	if err != nil {
+		return res, &UpstreamError{Reason: ReasonBadOutput, Err: err}
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	defer cancel()
+
+	for attempt := 1; ; attempt++ {
+		status, data, err := g.post(ctx, body)
+		if err != nil {
+			return res, transportError(ctx, err)
+		}
+		if status >= 200 && status <= 299 {
+			if len(data) > maxResponseBytes {
+				return res, &UpstreamError{Status: status, Reason: ReasonBadOutput, Err: errTooLarge}
+			}
+			return parseResponse(data, status, g.pattern, g.cfg.Model)
+		}
+		uerr := statusError(status, data)
+		if errors.Is(uerr, ErrKeyRefused) {
+			g.logger.Error("GEMINI_API_KEY was refused by the upstream", "status", status, "upstream_status", upstreamStatus(data))
+			return res, uerr
+		}
+		if attempt > 1 || (status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable) || !g.timeLeft(ctx) {
+			return res, uerr
+		}
+		g.logger.Warn("upstream busy, retrying once", "status", status, "reason", uerr.Reason, "delay", retryDelay)
+		if err := g.sleep(ctx, retryDelay); err != nil {
+			return res, transportError(ctx, err)
+		}
+	}
+}
+
+// timeLeft reports whether ctx leaves room for the delay and a retry.
+func (g *Gemini) timeLeft(ctx context.Context) bool {
+	deadline, ok := ctx.Deadline()
+	return !ok || deadline.Sub(g.now()) > retryDelay+minRetryWindow
+}
+
+// post sends one request and returns the status and at most
+// maxResponseBytes+1 bytes of the body.
+func (g *Gemini) post(ctx context.Context, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("x-goog-api-key", g.apiKey)
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	if err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode, data, nil
+}
+
+// transportError classifies an error that left no usable response.
+func transportError(ctx context.Context, err error) *UpstreamError {
+	var netErr net.Error
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return &UpstreamError{Reason: ReasonTimeout, Err: context.DeadlineExceeded}
+	case ctx.Err() != nil:
+		return &UpstreamError{Reason: ReasonCanceled, Err: ctx.Err()}
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return &UpstreamError{Reason: ReasonTimeout, Err: context.DeadlineExceeded}
+	}
+	return &UpstreamError{Reason: ReasonTransport, Err: err}
+}
+
+// errorBody is the error envelope of a non-2xx response.
+type errorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Status  string `json:"status"`
+		Details []struct {
+			Reason string `json:"reason"`
+		} `json:"details"`
+	} `json:"error"`
+}
+
+var statusWord = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
+
+// upstreamStatus returns the status word of an error body if it is one.
+func upstreamStatus(data []byte) string {
+	var eb errorBody
+	_ = json.Unmarshal(data, &eb) // best effort: a broken body has no word
+	if statusWord.MatchString(eb.Error.Status) {
+		return eb.Error.Status
+	}
+	return ""
+}
+
+// statusError turns a non-2xx response into an *UpstreamError.
+func statusError(status int, data []byte) *UpstreamError {
+	word := upstreamStatus(data)
+	if status == http.StatusUnauthorized || status == http.StatusForbidden || (status == http.StatusBadRequest && keyInvalid(data)) {
+		return &UpstreamError{Status: status, Reason: ReasonAuth, Err: ErrKeyRefused}
+	}
+	if word == "" {
+		word = ReasonUnknown
+	}
+	return &UpstreamError{Status: status, Reason: word}
+}
+
+// keyInvalid reports whether a 400 body says the API key is bad.
+func keyInvalid(data []byte) bool {
+	var eb errorBody
+	_ = json.Unmarshal(data, &eb)
+	if strings.Contains(eb.Error.Message, "API key not valid") || strings.Contains(eb.Error.Message, "API key expired") {
+		return true
+	}
+	for _, d := range eb.Error.Details {
+		if strings.HasPrefix(d.Reason, "API_KEY_") {
+			return true
+		}
+	}
+	return false
+}
+
+// The request body of generateContent; see GEMINI.md.
+type (
+	generateRequest struct {
+		Contents         []content        `json:"contents"`
+		GenerationConfig generationConfig `json:"generationConfig"`
+	}
+	content struct {
+		Role  string `json:"role"`
+		Parts []part `json:"parts"`
+	}
+	part struct {
+		InlineData *inlineData `json:"inlineData,omitempty"`
+		Text       string      `json:"text,omitempty"`
+	}
+	inlineData struct {
+		MIMEType string `json:"mimeType"`
+		Data     []byte `json:"data"` // standard base64 with padding
+	}
+	generationConfig struct {
+		ResponseMIMEType string         `json:"responseMimeType"`
+		ResponseSchema   schema         `json:"responseSchema"`
+		MaxOutputTokens  int            `json:"maxOutputTokens"`
+		ThinkingConfig   thinkingConfig `json:"thinkingConfig"`
+	}
+	schema struct {
+		Type       string            `json:"type"`
+		Properties map[string]schema `json:"properties,omitempty"`
+		Items      *schema           `json:"items,omitempty"`
+		Required   []string          `json:"required,omitempty"`
+	}
+	thinkingConfig struct {
+		ThinkingBudget int `json:"thinkingBudget"`
+	}
+)
+
+func (g *Gemini) request(img Image) generateRequest {
+	return generateRequest{
+		Contents: []content{{
+			Role: "user",
+			Parts: []part{
+				{InlineData: &inlineData{MIMEType: img.MIME, Data: img.Data}},
+				{Text: prompt},
+			},
+		}},
+		GenerationConfig: generationConfig{
+			ResponseMIMEType: "application/json",
+			ResponseSchema: schema{
+				Type: "OBJECT",
+				Properties: map[string]schema{
+					"serials": {Type: "ARRAY", Items: &schema{Type: "STRING"}},
+				},
+				Required: []string{"serials"},
+			},
+			MaxOutputTokens: g.cfg.Price.MaxOutputTokens,
+			ThinkingConfig:  thinkingConfig{ThinkingBudget: 0},
+		},
+	}
+}
+
+// sleepCtx waits for d or until ctx is done, whichever comes first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

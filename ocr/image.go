@@ -1,0 +1,132 @@
+package ocr
+
+import (
+	"bytes"
+	"errors"
+	"image"
+	"image/jpeg"
+	"image/png"
+	"mime"
+	"strings"
+
+	"golang.org/x/image/webp"
+)
+
+// Media types that Inspect accepts, in their canonical spelling.
+const (
+	MIMEPNG  = "image/png"
+	MIMEJPEG = "image/jpeg"
+	MIMEWebP = "image/webp"
+)
+
+// Errors returned by Inspect.
+var (
+	// ErrUnsupportedType means the bytes are not PNG, JPEG or (still) WebP,
+	// or disagree with the declared media type. HTTP layers map it to 415.
+	ErrUnsupportedType = errors.New("ocr: unsupported image type")
+	// ErrUndecodable means the header of a supported type cannot be read,
+	// or claims an empty image. HTTP layers map it to 422.
+	ErrUndecodable = errors.New("ocr: image cannot be decoded")
+	// ErrTooManyPixels means width × height exceeds the allowed maximum.
+	// HTTP layers map it to 422.
+	ErrTooManyPixels = errors.New("ocr: image has too many pixels")
+)
+
+// Image is an upload that passed Inspect.
+type Image struct {
+	// Data is the upload as received; Inspect does not copy it.
+	Data []byte
+	// MIME is the sniffed media type: MIMEPNG, MIMEJPEG or MIMEWebP.
+	MIME string
+	// Width and Height are the dimensions in pixels from the header, both
+	// positive.
+	Width, Height int
+}
+
+// Inspect checks that data is an image we can send upstream, reading only
+// its magic bytes and header: nothing is fully decoded, so a header that
+// claims 100000×100000 pixels costs nothing.
+//
+// The magic bytes must be PNG, JPEG or still WebP; GIF, HEIC, AVIF, animated
+// WebP and anything else give ErrUnsupportedType. declared is the media type
+// the client sent (parameters allowed, "image/jpg" taken as JPEG); "" or
+// "application/octet-stream" means none was declared and the sniffed type is
+// taken, any other disagreement gives ErrUnsupportedType. A header that does
+// not parse, or gives a width or height below 1, gives ErrUndecodable; more
+// than maxPixels pixels gives ErrTooManyPixels (maxPixels <= 0 refuses every
+// image).
+func Inspect(data []byte, declared string, maxPixels int64) (Image, error) {
+	sniffed := sniff(data)
+	if sniffed == "" {
+		return Image{}, ErrUnsupportedType
+	}
+	if want, ok := declaredType(declared); !ok || (want != "" && want != sniffed) {
+		return Image{}, ErrUnsupportedType
+	}
+	if sniffed == MIMEWebP && animatedWebP(data) {
+		return Image{}, ErrUnsupportedType
+	}
+
+	// The decoder for the sniffed type is called directly rather than through
+	// image.DecodeConfig, so the result cannot depend on which formats other
+	// packages happen to register.
+	var decodeConfig func(*bytes.Reader) (image.Config, error)
+	switch sniffed {
+	case MIMEPNG:
+		decodeConfig = func(r *bytes.Reader) (image.Config, error) { return png.DecodeConfig(r) }
+	case MIMEJPEG:
+		decodeConfig = func(r *bytes.Reader) (image.Config, error) { return jpeg.DecodeConfig(r) }
+	case MIMEWebP:
+		decodeConfig = func(r *bytes.Reader) (image.Config, error) { return webp.DecodeConfig(r) }
+	}
+	cfg, err := decodeConfig(bytes.NewReader(data))
+	if err != nil || cfg.Width <= 0 || cfg.Height <= 0 {
+		return Image{}, ErrUndecodable
+	}
+	// width*height <= maxPixels, without computing the product.
+	if maxPixels <= 0 || int64(cfg.Width) > maxPixels/int64(cfg.Height) {
+		return Image{}, ErrTooManyPixels
+	}
+	return Image{Data: data, MIME: sniffed, Width: cfg.Width, Height: cfg.Height}, nil
+}
+
+// sniff names the media type of data by its magic bytes, or returns "".
+func sniff(data []byte) string {
+	switch {
+	case bytes.HasPrefix(data, []byte("\x89PNG\r\n\x1a\n")):
+		return MIMEPNG
+	case bytes.HasPrefix(data, []byte("\xff\xd8\xff")):
+		return MIMEJPEG
+	case len(data) >= 16 && string(data[0:4]) == "RIFF" && string(data[8:12]) == "WEBP" &&
+		string(data[12:15]) == "VP8": // VP8 (lossy), VP8L (lossless), VP8X (extended)
+		return MIMEWebP
+	}
+	return ""
+}
+
+// animatedWebP reports whether an extended WebP header sets the animation
+// flag: its frames are not something the model reads, and x/image/webp
+// cannot decode them either.
+func animatedWebP(data []byte) bool {
+	const animationFlag = 0x02
+	return len(data) > 20 && string(data[12:16]) == "VP8X" && data[20]&animationFlag != 0
+}
+
+// declaredType returns the canonical media type for a client's declaration,
+// "" if none was declared, and ok false if it does not parse.
+func declaredType(declared string) (string, bool) {
+	if strings.TrimSpace(declared) == "" {
+		return "", true
+	}
+	mt, _, err := mime.ParseMediaType(declared)
+	if err != nil {
+		return "", false
+	}
+	switch mt { // ParseMediaType lower-cases the type
+	case "application/octet-stream":
+		return "", true
+	case "image/jpg", "image/pjpeg":
+		return MIMEJPEG, true
+	}
+	return mt, true
+}
