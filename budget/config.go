@@ -1,0 +1,83 @@
+package budget
+
+import (
+	"fmt"
+	"time"
+	_ "time/tzdata" // time zones work on minimal systems without /usr/share/zoneinfo
+)
+
+// DefaultTimezone is the time zone in which days and months are counted when
+// [budget] timezone is not set.
+const DefaultTimezone = "UTC"
+
+// Config is the [budget] section of config.toml.
+type Config struct {
+	// Timezone is the IANA name of the zone whose midnight starts a new day
+	// and whose first of the month starts a new quota month. Default "UTC".
+	Timezone string `koanf:"timezone"`
+}
+
+// WithDefaults returns c with every zero field set to its documented default.
+func (c Config) WithDefaults() Config {
+	if c.Timezone == "" {
+		c.Timezone = DefaultTimezone
+	}
+	return c
+}
+
+// Validate reports the first invalid setting, naming its key.
+func (c Config) Validate() error {
+	if _, err := c.Location(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Location loads the configured time zone.
+func (c Config) Location() (*time.Location, error) {
+	loc, err := time.LoadLocation(c.WithDefaults().Timezone)
+	if err != nil {
+		return nil, fmt.Errorf("budget.timezone: unknown time zone %q", c.Timezone)
+	}
+	return loc, nil
+}
+
+// Plan is one [plans.NAME] section: what a user on that plan may use.
+type Plan struct {
+	// MonthlyQuota is the number of successful reads per calendar month,
+	// the figure users see in every response. Must be at least 1.
+	MonthlyQuota int64 `koanf:"monthly_quota"`
+}
+
+// ValidatePlans reports the first invalid plan, naming its key. At least one
+// plan must exist, since every API key belongs to a plan.
+func ValidatePlans(plans map[string]Plan) error {
+	if len(plans) == 0 {
+		return fmt.Errorf("plans: no [plans.NAME] section; define at least one plan")
+	}
+	for name, p := range plans {
+		if name == "" {
+			return fmt.Errorf("plans: a plan needs a name")
+		}
+		if p.MonthlyQuota < 1 {
+			return fmt.Errorf("plans.%s.monthly_quota: must be at least 1, got %d", name, p.MonthlyQuota)
+		}
+	}
+	return nil
+}
+
+// MonthKey names the calendar month of t in loc, as "2006-01".
+func MonthKey(t time.Time, loc *time.Location) string {
+	return t.In(loc).Format("2006-01")
+}
+
+// DayKey names the calendar day of t in loc, as "2006-01-02".
+func DayKey(t time.Time, loc *time.Location) string {
+	return t.In(loc).Format("2006-01-02")
+}
+
+// nextMonth is the first instant of the month after the one holding t, in loc.
+func nextMonth(t time.Time, loc *time.Location) time.Time {
+	l := t.In(loc)
+	return time.Date(l.Year(), l.Month()+1, 1, 0, 0, 0, 0, loc)
+}

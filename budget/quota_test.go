@@ -1,0 +1,117 @@
+package budget
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestQuotaSteps(t *testing.T) {
+	loc := time.UTC
+	t0 := time.Date(2026, 11, 30, 23, 0, 0, 0, loc)
+	q := NewQuotas(loc, MonthKey(t0, loc), map[string]int64{"alice": 1})
+
+	s1, err := q.Reserve("alice", 3, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := q.Reserve("alice", 3, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 used + 2 in flight = 3: full, even before either read finishes.
+	_, err = q.Reserve("alice", 3, t0)
+	var qe *QuotaError
+	if !errors.As(err, &qe) || !errors.Is(err, ErrQuotaExhausted) {
+		t.Fatalf("third reserve: %v, want *QuotaError", err)
+	}
+	if got, want := qe.RetryAfter, time.Hour; got != want {
+		t.Errorf("RetryAfter %v, want %v (until December)", got, want)
+	}
+	// A failed read gives its slot back; a confirmed one counts.
+	q.Release(s1)
+	if got := q.Confirm(s2); got != 2 {
+		t.Errorf("used after confirm %d, want 2", got)
+	}
+	if _, err := q.Reserve("alice", 3, t0); err != nil {
+		t.Errorf("slot released but reserve failed: %v", err)
+	}
+	// Other users are not affected.
+	if _, err := q.Reserve("bob", 1, t0); err != nil {
+		t.Error(err)
+	}
+	// Next month starts afresh; a slot from November confirmed in December
+	// does not count in December.
+	dec := t0.Add(2 * time.Hour)
+	if got := q.Used("alice", dec); got != 0 {
+		t.Errorf("December used %d, want 0", got)
+	}
+	if s, err := q.Reserve("alice", 3, dec); err != nil || s.Month != "2026-12" {
+		t.Errorf("December reserve %+v %v", s, err)
+	}
+}
+
+func TestQuotaTimezone(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2026-11-30 16:00 UTC is already December 1st in Tokyo.
+	now := time.Date(2026, 11, 30, 16, 0, 0, 0, time.UTC)
+	if got := MonthKey(now, tokyo); got != "2026-12" {
+		t.Errorf("month %q, want 2026-12", got)
+	}
+	q := NewQuotas(tokyo, "2026-12", nil)
+	q.Reserve("a", 1, now)
+	_, err = q.Reserve("a", 1, now)
+	var qe *QuotaError
+	if !errors.As(err, &qe) {
+		t.Fatal(err)
+	}
+	// Until 2027-01-01 00:00 Tokyo = 2026-12-31 15:00 UTC.
+	if got, want := now.Add(qe.RetryAfter), time.Date(2026, 12, 31, 15, 0, 0, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("resets at %v, want %v", got, want)
+	}
+}
+
+func TestQuotaParallelNeverOvershoots(t *testing.T) {
+	q := NewQuotas(time.UTC, MonthKey(time.Now(), time.UTC), map[string]int64{"u": 90})
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	for range 1000 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s, err := q.Reserve("u", 100, time.Now()); err == nil {
+				granted.Add(1)
+				q.Confirm(s)
+			}
+		}()
+	}
+	wg.Wait()
+	if granted.Load() != 10 || q.Used("u", time.Now()) != 100 {
+		t.Errorf("granted %d, used %d; want 10 and 100", granted.Load(), q.Used("u", time.Now()))
+	}
+}
+
+func TestValidatePlans(t *testing.T) {
+	cases := []struct {
+		name  string
+		plans map[string]Plan
+		ok    bool
+	}{
+		{"none", nil, false},
+		{"zero quota", map[string]Plan{"free": {}}, false},
+		{"negative", map[string]Plan{"free": {MonthlyQuota: -1}}, false},
+		{"good", map[string]Plan{"free": {MonthlyQuota: 1}}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := ValidatePlans(c.plans); (err == nil) != c.ok {
+				t.Errorf("ValidatePlans: %v, want ok=%v", err, c.ok)
+			}
+		})
+	}
+}

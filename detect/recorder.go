@@ -1,0 +1,151 @@
+package detect
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"breakwater/storage"
+)
+
+// Defaults for RecorderOptions.
+const (
+	DefaultQueueSize     = 8192
+	DefaultBatchSize     = 512
+	DefaultFlushInterval = 200 * time.Millisecond
+)
+
+// EventWriter stores a batch of statistics events.
+type EventWriter interface {
+	AppendEvents(events []storage.Event) error
+}
+
+// RecorderOptions tunes a Recorder. Zero fields mean the defaults.
+type RecorderOptions struct {
+	QueueSize     int           // events waiting to be written; more are dropped
+	BatchSize     int           // most events per write
+	FlushInterval time.Duration // how long a partial batch waits for company
+	Logger        *slog.Logger
+}
+
+// Recorder queues statistics events and writes them in batches.
+type Recorder struct {
+	w      EventWriter
+	opts   RecorderOptions
+	log    *slog.Logger
+	queue  chan storage.Event
+	done   chan struct{}
+	closed sync.Once
+
+	mu       sync.RWMutex // guards stopping against a concurrent Record
+	stopping bool
+
+	written atomic.Uint64
+	dropped atomic.Uint64
+	failed  atomic.Uint64
+}
+
+// NewRecorder starts the batched writer. Call Close to flush and stop it.
+func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
+	if opts.QueueSize <= 0 {
+		opts.QueueSize = DefaultQueueSize
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = DefaultBatchSize
+	}
+	if opts.FlushInterval <= 0 {
+		opts.FlushInterval = DefaultFlushInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	r := &Recorder{
+		w:     w,
+		opts:  opts,
+		log:   opts.Logger.With("component", "detect"),
+		queue: make(chan storage.Event, opts.QueueSize),
+		done:  make(chan struct{}),
+	}
+	go r.loop()
+	return r
+}
+
+// Record queues e without waiting. A full queue, or a stopped recorder,
+// drops the event and counts it.
+func (r *Recorder) Record(e storage.Event) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.stopping {
+		r.dropped.Add(1)
+		return
+	}
+	select {
+	case r.queue <- e:
+	default:
+		r.dropped.Add(1)
+	}
+}
+
+// Dropped is the number of events lost to a full queue or a failed write.
+func (r *Recorder) Dropped() uint64 { return r.dropped.Load() }
+
+// Written is the number of events stored.
+func (r *Recorder) Written() uint64 { return r.written.Load() }
+
+// Close writes what is queued and stops the writer. It gives up when ctx
+// ends; what was still queued then is lost and counted as dropped.
+func (r *Recorder) Close(ctx context.Context) error {
+	r.closed.Do(func() {
+		r.mu.Lock()
+		r.stopping = true
+		close(r.queue)
+		r.mu.Unlock()
+	})
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *Recorder) loop() {
+	defer close(r.done)
+	batch := make([]storage.Event, 0, r.opts.BatchSize)
+	timer := time.NewTimer(r.opts.FlushInterval)
+	defer timer.Stop()
+	for {
+		select {
+		case e, ok := <-r.queue:
+			if !ok {
+				r.flush(batch)
+				return
+			}
+			batch = append(batch, e)
+			if len(batch) >= r.opts.BatchSize {
+				batch = r.flush(batch)
+			}
+		case <-timer.C:
+			batch = r.flush(batch)
+			timer.Reset(r.opts.FlushInterval)
+		}
+	}
+}
+
+// flush writes batch and returns it emptied for reuse.
+func (r *Recorder) flush(batch []storage.Event) []storage.Event {
+	if len(batch) == 0 {
+		return batch
+	}
+	if err := r.w.AppendEvents(batch); err != nil {
+		r.dropped.Add(uint64(len(batch)))
+		if r.failed.Add(1) == 1 || r.failed.Load()%100 == 0 {
+			r.log.Warn("statistics events dropped", "events", len(batch), "failures", r.failed.Load(), "err", err)
+		}
+	} else {
+		r.written.Add(uint64(len(batch)))
+	}
+	return batch[:0]
+}

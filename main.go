@@ -1,0 +1,654 @@
+// Command breakwater runs a pay-per-use OCR API on the public internet
+// without letting the bill run away. See README.md.
+//
+// This file is the wiring: flags, subcommands, config loading, and the
+// start and orderly stop of every component. No other file builds
+// components or reads config.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"reflect"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/toml/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/ocr"
+	"breakwater/server"
+	"breakwater/storage"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const (
+	defaultConfigPath = "config.toml"
+	envPrefix         = "BREAKWATER_"
+	shutdownTimeout   = 20 * time.Second // in-flight requests get this long to finish
+	flushTimeout      = 5 * time.Second  // statistics get this long to reach disk
+	cliLockTimeout    = 300 * time.Millisecond
+)
+
+// errUsage marks a command line that could not be understood (exit 2).
+var errUsage = errors.New("usage")
+
+func main() {
+	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	switch {
+	case err == nil:
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(os.Stderr, "breakwater:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "breakwater:", err)
+		os.Exit(1)
+	}
+}
+
+const usageText = `Usage: breakwater [command] [--config FILE]
+
+Commands:
+  serve                          run the service (the default)
+  demo                           run it with a simulated upstream and a throwaway database
+  keys create --user ID [--plan NAME]
+  keys list
+  keys revoke KEY_ID
+  config check                   validate config.toml
+  version
+`
+
+// run is the whole program; main only maps its error to an exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return cmdServe(ctx, args, getenv, stderr)
+	case "demo":
+		return cmdDemo(ctx, args, getenv, stdout, stderr)
+	case "keys":
+		return cmdKeys(ctx, args, getenv, stdout, stderr)
+	case "config":
+		if len(args) == 0 || args[0] != "check" {
+			return fmt.Errorf("%w: breakwater config check [--config FILE]", errUsage)
+		}
+		return cmdConfigCheck(args[1:], getenv, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "breakwater", versionString())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usageText)
+		return nil
+	}
+	fmt.Fprint(stderr, usageText)
+	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+// newFlags makes a command's flag set with the --config flag every command
+// takes.
+func newFlags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "path of config.toml")
+	return fs, path
+}
+
+// parseNoArgs parses the flags of a command that takes no positional
+// arguments.
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	pos, err := parseFlags(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = fmt.Errorf("%w: %s takes no argument %q", errUsage, fs.Name(), pos[0])
+	}
+	return err
+}
+
+// parseFlags parses args and returns the positional arguments. Flags may
+// come before, between or after them ("keys revoke ID --config f").
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// ---- config ---------------------------------------------------------------
+
+// config is config.toml. Each package owns its section's struct, defaults
+// and validation.
+type config struct {
+	Server  server.Config          `koanf:"server"`
+	Storage storage.Config         `koanf:"storage"`
+	OCR     ocr.Config             `koanf:"ocr"`
+	Budget  budget.Config          `koanf:"budget"`
+	Plans   map[string]budget.Plan `koanf:"plans"`
+}
+
+// loadConfig reads path (which must exist), applies
+// BREAKWATER_SECTION__KEY overrides from the environment, and checks every
+// value. An unknown key is an error that names it: a typo must never switch
+// a limit off silently.
+func loadConfig(path string, getenv func(string) string) (config, error) {
+	c, err := readConfig(path, getenv, false)
+	if err != nil {
+		return config{}, err
+	}
+	if err := c.validate(); err != nil {
+		return config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// readConfig parses path and the environment overrides into a config with
+// defaults applied, without validating values. A missing file is an error
+// unless optional.
+func readConfig(path string, getenv func(string) string, optional bool) (config, error) {
+	k := koanf.New(".")
+	if _, err := os.Stat(path); err == nil {
+		if err := k.Load(file.Provider(path), toml.Parser()); err != nil {
+			return config{}, fmt.Errorf("config %s: %w", path, err)
+		}
+	} else if !optional {
+		return config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+
+	known := configKeys(reflect.TypeFor[config](), "", k)
+	for _, key := range k.Keys() {
+		if _, ok := known[key]; !ok {
+			return config{}, fmt.Errorf("config %s: unknown key %q", path, key)
+		}
+	}
+	for key, kind := range known {
+		name := envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+		v := getenv(name)
+		if v == "" {
+			continue
+		}
+		var val any = v
+		if kind == reflect.Slice {
+			val = splitList(v)
+		}
+		if err := k.Set(key, val); err != nil {
+			return config{}, fmt.Errorf("environment %s: %w", name, err)
+		}
+	}
+
+	var c config
+	err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
+		DecodeHook:       mapstructure.ComposeDecodeHookFunc(mapstructure.StringToTimeDurationHookFunc()),
+		ErrorUnused:      true,
+		WeaklyTypedInput: true, // environment values arrive as strings
+		TagName:          "koanf",
+		Result:           &c,
+	}})
+	if err != nil {
+		return config{}, fmt.Errorf("config %s: %s", path, cleanDecodeError(err))
+	}
+	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
+	return c, nil
+}
+
+// validate checks every section; errors name the key.
+func (c config) validate() error {
+	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(), budget.ValidatePlans(c.Plans))
+}
+
+// configKeys lists every key config.toml may hold ("server.listen", ...)
+// with the kind of its value. Plans are a map: their keys are listed for
+// each plan name present in k.
+func configKeys(t reflect.Type, prefix string, k *koanf.Koanf) map[string]reflect.Kind {
+	out := map[string]reflect.Kind{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := f.Tag.Get("koanf")
+		if name == "" {
+			continue
+		}
+		key := prefix + name
+		switch {
+		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]():
+			for sub, kind := range configKeys(f.Type, key+".", k) {
+				out[sub] = kind
+			}
+		case f.Type.Kind() == reflect.Map && f.Type.Elem().Kind() == reflect.Struct:
+			for _, entry := range k.MapKeys(key) {
+				for sub, kind := range configKeys(f.Type.Elem(), key+"."+entry+".", k) {
+					out[sub] = kind
+				}
+			}
+		default:
+			out[key] = f.Type.Kind()
+		}
+	}
+	return out
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// cleanDecodeError turns mapstructure's "'ocr.timeout' time: invalid
+// duration" into "ocr.timeout: time: invalid duration".
+func cleanDecodeError(err error) string {
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "* "))
+		if l == "" || strings.HasPrefix(l, "decoding failed") {
+			continue
+		}
+		if strings.HasPrefix(l, "'") {
+			if end := strings.Index(l[1:], "'"); end >= 0 {
+				l = l[1:end+1] + ":" + l[end+2:]
+			}
+		}
+		lines = append(lines, l)
+	}
+	return strings.Join(lines, "; ")
+}
+
+func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs, path := newFlags("config check", stderr)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	c, err := loadConfig(*path, getenv)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: OK\n", *path)
+	switch {
+	case c.OCR.Provider == "simulated":
+		fmt.Fprintln(stdout, "note: ocr.provider is \"simulated\": no real reads are made")
+	case getenv("GEMINI_API_KEY") == "":
+		fmt.Fprintln(stdout, "note: GEMINI_API_KEY is not set: serve will refuse to start")
+	}
+	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
+		fmt.Fprintln(stdout, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
+	}
+	return nil
+}
+
+// ---- serve ----------------------------------------------------------------
+
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func cmdServe(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs, path := newFlags("serve", stderr)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	c, err := loadConfig(*path, getenv)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, c, getenv, newLogger(stderr), nil)
+}
+
+// serve runs the service until ctx ends, then stops it in reverse order:
+// HTTP first (in-flight requests finish), then the statistics writer, then
+// the database, which commits every queued write before it closes. ready,
+// if not nil, is called with the public address once it accepts requests.
+func serve(ctx context.Context, c config, getenv func(string) string, log *slog.Logger, ready func(addr string, keys *server.Keyring)) error {
+	log.Info("starting breakwater", "version", versionString(), "storage", c.Storage.Path, "provider", c.OCR.Provider)
+	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
+	if err := checkAdminListen(c.Server.AdminListen, adminToken); err != nil {
+		return err
+	}
+
+	reader, err := newReader(c.OCR, getenv("GEMINI_API_KEY"), log)
+	if err != nil {
+		return err
+	}
+	db, err := storage.Open(c.Storage.Path, storage.Options{Timeout: time.Second, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := db.Close(); err != nil {
+			log.Error("close database", "err", err)
+		}
+	}()
+
+	loc, _ := c.Budget.Location() // checked by loadConfig
+	month := budget.MonthKey(time.Now(), loc)
+	used, err := db.QuotaUsed(month)
+	if err != nil {
+		return fmt.Errorf("load quotas: %w", err)
+	}
+	keys, err := server.NewKeyring(db, planCheck(c.Plans))
+	if err != nil {
+		return err
+	}
+	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log})
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if err := events.Close(fctx); err != nil {
+			log.Warn("statistics not all written", "err", err)
+		}
+	}()
+
+	srv, err := server.New(c.Server, server.Deps{
+		Keys: keys, Quotas: budget.NewQuotas(loc, month, used), Plans: c.Plans,
+		Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
+		AdminToken: adminToken, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	servers := []*http.Server{}
+	errc := make(chan error, 2)
+	listen := func(name, addr string, h http.Handler) (string, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return "", fmt.Errorf("%s listener: %w", name, err)
+		}
+		hs := server.NewHTTPServer(addr, h, log)
+		servers = append(servers, hs)
+		go func() {
+			if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s listener: %w", name, err)
+			}
+		}()
+		log.Info("listening", "listener", name, "addr", ln.Addr().String())
+		return ln.Addr().String(), nil
+	}
+	addr, err := listen("public", c.Server.Listen, srv.Handler())
+	if err == nil && adminToken != "" {
+		_, err = listen("admin", c.Server.AdminListen, srv.AdminHandler())
+	} else if adminToken == "" {
+		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
+	}
+	if err == nil && ready != nil {
+		ready(addr, keys)
+	}
+	if err == nil {
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down: finishing in-flight requests", "timeout", shutdownTimeout)
+		case err = <-errc:
+		}
+	}
+
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	for _, hs := range servers {
+		if serr := hs.Shutdown(sctx); serr != nil {
+			log.Error("shutdown", "addr", hs.Addr, "err", serr)
+		}
+	}
+	return err
+}
+
+// checkAdminListen refuses an admin API reachable from other machines
+// unless its token is long enough to resist guessing.
+func checkAdminListen(addr, token string) error {
+	if token == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("server.admin_listen: %q is not host:port", addr)
+	}
+	ip := net.ParseIP(host)
+	loopback := host == "localhost" || (ip != nil && ip.IsLoopback())
+	if !loopback && len(token) < 32 {
+		return fmt.Errorf("server.admin_listen %q is not a loopback address: BREAKWATER_ADMIN_TOKEN must then be at least 32 characters", addr)
+	}
+	return nil
+}
+
+func newReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, error) {
+	if c.Provider == "simulated" {
+		log.Warn("ocr.provider is \"simulated\": answers are made up locally and marked \"simulated\": true; no real reads")
+		return ocr.NewSimulated(c)
+	}
+	if apiKey == "" {
+		return nil, errors.New("GEMINI_API_KEY is not set: put your Gemini API key in the environment, or set ocr.provider = \"simulated\" to try the service without one")
+	}
+	return ocr.NewGemini(c, apiKey, nil, log)
+}
+
+func planCheck(plans map[string]budget.Plan) func(string) bool {
+	return func(name string) bool { _, ok := plans[name]; return ok }
+}
+
+func versionString() string {
+	if info, ok := debug.ReadBuildInfo(); ok && version == "dev" {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				return "dev-" + s.Value[:12]
+			}
+		}
+	}
+	return version
+}
+
+// ---- demo -----------------------------------------------------------------
+
+func cmdDemo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs, path := newFlags("demo", stderr)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	c, err := readConfig(*path, getenv, true)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "breakwater-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	c.OCR.Provider = "simulated"
+	c.Storage.Path = filepath.Join(dir, "breakwater.db")
+	c.Server.Listen = "127.0.0.1:0"
+	demoPlan := server.DefaultPlan
+	if _, ok := c.Plans[demoPlan]; !ok {
+		c.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100}}
+	}
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("config %s: %w", *path, err)
+	}
+	sample := filepath.Join(dir, "label.png")
+	if err := writeSampleImage(sample); err != nil {
+		return err
+	}
+	noAdmin := func(key string) string {
+		if key == "BREAKWATER_ADMIN_TOKEN" || key == "GEMINI_API_KEY" {
+			return "" // the demo never exposes an admin API nor spends real money
+		}
+		return getenv(key)
+	}
+	var readyErr error
+	err = serve(ctx, c, noAdmin, newLogger(stderr), func(addr string, keys *server.Keyring) {
+		secret, _, err := keys.Create("demo-user", demoPlan)
+		if err != nil {
+			readyErr = err
+			return
+		}
+		fmt.Fprintf(stdout, "Breakwater demo: simulated upstream, throwaway database in %s (deleted on exit).\n", dir)
+		fmt.Fprintf(stdout, "API key for user demo-user (plan %s):\n%s\n", demoPlan, secret)
+		fmt.Fprintf(stdout, "Try it:\n")
+		fmt.Fprintf(stdout, "curl -sS -H 'Authorization: Bearer %s' -H 'Content-Type: image/png' --data-binary @%s http://%s/v1/ocr\n", secret, sample, addr)
+		fmt.Fprintf(stdout, "Press Ctrl+C to stop.\n")
+	})
+	return errors.Join(err, readyErr)
+}
+
+// writeSampleImage draws a small label-like PNG for the demo's curl line.
+func writeSampleImage(path string) error {
+	img := image.NewGray(image.Rect(0, 0, 320, 96))
+	for y := range 96 {
+		for x := range 320 {
+			v := uint8(255)
+			if (y > 30 && y < 66) && (x/8)%3 == 0 && x > 20 && x < 300 {
+				v = 0
+			}
+			img.SetGray(x, y, color.Gray{Y: v})
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := png.Encode(f, img); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// ---- keys -----------------------------------------------------------------
+
+// keyManager is what the keys commands need: the running server's admin API
+// or, while the server is stopped, the keyring over the database itself.
+type keyManager interface {
+	CreateKey(ctx context.Context, user, plan string) (string, server.KeyInfo, error)
+	ListKeys(ctx context.Context) ([]server.KeyInfo, error)
+	RevokeKey(ctx context.Context, id string) (server.KeyInfo, error)
+}
+
+// localKeys manages keys directly in the database while the server is
+// stopped.
+type localKeys struct{ k *server.Keyring }
+
+func (l localKeys) CreateKey(_ context.Context, user, plan string) (string, server.KeyInfo, error) {
+	return l.k.Create(user, plan)
+}
+func (l localKeys) ListKeys(context.Context) ([]server.KeyInfo, error) { return l.k.List(), nil }
+func (l localKeys) RevokeKey(_ context.Context, id string) (server.KeyInfo, error) {
+	return l.k.Revoke(id)
+}
+
+// openKeys reaches the key store: the database directly if no server holds
+// it, else the server's admin API.
+func openKeys(c config, getenv func(string) string) (keyManager, func(), error) {
+	db, err := storage.Open(c.Storage.Path, storage.Options{Timeout: cliLockTimeout, Logger: slog.New(slog.DiscardHandler)})
+	if errors.Is(err, storage.ErrLocked) {
+		token := getenv("BREAKWATER_ADMIN_TOKEN")
+		if token == "" {
+			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", c.Storage.Path, c.Server.AdminListen)
+		}
+		return server.NewAdminClient(c.Server.AdminListen, token), func() {}, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := server.NewKeyring(db, planCheck(c.Plans))
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return localKeys{k}, func() { db.Close() }, nil
+}
+
+func cmdKeys(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: breakwater keys create|list|revoke", errUsage)
+	}
+	sub, args := args[0], args[1:]
+	fs, path := newFlags("keys "+sub, stderr)
+	user := fs.String("user", "", "user id the key acts for (keys create)")
+	plan := fs.String("plan", "", "plan from config.toml (keys create; default: the user's plan, or \"free\")")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case sub == "create" && (*user == "" || len(pos) != 0):
+		return fmt.Errorf("%w: breakwater keys create --user ID [--plan NAME]", errUsage)
+	case sub == "list" && len(pos) != 0:
+		return fmt.Errorf("%w: breakwater keys list", errUsage)
+	case sub == "revoke" && len(pos) != 1:
+		return fmt.Errorf("%w: breakwater keys revoke KEY_ID", errUsage)
+	case sub != "create" && sub != "list" && sub != "revoke":
+		return fmt.Errorf("%w: unknown keys command %q", errUsage, sub)
+	}
+	c, err := loadConfig(*path, getenv)
+	if err != nil {
+		return err
+	}
+	km, closeKeys, err := openKeys(c, getenv)
+	if err != nil {
+		return err
+	}
+	defer closeKeys()
+
+	switch sub {
+	case "create":
+		secret, info, err := km.CreateKey(ctx, *user, *plan)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "created key %s for user %s (plan %s); it is shown only now:\n%s\n", info.ID, info.UserID, info.Plan, secret)
+	case "list":
+		list, err := km.ListKeys(ctx)
+		if err != nil {
+			return err
+		}
+		sort.SliceStable(list, func(i, j int) bool { return list[i].CreatedAt.Before(list[j].CreatedAt) })
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tUSER\tPLAN\tCREATED\tREVOKED")
+		for _, k := range list {
+			revoked := "-"
+			if !k.RevokedAt.IsZero() {
+				revoked = k.RevokedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.UserID, k.Plan, k.CreatedAt.Format(time.RFC3339), revoked)
+		}
+		return tw.Flush()
+	case "revoke":
+		info, err := km.RevokeKey(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked key %s of user %s\n", info.ID, info.UserID)
+	}
+	return nil
+}

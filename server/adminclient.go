@@ -1,0 +1,90 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"breakwater/storage"
+)
+
+// AdminClient calls a running server's admin API: it is how the CLI manages
+// keys while the server holds the database open.
+type AdminClient struct {
+	base  string
+	token string
+	hc    *http.Client
+}
+
+// NewAdminClient talks to the admin API at addr (host:port) with token.
+func NewAdminClient(addr, token string) *AdminClient {
+	return &AdminClient{base: "http://" + addr, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+}
+
+// CreateKey asks the server for a new key.
+func (a *AdminClient) CreateKey(ctx context.Context, user, plan string) (secret string, info KeyInfo, err error) {
+	var out createKeyResponse
+	if err := a.call(ctx, http.MethodPost, "/api/keys", createKeyRequest{User: user, Plan: plan}, &out); err != nil {
+		return "", KeyInfo{}, err
+	}
+	return out.Key, out.KeyInfo, nil
+}
+
+// ListKeys lists every key without secrets.
+func (a *AdminClient) ListKeys(ctx context.Context) ([]KeyInfo, error) {
+	var out []KeyInfo
+	err := a.call(ctx, http.MethodGet, "/api/keys", nil, &out)
+	return out, err
+}
+
+// RevokeKey disables a key on the running server.
+func (a *AdminClient) RevokeKey(ctx context.Context, id string) (KeyInfo, error) {
+	var out KeyInfo
+	err := a.call(ctx, http.MethodPost, "/api/keys/"+url.PathEscape(id)+"/revoke", nil, &out)
+	return out, err
+}
+
+func (a *AdminClient) call(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API at %s: %w", a.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("admin API at %s: %w", a.base, err)
+	}
+	if resp.StatusCode >= 300 {
+		var p Problem
+		if json.Unmarshal(data, &p) == nil && p.Code != "" {
+			if p.Status == http.StatusNotFound && p.Code == "not_found" {
+				return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
+			}
+			return errors.New(p.Detail)
+		}
+		return fmt.Errorf("admin API at %s: %s", a.base, resp.Status)
+	}
+	return json.Unmarshal(data, out)
+}

@@ -1,0 +1,255 @@
+package server
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"breakwater/storage"
+)
+
+// API keys are "bw_" and keySecretLen base62 characters from crypto/rand:
+// about 190 bits, far past guessing.
+const (
+	keyPrefix     = "bw_"
+	keySecretLen  = 32
+	maxUserIDLen  = 128
+	base62Letters = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	// DefaultPlan is the plan a new user gets when keys create names none.
+	DefaultPlan = "free"
+)
+
+// Errors of key management.
+var (
+	// ErrBadUserID refuses a user id that is empty, longer than 128 bytes,
+	// not UTF-8, or holds control or non-printable characters.
+	ErrBadUserID = errors.New("server: user id must be 1-128 bytes of printable UTF-8 without control characters")
+	// ErrUnknownPlan refuses a plan that config.toml does not define.
+	ErrUnknownPlan = errors.New("server: unknown plan")
+)
+
+// Identity is who a request acts for, once layer 0 has let it in.
+type Identity struct {
+	UserID string
+	KeyID  string
+	Plan   string
+}
+
+// KeyInfo describes an API key without its secret.
+type KeyInfo struct {
+	ID        string    `json:"id"`
+	UserID    string    `json:"user"`
+	Plan      string    `json:"plan"`
+	CreatedAt time.Time `json:"created_at"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
+}
+
+// KeyStore is what the keyring needs from storage.
+type KeyStore interface {
+	CreateKey(k storage.Key, u storage.User) error
+	RevokeKey(id string, at time.Time) (storage.Key, error)
+	Keys() ([]storage.Key, error)
+	Users() ([]storage.User, error)
+}
+
+// Keyring holds every active key's hash in memory, so that authenticating
+// a request costs one SHA-256 and a map lookup and never touches the disk,
+// and writes key changes through to storage before they take effect.
+type Keyring struct {
+	store     KeyStore
+	knownPlan func(string) bool
+	now       func() time.Time
+
+	mu     sync.RWMutex
+	active map[[sha256.Size]byte]storage.Key // by hash; revoked keys are absent
+	keys   []storage.Key                     // every key, for listing
+	users  map[string]storage.User
+}
+
+// NewKeyring loads every key and user from store. knownPlan tells whether a
+// plan name exists in config.
+func NewKeyring(store KeyStore, knownPlan func(string) bool) (*Keyring, error) {
+	if store == nil || knownPlan == nil {
+		return nil, errors.New("server: keyring needs a store and a plan check")
+	}
+	k := &Keyring{store: store, knownPlan: knownPlan, now: time.Now}
+	if err := k.load(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+func (k *Keyring) load() error {
+	keys, err := k.store.Keys()
+	if err != nil {
+		return fmt.Errorf("load keys: %w", err)
+	}
+	users, err := k.store.Users()
+	if err != nil {
+		return fmt.Errorf("load users: %w", err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.keys = keys
+	k.active = make(map[[sha256.Size]byte]storage.Key, len(keys))
+	for _, key := range keys {
+		if key.RevokedAt.IsZero() {
+			k.active[key.Hash] = key
+		}
+	}
+	k.users = make(map[string]storage.User, len(users))
+	for _, u := range users {
+		k.users[u.ID] = u
+	}
+	return nil
+}
+
+// Authenticate returns the identity behind a bearer token, or false. Every
+// wrong token, whatever is wrong with it, takes the same path.
+func (k *Keyring) Authenticate(token string) (Identity, bool) {
+	sum := sha256.Sum256([]byte(token))
+	k.mu.RLock()
+	key, found := k.active[sum]
+	user := k.users[key.UserID]
+	k.mu.RUnlock()
+	// The map is keyed by the hash, so a lookup reveals nothing of the
+	// secret; the comparison below keeps a hit and a miss equally slow.
+	if subtle.ConstantTimeCompare(key.Hash[:], sum[:]) != 1 || !found || !validKeyShape(token) {
+		return Identity{}, false
+	}
+	return Identity{UserID: key.UserID, KeyID: key.ID, Plan: user.Plan}, true
+}
+
+// Create makes a new key for userID and returns its secret, which is shown
+// once and never stored. An empty plan keeps an existing user's plan, or
+// gives a new user DefaultPlan.
+func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err error) {
+	if err := ValidateUserID(userID); err != nil {
+		return "", KeyInfo{}, err
+	}
+	k.mu.RLock()
+	existing, known := k.users[userID]
+	k.mu.RUnlock()
+	if plan == "" {
+		plan = DefaultPlan
+		if known {
+			plan = existing.Plan
+		}
+	}
+	if !k.knownPlan(plan) {
+		return "", KeyInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml or pass another --plan", ErrUnknownPlan, plan, plan)
+	}
+	secret = keyPrefix + randomBase62(keySecretLen)
+	now := k.now().UTC()
+	key := storage.Key{ID: "key_" + randomBase62(10), Hash: sha256.Sum256([]byte(secret)), UserID: userID, CreatedAt: now}
+	user := storage.User{ID: userID, Plan: plan, CreatedAt: now}
+	if known {
+		user.CreatedAt, user.Banned = existing.CreatedAt, existing.Banned
+	}
+	if err := k.store.CreateKey(key, user); err != nil {
+		return "", KeyInfo{}, fmt.Errorf("create key for %s: %w", userID, err)
+	}
+	k.mu.Lock()
+	k.active[key.Hash] = key
+	k.keys = append(k.keys, key)
+	k.users[userID] = user
+	k.mu.Unlock()
+	return secret, k.info(key, user), nil
+}
+
+// Revoke disables a key at once: the next request with it gets 401.
+func (k *Keyring) Revoke(id string) (KeyInfo, error) {
+	key, err := k.store.RevokeKey(id, k.now().UTC())
+	if err != nil {
+		return KeyInfo{}, fmt.Errorf("revoke key %s: %w", id, err)
+	}
+	k.mu.Lock()
+	delete(k.active, key.Hash)
+	for i := range k.keys {
+		if k.keys[i].ID == id {
+			k.keys[i] = key
+		}
+	}
+	user := k.users[key.UserID]
+	k.mu.Unlock()
+	return k.info(key, user), nil
+}
+
+// List describes every key, oldest first, without secrets.
+func (k *Keyring) List() []KeyInfo {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([]KeyInfo, 0, len(k.keys))
+	for _, key := range k.keys {
+		out = append(out, k.info(key, k.users[key.UserID]))
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+func (k *Keyring) info(key storage.Key, u storage.User) KeyInfo {
+	return KeyInfo{ID: key.ID, UserID: key.UserID, Plan: u.Plan, CreatedAt: key.CreatedAt, RevokedAt: key.RevokedAt}
+}
+
+// ValidateUserID checks a user id: 1 to 128 bytes of printable UTF-8.
+func ValidateUserID(id string) error {
+	if id == "" || len(id) > maxUserIDLen || !utf8.ValidString(id) {
+		return ErrBadUserID
+	}
+	for _, r := range id {
+		if unicode.IsControl(r) || !unicode.IsPrint(r) {
+			return ErrBadUserID
+		}
+	}
+	return nil
+}
+
+// validKeyShape is a cheap check that token could be one of our keys.
+func validKeyShape(token string) bool {
+	if len(token) != len(keyPrefix)+keySecretLen || !strings.HasPrefix(token, keyPrefix) {
+		return false
+	}
+	for i := len(keyPrefix); i < len(token); i++ {
+		if strings.IndexByte(base62Letters, token[i]) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// randomBase62 returns n characters drawn uniformly from base62Letters with
+// crypto/rand (rejection sampling keeps the draw unbiased).
+func randomBase62(n int) string {
+	out := make([]byte, 0, n)
+	buf := make([]byte, n*2)
+	for len(out) < n {
+		_, _ = rand.Read(buf) // crypto/rand.Read never fails on supported platforms
+		for _, b := range buf {
+			if b >= 248 { // 248 = 4*62: keep the draw uniform
+				continue
+			}
+			out = append(out, base62Letters[b%62])
+			if len(out) == n {
+				break
+			}
+		}
+	}
+	return string(out)
+}
+
+// bearer extracts the token from an Authorization header value.
+func bearer(h string) (string, bool) {
+	const scheme = "bearer "
+	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+		return "", false
+	}
+	return strings.TrimSpace(h[len(scheme):]), true
+}

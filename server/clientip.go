@@ -1,0 +1,94 @@
+package server
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+)
+
+// clientIP finds the address of the client behind at most a chain of
+// trusted proxies. It is installed as Echo's IPExtractor, so c.RealIP()
+// never falls back to Echo's own header handling.
+type clientIP struct {
+	trusted []netip.Prefix
+	log     *slog.Logger
+	warn    sync.Once
+}
+
+// extract returns the client address for r as a string.
+//
+// The TCP peer is the client unless it is a trusted proxy. From a trusted
+// proxy, X-Real-IP is believed if it holds an address; otherwise the
+// X-Forwarded-For entries are read from the right, skipping trusted proxies,
+// and the first other entry is the client. The leftmost entry, which the
+// client itself can write, is never believed just for being first.
+func (ci *clientIP) extract(r *http.Request) string {
+	peer := parseAddr(r.RemoteAddr)
+	if !peer.IsValid() {
+		return r.RemoteAddr
+	}
+	if !ci.isTrusted(peer) {
+		if len(ci.trusted) == 0 && ci.log != nil && (r.Header.Get("X-Forwarded-For") != "" || r.Header.Get("X-Real-IP") != "") {
+			ci.warn.Do(func() {
+				ci.log.Warn("requests carry X-Forwarded-For or X-Real-IP but server.trusted_proxies is empty: " +
+					"the headers are ignored and every client is its TCP peer; behind a reverse proxy, list its address in trusted_proxies")
+			})
+		}
+		return peer.String()
+	}
+	if real := parseAddr(strings.TrimSpace(r.Header.Get("X-Real-IP"))); real.IsValid() {
+		return real.String()
+	}
+	hops := forwardedFor(r.Header.Values("X-Forwarded-For"))
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop := parseAddr(hops[i])
+		if !hop.IsValid() {
+			break // a garbled entry: believe nothing further left
+		}
+		if !ci.isTrusted(hop) {
+			return hop.String()
+		}
+	}
+	return peer.String()
+}
+
+func (ci *clientIP) isTrusted(a netip.Addr) bool {
+	for _, p := range ci.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardedFor splits every X-Forwarded-For header line into its entries,
+// in order.
+func forwardedFor(lines []string) []string {
+	var hops []string
+	for _, l := range lines {
+		for _, h := range strings.Split(l, ",") {
+			hops = append(hops, strings.TrimSpace(h))
+		}
+	}
+	return hops
+}
+
+// parseAddr reads "1.2.3.4", "1.2.3.4:5", "[::1]:5" or "::1", with
+// IPv4-mapped IPv6 addresses unmapped and zones dropped. It returns the zero
+// Addr for anything else.
+func parseAddr(s string) netip.Addr {
+	if s == "" {
+		return netip.Addr{}
+	}
+	if host, _, err := net.SplitHostPort(s); err == nil {
+		s = host
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return a.Unmap().WithZone("")
+}

@@ -1,0 +1,69 @@
+package server
+
+import (
+	"net/http"
+	"testing"
+)
+
+func TestClientIP(t *testing.T) {
+	trusted, err := ParsePrefixes([]string{"10.0.0.0/8", "127.0.0.1", "::1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		trusted bool // use the trusted list above
+		peer    string
+		realIP  string
+		xff     []string
+		want    string
+	}{
+		{"direct peer", true, "203.0.113.9:5000", "", nil, "203.0.113.9"},
+		{"untrusted peer's headers ignored", true, "203.0.113.9:5000", "1.1.1.1", []string{"2.2.2.2"}, "203.0.113.9"},
+		{"no trusted proxies: headers ignored", false, "127.0.0.1:5000", "1.1.1.1", []string{"2.2.2.2"}, "127.0.0.1"},
+		{"trusted proxy, X-Real-IP", true, "127.0.0.1:5000", "198.51.100.7", []string{"2.2.2.2"}, "198.51.100.7"},
+		{"trusted proxy, rightmost XFF", true, "127.0.0.1:5000", "", []string{"6.6.6.6, 198.51.100.7"}, "198.51.100.7"},
+		{"spoofed leftmost never believed", true, "10.1.2.3:80", "", []string{"6.6.6.6", "198.51.100.7, 10.0.0.5"}, "198.51.100.7"},
+		{"all hops trusted: the leftmost trusted", true, "127.0.0.1:80", "", []string{"10.0.0.1, 10.0.0.2"}, "127.0.0.1"},
+		{"garbled hop stops the walk", true, "127.0.0.1:80", "", []string{"198.51.100.7, nonsense"}, "127.0.0.1"},
+		{"garbled X-Real-IP falls back to XFF", true, "127.0.0.1:80", "not-an-ip", []string{"198.51.100.7"}, "198.51.100.7"},
+		{"IPv4-mapped peer", true, "[::ffff:203.0.113.9]:80", "", nil, "203.0.113.9"},
+		{"IPv4-mapped trusted peer", true, "[::ffff:127.0.0.1]:80", "198.51.100.7", nil, "198.51.100.7"},
+		{"IPv6 via trusted ::1", true, "[::1]:80", "", []string{"2001:db8::1"}, "2001:db8::1"},
+		{"XFF with port", true, "127.0.0.1:80", "", []string{"198.51.100.7:4711"}, "198.51.100.7"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ci := &clientIP{}
+			if c.trusted {
+				ci.trusted = trusted
+			}
+			r, _ := http.NewRequest(http.MethodGet, "/", nil)
+			r.RemoteAddr = c.peer
+			if c.realIP != "" {
+				r.Header.Set("X-Real-IP", c.realIP)
+			}
+			for _, x := range c.xff {
+				r.Header.Add("X-Forwarded-For", x)
+			}
+			if got := ci.extract(r); got != c.want {
+				t.Errorf("client %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestParsePrefixes(t *testing.T) {
+	for _, bad := range []string{"", "10.0.0.0/33", "example.com", "1.2.3"} {
+		if _, err := ParsePrefixes([]string{bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	got, err := ParsePrefixes([]string{"10.1.2.3/8", " 192.168.0.1 ", "::ffff:127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].String() != "10.0.0.0/8" || got[1].String() != "192.168.0.1/32" || got[2].String() != "127.0.0.1/32" {
+		t.Errorf("prefixes %v", got)
+	}
+}

@@ -1,0 +1,230 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/budget"
+	"breakwater/ocr"
+	"breakwater/storage"
+)
+
+// multipartSlack is what multipart framing may add around the image.
+const multipartSlack = 64 << 10
+
+const identityKey = "breakwater.identity"
+
+var (
+	errMissingImage = problem(http.StatusBadRequest, "missing_image", "Bad request",
+		"Send the image as the request body with an image/* Content-Type, or as multipart/form-data in the field \"image\".")
+	errUnsupportedType = problem(http.StatusUnsupportedMediaType, "unsupported_media_type", "Unsupported media type",
+		"Send a PNG, JPEG or WebP image whose Content-Type matches its contents.")
+	errUndecodable = problem(http.StatusUnprocessableEntity, "undecodable_image", "Unprocessable image",
+		"The image could not be decoded.")
+	errTooManyPixels = problem(http.StatusUnprocessableEntity, "too_many_pixels", "Unprocessable image",
+		"The image has more pixels than this service accepts; scale it down.")
+	errNoPlan = problem(http.StatusForbidden, "no_plan", "Forbidden",
+		"Your account has no valid plan. Contact the operator of this service.")
+)
+
+// ocrResponse is the body of a successful read.
+type ocrResponse struct {
+	Serials   []string      `json:"serials"`
+	Rejected  []string      `json:"rejected"`
+	Quota     quotaResponse `json:"quota"`
+	Simulated bool          `json:"simulated,omitempty"`
+}
+
+type quotaResponse struct {
+	Limit     int64 `json:"limit"`
+	Used      int64 `json:"used"`
+	Remaining int64 `json:"remaining"`
+}
+
+// authenticate is layer 0: no valid API key, no entry. Every failure gives
+// the same 401 body.
+func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
+		if !ok {
+			return errUnauthorized
+		}
+		id, ok := s.d.Keys.Authenticate(token)
+		if !ok {
+			return errUnauthorized
+		}
+		c.Set(identityKey, id)
+		return next(c)
+	}
+}
+
+// handleOCR reads serial numbers off one image. It walks the layers in
+// DESIGN.md order; nothing that costs money runs before every check has
+// passed, and no result leaves before its usage record is on disk.
+func (s *Server) handleOCR(c echo.Context) error {
+	start := s.now()
+	id := c.Get(identityKey).(Identity)
+	plan, ok := s.d.Plans[id.Plan]
+	if !ok {
+		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
+		return errNoPlan
+	}
+
+	// Cheap input validation: type sniffing and the image header only.
+	data, declared, err := readImage(c.Request(), s.cfg.MaxImageBytes)
+	if err != nil {
+		return err
+	}
+	img, err := ocr.Inspect(data, declared, s.cfg.MaxImagePixels)
+	switch {
+	case errors.Is(err, ocr.ErrUnsupportedType):
+		return errUnsupportedType
+	case errors.Is(err, ocr.ErrTooManyPixels):
+		return errTooManyPixels
+	case err != nil:
+		return errUndecodable
+	}
+
+	// Layer 2b: reserve one read of the plan quota, in memory.
+	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, start)
+	var qe *budget.QuotaError
+	if errors.As(err, &qe) {
+		return problem(http.StatusTooManyRequests, "quota_exceeded", "Too many requests",
+			"Your monthly quota is used up; it resets at the start of next month.").withRetryAfter(ceilSeconds(qe.RetryAfter))
+	}
+	if err != nil {
+		return err
+	}
+
+	// The expensive call.
+	res, err := s.d.Reader.Read(c.Request().Context(), img)
+	latency := s.now().Sub(start)
+	event := storage.Event{
+		Time: start, UserID: id.UserID, KeyID: id.KeyID, IP: c.RealIP(), Route: "/v1/ocr",
+		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
+		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
+		CostMicroUSD: s.d.Price.Cost(res.Usage),
+	}
+	if err != nil {
+		s.d.Quotas.Release(slot)
+		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
+		s.d.Events.Record(event)
+		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
+		return errUpstream
+	}
+
+	// "$": the quota increment and the usage row, durable before the answer.
+	// The read is paid for, so it is recorded even if the client has gone.
+	rec := storage.UsageRecord{
+		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
+		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
+		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: event.CostMicroUSD, LatencyMS: latency.Milliseconds(),
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
+	defer cancel()
+	if err := s.d.Usage.RecordUsage(ctx, slot.Month, rec); err != nil {
+		s.d.Quotas.Release(slot)
+		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
+		s.d.Events.Record(event)
+		s.log.Error("usage record not written: result withheld", "user", id.UserID, "request_id", rec.RequestID, "err", err)
+		return errUsageUnavailable
+	}
+	used := s.d.Quotas.Confirm(slot)
+	event.Outcome, event.Status = "ok", http.StatusOK
+	s.d.Events.Record(event)
+
+	return c.JSON(http.StatusOK, ocrResponse{
+		Serials:   nonNil(res.Serials),
+		Rejected:  nonNil(res.Rejected),
+		Quota:     quotaResponse{Limit: slot.Limit, Used: used, Remaining: max(slot.Limit-used, 0)},
+		Simulated: res.Simulated,
+	})
+}
+
+// readImage returns the uploaded image and its declared media type, from a
+// raw body or from the multipart field "image". The image is held to max
+// bytes without reading further.
+func readImage(r *http.Request, max int64) (data []byte, declared string, err error) {
+	ct := r.Header.Get(echo.HeaderContentType)
+	mt, params, _ := mime.ParseMediaType(ct)
+	if mt == "multipart/form-data" {
+		return readMultipartImage(r.Body, params["boundary"], max)
+	}
+	if r.ContentLength > max {
+		return nil, "", errTooLarge
+	}
+	data, err = readAtMost(r.Body, max, r.ContentLength)
+	if err != nil {
+		return nil, "", err
+	}
+	return data, ct, nil
+}
+
+func readMultipartImage(body io.Reader, boundary string, max int64) ([]byte, string, error) {
+	if boundary == "" {
+		return nil, "", errMissingImage
+	}
+	mr := multipart.NewReader(body, boundary)
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return nil, "", errMissingImage
+		}
+		if err != nil {
+			if isTooLarge(err) {
+				return nil, "", errTooLarge
+			}
+			return nil, "", errMissingImage
+		}
+		if part.FormName() != "image" {
+			continue // NextPart discards the rest of this part
+		}
+		data, err := readAtMost(part, max, -1)
+		if err != nil {
+			return nil, "", err
+		}
+		return data, part.Header.Get(echo.HeaderContentType), nil
+	}
+}
+
+// readAtMost reads r to its end, refusing more than max bytes and an empty
+// body. sizeHint, when positive, sizes the buffer once.
+func readAtMost(r io.Reader, max, sizeHint int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if sizeHint > 0 && sizeHint <= max {
+		buf.Grow(int(sizeHint))
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r, max+1))
+	switch {
+	case isTooLarge(err) || n > max:
+		return nil, errTooLarge
+	case err != nil:
+		return nil, problem(http.StatusBadRequest, "bad_body", "Bad request", "The request body could not be read.")
+	case n == 0:
+		return nil, errMissingImage
+	}
+	return buf.Bytes(), nil
+}
+
+func requestID(c echo.Context) string { return c.Response().Header().Get(echo.HeaderXRequestID) }
+
+// ceilSeconds rounds d up to whole seconds, at least 1.
+func ceilSeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

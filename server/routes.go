@@ -1,0 +1,26 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+)
+
+// routes lists every route of both listeners.
+func (s *Server) routes() {
+	// Public listener. The body limit leaves room for multipart framing;
+	// the image itself is held to max_image_bytes when it is read.
+	s.public.GET("/healthz", s.handleHealth)
+	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack), s.authenticate)
+
+	// Admin listener: every route needs the admin token.
+	a := s.admin.Group("", s.adminOnly)
+	a.GET("/healthz", s.handleHealth)
+	a.GET("/api/keys", s.handleListKeys)
+	a.POST("/api/keys", s.handleCreateKey, limitBody(64<<10))
+	a.POST("/api/keys/:id/revoke", s.handleRevokeKey)
+}
+
+func (s *Server) handleHealth(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}

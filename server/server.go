@@ -1,0 +1,127 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/budget"
+	"breakwater/ocr"
+	"breakwater/storage"
+)
+
+// Timeouts of the HTTP servers made by NewHTTPServer.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 30 * time.Second  // a 10 MiB upload over a slow link
+	writeTimeout      = 120 * time.Second // covers the upstream call and its retry
+	idleTimeout       = 120 * time.Second
+	recordTimeout     = 10 * time.Second // most a paid read waits to be recorded
+)
+
+// Reader reads serial numbers off an image: ocr.Gemini or ocr.Simulated.
+type Reader interface {
+	Read(ctx context.Context, img ocr.Image) (ocr.Result, error)
+}
+
+// UsageRecorder commits a successful read (its quota increment and usage
+// row) durably, returning only once it is on disk.
+type UsageRecorder interface {
+	RecordUsage(ctx context.Context, month string, rec storage.UsageRecord) error
+}
+
+// EventRecorder takes a statistics event without ever waiting.
+type EventRecorder interface {
+	Record(e storage.Event)
+}
+
+// Deps are the components a Server works with. All but Logger and Now are
+// required.
+type Deps struct {
+	Keys   *Keyring
+	Quotas *budget.Quotas
+	Plans  map[string]budget.Plan
+	Reader Reader
+	Usage  UsageRecorder
+	Events EventRecorder
+	Price  ocr.Price // to cost each read in its usage record
+	// AdminToken guards the admin API; empty disables it (every call 401).
+	AdminToken string
+	Logger     *slog.Logger
+	Now        func() time.Time
+}
+
+// Server holds the public and admin HTTP handlers.
+type Server struct {
+	cfg     Config
+	d       Deps
+	log     *slog.Logger
+	now     func() time.Time
+	reqIDs  *requestIDs
+	clients *clientIP
+	public  *echo.Echo
+	admin   *echo.Echo
+}
+
+// New builds the handlers. cfg is taken with its defaults applied.
+func New(cfg Config, d Deps) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Keys == nil || d.Quotas == nil || d.Reader == nil || d.Usage == nil || d.Events == nil || len(d.Plans) == 0 {
+		return nil, errors.New("server: keys, quotas, plans, reader, usage recorder and event recorder are all required")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
+	s := &Server{
+		cfg:     cfg,
+		d:       d,
+		log:     d.Logger.With("component", "server"),
+		now:     d.Now,
+		reqIDs:  newRequestIDs(),
+		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
+	}
+	s.public = s.newEcho()
+	s.admin = s.newEcho()
+	s.routes()
+	return s, nil
+}
+
+// Handler is the public API.
+func (s *Server) Handler() http.Handler { return s.public }
+
+// AdminHandler is the admin API; serve it on a loopback address only.
+func (s *Server) AdminHandler() http.Handler { return s.admin }
+
+func (s *Server) newEcho() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.IPExtractor = s.clients.extract
+	e.HTTPErrorHandler = errorHandler(s.log)
+	e.Use(s.reqIDs.middleware, recoverPanics(s.log))
+	return e
+}
+
+// NewHTTPServer wraps h in an http.Server with read-header, read, write and
+// idle timeouts, so a slow client cannot hold a connection open.
+func NewHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}

@@ -1,0 +1,701 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"image"
+	"image/png"
+	"io"
+	"log/slog"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/ocr"
+	"breakwater/storage"
+)
+
+// fakeGemini is a local stand-in for generateContent that speaks the real
+// REST wire format and counts calls.
+type fakeGemini struct {
+	*httptest.Server
+	calls atomic.Int64
+	// respond writes the answer; nil answers two good serials.
+	respond atomic.Pointer[func(w http.ResponseWriter, r *http.Request)]
+}
+
+// set changes how the fake answers; nil restores the good answer.
+func (f *fakeGemini) set(respond func(w http.ResponseWriter, r *http.Request)) {
+	if respond == nil {
+		f.respond.Store(nil)
+		return
+	}
+	f.respond.Store(&respond)
+}
+
+const geminiKey = "test-gemini-key"
+
+func newFakeGemini(t *testing.T) *fakeGemini {
+	t.Helper()
+	f := &fakeGemini{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.calls.Add(1)
+		if r.Method != http.MethodPost || r.URL.Path != "/v1beta/models/gemini-2.5-flash:generateContent" || r.Header.Get("x-goog-api-key") != geminiKey {
+			http.Error(w, `{"error":{"code":404,"message":"not found","status":"NOT_FOUND"}}`, http.StatusNotFound)
+			return
+		}
+		var req struct {
+			Contents []struct {
+				Parts []struct {
+					InlineData *struct{ MimeType, Data string } `json:"inlineData"`
+				} `json:"parts"`
+			} `json:"contents"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || len(req.Contents) == 0 || req.Contents[0].Parts[0].InlineData == nil {
+			http.Error(w, `{"error":{"code":400,"message":"bad request","status":"INVALID_ARGUMENT"}}`, http.StatusBadRequest)
+			return
+		}
+		if respond := f.respond.Load(); respond != nil {
+			(*respond)(w, r)
+			return
+		}
+		writeModelText(w, `{"serials":["SN-12345","SN-67890"]}`)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+// writeModelText answers a generateContent call whose model output is text.
+func writeModelText(w http.ResponseWriter, text string) {
+	w.Header().Set("Content-Type", "application/json")
+	resp := map[string]any{
+		"candidates": []any{map[string]any{
+			"content":      map[string]any{"role": "model", "parts": []any{map[string]any{"text": text}}},
+			"finishReason": "STOP", "index": 0,
+		}},
+		"usageMetadata": map[string]any{"promptTokenCount": 298, "candidatesTokenCount": 24, "thoughtsTokenCount": 0, "totalTokenCount": 322},
+		"modelVersion":  "gemini-2.5-flash",
+	}
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+func writeUpstreamError(w http.ResponseWriter, code int, status string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, `{"error":{"code":%d,"message":"upstream says no","status":%q}}`, code, status)
+}
+
+// env is one service under test: real storage, real HTTP on loopback, a
+// fake Gemini.
+type env struct {
+	t      *testing.T
+	dir    string
+	db     *storage.DB
+	gemini *fakeGemini
+	keys   *Keyring
+	quotas *budget.Quotas
+	events *detect.Recorder
+	http   *httptest.Server
+	admin  *httptest.Server
+	key    string // an API key of user "alice"
+	now    time.Time
+	loc    *time.Location
+	logs   *bytes.Buffer
+}
+
+type envOptions struct {
+	quota      int64            // alice's monthly quota; default 100
+	timeout    time.Duration    // ocr.timeout; default 5s
+	usage      UsageRecorder    // default the database
+	cfg        func(*Config)    // server config changes
+	gemini     *fakeGemini      // reuse one across restarts
+	dir        string           // reuse a database across restarts
+	adminToken string           // default "admin-secret"
+	logTo      *bytes.Buffer    // captured logs
+	plans      map[string]int64 // extra plans
+}
+
+const testAdminToken = "admin-secret-for-tests"
+
+func newEnv(t *testing.T, o envOptions) *env {
+	t.Helper()
+	if o.quota == 0 {
+		o.quota = 100
+	}
+	if o.timeout == 0 {
+		o.timeout = 5 * time.Second
+	}
+	if o.dir == "" {
+		o.dir = t.TempDir()
+	}
+	if o.gemini == nil {
+		o.gemini = newFakeGemini(t)
+	}
+	if o.adminToken == "" {
+		o.adminToken = testAdminToken
+	}
+	if o.logTo == nil {
+		o.logTo = &bytes.Buffer{}
+	}
+	log := slog.New(slog.NewTextHandler(&syncWriter{w: o.logTo}, nil))
+	e := &env{t: t, dir: o.dir, gemini: o.gemini, now: time.Now(), loc: time.UTC, logs: o.logTo}
+
+	db, err := storage.Open(filepath.Join(o.dir, "bw.db"), storage.Options{Timeout: time.Second, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.db = db
+	t.Cleanup(func() { db.Close() })
+
+	plans := map[string]budget.Plan{"free": {MonthlyQuota: o.quota}}
+	for name, q := range o.plans {
+		plans[name] = budget.Plan{MonthlyQuota: q}
+	}
+	e.keys, err = NewKeyring(db, func(p string) bool { _, ok := plans[p]; return ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	month := budget.MonthKey(e.now, e.loc)
+	used, err := db.QuotaUsed(month)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.quotas = budget.NewQuotas(e.loc, month, used)
+	ocfg := ocr.Config{BaseURL: o.gemini.URL, Timeout: o.timeout}.WithDefaults()
+	reader, err := ocr.NewGemini(ocfg, geminiKey, o.gemini.Client(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.events = detect.NewRecorder(db, detect.RecorderOptions{Logger: log, FlushInterval: 10 * time.Millisecond})
+	t.Cleanup(func() { e.events.Close(context.Background()) })
+	var usage UsageRecorder = db
+	if o.usage != nil {
+		usage = o.usage
+	}
+	cfg := Config{}
+	if o.cfg != nil {
+		o.cfg(&cfg)
+	}
+	srv, err := New(cfg, Deps{
+		Keys: e.keys, Quotas: e.quotas, Plans: plans, Reader: reader, Usage: usage,
+		Events: e.events, Price: ocfg.Price, AdminToken: o.adminToken, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.http = httptest.NewServer(srv.Handler())
+	t.Cleanup(e.http.Close)
+	e.admin = httptest.NewServer(srv.AdminHandler())
+	t.Cleanup(e.admin.Close)
+	e.key = e.newKey("alice", "")
+	return e
+}
+
+// syncWriter lets concurrent log writes share one buffer.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (e *env) newKey(user, plan string) string {
+	e.t.Helper()
+	secret, _, err := e.keys.Create(user, plan)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return secret
+}
+
+// post sends body to /v1/ocr with the given content type and key.
+func (e *env) post(key, contentType string, body []byte) (*http.Response, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.http.URL+"/v1/ocr", bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	return do(e.t, req)
+}
+
+func do(t *testing.T, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, data
+}
+
+// pngBytes encodes a w×h PNG.
+func pngBytes(t testing.TB, w, h int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, image.NewGray(image.Rect(0, 0, w, h))); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+type okBody struct {
+	Serials  []string      `json:"serials"`
+	Rejected []string      `json:"rejected"`
+	Quota    quotaResponse `json:"quota"`
+}
+
+func decodeOK(t *testing.T, resp *http.Response, data []byte) okBody {
+	t.Helper()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200: %s", resp.StatusCode, data)
+	}
+	var b okBody
+	if err := json.Unmarshal(data, &b); err != nil {
+		t.Fatalf("decode %s: %v", data, err)
+	}
+	return b
+}
+
+func decodeProblem(t *testing.T, resp *http.Response, data []byte, status int, code string) Problem {
+	t.Helper()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, data)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p Problem
+	if err := json.Unmarshal(data, &p); err != nil {
+		t.Fatalf("decode %s: %v", data, err)
+	}
+	if p.Code != code || p.Status != status || p.Type == "" || p.Title == "" {
+		t.Errorf("problem %+v, want code %q status %d with type and title", p, code, status)
+	}
+	return p
+}
+
+// usedOnDisk is alice's durable count this month.
+func (e *env) usedOnDisk(user string) int64 {
+	e.t.Helper()
+	used, err := e.db.QuotaUsed(budget.MonthKey(e.now, e.loc))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return used[user]
+}
+
+func TestOCRHappyPath(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 64, 32))
+	b := decodeOK(t, resp, data)
+	if got, want := strings.Join(b.Serials, ","), "SN-12345,SN-67890"; got != want {
+		t.Errorf("serials %q, want %q", got, want)
+	}
+	if b.Rejected == nil || len(b.Rejected) != 0 {
+		t.Errorf("rejected %v, want []", b.Rejected)
+	}
+	if got, want := b.Quota, (quotaResponse{Limit: 100, Used: 1, Remaining: 99}); got != want {
+		t.Errorf("quota %+v, want %+v", got, want)
+	}
+	if resp.Header.Get("X-Request-ID") == "" {
+		t.Error("no X-Request-ID")
+	}
+	if got := e.gemini.calls.Load(); got != 1 {
+		t.Errorf("upstream calls %d, want 1", got)
+	}
+	if got := e.usedOnDisk("alice"); got != 1 {
+		t.Errorf("quota on disk %d, want 1", got)
+	}
+	rows, err := e.db.Usage(e.now.Add(-time.Hour), e.now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("%d usage rows, want 1", len(rows))
+	}
+	r := rows[0]
+	if r.UserID != "alice" || r.PromptTokens != 298 || r.CandidatesTokens != 24 || r.RequestID != resp.Header.Get("X-Request-ID") || r.KeyID == "" || r.CostMicroUSD <= 0 {
+		t.Errorf("usage row %+v", r)
+	}
+}
+
+func TestOCRMultipart(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	_ = mw.WriteField("note", "ignored")
+	fw, err := mw.CreateFormFile("image", "label.png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.Write(pngBytes(t, 40, 40))
+	mw.Close()
+	resp, data := e.post(e.key, mw.FormDataContentType(), body.Bytes())
+	decodeOK(t, resp, data)
+
+	// No "image" field: 400, no upstream call.
+	body.Reset()
+	mw = multipart.NewWriter(&body)
+	_ = mw.WriteField("picture", "x")
+	mw.Close()
+	resp, data = e.post(e.key, mw.FormDataContentType(), body.Bytes())
+	decodeProblem(t, resp, data, http.StatusBadRequest, "missing_image")
+	if got := e.gemini.calls.Load(); got != 1 {
+		t.Errorf("upstream calls %d, want 1", got)
+	}
+}
+
+func TestUnauthorizedBodiesIdentical(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	img := pngBytes(t, 8, 8)
+	revoked := e.newKey("bob", "")
+	if _, err := e.keys.Revoke(e.keys.List()[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ name, header string }{
+		{"missing", ""},
+		{"wrong key", "Bearer bw_" + strings.Repeat("A", 32)},
+		{"malformed", "Bearer not-a-key"},
+		{"basic scheme", "Basic " + e.key},
+		{"revoked", "Bearer " + revoked},
+		{"key with suffix", "Bearer " + e.key + "x"},
+	}
+	var first []byte
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, e.http.URL+"/v1/ocr", bytes.NewReader(img))
+			req.Header.Set("Content-Type", "image/png")
+			if c.header != "" {
+				req.Header.Set("Authorization", c.header)
+			}
+			resp, data := do(t, req)
+			decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+			if first == nil {
+				first = data
+			} else if !bytes.Equal(first, data) {
+				t.Errorf("body %s differs from %s", data, first)
+			}
+		})
+	}
+	if got := e.gemini.calls.Load(); got != 0 {
+		t.Errorf("upstream calls %d, want 0", got)
+	}
+	// The good key still works, and revoking it takes effect on the next request.
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	if _, err := e.keys.Revoke(e.keys.List()[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+}
+
+func TestInputRefusedWithoutUpstreamCall(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxImageBytes = 4096; c.MaxImagePixels = 10_000 }})
+	small := pngBytes(t, 20, 20)
+	// A PNG header that claims 100000×100000 pixels with nothing behind it.
+	huge := pngBytes(t, 1, 1)
+	copy(huge[16:24], []byte{0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0})
+	binary.BigEndian.PutUint32(huge[29:33], crc32.ChecksumIEEE(huge[12:29])) // IHDR's CRC
+	gif := []byte("GIF89a\x01\x00\x01\x00\x00\x00\x00;")
+	cases := []struct {
+		name        string
+		contentType string
+		body        []byte
+		status      int
+		code        string
+	}{
+		{"too large", "image/png", append(pngBytes(t, 20, 20), make([]byte, 5000)...), 413, "body_too_large"},
+		{"gif", "image/gif", gif, 415, "unsupported_media_type"},
+		{"png declared jpeg", "image/jpeg", small, 415, "unsupported_media_type"},
+		{"text", "text/plain", []byte("hello"), 415, "unsupported_media_type"},
+		{"truncated png", "image/png", small[:20], 422, "undecodable_image"},
+		{"too many pixels", "image/png", pngBytes(t, 200, 200), 422, "too_many_pixels"},
+		{"huge header", "image/png", huge, 422, "too_many_pixels"},
+		{"empty", "image/png", nil, 400, "missing_image"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, data := e.post(e.key, c.contentType, c.body)
+			decodeProblem(t, resp, data, c.status, c.code)
+		})
+	}
+	if got := e.gemini.calls.Load(); got != 0 {
+		t.Errorf("upstream calls %d, want 0", got)
+	}
+	if got := e.quotas.Used("alice", time.Now()); got != 0 {
+		t.Errorf("quota used %d, want 0", got)
+	}
+}
+
+// TestBodyLimitWithoutContentLength streams a body with no declared length:
+// the limit must hold while reading.
+func TestBodyLimitWithoutContentLength(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxImageBytes = 4096 }})
+	body := io.MultiReader(bytes.NewReader(pngBytes(t, 20, 20)), bytes.NewReader(make([]byte, 1<<20)))
+	req, _ := http.NewRequest(http.MethodPost, e.http.URL+"/v1/ocr", io.NopCloser(body))
+	req.ContentLength = -1
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	req.Header.Set("Content-Type", "image/png")
+	resp, data := do(t, req)
+	decodeProblem(t, resp, data, http.StatusRequestEntityTooLarge, "body_too_large")
+	if got := e.gemini.calls.Load(); got != 0 {
+		t.Errorf("upstream calls %d, want 0", got)
+	}
+}
+
+func TestQuotaRaceOneSlotLeft(t *testing.T) {
+	e := newEnv(t, envOptions{quota: 3})
+	img := pngBytes(t, 16, 16)
+	for range 2 {
+		resp, data := e.post(e.key, "image/png", img)
+		decodeOK(t, resp, data)
+	}
+	e.gemini.calls.Store(0)
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, data := e.post(e.key, "image/png", img)
+			switch resp.StatusCode {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				if resp.Header.Get("Retry-After") == "" {
+					t.Errorf("429 without Retry-After: %s", data)
+				}
+				refused.Add(1)
+			default:
+				t.Errorf("status %d: %s", resp.StatusCode, data)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 1 || refused.Load() != 19 {
+		t.Errorf("%d ok and %d refused, want 1 and 19", ok.Load(), refused.Load())
+	}
+	if got := e.gemini.calls.Load(); got != 1 {
+		t.Errorf("upstream calls %d, want 1", got)
+	}
+	if got := e.usedOnDisk("alice"); got != 3 {
+		t.Errorf("quota on disk %d, want 3", got)
+	}
+	resp, data := e.post(e.key, "image/png", img)
+	p := decodeProblem(t, resp, data, http.StatusTooManyRequests, "quota_exceeded")
+	if strings.Contains(p.Detail, "3") {
+		t.Errorf("detail %q should not need numbers", p.Detail)
+	}
+}
+
+// failingUsage is a usage recorder whose disk always refuses.
+type failingUsage struct{ calls atomic.Int64 }
+
+func (f *failingUsage) RecordUsage(context.Context, string, storage.UsageRecord) error {
+	f.calls.Add(1)
+	return fmt.Errorf("write usage: %w", io.ErrShortWrite)
+}
+
+func TestFailClosedWhenUsageCannotBeRecorded(t *testing.T) {
+	fu := &failingUsage{}
+	e := newEnv(t, envOptions{usage: fu})
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	if bytes.Contains(data, []byte("SN-12345")) {
+		t.Errorf("result leaked in %s", data)
+	}
+	if fu.calls.Load() != 1 || e.gemini.calls.Load() != 1 {
+		t.Errorf("record calls %d, upstream calls %d, want 1 and 1", fu.calls.Load(), e.gemini.calls.Load())
+	}
+	if got := e.quotas.Used("alice", time.Now()); got != 0 {
+		t.Errorf("quota used %d, want 0", got)
+	}
+	if got := e.usedOnDisk("alice"); got != 0 {
+		t.Errorf("quota on disk %d, want 0", got)
+	}
+}
+
+// TestFailClosedOnClosedDatabase makes the real storage path fail: the
+// database is closed under the running server.
+func TestFailClosedOnClosedDatabase(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	img := pngBytes(t, 16, 16)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	if err := e.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	if bytes.Contains(data, []byte("SN-")) {
+		t.Errorf("result leaked in %s", data)
+	}
+	if got := e.quotas.Used("alice", time.Now()); got != 1 {
+		t.Errorf("quota used in memory %d, want 1", got)
+	}
+	db, err := storage.Open(filepath.Join(e.dir, "bw.db"), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	used, _ := db.QuotaUsed(budget.MonthKey(e.now, e.loc))
+	rows, _ := db.Usage(e.now.Add(-time.Hour), e.now.Add(time.Hour))
+	if used["alice"] != 1 || len(rows) != 1 {
+		t.Errorf("on disk: quota %d and %d rows, want 1 and 1", used["alice"], len(rows))
+	}
+}
+
+func TestRestartKeepsQuota(t *testing.T) {
+	dir := t.TempDir()
+	gemini := newFakeGemini(t)
+	e := newEnv(t, envOptions{dir: dir, gemini: gemini, quota: 5})
+	img := pngBytes(t, 16, 16)
+	for range 2 {
+		resp, data := e.post(e.key, "image/png", img)
+		decodeOK(t, resp, data)
+	}
+	key := e.key
+	e.http.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+
+	e2 := newEnv(t, envOptions{dir: dir, gemini: gemini, quota: 5})
+	resp, data := e2.post(key, "image/png", img)
+	if got := decodeOK(t, resp, data).Quota; got.Used != 3 || got.Remaining != 2 {
+		t.Errorf("after restart quota %+v, want used 3 remaining 2", got)
+	}
+}
+
+func TestUpstreamFailureReleasesSlot(t *testing.T) {
+	cases := []struct {
+		name    string
+		respond func(w http.ResponseWriter, r *http.Request)
+		calls   int64
+		timeout time.Duration // long enough for the one retry where one is due
+	}{
+		{"503 twice", func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 503, "UNAVAILABLE") }, 2, 5 * time.Second},
+		{"429 twice", func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 429, "RESOURCE_EXHAUSTED") }, 2, 5 * time.Second},
+		{"500 once", func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 500, "INTERNAL") }, 1, 0},
+		{"bad key", func(w http.ResponseWriter, r *http.Request) {
+			writeUpstreamError(w, 400, "INVALID_ARGUMENT") // message is "upstream says no"; see below for the key case
+		}, 1, 0},
+		{"timeout", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, 1, 300 * time.Millisecond},
+		{"not json", func(w http.ResponseWriter, r *http.Request) { writeModelText(w, "I see SN-1 and SN-2") }, 1, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{timeout: c.timeout})
+			e.gemini.set(c.respond)
+			resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+			p := decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+			if strings.Contains(string(data), "upstream says no") || strings.Contains(p.Detail, geminiKey) {
+				t.Errorf("upstream text leaked: %s", data)
+			}
+			if got := e.gemini.calls.Load(); got != c.calls {
+				t.Errorf("upstream calls %d, want %d", got, c.calls)
+			}
+			if got := e.quotas.Used("alice", time.Now()); got != 0 {
+				t.Errorf("quota used %d, want 0", got)
+			}
+			// The slot is free again: a later success counts as the first.
+			e.gemini.set(nil)
+			resp, data = e.post(e.key, "image/png", pngBytes(t, 16, 16))
+			if got := decodeOK(t, resp, data).Quota.Used; got != 1 {
+				t.Errorf("used after recovery %d, want 1", got)
+			}
+		})
+	}
+}
+
+func TestWrongGeminiKeyIsLogged(t *testing.T) {
+	logs := &bytes.Buffer{}
+	e := newEnv(t, envOptions{logTo: logs})
+	e.gemini.set(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(400)
+		io.WriteString(w, `{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT"}}`)
+	})
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	time.Sleep(10 * time.Millisecond) // let the log line land; nothing waits on a window here
+	if !strings.Contains(logs.String(), "GEMINI_API_KEY was refused") {
+		t.Errorf("log lacks the key refusal:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), geminiKey) || strings.Contains(string(data), geminiKey) {
+		t.Error("the Gemini key leaked")
+	}
+}
+
+func TestMalformedModelOutput(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.gemini.set(func(w http.ResponseWriter, r *http.Request) {
+		writeModelText(w, `{"serials":["SN-12345"," SN-777 ","drop table users;",42,null,{"a":1},"sn-lower","SN-12345"]}`)
+	})
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	b := decodeOK(t, resp, data)
+	if got, want := strings.Join(b.Serials, ","), "SN-12345,SN-777"; got != want {
+		t.Errorf("serials %q, want %q", got, want)
+	}
+	for _, want := range []string{"drop table users;", "42", "sn-lower"} {
+		found := false
+		for _, r := range b.Rejected {
+			found = found || r == want
+		}
+		if !found {
+			t.Errorf("rejected %q lacks %q", b.Rejected, want)
+		}
+	}
+}
+
+func TestNotFoundIsProblem(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	resp, data := do(t, mustRequest(t, http.MethodGet, e.http.URL+"/v1/nope", ""))
+	decodeProblem(t, resp, data, http.StatusNotFound, "not_found")
+	resp, data = do(t, mustRequest(t, http.MethodGet, e.http.URL+"/v1/ocr", ""))
+	decodeProblem(t, resp, data, http.StatusMethodNotAllowed, "method_not_allowed")
+	resp, data = do(t, mustRequest(t, http.MethodGet, e.http.URL+"/api/keys", testAdminToken))
+	decodeProblem(t, resp, data, http.StatusNotFound, "not_found") // no admin route on the public listener
+	resp, _ = do(t, mustRequest(t, http.MethodGet, e.http.URL+"/healthz", ""))
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz %d", resp.StatusCode)
+	}
+}
+
+func mustRequest(t *testing.T, method, url, token string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return req
+}
