@@ -36,6 +36,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server"
 	"breakwater/storage"
@@ -157,6 +158,9 @@ type config struct {
 	OCR     ocr.Config             `koanf:"ocr"`
 	Budget  budget.Config          `koanf:"budget"`
 	Plans   map[string]budget.Plan `koanf:"plans"`
+	Limits  struct {
+		User limiter.Config `koanf:"user"`
+	} `koanf:"limits"`
 }
 
 // loadConfig reads path (which must exist), applies
@@ -220,12 +224,14 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 		return config{}, fmt.Errorf("config %s: %s", path, cleanDecodeError(err))
 	}
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
+	c.Limits.User = c.Limits.User.WithDefaults()
 	return c, nil
 }
 
 // validate checks every section; errors name the key.
 func (c config) validate() error {
-	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(), budget.ValidatePlans(c.Plans))
+	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
+		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"))
 }
 
 // configKeys lists every key config.toml may hold ("server.listen", ...)
@@ -353,10 +359,9 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	}()
 
 	loc, _ := c.Budget.Location() // checked by loadConfig
-	month := budget.MonthKey(time.Now(), loc)
-	used, err := db.QuotaUsed(month)
+	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now())
 	if err != nil {
-		return fmt.Errorf("load quotas: %w", err)
+		return err
 	}
 	keys, err := server.NewKeyring(db, planCheck(c.Plans))
 	if err != nil {
@@ -372,13 +377,22 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	}()
 
 	srv, err := server.New(c.Server, server.Deps{
-		Keys: keys, Quotas: budget.NewQuotas(loc, month, used), Plans: c.Plans,
-		Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
+		Keys: keys, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
+		Plans: c.Plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
 		AdminToken: adminToken, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
+	// Defense state is written behind every second; the last flush runs
+	// after HTTP has stopped and before the database closes.
+	wbCtx, stopWriteBehind := context.WithCancel(context.Background())
+	wbDone := make(chan struct{})
+	go func() {
+		defer close(wbDone)
+		srv.NewWriteBehind(db, layers.Windows, layers.Attempts).Run(wbCtx, server.DefaultWriteBehindInterval)
+	}()
+	defer func() { stopWriteBehind(); <-wbDone }()
 
 	servers := []*http.Server{}
 	errc := make(chan error, 2)

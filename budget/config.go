@@ -1,7 +1,9 @@
 package budget
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"time"
 	_ "time/tzdata" // time zones work on minimal systems without /usr/share/zoneinfo
 )
@@ -15,6 +17,16 @@ type Config struct {
 	// Timezone is the IANA name of the zone whose midnight starts a new day
 	// and whose first of the month starts a new quota month. Default "UTC".
 	Timezone string `koanf:"timezone"`
+	// DailyRequests is the most upstream calls per day, whole service.
+	// 0 switches this ceiling off.
+	DailyRequests int64 `koanf:"daily_requests"`
+	// DailyUSD is the most money per day, in US dollars, whole service,
+	// counting each call at its worst case until its actual cost is known.
+	// 0 switches this ceiling off.
+	DailyUSD float64 `koanf:"daily_usd"`
+	// MonthlyUSD is the most money per calendar month, the app-side mirror
+	// of the provider's own spend cap. 0 switches this ceiling off.
+	MonthlyUSD float64 `koanf:"monthly_usd"`
 }
 
 // WithDefaults returns c with every zero field set to its documented default.
@@ -27,10 +39,22 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports the first invalid setting, naming its key.
 func (c Config) Validate() error {
+	var errs []error
 	if _, err := c.Location(); err != nil {
-		return err
+		errs = append(errs, err)
 	}
-	return nil
+	if c.DailyRequests < 0 {
+		errs = append(errs, fmt.Errorf("budget.daily_requests: must not be negative, got %d", c.DailyRequests))
+	}
+	for _, f := range []struct {
+		key string
+		usd float64
+	}{{"budget.daily_usd", c.DailyUSD}, {"budget.monthly_usd", c.MonthlyUSD}} {
+		if f.usd < 0 || math.IsNaN(f.usd) || f.usd > 1e9 {
+			errs = append(errs, fmt.Errorf("%s: must be between 0 and 1e9 dollars, got %v", f.key, f.usd))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Location loads the configured time zone.
@@ -47,6 +71,10 @@ type Plan struct {
 	// MonthlyQuota is the number of successful reads per calendar month,
 	// the figure users see in every response. Must be at least 1.
 	MonthlyQuota int64 `koanf:"monthly_quota"`
+	// DailyAttempts is the daily abuse line: the most requests per day that
+	// reach the upstream, success or failure. Never shown to users. 0 means
+	// no line.
+	DailyAttempts int64 `koanf:"daily_attempts"`
 }
 
 // ValidatePlans reports the first invalid plan, naming its key. At least one
@@ -61,6 +89,9 @@ func ValidatePlans(plans map[string]Plan) error {
 		}
 		if p.MonthlyQuota < 1 {
 			return fmt.Errorf("plans.%s.monthly_quota: must be at least 1, got %d", name, p.MonthlyQuota)
+		}
+		if p.DailyAttempts < 0 {
+			return fmt.Errorf("plans.%s.daily_attempts: must not be negative, got %d", name, p.DailyAttempts)
 		}
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/storage"
 )
@@ -91,8 +92,19 @@ func newBenchService(b *testing.B) (*Server, []string) {
 	}
 	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log})
 	b.Cleanup(func() { events.Close(context.Background()) })
+	windows, err := limiter.New(limiter.Config{Rate: limiter.MaxRate, Window: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	brake, err := budget.NewGlobal(budget.Config{DailyRequests: 1 << 40, DailyUSD: 1e9, MonthlyUSD: 1e9}, time.UTC, db,
+		budget.GlobalState{Day: budget.DayKey(now, time.UTC), Month: budget.MonthKey(now, time.UTC)})
+	if err != nil {
+		b.Fatal(err)
+	}
 	srv, err := New(Config{}, Deps{
-		Keys: kr, Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(time.Now(), time.UTC), nil), Plans: plans,
+		Keys: kr, Limiter: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
+		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake, Plans: plans,
 		Reader: reader, Usage: db, Events: events, Logger: log,
 	})
 	if err != nil {

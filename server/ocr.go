@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/storage"
 )
@@ -33,6 +34,14 @@ var (
 		"The image has more pixels than this service accepts; scale it down.")
 	errNoPlan = problem(http.StatusForbidden, "no_plan", "Forbidden",
 		"Your account has no valid plan. Contact the operator of this service.")
+	errRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
+		"Too many requests in a short time. Wait for the time in Retry-After.")
+	errDailyLimit = problem(http.StatusTooManyRequests, "daily_limit", "Too many requests",
+		"Your account has made too many requests today. It resets at midnight.")
+	errQuotaExceeded = problem(http.StatusTooManyRequests, "quota_exceeded", "Too many requests",
+		"Your monthly quota is used up; it resets at the start of next month.")
+	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
+		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
 )
 
 // ocrResponse is the body of a successful read.
@@ -68,7 +77,8 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 
 // handleOCR reads serial numbers off one image. It walks the layers in
 // DESIGN.md order; nothing that costs money runs before every check has
-// passed, and no result leaves before its usage record is on disk.
+// passed, a refusal by layers 0-3 writes nothing to disk, and no result
+// leaves before its usage record is on disk.
 func (s *Server) handleOCR(c echo.Context) error {
 	start := s.now()
 	id := c.Get(identityKey).(Identity)
@@ -76,6 +86,14 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if !ok {
 		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
 		return errNoPlan
+	}
+
+	// Layer 1: rate limit and burst per user, in memory.
+	err := s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, start) }, isRateRefusal)
+	var rl *limiter.Refusal
+	if errors.As(err, &rl) {
+		s.refused(layerRate, rl.Reason)
+		return errRateLimited.withRetryAfter(rl.RetryAfterSeconds())
 	}
 
 	// Cheap input validation: type sniffing and the image header only.
@@ -93,50 +111,83 @@ func (s *Server) handleOCR(c echo.Context) error {
 		return errUndecodable
 	}
 
-	// Layer 2b: reserve one read of the plan quota, in memory.
+	// Layer 2: the daily abuse line counts this attempt, whatever follows.
+	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, start) }, isLineRefusal)
+	var le *budget.LineError
+	if errors.As(err, &le) {
+		s.refused(layerAttempts, "daily_line")
+		return errDailyLimit.withRetryAfter(ceilSeconds(le.RetryAfter))
+	}
+
+	// Layer 2b: reserve one read of the plan quota, in memory (fails closed).
 	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, start)
 	var qe *budget.QuotaError
 	if errors.As(err, &qe) {
-		return problem(http.StatusTooManyRequests, "quota_exceeded", "Too many requests",
-			"Your monthly quota is used up; it resets at the start of next month.").withRetryAfter(ceilSeconds(qe.RetryAfter))
+		s.refused(layerQuota, "monthly_quota")
+		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
 	}
 	if err != nil {
 		return err
 	}
 
+	// Layer 3: reserve one call and its worst-case cost in the global
+	// budget, durably, before the call.
+	worst := s.d.Price.WorstCase(img.Width, img.Height)
+	var reservation budget.Reservation
+	err = s.defend(layerBudget, func() (err error) {
+		reservation, err = s.d.Brake.Reserve(c.Request().Context(), worst, start)
+		return err
+	}, isPaused)
+	var pe *budget.PausedError
+	if errors.As(err, &pe) {
+		s.d.Quotas.Release(slot)
+		s.refused(layerBudget, pe.Ceiling)
+		s.log.Warn("global budget brake engaged: upstream call refused", "ceiling", pe.Ceiling, "user", id.UserID)
+		return errBudgetPaused.withRetryAfter(ceilSeconds(pe.RetryAfter))
+	}
+
 	// The expensive call.
 	res, err := s.d.Reader.Read(c.Request().Context(), img)
 	latency := s.now().Sub(start)
+	cost := s.d.Price.Cost(res.Usage)
 	event := storage.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, IP: c.RealIP(), Route: "/v1/ocr",
 		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
-		CostMicroUSD: s.d.Price.Cost(res.Usage),
+		CostMicroUSD: cost,
 	}
+	// The read is paid for, so what follows is written even if the client
+	// has gone.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
+	defer cancel()
 	if err != nil {
 		s.d.Quotas.Release(slot)
-		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
+		if res.Usage == (ocr.Usage{}) {
+			cost = worst // billing unknown: keep the worst case
+		}
+		s.settle(ctx, reservation, cost)
+		event.Outcome, event.Status, event.CostMicroUSD = "upstream_failed", http.StatusBadGateway, cost
 		s.d.Events.Record(event)
 		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
 		return errUpstream
 	}
 
-	// "$": the quota increment and the usage row, durable before the answer.
-	// The read is paid for, so it is recorded even if the client has gone.
+	// "$": the quota increment, the usage row and the budget settlement,
+	// in one durable transaction before the answer.
 	rec := storage.UsageRecord{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
 		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
-		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: event.CostMicroUSD, LatencyMS: latency.Milliseconds(),
+		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
-	defer cancel()
-	if err := s.d.Usage.RecordUsage(ctx, slot.Month, rec); err != nil {
+	if err := s.d.Usage.RecordUsage(ctx, slot.Month, rec, storage.Settlement{ID: reservation.ID, ActualMicroUSD: cost}); err != nil {
 		s.d.Quotas.Release(slot)
+		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
 		s.log.Error("usage record not written: result withheld", "user", id.UserID, "request_id", rec.RequestID, "err", err)
 		return errUsageUnavailable
 	}
+	s.d.Brake.Settled(reservation, cost)
 	used := s.d.Quotas.Confirm(slot)
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
@@ -147,6 +198,20 @@ func (s *Server) handleOCR(c echo.Context) error {
 		Quota:     quotaResponse{Limit: slot.Limit, Used: used, Remaining: max(slot.Limit-used, 0)},
 		Simulated: res.Simulated,
 	})
+}
+
+// settle closes a budget reservation whose call did not end in a usage
+// record. If that write fails too, the reservation keeps counting at its
+// worst case, which errs on the safe side.
+func (s *Server) settle(ctx context.Context, r budget.Reservation, cost int64) {
+	if err := s.d.Brake.Settle(ctx, r, cost); err != nil {
+		s.failOpen.note(layerBudget, err)
+	}
+}
+
+// refused counts a refusal by layer and reason.
+func (s *Server) refused(layer, reason string) {
+	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
 }
 
 // readImage returns the uploaded image and its declared media type, from a

@@ -16,6 +16,7 @@ func (s *Server) routes() {
 	// Admin listener: every route needs the admin token.
 	a := s.admin.Group("", s.adminOnly)
 	a.GET("/healthz", s.handleHealth)
+	a.GET("/metrics", echo.WrapHandler(s.d.Metrics.Handler()))
 	a.GET("/api/keys", s.handleListKeys)
 	a.POST("/api/keys", s.handleCreateKey, limitBody(64<<10))
 	a.POST("/api/keys/:id/revoke", s.handleRevokeKey)

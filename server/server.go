@@ -28,10 +28,11 @@ type Reader interface {
 	Read(ctx context.Context, img ocr.Image) (ocr.Result, error)
 }
 
-// UsageRecorder commits a successful read (its quota increment and usage
-// row) durably, returning only once it is on disk.
+// UsageRecorder commits a successful read (its quota increment, its usage
+// row and its budget settlement) durably, returning only once it is on
+// disk.
 type UsageRecorder interface {
-	RecordUsage(ctx context.Context, month string, rec storage.UsageRecord) error
+	RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error
 }
 
 // EventRecorder takes a statistics event without ever waiting.
@@ -42,13 +43,17 @@ type EventRecorder interface {
 // Deps are the components a Server works with. All but Logger and Now are
 // required.
 type Deps struct {
-	Keys   *Keyring
-	Quotas *budget.Quotas
-	Plans  map[string]budget.Plan
-	Reader Reader
-	Usage  UsageRecorder
-	Events EventRecorder
-	Price  ocr.Price // to cost each read in its usage record
+	Keys     *Keyring
+	Limiter  RateLimiter    // layer 1, keyed by user id
+	Attempts AttemptCounter // layer 2
+	Quotas   *budget.Quotas // layer 2b
+	Brake    Brake          // layer 3
+	Plans    map[string]budget.Plan
+	Reader   Reader
+	Usage    UsageRecorder
+	Events   EventRecorder
+	Price    ocr.Price // to bound each call's cost before it and price it after
+	Metrics  *Metrics  // nil: a fresh set
 	// AdminToken guards the admin API; empty disables it (every call 401).
 	AdminToken string
 	Logger     *slog.Logger
@@ -57,14 +62,15 @@ type Deps struct {
 
 // Server holds the public and admin HTTP handlers.
 type Server struct {
-	cfg     Config
-	d       Deps
-	log     *slog.Logger
-	now     func() time.Time
-	reqIDs  *requestIDs
-	clients *clientIP
-	public  *echo.Echo
-	admin   *echo.Echo
+	cfg      Config
+	d        Deps
+	log      *slog.Logger
+	now      func() time.Time
+	reqIDs   *requestIDs
+	clients  *clientIP
+	failOpen *failOpens
+	public   *echo.Echo
+	admin    *echo.Echo
 }
 
 // New builds the handlers. cfg is taken with its defaults applied.
@@ -73,8 +79,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d.Keys == nil || d.Quotas == nil || d.Reader == nil || d.Usage == nil || d.Events == nil || len(d.Plans) == 0 {
-		return nil, errors.New("server: keys, quotas, plans, reader, usage recorder and event recorder are all required")
+	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
+		d.Reader == nil || d.Usage == nil || d.Events == nil || len(d.Plans) == 0 {
+		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder and event recorder are all required")
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics()
 	}
 	if d.Logger == nil {
 		d.Logger = slog.Default()
@@ -91,6 +101,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		reqIDs:  newRequestIDs(),
 		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
 	}
+	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{}}
 	s.public = s.newEcho()
 	s.admin = s.newEcho()
 	s.routes()

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -23,6 +24,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/storage"
 )
@@ -100,19 +102,24 @@ func writeUpstreamError(w http.ResponseWriter, code int, status string) {
 // env is one service under test: real storage, real HTTP on loopback, a
 // fake Gemini.
 type env struct {
-	t      *testing.T
-	dir    string
-	db     *storage.DB
-	gemini *fakeGemini
-	keys   *Keyring
-	quotas *budget.Quotas
-	events *detect.Recorder
-	http   *httptest.Server
-	admin  *httptest.Server
-	key    string // an API key of user "alice"
-	now    time.Time
-	loc    *time.Location
-	logs   *bytes.Buffer
+	t        *testing.T
+	dir      string
+	db       *storage.DB
+	gemini   *fakeGemini
+	keys     *Keyring
+	quotas   *budget.Quotas
+	windows  *limiter.Limiter
+	attempts *budget.Attempts
+	brake    *budget.Global
+	metrics  *Metrics
+	srv      *Server
+	events   *detect.Recorder
+	http     *httptest.Server
+	admin    *httptest.Server
+	key      string // an API key of user "alice"
+	now      time.Time
+	loc      *time.Location
+	logs     *bytes.Buffer
 }
 
 type envOptions struct {
@@ -125,6 +132,12 @@ type envOptions struct {
 	adminToken string           // default "admin-secret"
 	logTo      *bytes.Buffer    // captured logs
 	plans      map[string]int64 // extra plans
+	attempts   int64            // the free plan's daily line; 0: none
+	limits     limiter.Config   // layer 1; zero: off
+	budget     budget.Config    // layer 3; zero: off
+	clock      func() time.Time // the server's clock; default time.Now
+	ledger     budget.Ledger    // default the database
+	rate       RateLimiter      // default e.windows
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -150,7 +163,10 @@ func newEnv(t *testing.T, o envOptions) *env {
 		o.logTo = &bytes.Buffer{}
 	}
 	log := slog.New(slog.NewTextHandler(&syncWriter{w: o.logTo}, nil))
-	e := &env{t: t, dir: o.dir, gemini: o.gemini, now: time.Now(), loc: time.UTC, logs: o.logTo}
+	if o.clock == nil {
+		o.clock = time.Now
+	}
+	e := &env{t: t, dir: o.dir, gemini: o.gemini, now: o.clock(), loc: time.UTC, logs: o.logTo}
 
 	db, err := storage.Open(filepath.Join(o.dir, "bw.db"), storage.Options{Timeout: time.Second, Logger: log})
 	if err != nil {
@@ -159,7 +175,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e.db = db
 	t.Cleanup(func() { db.Close() })
 
-	plans := map[string]budget.Plan{"free": {MonthlyQuota: o.quota}}
+	plans := map[string]budget.Plan{"free": {MonthlyQuota: o.quota, DailyAttempts: o.attempts}}
 	for name, q := range o.plans {
 		plans[name] = budget.Plan{MonthlyQuota: q}
 	}
@@ -167,12 +183,15 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	month := budget.MonthKey(e.now, e.loc)
-	used, err := db.QuotaUsed(month)
+	var store LayerStore = db
+	if o.ledger != nil {
+		store = ledgerOverride{db, o.ledger}
+	}
+	layers, err := LoadLayers(store, o.limits, o.budget, e.loc, e.now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.quotas = budget.NewQuotas(e.loc, month, used)
+	e.windows, e.attempts, e.quotas, e.brake = layers.Windows, layers.Attempts, layers.Quotas, layers.Brake
 	ocfg := ocr.Config{BaseURL: o.gemini.URL, Timeout: o.timeout}.WithDefaults()
 	reader, err := ocr.NewGemini(ocfg, geminiKey, o.gemini.Client(), log)
 	if err != nil {
@@ -188,19 +207,36 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}
+	e.metrics = NewMetrics()
 	srv, err := New(cfg, Deps{
-		Keys: e.keys, Quotas: e.quotas, Plans: plans, Reader: reader, Usage: usage,
-		Events: e.events, Price: ocfg.Price, AdminToken: o.adminToken, Logger: log,
+		Keys: e.keys, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
+		Plans: plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
+		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.srv = srv
 	e.http = httptest.NewServer(srv.Handler())
 	t.Cleanup(e.http.Close)
 	e.admin = httptest.NewServer(srv.AdminHandler())
 	t.Cleanup(e.admin.Close)
 	e.key = e.newKey("alice", "")
 	return e
+}
+
+// ledgerOverride is the database with another budget ledger.
+type ledgerOverride struct {
+	*storage.DB
+	budget.Ledger
+}
+
+func (l ledgerOverride) Reserve(ctx context.Context, day string, worst int64) (uint64, error) {
+	return l.Ledger.Reserve(ctx, day, worst)
+}
+
+func (l ledgerOverride) Settle(ctx context.Context, s storage.Settlement) error {
+	return l.Ledger.Settle(ctx, s)
 }
 
 // syncWriter lets concurrent log writes share one buffer.
@@ -518,7 +554,7 @@ func TestQuotaRaceOneSlotLeft(t *testing.T) {
 // failingUsage is a usage recorder whose disk always refuses.
 type failingUsage struct{ calls atomic.Int64 }
 
-func (f *failingUsage) RecordUsage(context.Context, string, storage.UsageRecord) error {
+func (f *failingUsage) RecordUsage(context.Context, string, storage.UsageRecord, storage.Settlement) error {
 	f.calls.Add(1)
 	return fmt.Errorf("write usage: %w", io.ErrShortWrite)
 }

@@ -186,7 +186,7 @@ func TestCloseDrainsQueue(t *testing.T) {
 	results := make(chan error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { results <- db.RecordUsage(t.Context(), month, usageAt("u", t0)) })
+		wg.Go(func() { results <- db.RecordUsage(t.Context(), month, usageAt("u", t0), Settlement{}) })
 		if i == n/2 {
 			waitQueued(t, db, 1)
 			wg.Go(func() {

@@ -17,6 +17,7 @@ import (
 
 const (
 	monthLayout = "2006-01"
+	dayLayout   = "2006-01-02"
 	timeKeyLen  = 16
 )
 
@@ -81,6 +82,15 @@ func checkMonth(month string) error {
 	t, err := time.Parse(monthLayout, month)
 	if err != nil || t.Format(monthLayout) != month {
 		return fmt.Errorf("%w: month %q is not YYYY-MM", ErrInvalid, month)
+	}
+	return nil
+}
+
+// checkDay reports whether day is a valid "2006-01-02".
+func checkDay(day string) error {
+	t, err := time.Parse(dayLayout, day)
+	if err != nil || t.Format(dayLayout) != day {
+		return fmt.Errorf("%w: day %q is not YYYY-MM-DD", ErrInvalid, day)
 	}
 	return nil
 }

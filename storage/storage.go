@@ -132,9 +132,14 @@ var (
 	bucketUsage     = []byte("usage")      // timeKey -> JSON UsageRecord
 	bucketEvents    = []byte("events")     // timeKey -> JSON Event
 
+	bucketBudgetDays   = []byte("budget_days")  // "2006-01-02" -> requests, spend
+	bucketReservations = []byte("reservations") // id -> JSON open reservation
+	bucketDefense      = []byte("defense")      // state name -> bucket of key -> opaque value
+
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
+		bucketBudgetDays, bucketReservations, bucketDefense,
 	}
 
 	keySchemaVersion = []byte("schema_version")

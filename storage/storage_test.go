@@ -310,7 +310,7 @@ func TestClosed(t *testing.T) {
 		call func() error
 	}{
 		{"RecordUsage", func() error {
-			return db.RecordUsage(t.Context(), "2026-01", UsageRecord{Time: time.Now(), UserID: "u1"})
+			return db.RecordUsage(t.Context(), "2026-01", UsageRecord{Time: time.Now(), UserID: "u1"}, Settlement{})
 		}},
 		{"User", func() error { _, err := db.User("u1"); return err }},
 		{"Users", func() error { _, err := db.Users(); return err }},

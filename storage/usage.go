@@ -40,15 +40,19 @@ func (r UsageRecord) validate() error {
 
 // RecordUsage commits, in one durable transaction shared with concurrent
 // callers (group commit), the increment of quota[month][rec.UserID] by one
-// and the usage row. It returns only once the transaction is on disk (or
-// failed); on error nothing of rec was written. month is "2006-01".
+// and the usage row, and settles the read's budget reservation (a zero
+// Settlement settles nothing). It returns only once the transaction is on
+// disk (or failed); on error nothing of rec was written. month is "2006-01".
 //
 // ctx bounds only the wait to enqueue; once queued, RecordUsage waits for
 // the outcome, because the caller must know the record's fate. After Close
 // it returns ErrClosed.
-func (db *DB) RecordUsage(ctx context.Context, month string, rec UsageRecord) error {
+func (db *DB) RecordUsage(ctx context.Context, month string, rec UsageRecord, s Settlement) error {
 	return db.commit(ctx, func(tx *bbolt.Tx) error {
-		return recordUsage(tx, month, rec)
+		if err := recordUsage(tx, month, rec); err != nil {
+			return err
+		}
+		return settle(tx, s)
 	})
 }
 

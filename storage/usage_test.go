@@ -38,7 +38,7 @@ func TestRecordUsageConcurrent(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			user := fmt.Sprintf("u%d", i%3)
-			errs <- db.RecordUsage(t.Context(), month, usageAt(user, t0.Add(time.Duration(i)*time.Millisecond)))
+			errs <- db.RecordUsage(t.Context(), month, usageAt(user, t0.Add(time.Duration(i)*time.Millisecond)), Settlement{})
 		})
 	}
 	wg.Wait()
@@ -87,7 +87,7 @@ func TestRecordUsageConcurrent(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.RecordUsage(t.Context(), month, usageAt("u0", t0)); !errors.Is(err, ErrClosed) {
+	if err := db.RecordUsage(t.Context(), month, usageAt("u0", t0), Settlement{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("RecordUsage after Close = %v, want ErrClosed", err)
 	}
 
@@ -110,7 +110,7 @@ func TestRecordUsageInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := db.RecordUsage(t.Context(), tt.month, tt.rec); !errors.Is(err, ErrInvalid) {
+			if err := db.RecordUsage(t.Context(), tt.month, tt.rec, Settlement{}); !errors.Is(err, ErrInvalid) {
 				t.Errorf("RecordUsage = %v, want ErrInvalid", err)
 			}
 		})
@@ -146,13 +146,13 @@ func TestRecordUsageBadRecordFailsAlone(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range good {
 		wg.Go(func() {
-			if err := db.RecordUsage(t.Context(), month, usageAt("good", t0.Add(time.Duration(i)))); err != nil {
+			if err := db.RecordUsage(t.Context(), month, usageAt("good", t0.Add(time.Duration(i))), Settlement{}); err != nil {
 				t.Errorf("good RecordUsage: %v", err)
 			}
 		})
 	}
 	badErr := make(chan error, 1)
-	wg.Go(func() { badErr <- db.RecordUsage(t.Context(), month, usageAt("", t0)) })
+	wg.Go(func() { badErr <- db.RecordUsage(t.Context(), month, usageAt("", t0), Settlement{}) })
 	waitQueued(t, db, good+1)
 	txsBefore := db.txs.Load()
 	close(release)
@@ -212,7 +212,7 @@ func TestUsageRange(t *testing.T) {
 	for i, at := range times {
 		rec := usageAt("u1", at)
 		rec.RequestID = fmt.Sprint(i)
-		if err := db.RecordUsage(t.Context(), month, rec); err != nil {
+		if err := db.RecordUsage(t.Context(), month, rec, Settlement{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -256,7 +256,7 @@ func BenchmarkRecordUsage(b *testing.B) {
 		record func(db *DB, rec UsageRecord) error
 	}{
 		{"group-commit", func(db *DB, rec UsageRecord) error {
-			return db.RecordUsage(context.Background(), month, rec)
+			return db.RecordUsage(context.Background(), month, rec, Settlement{})
 		}},
 		{"update-per-record", func(db *DB, rec UsageRecord) error {
 			return db.update(func(tx *bbolt.Tx) error { return recordUsage(tx, month, rec) })

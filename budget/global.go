@@ -1,0 +1,209 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"breakwater/storage"
+)
+
+// Errors of the global budget.
+var (
+	// ErrPaused is wrapped by every *PausedError.
+	ErrPaused = errors.New("budget: global budget reached, paused")
+	// ErrLedger wraps a failure to write a reservation durably. The
+	// reservation still holds in memory; the caller lets the request
+	// through (the layer fails open) and counts the fault.
+	ErrLedger = errors.New("budget: ledger write failed")
+)
+
+// PausedError refuses an upstream call that does not fit a ceiling.
+type PausedError struct {
+	Ceiling    string        // which ceiling: "daily_requests", "daily_usd" or "monthly_usd" (for logs only)
+	RetryAfter time.Duration // until the ceiling's period ends
+}
+
+func (e *PausedError) Error() string {
+	return fmt.Sprintf("budget: %s reached, paused for %s", e.Ceiling, e.RetryAfter.Round(time.Second))
+}
+
+func (e *PausedError) Unwrap() error { return ErrPaused }
+
+// Ledger is what the global budget needs from storage: durable
+// reservations, committed before the upstream call.
+type Ledger interface {
+	Reserve(ctx context.Context, day string, worstMicroUSD int64) (uint64, error)
+	Settle(ctx context.Context, s storage.Settlement) error
+}
+
+// Reservation is one upstream call's claim on the global budget.
+type Reservation struct {
+	ID    uint64 // the ledger's id; 0 if the budget is off or the write failed
+	Day   string
+	Month string
+	Worst int64 // micro-dollars reserved
+}
+
+// GlobalState is what the global budget starts from, loaded from storage.
+type GlobalState struct {
+	Day        string // "2006-01-02"
+	Requests   int64  // calls reserved that day
+	Spend      int64  // micro-dollars that day, open reservations at worst case
+	Month      string // "2006-01"
+	MonthSpend int64  // micro-dollars that month
+}
+
+// Global is layer 3, the emergency brake: a service-wide ceiling on
+// upstream calls and money per day, and on money per month. Check and
+// reserve are one atomic step in memory, and the reservation is written
+// durably before the call, so the ceilings hold under concurrency and
+// across a crash.
+type Global struct {
+	loc    *time.Location
+	ledger Ledger
+
+	mu         sync.Mutex
+	limits     ceilings
+	day        string
+	requests   int64
+	spend      int64
+	month      string
+	monthSpend int64
+}
+
+// ceilings are Config's limits in integer units; 0 means off.
+type ceilings struct {
+	requests, dailyMicro, monthlyMicro int64
+}
+
+func (c ceilings) off() bool { return c.requests == 0 && c.dailyMicro == 0 && c.monthlyMicro == 0 }
+
+func ceilingsOf(cfg Config) ceilings {
+	return ceilings{requests: cfg.DailyRequests, dailyMicro: MicroUSD(cfg.DailyUSD), monthlyMicro: MicroUSD(cfg.MonthlyUSD)}
+}
+
+// MicroUSD converts dollars to integer micro-dollars, rounding down so a
+// ceiling is never raised by rounding.
+func MicroUSD(usd float64) int64 {
+	return int64(math.Floor(usd * 1e6))
+}
+
+// NewGlobal returns the brake for cfg, starting from state.
+func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState) (*Global, error) {
+	if ledger == nil || loc == nil {
+		return nil, errors.New("budget: the global budget needs a ledger and a time zone")
+	}
+	return &Global{
+		loc: loc, ledger: ledger, limits: ceilingsOf(cfg),
+		day: state.Day, requests: state.Requests, spend: state.Spend,
+		month: state.Month, monthSpend: state.MonthSpend,
+	}, nil
+}
+
+// SetConfig applies new ceilings at once; what was spent is kept.
+func (g *Global) SetConfig(cfg Config) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.limits = ceilingsOf(cfg)
+}
+
+// Reserve claims one upstream call and worst micro-dollars, or refuses
+// with a *PausedError when that would pass a ceiling. The claim is written
+// to the ledger before Reserve returns; if that write fails, the claim
+// still holds in memory and the error wraps ErrLedger.
+func (g *Global) Reserve(ctx context.Context, worst int64, now time.Time) (Reservation, error) {
+	day, month := DayKey(now, g.loc), MonthKey(now, g.loc)
+	g.mu.Lock()
+	g.rollover(day, month)
+	lim := g.limits
+	if lim.off() {
+		g.mu.Unlock()
+		return Reservation{}, nil
+	}
+	var refusal *PausedError
+	switch {
+	case lim.requests > 0 && g.requests+1 > lim.requests:
+		refusal = &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
+	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
+		refusal = &PausedError{Ceiling: "daily_usd", RetryAfter: nextDay(now, g.loc).Sub(now)}
+	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
+		refusal = &PausedError{Ceiling: "monthly_usd", RetryAfter: nextMonth(now, g.loc).Sub(now)}
+	}
+	if refusal != nil {
+		g.mu.Unlock()
+		return Reservation{}, refusal
+	}
+	g.requests++
+	g.spend += worst
+	g.monthSpend += worst
+	g.mu.Unlock()
+
+	r := Reservation{Day: day, Month: month, Worst: worst}
+	id, err := g.ledger.Reserve(ctx, day, worst)
+	if err != nil {
+		return r, fmt.Errorf("%w: %w", ErrLedger, err)
+	}
+	r.ID = id
+	return r, nil
+}
+
+// Settle replaces r's worst case by the actual cost, in memory and in the
+// ledger. Use it when no usage record carries the settlement (the call
+// failed); a failed call whose cost is unknown should be settled at
+// r.Worst.
+func (g *Global) Settle(ctx context.Context, r Reservation, actual int64) error {
+	g.Settled(r, actual)
+	if r.ID == 0 {
+		return nil
+	}
+	return g.ledger.Settle(ctx, storage.Settlement{ID: r.ID, ActualMicroUSD: actual})
+}
+
+// Settled updates memory for a reservation whose settlement the caller has
+// already committed (with the usage record).
+func (g *Global) Settled(r Reservation, actual int64) {
+	if r.Day == "" {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delta := actual - r.Worst
+	if r.Day == g.day {
+		g.spend += delta
+	}
+	if r.Month == g.month {
+		g.monthSpend += delta
+	}
+}
+
+// Status is the brake's state for operators.
+type Status struct {
+	Day           string
+	Requests      int64
+	SpendMicroUSD int64
+	Month         string
+	MonthMicroUSD int64
+}
+
+// Status returns today's and this month's figures.
+func (g *Global) Status(now time.Time) Status {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
+	return Status{Day: g.day, Requests: g.requests, SpendMicroUSD: g.spend, Month: g.month, MonthMicroUSD: g.monthSpend}
+}
+
+// rollover starts a new day or month. Nothing of yesterday carries into
+// today; reservations still in flight settle against their own day.
+func (g *Global) rollover(day, month string) {
+	if day != g.day {
+		g.day, g.requests, g.spend = day, 0, 0
+	}
+	if month != g.month {
+		g.month, g.monthSpend = month, 0
+	}
+}

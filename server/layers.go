@@ -1,0 +1,95 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+)
+
+// The defense layers a request meets before the upstream call. Layers 1, 2
+// and 3 fail open: each is one of several, so when its own machinery fails
+// (a panic, a persistence error) the request goes on and the fault is
+// counted. Money integrity (quota, usage record) fails closed elsewhere.
+
+// Layer names, as used in metrics and logs.
+const (
+	layerRate     = "rate"
+	layerAttempts = "attempts"
+	layerQuota    = "quota"
+	layerBudget   = "budget"
+)
+
+// RateLimiter is layer 1: limiter.Limiter keyed by user id.
+type RateLimiter interface {
+	Allow(key string, now time.Time) error
+}
+
+// AttemptCounter is layer 2: budget.Attempts.
+type AttemptCounter interface {
+	Take(user string, line int64, now time.Time) error
+}
+
+// Brake is layer 3: budget.Global.
+type Brake interface {
+	Reserve(ctx context.Context, worst int64, now time.Time) (budget.Reservation, error)
+	Settle(ctx context.Context, r budget.Reservation, actual int64) error
+	Settled(r budget.Reservation, actual int64)
+}
+
+// failOpens counts fail-open events and logs each layer's at most once a
+// minute, so a broken disk cannot flood the log.
+type failOpens struct {
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu     sync.Mutex
+	logged map[string]time.Time
+	missed map[string]int
+}
+
+const failOpenLogEvery = time.Minute
+
+func (f *failOpens) note(layer string, err error) {
+	f.metrics.failOpen.WithLabelValues(layer).Inc()
+	now := f.now()
+	f.mu.Lock()
+	last, seen := f.logged[layer]
+	if seen && now.Sub(last) < failOpenLogEvery {
+		f.missed[layer]++
+		f.mu.Unlock()
+		return
+	}
+	missed := f.missed[layer]
+	f.logged[layer], f.missed[layer] = now, 0
+	f.mu.Unlock()
+	f.log.Error("defense layer failed open: request let through", "layer", layer, "err", err, "unlogged_since_last", missed)
+}
+
+// defend runs one fail-open layer's check. A refusal (isRefusal) is
+// returned; anything else that goes wrong, a panic included, is counted
+// and the request let through.
+func (s *Server) defend(layer string, check func() error, isRefusal func(error) bool) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.failOpen.note(layer, fmt.Errorf("panic: %v", r))
+			err = nil
+		}
+	}()
+	err = check()
+	if err != nil && !isRefusal(err) {
+		s.failOpen.note(layer, err)
+		return nil
+	}
+	return err
+}
+
+func isRateRefusal(err error) bool { return errors.Is(err, limiter.ErrLimited) }
+func isLineRefusal(err error) bool { return errors.Is(err, budget.ErrDailyLine) }
+func isPaused(err error) bool      { return errors.Is(err, budget.ErrPaused) }

@@ -1,0 +1,375 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock(t time.Time) *clock { return &clock{t: t} }
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// postParallel sends n requests at once, spread over keys, and counts
+// answers by status.
+func (e *env) postParallel(keys []string, n int) map[int]int {
+	e.t.Helper()
+	img := pngBytes(e.t, 16, 16)
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			resp, data := e.post(keys[i%len(keys)], "image/png", img)
+			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+				if resp.Header.Get("Retry-After") == "" {
+					e.t.Errorf("%d without Retry-After: %s", resp.StatusCode, data)
+				}
+			}
+			mu.Lock()
+			statuses[resp.StatusCode]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return statuses
+}
+
+func TestGlobalDailyRequestsNeverOvershot(t *testing.T) {
+	e := newEnv(t, envOptions{quota: 1000, budget: budget.Config{DailyRequests: 30}})
+	keys := []string{e.key}
+	for i := range 9 {
+		keys = append(keys, e.newKey(fmt.Sprintf("user-%d", i), ""))
+	}
+	got := e.postParallel(keys, 300)
+	if calls := e.gemini.calls.Load(); calls > 30 {
+		t.Errorf("%d upstream calls, want at most 30", calls)
+	}
+	if got[200] < 25 || got[200]+got[503] != 300 {
+		t.Errorf("statuses %v: want at least 25 × 200 and the rest 503", got)
+	}
+	day, err := e.db.Budget(budget.DayKey(e.now, e.loc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if day.Requests > 30 {
+		t.Errorf("ledger holds %d requests, want at most 30", day.Requests)
+	}
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	p := decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	if !strings.Contains(p.Detail, "paused for today") || strings.Contains(p.Detail, "30") {
+		t.Errorf("detail %q", p.Detail)
+	}
+}
+
+func TestDailyLineCountsFailedAttempts(t *testing.T) {
+	e := newEnv(t, envOptions{attempts: 5})
+	e.gemini.set(func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 500, "INTERNAL") })
+	statuses := map[int]int{}
+	var last []byte
+	for range 9 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		statuses[resp.StatusCode]++
+		if resp.StatusCode == http.StatusTooManyRequests {
+			decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+			ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+			if ra < 1 || ra > 86400 {
+				t.Errorf("Retry-After %d, want until midnight", ra)
+			}
+			last = data
+		}
+	}
+	if got := e.gemini.calls.Load(); got != 5 {
+		t.Errorf("%d upstream calls, want 5", got)
+	}
+	if statuses[502] != 5 || statuses[429] != 4 {
+		t.Errorf("statuses %v, want 5 × 502 and 4 × 429", statuses)
+	}
+	if strings.Contains(string(last), "5") {
+		t.Errorf("the line's figure shows in %s", last)
+	}
+	// Invalid input is not an attempt: it never reaches the line's count.
+	e2 := newEnv(t, envOptions{attempts: 1})
+	for range 3 {
+		resp, data := e2.post(e2.key, "image/gif", []byte("GIF89a"))
+		decodeProblem(t, resp, data, http.StatusUnsupportedMediaType, "unsupported_media_type")
+	}
+	resp, data := e2.post(e2.key, "image/png", pngBytes(t, 16, 16))
+	decodeOK(t, resp, data)
+}
+
+func TestRateLimitAndBurst(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	e := newEnv(t, envOptions{clock: clk.now, limits: limiter.Config{Rate: 5, Window: time.Minute}})
+	statuses := map[int]int{}
+	for i := range 12 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		statuses[resp.StatusCode]++
+		if resp.StatusCode == http.StatusTooManyRequests {
+			decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+			// The first request, at second 0, leaves the window at second 60.
+			if got, want := resp.Header.Get("Retry-After"), strconv.Itoa(60-i); got != want {
+				t.Errorf("request %d: Retry-After %q, want %s", i, got, want)
+			}
+		}
+		clk.add(time.Second)
+	}
+	if statuses[200] != 5 || statuses[429] != 7 {
+		t.Errorf("statuses %v, want 5 × 200 and 7 × 429", statuses)
+	}
+	if got := e.gemini.calls.Load(); got != 5 {
+		t.Errorf("%d upstream calls, want 5", got)
+	}
+	// A minute after the first request, its slot frees.
+	clk.set(time.Date(2026, 11, 30, 12, 1, 0, 0, time.UTC))
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeOK(t, resp, data)
+
+	burst := newEnv(t, envOptions{clock: clk.now, limits: limiter.Config{Burst: 2}})
+	got := burst.postParallel([]string{burst.key}, 10)
+	if got[200] > 2 || got[200]+got[429] != 10 {
+		t.Errorf("burst statuses %v, want at most 2 × 200", got)
+	}
+}
+
+func TestDailyUSDSettlesToActualTokens(t *testing.T) {
+	// The fake reports 298 prompt and 24 output tokens: 298×0.30 + 24×2.50
+	// = 149.4 µ$, billed as 150. A 16×16 image's worst case is (258+300)
+	// input and 256 output tokens: 808 µ$. With 2000 µ$ a day, a call fits
+	// while the spend is at most 1192: eight calls, then the brake.
+	e := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 0.002}})
+	statuses := map[int]int{}
+	for range 10 {
+		resp, _ := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		statuses[resp.StatusCode]++
+	}
+	if statuses[200] != 8 || statuses[503] != 2 {
+		t.Errorf("statuses %v, want 8 × 200 then 2 × 503", statuses)
+	}
+	if got := e.gemini.calls.Load(); got != 8 {
+		t.Errorf("%d upstream calls, want 8", got)
+	}
+	day, err := e.db.Budget(budget.DayKey(e.now, e.loc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if day.SpendMicroUSD != 1200 || day.Requests != 8 {
+		t.Errorf("ledger %+v, want 8 requests and 1200 µ$", day)
+	}
+	if n, _ := e.db.OpenReservations(); n != 0 {
+		t.Errorf("%d reservations left open", n)
+	}
+	if got := e.brake.Status(e.now).SpendMicroUSD; got != 1200 {
+		t.Errorf("memory spend %d, want 1200", got)
+	}
+	// A failed call whose cost is unknown settles at its worst case.
+	e2 := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 1}})
+	e2.gemini.set(func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 500, "INTERNAL") })
+	resp, data := e2.post(e2.key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	day, _ = e2.db.Budget(budget.DayKey(e2.now, e2.loc))
+	if day.SpendMicroUSD != 808 {
+		t.Errorf("failed call spend %d, want the worst case 808", day.SpendMicroUSD)
+	}
+}
+
+func TestMidnightRollover(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 30, 23, 59, 58, 0, time.UTC))
+	e := newEnv(t, envOptions{clock: clk.now, attempts: 2, budget: budget.Config{DailyRequests: 2}})
+	for range 2 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		decodeOK(t, resp, data)
+	}
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+	other := e.newKey("zoe", "")
+	resp, data = e.post(other, "image/png", pngBytes(t, 16, 16))
+	p := decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	if ra := resp.Header.Get("Retry-After"); ra != "2" {
+		t.Errorf("Retry-After %q, want 2 (seconds to midnight)", ra)
+	}
+	_ = p
+
+	clk.set(time.Date(2026, 12, 1, 0, 0, 1, 0, time.UTC))
+	resp, data = e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeOK(t, resp, data)
+
+	yesterday, _ := e.db.Budget("2026-11-30")
+	today, _ := e.db.Budget("2026-12-01")
+	if yesterday.Requests != 2 || today.Requests != 1 {
+		t.Errorf("yesterday %+v, today %+v; want 2 and 1 requests", yesterday, today)
+	}
+}
+
+// failingLedger refuses every durable reservation.
+type failingLedger struct{ calls atomic.Int64 }
+
+func (f *failingLedger) Reserve(context.Context, string, int64) (uint64, error) {
+	f.calls.Add(1)
+	return 0, errors.New("disk on fire")
+}
+
+func (f *failingLedger) Settle(context.Context, storage.Settlement) error { return nil }
+
+// panickingLimiter is a layer 1 whose machinery is broken.
+type panickingLimiter struct{}
+
+func (panickingLimiter) Allow(string, time.Time) error { panic("limiter bug") }
+
+func TestLayersFailOpen(t *testing.T) {
+	e := newEnv(t, envOptions{
+		ledger: &failingLedger{},
+		budget: budget.Config{DailyRequests: 2},
+		rate:   panickingLimiter{},
+	})
+	for range 3 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+			continue
+		}
+		decodeOK(t, resp, data)
+	}
+	// The in-memory reservation still held the ceiling of 2.
+	if got := e.gemini.calls.Load(); got != 2 {
+		t.Errorf("%d upstream calls, want 2", got)
+	}
+	metrics := scrape(t, e)
+	for _, want := range []string{
+		`breakwater_layer_failopen_total{layer="rate"} 3`,
+		`breakwater_layer_failopen_total{layer="budget"} 2`,
+		`breakwater_refusals_total{layer="budget",reason="daily_requests"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if n := strings.Count(e.logs.String(), "defense layer failed open"); n != 2 {
+		t.Errorf("%d fail-open log lines, want 2 (one a minute per layer):\n%s", n, e.logs.String())
+	}
+}
+
+func scrape(t *testing.T, e *env) string {
+	t.Helper()
+	resp, data := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/metrics", testAdminToken))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("metrics: %d", resp.StatusCode)
+	}
+	return string(data)
+}
+
+func TestRestartKeepsDailyLineAndWindows(t *testing.T) {
+	dir := t.TempDir()
+	gemini := newFakeGemini(t)
+	opts := envOptions{dir: dir, gemini: gemini, attempts: 3, limits: limiter.Config{Rate: 4, Window: time.Hour}}
+	e := newEnv(t, opts)
+	for range 3 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		decodeOK(t, resp, data)
+	}
+	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	key := e.key
+	e.http.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+
+	e2 := newEnv(t, opts)
+	resp, data := e2.post(key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+	if got := e2.windows.Len(); got != 1 {
+		t.Errorf("%d rate windows after restart, want 1", got)
+	}
+	// The fourth request used the last rate slot of the hour; a fifth
+	// is refused by layer 1, as before the restart.
+	resp, data = e2.post(key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+}
+
+// TestRefusalsWriteNothing sends refused requests and checks the database
+// file is byte for byte the same afterwards.
+func TestRefusalsWriteNothing(t *testing.T) {
+	e := newEnv(t, envOptions{limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	img := pngBytes(t, 16, 16)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	wb := e.srv.NewWriteBehind(e.db, e.windows, e.attempts)
+	wb.Flush()
+	e.events.Close(context.Background()) // stop the statistics writer, flushing it
+	before := fileHash(t, e.db.Path())
+
+	for range 50 {
+		resp, data := e.post(e.key, "image/png", img)
+		decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+		resp, data = e.post("bw_"+strings.Repeat("x", 32), "image/png", img)
+		decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+	}
+	wb.Flush()
+	if after := fileHash(t, e.db.Path()); after != before {
+		t.Error("refused requests changed the database file")
+	}
+	if got := e.gemini.calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls, want 1", got)
+	}
+}
+
+func fileHash(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Clean(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+func TestChangedThresholdsTakeEffect(t *testing.T) {
+	e := newEnv(t, envOptions{limits: limiter.Config{Rate: 1, Window: time.Hour}, budget: budget.Config{DailyRequests: 100}})
+	img := pngBytes(t, 16, 16)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+
+	e.windows.SetConfig(limiter.Config{Rate: 10, Window: time.Hour})
+	resp, data = e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+
+	e.brake.SetConfig(budget.Config{DailyRequests: 2})
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+}

@@ -1,0 +1,167 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+// State names under which the defense layers' memory is written behind.
+const (
+	stateUserWindows    = "windows/user"
+	stateAttemptsPrefix = "attempts/"
+)
+
+// UserWindowsState and AttemptsState name the stored state main loads at
+// start.
+func UserWindowsState() string        { return stateUserWindows }
+func AttemptsState(day string) string { return stateAttemptsPrefix + day }
+
+// StateStore is what the write-behind needs from storage.
+type StateStore interface {
+	SaveState(name string, entries map[string][]byte) error
+	DropStates(prefix, keep string) error
+}
+
+// WriteBehind copies the defense layers' in-memory state (rate windows and
+// daily attempt counts) to storage every interval, so that a restart
+// neither resets a daily line nor lifts a rate limit. Only what changed is
+// written; a refused request changes nothing, so an attack that is turned
+// away causes no writes. A failed write is a fail-open event of the layer.
+type WriteBehind struct {
+	store    StateStore
+	windows  *limiter.Limiter
+	attempts *budget.Attempts
+	failOpen func(layer string, err error)
+	log      *slog.Logger
+	now      func() time.Time
+
+	lastDay   string
+	lastEvict time.Time
+}
+
+// DefaultWriteBehindInterval is how often defense state reaches the disk.
+const DefaultWriteBehindInterval = time.Second
+
+// evictEvery is how often idle rate-limit keys are dropped from memory.
+const evictEvery = 30 * time.Second
+
+// NewWriteBehind returns the writer; s supplies the fail-open accounting.
+func (s *Server) NewWriteBehind(store StateStore, windows *limiter.Limiter, attempts *budget.Attempts) *WriteBehind {
+	return &WriteBehind{store: store, windows: windows, attempts: attempts, failOpen: s.failOpen.note, log: s.log, now: s.now}
+}
+
+// Run flushes every interval until ctx ends, then once more.
+func (w *WriteBehind) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			w.Flush()
+			return
+		case <-t.C:
+			w.Flush()
+		}
+	}
+}
+
+// Flush writes what changed since the last flush.
+func (w *WriteBehind) Flush() {
+	now := w.now()
+	if now.Sub(w.lastEvict) >= evictEvery {
+		w.windows.Evict(now)
+		w.lastEvict = now
+	}
+	if dirty := w.windows.Dirty(now); len(dirty) > 0 {
+		entries := make(map[string][]byte, len(dirty))
+		for _, e := range dirty {
+			entries[e.Key] = e.State
+		}
+		if err := w.store.SaveState(stateUserWindows, entries); err != nil {
+			w.failOpen(layerRate, err)
+		}
+	}
+	day, counts := w.attempts.Dirty()
+	if len(counts) > 0 {
+		if err := w.store.SaveState(AttemptsState(day), counts); err != nil {
+			w.failOpen(layerAttempts, err)
+		}
+	}
+	if day != w.lastDay {
+		if err := w.store.DropStates(stateAttemptsPrefix, AttemptsState(day)); err != nil {
+			w.log.Warn("old attempt counts not pruned", "err", err)
+		}
+		w.lastDay = day
+	}
+}
+
+// LayerStore is what LoadLayers reads: the written-behind defense state,
+// this month's quota counts and the budget ledger.
+type LayerStore interface {
+	LoadState(name string) (map[string][]byte, error)
+	QuotaUsed(month string) (map[string]int64, error)
+	Budget(day string) (storage.BudgetDay, error)
+	BudgetMonth(month string) (int64, error)
+	budget.Ledger
+}
+
+// Layers are the in-memory state of layers 1 to 3.
+type Layers struct {
+	Windows  *limiter.Limiter // layer 1, per user
+	Attempts *budget.Attempts // layer 2
+	Quotas   *budget.Quotas   // layer 2b
+	Brake    *budget.Global   // layer 3
+}
+
+// LoadLayers rebuilds the layers' memory from storage at start: rate
+// windows and today's attempts (written behind), this month's quota
+// counts, and today's and this month's budget, in which every reservation
+// left unsettled by a crash counts at its worst case.
+func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc *time.Location, now time.Time) (Layers, error) {
+	day, month := budget.DayKey(now, loc), budget.MonthKey(now, loc)
+	var l Layers
+	var err error
+	if l.Windows, err = limiter.New(limits); err != nil {
+		return l, err
+	}
+	windows, err := store.LoadState(stateUserWindows)
+	if err != nil {
+		return l, err
+	}
+	entries := make([]limiter.Entry, 0, len(windows))
+	for k, v := range windows {
+		entries = append(entries, limiter.Entry{Key: k, State: v})
+	}
+	l.Windows.Load(entries, now)
+
+	counts, err := store.LoadState(AttemptsState(day))
+	if err != nil {
+		return l, err
+	}
+	l.Attempts = budget.NewAttempts(loc, day, budget.DecodeCounts(counts))
+
+	used, err := store.QuotaUsed(month)
+	if err != nil {
+		return l, fmt.Errorf("load quotas: %w", err)
+	}
+	l.Quotas = budget.NewQuotas(loc, month, used)
+
+	today, err := store.Budget(day)
+	if err != nil {
+		return l, fmt.Errorf("load budget: %w", err)
+	}
+	monthSpend, err := store.BudgetMonth(month)
+	if err != nil {
+		return l, fmt.Errorf("load budget: %w", err)
+	}
+	l.Brake, err = budget.NewGlobal(cfg, loc, store, budget.GlobalState{
+		Day: day, Requests: today.Requests, Spend: today.SpendMicroUSD, Month: month, MonthSpend: monthSpend,
+	})
+	return l, err
+}

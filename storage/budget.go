@@ -1,0 +1,161 @@
+package storage
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+)
+
+// The global budget's ledger. Each day holds two running totals: upstream
+// calls reserved, and money committed in micro-dollars. A reservation adds
+// its worst-case cost to the day at once and keeps an open row; settling
+// replaces the worst case by the actual cost and removes the row. A
+// reservation that is never settled (the process died during the call)
+// therefore keeps counting at its worst case, which is what makes the
+// budget hold across a crash.
+//
+//	budget_days:  "2006-01-02" -> 16 bytes: requests, spend (uint64 each)
+//	reservations: 8-byte id    -> JSON openReservation
+
+// BudgetDay is one day's totals of the global budget.
+type BudgetDay struct {
+	Requests      int64 // upstream calls reserved that day
+	SpendMicroUSD int64 // settled costs plus open reservations at worst case
+}
+
+// Settlement replaces an open reservation's worst case by its actual cost.
+// A zero ID settles nothing.
+type Settlement struct {
+	ID             uint64
+	ActualMicroUSD int64
+}
+
+type openReservation struct {
+	Day   string `json:"day"`
+	Worst int64  `json:"worst"`
+}
+
+// Reserve durably adds one request and worstMicroUSD to day ("2006-01-02")
+// through group commit, and returns the reservation's id for Settle.
+func (db *DB) Reserve(ctx context.Context, day string, worstMicroUSD int64) (uint64, error) {
+	if err := checkDay(day); err != nil {
+		return 0, err
+	}
+	if worstMicroUSD < 0 {
+		return 0, fmt.Errorf("%w: negative reservation", ErrInvalid)
+	}
+	var id uint64
+	err := db.commit(ctx, func(tx *bbolt.Tx) error {
+		open := tx.Bucket(bucketReservations)
+		seq, err := open.NextSequence()
+		if err != nil {
+			return fmt.Errorf("reservation sequence: %w", err)
+		}
+		if err := putJSON(open, encodeUint64(seq), openReservation{Day: day, Worst: worstMicroUSD}); err != nil {
+			return err
+		}
+		d := readBudgetDay(tx, day)
+		d.Requests++
+		d.SpendMicroUSD += worstMicroUSD
+		id = seq // the last run is the one that commits
+		return writeBudgetDay(tx, day, d)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reserve budget on %s: %w", day, err)
+	}
+	return id, nil
+}
+
+// Settle closes a reservation at its actual cost through group commit. An
+// unknown or already settled id changes nothing.
+func (db *DB) Settle(ctx context.Context, s Settlement) error {
+	if s.ID == 0 {
+		return nil
+	}
+	return db.commit(ctx, func(tx *bbolt.Tx) error { return settle(tx, s) })
+}
+
+// settle is the transaction part of Settle, shared with RecordUsage.
+func settle(tx *bbolt.Tx, s Settlement) error {
+	if s.ID == 0 {
+		return nil
+	}
+	if s.ActualMicroUSD < 0 {
+		return fmt.Errorf("%w: negative cost", ErrInvalid)
+	}
+	open := tx.Bucket(bucketReservations)
+	var r openReservation
+	found, err := getJSON(open, encodeUint64(s.ID), &r)
+	if err != nil || !found {
+		return err
+	}
+	d := readBudgetDay(tx, r.Day)
+	d.SpendMicroUSD += s.ActualMicroUSD - r.Worst
+	if err := writeBudgetDay(tx, r.Day, d); err != nil {
+		return err
+	}
+	return open.Delete(encodeUint64(s.ID))
+}
+
+// Budget returns day's totals ("2006-01-02"); a day without calls is zero.
+func (db *DB) Budget(day string) (BudgetDay, error) {
+	if err := checkDay(day); err != nil {
+		return BudgetDay{}, err
+	}
+	var d BudgetDay
+	err := db.view(func(tx *bbolt.Tx) error {
+		d = readBudgetDay(tx, day)
+		return nil
+	})
+	return d, err
+}
+
+// BudgetMonth returns the spend of every day of month ("2006-01") added up.
+func (db *DB) BudgetMonth(month string) (int64, error) {
+	if err := checkMonth(month); err != nil {
+		return 0, err
+	}
+	var total int64
+	err := db.view(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketBudgetDays).Cursor()
+		prefix := []byte(month + "-")
+		for k, v := c.Seek(prefix); k != nil && len(k) == len(dayLayout) && string(k[:len(prefix)]) == string(prefix); k, v = c.Next() {
+			total += decodeBudgetDay(v).SpendMicroUSD
+		}
+		return nil
+	})
+	return total, err
+}
+
+// OpenReservations counts reservations not yet settled.
+func (db *DB) OpenReservations() (int, error) {
+	var n int
+	err := db.view(func(tx *bbolt.Tx) error {
+		n = tx.Bucket(bucketReservations).Stats().KeyN
+		return nil
+	})
+	return n, err
+}
+
+func readBudgetDay(tx *bbolt.Tx, day string) BudgetDay {
+	return decodeBudgetDay(tx.Bucket(bucketBudgetDays).Get([]byte(day)))
+}
+
+func decodeBudgetDay(v []byte) BudgetDay {
+	if len(v) != 16 {
+		return BudgetDay{}
+	}
+	return BudgetDay{Requests: int64(binary.BigEndian.Uint64(v[:8])), SpendMicroUSD: int64(binary.BigEndian.Uint64(v[8:]))}
+}
+
+func writeBudgetDay(tx *bbolt.Tx, day string, d BudgetDay) error {
+	v := make([]byte, 16)
+	binary.BigEndian.PutUint64(v[:8], uint64(d.Requests))
+	binary.BigEndian.PutUint64(v[8:], uint64(max(d.SpendMicroUSD, 0)))
+	if err := tx.Bucket(bucketBudgetDays).Put([]byte(day), v); err != nil {
+		return fmt.Errorf("budget day %s: %w", day, err)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package storage
+
+import (
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestBudgetReserveSettle(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "b.db")
+	db := mustOpenPath(t, path, Options{})
+	ctx := t.Context()
+
+	id1, err := db.Reserve(ctx, "2026-11-30", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2, err := db.Reserve(ctx, "2026-11-30", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id1 == id2 || id1 == 0 {
+		t.Fatalf("ids %d and %d", id1, id2)
+	}
+	// One settles at its actual cost inside a usage record, the other stays
+	// open, as if the process died during its call.
+	rec := UsageRecord{Time: time.Now(), UserID: "u"}
+	if err := db.RecordUsage(ctx, "2026-11", rec, Settlement{ID: id1, ActualMicroUSD: 300}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Settle(ctx, Settlement{ID: id1, ActualMicroUSD: 5}); err != nil { // twice: no change
+		t.Fatal(err)
+	}
+	if _, err := db.Reserve(ctx, "2026-11-29", 70); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	db = mustOpenPath(t, path, Options{})
+	day, err := db.Budget("2026-11-30")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := day, (BudgetDay{Requests: 2, SpendMicroUSD: 1300}); got != want {
+		t.Errorf("day %+v, want %+v (300 settled + 1000 open at worst case)", got, want)
+	}
+	month, err := db.BudgetMonth("2026-11")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if month != 1370 {
+		t.Errorf("month %d, want 1370", month)
+	}
+	if n, _ := db.OpenReservations(); n != 2 {
+		t.Errorf("%d open reservations, want 2", n)
+	}
+	if _, err := db.Budget("30.11.2026"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad day: %v", err)
+	}
+	if other, _ := db.BudgetMonth("2026-12"); other != 0 {
+		t.Errorf("December %d, want 0", other)
+	}
+}
+
+func TestBudgetReserveConcurrent(t *testing.T) {
+	db := mustOpen(t)
+	var wg sync.WaitGroup
+	ids := make(chan uint64, 100)
+	for range 100 {
+		wg.Go(func() {
+			id, err := db.Reserve(t.Context(), "2026-11-30", 10)
+			if err != nil {
+				t.Error(err)
+			}
+			ids <- id
+		})
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[uint64]bool{}
+	for id := range ids {
+		if seen[id] {
+			t.Fatalf("id %d handed out twice", id)
+		}
+		seen[id] = true
+	}
+	day, _ := db.Budget("2026-11-30")
+	if day.Requests != 100 || day.SpendMicroUSD != 1000 {
+		t.Errorf("day %+v, want 100 requests and 1000", day)
+	}
+}
+
+func TestDefenseState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "d.db")
+	db := mustOpenPath(t, path, Options{})
+	if err := db.SaveState("attempts/2026-11-29", map[string][]byte{"a": {1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.SaveState("attempts/2026-11-30", map[string][]byte{"a": {2}, "b": {3}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.SaveState("attempts/2026-11-30", map[string][]byte{"b": nil}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DropStates("attempts/", "attempts/2026-11-30"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	db = mustOpenPath(t, path, Options{})
+	old, _ := db.LoadState("attempts/2026-11-29")
+	now, err := db.LoadState("attempts/2026-11-30")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(old) != 0 || len(now) != 1 || now["a"][0] != 2 {
+		t.Errorf("old %v, now %v", old, now)
+	}
+	if none, err := db.LoadState("never"); err != nil || len(none) != 0 {
+		t.Errorf("missing state: %v %v", none, err)
+	}
+}
