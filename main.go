@@ -16,14 +16,17 @@ import (
 	"image/png"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -197,28 +200,39 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 			return config{}, fmt.Errorf("config %s: unknown key %q", path, key)
 		}
 	}
+	byEnv := make(map[string]string, len(known))
 	for key, kind := range known {
-		name := envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+		name := envName(key)
+		byEnv[name] = key
 		v := getenv(name)
 		if v == "" {
 			continue
 		}
-		var val any = v
-		if kind == reflect.Slice {
-			val = splitList(v)
+		val, err := envValue(v, kind)
+		if err != nil {
+			return config{}, fmt.Errorf("environment %s (%s): %w", name, key, err)
 		}
 		if err := k.Set(key, val); err != nil {
 			return config{}, fmt.Errorf("environment %s: %w", name, err)
 		}
 	}
+	// A BREAKWATER_SECTION__KEY that names no key is a typo, refused like
+	// one in the file.
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix) && strings.Contains(name, "__") && getenv(name) != "" {
+			if _, ok := byEnv[name]; !ok {
+				return config{}, fmt.Errorf("environment %s: names no key of config.toml", name)
+			}
+		}
+	}
 
 	var c config
 	err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:       mapstructure.ComposeDecodeHookFunc(mapstructure.StringToTimeDurationHookFunc()),
-		ErrorUnused:      true,
-		WeaklyTypedInput: true, // environment values arrive as strings
-		TagName:          "koanf",
-		Result:           &c,
+		DecodeHook:  mapstructure.ComposeDecodeHookFunc(strictNumbers, mapstructure.StringToTimeDurationHookFunc()),
+		ErrorUnused: true,
+		TagName:     "koanf",
+		Result:      &c,
 	}})
 	if err != nil {
 		return config{}, fmt.Errorf("config %s: %s", path, cleanDecodeError(err))
@@ -264,6 +278,55 @@ func configKeys(t reflect.Type, prefix string, k *koanf.Koanf) map[string]reflec
 	return out
 }
 
+// environ lists the process environment; a variable so tests can vary it.
+var environ = os.Environ
+
+// envName is the environment variable that overrides key:
+// "ocr.price.max_output_tokens" is BREAKWATER_OCR__PRICE__MAX_OUTPUT_TOKENS.
+func envName(key string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+}
+
+// envValue types an environment value for the key's kind, so that the
+// decoder can stay strict about the file's own values.
+func envValue(v string, kind reflect.Kind) (any, error) {
+	switch kind {
+	case reflect.Slice:
+		return splitList(v), nil
+	case reflect.Bool:
+		return strconv.ParseBool(v)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32:
+		return strconv.ParseInt(v, 10, 64)
+	case reflect.Int64:
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n, nil
+		}
+		return v, nil // a duration such as "30s"
+	case reflect.Float32, reflect.Float64:
+		return strconv.ParseFloat(v, 64)
+	}
+	return v, nil
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// strictNumbers refuses what mapstructure would otherwise quietly accept:
+// a fraction for a whole number (2.9 would become 2) and a bare number for
+// a duration (30 would become 30 nanoseconds).
+func strictNumbers(from, to reflect.Type, data any) (any, error) {
+	switch {
+	case to == durationType && from.Kind() != reflect.String:
+		return nil, fmt.Errorf("a duration is written as a string such as \"30s\", got %v", data)
+	case from.Kind() == reflect.Float64 && to.Kind() >= reflect.Int && to.Kind() <= reflect.Int64:
+		f := data.(float64)
+		if f != math.Trunc(f) {
+			return nil, fmt.Errorf("%v is not a whole number", f)
+		}
+		return int64(f), nil
+	}
+	return data, nil
+}
+
 func splitList(v string) []string {
 	var out []string
 	for _, s := range strings.Split(v, ",") {
@@ -273,6 +336,8 @@ func splitList(v string) []string {
 	}
 	return out
 }
+
+var mapIndex = regexp.MustCompile(`\[([^\]]*)\]`)
 
 // cleanDecodeError turns mapstructure's "'ocr.timeout' time: invalid
 // duration" into "ocr.timeout: time: invalid duration".
@@ -285,7 +350,9 @@ func cleanDecodeError(err error) string {
 		}
 		if strings.HasPrefix(l, "'") {
 			if end := strings.Index(l[1:], "'"); end >= 0 {
-				l = l[1:end+1] + ":" + l[end+2:]
+				// Map entries come as plans[free].monthly_quota.
+				key := mapIndex.ReplaceAllString(l[1:end+1], ".$1")
+				l = key + ":" + l[end+2:]
 			}
 		}
 		lines = append(lines, l)

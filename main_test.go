@@ -97,6 +97,13 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"bad env value", minimalConfig, map[string]string{"BREAKWATER_OCR__TIMEOUT": "soon"}, "ocr.timeout"},
 		{"bad env number", minimalConfig, map[string]string{"BREAKWATER_SERVER__MAX_IMAGE_BYTES": "lots"}, "server.max_image_bytes"},
 		{"not toml", "[server\n", nil, "config"},
+		{"bool for a number", "[server]\nmax_image_bytes = true\n" + minimalConfig, nil, "server.max_image_bytes"},
+		{"fraction for a whole number", "[plans.free]\nmonthly_quota = 2.9\n", nil, "plans.free.monthly_quota"},
+		{"number for a duration", "[ocr]\ntimeout = 30\n" + minimalConfig, nil, "ocr.timeout"},
+		{"negative budget", "[budget]\ndaily_usd = -1\n" + minimalConfig, nil, "budget.daily_usd"},
+		{"negative line", "[plans.free]\nmonthly_quota = 1\ndaily_attempts = -1\n", nil, "plans.free.daily_attempts"},
+		{"window too long", "[limits.user]\nrate = 5\nwindow = \"2h\"\n" + minimalConfig, nil, "limits.user.window"},
+		{"typo in limits", "[limits.user]\nrat = 5\n" + minimalConfig, nil, `"limits.user.rat"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -108,16 +115,23 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	}
 }
 
+func TestConfigEnvironmentTypoIsRefused(t *testing.T) {
+	t.Setenv("BREAKWATER_SERVER__MAX_IMAGE_BYTE", "5")
+	_, err := loadConfig(writeConfig(t, minimalConfig), os.Getenv)
+	if err == nil || !strings.Contains(err.Error(), "BREAKWATER_SERVER__MAX_IMAGE_BYTE") {
+		t.Errorf("error %v, want one naming the variable", err)
+	}
+}
+
 func TestConfigEnvironmentOverrides(t *testing.T) {
 	path := writeConfig(t, "[server]\nlisten = \":80\"\n"+minimalConfig)
 	c, err := loadConfig(path, envFrom(map[string]string{
-		"BREAKWATER_SERVER__LISTEN":                   "127.0.0.1:9999",
-		"BREAKWATER_SERVER__TRUSTED_PROXIES":          "127.0.0.1, 10.0.0.0/8",
-		"BREAKWATER_OCR__TIMEOUT":                     "7s",
-		"BREAKWATER_OCR__PRICE__MAX_OUTPUT_TOKENS":    "128",
-		"BREAKWATER_PLANS__FREE__MONTHLY_QUOTA":       "42",
-		"BREAKWATER_ADMIN_TOKEN":                      "not a config key",
-		"BREAKWATER_NOT__A_KEY_BUT_NOT_LOOKED_UP_ANY": "x",
+		"BREAKWATER_SERVER__LISTEN":                "127.0.0.1:9999",
+		"BREAKWATER_SERVER__TRUSTED_PROXIES":       "127.0.0.1, 10.0.0.0/8",
+		"BREAKWATER_OCR__TIMEOUT":                  "7s",
+		"BREAKWATER_OCR__PRICE__MAX_OUTPUT_TOKENS": "128",
+		"BREAKWATER_PLANS__FREE__MONTHLY_QUOTA":    "42",
+		"BREAKWATER_ADMIN_TOKEN":                   "not a config key",
 	}))
 	if err != nil {
 		t.Fatal(err)

@@ -53,15 +53,29 @@ func NewAttempts(loc *time.Location, day string, counts map[string]int64) *Attem
 // Take counts one attempt by user against line (0 = no line), or refuses
 // with a *LineError when the line is reached. A refusal counts nothing.
 func (a *Attempts) Take(user string, line int64, now time.Time) error {
-	day := DayKey(now, a.loc)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.rollover(day)
-	if line > 0 && a.count[user] >= line {
-		return &LineError{RetryAfter: nextDay(now, a.loc).Sub(now)}
+	if err := a.check(user, line, now); err != nil {
+		return err
 	}
 	a.count[user]++
 	a.dirty[user] = true
+	return nil
+}
+
+// Check refuses, as Take would, a user at the line, without counting
+// anything: a cheap look before the request body is read.
+func (a *Attempts) Check(user string, line int64, now time.Time) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.check(user, line, now)
+}
+
+func (a *Attempts) check(user string, line int64, now time.Time) error {
+	a.rollover(DayKey(now, a.loc))
+	if line > 0 && a.count[user] >= line {
+		return &LineError{RetryAfter: nextDay(now, a.loc).Sub(now)}
+	}
 	return nil
 }
 
@@ -98,8 +112,9 @@ func DecodeCounts(entries map[string][]byte) map[string]int64 {
 	return out
 }
 
+// rollover starts a new day; days only move forward (see Quotas.rollover).
 func (a *Attempts) rollover(day string) {
-	if day == a.day {
+	if day <= a.day {
 		return
 	}
 	a.day = day

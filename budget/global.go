@@ -116,9 +116,9 @@ func (g *Global) SetConfig(cfg Config) {
 // to the ledger before Reserve returns; if that write fails, the claim
 // still holds in memory and the error wraps ErrLedger.
 func (g *Global) Reserve(ctx context.Context, worst int64, now time.Time) (Reservation, error) {
-	day, month := DayKey(now, g.loc), MonthKey(now, g.loc)
 	g.mu.Lock()
-	g.rollover(day, month)
+	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
+	day, month := g.day, g.month
 	lim := g.limits
 	if lim.off() {
 		g.mu.Unlock()
@@ -198,12 +198,14 @@ func (g *Global) Status(now time.Time) Status {
 }
 
 // rollover starts a new day or month. Nothing of yesterday carries into
-// today; reservations still in flight settle against their own day.
+// today; reservations still in flight settle against their own day. Days
+// only move forward, so a late request with an older clock reading counts
+// in the current day and never wipes it.
 func (g *Global) rollover(day, month string) {
-	if day != g.day {
+	if day > g.day {
 		g.day, g.requests, g.spend = day, 0, 0
 	}
-	if month != g.month {
+	if month > g.month {
 		g.month, g.monthSpend = month, 0
 	}
 }

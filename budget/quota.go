@@ -55,15 +55,29 @@ func NewQuotas(loc *time.Location, month string, used map[string]int64) *Quotas 
 // Reserve takes one read of user's monthly quota of limit, or returns a
 // *QuotaError when used plus in-flight reads already reach it.
 func (q *Quotas) Reserve(user string, limit int64, now time.Time) (Slot, error) {
-	month := MonthKey(now, q.loc)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.rollover(month)
-	if q.used[user]+q.inFlight[user] >= limit {
-		return Slot{}, &QuotaError{Limit: limit, RetryAfter: nextMonth(now, q.loc).Sub(now)}
+	if err := q.check(user, limit, now); err != nil {
+		return Slot{}, err
 	}
 	q.inFlight[user]++
-	return Slot{User: user, Month: month, Limit: limit}, nil
+	return Slot{User: user, Month: q.month, Limit: limit}, nil
+}
+
+// Check refuses, as Reserve would, a user with no read left, without
+// reserving anything: a cheap look before the request body is read.
+func (q *Quotas) Check(user string, limit int64, now time.Time) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.check(user, limit, now)
+}
+
+func (q *Quotas) check(user string, limit int64, now time.Time) error {
+	q.rollover(MonthKey(now, q.loc))
+	if q.used[user]+q.inFlight[user] >= limit {
+		return &QuotaError{Limit: limit, RetryAfter: nextMonth(now, q.loc).Sub(now)}
+	}
+	return nil
 }
 
 // Confirm turns a reservation into a used read, once its usage record is
@@ -107,9 +121,12 @@ func (q *Quotas) dropInFlight(user string) {
 }
 
 // rollover starts a new month's counts. Reservations still in flight from the
-// old month are settled against the old month by their Slot.
+// old month are settled against the old month by their Slot. Months only
+// move forward: a request whose clock reading is older than the current
+// month (it started before midnight and got here after) counts in the
+// current month, so that no count is ever wiped by going back.
 func (q *Quotas) rollover(month string) {
-	if month == q.month {
+	if month <= q.month {
 		return
 	}
 	q.month = month

@@ -1,11 +1,14 @@
 package budget
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"breakwater/storage"
 )
 
 func TestQuotaSteps(t *testing.T) {
@@ -115,3 +118,87 @@ func TestValidatePlans(t *testing.T) {
 		})
 	}
 }
+
+// TestRolloverOnlyForward: a request that read the clock before midnight
+// and reaches the tracker after the month turned must not take the tracker
+// back and wipe either month's counts.
+func TestRolloverOnlyForward(t *testing.T) {
+	jan := time.Date(2027, 1, 31, 23, 59, 59, 0, time.UTC)
+	feb := jan.Add(2 * time.Second)
+	q := NewQuotas(time.UTC, "2027-01", map[string]int64{"u": 3})
+	s, err := q.Reserve("u", 3, feb) // February: a fresh month
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Confirm(s)
+	// A late January reading: counted in February, which has 1 of 3 used.
+	for range 2 {
+		s, err := q.Reserve("u", 3, jan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Month != "2027-02" {
+			t.Errorf("late slot in %s, want 2027-02", s.Month)
+		}
+		q.Confirm(s)
+	}
+	if _, err := q.Reserve("u", 3, feb); err == nil {
+		t.Error("a fourth February read was granted")
+	}
+
+	a := NewAttempts(time.UTC, "2027-02-01", map[string]int64{"u": 2})
+	if err := a.Take("u", 2, jan); err == nil {
+		t.Error("a late reading wiped today's attempts")
+	}
+}
+
+func TestGlobalBudget(t *testing.T) {
+	l := &memLedger{}
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	g, err := NewGlobal(Config{DailyRequests: 3, DailyUSD: 0.001}, time.UTC, l, GlobalState{Day: "2026-11-30", Month: "2026-11", Requests: 1, Spend: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := g.Reserve(t.Context(), 800, now) // 100 + 800 <= 1000
+	if err != nil || r.ID == 0 {
+		t.Fatalf("reserve %+v %v", r, err)
+	}
+	_, err = g.Reserve(t.Context(), 200, now) // 900 + 200 > 1000
+	var pe *PausedError
+	if !errors.As(err, &pe) || pe.Ceiling != "daily_usd" {
+		t.Fatalf("second reserve: %v", err)
+	}
+	g.Settled(r, 50) // the call cost 50, not 800
+	if _, err := g.Reserve(t.Context(), 200, now); err != nil {
+		t.Fatalf("after settling: %v", err)
+	}
+	_, err = g.Reserve(t.Context(), 1, now) // the fourth call of the day
+	if !errors.As(err, &pe) || pe.Ceiling != "daily_requests" {
+		t.Fatalf("fourth call: %v", err)
+	}
+	if got := g.Status(now); got.Requests != 3 || got.SpendMicroUSD != 350 {
+		t.Errorf("status %+v, want 3 requests and 350", got)
+	}
+	if l.reserved != 2 {
+		t.Errorf("ledger got %d reservations, want 2 (refusals write nothing)", l.reserved)
+	}
+	// Off: no ceiling, no ledger write.
+	off, _ := NewGlobal(Config{}, time.UTC, l, GlobalState{})
+	if r, err := off.Reserve(t.Context(), 1e9, now); err != nil || r.ID != 0 || l.reserved != 2 {
+		t.Errorf("off: %+v %v, ledger %d", r, err, l.reserved)
+	}
+}
+
+type memLedger struct {
+	mu       sync.Mutex
+	reserved int
+}
+
+func (m *memLedger) Reserve(context.Context, string, int64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reserved++
+	return uint64(m.reserved), nil
+}
+
+func (m *memLedger) Settle(context.Context, storage.Settlement) error { return nil }

@@ -112,17 +112,19 @@ func (k *Keyring) load() error {
 	return nil
 }
 
-// Authenticate returns the identity behind a bearer token, or false. Every
-// wrong token, whatever is wrong with it, takes the same path.
+// Authenticate returns the identity behind a bearer token, or false.
 func (k *Keyring) Authenticate(token string) (Identity, bool) {
+	if !validKeyShape(token) {
+		return Identity{}, false // cheap: the shape is public, the secret is not
+	}
 	sum := sha256.Sum256([]byte(token))
 	k.mu.RLock()
 	key, found := k.active[sum]
 	user := k.users[key.UserID]
 	k.mu.RUnlock()
-	// The map is keyed by the hash, so a lookup reveals nothing of the
-	// secret; the comparison below keeps a hit and a miss equally slow.
-	if subtle.ConstantTimeCompare(key.Hash[:], sum[:]) != 1 || !found || !validKeyShape(token) {
+	// The map is keyed by the hash, so timing reveals nothing of the
+	// secret; the stored hash is compared in constant time all the same.
+	if !found || subtle.ConstantTimeCompare(key.Hash[:], sum[:]) != 1 {
 		return Identity{}, false
 	}
 	return Identity{UserID: key.UserID, KeyID: key.ID, Plan: user.Plan}, true

@@ -32,6 +32,7 @@ type RateLimiter interface {
 
 // AttemptCounter is layer 2: budget.Attempts.
 type AttemptCounter interface {
+	Check(user string, line int64, now time.Time) error
 	Take(user string, line int64, now time.Time) error
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/ocr"
 	"breakwater/storage"
 )
 
@@ -372,4 +374,68 @@ func TestChangedThresholdsTakeEffect(t *testing.T) {
 	e.brake.SetConfig(budget.Config{DailyRequests: 2})
 	resp, data = e.post(e.key, "image/png", img)
 	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+}
+
+// panickingReader is an upstream client with a bug.
+type panickingReader struct{}
+
+func (panickingReader) Read(context.Context, ocr.Image) (ocr.Result, error) { panic("reader bug") }
+
+func TestPanicAfterReserveReleasesSlot(t *testing.T) {
+	e := newEnv(t, envOptions{quota: 1})
+	e.srv.d.Reader = panickingReader{}
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeProblem(t, resp, data, http.StatusInternalServerError, "internal")
+	if got := e.quotas.Used("alice", time.Now()); got != 0 {
+		t.Errorf("used %d after a panic, want 0", got)
+	}
+	// The one slot is free again.
+	if err := e.quotas.Check("alice", 1, time.Now()); err != nil {
+		t.Errorf("slot still held after a panic: %v", err)
+	}
+}
+
+// countingReader counts the body bytes the server reads.
+type countingReader struct {
+	n    atomic.Int64
+	left int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	if c.left == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), c.left)
+	c.left -= n
+	c.n.Add(int64(n))
+	return n, nil
+}
+
+func TestExhaustedUserRefusedBeforeBodyIsRead(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts envOptions
+		code string
+	}{
+		{"quota", envOptions{quota: 1}, "quota_exceeded"},
+		{"daily line", envOptions{attempts: 1}, "daily_limit"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, c.opts)
+			resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+			decodeOK(t, resp, data)
+			body := &countingReader{left: 8 << 20}
+			req, _ := http.NewRequest(http.MethodPost, e.http.URL+"/v1/ocr", io.NopCloser(body))
+			req.ContentLength = 8 << 20
+			req.Header.Set("Authorization", "Bearer "+e.key)
+			req.Header.Set("Content-Type", "image/png")
+			resp, data = do(t, req)
+			decodeProblem(t, resp, data, http.StatusTooManyRequests, c.code)
+			// The client may have sent some bytes before the answer; the
+			// server did not wait for the 8 MiB.
+			if got := body.n.Load(); got >= 8<<20 {
+				t.Errorf("the whole body was sent (%d bytes)", got)
+			}
+		})
+	}
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -90,10 +89,18 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 	// Layer 1: rate limit and burst per user, in memory.
 	err := s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, start) }, isRateRefusal)
-	var rl *limiter.Refusal
-	if errors.As(err, &rl) {
-		s.refused(layerRate, rl.Reason)
-		return errRateLimited.withRetryAfter(rl.RetryAfterSeconds())
+	if err != nil {
+		return s.refusal(err)
+	}
+
+	// A user with nothing left today or this month is turned away before
+	// the body is read; the counting itself happens after validation.
+	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Check(id.UserID, plan.DailyAttempts, start) }, isLineRefusal)
+	if err == nil {
+		err = s.d.Quotas.Check(id.UserID, plan.MonthlyQuota, start)
+	}
+	if err != nil {
+		return s.refusal(err)
 	}
 
 	// Cheap input validation: type sniffing and the image header only.
@@ -110,45 +117,50 @@ func (s *Server) handleOCR(c echo.Context) error {
 	case err != nil:
 		return errUndecodable
 	}
+	now := s.now() // the upload may have taken a while
 
 	// Layer 2: the daily abuse line counts this attempt, whatever follows.
-	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, start) }, isLineRefusal)
-	var le *budget.LineError
-	if errors.As(err, &le) {
-		s.refused(layerAttempts, "daily_line")
-		return errDailyLimit.withRetryAfter(ceilSeconds(le.RetryAfter))
+	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
+	if err != nil {
+		return s.refusal(err)
 	}
 
-	// Layer 2b: reserve one read of the plan quota, in memory (fails closed).
-	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, start)
-	var qe *budget.QuotaError
-	if errors.As(err, &qe) {
-		s.refused(layerQuota, "monthly_quota")
-		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
-	}
+	// Layer 2b: reserve one read of the plan quota, in memory (fails
+	// closed). Whatever happens from here on, even a panic, the slot is
+	// either confirmed or given back.
+	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, now)
 	if err != nil {
-		return err
+		return s.refusal(err)
 	}
+	confirmed := false
+	defer func() {
+		if !confirmed {
+			s.d.Quotas.Release(slot)
+		}
+	}()
 
 	// Layer 3: reserve one call and its worst-case cost in the global
 	// budget, durably, before the call.
 	worst := s.d.Price.WorstCase(img.Width, img.Height)
 	var reservation budget.Reservation
 	err = s.defend(layerBudget, func() (err error) {
-		reservation, err = s.d.Brake.Reserve(c.Request().Context(), worst, start)
+		reservation, err = s.d.Brake.Reserve(context.WithoutCancel(c.Request().Context()), worst, now)
 		return err
 	}, isPaused)
-	var pe *budget.PausedError
-	if errors.As(err, &pe) {
-		s.d.Quotas.Release(slot)
-		s.refused(layerBudget, pe.Ceiling)
-		s.log.Warn("global budget brake engaged: upstream call refused", "ceiling", pe.Ceiling, "user", id.UserID)
-		return errBudgetPaused.withRetryAfter(ceilSeconds(pe.RetryAfter))
+	if err != nil {
+		s.log.Warn("global budget brake engaged: upstream call refused", "err", err, "user", id.UserID)
+		return s.refusal(err)
+	}
+	if err := c.Request().Context().Err(); err != nil {
+		s.settle(context.WithoutCancel(c.Request().Context()), reservation, 0) // nothing was spent
+		return err                                                             // the client has gone; nobody reads this answer
 	}
 
-	// The expensive call.
-	res, err := s.d.Reader.Read(c.Request().Context(), img)
-	latency := s.now().Sub(start)
+	// The expensive call. It is paid for once made, so a client that
+	// hangs up now does not cancel it: its cost is still known and
+	// recorded.
+	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img)
+	latency := s.now().Sub(now)
 	cost := s.d.Price.Cost(res.Usage)
 	event := storage.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, IP: c.RealIP(), Route: "/v1/ocr",
@@ -161,7 +173,6 @@ func (s *Server) handleOCR(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
 	defer cancel()
 	if err != nil {
-		s.d.Quotas.Release(slot)
 		if res.Usage == (ocr.Usage{}) {
 			cost = worst // billing unknown: keep the worst case
 		}
@@ -180,7 +191,6 @@ func (s *Server) handleOCR(c echo.Context) error {
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
 	}
 	if err := s.d.Usage.RecordUsage(ctx, slot.Month, rec, storage.Settlement{ID: reservation.ID, ActualMicroUSD: cost}); err != nil {
-		s.d.Quotas.Release(slot)
 		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
@@ -189,6 +199,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	}
 	s.d.Brake.Settled(reservation, cost)
 	used := s.d.Quotas.Confirm(slot)
+	confirmed = true
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
 
@@ -209,7 +220,32 @@ func (s *Server) settle(ctx context.Context, r budget.Reservation, cost int64) {
 	}
 }
 
-// refused counts a refusal by layer and reason.
+// refusal counts a refusal by layers 1-3 and turns it into the problem
+// users see. The problems carry no figure of any threshold.
+func (s *Server) refusal(err error) error {
+	var (
+		rl *limiter.Refusal
+		le *budget.LineError
+		qe *budget.QuotaError
+		pe *budget.PausedError
+	)
+	switch {
+	case errors.As(err, &rl):
+		s.refused(layerRate, rl.Reason)
+		return errRateLimited.withRetryAfter(rl.RetryAfterSeconds())
+	case errors.As(err, &le):
+		s.refused(layerAttempts, "daily_line")
+		return errDailyLimit.withRetryAfter(ceilSeconds(le.RetryAfter))
+	case errors.As(err, &qe):
+		s.refused(layerQuota, "monthly_quota")
+		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
+	case errors.As(err, &pe):
+		s.refused(layerBudget, pe.Ceiling)
+		return errBudgetPaused.withRetryAfter(ceilSeconds(pe.RetryAfter))
+	}
+	return err
+}
+
 func (s *Server) refused(layer, reason string) {
 	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
 }
@@ -226,7 +262,7 @@ func readImage(r *http.Request, max int64) (data []byte, declared string, err er
 	if r.ContentLength > max {
 		return nil, "", errTooLarge
 	}
-	data, err = readAtMost(r.Body, max, r.ContentLength)
+	data, err = readAtMost(r.Body, max)
 	if err != nil {
 		return nil, "", err
 	}
@@ -252,7 +288,7 @@ func readMultipartImage(body io.Reader, boundary string, max int64) ([]byte, str
 		if part.FormName() != "image" {
 			continue // NextPart discards the rest of this part
 		}
-		data, err := readAtMost(part, max, -1)
+		data, err := readAtMost(part, max)
 		if err != nil {
 			return nil, "", err
 		}
@@ -261,13 +297,11 @@ func readMultipartImage(body io.Reader, boundary string, max int64) ([]byte, str
 }
 
 // readAtMost reads r to its end, refusing more than max bytes and an empty
-// body. sizeHint, when positive, sizes the buffer once.
-func readAtMost(r io.Reader, max, sizeHint int64) ([]byte, error) {
-	var buf bytes.Buffer
-	if sizeHint > 0 && sizeHint <= max {
-		buf.Grow(int(sizeHint))
-	}
-	n, err := buf.ReadFrom(io.LimitReader(r, max+1))
+// body. Memory grows with the bytes that actually arrive, never with what
+// a Content-Length header merely claims.
+func readAtMost(r io.Reader, max int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, max+1))
+	n := int64(len(data))
 	switch {
 	case isTooLarge(err) || n > max:
 		return nil, errTooLarge
@@ -276,7 +310,7 @@ func readAtMost(r io.Reader, max, sizeHint int64) ([]byte, error) {
 	case n == 0:
 		return nil, errMissingImage
 	}
-	return buf.Bytes(), nil
+	return data, nil
 }
 
 func requestID(c echo.Context) string { return c.Response().Header().Get(echo.HeaderXRequestID) }

@@ -17,7 +17,7 @@ import (
 // Timeouts of the HTTP servers made by NewHTTPServer.
 const (
 	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 30 * time.Second  // a 10 MiB upload over a slow link
+	readTimeout       = 60 * time.Second  // a 10 MiB upload needs about 1.4 Mbit/s to fit
 	writeTimeout      = 120 * time.Second // covers the upstream call and its retry
 	idleTimeout       = 120 * time.Second
 	recordTimeout     = 10 * time.Second // most a paid read waits to be recorded

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/storage"
+)
+
+// childArgs, when set in the environment, makes the test binary run
+// breakwater itself instead of the tests: the crash test kills that child.
+const childArgs = "BREAKWATER_TEST_CHILD_ARGS"
+
+func TestMain(m *testing.M) {
+	if args := os.Getenv(childArgs); args != "" {
+		err := run(context.Background(), strings.Fields(args), os.Getenv, os.Stdout, os.Stderr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestCrashKeepsReservation kills the server (SIGKILL) while an upstream
+// call is in flight, after its budget reservation was committed and before
+// it was settled. After a restart the reservation still counts: with a
+// ceiling of one call a day, the next request is refused without an
+// upstream call.
+func TestCrashKeepsReservation(t *testing.T) {
+	var calls atomic.Int64
+	called := make(chan struct{}, 10)
+	release := make(chan struct{})
+	gemini := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		called <- struct{}{}
+		select { // hold the first call until the server is dead
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer gemini.Close()
+	defer close(release)
+
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "bw.db")
+	path := writeConfig(t, fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+[storage]
+path = %q
+[ocr]
+base_url = %q
+timeout = "60s"
+[budget]
+daily_requests = 1
+[plans.free]
+monthly_quota = 10
+`, dbPath, gemini.URL))
+
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"keys", "create", "--user", "crash", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	key := lines[len(lines)-1]
+
+	logs := &lockedBuffer{}
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), childArgs+"=serve --config "+path, "GEMINI_API_KEY=test-key")
+	child.Stderr = logs
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	addr := waitFor(t, logs, listenRE)
+
+	img := samplePNG(t)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "image/png")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-called:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the upstream was never called; child log:\n%s", logs.String())
+	}
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	child.Wait()
+
+	db, err := storage.Open(dbPath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	today := budget.DayKey(time.Now(), time.UTC)
+	day, _ := db.Budget(today)
+	open, _ := db.OpenReservations()
+	db.Close()
+	if day.Requests != 1 || day.SpendMicroUSD <= 0 || open != 1 {
+		t.Fatalf("after the crash: %+v with %d open reservations; want 1 request at its worst case, 1 open", day, open)
+	}
+
+	// Restart: the reservation made before the crash still counts.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs2 := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", path}, envFrom(map[string]string{"GEMINI_API_KEY": "k"}), io.Discard, logs2)
+	}()
+	addr = waitFor(t, logs2, listenRE)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "image/png")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "budget_paused") {
+		t.Errorf("after restart: %d %s, want 503 budget_paused", resp.StatusCode, body)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls, want 1", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+}
