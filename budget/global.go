@@ -111,44 +111,45 @@ func (g *Global) SetConfig(cfg Config) {
 	g.limits = ceilingsOf(cfg)
 }
 
-// Reserve claims one upstream call and worst micro-dollars, or refuses
-// with a *PausedError when that would pass a ceiling. The claim is written
-// to the ledger before Reserve returns; if that write fails, the claim
-// still holds in memory and the error wraps ErrLedger.
-func (g *Global) Reserve(ctx context.Context, worst int64, now time.Time) (Reservation, error) {
+// Claim takes one upstream call and worst micro-dollars in memory, or
+// refuses with a *PausedError when that would pass a ceiling. Check and
+// claim are one atomic step. With every ceiling off, it claims nothing
+// (the Reservation's Day is empty).
+func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
-	day, month := g.day, g.month
 	lim := g.limits
 	if lim.off() {
-		g.mu.Unlock()
 		return Reservation{}, nil
 	}
-	var refusal *PausedError
 	switch {
 	case lim.requests > 0 && g.requests+1 > lim.requests:
-		refusal = &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
+		return Reservation{}, &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
-		refusal = &PausedError{Ceiling: "daily_usd", RetryAfter: nextDay(now, g.loc).Sub(now)}
+		return Reservation{}, &PausedError{Ceiling: "daily_usd", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
-		refusal = &PausedError{Ceiling: "monthly_usd", RetryAfter: nextMonth(now, g.loc).Sub(now)}
-	}
-	if refusal != nil {
-		g.mu.Unlock()
-		return Reservation{}, refusal
+		return Reservation{}, &PausedError{Ceiling: "monthly_usd", RetryAfter: nextMonth(now, g.loc).Sub(now)}
 	}
 	g.requests++
 	g.spend += worst
 	g.monthSpend += worst
-	g.mu.Unlock()
+	return Reservation{Day: g.day, Month: g.month, Worst: worst}, nil
+}
 
-	r := Reservation{Day: day, Month: month, Worst: worst}
-	id, err := g.ledger.Reserve(ctx, day, worst)
+// Commit writes a claim to the ledger, durably, so that it still counts
+// after a crash; call it before the upstream call. If the write fails, the
+// claim still holds in memory and the error wraps ErrLedger.
+func (g *Global) Commit(ctx context.Context, r *Reservation) error {
+	if r.Day == "" {
+		return nil
+	}
+	id, err := g.ledger.Reserve(ctx, r.Day, r.Worst)
 	if err != nil {
-		return r, fmt.Errorf("%w: %w", ErrLedger, err)
+		return fmt.Errorf("%w: %w", ErrLedger, err)
 	}
 	r.ID = id
-	return r, nil
+	return nil
 }
 
 // Settle replaces r's worst case by the actual cost, in memory and in the

@@ -159,20 +159,27 @@ func TestGlobalBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := g.Reserve(t.Context(), 800, now) // 100 + 800 <= 1000
+	r, err := g.Claim(800, now) // 100 + 800 <= 1000
+	if err == nil {
+		err = g.Commit(t.Context(), &r)
+	}
 	if err != nil || r.ID == 0 {
 		t.Fatalf("reserve %+v %v", r, err)
 	}
-	_, err = g.Reserve(t.Context(), 200, now) // 900 + 200 > 1000
+	_, err = g.Claim(200, now) // 900 + 200 > 1000
 	var pe *PausedError
 	if !errors.As(err, &pe) || pe.Ceiling != "daily_usd" {
 		t.Fatalf("second reserve: %v", err)
 	}
 	g.Settled(r, 50) // the call cost 50, not 800
-	if _, err := g.Reserve(t.Context(), 200, now); err != nil {
+	r2, err := g.Claim(200, now)
+	if err != nil {
 		t.Fatalf("after settling: %v", err)
 	}
-	_, err = g.Reserve(t.Context(), 1, now) // the fourth call of the day
+	if err := g.Commit(t.Context(), &r2); err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Claim(1, now) // the fourth call of the day
 	if !errors.As(err, &pe) || pe.Ceiling != "daily_requests" {
 		t.Fatalf("fourth call: %v", err)
 	}
@@ -184,7 +191,11 @@ func TestGlobalBudget(t *testing.T) {
 	}
 	// Off: no ceiling, no ledger write.
 	off, _ := NewGlobal(Config{}, time.UTC, l, GlobalState{})
-	if r, err := off.Reserve(t.Context(), 1e9, now); err != nil || r.ID != 0 || l.reserved != 2 {
+	r, err = off.Claim(1e9, now)
+	if err == nil {
+		err = off.Commit(t.Context(), &r)
+	}
+	if err != nil || r.ID != 0 || l.reserved != 2 {
 		t.Errorf("off: %+v %v, ledger %d", r, err, l.reserved)
 	}
 }

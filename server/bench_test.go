@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	dto "github.com/prometheus/client_model/go"
 
 	"breakwater/budget"
 	"breakwater/detect"
@@ -24,8 +26,10 @@ import (
 )
 
 // benchClients is how many requests are in flight at once in the load
-// benchmarks: enough for group commit to share fsyncs, as real traffic does.
-const benchClients = 64
+// benchmarks: enough for group commit to share fsyncs, as real traffic at
+// full load does (each accepted request waits for two commits: the budget
+// reservation before the upstream call and the usage record after it).
+const benchClients = 128
 
 // BenchmarkAcceptedVsBareEcho measures accepted OCR requests per second,
 // with the simulated upstream at zero latency and durable accounting (a
@@ -37,23 +41,16 @@ const benchClients = 64
 func BenchmarkAcceptedVsBareEcho(b *testing.B) {
 	img := pngBytes(b, 64, 64)
 
-	bare := echo.New()
-	bare.POST("/v1/ocr", func(c echo.Context) error {
-		if _, err := io.Copy(io.Discard, c.Request().Body); err != nil {
-			return err
-		}
-		return c.JSON(http.StatusOK, map[string]any{"serials": []string{"SIM-00000000"}})
-	})
-	bareSrv := httptest.NewServer(bare)
+	bareSrv := httptest.NewServer(bareEcho())
 	defer bareSrv.Close()
 
-	ours, keys := newBenchService(b)
+	ours, keys := newBenchService(b, limiter.Config{Rate: 1000, Window: time.Second})
 	oursSrv := httptest.NewServer(ours.Handler())
 	defer oursSrv.Close()
 
 	b.ResetTimer()
-	bareRate := load(b, bareSrv.URL, nil, img, b.N)
-	oursRate := load(b, oursSrv.URL, keys, img, b.N)
+	bareRate := load(b, bareSrv.URL, nil, img, b.N, http.StatusOK, 0)
+	oursRate := load(b, oursSrv.URL, keys, img, b.N, http.StatusOK, 0)
 	b.StopTimer()
 
 	b.ReportMetric(bareRate, "bare-req/s")
@@ -63,9 +60,96 @@ func BenchmarkAcceptedVsBareEcho(b *testing.B) {
 		bareRate, oursRate, oursRate/bareRate, b.N, benchClients)
 }
 
+// BenchmarkRejectedVsBareEcho measures requests refused by layer 1 (every
+// user over the rate limit) per second, beside the bare Echo handler, in
+// the same run over loopback HTTP (target: at least 0.80 of bare Echo).
+//
+//	go test -run '^$' -bench RejectedVsBareEcho -benchtime 20000x ./server/
+func BenchmarkRejectedVsBareEcho(b *testing.B) {
+	img := pngBytes(b, 64, 64)
+	bareSrv := httptest.NewServer(bareEcho())
+	defer bareSrv.Close()
+	ours, keys := newBenchService(b, limiter.Config{Rate: 1, Window: time.Hour})
+	oursSrv := httptest.NewServer(ours.Handler())
+	defer oursSrv.Close()
+	load(b, oursSrv.URL, keys, img, len(keys), http.StatusOK, 0) // each user's one request this hour
+
+	b.ResetTimer()
+	bareRate := load(b, bareSrv.URL, nil, img, b.N, http.StatusOK, 0)
+	oursRate := load(b, oursSrv.URL, keys, img, b.N, http.StatusTooManyRequests, 0)
+	b.StopTimer()
+	b.ReportMetric(bareRate, "bare-req/s")
+	b.ReportMetric(oursRate, "rejected-req/s")
+	b.ReportMetric(oursRate/bareRate, "ratio")
+	fmt.Printf("bare echo %.0f req/s, breakwater rejected %.0f req/s, ratio %.2f (n=%d, %d clients)\n",
+		bareRate, oursRate, oursRate/bareRate, b.N, benchClients)
+}
+
+// BenchmarkGuardCheckAtHalfLoad finds the most accepted requests per
+// second, then sends b.N requests at half that rate and reports the time
+// spent in layers 0-3 per admitted request (breakwater_guard_check_seconds:
+// no upload, image check or commit wait). Target: p99 at most 50 µs. The
+// histogram's buckets bound the figure: "p99 <= X" is the smallest bucket
+// edge holding 99% of the observations.
+//
+//	go test -run '^$' -bench GuardCheckAtHalfLoad -benchtime 20000x ./server/
+func BenchmarkGuardCheckAtHalfLoad(b *testing.B) {
+	img := pngBytes(b, 64, 64)
+	ours, keys := newBenchService(b, limiter.Config{Rate: 1000, Window: time.Second})
+	srv := httptest.NewServer(ours.Handler())
+	defer srv.Close()
+	maxRate := load(b, srv.URL, keys, img, 5000, http.StatusOK, 0)
+
+	before := guardHistogram(b, ours)
+	b.ResetTimer()
+	achieved := load(b, srv.URL, keys, img, b.N, http.StatusOK, maxRate/2)
+	b.StopTimer()
+	after := guardHistogram(b, ours)
+
+	total := after.GetSampleCount() - before.GetSampleCount()
+	within50 := uint64(0)
+	p99 := math.Inf(1)
+	for i, bucket := range after.GetBucket() {
+		n := bucket.GetCumulativeCount() - before.GetBucket()[i].GetCumulativeCount()
+		if bucket.GetUpperBound() <= 50e-6 {
+			within50 = n
+		}
+		if float64(n) >= 0.99*float64(total) && bucket.GetUpperBound() < p99 {
+			p99 = bucket.GetUpperBound()
+		}
+	}
+	mean := (after.GetSampleSum() - before.GetSampleSum()) / float64(total)
+	b.ReportMetric(p99*1e6, "p99<=µs")
+	b.ReportMetric(mean*1e6, "mean-µs")
+	b.ReportMetric(float64(within50)/float64(total), "share<=50µs")
+	fmt.Printf("max %.0f req/s; at %.0f req/s (half): guard check p99 <= %.0f µs, mean %.1f µs, %.2f%% within 50 µs (%d requests)\n",
+		maxRate, achieved, p99*1e6, mean*1e6, 100*float64(within50)/float64(total), total)
+}
+
+func guardHistogram(b *testing.B, s *Server) *dto.Histogram {
+	b.Helper()
+	var m dto.Metric
+	if err := s.d.Metrics.guard.Write(&m); err != nil {
+		b.Fatal(err)
+	}
+	return m.GetHistogram()
+}
+
+func bareEcho() *echo.Echo {
+	bare := echo.New()
+	bare.POST("/v1/ocr", func(c echo.Context) error {
+		if _, err := io.Copy(io.Discard, c.Request().Body); err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, map[string]any{"serials": []string{"SIM-00000000"}})
+	})
+	return bare
+}
+
 // newBenchService is the whole request path on a real database: keyring,
-// quotas, simulated reader, group-committed usage records, statistics.
-func newBenchService(b *testing.B) (*Server, []string) {
+// every layer, simulated reader, group-committed usage records and budget
+// reservations, statistics.
+func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	b.Helper()
 	log := slog.New(slog.DiscardHandler)
 	db, err := storage.Open(filepath.Join(b.TempDir(), "bench.db"), storage.Options{Logger: log})
@@ -92,7 +176,7 @@ func newBenchService(b *testing.B) (*Server, []string) {
 	}
 	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log})
 	b.Cleanup(func() { events.Close(context.Background()) })
-	windows, err := limiter.New(limiter.Config{Rate: limiter.MaxRate, Window: time.Second})
+	windows, err := limiter.New(limits)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,8 +198,9 @@ func newBenchService(b *testing.B) (*Server, []string) {
 }
 
 // load sends n requests from benchClients goroutines with keep-alive and
-// returns the rate of 200 answers per second. Any other answer fails b.
-func load(b *testing.B, base string, keys []string, img []byte, n int) float64 {
+// returns the rate of answers per second. Every answer must have status
+// want. A positive pace spaces the requests at that many a second.
+func load(b *testing.B, base string, keys []string, img []byte, n, want int, pace float64) float64 {
 	b.Helper()
 	tr := &http.Transport{MaxIdleConnsPerHost: benchClients, MaxConnsPerHost: benchClients}
 	defer tr.CloseIdleConnections()
@@ -123,6 +208,10 @@ func load(b *testing.B, base string, keys []string, img []byte, n int) float64 {
 	var next, failed atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
+	var interval time.Duration
+	if pace > 0 {
+		interval = time.Duration(float64(time.Second) / pace)
+	}
 	for range benchClients {
 		wg.Add(1)
 		go func() {
@@ -131,6 +220,9 @@ func load(b *testing.B, base string, keys []string, img []byte, n int) float64 {
 				i := next.Add(1)
 				if i > int64(n) {
 					return
+				}
+				if interval > 0 { // request i leaves at start + i×interval
+					time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
 				}
 				req, _ := http.NewRequest(http.MethodPost, base+"/v1/ocr", bytes.NewReader(img))
 				req.Header.Set("Content-Type", "image/png")
@@ -144,7 +236,7 @@ func load(b *testing.B, base string, keys []string, img []byte, n int) float64 {
 				}
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
+				if resp.StatusCode != want {
 					failed.Add(1)
 				}
 			}

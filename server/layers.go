@@ -38,7 +38,8 @@ type AttemptCounter interface {
 
 // Brake is layer 3: budget.Global.
 type Brake interface {
-	Reserve(ctx context.Context, worst int64, now time.Time) (budget.Reservation, error)
+	Claim(worst int64, now time.Time) (budget.Reservation, error)
+	Commit(ctx context.Context, r *budget.Reservation) error
 	Settle(ctx context.Context, r budget.Reservation, actual int64) error
 	Settled(r budget.Reservation, actual int64)
 }

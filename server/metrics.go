@@ -14,6 +14,7 @@ type Metrics struct {
 	reg      *prometheus.Registry
 	failOpen *prometheus.CounterVec // layer
 	refusals *prometheus.CounterVec // layer, reason
+	guard    prometheus.Histogram   // layers 0-3 of an admitted request, without waits
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -29,8 +30,13 @@ func NewMetrics() *Metrics {
 			Name: "breakwater_refusals_total",
 			Help: "Requests refused, by layer and reason.",
 		}, []string{"layer", "reason"}),
+		guard: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "breakwater_guard_check_seconds",
+			Help:    "Time spent in layers 0-3 on a request that reached the upstream, excluding the upload, the image check and commit waits.",
+			Buckets: []float64{5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6, 500e-6, 1e-3, 5e-3},
+		}),
 	}
-	m.reg.MustRegister(m.failOpen, m.refusals,
+	m.reg.MustRegister(m.failOpen, m.refusals, m.guard,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -20,8 +20,6 @@ import (
 // multipartSlack is what multipart framing may add around the image.
 const multipartSlack = 64 << 10
 
-const identityKey = "breakwater.identity"
-
 var (
 	errMissingImage = problem(http.StatusBadRequest, "missing_image", "Bad request",
 		"Send the image as the request body with an image/* Content-Type, or as multipart/form-data in the field \"image\".")
@@ -59,19 +57,16 @@ type quotaResponse struct {
 
 // authenticate is layer 0: no valid API key, no entry. Every failure gives
 // the same 401 body.
-func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
-		if !ok {
-			return errUnauthorized
-		}
-		id, ok := s.d.Keys.Authenticate(token)
-		if !ok {
-			return errUnauthorized
-		}
-		c.Set(identityKey, id)
-		return next(c)
+func (s *Server) authenticate(c echo.Context) (Identity, error) {
+	token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
+	if !ok {
+		return Identity{}, errUnauthorized
 	}
+	id, ok := s.d.Keys.Authenticate(token)
+	if !ok {
+		return Identity{}, errUnauthorized
+	}
+	return id, nil
 }
 
 // handleOCR reads serial numbers off one image. It walks the layers in
@@ -80,7 +75,10 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 // leaves before its usage record is on disk.
 func (s *Server) handleOCR(c echo.Context) error {
 	start := s.now()
-	id := c.Get(identityKey).(Identity)
+	id, err := s.authenticate(c)
+	if err != nil {
+		return err
+	}
 	plan, ok := s.d.Plans[id.Plan]
 	if !ok {
 		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
@@ -88,7 +86,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	}
 
 	// Layer 1: rate limit and burst per user, in memory.
-	err := s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, start) }, isRateRefusal)
+	err = s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, start) }, isRateRefusal)
 	if err != nil {
 		return s.refusal(err)
 	}
@@ -102,6 +100,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if err != nil {
 		return s.refusal(err)
 	}
+	afterPrechecks := s.now()
 
 	// Cheap input validation: type sniffing and the image header only.
 	data, declared, err := readImage(c.Request(), s.cfg.MaxImageBytes)
@@ -118,6 +117,9 @@ func (s *Server) handleOCR(c echo.Context) error {
 		return errUndecodable
 	}
 	now := s.now() // the upload may have taken a while
+	// Layers 0 to 1 and the pre-checks took this long; layers 2 to 3 are
+	// added below, without the upload, the image check and commit waits.
+	guardTime := afterPrechecks.Sub(start)
 
 	// Layer 2: the daily abuse line counts this attempt, whatever follows.
 	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
@@ -139,18 +141,22 @@ func (s *Server) handleOCR(c echo.Context) error {
 		}
 	}()
 
-	// Layer 3: reserve one call and its worst-case cost in the global
-	// budget, durably, before the call.
+	// Layer 3: claim one call and its worst-case cost in the global
+	// budget, then commit the claim durably before the call.
 	worst := s.d.Price.WorstCase(img.Width, img.Height)
 	var reservation budget.Reservation
 	err = s.defend(layerBudget, func() (err error) {
-		reservation, err = s.d.Brake.Reserve(context.WithoutCancel(c.Request().Context()), worst, now)
+		reservation, err = s.d.Brake.Claim(worst, now)
 		return err
 	}, isPaused)
 	if err != nil {
 		s.log.Warn("global budget brake engaged: upstream call refused", "err", err, "user", id.UserID)
 		return s.refusal(err)
 	}
+	s.d.Metrics.guard.Observe((guardTime + s.now().Sub(now)).Seconds())
+	_ = s.defend(layerBudget, func() error {
+		return s.d.Brake.Commit(context.WithoutCancel(c.Request().Context()), &reservation)
+	}, isPaused)
 	if err := c.Request().Context().Err(); err != nil {
 		s.settle(context.WithoutCancel(c.Request().Context()), reservation, 0) // nothing was spent
 		return err                                                             // the client has gone; nobody reads this answer

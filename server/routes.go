@@ -11,7 +11,7 @@ func (s *Server) routes() {
 	// Public listener. The body limit leaves room for multipart framing;
 	// the image itself is held to max_image_bytes when it is read.
 	s.public.GET("/healthz", s.handleHealth)
-	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack), s.authenticate)
+	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack))
 
 	// Admin listener: every route needs the admin token.
 	a := s.admin.Group("", s.adminOnly)
