@@ -439,3 +439,38 @@ func TestExhaustedUserRefusedBeforeBodyIsRead(t *testing.T) {
 		})
 	}
 }
+
+// failingState is a state store whose disk refuses every write.
+type failingState struct{ calls atomic.Int64 }
+
+func (f *failingState) SaveState(string, map[string][]byte) error {
+	f.calls.Add(1)
+	return errors.New("read-only file system")
+}
+
+func (f *failingState) DropStates(string, string) error { return nil }
+
+func TestWriteBehindFailureFailsOpen(t *testing.T) {
+	e := newEnv(t, envOptions{attempts: 10, limits: limiter.Config{Rate: 10, Window: time.Minute}})
+	img := pngBytes(t, 16, 16)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	fs := &failingState{}
+	wb := e.srv.NewWriteBehind(fs, e.windows, e.attempts)
+	wb.Flush()
+	// Requests go on; the lost writes are counted per layer.
+	resp, data = e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	metrics := scrape(t, e)
+	for _, want := range []string{
+		`breakwater_layer_failopen_total{layer="rate"} 1`,
+		`breakwater_layer_failopen_total{layer="attempts"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if fs.calls.Load() != 2 {
+		t.Errorf("%d state writes, want 2", fs.calls.Load())
+	}
+}
