@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,7 +26,6 @@ import (
 	"reflect"
 	"regexp"
 	"runtime/debug"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -78,8 +78,13 @@ Commands:
   serve                          run the service (the default)
   demo                           run it with a simulated upstream and a throwaway database
   keys create --user ID [--plan NAME]
-  keys list
+  keys list [--json]
   keys revoke KEY_ID
+  users ban ID | users unban ID | users set-plan ID PLAN
+  usage [ID] [--json]            today's attempts, this month's reads, quota and cost
+  budget [--json]                spend against each ceiling, brake state
+  brake on|off                   the manual kill switch (survives restarts)
+  backup FILE                    a consistent copy of the database, also while serving
   config check                   validate config.toml
   version
 `
@@ -98,8 +103,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdServe(ctx, args, getenv, stderr)
 	case "demo":
 		return cmdDemo(ctx, args, getenv, stdout, stderr)
-	case "keys":
-		return cmdKeys(ctx, args, getenv, stdout, stderr)
+	case "keys", "users", "usage", "budget", "brake", "backup":
+		return cmdOperator(ctx, cmd, args, getenv, stdout, stderr)
 	case "config":
 		if len(args) == 0 || args[0] != "check" {
 			return fmt.Errorf("%w: breakwater config check [--config FILE]", errUsage)
@@ -430,7 +435,11 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err != nil {
 		return err
 	}
-	keys, err := server.NewKeyring(db, planCheck(c.Plans))
+	if err := server.LoadBrake(layers.Brake, db.Flag); err != nil {
+		return err
+	}
+	plans := server.NewPlans(c.Plans)
+	keys, err := server.NewKeyring(db, plans.Has)
 	if err != nil {
 		return err
 	}
@@ -445,7 +454,8 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 
 	srv, err := server.New(c.Server, server.Deps{
 		Keys: keys, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
-		Plans: c.Plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
+		Plans: plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
+		Operator:   server.NewOperator(keys, layers, db, plans.All, loc),
 		AdminToken: adminToken, Logger: log,
 	})
 	if err != nil {
@@ -532,10 +542,6 @@ func newReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, er
 		return nil, errors.New("GEMINI_API_KEY is not set: put your Gemini API key in the environment, or set ocr.provider = \"simulated\" to try the service without one")
 	}
 	return ocr.NewGemini(c, apiKey, nil, log)
-}
-
-func planCheck(plans map[string]budget.Plan) func(string) bool {
-	return func(name string) bool { _, ok := plans[name]; return ok }
 }
 
 func versionString() string {
@@ -625,31 +631,31 @@ func writeSampleImage(path string) error {
 	return f.Close()
 }
 
-// ---- keys -----------------------------------------------------------------
+// ---- operator commands -----------------------------------------------------
 
-// keyManager is what the keys commands need: the running server's admin API
-// or, while the server is stopped, the keyring over the database itself.
-type keyManager interface {
+// operator is what the operator's commands need: the running server's admin
+// API (server.AdminClient) or, while the server is stopped, the same
+// commands straight on the database (server.Operator).
+type operator interface {
 	CreateKey(ctx context.Context, user, plan string) (string, server.KeyInfo, error)
 	ListKeys(ctx context.Context) ([]server.KeyInfo, error)
 	RevokeKey(ctx context.Context, id string) (server.KeyInfo, error)
+	SetBanned(ctx context.Context, user string, banned bool) (server.UserInfo, error)
+	SetPlan(ctx context.Context, user, plan string) (server.UserInfo, error)
+	Usage(ctx context.Context, user string) ([]server.UsageInfo, error)
+	Budget(ctx context.Context) (server.BudgetInfo, error)
+	SetBrake(ctx context.Context, on bool) (server.BudgetInfo, error)
+	Backup(ctx context.Context, w io.Writer) error
 }
 
-// localKeys manages keys directly in the database while the server is
-// stopped.
-type localKeys struct{ k *server.Keyring }
+var (
+	_ operator = (*server.Operator)(nil)
+	_ operator = (*server.AdminClient)(nil)
+)
 
-func (l localKeys) CreateKey(_ context.Context, user, plan string) (string, server.KeyInfo, error) {
-	return l.k.Create(user, plan)
-}
-func (l localKeys) ListKeys(context.Context) ([]server.KeyInfo, error) { return l.k.List(), nil }
-func (l localKeys) RevokeKey(_ context.Context, id string) (server.KeyInfo, error) {
-	return l.k.Revoke(id)
-}
-
-// openKeys reaches the key store: the database directly if no server holds
-// it, else the server's admin API.
-func openKeys(c config, getenv func(string) string) (keyManager, func(), error) {
+// openOperator reaches the service: the database directly if no server
+// holds it, else the server's admin API.
+func openOperator(c config, getenv func(string) string) (operator, func(), error) {
 	db, err := storage.Open(c.Storage.Path, storage.Options{Timeout: cliLockTimeout, Logger: slog.New(slog.DiscardHandler)})
 	if errors.Is(err, storage.ErrLocked) {
 		token := getenv("BREAKWATER_ADMIN_TOKEN")
@@ -661,75 +667,230 @@ func openKeys(c config, getenv func(string) string) (keyManager, func(), error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	k, err := server.NewKeyring(db, planCheck(c.Plans))
+	op, err := newOperator(c, db)
 	if err != nil {
 		db.Close()
 		return nil, nil, err
 	}
-	return localKeys{k}, func() { db.Close() }, nil
+	return op, func() { db.Close() }, nil
 }
 
-func cmdKeys(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return fmt.Errorf("%w: breakwater keys create|list|revoke", errUsage)
+// newOperator builds the operator's commands over an open database, with
+// the layers' state as the server would load it.
+func newOperator(c config, db *storage.DB) (*server.Operator, error) {
+	loc, _ := c.Budget.Location() // checked by loadConfig
+	plans := server.NewPlans(c.Plans)
+	keys, err := server.NewKeyring(db, plans.Has)
+	if err != nil {
+		return nil, err
 	}
-	sub, args := args[0], args[1:]
-	fs, path := newFlags("keys "+sub, stderr)
+	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if err := server.LoadBrake(layers.Brake, db.Flag); err != nil {
+		return nil, err
+	}
+	return server.NewOperator(keys, layers, db, plans.All, loc), nil
+}
+
+// operatorUsage lists the operator's commands, for usage errors.
+const operatorUsage = `breakwater keys create --user ID [--plan NAME] | keys list | keys revoke KEY_ID
+breakwater users ban ID | users unban ID | users set-plan ID PLAN
+breakwater usage [ID] | budget | brake on|off | backup FILE
+(each takes --config FILE; listings take --json)`
+
+// cmdOperator runs keys, users, usage, budget, brake and backup.
+func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	sub := ""
+	if cmd == "keys" || cmd == "users" {
+		if len(args) == 0 {
+			return fmt.Errorf("%w: %s", errUsage, operatorUsage)
+		}
+		sub, args = args[0], args[1:]
+	}
+	fs, path := newFlags(strings.TrimSpace(cmd+" "+sub), stderr)
 	user := fs.String("user", "", "user id the key acts for (keys create)")
 	plan := fs.String("plan", "", "plan from config.toml (keys create; default: the user's plan, or \"free\")")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	switch {
-	case sub == "create" && (*user == "" || len(pos) != 0):
-		return fmt.Errorf("%w: breakwater keys create --user ID [--plan NAME]", errUsage)
-	case sub == "list" && len(pos) != 0:
-		return fmt.Errorf("%w: breakwater keys list", errUsage)
-	case sub == "revoke" && len(pos) != 1:
-		return fmt.Errorf("%w: breakwater keys revoke KEY_ID", errUsage)
-	case sub != "create" && sub != "list" && sub != "revoke":
-		return fmt.Errorf("%w: unknown keys command %q", errUsage, sub)
+	want := map[string]int{ // positional arguments each command takes
+		"keys create": 0, "keys list": 0, "keys revoke": 1,
+		"users ban": 1, "users unban": 1, "users set-plan": 2,
+		"budget": 0, "brake": 1, "backup": 1,
 	}
+	name := strings.TrimSpace(cmd + " " + sub)
+	n, known := want[name]
+	switch {
+	case name == "usage" && len(pos) <= 1:
+	case !known || len(pos) != n || (name == "keys create" && *user == ""):
+		return fmt.Errorf("%w: %s", errUsage, operatorUsage)
+	case name == "brake" && pos[0] != "on" && pos[0] != "off":
+		return fmt.Errorf("%w: breakwater brake on|off", errUsage)
+	}
+
 	c, err := loadConfig(*path, getenv)
 	if err != nil {
 		return err
 	}
-	km, closeKeys, err := openKeys(c, getenv)
+	op, closeOp, err := openOperator(c, getenv)
 	if err != nil {
 		return err
 	}
-	defer closeKeys()
+	defer closeOp()
 
-	switch sub {
-	case "create":
-		secret, info, err := km.CreateKey(ctx, *user, *plan)
+	switch name {
+	case "keys create":
+		secret, info, err := op.CreateKey(ctx, *user, *plan)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "created key %s for user %s (plan %s); it is shown only now:\n%s\n", info.ID, info.UserID, info.Plan, secret)
-	case "list":
-		list, err := km.ListKeys(ctx)
+	case "keys list":
+		list, err := op.ListKeys(ctx)
 		if err != nil {
 			return err
 		}
-		sort.SliceStable(list, func(i, j int) bool { return list[i].CreatedAt.Before(list[j].CreatedAt) })
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tUSER\tPLAN\tCREATED\tREVOKED")
-		for _, k := range list {
-			revoked := "-"
-			if !k.RevokedAt.IsZero() {
-				revoked = k.RevokedAt.Format(time.RFC3339)
+		return printOut(stdout, *asJSON, list, "ID\tUSER\tPLAN\tCREATED\tREVOKED", func(row func(...any)) {
+			for _, k := range list {
+				revoked := "-"
+				if !k.RevokedAt.IsZero() {
+					revoked = k.RevokedAt.Format(time.RFC3339)
+				}
+				row(k.ID, k.UserID, k.Plan, k.CreatedAt.Format(time.RFC3339), revoked)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.UserID, k.Plan, k.CreatedAt.Format(time.RFC3339), revoked)
-		}
-		return tw.Flush()
-	case "revoke":
-		info, err := km.RevokeKey(ctx, pos[0])
+		})
+	case "keys revoke":
+		info, err := op.RevokeKey(ctx, pos[0])
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "revoked key %s of user %s\n", info.ID, info.UserID)
+	case "users ban", "users unban":
+		info, err := op.SetBanned(ctx, pos[0], sub == "ban")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "user %s: banned=%v\n", info.ID, info.Banned)
+	case "users set-plan":
+		info, err := op.SetPlan(ctx, pos[0], pos[1])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "user %s: plan %s\n", info.ID, info.Plan)
+	case "usage":
+		id := ""
+		if len(pos) == 1 {
+			id = pos[0]
+		}
+		list, err := op.Usage(ctx, id)
+		if err != nil {
+			return err
+		}
+		return printOut(stdout, *asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS THIS MONTH\tQUOTA\tCOST THIS MONTH", func(row func(...any)) {
+			for _, u := range list {
+				row(u.User, u.Plan, u.Banned, u.AttemptsToday, limitText(u.DailyLine), u.ReadsMonth, u.MonthlyQuota, fmt.Sprintf("$%.6f", u.CostMonthUSD))
+			}
+		})
+	case "budget", "brake":
+		var b server.BudgetInfo
+		if name == "budget" {
+			b, err = op.Budget(ctx)
+		} else {
+			b, err = op.SetBrake(ctx, pos[0] == "on")
+		}
+		if err != nil {
+			return err
+		}
+		return printOut(stdout, *asJSON, b, "CEILING\tSPENT\tLIMIT", func(row func(...any)) {
+			row("requests "+b.Day, b.Requests, limitText(b.DailyRequests))
+			row("usd "+b.Day, fmt.Sprintf("$%.6f", b.SpendUSD), usdText(b.DailyUSD))
+			row("usd "+b.Month, fmt.Sprintf("$%.6f", b.MonthSpendUSD), usdText(b.MonthlyUSD))
+			state := "released"
+			if b.Engaged {
+				state = "ENGAGED by " + b.EngagedBy
+			}
+			row("brake", state, fmt.Sprintf("manual switch %s", onOff(b.Manual)))
+		})
+	case "backup":
+		return backupTo(ctx, op, pos[0], stdout)
 	}
 	return nil
+}
+
+// backupTo writes a consistent copy of the database to path: into a
+// temporary file beside it first, synced, then renamed, so path never holds
+// half a database.
+func backupTo(ctx context.Context, op operator, path string, stdout io.Writer) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".part-*")
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // a no-op once renamed
+	if err := op.Backup(ctx, tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("backup: %w", err)
+	}
+	info, err := tmp.Stat()
+	if err != nil {
+		tmp.Close()
+		return fmt.Errorf("backup: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	fmt.Fprintf(stdout, "backup written to %s (%d bytes)\n", path, info.Size())
+	return nil
+}
+
+// printOut prints v as JSON, or as a table whose rows fill calls.
+func printOut(w io.Writer, asJSON bool, v any, header string, fill func(row func(...any))) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	fill(func(cells ...any) {
+		for i, c := range cells {
+			if i > 0 {
+				fmt.Fprint(tw, "\t")
+			}
+			fmt.Fprint(tw, c)
+		}
+		fmt.Fprintln(tw)
+	})
+	return tw.Flush()
+}
+
+func limitText(n int64) string {
+	if n == 0 {
+		return "off"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func usdText(v float64) string {
+	if v == 0 {
+		return "off"
+	}
+	return fmt.Sprintf("$%.2f", v)
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
 }

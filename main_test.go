@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"breakwater/storage"
 )
 
 // lockedBuffer collects a running command's output for polling.
@@ -235,6 +237,31 @@ monthly_quota = 10
 		t.Errorf("keys list without token: %v", err)
 	}
 
+	// Operator commands through the admin API while serving.
+	for _, args := range [][]string{{"users", "ban", "erin"}, {"users", "unban", "erin"}, {"brake", "on"}, {"brake", "off"}} {
+		if err := run(context.Background(), append(args, "--config", path), env, io.Discard, io.Discard); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"budget", "--json", "--config", path}, env, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var b struct {
+		Manual  bool `json:"manual_brake"`
+		Engaged bool `json:"brake_engaged"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &b); err != nil || b.Manual || b.Engaged {
+		t.Errorf("budget --json: %s (%v)", out.String(), err)
+	}
+	backup := filepath.Join(dir, "backup.db")
+	if err := run(context.Background(), []string{"backup", backup, "--config", path}, env, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(backup); err != nil || fi.Size() == 0 {
+		t.Errorf("backup file: %v", err)
+	}
+
 	// A request in flight when shutdown starts still completes.
 	img, err := os.ReadFile(filepath.Join("server", "testdata", "label.png"))
 	if err != nil {
@@ -285,6 +312,66 @@ monthly_quota = 10
 	run(context.Background(), []string{"keys", "list", "--config", path}, envFrom(nil), &out, io.Discard)
 	if strings.Contains(strings.Split(out.String(), "\n")[1], " - ") {
 		t.Errorf("revoked key still shown active:\n%s", out.String())
+	}
+}
+
+// TestOperatorCommandsStopped runs the operator's commands straight on the
+// database, with no server running.
+func TestOperatorCommandsStopped(t *testing.T) {
+	dir := t.TempDir()
+	path := writeConfig(t, fmt.Sprintf("[storage]\npath = %q\n[plans.free]\nmonthly_quota = 10\ndaily_attempts = 3\n[plans.pro]\nmonthly_quota = 99\n", filepath.Join(dir, "bw.db")))
+	cmd := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append(args, "--config", path), envFrom(nil), &out, io.Discard)
+		return out.String(), err
+	}
+	if _, err := cmd("keys", "create", "--user", "fay"); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"users", "set-plan", "fay", "pro"}, "plan pro"},
+		{[]string{"users", "ban", "fay"}, "banned=true"},
+		{[]string{"usage", "fay"}, "fay"},
+		{[]string{"brake", "on"}, "ENGAGED by manual"},
+		{[]string{"budget"}, "manual switch on"},
+		{[]string{"brake", "off"}, "released"},
+	}
+	for _, s := range steps {
+		out, err := cmd(s.args...)
+		if err != nil || !strings.Contains(out, s.want) {
+			t.Errorf("%v: %q %v, want %q", s.args, out, err, s.want)
+		}
+	}
+	out, err := cmd("usage", "--json")
+	var usage []struct {
+		User   string `json:"user"`
+		Plan   string `json:"plan"`
+		Banned bool   `json:"banned"`
+		Quota  int64  `json:"monthly_quota"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &usage) != nil || len(usage) != 1 || usage[0].Plan != "pro" || !usage[0].Banned || usage[0].Quota != 99 {
+		t.Errorf("usage --json: %s %v", out, err)
+	}
+	if _, err := cmd("users", "set-plan", "fay", "gold"); err == nil {
+		t.Error("set-plan to an unknown plan accepted")
+	}
+	if _, err := cmd("brake", "maybe"); err == nil || !strings.Contains(err.Error(), "usage") {
+		t.Errorf("brake maybe: %v", err)
+	}
+	backup := filepath.Join(dir, "copy.db")
+	if _, err := cmd("backup", backup); err != nil {
+		t.Fatal(err)
+	}
+	db, err := storage.Open(backup, storage.Options{})
+	if err != nil {
+		t.Fatalf("backup does not open: %v", err)
+	}
+	defer db.Close()
+	if u, err := db.User("fay"); err != nil || !u.Banned || u.Plan != "pro" {
+		t.Errorf("backup's user %+v %v", u, err)
 	}
 }
 

@@ -67,6 +67,7 @@ type Global struct {
 	ledger Ledger
 
 	mu         sync.Mutex
+	manual     bool // the operator's kill switch
 	limits     ceilings
 	day        string
 	requests   int64
@@ -119,22 +120,50 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
-	lim := g.limits
-	if lim.off() {
-		return Reservation{}, nil
+	if err := g.check(worst, now); err != nil {
+		return Reservation{}, err
 	}
-	switch {
-	case lim.requests > 0 && g.requests+1 > lim.requests:
-		return Reservation{}, &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
-	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
-		return Reservation{}, &PausedError{Ceiling: "daily_usd", RetryAfter: nextDay(now, g.loc).Sub(now)}
-	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
-		return Reservation{}, &PausedError{Ceiling: "monthly_usd", RetryAfter: nextMonth(now, g.loc).Sub(now)}
+	if g.limits.off() {
+		return Reservation{}, nil
 	}
 	g.requests++
 	g.spend += worst
 	g.monthSpend += worst
 	return Reservation{Day: g.day, Month: g.month, Worst: worst}, nil
+}
+
+// Check refuses, as Claim would for the cheapest call, when the brake is
+// engaged: by the operator, or because a ceiling is already reached. It
+// claims nothing: a cheap look before the request body is read.
+func (g *Global) Check(now time.Time) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
+	return g.check(1, now) // the cheapest call: one micro-dollar
+}
+
+// check is Claim's test of worst against every ceiling; g.mu is held.
+func (g *Global) check(worst int64, now time.Time) error {
+	lim := g.limits
+	switch {
+	case g.manual:
+		return &PausedError{Ceiling: "manual", RetryAfter: time.Hour}
+	case lim.requests > 0 && g.requests+1 > lim.requests:
+		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
+	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
+		return &PausedError{Ceiling: "daily_usd", RetryAfter: nextDay(now, g.loc).Sub(now)}
+	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
+		return &PausedError{Ceiling: "monthly_usd", RetryAfter: nextMonth(now, g.loc).Sub(now)}
+	}
+	return nil
+}
+
+// SetManual engages or releases the operator's kill switch. The caller
+// persists it; while engaged, every call is refused.
+func (g *Global) SetManual(on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.manual = on
 }
 
 // Commit writes a claim to the ledger, durably, so that it still counts
@@ -188,6 +217,13 @@ type Status struct {
 	SpendMicroUSD int64
 	Month         string
 	MonthMicroUSD int64
+	// The ceilings in force (0 = off) and the operator's switch.
+	DailyRequests   int64
+	DailyMicroUSD   int64
+	MonthlyMicroUSD int64
+	Manual          bool
+	Engaged         bool   // the next cheapest call would be refused
+	EngagedBy       string // which ceiling, when Engaged
 }
 
 // Status returns today's and this month's figures.
@@ -195,7 +231,16 @@ func (g *Global) Status(now time.Time) Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
-	return Status{Day: g.day, Requests: g.requests, SpendMicroUSD: g.spend, Month: g.month, MonthMicroUSD: g.monthSpend}
+	st := Status{
+		Day: g.day, Requests: g.requests, SpendMicroUSD: g.spend, Month: g.month, MonthMicroUSD: g.monthSpend,
+		DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro,
+		Manual: g.manual,
+	}
+	var pe *PausedError
+	if errors.As(g.check(1, now), &pe) {
+		st.Engaged, st.EngagedBy = true, pe.Ceiling
+	}
+	return st
 }
 
 // rollover starts a new day or month. Nothing of yesterday carries into

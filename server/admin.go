@@ -47,7 +47,7 @@ func (s *Server) handleCreateKey(c echo.Context) error {
 	if err := c.Bind(&req); err != nil {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"user":"...","plan":"..."}.`)
 	}
-	secret, info, err := s.d.Keys.Create(req.User, req.Plan)
+	secret, info, err := s.d.Operator.CreateKey(c.Request().Context(), req.User, req.Plan)
 	switch {
 	case errors.Is(err, ErrBadUserID), errors.Is(err, ErrUnknownPlan):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
@@ -59,11 +59,15 @@ func (s *Server) handleCreateKey(c echo.Context) error {
 }
 
 func (s *Server) handleListKeys(c echo.Context) error {
-	return c.JSON(http.StatusOK, s.d.Keys.List())
+	list, err := s.d.Operator.ListKeys(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, list)
 }
 
 func (s *Server) handleRevokeKey(c echo.Context) error {
-	info, err := s.d.Keys.Revoke(c.Param("id"))
+	info, err := s.d.Operator.RevokeKey(c.Request().Context(), c.Param("id"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return errKeyNotFound
@@ -72,4 +76,89 @@ func (s *Server) handleRevokeKey(c echo.Context) error {
 	}
 	s.log.Info("api key revoked", "key_id", info.ID, "user", info.UserID)
 	return c.JSON(http.StatusOK, info)
+}
+
+// userRequest is the body of POST /api/users/:id (every field optional).
+type userRequest struct {
+	Banned *bool  `json:"banned"`
+	Plan   string `json:"plan"`
+}
+
+// handleUpdateUser bans, unbans or moves a user to another plan.
+func (s *Server) handleUpdateUser(c echo.Context) error {
+	var req userRequest
+	if err := c.Bind(&req); err != nil || (req.Banned == nil && req.Plan == "") {
+		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
+	}
+	ctx, user := c.Request().Context(), c.Param("id")
+	var info UserInfo
+	var err error
+	if req.Banned != nil {
+		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned)
+	}
+	if err == nil && req.Plan != "" {
+		info, err = s.d.Operator.SetPlan(ctx, user, req.Plan)
+	}
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
+	case errors.Is(err, ErrBadUserID), errors.Is(err, ErrUnknownPlan):
+		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
+	case err != nil:
+		return err
+	}
+	s.log.Info("user changed", "user", info.ID, "plan", info.Plan, "banned", info.Banned)
+	return c.JSON(http.StatusOK, info)
+}
+
+func (s *Server) handleUsage(c echo.Context) error {
+	list, err := s.d.Operator.Usage(c.Request().Context(), c.QueryParam("user"))
+	if errors.Is(err, storage.ErrNotFound) {
+		return problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
+	}
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, list)
+}
+
+func (s *Server) handleBudget(c echo.Context) error {
+	info, err := s.d.Operator.Budget(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, info)
+}
+
+// brakeRequest is the body of POST /api/brake.
+type brakeRequest struct {
+	On *bool `json:"on"`
+}
+
+func (s *Server) handleBrake(c echo.Context) error {
+	var req brakeRequest
+	if err := c.Bind(&req); err != nil || req.On == nil {
+		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"on":true} or {"on":false}.`)
+	}
+	info, err := s.d.Operator.SetBrake(c.Request().Context(), *req.On)
+	if err != nil {
+		return err
+	}
+	s.log.Warn("manual brake set by the operator", "on", *req.On)
+	return c.JSON(http.StatusOK, info)
+}
+
+// handleBackup streams a consistent copy of the database.
+func (s *Server) handleBackup(c echo.Context) error {
+	h := c.Response().Header()
+	h.Set(echo.HeaderContentType, "application/octet-stream")
+	h.Set(echo.HeaderContentDisposition, `attachment; filename="breakwater.db"`)
+	c.Response().WriteHeader(http.StatusOK)
+	if err := s.d.Operator.Backup(c.Request().Context(), c.Response()); err != nil {
+		// Too late for a problem answer: the copy is cut short, and the
+		// client sees a short body and no valid database.
+		s.log.Error("backup interrupted", "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	return nil
 }

@@ -3,10 +3,18 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"breakwater/budget"
 	"breakwater/storage"
 )
 
@@ -116,5 +124,163 @@ func TestRandomBase62(t *testing.T) {
 			t.Fatalf("bad or repeated secret %q", s)
 		}
 		seen[s] = true
+	}
+}
+
+func adminClient(e *env) *AdminClient {
+	return NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+}
+
+func TestBanTakesEffectOnNextRequest(t *testing.T) {
+	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
+	ac := adminClient(e)
+	ctx := context.Background()
+	img := pngBytes(t, 8, 8)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+
+	if _, err := ac.SetBanned(ctx, "alice", true); err != nil {
+		t.Fatal(err)
+	}
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
+	if got := e.gemini.calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls, want 1", got)
+	}
+	if _, err := ac.SetBanned(ctx, "alice", false); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := ac.SetPlan(ctx, "alice", "pro"); err != nil || info.Plan != "pro" {
+		t.Fatalf("set-plan: %+v %v", info, err)
+	}
+	resp, data = e.post(e.key, "image/png", img)
+	if got := decodeOK(t, resp, data).Quota.Limit; got != 1000 {
+		t.Errorf("quota limit %d after set-plan, want 1000", got)
+	}
+	if _, err := ac.SetPlan(ctx, "nobody", "pro"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("set-plan of an unknown user: %v", err)
+	}
+	if _, err := ac.SetPlan(ctx, "alice", "gold"); err == nil {
+		t.Error("set-plan to an unknown plan accepted")
+	}
+	usage, err := ac.Usage(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(usage) != 1 || usage[0].ReadsMonth != 2 || usage[0].AttemptsToday != 2 || usage[0].Plan != "pro" || usage[0].CostMonthUSD <= 0 {
+		t.Errorf("usage %+v", usage)
+	}
+	// The ban is stored: a fresh keyring over the same database sees it.
+	if _, err := ac.SetBanned(ctx, "alice", true); err != nil {
+		t.Fatal(err)
+	}
+	kr, err := NewKeyring(e.db, e.plans.Has)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !kr.Banned("alice") {
+		t.Error("the ban did not reach the database")
+	}
+}
+
+func TestManualBrake(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ac := adminClient(e)
+	ctx := context.Background()
+	b, err := ac.SetBrake(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Manual || !b.Engaged || b.EngagedBy != "manual" {
+		t.Errorf("budget after brake on: %+v", b)
+	}
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 8, 8))
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	if got := e.gemini.calls.Load(); got != 0 {
+		t.Errorf("%d upstream calls with the brake on", got)
+	}
+	// The switch survives a restart.
+	if on, err := e.db.Flag("brake"); err != nil || !on {
+		t.Errorf("stored brake %v %v", on, err)
+	}
+	if _, err := ac.SetBrake(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	resp, data = e.post(e.key, "image/png", pngBytes(t, 8, 8))
+	decodeOK(t, resp, data)
+	b, err = ac.Budget(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Manual || b.Engaged {
+		t.Errorf("budget after brake off: %+v", b)
+	}
+}
+
+func TestBackupWhileServingUnderLoad(t *testing.T) {
+	e := newEnv(t, envOptions{quota: 1 << 30, budget: budget.Config{DailyRequests: 1 << 30}})
+	ac := adminClient(e)
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, e.newKey(fmt.Sprintf("load-%d", i), ""))
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	img := pngBytes(t, 8, 8)
+	for i := range 16 {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, _ := e.post(keys[(i+n)%len(keys)], "image/png", img)
+				if resp.StatusCode == http.StatusOK {
+					served.Add(1)
+				}
+			}
+		})
+	}
+	for served.Load() < 50 {
+		runtime.Gosched()
+	}
+	path := filepath.Join(t.TempDir(), "copy.db")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ac.Backup(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	close(stop)
+	wg.Wait()
+
+	cp, err := storage.Open(path, storage.Options{})
+	if err != nil {
+		t.Fatalf("the backup does not open: %v", err)
+	}
+	defer cp.Close()
+	used, err := cp.QuotaUsed(budget.MonthKey(time.Now(), time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := cp.Usage(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, n := range used {
+		total += n
+	}
+	// A consistent copy: every counted read has its row, and it holds
+	// what was served before it was taken, but not more than in the end.
+	if total != int64(len(rows)) || total < 50 || total > served.Load() {
+		t.Errorf("backup holds %d counted reads and %d rows; %d served in all", total, len(rows), served.Load())
+	}
+	if keysInCopy, _ := cp.Keys(); len(keysInCopy) != 11 {
+		t.Errorf("backup holds %d keys, want 11", len(keysInCopy))
 	}
 }

@@ -88,3 +88,61 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 	}
 	return json.Unmarshal(data, out)
 }
+
+// SetBanned bans or unbans a user on the running server.
+func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error) {
+	var out UserInfo
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Banned: &banned}, &out)
+	return out, err
+}
+
+// SetPlan moves a user to another plan on the running server.
+func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (UserInfo, error) {
+	var out UserInfo
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Plan: plan}, &out)
+	return out, err
+}
+
+// Usage reports usage for one user, or for all with user "".
+func (a *AdminClient) Usage(ctx context.Context, user string) ([]UsageInfo, error) {
+	var out []UsageInfo
+	err := a.call(ctx, http.MethodGet, "/api/usage?user="+url.QueryEscape(user), nil, &out)
+	return out, err
+}
+
+// Budget reports the global budget.
+func (a *AdminClient) Budget(ctx context.Context) (BudgetInfo, error) {
+	var out BudgetInfo
+	err := a.call(ctx, http.MethodGet, "/api/budget", nil, &out)
+	return out, err
+}
+
+// SetBrake engages or releases the manual kill switch.
+func (a *AdminClient) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
+	var out BudgetInfo
+	err := a.call(ctx, http.MethodPost, "/api/brake", brakeRequest{On: &on}, &out)
+	return out, err
+}
+
+// Backup streams a consistent copy of the running server's database to w.
+func (a *AdminClient) Backup(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/api/backup", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	hc := *a.hc
+	hc.Timeout = 0 // a large database takes its time; ctx bounds it
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API at %s: %w", a.base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("admin API at %s: backup: %s", a.base, resp.Status)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("backup download: %w", err)
+	}
+	return nil
+}

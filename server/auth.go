@@ -58,6 +58,14 @@ type KeyStore interface {
 	RevokeKey(id string, at time.Time) (storage.Key, error)
 	Keys() ([]storage.Key, error)
 	Users() ([]storage.User, error)
+	PutUser(u storage.User) error
+}
+
+// UserInfo describes a user for operators.
+type UserInfo struct {
+	ID     string `json:"id"`
+	Plan   string `json:"plan"`
+	Banned bool   `json:"banned"`
 }
 
 // Keyring holds every active key's hash in memory, so that authenticating
@@ -68,6 +76,7 @@ type Keyring struct {
 	knownPlan func(string) bool
 	now       func() time.Time
 
+	write  sync.Mutex // serialises user updates (read, change, store)
 	mu     sync.RWMutex
 	active map[[sha256.Size]byte]storage.Key // by hash; revoked keys are absent
 	keys   []storage.Key                     // every key, for listing
@@ -137,6 +146,8 @@ func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err 
 	if err := ValidateUserID(userID); err != nil {
 		return "", KeyInfo{}, err
 	}
+	k.write.Lock()
+	defer k.write.Unlock()
 	k.mu.RLock()
 	existing, known := k.users[userID]
 	k.mu.RUnlock()
@@ -195,6 +206,69 @@ func (k *Keyring) List() []KeyInfo {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
+}
+
+// Banned reports whether user is banned. It costs a map lookup.
+func (k *Keyring) Banned(user string) bool {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.users[user].Banned
+}
+
+// SetBanned bans or unbans a user; the next request sees it. A user that
+// has no key yet (a JWT user) gets a record that holds the ban.
+func (k *Keyring) SetBanned(user string, banned bool) (UserInfo, error) {
+	if err := ValidateUserID(user); err != nil {
+		return UserInfo{}, err
+	}
+	return k.updateUser(user, func(u *storage.User) { u.Banned = banned })
+}
+
+// SetPlan moves an existing user to another plan.
+func (k *Keyring) SetPlan(user, plan string) (UserInfo, error) {
+	if !k.knownPlan(plan) {
+		return UserInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml", ErrUnknownPlan, plan, plan)
+	}
+	k.mu.RLock()
+	_, known := k.users[user]
+	k.mu.RUnlock()
+	if !known {
+		return UserInfo{}, fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
+	}
+	return k.updateUser(user, func(u *storage.User) { u.Plan = plan })
+}
+
+// Users lists every user, sorted by id.
+func (k *Keyring) Users() []UserInfo {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([]UserInfo, 0, len(k.users))
+	for _, u := range k.users {
+		out = append(out, UserInfo{ID: u.ID, Plan: u.Plan, Banned: u.Banned})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// updateUser writes a changed user through to storage, then to memory.
+// Writers are serialised so two changes cannot overwrite each other.
+func (k *Keyring) updateUser(id string, change func(*storage.User)) (UserInfo, error) {
+	k.write.Lock()
+	defer k.write.Unlock()
+	k.mu.RLock()
+	u, known := k.users[id]
+	k.mu.RUnlock()
+	if !known {
+		u = storage.User{ID: id, CreatedAt: k.now().UTC()}
+	}
+	change(&u)
+	if err := k.store.PutUser(u); err != nil {
+		return UserInfo{}, fmt.Errorf("update user %s: %w", id, err)
+	}
+	k.mu.Lock()
+	k.users[id] = u
+	k.mu.Unlock()
+	return UserInfo{ID: u.ID, Plan: u.Plan, Banned: u.Banned}, nil
 }
 
 func (k *Keyring) info(key storage.Key, u storage.User) KeyInfo {

@@ -157,8 +157,8 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	plans := map[string]budget.Plan{"free": {MonthlyQuota: 1 << 40}}
-	kr, err := NewKeyring(db, func(p string) bool { return p == "free" })
+	plans := NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 1 << 40}})
+	kr, err := NewKeyring(db, plans.Has)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -186,10 +186,14 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	layers := Layers{
+		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
+		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
+	}
 	srv, err := New(Config{}, Deps{
-		Keys: kr, Limiter: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
-		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake, Plans: plans,
-		Reader: reader, Usage: db, Events: events, Logger: log,
+		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
+		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
+		Operator: NewOperator(kr, layers, db, plans.All, time.UTC),
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -38,6 +38,7 @@ type AttemptCounter interface {
 
 // Brake is layer 3: budget.Global.
 type Brake interface {
+	Check(now time.Time) error
 	Claim(worst int64, now time.Time) (budget.Reservation, error)
 	Commit(ctx context.Context, r *budget.Reservation) error
 	Settle(ctx context.Context, r budget.Reservation, actual int64) error

@@ -29,6 +29,8 @@ var (
 		"The image could not be decoded.")
 	errTooManyPixels = problem(http.StatusUnprocessableEntity, "too_many_pixels", "Unprocessable image",
 		"The image has more pixels than this service accepts; scale it down.")
+	errBanned = problem(http.StatusForbidden, "banned", "Forbidden",
+		"This account is suspended. Contact the operator of this service.")
 	errNoPlan = problem(http.StatusForbidden, "no_plan", "Forbidden",
 		"Your account has no valid plan. Contact the operator of this service.")
 	errRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
@@ -79,7 +81,11 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	plan, ok := s.d.Plans[id.Plan]
+	if s.d.Keys.Banned(id.UserID) {
+		s.refused("auth", "banned")
+		return errBanned
+	}
+	plan, ok := s.d.Plans.Get(id.Plan)
 	if !ok {
 		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
 		return errNoPlan
@@ -91,11 +97,15 @@ func (s *Server) handleOCR(c echo.Context) error {
 		return s.refusal(err)
 	}
 
-	// A user with nothing left today or this month is turned away before
-	// the body is read; the counting itself happens after validation.
+	// A user with nothing left today or this month, or a service whose
+	// brake is engaged, is turned away before the body is read; the
+	// counting itself happens after validation.
 	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Check(id.UserID, plan.DailyAttempts, start) }, isLineRefusal)
 	if err == nil {
 		err = s.d.Quotas.Check(id.UserID, plan.MonthlyQuota, start)
+	}
+	if err == nil {
+		err = s.defend(layerBudget, func() error { return s.d.Brake.Check(start) }, isPaused)
 	}
 	if err != nil {
 		return s.refusal(err)

@@ -20,6 +20,11 @@ func (s *Server) routes() {
 	a.GET("/api/keys", s.handleListKeys)
 	a.POST("/api/keys", s.handleCreateKey, limitBody(64<<10))
 	a.POST("/api/keys/:id/revoke", s.handleRevokeKey)
+	a.POST("/api/users/:id", s.handleUpdateUser, limitBody(64<<10))
+	a.GET("/api/usage", s.handleUsage)
+	a.GET("/api/budget", s.handleBudget)
+	a.POST("/api/brake", s.handleBrake, limitBody(64<<10))
+	a.GET("/api/backup", s.handleBackup)
 }
 
 func (s *Server) handleHealth(c echo.Context) error {

@@ -48,12 +48,13 @@ type Deps struct {
 	Attempts AttemptCounter // layer 2
 	Quotas   *budget.Quotas // layer 2b
 	Brake    Brake          // layer 3
-	Plans    map[string]budget.Plan
+	Plans    *Plans
 	Reader   Reader
 	Usage    UsageRecorder
 	Events   EventRecorder
 	Price    ocr.Price // to bound each call's cost before it and price it after
 	Metrics  *Metrics  // nil: a fresh set
+	Operator *Operator // the admin API's commands
 	// AdminToken guards the admin API; empty disables it (every call 401).
 	AdminToken string
 	Logger     *slog.Logger
@@ -80,8 +81,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
-		d.Reader == nil || d.Usage == nil || d.Events == nil || len(d.Plans) == 0 {
-		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder and event recorder are all required")
+		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil {
+		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder and operator are all required")
 	}
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics()

@@ -112,6 +112,7 @@ type env struct {
 	attempts *budget.Attempts
 	brake    *budget.Global
 	metrics  *Metrics
+	plans    *Plans
 	srv      *Server
 	events   *detect.Recorder
 	http     *httptest.Server
@@ -179,7 +180,8 @@ func newEnv(t *testing.T, o envOptions) *env {
 	for name, q := range o.plans {
 		plans[name] = budget.Plan{MonthlyQuota: q}
 	}
-	e.keys, err = NewKeyring(db, func(p string) bool { _, ok := plans[p]; return ok })
+	e.plans = NewPlans(plans)
+	e.keys, err = NewKeyring(db, e.plans.Has)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +212,8 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e.metrics = NewMetrics()
 	srv, err := New(cfg, Deps{
 		Keys: e.keys, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
-		Plans: plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
+		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
+		Operator: NewOperator(e.keys, layers, db, e.plans.All, e.loc),
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {

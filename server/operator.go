@@ -1,0 +1,175 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/storage"
+)
+
+// flagBrake is the stored name of the operator's kill switch.
+const flagBrake = "brake"
+
+// OperatorStore is what the operator's commands need from storage.
+type OperatorStore interface {
+	SetFlag(name string, on bool) error
+	Usage(from, to time.Time) ([]storage.UsageRecord, error)
+	Backup(w io.Writer) (int64, error)
+}
+
+// Operator carries out the operator's commands: the admin API calls it
+// while the server runs, and the CLI calls it directly on the database
+// while the server is stopped, so both paths do exactly the same.
+type Operator struct {
+	keys   *Keyring
+	layers Layers
+	store  OperatorStore
+	plans  func() map[string]budget.Plan
+	loc    *time.Location
+	now    func() time.Time
+}
+
+// NewOperator returns the operator over the keyring, the layers' live
+// state and storage. plans returns the plans in force (they may be
+// reloaded).
+func NewOperator(keys *Keyring, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
+	return &Operator{keys: keys, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
+}
+
+// LoadBrake restores the operator's kill switch from storage at start.
+func LoadBrake(g *budget.Global, flag func(name string) (bool, error)) error {
+	on, err := flag(flagBrake)
+	if err != nil {
+		return err
+	}
+	g.SetManual(on)
+	return nil
+}
+
+// CreateKey makes a new API key; see Keyring.Create.
+func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyInfo, error) {
+	return o.keys.Create(user, plan)
+}
+
+// ListKeys lists every key without secrets.
+func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List(), nil }
+
+// RevokeKey disables a key on the next request.
+func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) { return o.keys.Revoke(id) }
+
+// SetBanned bans or unbans a user; the next request sees it.
+func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {
+	return o.keys.SetBanned(user, banned)
+}
+
+// SetPlan moves a user to another plan.
+func (o *Operator) SetPlan(_ context.Context, user, plan string) (UserInfo, error) {
+	return o.keys.SetPlan(user, plan)
+}
+
+// UsageInfo is one user's figures for today and this month.
+type UsageInfo struct {
+	User          string  `json:"user"`
+	Plan          string  `json:"plan"`
+	Banned        bool    `json:"banned"`
+	AttemptsToday int64   `json:"attempts_today"`
+	DailyLine     int64   `json:"daily_line"` // 0: none
+	ReadsMonth    int64   `json:"reads_month"`
+	MonthlyQuota  int64   `json:"monthly_quota"`
+	CostMonthUSD  float64 `json:"cost_month_usd"`
+}
+
+// Usage reports today's attempts and this month's reads, quota and cost,
+// for one user or (user "") for every user.
+func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
+	now := o.now()
+	l := now.In(o.loc)
+	monthStart := time.Date(l.Year(), l.Month(), 1, 0, 0, 0, 0, o.loc)
+	rows, err := o.store.Usage(monthStart, monthStart.AddDate(0, 1, 0))
+	if err != nil {
+		return nil, err
+	}
+	cost := map[string]int64{}
+	for _, r := range rows {
+		cost[r.UserID] += r.CostMicroUSD
+	}
+	users := o.keys.Users()
+	if user != "" {
+		users = nil
+		for _, u := range o.keys.Users() {
+			if u.ID == user {
+				users = append(users, u)
+			}
+		}
+		if len(users) == 0 {
+			return nil, fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
+		}
+	}
+	plans := o.plans()
+	out := make([]UsageInfo, 0, len(users))
+	for _, u := range users {
+		p := plans[u.Plan]
+		out = append(out, UsageInfo{
+			User: u.ID, Plan: u.Plan, Banned: u.Banned,
+			AttemptsToday: o.layers.Attempts.Count(u.ID, now), DailyLine: p.DailyAttempts,
+			ReadsMonth: o.layers.Quotas.Used(u.ID, now), MonthlyQuota: p.MonthlyQuota,
+			CostMonthUSD: usd(cost[u.ID]),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	return out, nil
+}
+
+// BudgetInfo is the global budget against its ceilings (0 = off).
+type BudgetInfo struct {
+	Day           string  `json:"day"`
+	Requests      int64   `json:"requests_today"`
+	DailyRequests int64   `json:"daily_requests"`
+	SpendUSD      float64 `json:"spend_today_usd"`
+	DailyUSD      float64 `json:"daily_usd"`
+	Month         string  `json:"month"`
+	MonthSpendUSD float64 `json:"spend_month_usd"`
+	MonthlyUSD    float64 `json:"monthly_usd"`
+	Manual        bool    `json:"manual_brake"`
+	Engaged       bool    `json:"brake_engaged"`
+	EngagedBy     string  `json:"engaged_by,omitempty"`
+}
+
+// Budget reports today's and this month's spend against each ceiling.
+func (o *Operator) Budget(context.Context) (BudgetInfo, error) {
+	st := o.layers.Brake.Status(o.now())
+	return BudgetInfo{
+		Day: st.Day, Requests: st.Requests, DailyRequests: st.DailyRequests,
+		SpendUSD: usd(st.SpendMicroUSD), DailyUSD: usd(st.DailyMicroUSD),
+		Month: st.Month, MonthSpendUSD: usd(st.MonthMicroUSD), MonthlyUSD: usd(st.MonthlyMicroUSD),
+		Manual: st.Manual, Engaged: st.Engaged, EngagedBy: st.EngagedBy,
+	}, nil
+}
+
+// SetBrake engages or releases the manual kill switch: stored first, so
+// it survives a restart, then applied at once.
+func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
+	if err := o.store.SetFlag(flagBrake, on); err != nil {
+		return BudgetInfo{}, err
+	}
+	o.layers.Brake.SetManual(on)
+	return o.Budget(ctx)
+}
+
+// Backup writes a consistent copy of the database to w while the service
+// goes on.
+func (o *Operator) Backup(_ context.Context, w io.Writer) error {
+	_, err := o.store.Backup(w)
+	return err
+}
+
+// errNotFound reports whether err means that what was named does not exist.
+func errNotFound(err error) bool { return errors.Is(err, storage.ErrNotFound) }
+
+// usd turns micro-dollars into dollars for display.
+func usd(micro int64) float64 { return float64(micro) / 1e6 }
