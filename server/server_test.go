@@ -214,7 +214,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		Keys: e.keys, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator: NewOperator(e.keys, layers, db, e.plans.All, e.loc),
-		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
+		Metrics:  e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {
 		t.Fatal(err)
