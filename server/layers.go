@@ -43,6 +43,7 @@ type Brake interface {
 	Commit(ctx context.Context, r *budget.Reservation) error
 	Settle(ctx context.Context, r budget.Reservation, actual int64) error
 	Settled(r budget.Reservation, actual int64)
+	Status(now time.Time) budget.Status
 }
 
 // failOpens counts fail-open events and logs each layer's at most once a

@@ -474,3 +474,35 @@ func TestWriteBehindFailureFailsOpen(t *testing.T) {
 		t.Errorf("%d state writes, want 2", fs.calls.Load())
 	}
 }
+
+func TestMetricsExposeTheService(t *testing.T) {
+	e := newEnv(t, envOptions{budget: budget.Config{DailyRequests: 100, DailyUSD: 5}})
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	decodeOK(t, resp, data)
+	resp, _ = e.post("", "image/png", pngBytes(t, 16, 16))
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatal(resp.StatusCode)
+	}
+	do(t, mustRequest(t, http.MethodGet, e.http.URL+"/no/such/path", ""))
+	m := scrape(t, e)
+	for _, want := range []string{
+		`breakwater_http_requests_total{route="/v1/ocr",status="200"} 1`,
+		`breakwater_http_requests_total{route="/v1/ocr",status="401"} 1`,
+		`breakwater_http_requests_total{route="unmatched",status="404"} 1`,
+		`breakwater_upstream_calls_total{outcome="ok"} 1`,
+		`breakwater_upstream_tokens_total{kind="prompt"} 298`,
+		`breakwater_upstream_tokens_total{kind="output"} 24`,
+		`breakwater_upstream_cost_usd_total 0.00015`,
+		`breakwater_budget_requests_today 1`,
+		`breakwater_budget_daily_usd 5`,
+		`breakwater_budget_spent_today_usd 0.00015`,
+		`breakwater_budget_brake_engaged 0`,
+		`breakwater_usage_commit_seconds_count 1`,
+		`breakwater_stats_events_dropped_total 0`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}

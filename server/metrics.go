@@ -2,6 +2,11 @@ package server
 
 import (
 	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/budget"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -15,6 +20,13 @@ type Metrics struct {
 	failOpen *prometheus.CounterVec // layer
 	refusals *prometheus.CounterVec // layer, reason
 	guard    prometheus.Histogram   // layers 0-3 of an admitted request, without waits
+
+	requests        *prometheus.CounterVec // route, status
+	upstreamCalls   *prometheus.CounterVec // outcome
+	upstreamLatency prometheus.Histogram
+	tokens          *prometheus.CounterVec // kind
+	cost            prometheus.Counter     // US dollars
+	commitLatency   prometheus.Histogram
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -36,6 +48,33 @@ func NewMetrics() *Metrics {
 			Buckets: []float64{5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6, 500e-6, 1e-3, 5e-3},
 		}),
 	}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_http_requests_total",
+		Help: "HTTP requests answered, by route pattern and status.",
+	}, []string{"route", "status"})
+	m.upstreamCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_upstream_calls_total",
+		Help: "Calls to the OCR provider, by outcome (ok or failed).",
+	}, []string{"outcome"})
+	m.upstreamLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "breakwater_upstream_latency_seconds",
+		Help:    "Duration of calls to the OCR provider, including its one retry.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60},
+	})
+	m.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_upstream_tokens_total",
+		Help: "Tokens the provider reported, by kind (prompt, output, thoughts).",
+	}, []string{"kind"})
+	m.cost = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "breakwater_upstream_cost_usd_total",
+		Help: "Money spent on the provider in US dollars, failed calls of unknown cost at their worst case.",
+	})
+	m.commitLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "breakwater_usage_commit_seconds",
+		Help:    "Time to commit a usage record durably (group commit wait included).",
+		Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
+	})
+	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency)
 	m.reg.MustRegister(m.failOpen, m.refusals, m.guard,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -44,4 +83,51 @@ func NewMetrics() *Metrics {
 // Handler serves the metrics in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// observeBudget exports the global budget's figures and ceilings as gauges
+// read at scrape time.
+func (m *Metrics) observeBudget(status func() budget.Status) {
+	gauge := func(name, help string, value func(budget.Status) float64) {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return value(status()) }))
+	}
+	gauge("breakwater_budget_requests_today", "Upstream calls claimed today.", func(s budget.Status) float64 { return float64(s.Requests) })
+	gauge("breakwater_budget_spent_today_usd", "Money committed today, open calls at their worst case.", func(s budget.Status) float64 { return usd(s.SpendMicroUSD) })
+	gauge("breakwater_budget_spent_month_usd", "Money committed this month.", func(s budget.Status) float64 { return usd(s.MonthMicroUSD) })
+	gauge("breakwater_budget_daily_requests", "Ceiling on upstream calls per day (0: off).", func(s budget.Status) float64 { return float64(s.DailyRequests) })
+	gauge("breakwater_budget_daily_usd", "Ceiling on money per day (0: off).", func(s budget.Status) float64 { return usd(s.DailyMicroUSD) })
+	gauge("breakwater_budget_monthly_usd", "Ceiling on money per month (0: off).", func(s budget.Status) float64 { return usd(s.MonthlyMicroUSD) })
+	gauge("breakwater_budget_brake_engaged", "1 while the brake refuses calls (a ceiling reached or the manual switch on).", func(s budget.Status) float64 {
+		if s.Engaged {
+			return 1
+		}
+		return 0
+	})
+}
+
+// observeDrops exports a count of dropped statistics events.
+func (m *Metrics) observeDrops(dropped func() uint64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "breakwater_stats_events_dropped_total",
+		Help: "Statistics events lost to a full queue or a failed write.",
+	}, func() float64 { return float64(dropped()) }))
+}
+
+// countRequests is middleware that counts every answer by route pattern
+// (never the raw path, which a client controls) and status.
+func (m *Metrics) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		err := next(c)
+		status := c.Response().Status
+		if err != nil {
+			status = toProblem(err).Status
+		}
+		route := c.Path()
+		if route == "" {
+			route = "unmatched"
+		}
+		m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
+		return err
+	}
 }

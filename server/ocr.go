@@ -175,9 +175,11 @@ func (s *Server) handleOCR(c echo.Context) error {
 	// The expensive call. It is paid for once made, so a client that
 	// hangs up now does not cancel it: its cost is still known and
 	// recorded.
+	callStart := s.now()
 	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img)
-	latency := s.now().Sub(now)
+	latency := s.now().Sub(callStart) // the upstream's own time
 	cost := s.d.Price.Cost(res.Usage)
+	s.countCall(latency, res.Usage, err)
 	event := storage.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, IP: c.RealIP(), Route: "/v1/ocr",
 		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
@@ -192,6 +194,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 		if res.Usage == (ocr.Usage{}) {
 			cost = worst // billing unknown: keep the worst case
 		}
+		s.d.Metrics.cost.Add(usd(cost))
 		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status, event.CostMicroUSD = "upstream_failed", http.StatusBadGateway, cost
 		s.d.Events.Record(event)
@@ -206,7 +209,11 @@ func (s *Server) handleOCR(c echo.Context) error {
 		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
 	}
-	if err := s.d.Usage.RecordUsage(ctx, slot.Month, rec, storage.Settlement{ID: reservation.ID, ActualMicroUSD: cost}); err != nil {
+	s.d.Metrics.cost.Add(usd(cost))
+	commitStart := s.now()
+	err = s.d.Usage.RecordUsage(ctx, slot.Month, rec, storage.Settlement{ID: reservation.ID, ActualMicroUSD: cost})
+	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
+	if err != nil {
 		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
@@ -225,6 +232,20 @@ func (s *Server) handleOCR(c echo.Context) error {
 		Quota:     quotaResponse{Limit: slot.Limit, Used: used, Remaining: max(slot.Limit-used, 0)},
 		Simulated: res.Simulated,
 	})
+}
+
+// countCall feeds one upstream call into the metrics.
+func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
+	m := s.d.Metrics
+	outcome := "ok"
+	if err != nil {
+		outcome = "failed"
+	}
+	m.upstreamCalls.WithLabelValues(outcome).Inc()
+	m.upstreamLatency.Observe(d.Seconds())
+	m.tokens.WithLabelValues("prompt").Add(float64(u.PromptTokens))
+	m.tokens.WithLabelValues("output").Add(float64(u.CandidatesTokens))
+	m.tokens.WithLabelValues("thoughts").Add(float64(u.ThoughtsTokens))
 }
 
 // settle closes a budget reservation whose call did not end in a usage

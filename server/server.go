@@ -104,7 +104,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{}}
 	s.public = s.newEcho()
+	s.public.Use(d.Metrics.countRequests)
 	s.admin = s.newEcho()
+	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
+	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
+		d.Metrics.observeDrops(r.Dropped)
+	}
 	s.routes()
 	return s, nil
 }
