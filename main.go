@@ -28,10 +28,12 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/toml/v2"
 	"github.com/knadh/koanf/providers/file"
@@ -402,14 +404,150 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	return serve(ctx, c, getenv, newLogger(stderr), nil)
+	return serve(ctx, c, getenv, newLogger(stderr), func(st *started) {
+		r := &reloader{path: *path, getenv: getenv, log: st.log, cur: c, layers: st.layers, plans: st.plans, srv: st.srv}
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		go func() {
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					r.reload("SIGHUP")
+				}
+			}
+		}()
+		if err := watchFile(ctx, *path, reloadDebounce, func() { r.reload("file changed") }); err != nil {
+			st.log.Warn("config.toml is not watched; reload with SIGHUP", "err", err)
+		}
+	})
+}
+
+// started is what serve hands to its caller once the service accepts
+// requests.
+type started struct {
+	addr   string
+	keys   *server.Keyring
+	layers server.Layers
+	plans  *server.Plans
+	srv    *server.Server
+	log    *slog.Logger
+}
+
+// reloadDebounce gathers the several events one save makes into one reload.
+const reloadDebounce = 300 * time.Millisecond
+
+// reloader applies a changed config.toml to the running service: the
+// thresholds (rate limits, budget ceilings, plans, prices) are swapped at
+// once and no counter is lost. A config with an error is refused whole and
+// the running one kept; settings that cannot change live are reported as
+// needing a restart.
+type reloader struct {
+	path   string
+	getenv func(string) string
+	log    *slog.Logger
+	layers server.Layers
+	plans  *server.Plans
+	srv    *server.Server
+
+	mu  sync.Mutex
+	cur config // the config in force
+}
+
+func (r *reloader) reload(trigger string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next, err := loadConfig(r.path, r.getenv)
+	if err != nil {
+		r.log.Error("config reload refused: the running config is kept", "trigger", trigger, "err", err)
+		return
+	}
+	for _, key := range needsRestart(r.cur, next) {
+		r.log.Warn("config change needs a restart to apply", "key", key)
+	}
+	r.layers.Windows.SetConfig(next.Limits.User)
+	r.layers.Brake.SetConfig(next.Budget)
+	r.plans.Set(next.Plans)
+	r.srv.SetPrice(next.OCR.Price)
+	// What needs a restart stays as it runs, so it is reported again if
+	// changed again.
+	next.Server, next.Storage, next.Budget.Timezone = r.cur.Server, r.cur.Storage, r.cur.Budget.Timezone
+	price := next.OCR.Price
+	next.OCR = r.cur.OCR
+	next.OCR.Price = price
+	r.cur = next
+	r.log.Info("config reloaded", "trigger", trigger)
+}
+
+// needsRestart names the changed settings that only a restart applies.
+func needsRestart(old, next config) []string {
+	var keys []string
+	if !reflect.DeepEqual(old.Server, next.Server) {
+		keys = append(keys, "server")
+	}
+	if old.Storage != next.Storage {
+		keys = append(keys, "storage")
+	}
+	oldOCR, nextOCR := old.OCR, next.OCR
+	oldOCR.Price, nextOCR.Price = ocr.Price{}, ocr.Price{}
+	if oldOCR != nextOCR {
+		keys = append(keys, "ocr (all but ocr.price)")
+	}
+	if old.Budget.Timezone != next.Budget.Timezone {
+		keys = append(keys, "budget.timezone")
+	}
+	return keys
+}
+
+// watchFile calls changed, at most once per quiet period, after path is
+// written, replaced or re-created. It watches the folder, not the file,
+// so editors that save by renaming a new file over the old one, or by
+// deleting and re-creating it, are followed.
+func watchFile(ctx context.Context, path string, quiet time.Duration, changed func()) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	if err := w.Add(filepath.Dir(abs)); err != nil {
+		w.Close()
+		return err
+	}
+	go func() {
+		defer w.Close()
+		timer := time.NewTimer(quiet)
+		timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if filepath.Clean(ev.Name) == abs {
+					timer.Reset(quiet)
+				}
+			case <-w.Errors:
+			case <-timer.C:
+				changed()
+			}
+		}
+	}()
+	return nil
 }
 
 // serve runs the service until ctx ends, then stops it in reverse order:
 // HTTP first (in-flight requests finish), then the statistics writer, then
 // the database, which commits every queued write before it closes. ready,
 // if not nil, is called with the public address once it accepts requests.
-func serve(ctx context.Context, c config, getenv func(string) string, log *slog.Logger, ready func(addr string, keys *server.Keyring)) error {
+func serve(ctx context.Context, c config, getenv func(string) string, log *slog.Logger, ready func(*started)) error {
 	log.Info("starting breakwater", "version", versionString(), "storage", c.Storage.Path, "provider", c.OCR.Provider)
 	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
 	if err := checkAdminListen(c.Server.AdminListen, adminToken); err != nil {
@@ -495,7 +633,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
 	}
 	if err == nil && ready != nil {
-		ready(addr, keys)
+		ready(&started{addr: addr, keys: keys, layers: layers, plans: plans, srv: srv, log: log})
 	}
 	if err == nil {
 		select {
@@ -593,8 +731,9 @@ func cmdDemo(ctx context.Context, args []string, getenv func(string) string, std
 		return getenv(key)
 	}
 	var readyErr error
-	err = serve(ctx, c, noAdmin, newLogger(stderr), func(addr string, keys *server.Keyring) {
-		secret, _, err := keys.Create("demo-user", demoPlan)
+	err = serve(ctx, c, noAdmin, newLogger(stderr), func(st *started) {
+		addr := st.addr
+		secret, _, err := st.keys.Create("demo-user", demoPlan)
 		if err != nil {
 			readyErr = err
 			return

@@ -431,3 +431,80 @@ func TestDemoAnswersItsOwnCurl(t *testing.T) {
 		t.Errorf("demo left %s behind", file)
 	}
 }
+
+// TestHotReload edits config.toml under a running server: a typo is refused
+// and the old limits kept; a valid change applies without a restart.
+func TestHotReload(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	base := fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+[storage]
+path = %q
+[ocr]
+provider = "simulated"
+[plans.free]
+monthly_quota = 100
+`, filepath.Join(dir, "bw.db"))
+	write := func(body string) {
+		t.Helper()
+		// Written beside and renamed over, as many editors save.
+		tmp := path + ".swp"
+		if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(base + "[limits.user]\nrate = 1\nwindow = \"1h\"\n")
+
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"keys", "create", "--user", "gus", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	key := lines[len(lines)-1]
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
+	addr := waitFor(t, logs, listenRE)
+	img := samplePNG(t)
+	post := func() int {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if a, b := post(), post(); a != 200 || b != 429 {
+		t.Fatalf("statuses %d, %d; want 200 then 429", a, b)
+	}
+
+	write(base + "[limits.user]\nrate = 5\nwindwo = \"1h\"\n")
+	waitFor(t, logs, regexp.MustCompile(`config reload refused.*limits.user.windwo`))
+	if got := post(); got != 429 {
+		t.Errorf("after a typo: %d, want 429 (old limits kept)", got)
+	}
+
+	write(strings.Replace(base, `listen = "127.0.0.1:0"`, `listen = "127.0.0.1:1"`, 1) + "[limits.user]\nrate = 5\nwindow = \"1h\"\n")
+	waitFor(t, logs, regexp.MustCompile(`msg="config reloaded"`))
+	if !strings.Contains(logs.String(), `needs a restart to apply" key=server`) {
+		t.Errorf("the listen change was not reported as needing a restart:\n%s", logs.String())
+	}
+	if got := post(); got != 200 {
+		t.Errorf("after raising the rate: %d, want 200", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+}

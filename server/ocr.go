@@ -77,6 +77,7 @@ func (s *Server) authenticate(c echo.Context) (Identity, error) {
 // leaves before its usage record is on disk.
 func (s *Server) handleOCR(c echo.Context) error {
 	start := s.now()
+	price := s.price.Load()
 	id, err := s.authenticate(c)
 	if err != nil {
 		return err
@@ -153,7 +154,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 	// Layer 3: claim one call and its worst-case cost in the global
 	// budget, then commit the claim durably before the call.
-	worst := s.d.Price.WorstCase(img.Width, img.Height)
+	worst := price.WorstCase(img.Width, img.Height)
 	var reservation budget.Reservation
 	err = s.defend(layerBudget, func() (err error) {
 		reservation, err = s.d.Brake.Claim(worst, now)
@@ -178,7 +179,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	callStart := s.now()
 	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img)
 	latency := s.now().Sub(callStart) // the upstream's own time
-	cost := s.d.Price.Cost(res.Usage)
+	cost := price.Cost(res.Usage)
 	s.countCall(latency, res.Usage, err)
 	event := storage.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, IP: c.RealIP(), Route: "/v1/ocr",

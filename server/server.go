@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -70,6 +71,7 @@ type Server struct {
 	reqIDs   *requestIDs
 	clients  *clientIP
 	failOpen *failOpens
+	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 	public   *echo.Echo
 	admin    *echo.Echo
 }
@@ -103,6 +105,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{}}
+	s.price.Store(&d.Price)
 	s.public = s.newEcho()
 	s.public.Use(d.Metrics.countRequests)
 	s.admin = s.newEcho()
@@ -113,6 +116,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.routes()
 	return s, nil
 }
+
+// SetPrice applies new token prices to the calls that start from now on.
+func (s *Server) SetPrice(p ocr.Price) { s.price.Store(&p) }
 
 // Handler is the public API.
 func (s *Server) Handler() http.Handler { return s.public }
