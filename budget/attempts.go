@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 )
@@ -127,4 +128,32 @@ func (a *Attempts) rollover(day string) {
 func nextDay(t time.Time, loc *time.Location) time.Time {
 	l := t.In(loc)
 	return time.Date(l.Year(), l.Month(), l.Day()+1, 0, 0, 0, 0, loc)
+}
+
+// UserCount is one user's attempts today.
+type UserCount struct {
+	User  string
+	Count int64
+}
+
+// Top returns the n users with the most attempts on the day holding now,
+// most first.
+func (a *Attempts) Top(n int, now time.Time) []UserCount {
+	a.mu.Lock()
+	a.rollover(DayKey(now, a.loc))
+	out := make([]UserCount, 0, len(a.count))
+	for u, c := range a.count {
+		out = append(out, UserCount{User: u, Count: c})
+	}
+	a.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Count != out[j].Count {
+			return out[i].Count > out[j].Count
+		}
+		return out[i].User < out[j].User
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
 }

@@ -13,17 +13,23 @@ import (
 
 var errKeyNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No key has that id.")
 
-// adminOnly lets a request through only with the admin token. Both sides
-// are hashed first so the comparison takes the same time whatever their
-// lengths. With no token configured, nothing gets through.
+// adminOnly lets a request through only with the admin token, sent as
+// "Authorization: Bearer TOKEN" (the CLI, scripts) or as the password of
+// HTTP Basic authentication (a browser opening the dashboard; any user
+// name). Both sides are hashed first so the comparison takes the same time
+// whatever their lengths. With no token configured, nothing gets through.
 func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 	want := sha256.Sum256([]byte(s.d.AdminToken))
 	return func(c echo.Context) error {
 		token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
+		if !ok {
+			_, token, ok = c.Request().BasicAuth()
+		}
 		got := sha256.Sum256([]byte(token))
 		if !ok || s.d.AdminToken == "" || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			c.Response().Header().Set("WWW-Authenticate", `Basic realm="breakwater admin", charset="UTF-8"`)
 			return problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
-				"The admin API needs Authorization: Bearer $BREAKWATER_ADMIN_TOKEN.")
+				"The admin API needs Authorization: Bearer $BREAKWATER_ADMIN_TOKEN (browsers: the token as the password).")
 		}
 		return next(c)
 	}

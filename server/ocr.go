@@ -286,6 +286,7 @@ func (s *Server) refusal(err error) error {
 
 func (s *Server) refused(layer, reason string) {
 	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
+	s.refusalsToday.add(budget.DayKey(s.now(), s.d.Operator.loc), layer, reason)
 }
 
 // readImage returns the uploaded image and its declared media type, from a

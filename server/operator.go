@@ -20,6 +20,7 @@ type OperatorStore interface {
 	SetFlag(name string, on bool) error
 	Usage(from, to time.Time) ([]storage.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
+	BudgetDays(from, to string) ([]storage.BudgetDayTotals, error)
 }
 
 // Operator carries out the operator's commands: the admin API calls it

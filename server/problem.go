@@ -69,7 +69,7 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		}
 		h.Set(echo.HeaderContentType, "application/problem+json")
 		h.Set("Cache-Control", "no-store")
-		if p.Status == http.StatusUnauthorized {
+		if p.Status == http.StatusUnauthorized && h.Get("WWW-Authenticate") == "" {
 			h.Set("WWW-Authenticate", `Bearer realm="breakwater"`)
 		}
 		c.Response().WriteHeader(p.Status)

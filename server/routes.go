@@ -15,6 +15,7 @@ func (s *Server) routes() {
 
 	// Admin listener: every route needs the admin token.
 	a := s.admin.Group("", s.adminOnly)
+	a.GET("/", s.handleDashboard)
 	a.GET("/healthz", s.handleHealth)
 	a.GET("/metrics", echo.WrapHandler(s.d.Metrics.Handler()))
 	a.GET("/api/keys", s.handleListKeys)

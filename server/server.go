@@ -72,8 +72,10 @@ type Server struct {
 	clients  *clientIP
 	failOpen *failOpens
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
-	public   *echo.Echo
-	admin    *echo.Echo
+
+	refusalsToday dailyRefusals
+	public        *echo.Echo
+	admin         *echo.Echo
 }
 
 // New builds the handlers. cfg is taken with its defaults applied.

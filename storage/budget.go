@@ -159,3 +159,29 @@ func writeBudgetDay(tx *bbolt.Tx, day string, d BudgetDay) error {
 	}
 	return nil
 }
+
+// BudgetDayTotals is one day's ledger totals, for charts.
+type BudgetDayTotals struct {
+	Day string
+	BudgetDay
+}
+
+// BudgetDays returns the ledger's days from "2006-01-02" to (inclusive) in
+// order; days without calls are absent.
+func (db *DB) BudgetDays(from, to string) ([]BudgetDayTotals, error) {
+	if err := checkDay(from); err != nil {
+		return nil, err
+	}
+	if err := checkDay(to); err != nil {
+		return nil, err
+	}
+	var out []BudgetDayTotals
+	err := db.view(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketBudgetDays).Cursor()
+		for k, v := c.Seek([]byte(from)); k != nil && string(k) <= to; k, v = c.Next() {
+			out = append(out, BudgetDayTotals{Day: string(k), BudgetDay: decodeBudgetDay(v)})
+		}
+		return nil
+	})
+	return out, err
+}
