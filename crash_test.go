@@ -89,14 +89,7 @@ monthly_quota = 10
 	addr := waitFor(t, logs, listenRE)
 
 	img := samplePNG(t)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "image/png")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	go postImage(addr, key, img) // its answer never comes: the server dies
 	select {
 	case <-called:
 	case <-time.After(15 * time.Second):
@@ -128,17 +121,12 @@ monthly_quota = 10
 		done <- run(ctx, []string{"serve", "--config", path}, envFrom(map[string]string{"GEMINI_API_KEY": "k"}), io.Discard, logs2)
 	}()
 	addr = waitFor(t, logs2, listenRE)
-	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "image/png")
-	resp, err := http.DefaultClient.Do(req)
+	status, body, err := postImage(addr, key, img)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "budget_paused") {
-		t.Errorf("after restart: %d %s, want 503 budget_paused", resp.StatusCode, body)
+	if status != http.StatusServiceUnavailable || !strings.Contains(body, "budget_paused") {
+		t.Errorf("after restart: %d %s, want 503 budget_paused", status, body)
 	}
 	if got := calls.Load(); got != 1 {
 		t.Errorf("%d upstream calls, want 1", got)

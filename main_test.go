@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -187,6 +188,7 @@ var listenRE = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
 func TestServeEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	adminAddr := freeAddr(t)
+	gemini, geminiCalled := slowGemini(t, 500*time.Millisecond)
 	path := writeConfig(t, fmt.Sprintf(`
 [server]
 listen = "127.0.0.1:0"
@@ -194,12 +196,11 @@ admin_listen = %q
 [storage]
 path = %q
 [ocr]
-provider = "simulated"
-simulated_latency = "700ms"
+base_url = %q
 [plans.free]
 monthly_quota = 10
-`, adminAddr, filepath.Join(dir, "data", "bw.db")))
-	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "e2e-admin-token"})
+`, adminAddr, filepath.Join(dir, "data", "bw.db"), gemini.URL))
+	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "e2e-admin-token", "GEMINI_API_KEY": "test-key"})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -262,11 +263,8 @@ monthly_quota = 10
 		t.Errorf("backup file: %v", err)
 	}
 
-	// A request in flight when shutdown starts still completes.
-	img, err := os.ReadFile(filepath.Join("server", "testdata", "label.png"))
-	if err != nil {
-		img = samplePNG(t)
-	}
+	// A request in flight when shutdown starts still completes: the stop
+	// begins while the upstream holds the call.
 	type result struct {
 		status int
 		body   string
@@ -274,22 +272,17 @@ monthly_quota = 10
 	}
 	inflight := make(chan result, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "image/png")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			inflight <- result{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		inflight <- result{status: resp.StatusCode, body: string(b)}
+		status, body, err := postImage(addr, key, samplePNG(t))
+		inflight <- result{status, body, err}
 	}()
-	time.Sleep(200 * time.Millisecond) // the request is now inside the 700 ms simulated read
+	select {
+	case <-geminiCalled:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the upstream was never called")
+	}
 	cancel()
 	r := <-inflight
-	if r.err != nil || r.status != http.StatusOK || !strings.Contains(r.body, `"simulated":true`) {
+	if r.err != nil || r.status != http.StatusOK || !strings.Contains(r.body, `"SN-12345"`) {
 		t.Errorf("in-flight request: %+v", r)
 	}
 	if err := <-done; err != nil {
@@ -373,6 +366,40 @@ func TestOperatorCommandsStopped(t *testing.T) {
 	if u, err := db.User("fay"); err != nil || !u.Banned || u.Plan != "pro" {
 		t.Errorf("backup's user %+v %v", u, err)
 	}
+}
+
+// postImage sends img to addr's /v1/ocr with key. It does not stop the test,
+// so goroutines may call it.
+func postImage(addr, key string, img []byte) (status int, body string, err error) {
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "image/png")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// slowGemini answers generateContent in the real wire format after hold,
+// and reports each call on the returned channel as it starts.
+func slowGemini(t *testing.T, hold time.Duration) (*httptest.Server, <-chan struct{}) {
+	t.Helper()
+	called := make(chan struct{}, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		called <- struct{}{}
+		time.Sleep(hold)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"candidates":[{"content":{"role":"model","parts":[{"text":"{\"serials\":[\"SN-12345\"]}"}]},"finishReason":"STOP","index":0}],`+
+			`"usageMetadata":{"promptTokenCount":298,"candidatesTokenCount":24,"thoughtsTokenCount":0,"totalTokenCount":322},"modelVersion":"gemini-2.5-flash"}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, called
 }
 
 func samplePNG(t *testing.T) []byte {
@@ -475,15 +502,11 @@ monthly_quota = 100
 	addr := waitFor(t, logs, listenRE)
 	img := samplePNG(t)
 	post := func() int {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "image/png")
-		resp, err := http.DefaultClient.Do(req)
+		status, _, err := postImage(addr, key, img)
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode
+		return status
 	}
 	if a, b := post(), post(); a != 200 || b != 429 {
 		t.Fatalf("statuses %d, %d; want 200 then 429", a, b)
