@@ -15,6 +15,7 @@ type Metrics struct {
 	failOpen *prometheus.CounterVec // layer
 	refusals *prometheus.CounterVec // layer, reason
 	guard    prometheus.Histogram   // layers 0-3 of an admitted request, without waits
+	jwt      *prometheus.CounterVec // reason
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -35,8 +36,12 @@ func NewMetrics() *Metrics {
 			Help:    "Time spent in layers 0-3 on a request that reached the upstream, excluding the upload, the image check and commit waits.",
 			Buckets: []float64{5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6, 500e-6, 1e-3, 5e-3},
 		}),
+		jwt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "breakwater_jwt_refusals_total",
+			Help: "Bearer tokens refused by JWT verification, by reason (expired, issuer, unknown_kid, ...). Every one answered the same 401.",
+		}, []string{"reason"}),
 	}
-	m.reg.MustRegister(m.failOpen, m.refusals, m.guard,
+	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
