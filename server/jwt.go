@@ -41,7 +41,8 @@ const (
 	maxKIDBytes      = 256
 	maxJWKSBytes     = 1 << 20          // a JWKS is a few KiB; more is not a key set
 	jwksFetchTimeout = 10 * time.Second // one JWKS fetch, in the background or for an unknown kid
-	jwtKeyID         = "jwt"            // Identity.KeyID of a JWT user
+	maxJWKSRedirects = 3
+	jwtKeyID         = "jwt" // Identity.KeyID of a JWT user
 	minRSAKeyBits    = 2048
 	jwtAlgRS256      = "RS256"
 	jwtAlgES256      = "ES256"
@@ -259,6 +260,17 @@ func NewVerifier(ctx context.Context, cfg JWTConfig, knownPlan func(string) bool
 		base = http.DefaultTransport
 	}
 	client.Transport = limitedBodies{base: base, max: maxJWKSBytes}
+	// A redirect must meet the rule jwks_url meets: no hop to plain http
+	// off this machine, where the keys could be swapped.
+	client.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxJWKSRedirects {
+			return fmt.Errorf("JWKS: more than %d redirects", maxJWKSRedirects)
+		}
+		if err := checkJWKSURL(req.URL.String()); err != nil {
+			return fmt.Errorf("JWKS redirect to %s refused: %w", req.URL.Redacted(), err)
+		}
+		return nil
+	}
 
 	v := &Verifier{
 		cfg:       cfg,

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -576,5 +577,45 @@ func TestJWTVerifierClose(t *testing.T) {
 	}
 	if got := f.requests.Load(); got != 1 {
 		t.Errorf("JWKS fetched %d times, want 1", got)
+	}
+}
+
+// TestJWTRedirectToPlainHTTPRefused: a JWKS URL that redirects to plain
+// http on another host does not load keys from there.
+func TestJWTRedirectToPlainHTTPRefused(t *testing.T) {
+	f := newFakeJWKS(t, rsaKey(t, "rsa-1"))
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/local" {
+			http.Redirect(w, r, f.URL+jwksPath, http.StatusFound) // loopback: allowed
+			return
+		}
+		http.Redirect(w, r, "http://jwks.example.invalid"+jwksPath, http.StatusFound)
+	}))
+	defer redirect.Close()
+	cases := []struct {
+		path string
+		keys int
+	}{{"/local", 1}, {"/away", 0}}
+	for _, c := range cases {
+		t.Run(c.path, func(t *testing.T) {
+			logs := &syncWriter{w: &bytes.Buffer{}}
+			cfg := f.config()
+			cfg.JWKSURL = redirect.URL + c.path
+			v, err := NewVerifier(t.Context(), cfg, func(string) bool { return true },
+				VerifierOptions{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			if got := v.keyCount(); got != c.keys {
+				t.Errorf("%d keys loaded, want %d", got, c.keys)
+			}
+			logs.mu.Lock()
+			out := logs.w.(*bytes.Buffer).String()
+			logs.mu.Unlock()
+			if c.keys == 0 && !strings.Contains(out, "redirect") {
+				t.Errorf("the refused redirect is not logged:\n%s", out)
+			}
+		})
 	}
 }
