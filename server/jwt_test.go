@@ -619,3 +619,32 @@ func TestJWTRedirectToPlainHTTPRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestJWTOversizedJWKSRefused: a key set padded past 1 MiB is not read to
+// its end, so no keys load from it.
+func TestJWTOversizedJWKSRefused(t *testing.T) {
+	rs := rsaKey(t, "rsa-1")
+	for _, c := range []struct {
+		name string
+		pad  int
+		keys int
+	}{{"small", 1000, 1}, {"over 1 MiB", 1 << 20, 0}} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := json.Marshal(map[string]any{"keys": []any{rs.jwk()}})
+				w.Write(bytes.Repeat([]byte(" "), c.pad)) // valid JSON whitespace
+				w.Write(body)
+			}))
+			defer srv.Close()
+			cfg := JWTConfig{JWKSURL: srv.URL + jwksPath, Issuer: testIssuer, RefreshInterval: time.Hour}
+			v, err := NewVerifier(t.Context(), cfg, func(string) bool { return true }, VerifierOptions{Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			if got := v.keyCount(); got != c.keys {
+				t.Errorf("%d keys loaded, want %d", got, c.keys)
+			}
+		})
+	}
+}
