@@ -171,6 +171,9 @@ type config struct {
 	Limits  struct {
 		User limiter.Config `koanf:"user"`
 	} `koanf:"limits"`
+	Auth struct {
+		JWT server.JWTConfig `koanf:"jwt"`
+	} `koanf:"auth"`
 }
 
 // loadConfig reads path (which must exist), applies
@@ -246,13 +249,26 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 	}
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
 	c.Limits.User = c.Limits.User.WithDefaults()
+	c.Auth.JWT = c.Auth.JWT.WithDefaults()
 	return c, nil
 }
 
 // validate checks every section; errors name the key.
 func (c config) validate() error {
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
-		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"))
+		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan())
+}
+
+// jwtPlan checks that JWT users' default plan exists; only main knows
+// both sections.
+func (c config) jwtPlan() error {
+	if !c.Auth.JWT.Enabled() {
+		return nil
+	}
+	if _, ok := c.Plans[c.Auth.JWT.DefaultPlan]; !ok {
+		return fmt.Errorf("auth.jwt.default_plan: plan %q is not defined: add [plans.%s] or name another plan", c.Auth.JWT.DefaultPlan, c.Auth.JWT.DefaultPlan)
+	}
+	return nil
 }
 
 // configKeys lists every key config.toml may hold ("server.listen", ...)
@@ -581,6 +597,18 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err != nil {
 		return err
 	}
+	// JWT sign-in: the verifier fetches the JWKS in the background until
+	// it is closed, after HTTP has stopped. An unreachable JWKS is logged,
+	// not fatal: API keys work meanwhile and JWTs are refused.
+	var verifier *server.Verifier
+	if c.Auth.JWT.Enabled() {
+		verifier, err = server.NewVerifier(context.WithoutCancel(ctx), c.Auth.JWT, plans.Has, server.VerifierOptions{Logger: log})
+		if err != nil {
+			return err
+		}
+		defer verifier.Close()
+		log.Info("JWT sign-in on", "issuer", c.Auth.JWT.Issuer, "jwks_url", c.Auth.JWT.JWKSURL)
+	}
 	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log})
 	defer func() {
 		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
@@ -591,7 +619,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	}()
 
 	srv, err := server.New(c.Server, server.Deps{
-		Keys: keys, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
+		Keys: keys, JWT: verifier, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
 		Operator:   server.NewOperator(keys, layers, db, plans.All, loc),
 		AdminToken: adminToken, Logger: log,

@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,8 +18,11 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"breakwater/storage"
 )
@@ -75,7 +82,7 @@ func TestShippedConfigIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Plans["free"].MonthlyQuota == 0 || c.OCR.Provider != "gemini" || c.Storage.Path != "data/breakwater.db" {
+	if c.Plans["free"].MonthlyQuota == 0 || c.OCR.Provider != "gemini" || c.Storage.Path != "data/breakwater.db" || c.Auth.JWT.Enabled() {
 		t.Errorf("unexpected shipped config: %+v", c)
 	}
 }
@@ -107,6 +114,13 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"negative line", "[plans.free]\nmonthly_quota = 1\ndaily_attempts = -1\n", nil, "plans.free.daily_attempts"},
 		{"window too long", "[limits.user]\nrate = 5\nwindow = \"2h\"\n" + minimalConfig, nil, "limits.user.window"},
 		{"typo in limits", "[limits.user]\nrat = 5\n" + minimalConfig, nil, `"limits.user.rat"`},
+		{"typo in auth.jwt", "[auth.jwt]\njwks_uri = \"https://x.test/jwks\"\n" + minimalConfig, nil, `"auth.jwt.jwks_uri"`},
+		{"jwt without issuer", "[auth.jwt]\njwks_url = \"https://x.test/jwks\"\n" + minimalConfig, nil, "auth.jwt.issuer"},
+		{"jwt issuer without jwks_url", "[auth.jwt]\nissuer = \"https://x.test/\"\n" + minimalConfig, nil, "auth.jwt.jwks_url"},
+		{"jwt over plain http", "[auth.jwt]\njwks_url = \"http://x.test/jwks\"\nissuer = \"https://x.test/\"\n" + minimalConfig, nil, "auth.jwt.jwks_url"},
+		{"jwt unknown default plan", "[auth.jwt]\njwks_url = \"https://x.test/jwks\"\nissuer = \"https://x.test/\"\ndefault_plan = \"gold\"\n" + minimalConfig, nil, "auth.jwt.default_plan"},
+		{"jwt negative leeway", "[auth.jwt]\njwks_url = \"https://x.test/jwks\"\nissuer = \"https://x.test/\"\nleeway = \"-1s\"\n" + minimalConfig, nil, "auth.jwt.leeway"},
+		{"jwt refresh too often", "[auth.jwt]\njwks_url = \"https://x.test/jwks\"\nissuer = \"https://x.test/\"\nrefresh_interval = \"10ms\"\n" + minimalConfig, nil, "auth.jwt.refresh_interval"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -135,6 +149,10 @@ func TestConfigEnvironmentOverrides(t *testing.T) {
 		"BREAKWATER_OCR__PRICE__MAX_OUTPUT_TOKENS": "128",
 		"BREAKWATER_PLANS__FREE__MONTHLY_QUOTA":    "42",
 		"BREAKWATER_ADMIN_TOKEN":                   "not a config key",
+		"BREAKWATER_AUTH__JWT__JWKS_URL":           "https://clerk.example.com/.well-known/jwks.json",
+		"BREAKWATER_AUTH__JWT__ISSUER":             "https://clerk.example.com",
+		"BREAKWATER_AUTH__JWT__AUTHORIZED_PARTIES": "https://app.example.com, https://www.example.com",
+		"BREAKWATER_AUTH__JWT__LEEWAY":             "10s",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +160,10 @@ func TestConfigEnvironmentOverrides(t *testing.T) {
 	if c.Server.Listen != "127.0.0.1:9999" || len(c.Server.TrustedProxies) != 2 || c.OCR.Timeout != 7*time.Second ||
 		c.OCR.Price.MaxOutputTokens != 128 || c.Plans["free"].MonthlyQuota != 42 {
 		t.Errorf("overrides not applied: %+v", c)
+	}
+	if j := c.Auth.JWT; !j.Enabled() || j.Issuer != "https://clerk.example.com" || len(j.AuthorizedParties) != 2 ||
+		j.Leeway != 10*time.Second || j.DefaultPlan != "free" || j.RefreshInterval != 5*time.Minute {
+		t.Errorf("auth.jwt overrides or defaults not applied: %+v", j)
 	}
 }
 
@@ -529,5 +551,79 @@ monthly_quota = 100
 	cancel()
 	if err := <-done; err != nil {
 		t.Error(err)
+	}
+}
+
+// TestServeWithJWT runs serve with JWT sign-in against a JWKS that is down
+// at start: the service starts and says so, and a JWT works once the
+// endpoint is back, with no restart.
+func TestServeWithJWT(t *testing.T) {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := priv.PublicKey.ECDH()
+	xy := raw.Bytes()[1:]
+	b64 := base64.RawURLEncoding.EncodeToString
+	jwks := fmt.Sprintf(`{"keys":[{"kty":"EC","crv":"P-256","kid":"k1","use":"sig","alg":"ES256","x":%q,"y":%q}]}`, b64(xy[:32]), b64(xy[32:]))
+	var up atomic.Bool
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !up.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, jwks)
+	}))
+	defer provider.Close()
+
+	dir := t.TempDir()
+	path := writeConfig(t, fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+[storage]
+path = %q
+[ocr]
+provider = "simulated"
+[auth.jwt]
+jwks_url = %q
+issuer = "https://issuer.example.com"
+refresh_interval = "1h"
+[plans.free]
+monthly_quota = 10
+`, filepath.Join(dir, "bw.db"), provider.URL+"/jwks.json"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
+	addr := waitFor(t, logs, listenRE)
+	if !strings.Contains(logs.String(), "no JWKS keys yet") {
+		t.Errorf("an unreachable JWKS at start is not logged:\n%s", logs.String())
+	}
+
+	up.Store(true)
+	tok := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{
+		"iss": "https://issuer.example.com", "sub": "user_e2e", "exp": time.Now().Add(time.Minute).Unix(),
+	})
+	tok.Header["kid"] = "k1"
+	signed, err := tok.SignedString(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(samplePNG(t)))
+	req.Header.Set("Authorization", "Bearer "+signed)
+	req.Header.Set("Content-Type", "image/png")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"used":1`) {
+		t.Errorf("JWT once the JWKS is back: %d %s", resp.StatusCode, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve returned %v", err)
 	}
 }

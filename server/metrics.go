@@ -27,6 +27,7 @@ type Metrics struct {
 	tokens          *prometheus.CounterVec // kind
 	cost            prometheus.Counter     // US dollars
 	commitLatency   prometheus.Histogram
+	jwt             *prometheus.CounterVec // reason
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -47,6 +48,10 @@ func NewMetrics() *Metrics {
 			Help:    "Time spent in layers 0-3 on a request that reached the upstream, excluding the upload, the image check and commit waits.",
 			Buckets: []float64{5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6, 500e-6, 1e-3, 5e-3},
 		}),
+		jwt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "breakwater_jwt_refusals_total",
+			Help: "Bearer tokens refused by JWT verification, by reason (expired, issuer, unknown_kid, ...). Every one answered the same 401.",
+		}, []string{"reason"}),
 	}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "breakwater_http_requests_total",
@@ -75,7 +80,7 @@ func NewMetrics() *Metrics {
 		Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
 	})
 	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency)
-	m.reg.MustRegister(m.failOpen, m.refusals, m.guard,
+	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

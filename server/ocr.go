@@ -61,12 +61,28 @@ type quotaResponse struct {
 	Remaining int64 `json:"remaining"`
 }
 
-// authenticate is layer 0: no valid API key, no entry. Every failure gives
-// the same 401 body.
+// authenticate is layer 0: no valid API key or JWT, no entry. A token
+// shaped like a JWT goes to the verifier when JWT sign-in is on; anything
+// else to the keyring. Every failure gives the same 401 body; why a JWT was
+// refused goes to the debug log and a metric, never to the client.
 func (s *Server) authenticate(c echo.Context) (Identity, error) {
 	token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
 	if !ok {
 		return Identity{}, errUnauthorized
+	}
+	if s.d.JWT != nil && IsJWT(token) {
+		id, err := s.d.JWT.Verify(c.Request().Context(), token)
+		if err != nil {
+			reason := "other"
+			var r *JWTRefusal
+			if errors.As(err, &r) {
+				reason = r.Reason
+			}
+			s.d.Metrics.jwt.WithLabelValues(reason).Inc()
+			s.log.Debug("JWT refused", "reason", reason, "err", err, "request_id", requestID(c))
+			return Identity{}, errUnauthorized
+		}
+		return id, nil
 	}
 	id, ok := s.d.Keys.Authenticate(token)
 	if !ok {

@@ -45,6 +45,7 @@ type EventRecorder interface {
 // required.
 type Deps struct {
 	Keys     *Keyring
+	JWT      *Verifier      // nil: JWT sign-in is off, every bearer token is an API key
 	Limiter  RateLimiter    // layer 1, keyed by user id
 	Attempts AttemptCounter // layer 2
 	Quotas   *budget.Quotas // layer 2b

@@ -49,7 +49,7 @@ func (f *fakeGemini) set(respond func(w http.ResponseWriter, r *http.Request)) {
 
 const geminiKey = "test-gemini-key"
 
-func newFakeGemini(t *testing.T) *fakeGemini {
+func newFakeGemini(t testing.TB) *fakeGemini {
 	t.Helper()
 	f := &fakeGemini{}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -102,11 +102,12 @@ func writeUpstreamError(w http.ResponseWriter, code int, status string) {
 // env is one service under test: real storage, real HTTP on loopback, a
 // fake Gemini.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	dir      string
 	db       *storage.DB
 	gemini   *fakeGemini
 	keys     *Keyring
+	verifier *Verifier // nil unless envOptions.jwt is on
 	quotas   *budget.Quotas
 	windows  *limiter.Limiter
 	attempts *budget.Attempts
@@ -139,11 +140,12 @@ type envOptions struct {
 	clock      func() time.Time // the server's clock; default time.Now
 	ledger     budget.Ledger    // default the database
 	rate       RateLimiter      // default e.windows
+	jwt        JWTConfig        // [auth.jwt]; JWKSURL empty: JWT sign-in off
 }
 
 const testAdminToken = "admin-secret-for-tests"
 
-func newEnv(t *testing.T, o envOptions) *env {
+func newEnv(t testing.TB, o envOptions) *env {
 	t.Helper()
 	if o.quota == 0 {
 		o.quota = 100
@@ -210,8 +212,16 @@ func newEnv(t *testing.T, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
+	if o.jwt.Enabled() {
+		e.verifier, err = NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
+			VerifierOptions{Logger: log, Now: o.clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.verifier.Close)
+	}
 	srv, err := New(cfg, Deps{
-		Keys: e.keys, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
+		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator: NewOperator(e.keys, layers, db, e.plans.All, e.loc),
 		Metrics:  e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
@@ -279,7 +289,7 @@ func (e *env) post(key, contentType string, body []byte) (*http.Response, []byte
 	return do(e.t, req)
 }
 
-func do(t *testing.T, req *http.Request) (*http.Response, []byte) {
+func do(t testing.TB, req *http.Request) (*http.Response, []byte) {
 	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -309,7 +319,7 @@ type okBody struct {
 	Quota    quotaResponse `json:"quota"`
 }
 
-func decodeOK(t *testing.T, resp *http.Response, data []byte) okBody {
+func decodeOK(t testing.TB, resp *http.Response, data []byte) okBody {
 	t.Helper()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want 200: %s", resp.StatusCode, data)
@@ -321,7 +331,7 @@ func decodeOK(t *testing.T, resp *http.Response, data []byte) okBody {
 	return b
 }
 
-func decodeProblem(t *testing.T, resp *http.Response, data []byte, status int, code string) Problem {
+func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, code string) Problem {
 	t.Helper()
 	if resp.StatusCode != status {
 		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, data)
