@@ -164,6 +164,7 @@ type config struct {
 	Limits  struct {
 		User limiter.Config `koanf:"user"`
 	} `koanf:"limits"`
+	Invites server.InviteConfig `koanf:"invites"`
 }
 
 // loadConfig reads path (which must exist), applies
@@ -239,13 +240,14 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 	}
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
 	c.Limits.User = c.Limits.User.WithDefaults()
+	c.Invites = c.Invites.WithDefaults()
 	return c, nil
 }
 
 // validate checks every section; errors name the key.
 func (c config) validate() error {
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
-		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"))
+		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Invites.Validate())
 }
 
 // configKeys lists every key config.toml may hold ("server.listen", ...)
@@ -271,6 +273,8 @@ func configKeys(t reflect.Type, prefix string, k *koanf.Koanf) map[string]reflec
 					out[sub] = kind
 				}
 			}
+		case f.Type.Kind() == reflect.Pointer:
+			out[key] = f.Type.Elem().Kind() // an optional value, such as a bool whose default is true
 		default:
 			out[key] = f.Type.Kind()
 		}
@@ -430,7 +434,15 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err != nil {
 		return err
 	}
+	guard, err := server.LoadInviteGuard(db, c.Invites, time.Now())
+	if err != nil {
+		return err
+	}
 	keys, err := server.NewKeyring(db, planCheck(c.Plans))
+	if err != nil {
+		return err
+	}
+	invites, err := server.NewInvites(db)
 	if err != nil {
 		return err
 	}
@@ -446,6 +458,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	srv, err := server.New(c.Server, server.Deps{
 		Keys: keys, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: c.Plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
+		Invites: invites, InviteCodes: db, InviteGuard: guard,
 		AdminToken: adminToken, Logger: log,
 	})
 	if err != nil {

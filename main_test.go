@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"breakwater/server"
 )
 
 // lockedBuffer collects a running command's output for polling.
@@ -75,6 +77,37 @@ func TestShippedConfigIsValid(t *testing.T) {
 	if c.Plans["free"].MonthlyQuota == 0 || c.OCR.Provider != "gemini" || c.Storage.Path != "data/breakwater.db" {
 		t.Errorf("unexpected shipped config: %+v", c)
 	}
+	// The shipped [invites] spells out the defaults.
+	def := server.InviteConfig{}.WithDefaults()
+	if c.Invites.Rate != def.Rate || c.Invites.Window != def.Window || c.Invites.Burst != def.Burst ||
+		c.Invites.Fail() != def.Fail() {
+		t.Errorf("shipped [invites] %+v differs from the defaults %+v", c.Invites, def)
+	}
+}
+
+func TestInviteConfigDefaultsAndOverrides(t *testing.T) {
+	c, err := loadConfig(writeConfig(t, minimalConfig), envFrom(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := c.Invites.Fail()
+	if c.Invites.Rate != 50 || c.Invites.Window != 10*time.Minute || c.Invites.Burst != 3 || f.Limit != 5 ||
+		f.Window != 10*time.Minute || f.Cooldown != 10*time.Minute || f.Backoff || f.MaxCooldown != 24*time.Hour ||
+		f.Decay || f.GlobalPerHour != 1000 {
+		t.Errorf("defaults %+v / %+v", c.Invites, f)
+	}
+	c, err = loadConfig(writeConfig(t, "[invites]\nreset_on_success = false\nbackoff = true\n"+minimalConfig),
+		envFrom(map[string]string{"BREAKWATER_INVITES__FAIL_LIMIT": "7"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := c.Invites.Fail(); !f.Decay || !f.Backoff || f.Limit != 7 {
+		t.Errorf("overrides not applied: %+v", f)
+	}
+	c, err = loadConfig(writeConfig(t, minimalConfig), envFrom(map[string]string{"BREAKWATER_INVITES__RESET_ON_SUCCESS": "false"}))
+	if err != nil || !c.Invites.Fail().Decay {
+		t.Errorf("reset_on_success from the environment: %v %+v", err, c.Invites)
+	}
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -104,6 +137,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"negative line", "[plans.free]\nmonthly_quota = 1\ndaily_attempts = -1\n", nil, "plans.free.daily_attempts"},
 		{"window too long", "[limits.user]\nrate = 5\nwindow = \"2h\"\n" + minimalConfig, nil, "limits.user.window"},
 		{"typo in limits", "[limits.user]\nrat = 5\n" + minimalConfig, nil, `"limits.user.rat"`},
+		{"typo in invites", "[invites]\nfail_limt = 5\n" + minimalConfig, nil, `"invites.fail_limt"`},
+		{"negative fail limit", "[invites]\nfail_limit = -1\n" + minimalConfig, nil, "invites.fail_limit"},
+		{"invite window too long", "[invites]\nwindow = \"2h\"\n" + minimalConfig, nil, "invites.window"},
+		{"cooldown past its cap", "[invites]\ncooldown = \"2h\"\nmax_cooldown = \"1h\"\n" + minimalConfig, nil, "invites.max_cooldown"},
+		{"bad reset_on_success", minimalConfig, map[string]string{"BREAKWATER_INVITES__RESET_ON_SUCCESS": "sometimes"}, "invites.reset_on_success"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

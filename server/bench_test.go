@@ -186,7 +186,12 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	invites, err := NewInvites(db)
+	if err != nil {
+		b.Fatal(err)
+	}
 	srv, err := New(Config{}, Deps{
+		Invites: invites, InviteCodes: db,
 		Keys: kr, Limiter: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake, Plans: plans,
 		Reader: reader, Usage: db, Events: events, Logger: log,

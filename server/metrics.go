@@ -15,6 +15,8 @@ type Metrics struct {
 	failOpen *prometheus.CounterVec // layer
 	refusals *prometheus.CounterVec // layer, reason
 	guard    prometheus.Histogram   // layers 0-3 of an admitted request, without waits
+	// inviteRefusals counts refused invite verifications by reason.
+	inviteRefusals *prometheus.CounterVec // reason
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -36,7 +38,11 @@ func NewMetrics() *Metrics {
 			Buckets: []float64{5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6, 500e-6, 1e-3, 5e-3},
 		}),
 	}
-	m.reg.MustRegister(m.failOpen, m.refusals, m.guard,
+	m.inviteRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_invite_refusals_total",
+		Help: "Invite verifications refused, by reason: rate, burst, invalid, expired, used_up, revoked, cooldown, in_flight, global.",
+	}, []string{"reason"})
+	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.inviteRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -40,8 +40,8 @@ type EventRecorder interface {
 	Record(e storage.Event)
 }
 
-// Deps are the components a Server works with. All but Logger and Now are
-// required.
+// Deps are the components a Server works with. All but Metrics,
+// InviteGuard, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
 	Keys     *Keyring
 	Limiter  RateLimiter    // layer 1, keyed by user id
@@ -54,6 +54,16 @@ type Deps struct {
 	Events   EventRecorder
 	Price    ocr.Price // to bound each call's cost before it and price it after
 	Metrics  *Metrics  // nil: a fresh set
+	// Invites manages invite codes (admin API); InviteCodes looks them up
+	// and redeems them (POST /v1/invites/verify).
+	Invites     *Invites
+	InviteCodes InviteRedeemer
+	// InviteGuard holds the invite protections' state; nil: a fresh one
+	// with the default InviteConfig.
+	InviteGuard *InviteGuard
+	// Alerts hears about conditions that need the operator; nil: they are
+	// only logged.
+	Alerts Alerter
 	// AdminToken guards the admin API; empty disables it (every call 401).
 	AdminToken string
 	Logger     *slog.Logger
@@ -69,6 +79,7 @@ type Server struct {
 	reqIDs   *requestIDs
 	clients  *clientIP
 	failOpen *failOpens
+	guard    *InviteGuard
 	public   *echo.Echo
 	admin    *echo.Echo
 }
@@ -80,8 +91,15 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
-		d.Reader == nil || d.Usage == nil || d.Events == nil || len(d.Plans) == 0 {
-		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder and event recorder are all required")
+		d.Reader == nil || d.Usage == nil || d.Events == nil || len(d.Plans) == 0 || d.Invites == nil || d.InviteCodes == nil {
+		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder and invites are all required")
+	}
+	if d.InviteGuard == nil {
+		g, err := NewInviteGuard(InviteConfig{})
+		if err != nil {
+			return nil, err
+		}
+		d.InviteGuard = g
 	}
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics()
@@ -100,6 +118,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		now:     d.Now,
 		reqIDs:  newRequestIDs(),
 		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
+		guard:   d.InviteGuard,
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{}}
 	s.public = s.newEcho()

@@ -112,6 +112,8 @@ type env struct {
 	attempts *budget.Attempts
 	brake    *budget.Global
 	metrics  *Metrics
+	invites  *Invites
+	guard    *InviteGuard
 	srv      *Server
 	events   *detect.Recorder
 	http     *httptest.Server
@@ -138,6 +140,8 @@ type envOptions struct {
 	clock      func() time.Time // the server's clock; default time.Now
 	ledger     budget.Ledger    // default the database
 	rate       RateLimiter      // default e.windows
+	invites    InviteConfig     // [invites]; zero: the defaults
+	alerts     Alerter          // default none
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -208,7 +212,14 @@ func newEnv(t *testing.T, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
+	if e.invites, err = NewInvites(db); err != nil {
+		t.Fatal(err)
+	}
+	if e.guard, err = LoadInviteGuard(db, o.invites, e.now); err != nil {
+		t.Fatal(err)
+	}
 	srv, err := New(cfg, Deps{
+		Invites: e.invites, InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts,
 		Keys: e.keys, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
