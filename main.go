@@ -80,6 +80,9 @@ Commands:
   keys create --user ID [--plan NAME]
   keys list
   keys revoke KEY_ID
+  invites create [--uses N] [--expires 72h] [--note TEXT]
+  invites list
+  invites revoke INVITE_ID
   config check                   validate config.toml
   version
 `
@@ -100,6 +103,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdDemo(ctx, args, getenv, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, args, getenv, stdout, stderr)
+	case "invites":
+		return cmdInvites(ctx, args, getenv, stdout, stderr)
 	case "config":
 		if len(args) == 0 || args[0] != "check" {
 			return fmt.Errorf("%w: breakwater config check [--config FILE]", errUsage)
@@ -381,7 +386,7 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 		fmt.Fprintln(stdout, "note: GEMINI_API_KEY is not set: serve will refuse to start")
 	}
 	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
-		fmt.Fprintln(stdout, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
+		fmt.Fprintln(stdout, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys and invites commands work only while the server is stopped")
 	}
 	return nil
 }
@@ -495,7 +500,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err == nil && adminToken != "" {
 		_, err = listen("admin", c.Server.AdminListen, srv.AdminHandler())
 	} else if adminToken == "" {
-		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
+		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys and invites commands work only while the server is stopped")
 	}
 	if err == nil && ready != nil {
 		ready(addr, keys)
@@ -660,19 +665,30 @@ func (l localKeys) RevokeKey(_ context.Context, id string) (server.KeyInfo, erro
 	return l.k.Revoke(id)
 }
 
-// openKeys reaches the key store: the database directly if no server holds
-// it, else the server's admin API.
-func openKeys(c config, getenv func(string) string) (keyManager, func(), error) {
-	db, err := storage.Open(c.Storage.Path, storage.Options{Timeout: cliLockTimeout, Logger: slog.New(slog.DiscardHandler)})
+// openAdmin reaches the state an admin command manages: the database
+// directly if no server holds it (db set), else the running server's admin
+// API (client set).
+func openAdmin(c config, getenv func(string) string) (db *storage.DB, client *server.AdminClient, err error) {
+	db, err = storage.Open(c.Storage.Path, storage.Options{Timeout: cliLockTimeout, Logger: slog.New(slog.DiscardHandler)})
 	if errors.Is(err, storage.ErrLocked) {
 		token := getenv("BREAKWATER_ADMIN_TOKEN")
 		if token == "" {
 			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", c.Storage.Path, c.Server.AdminListen)
 		}
-		return server.NewAdminClient(c.Server.AdminListen, token), func() {}, nil
+		return nil, server.NewAdminClient(c.Server.AdminListen, token), nil
 	}
+	return db, nil, err
+}
+
+// openKeys reaches the key store: the database directly if no server holds
+// it, else the server's admin API.
+func openKeys(c config, getenv func(string) string) (keyManager, func(), error) {
+	db, client, err := openAdmin(c, getenv)
 	if err != nil {
 		return nil, nil, err
+	}
+	if client != nil {
+		return client, func() {}, nil
 	}
 	k, err := server.NewKeyring(db, planCheck(c.Plans))
 	if err != nil {
@@ -745,4 +761,116 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 		fmt.Fprintf(stdout, "revoked key %s of user %s\n", info.ID, info.UserID)
 	}
 	return nil
+}
+
+// ---- invites --------------------------------------------------------------
+
+// inviteManager is what the invites commands need: the running server's
+// admin API or, while the server is stopped, the database itself.
+type inviteManager interface {
+	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
+	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
+	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
+}
+
+// localInvites manages invites directly in the database while the server
+// is stopped.
+type localInvites struct{ iv *server.Invites }
+
+func (l localInvites) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error) {
+	return l.iv.Create(uses, ttl, note)
+}
+func (l localInvites) ListInvites(context.Context) ([]server.InviteInfo, error) { return l.iv.List() }
+func (l localInvites) RevokeInvite(_ context.Context, id string) (server.InviteInfo, error) {
+	return l.iv.Revoke(id)
+}
+
+func openInvites(c config, getenv func(string) string) (inviteManager, func(), error) {
+	db, client, err := openAdmin(c, getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	if client != nil {
+		return client, func() {}, nil
+	}
+	iv, err := server.NewInvites(db)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return localInvites{iv}, func() { db.Close() }, nil
+}
+
+func cmdInvites(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: breakwater invites create|list|revoke", errUsage)
+	}
+	sub, args := args[0], args[1:]
+	fs, path := newFlags("invites "+sub, stderr)
+	uses := fs.Int("uses", 1, "how many different e-mails may redeem the code (invites create)")
+	expires := fs.Duration("expires", 72*time.Hour, "how long the code stays valid; 0 for ever (invites create)")
+	note := fs.String("note", "", "a note for yourself, shown by invites list (invites create)")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case sub == "create" && (len(pos) != 0 || *uses < 1 || *expires < 0):
+		return fmt.Errorf("%w: breakwater invites create [--uses N (at least 1)] [--expires 72h] [--note TEXT]", errUsage)
+	case sub == "list" && len(pos) != 0:
+		return fmt.Errorf("%w: breakwater invites list", errUsage)
+	case sub == "revoke" && len(pos) != 1:
+		return fmt.Errorf("%w: breakwater invites revoke INVITE_ID", errUsage)
+	case sub != "create" && sub != "list" && sub != "revoke":
+		return fmt.Errorf("%w: unknown invites command %q", errUsage, sub)
+	}
+	c, err := loadConfig(*path, getenv)
+	if err != nil {
+		return err
+	}
+	im, closeInvites, err := openInvites(c, getenv)
+	if err != nil {
+		return err
+	}
+	defer closeInvites()
+
+	switch sub {
+	case "create":
+		code, info, err := im.CreateInvite(ctx, *uses, *expires, *note)
+		if err != nil {
+			return err
+		}
+		until := "never expires"
+		if !info.ExpiresAt.IsZero() {
+			until = "expires " + info.ExpiresAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(stdout, "created invite %s for %d use(s), %s; the code is shown only now:\n%s\n", info.ID, info.MaxUses, until, code)
+	case "list":
+		list, err := im.ListInvites(ctx)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tUSES\tCREATED\tEXPIRES\tREVOKED\tNOTE")
+		for _, inv := range list {
+			fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\n", inv.ID, inv.Uses, inv.MaxUses, inv.CreatedAt.Format(time.RFC3339),
+				orDash(inv.ExpiresAt), orDash(inv.RevokedAt), inv.Note)
+		}
+		return tw.Flush()
+	case "revoke":
+		info, err := im.RevokeInvite(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked invite %s\n", info.ID)
+	}
+	return nil
+}
+
+// orDash formats t for a table, "-" for the zero time.
+func orDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
 }

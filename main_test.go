@@ -382,3 +382,107 @@ func TestDemoAnswersItsOwnCurl(t *testing.T) {
 		t.Errorf("demo left %s behind", file)
 	}
 }
+
+var inviteCodeRE = regexp.MustCompile(`^[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}$`)
+
+// TestInvitesCommands manages invites while the server is stopped (the
+// database directly) and while it runs (the admin API), and redeems a code
+// created through the CLI over HTTP.
+func TestInvitesCommands(t *testing.T) {
+	dir := t.TempDir()
+	adminAddr := freeAddr(t)
+	path := writeConfig(t, fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+admin_listen = %q
+[storage]
+path = %q
+[ocr]
+provider = "simulated"
+[plans.free]
+monthly_quota = 10
+`, adminAddr, filepath.Join(dir, "bw.db")))
+	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "invites-admin-token"})
+	invites := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append(append([]string{"invites"}, args...), "--config", path), env, &out, io.Discard)
+		return out.String(), err
+	}
+	lastLine := func(out string) string {
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
+
+	// Stopped: straight to the database.
+	out, err := invites("create", "--uses", "2", "--expires", "0", "--note", "first batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stoppedCode := lastLine(out)
+	if !inviteCodeRE.MatchString(stoppedCode) {
+		t.Fatalf("last line %q is not a code", stoppedCode)
+	}
+	out, err = invites("list")
+	if err != nil || !strings.Contains(out, "0/2") || !strings.Contains(out, "first batch") || strings.Contains(out, stoppedCode) {
+		t.Fatalf("list while stopped: %v\n%s", err, out)
+	}
+
+	// Running: through the admin API.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
+	addr := waitFor(t, logs, listenRE)
+	waitFor(t, logs, regexp.MustCompile(`listener=admin`))
+
+	out, err = invites("create")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := lastLine(out)
+	if !inviteCodeRE.MatchString(code) || !strings.Contains(out, "1 use(s), expires") {
+		t.Fatalf("create while running printed:\n%s", out)
+	}
+	for _, c := range []string{code, stoppedCode} {
+		resp, err := http.Post("http://"+addr+"/v1/invites/verify", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"code":%q,"email":"dana@example.com"}`, c)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"valid":true`) {
+			t.Errorf("verify %s: %d %s", c, resp.StatusCode, body)
+		}
+	}
+	out, err = invites("list")
+	if err != nil || !strings.Contains(out, "1/1") || !strings.Contains(out, "1/2") || strings.Contains(out, code) {
+		t.Errorf("list while running: %v\n%s", err, out)
+	}
+	id := strings.Fields(strings.Split(out, "\n")[2])[0]
+	if _, err := invites("revoke", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := invites("revoke", "inv_nope"); err == nil {
+		t.Error("revoking an unknown invite succeeded")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+
+	// Stopped again: the revocation is on disk.
+	out, err = invites("list")
+	if err != nil || !strings.Contains(strings.Split(out, "\n")[2], id) {
+		t.Fatalf("list after stop: %v\n%s", err, out)
+	}
+	if fields := strings.Fields(strings.Split(out, "\n")[2]); fields[4] == "-" {
+		t.Errorf("revoked invite shown active:\n%s", out)
+	}
+	for _, args := range [][]string{{"invites"}, {"invites", "revoke"}, {"invites", "create", "--uses", "0"}, {"invites", "frob"}} {
+		if err := run(context.Background(), args, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+	}
+}
