@@ -492,3 +492,26 @@ func TestAdminClientManagesInvites(t *testing.T) {
 		t.Error("negative uses accepted")
 	}
 }
+
+func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	cfg := InviteConfig{Rate: 2, Window: time.Minute, Burst: 100}
+	e := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg})
+	code, _ := e.newInvite(10, 0)
+	wantValid(t, e, code, "r1@example.com")
+	wantValid(t, e, code, "r2@example.com")
+	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.http.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+
+	e2 := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg, gemini: e.gemini})
+	resp, data := e2.verify(code, "r3@example.com")
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	if e2.inviteRefusals("rate") != 1 {
+		t.Errorf("rate refusals %d, want 1", e2.inviteRefusals("rate"))
+	}
+	clk.add(time.Minute)
+	wantValid(t, e2, code, "r3@example.com")
+}
