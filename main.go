@@ -87,6 +87,9 @@ Commands:
   budget [--json]                spend against each ceiling, brake state
   brake on|off                   the manual kill switch (survives restarts)
   backup FILE                    a consistent copy of the database, also while serving
+  invites create [--uses N] [--expires 72h] [--note TEXT]
+  invites list [--json]
+  invites revoke INVITE_ID
   config check                   validate config.toml
   version
 `
@@ -105,7 +108,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdServe(ctx, args, getenv, stderr)
 	case "demo":
 		return cmdDemo(ctx, args, getenv, stdout, stderr)
-	case "keys", "users", "usage", "budget", "brake", "backup":
+	case "keys", "users", "invites", "usage", "budget", "brake", "backup":
 		return cmdOperator(ctx, cmd, args, getenv, stdout, stderr)
 	case "config":
 		if len(args) == 0 || args[0] != "check" {
@@ -174,6 +177,7 @@ type config struct {
 	Auth struct {
 		JWT server.JWTConfig `koanf:"jwt"`
 	} `koanf:"auth"`
+	Invites server.InviteConfig `koanf:"invites"`
 }
 
 // loadConfig reads path (which must exist), applies
@@ -250,13 +254,14 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
 	c.Limits.User = c.Limits.User.WithDefaults()
 	c.Auth.JWT = c.Auth.JWT.WithDefaults()
+	c.Invites = c.Invites.WithDefaults()
 	return c, nil
 }
 
 // validate checks every section; errors name the key.
 func (c config) validate() error {
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
-		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan())
+		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate())
 }
 
 // jwtPlan checks that JWT users' default plan exists; only main knows
@@ -294,6 +299,8 @@ func configKeys(t reflect.Type, prefix string, k *koanf.Koanf) map[string]reflec
 					out[sub] = kind
 				}
 			}
+		case f.Type.Kind() == reflect.Pointer:
+			out[key] = f.Type.Elem().Kind() // an optional value, such as a bool whose default is true
 		default:
 			out[key] = f.Type.Kind()
 		}
@@ -400,7 +407,7 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 		fmt.Fprintln(stdout, "note: GEMINI_API_KEY is not set: serve will refuse to start")
 	}
 	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
-		fmt.Fprintln(stdout, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
+		fmt.Fprintln(stdout, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
 	return nil
 }
@@ -592,6 +599,14 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err := server.LoadBrake(layers.Brake, db.Flag); err != nil {
 		return err
 	}
+	guard, err := server.LoadInviteGuard(db, c.Invites, time.Now())
+	if err != nil {
+		return err
+	}
+	invites, err := server.NewInvites(db)
+	if err != nil {
+		return err
+	}
 	plans := server.NewPlans(c.Plans)
 	keys, err := server.NewKeyring(db, plans.Has)
 	if err != nil {
@@ -621,7 +636,8 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	srv, err := server.New(c.Server, server.Deps{
 		Keys: keys, JWT: verifier, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
-		Operator:   server.NewOperator(keys, layers, db, plans.All, loc),
+		Invites: invites, InviteCodes: db, InviteGuard: guard,
+		Operator:   server.NewOperator(keys, invites, layers, db, plans.All, loc),
 		AdminToken: adminToken, Logger: log,
 	})
 	if err != nil {
@@ -658,7 +674,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err == nil && adminToken != "" {
 		_, err = listen("admin", c.Server.AdminListen, srv.AdminHandler())
 	} else if adminToken == "" {
-		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so keys commands work only while the server is stopped")
+		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
 	if err == nil && ready != nil {
 		ready(&started{addr: addr, keys: keys, layers: layers, plans: plans, srv: srv, log: log})
@@ -813,6 +829,9 @@ type operator interface {
 	Budget(ctx context.Context) (server.BudgetInfo, error)
 	SetBrake(ctx context.Context, on bool) (server.BudgetInfo, error)
 	Backup(ctx context.Context, w io.Writer) error
+	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
+	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
+	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
 }
 
 var (
@@ -858,19 +877,24 @@ func newOperator(c config, db *storage.DB) (*server.Operator, error) {
 	if err := server.LoadBrake(layers.Brake, db.Flag); err != nil {
 		return nil, err
 	}
-	return server.NewOperator(keys, layers, db, plans.All, loc), nil
+	invites, err := server.NewInvites(db)
+	if err != nil {
+		return nil, err
+	}
+	return server.NewOperator(keys, invites, layers, db, plans.All, loc), nil
 }
 
 // operatorUsage lists the operator's commands, for usage errors.
 const operatorUsage = `breakwater keys create --user ID [--plan NAME] | keys list | keys revoke KEY_ID
 breakwater users ban ID | users unban ID | users set-plan ID PLAN
+breakwater invites create [--uses N] [--expires 72h] [--note TEXT] | invites list | invites revoke INVITE_ID
 breakwater usage [ID] | budget | brake on|off | backup FILE
 (each takes --config FILE; listings take --json)`
 
 // cmdOperator runs keys, users, usage, budget, brake and backup.
 func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	sub := ""
-	if cmd == "keys" || cmd == "users" {
+	if cmd == "keys" || cmd == "users" || cmd == "invites" {
 		if len(args) == 0 {
 			return fmt.Errorf("%w: %s", errUsage, operatorUsage)
 		}
@@ -880,6 +904,9 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 	user := fs.String("user", "", "user id the key acts for (keys create)")
 	plan := fs.String("plan", "", "plan from config.toml (keys create; default: the user's plan, or \"free\")")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	uses := fs.Int("uses", 1, "how many different e-mails may redeem the code (invites create)")
+	expires := fs.Duration("expires", 72*time.Hour, "how long the code stays valid; 0 for ever (invites create)")
+	note := fs.String("note", "", "a note for yourself, shown by invites list (invites create)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -887,6 +914,7 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 	want := map[string]int{ // positional arguments each command takes
 		"keys create": 0, "keys list": 0, "keys revoke": 1,
 		"users ban": 1, "users unban": 1, "users set-plan": 2,
+		"invites create": 0, "invites list": 0, "invites revoke": 1,
 		"budget": 0, "brake": 1, "backup": 1,
 	}
 	name := strings.TrimSpace(cmd + " " + sub)
@@ -897,6 +925,8 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 		return fmt.Errorf("%w: %s", errUsage, operatorUsage)
 	case name == "brake" && pos[0] != "on" && pos[0] != "off":
 		return fmt.Errorf("%w: breakwater brake on|off", errUsage)
+	case name == "invites create" && (*uses < 1 || *expires < 0):
+		return fmt.Errorf("%w: breakwater invites create [--uses N (at least 1)] [--expires 72h] [--note TEXT]", errUsage)
 	}
 
 	c, err := loadConfig(*path, getenv)
@@ -948,6 +978,32 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 			return err
 		}
 		fmt.Fprintf(stdout, "user %s: plan %s\n", info.ID, info.Plan)
+	case "invites create":
+		code, info, err := op.CreateInvite(ctx, *uses, *expires, *note)
+		if err != nil {
+			return err
+		}
+		until := "never expires"
+		if !info.ExpiresAt.IsZero() {
+			until = "expires " + info.ExpiresAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(stdout, "created invite %s for %d use(s), %s; the code is shown only now:\n%s\n", info.ID, info.MaxUses, until, code)
+	case "invites list":
+		list, err := op.ListInvites(ctx)
+		if err != nil {
+			return err
+		}
+		return printOut(stdout, *asJSON, list, "ID\tUSES\tCREATED\tEXPIRES\tREVOKED\tNOTE", func(row func(...any)) {
+			for _, inv := range list {
+				row(inv.ID, fmt.Sprintf("%d/%d", inv.Uses, inv.MaxUses), inv.CreatedAt.Format(time.RFC3339), orDash(inv.ExpiresAt), orDash(inv.RevokedAt), inv.Note)
+			}
+		})
+	case "invites revoke":
+		info, err := op.RevokeInvite(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked invite %s\n", info.ID)
 	case "usage":
 		id := ""
 		if len(pos) == 1 {
@@ -1039,6 +1095,14 @@ func printOut(w io.Writer, asJSON bool, v any, header string, fill func(row func
 		fmt.Fprintln(tw)
 	})
 	return tw.Flush()
+}
+
+// orDash formats t for a table, "-" for the zero time.
+func orDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
 }
 
 func limitText(n int64) string {

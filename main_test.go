@@ -24,6 +24,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"breakwater/server"
 	"breakwater/storage"
 )
 
@@ -85,6 +86,37 @@ func TestShippedConfigIsValid(t *testing.T) {
 	if c.Plans["free"].MonthlyQuota == 0 || c.OCR.Provider != "gemini" || c.Storage.Path != "data/breakwater.db" || c.Auth.JWT.Enabled() {
 		t.Errorf("unexpected shipped config: %+v", c)
 	}
+	// The shipped [invites] spells out the defaults.
+	def := server.InviteConfig{}.WithDefaults()
+	if c.Invites.Rate != def.Rate || c.Invites.Window != def.Window || c.Invites.Burst != def.Burst ||
+		c.Invites.Fail() != def.Fail() {
+		t.Errorf("shipped [invites] %+v differs from the defaults %+v", c.Invites, def)
+	}
+}
+
+func TestInviteConfigDefaultsAndOverrides(t *testing.T) {
+	c, err := loadConfig(writeConfig(t, minimalConfig), envFrom(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := c.Invites.Fail()
+	if c.Invites.Rate != 50 || c.Invites.Window != 10*time.Minute || c.Invites.Burst != 3 || f.Limit != 5 ||
+		f.Window != 10*time.Minute || f.Cooldown != 10*time.Minute || f.Backoff || f.MaxCooldown != 24*time.Hour ||
+		f.Decay || f.GlobalPerHour != 1000 {
+		t.Errorf("defaults %+v / %+v", c.Invites, f)
+	}
+	c, err = loadConfig(writeConfig(t, "[invites]\nreset_on_success = false\nbackoff = true\n"+minimalConfig),
+		envFrom(map[string]string{"BREAKWATER_INVITES__FAIL_LIMIT": "7"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := c.Invites.Fail(); !f.Decay || !f.Backoff || f.Limit != 7 {
+		t.Errorf("overrides not applied: %+v", f)
+	}
+	c, err = loadConfig(writeConfig(t, minimalConfig), envFrom(map[string]string{"BREAKWATER_INVITES__RESET_ON_SUCCESS": "false"}))
+	if err != nil || !c.Invites.Fail().Decay {
+		t.Errorf("reset_on_success from the environment: %v %+v", err, c.Invites)
+	}
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -114,6 +146,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"negative line", "[plans.free]\nmonthly_quota = 1\ndaily_attempts = -1\n", nil, "plans.free.daily_attempts"},
 		{"window too long", "[limits.user]\nrate = 5\nwindow = \"2h\"\n" + minimalConfig, nil, "limits.user.window"},
 		{"typo in limits", "[limits.user]\nrat = 5\n" + minimalConfig, nil, `"limits.user.rat"`},
+		{"typo in invites", "[invites]\nfail_limt = 5\n" + minimalConfig, nil, `"invites.fail_limt"`},
+		{"negative fail limit", "[invites]\nfail_limit = -1\n" + minimalConfig, nil, "invites.fail_limit"},
+		{"invite window too long", "[invites]\nwindow = \"2h\"\n" + minimalConfig, nil, "invites.window"},
+		{"cooldown past its cap", "[invites]\ncooldown = \"2h\"\nmax_cooldown = \"1h\"\n" + minimalConfig, nil, "invites.max_cooldown"},
+		{"bad reset_on_success", minimalConfig, map[string]string{"BREAKWATER_INVITES__RESET_ON_SUCCESS": "sometimes"}, "invites.reset_on_success"},
 		{"typo in auth.jwt", "[auth.jwt]\njwks_uri = \"https://x.test/jwks\"\n" + minimalConfig, nil, `"auth.jwt.jwks_uri"`},
 		{"jwt without issuer", "[auth.jwt]\njwks_url = \"https://x.test/jwks\"\n" + minimalConfig, nil, "auth.jwt.issuer"},
 		{"jwt issuer without jwks_url", "[auth.jwt]\nissuer = \"https://x.test/\"\n" + minimalConfig, nil, "auth.jwt.jwks_url"},
@@ -625,5 +662,109 @@ monthly_quota = 10
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("serve returned %v", err)
+	}
+}
+
+var inviteCodeRE = regexp.MustCompile(`^[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}$`)
+
+// TestInvitesCommands manages invites while the server is stopped (the
+// database directly) and while it runs (the admin API), and redeems a code
+// created through the CLI over HTTP.
+func TestInvitesCommands(t *testing.T) {
+	dir := t.TempDir()
+	adminAddr := freeAddr(t)
+	path := writeConfig(t, fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+admin_listen = %q
+[storage]
+path = %q
+[ocr]
+provider = "simulated"
+[plans.free]
+monthly_quota = 10
+`, adminAddr, filepath.Join(dir, "bw.db")))
+	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "invites-admin-token"})
+	invites := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append(append([]string{"invites"}, args...), "--config", path), env, &out, io.Discard)
+		return out.String(), err
+	}
+	lastLine := func(out string) string {
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
+
+	// Stopped: straight to the database.
+	out, err := invites("create", "--uses", "2", "--expires", "0", "--note", "first batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stoppedCode := lastLine(out)
+	if !inviteCodeRE.MatchString(stoppedCode) {
+		t.Fatalf("last line %q is not a code", stoppedCode)
+	}
+	out, err = invites("list")
+	if err != nil || !strings.Contains(out, "0/2") || !strings.Contains(out, "first batch") || strings.Contains(out, stoppedCode) {
+		t.Fatalf("list while stopped: %v\n%s", err, out)
+	}
+
+	// Running: through the admin API.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
+	addr := waitFor(t, logs, listenRE)
+	waitFor(t, logs, regexp.MustCompile(`listener=admin`))
+
+	out, err = invites("create")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := lastLine(out)
+	if !inviteCodeRE.MatchString(code) || !strings.Contains(out, "1 use(s), expires") {
+		t.Fatalf("create while running printed:\n%s", out)
+	}
+	for _, c := range []string{code, stoppedCode} {
+		resp, err := http.Post("http://"+addr+"/v1/invites/verify", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"code":%q,"email":"dana@example.com"}`, c)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"valid":true`) {
+			t.Errorf("verify %s: %d %s", c, resp.StatusCode, body)
+		}
+	}
+	out, err = invites("list")
+	if err != nil || !strings.Contains(out, "1/1") || !strings.Contains(out, "1/2") || strings.Contains(out, code) {
+		t.Errorf("list while running: %v\n%s", err, out)
+	}
+	id := strings.Fields(strings.Split(out, "\n")[2])[0]
+	if _, err := invites("revoke", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := invites("revoke", "inv_nope"); err == nil {
+		t.Error("revoking an unknown invite succeeded")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+
+	// Stopped again: the revocation is on disk.
+	out, err = invites("list")
+	if err != nil || !strings.Contains(strings.Split(out, "\n")[2], id) {
+		t.Fatalf("list after stop: %v\n%s", err, out)
+	}
+	if fields := strings.Fields(strings.Split(out, "\n")[2]); fields[4] == "-" {
+		t.Errorf("revoked invite shown active:\n%s", out)
+	}
+	for _, args := range [][]string{{"invites"}, {"invites", "revoke"}, {"invites", "create", "--uses", "0"}, {"invites", "frob"}} {
+		if err := run(context.Background(), args, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 // Package limiter provides layer 1 of Breakwater: an exact sliding-window
 // rate limit with a burst limit, keyed by a string (a user id, or a client
-// IP on pre-auth endpoints), kept in memory.
+// IP on pre-auth endpoints), kept in memory. For pre-auth endpoints it also
+// provides [FailLimiter], a fail limit: consecutive failures on a key start
+// a cooldown (optionally doubling), with a service-wide net on failures per
+// hour.
 //
 // # Exactness
 //

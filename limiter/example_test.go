@@ -62,3 +62,39 @@ func ExampleLimiter_Load() {
 	// limiter: rate limit reached, retry after 55s
 	// <nil>
 }
+
+// Three wrong guesses in a row start a five-minute cooldown, during which
+// even the right code is not looked at. Begin counts the attempt before the
+// caller judges it, so parallel guesses cannot slip past the limit.
+func ExampleFailLimiter() {
+	f, err := limiter.NewFail(limiter.FailConfig{Limit: 3, Window: time.Minute, Cooldown: 5 * time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	start := time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC)
+	keys := []string{"ip:203.0.113.7", "email:ann@example.com"}
+	for i, right := range []bool{false, false, false, true, true} {
+		now := start.Add(time.Duration(i) * 10 * time.Second)
+		if i == 4 {
+			now = start.Add(6 * time.Minute)
+		}
+		a, err := f.Begin(keys, now)
+		if err != nil {
+			fmt.Printf("%v: refused: %v\n", now.Sub(start), err)
+			continue
+		}
+		if right {
+			a.Succeed(now)
+			fmt.Printf("%v: right code accepted\n", now.Sub(start))
+		} else {
+			a.Fail(now)
+			fmt.Printf("%v: wrong code\n", now.Sub(start))
+		}
+	}
+	// Output:
+	// 0s: wrong code
+	// 10s: wrong code
+	// 20s: wrong code
+	// 30s: refused: limiter: cooldown limit reached, retry after 4m50s
+	// 6m0s: right code accepted
+}

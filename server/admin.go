@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -167,4 +168,64 @@ func (s *Server) handleBackup(c echo.Context) error {
 		panic(http.ErrAbortHandler)
 	}
 	return nil
+}
+
+var errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
+
+// createInviteRequest is the body of POST /api/invites.
+type createInviteRequest struct {
+	Uses int `json:"uses"`
+	// Expires is a Go duration such as "72h"; "" or "0" means never.
+	Expires string `json:"expires"`
+	Note    string `json:"note"`
+}
+
+// createInviteResponse is the answer: the invite and, this once, its code.
+type createInviteResponse struct {
+	InviteInfo
+	Code string `json:"code"`
+}
+
+func (s *Server) handleCreateInvite(c echo.Context) error {
+	var req createInviteRequest
+	if err := c.Bind(&req); err != nil {
+		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"uses":1,"expires":"72h","note":"..."}.`)
+	}
+	var ttl time.Duration
+	if req.Expires != "" {
+		d, err := time.ParseDuration(req.Expires)
+		if err != nil {
+			return problem(http.StatusBadRequest, "bad_request", "Bad request", "expires must be a duration such as \"72h\".")
+		}
+		ttl = d
+	}
+	code, info, err := s.d.Operator.CreateInvite(c.Request().Context(), req.Uses, ttl, req.Note)
+	switch {
+	case errors.Is(err, ErrBadInvite):
+		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
+	case err != nil:
+		return err
+	}
+	s.log.Info("invite created", "invite_id", info.ID, "uses", info.MaxUses, "expires_at", info.ExpiresAt)
+	return c.JSON(http.StatusCreated, createInviteResponse{InviteInfo: info, Code: code})
+}
+
+func (s *Server) handleListInvites(c echo.Context) error {
+	list, err := s.d.Operator.ListInvites(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, list)
+}
+
+func (s *Server) handleRevokeInvite(c echo.Context) error {
+	info, err := s.d.Operator.RevokeInvite(c.Request().Context(), c.Param("id"))
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return errInviteNotFound
+	case err != nil:
+		return err
+	}
+	s.log.Info("invite revoked", "invite_id", info.ID)
+	return c.JSON(http.StatusOK, info)
 }

@@ -146,3 +146,27 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer) error {
 	}
 	return nil
 }
+
+// CreateInvite asks the server for a new invite code.
+func (a *AdminClient) CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (code string, info InviteInfo, err error) {
+	var out createInviteResponse
+	req := createInviteRequest{Uses: uses, Expires: ttl.String(), Note: note}
+	if err := a.call(ctx, http.MethodPost, "/api/invites", req, &out); err != nil {
+		return "", InviteInfo{}, err
+	}
+	return out.Code, out.InviteInfo, nil
+}
+
+// ListInvites lists every invite without codes.
+func (a *AdminClient) ListInvites(ctx context.Context) ([]InviteInfo, error) {
+	var out []InviteInfo
+	err := a.call(ctx, http.MethodGet, "/api/invites", nil, &out)
+	return out, err
+}
+
+// RevokeInvite disables an invite on the running server.
+func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, error) {
+	var out InviteInfo
+	err := a.call(ctx, http.MethodPost, "/api/invites/"+url.PathEscape(id)+"/revoke", nil, &out)
+	return out, err
+}

@@ -186,6 +186,10 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	invites, err := NewInvites(db)
+	if err != nil {
+		b.Fatal(err)
+	}
 	layers := Layers{
 		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
@@ -193,7 +197,8 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	srv, err := New(Config{}, Deps{
 		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
-		Operator: NewOperator(kr, layers, db, plans.All, time.UTC),
+		Operator: NewOperator(kr, invites, layers, db, plans.All, time.UTC),
+		Invites:  invites, InviteCodes: db,
 	})
 	if err != nil {
 		b.Fatal(err)

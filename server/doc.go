@@ -1,5 +1,5 @@
 // Package server is Breakwater's HTTP face: the public API (POST /v1/ocr,
-// GET /healthz), the admin API on its own loopback listener, and the
+// POST /v1/invites/verify, GET /healthz), the admin API on its own loopback listener, and the
 // transport rules every request meets first: client IP from trusted proxies
 // only, a body limit enforced before anything is buffered, a request id we
 // generate ourselves, panic recovery, and one error handler that answers
@@ -7,5 +7,5 @@
 //
 // Echo stays inside this package. Handlers walk the protection layers in the
 // order DESIGN.md fixes; the package holds no thresholds of its own and never
-// writes to disk except through the usage recorder it is given.
+// writes to disk except through the recorders and stores it is given.
 package server

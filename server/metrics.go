@@ -28,6 +28,7 @@ type Metrics struct {
 	cost            prometheus.Counter     // US dollars
 	commitLatency   prometheus.Histogram
 	jwt             *prometheus.CounterVec // reason
+	inviteRefusals  *prometheus.CounterVec // reason
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -80,7 +81,11 @@ func NewMetrics() *Metrics {
 		Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
 	})
 	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency)
-	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt,
+	m.inviteRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_invite_refusals_total",
+		Help: "Invite verifications refused, by reason: rate, burst, invalid, expired, used_up, revoked, cooldown, in_flight, global.",
+	}, []string{"reason"})
+	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt, m.inviteRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -61,12 +61,16 @@ func recoverPanics(log *slog.Logger) echo.MiddlewareFunc {
 // limitBody refuses a body whose declared length exceeds max before reading
 // a byte of it, and caps what can be read from any other body at max, so a
 // lying or absent Content-Length cannot make us buffer more.
-func limitBody(max int64) echo.MiddlewareFunc {
+func limitBody(max int64) echo.MiddlewareFunc { return limitBodyWith(max, errTooLarge) }
+
+// limitBodyWith is limitBody answering a declared length over max with
+// tooLarge.
+func limitBodyWith(max int64, tooLarge *Problem) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			r := c.Request()
 			if r.ContentLength > max {
-				return errTooLarge
+				return tooLarge
 			}
 			r.Body = http.MaxBytesReader(c.Response(), r.Body, max)
 			return next(c)

@@ -27,19 +27,20 @@ type OperatorStore interface {
 // while the server runs, and the CLI calls it directly on the database
 // while the server is stopped, so both paths do exactly the same.
 type Operator struct {
-	keys   *Keyring
-	layers Layers
-	store  OperatorStore
-	plans  func() map[string]budget.Plan
-	loc    *time.Location
-	now    func() time.Time
+	keys    *Keyring
+	invites *Invites
+	layers  Layers
+	store   OperatorStore
+	plans   func() map[string]budget.Plan
+	loc     *time.Location
+	now     func() time.Time
 }
 
 // NewOperator returns the operator over the keyring, the layers' live
 // state and storage. plans returns the plans in force (they may be
 // reloaded).
-func NewOperator(keys *Keyring, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
-	return &Operator{keys: keys, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
+func NewOperator(keys *Keyring, invites *Invites, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
+	return &Operator{keys: keys, invites: invites, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
 }
 
 // LoadBrake restores the operator's kill switch from storage at start.
@@ -62,6 +63,19 @@ func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.
 
 // RevokeKey disables a key on the next request.
 func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) { return o.keys.Revoke(id) }
+
+// CreateInvite makes a new invite code; see Invites.Create.
+func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error) {
+	return o.invites.Create(uses, ttl, note)
+}
+
+// ListInvites lists every invite without its code.
+func (o *Operator) ListInvites(context.Context) ([]InviteInfo, error) { return o.invites.List() }
+
+// RevokeInvite refuses the code from the next verification on.
+func (o *Operator) RevokeInvite(_ context.Context, id string) (InviteInfo, error) {
+	return o.invites.Revoke(id)
+}
 
 // SetBanned bans or unbans a user; the next request sees it.
 func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {

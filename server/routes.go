@@ -12,6 +12,7 @@ func (s *Server) routes() {
 	// the image itself is held to max_image_bytes when it is read.
 	s.public.GET("/healthz", s.handleHealth)
 	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack))
+	s.public.POST("/v1/invites/verify", s.handleVerifyInvite, limitBodyWith(maxVerifyBody, errVerifyTooLarge))
 
 	// Admin listener: every route needs the admin token.
 	a := s.admin.Group("", s.adminOnly)
@@ -21,6 +22,9 @@ func (s *Server) routes() {
 	a.GET("/api/keys", s.handleListKeys)
 	a.POST("/api/keys", s.handleCreateKey, limitBody(64<<10))
 	a.POST("/api/keys/:id/revoke", s.handleRevokeKey)
+	a.GET("/api/invites", s.handleListInvites)
+	a.POST("/api/invites", s.handleCreateInvite, limitBody(64<<10))
+	a.POST("/api/invites/:id/revoke", s.handleRevokeInvite)
 	a.POST("/api/users/:id", s.handleUpdateUser, limitBody(64<<10))
 	a.GET("/api/usage", s.handleUsage)
 	a.GET("/api/budget", s.handleBudget)

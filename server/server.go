@@ -41,8 +41,8 @@ type EventRecorder interface {
 	Record(e storage.Event)
 }
 
-// Deps are the components a Server works with. All but Logger and Now are
-// required.
+// Deps are the components a Server works with. All but JWT, Metrics,
+// InviteGuard, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
 	Keys     *Keyring
 	JWT      *Verifier      // nil: JWT sign-in is off, every bearer token is an API key
@@ -57,6 +57,16 @@ type Deps struct {
 	Price    ocr.Price // to bound each call's cost before it and price it after
 	Metrics  *Metrics  // nil: a fresh set
 	Operator *Operator // the admin API's commands
+	// Invites manages invite codes (admin API); InviteCodes looks them up
+	// and redeems them (POST /v1/invites/verify).
+	Invites     *Invites
+	InviteCodes InviteRedeemer
+	// InviteGuard holds the invite protections' state; nil: a fresh one
+	// with the default InviteConfig.
+	InviteGuard *InviteGuard
+	// Alerts hears about conditions that need the operator; nil: they are
+	// only logged.
+	Alerts Alerter
 	// AdminToken guards the admin API; empty disables it (every call 401).
 	AdminToken string
 	Logger     *slog.Logger
@@ -72,6 +82,7 @@ type Server struct {
 	reqIDs   *requestIDs
 	clients  *clientIP
 	failOpen *failOpens
+	guard    *InviteGuard
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 
 	refusalsToday dailyRefusals
@@ -86,8 +97,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
-		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil {
-		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder and operator are all required")
+		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
+		d.Invites == nil || d.InviteCodes == nil {
+		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator and invites are all required")
+	}
+	if d.InviteGuard == nil {
+		g, err := NewInviteGuard(InviteConfig{})
+		if err != nil {
+			return nil, err
+		}
+		d.InviteGuard = g
 	}
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics()
@@ -106,6 +125,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		now:     d.Now,
 		reqIDs:  newRequestIDs(),
 		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
+		guard:   d.InviteGuard,
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{}}
 	s.price.Store(&d.Price)

@@ -113,6 +113,8 @@ type env struct {
 	attempts *budget.Attempts
 	brake    *budget.Global
 	metrics  *Metrics
+	invites  *Invites
+	guard    *InviteGuard
 	plans    *Plans
 	srv      *Server
 	events   *detect.Recorder
@@ -140,6 +142,8 @@ type envOptions struct {
 	clock      func() time.Time // the server's clock; default time.Now
 	ledger     budget.Ledger    // default the database
 	rate       RateLimiter      // default e.windows
+	invites    InviteConfig     // [invites]; zero: the defaults
+	alerts     Alerter          // default none
 	jwt        JWTConfig        // [auth.jwt]; JWKSURL empty: JWT sign-in off
 }
 
@@ -212,6 +216,12 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
+	if e.invites, err = NewInvites(db); err != nil {
+		t.Fatal(err)
+	}
+	if e.guard, err = LoadInviteGuard(db, o.invites, e.now); err != nil {
+		t.Fatal(err)
+	}
 	if o.jwt.Enabled() {
 		e.verifier, err = NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
 			VerifierOptions{Logger: log, Now: o.clock})
@@ -223,8 +233,9 @@ func newEnv(t testing.TB, o envOptions) *env {
 	srv, err := New(cfg, Deps{
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
-		Operator: NewOperator(e.keys, layers, db, e.plans.All, e.loc),
-		Metrics:  e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
+		Operator: NewOperator(e.keys, e.invites, layers, db, e.plans.All, e.loc),
+		Invites:  e.invites, InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts,
+		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {
 		t.Fatal(err)

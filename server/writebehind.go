@@ -28,8 +28,9 @@ type StateStore interface {
 	DropStates(prefix, keep string) error
 }
 
-// WriteBehind copies the defense layers' in-memory state (rate windows and
-// daily attempt counts) to storage every interval, so that a restart
+// WriteBehind copies the defense layers' in-memory state (rate windows,
+// daily attempt counts, and the invite guard's windows and fail limits) to
+// storage every interval, so that a restart
 // neither resets a daily line nor lifts a rate limit. Only what changed is
 // written; a refused request changes nothing, so an attack that is turned
 // away causes no writes. A failed write is a fail-open event of the layer.
@@ -37,6 +38,7 @@ type WriteBehind struct {
 	store    StateStore
 	windows  *limiter.Limiter
 	attempts *budget.Attempts
+	invites  *InviteGuard
 	failOpen func(layer string, err error)
 	log      *slog.Logger
 	now      func() time.Time
@@ -51,9 +53,10 @@ const DefaultWriteBehindInterval = time.Second
 // evictEvery is how often idle rate-limit keys are dropped from memory.
 const evictEvery = 30 * time.Second
 
-// NewWriteBehind returns the writer; s supplies the fail-open accounting.
+// NewWriteBehind returns the writer; s supplies the fail-open accounting
+// and its invite guard.
 func (s *Server) NewWriteBehind(store StateStore, windows *limiter.Limiter, attempts *budget.Attempts) *WriteBehind {
-	return &WriteBehind{store: store, windows: windows, attempts: attempts, failOpen: s.failOpen.note, log: s.log, now: s.now}
+	return &WriteBehind{store: store, windows: windows, attempts: attempts, invites: s.guard, failOpen: s.failOpen.note, log: s.log, now: s.now}
 }
 
 // Run flushes every interval until ctx ends, then once more.
@@ -76,15 +79,17 @@ func (w *WriteBehind) Flush() {
 	now := w.now()
 	if now.Sub(w.lastEvict) >= evictEvery {
 		w.windows.Evict(now)
+		w.invites.Windows.Evict(now)
+		w.invites.Fails.Evict(now)
 		w.lastEvict = now
 	}
-	if dirty := w.windows.Dirty(now); len(dirty) > 0 {
-		entries := make(map[string][]byte, len(dirty))
-		for _, e := range dirty {
-			entries[e.Key] = e.State
-		}
-		if err := w.store.SaveState(stateUserWindows, entries); err != nil {
-			w.failOpen(layerRate, err)
+	w.save(stateUserWindows, w.windows.Dirty(now), layerRate)
+	w.save(stateInviteWindows, w.invites.Windows.Dirty(now), layerInvites)
+	fails, global := w.invites.Fails.Dirty()
+	w.save(stateInviteFails, fails, layerInvites)
+	if global != nil {
+		if err := w.store.SaveState(stateInviteGlobal, map[string][]byte{globalStateKey: global}); err != nil {
+			w.failOpen(layerInvites, err)
 		}
 	}
 	day, counts := w.attempts.Dirty()
@@ -98,6 +103,21 @@ func (w *WriteBehind) Flush() {
 			w.log.Warn("old attempt counts not pruned", "err", err)
 		}
 		w.lastDay = day
+	}
+}
+
+// save writes limiter entries into the named state; a failure is a
+// fail-open event of layer.
+func (w *WriteBehind) save(name string, dirty []limiter.Entry, layer string) {
+	if len(dirty) == 0 {
+		return
+	}
+	entries := make(map[string][]byte, len(dirty))
+	for _, e := range dirty {
+		entries[e.Key] = e.State
+	}
+	if err := w.store.SaveState(name, entries); err != nil {
+		w.failOpen(layer, err)
 	}
 }
 

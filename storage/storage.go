@@ -1,5 +1,6 @@
 // Package storage provides Breakwater's durable state: one BoltDB file that
-// holds users, API keys, plan quotas, usage records and statistics events.
+// holds users, API keys, invite codes, plan quotas, usage records and
+// statistics events.
 //
 // Money writes (the quota increment and its usage row) go through a group
 // commit: concurrent callers share one transaction and one fsync, and each
@@ -135,11 +136,12 @@ var (
 	bucketBudgetDays   = []byte("budget_days")  // "2006-01-02" -> requests, spend
 	bucketReservations = []byte("reservations") // id -> JSON open reservation
 	bucketDefense      = []byte("defense")      // state name -> bucket of key -> opaque value
+	bucketInvites      = []byte("invites")      // sha-256 of the normalised code -> JSON Invite
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
-		bucketBudgetDays, bucketReservations, bucketDefense,
+		bucketBudgetDays, bucketReservations, bucketDefense, bucketInvites,
 	}
 
 	keySchemaVersion = []byte("schema_version")

@@ -1,0 +1,349 @@
+package limiter_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"breakwater/limiter"
+)
+
+// failStep is one attempt on key "k" at t0+at: begun, then failed (ok
+// false) or succeeded (ok true). refused, if set, is the reason Begin must
+// give instead; until, if set, is the cooldown end that Begin must report
+// as RetryAfter from at.
+type failStep struct {
+	at      time.Duration
+	ok      bool
+	refused string
+	until   time.Duration
+}
+
+func fail(at time.Duration) failStep    { return failStep{at: at} }
+func succeed(at time.Duration) failStep { return failStep{at: at, ok: true} }
+func cooling(at, until time.Duration) failStep {
+	return failStep{at: at, refused: limiter.ReasonCooldown, until: until}
+}
+
+func mustNewFail(tb testing.TB, cfg limiter.FailConfig) *limiter.FailLimiter {
+	tb.Helper()
+	f, err := limiter.NewFail(cfg)
+	if err != nil {
+		tb.Fatalf("NewFail(%+v): %v", cfg, err)
+	}
+	return f
+}
+
+func runFailSteps(t *testing.T, f *limiter.FailLimiter, steps []failStep) {
+	t.Helper()
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		a, err := f.Begin([]string{"k"}, now)
+		if s.refused != "" {
+			var r *limiter.Refusal
+			if !errors.As(err, &r) || r.Reason != s.refused {
+				t.Fatalf("step %d at %v: Begin = %v, want refusal %q", i, s.at, err, s.refused)
+			}
+			if s.until != 0 {
+				if got, want := r.RetryAfter, s.until-s.at; got != want {
+					t.Fatalf("step %d at %v: RetryAfter %v, want %v", i, s.at, got, want)
+				}
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("step %d at %v: Begin = %v, want admitted", i, s.at, err)
+		}
+		if s.ok {
+			a.Succeed(now)
+		} else {
+			a.Fail(now)
+		}
+	}
+}
+
+func TestFailLimiterSteps(t *testing.T) {
+	m := time.Minute
+	base := limiter.FailConfig{Limit: 5, Window: 10 * m, Cooldown: 10 * m}
+	backoff := base
+	backoff.Backoff, backoff.MaxCooldown = true, 25*m
+	decay := base
+	decay.Decay = true
+	cases := []struct {
+		name  string
+		cfg   limiter.FailConfig
+		steps []failStep
+	}{
+		{"five failures within the window start a cooldown", base, []failStep{
+			fail(0), fail(m), fail(2 * m), fail(3 * m), fail(4 * m),
+			cooling(4*m+time.Second, 14*m), cooling(13*m, 14*m),
+		}},
+		{"four failures do not", base, []failStep{
+			fail(0), fail(m), fail(2 * m), fail(3 * m), succeed(4 * m),
+		}},
+		{"each failure within the window of the previous, not of the first", base, []failStep{
+			fail(0), fail(9 * m), fail(18 * m), fail(27 * m), fail(36 * m),
+			cooling(37*m, 46*m),
+		}},
+		{"failures 11 minutes apart do not accumulate", base, []failStep{
+			fail(0), fail(11 * m), fail(22 * m), fail(33 * m), fail(44 * m), fail(55 * m), fail(66 * m),
+			fail(77 * m), succeed(78 * m),
+		}},
+		{"exactly the window apart still counts", base, []failStep{
+			fail(0), fail(10 * m), fail(20 * m), fail(30 * m), fail(40 * m),
+			cooling(40*m, 50*m),
+		}},
+		{"a gap breaks the run and the count starts again", base, []failStep{
+			fail(0), fail(m), fail(2 * m), fail(3 * m), // 4 in a run
+			fail(14 * m),                                           // 11 minutes later: a run of 1
+			fail(15 * m), fail(16 * m), fail(17 * m), fail(18 * m), // 5
+			cooling(18*m, 28*m),
+		}},
+		{"cooldown expiry", base, []failStep{
+			fail(0), fail(0), fail(0), fail(0), fail(0),
+			cooling(10*m-time.Nanosecond, 10*m), succeed(10 * m),
+			// after it a fresh run is needed
+			fail(11 * m), fail(11 * m), fail(11 * m), fail(11 * m), succeed(11 * m),
+		}},
+		{"a failure right after a cooldown starts a new run", base, []failStep{
+			fail(0), fail(0), fail(0), fail(0), fail(0),
+			fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), succeed(10 * m),
+		}},
+		{"success resets the run", base, []failStep{
+			fail(0), fail(0), fail(0), fail(0), succeed(m),
+			fail(m), fail(m), fail(m), fail(m), succeed(2 * m),
+		}},
+		{"decay takes one failure off", decay, []failStep{
+			fail(0), fail(0), fail(0), fail(0), succeed(m), // run 3
+			fail(m), succeed(m), // 4, then 3
+			fail(m), fail(m), // 5
+			cooling(m+1, 11*m),
+		}},
+		{"decay: a success after the window has nothing to take", decay, []failStep{
+			fail(0), fail(0), fail(0), fail(0), succeed(20 * m),
+			fail(20 * m), fail(20 * m), fail(20 * m), fail(20 * m), succeed(20 * m),
+		}},
+		{"backoff doubles and is capped", backoff, []failStep{
+			fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m), // 10m
+			fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m),
+			cooling(10*m, 30*m), // 20m
+			fail(30 * m), fail(30 * m), fail(30 * m), fail(30 * m), fail(30 * m),
+			cooling(30*m, 55*m), // 40m, capped at 25m
+		}},
+		{"backoff forgets after 24 hours", backoff, []failStep{
+			fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m),
+			fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour),
+			fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour),
+			cooling(10*m+24*time.Hour, 20*m+24*time.Hour), // 10m again
+		}},
+		{"without backoff every cooldown is the same", base, []failStep{
+			fail(0), fail(0), fail(0), fail(0), fail(0),
+			fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m),
+			cooling(10*m, 20*m),
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			runFailSteps(t, mustNewFail(t, c.cfg), c.steps)
+		})
+	}
+}
+
+func TestFailLimiterKeysTogether(t *testing.T) {
+	f := mustNewFail(t, limiter.FailConfig{Limit: 2})
+	for range 2 {
+		a, err := f.Begin([]string{"ip:1", "email:a"}, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Fail(t0)
+	}
+	// The e-mail cools down from any address; a fresh pair is untouched.
+	if _, err := f.Begin([]string{"ip:2", "email:a"}, t0); !errors.Is(err, limiter.ErrLimited) {
+		t.Errorf("other address, same e-mail: %v, want refused", err)
+	}
+	if _, err := f.Begin([]string{"ip:1", "email:b"}, t0); !errors.Is(err, limiter.ErrLimited) {
+		t.Errorf("same address, other e-mail: %v, want refused", err)
+	}
+	a, err := f.Begin([]string{"ip:2", "email:b"}, t0)
+	if err != nil {
+		t.Fatalf("fresh pair: %v", err)
+	}
+	a.Cancel()
+	// A refused Begin counted nothing on ip:2.
+	for range 1 {
+		a, _ := f.Begin([]string{"ip:2", "email:c"}, t0)
+		a.Fail(t0)
+	}
+	if _, ok := f.CoolingDown("ip:2", t0); ok {
+		t.Error("ip:2 cooling down after one failure")
+	}
+}
+
+func TestFailLimiterParallelGuesses(t *testing.T) {
+	f := mustNewFail(t, limiter.FailConfig{Limit: 5})
+	var evaluated atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 50 {
+		wg.Go(func() {
+			<-start
+			a, err := f.Begin([]string{"ip:1"}, t0)
+			if err != nil {
+				return
+			}
+			evaluated.Add(1)
+			a.Fail(t0)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := evaluated.Load(); got > 5 || got == 0 {
+		t.Errorf("%d guesses evaluated, want 1 to 5", got)
+	}
+	if _, ok := f.CoolingDown("ip:1", t0); ok != (evaluated.Load() == 5) {
+		t.Errorf("cooling down %v after %d failures", ok, evaluated.Load())
+	}
+}
+
+func TestFailLimiterInFlight(t *testing.T) {
+	f := mustNewFail(t, limiter.FailConfig{Limit: 2})
+	a1, _ := f.Begin([]string{"k"}, t0)
+	a2, _ := f.Begin([]string{"k"}, t0)
+	var r *limiter.Refusal
+	if _, err := f.Begin([]string{"k"}, t0); !errors.As(err, &r) || r.Reason != limiter.ReasonInFlight {
+		t.Fatalf("third in flight: %v, want %q", err, limiter.ReasonInFlight)
+	}
+	a1.Succeed(t0)
+	a1.Fail(t0) // finished already: nothing
+	a2.Cancel()
+	a3, err := f.Begin([]string{"k"}, t0)
+	if err != nil {
+		t.Fatalf("after the two finished: %v", err)
+	}
+	a3.Cancel()
+	var nilAttempt *limiter.Attempt
+	nilAttempt.Fail(t0) // a nil attempt is a no-op
+	nilAttempt.Succeed(t0)
+	nilAttempt.Cancel()
+}
+
+func TestFailLimiterGlobalNet(t *testing.T) {
+	f := mustNewFail(t, limiter.FailConfig{Limit: 5, GlobalPerHour: 10})
+	trips := 0
+	for i := range 10 {
+		a, err := f.Begin([]string{fmt.Sprintf("ip:%d", i)}, t0.Add(time.Duration(i)*time.Minute))
+		if err != nil {
+			t.Fatalf("guess %d: %v", i, err)
+		}
+		if a.Fail(t0.Add(time.Duration(i) * time.Minute)) {
+			trips++
+		}
+	}
+	if trips != 1 {
+		t.Errorf("net tripped %d times, want once", trips)
+	}
+	var r *limiter.Refusal
+	if _, err := f.Begin([]string{"ip:fresh"}, t0.Add(10*time.Minute)); !errors.As(err, &r) || r.Reason != limiter.ReasonGlobal {
+		t.Errorf("after 10 failures: %v, want %q", err, limiter.ReasonGlobal)
+	}
+	// An hour after the first failure, it has left the count.
+	a, err := f.Begin([]string{"ip:fresh"}, t0.Add(time.Hour))
+	if err != nil {
+		t.Fatalf("an hour later: %v", err)
+	}
+	a.Cancel()
+	if got := f.GlobalFailures(t0.Add(time.Hour)); got != 9 {
+		t.Errorf("global failures %d, want 9", got)
+	}
+}
+
+func TestFailLimiterRestartKeepsCooldown(t *testing.T) {
+	cfg := limiter.FailConfig{Limit: 3, Backoff: true, GlobalPerHour: 100}
+	f := mustNewFail(t, cfg)
+	runFailSteps(t, f, []failStep{fail(0), fail(0), fail(0), cooling(time.Minute, 10*time.Minute)})
+	// Leave a half run behind on another key.
+	a, _ := f.Begin([]string{"other"}, t0)
+	a.Fail(t0)
+
+	entries, global := f.Dirty()
+	if len(entries) != 2 || global == nil {
+		t.Fatalf("dirty %d entries, global %v", len(entries), global)
+	}
+	if again, g := f.Dirty(); len(again) != 0 || g != nil {
+		t.Errorf("second Dirty returned %d entries and %v", len(again), g)
+	}
+
+	g := mustNewFail(t, cfg)
+	g.Load(entries, global)
+	if until, ok := g.CoolingDown("k", t0.Add(5*time.Minute)); !ok || !until.Equal(t0.Add(10*time.Minute)) {
+		t.Errorf("after restart cooling down %v until %v, want until t0+10m", ok, until)
+	}
+	if got := g.GlobalFailures(t0.Add(time.Minute)); got != 4 {
+		t.Errorf("global failures after restart %d, want 4", got)
+	}
+	// The half run on "other" continues: two more failures cool it down.
+	runOther := func(at time.Duration) {
+		a, err := g.Begin([]string{"other"}, t0.Add(at))
+		if err != nil {
+			t.Fatalf("other at %v: %v", at, err)
+		}
+		a.Fail(t0.Add(at))
+	}
+	runOther(time.Minute)
+	runOther(2 * time.Minute)
+	if _, ok := g.CoolingDown("other", t0.Add(2*time.Minute)); !ok {
+		t.Error("the run on other was lost in the restart")
+	}
+	// Backoff history survives too: k's next cooldown is doubled.
+	for range 3 {
+		a, err := g.Begin([]string{"k"}, t0.Add(11*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Fail(t0.Add(11 * time.Minute))
+	}
+	if until, _ := g.CoolingDown("k", t0.Add(11*time.Minute)); !until.Equal(t0.Add(31 * time.Minute)) {
+		t.Errorf("second cooldown until %v, want t0+31m (doubled)", until)
+	}
+	// Undecodable state is skipped.
+	g.Load([]limiter.Entry{{Key: "k", State: []byte{9, 9}}}, []byte{7})
+	if _, ok := g.CoolingDown("k", t0.Add(12*time.Minute)); !ok {
+		t.Error("garbage replaced a cooldown")
+	}
+}
+
+func TestFailLimiterEvict(t *testing.T) {
+	f := mustNewFail(t, limiter.FailConfig{Limit: 2})
+	for _, k := range []string{"a", "b", "b"} {
+		a, _ := f.Begin([]string{k}, t0)
+		a.Fail(t0)
+	}
+	f.Dirty()
+	if n := f.Evict(t0.Add(5 * time.Minute)); n != 0 {
+		t.Errorf("evicted %d live keys", n)
+	}
+	if n := f.Evict(t0.Add(11 * time.Minute)); n != 2 || f.Len() != 0 {
+		t.Errorf("evicted %d, %d left; want 2 and 0", n, f.Len())
+	}
+	entries, _ := f.Dirty()
+	if len(entries) != 2 || entries[0].State != nil || entries[1].State != nil {
+		t.Errorf("dirty after evict %+v, want two deletions", entries)
+	}
+}
+
+func TestFailConfigValidate(t *testing.T) {
+	for _, bad := range []limiter.FailConfig{
+		{Limit: -1}, {Window: -time.Second}, {Cooldown: 2 * time.Hour, MaxCooldown: time.Hour}, {GlobalPerHour: -1},
+	} {
+		if err := bad.Validate(); !errors.Is(err, limiter.ErrInvalidConfig) {
+			t.Errorf("%+v: %v, want invalid", bad, err)
+		}
+	}
+	if got := (limiter.FailConfig{Cooldown: 48 * time.Hour}).WithDefaults().MaxCooldown; got != 48*time.Hour {
+		t.Errorf("max cooldown defaults to %v under a 48h cooldown", got)
+	}
+}

@@ -1,0 +1,284 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+// maxVerifyBody is the largest POST /v1/invites/verify body: a code and
+// an e-mail fit many times over.
+const maxVerifyBody = 4 << 10
+
+// verifyRoute is the route as recorded in statistics events.
+const verifyRoute = "/v1/invites/verify"
+
+// layerInvites names the invite guard in fail-open metrics and logs.
+const layerInvites = "invites"
+
+// Reasons an invite verification is refused, as in logs, statistics
+// events and breakwater_invite_refusals_total{reason}. Besides these the
+// metric counts the limiter's "rate" and "burst" (429), and the fail
+// limiter's "cooldown", "in_flight" and "global".
+const (
+	reasonInvalid = "invalid" // no invite has that code (malformed codes too)
+	reasonExpired = "expired"
+	reasonUsedUp  = "used_up"
+	reasonRevoked = "revoked"
+)
+
+// The problems of POST /v1/invites/verify. errInviteRefused is the one face
+// of every refusal that concerns the code: it carries no reason, no figure
+// and no hint of how many tries are left.
+var (
+	errInviteRefused = problem(http.StatusForbidden, "invite_refused", "Forbidden",
+		"This invite code cannot be used. Check it, or try again later.")
+	errInviteRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
+		"Too many requests from your address in a short time. Wait for the time in Retry-After.")
+	errVerifyBody = problem(http.StatusBadRequest, "bad_request", "Bad request",
+		`Send JSON {"code":"...","email":"..."}.`)
+	errInvalidEmail = problem(http.StatusBadRequest, "invalid_email", "Bad request",
+		"The e-mail address is not valid.")
+	errVerifyTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
+		"The request body is larger than this endpoint accepts.")
+	errInvitesUnavailable = problem(http.StatusServiceUnavailable, "invites_unavailable", "Service unavailable",
+		"Invite codes cannot be checked right now. Try again shortly.")
+)
+
+// Alerter hears about conditions that need the operator: today, the
+// service-wide net of invite verification tripping. Alert must return
+// quickly; the detection package will send it by e-mail.
+type Alerter interface {
+	Alert(kind, message string)
+}
+
+// InviteGuard is the in-memory state of the invite protections: the
+// per-IP rate windows and the fail limit (per IP, per e-mail, and
+// service-wide).
+type InviteGuard struct {
+	Windows *limiter.Limiter
+	Fails   *limiter.FailLimiter
+}
+
+// State names under which the invite guard is written behind.
+const (
+	stateInviteWindows = "invites/windows"
+	stateInviteFails   = "invites/fails"
+	stateInviteGlobal  = "invites/global"
+	globalStateKey     = "hour"
+)
+
+// StateLoader reads written-behind defense state.
+type StateLoader interface {
+	LoadState(name string) (map[string][]byte, error)
+}
+
+// LoadInviteGuard builds the invite guard for cfg and restores its state
+// from store, so that a restart lifts no cooldown and resets no window.
+func LoadInviteGuard(store StateLoader, cfg InviteConfig, now time.Time) (*InviteGuard, error) {
+	g, err := NewInviteGuard(cfg)
+	if err != nil {
+		return nil, err
+	}
+	windows, err := store.LoadState(stateInviteWindows)
+	if err != nil {
+		return nil, err
+	}
+	g.Windows.Load(stateEntries(windows), now)
+	fails, err := store.LoadState(stateInviteFails)
+	if err != nil {
+		return nil, err
+	}
+	global, err := store.LoadState(stateInviteGlobal)
+	if err != nil {
+		return nil, err
+	}
+	g.Fails.Load(stateEntries(fails), global[globalStateKey])
+	return g, nil
+}
+
+// NewInviteGuard builds an empty invite guard for cfg.
+func NewInviteGuard(cfg InviteConfig) (*InviteGuard, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	w, err := limiter.New(cfg.Limits())
+	if err != nil {
+		return nil, err
+	}
+	f, err := limiter.NewFail(cfg.Fail())
+	if err != nil {
+		return nil, err
+	}
+	return &InviteGuard{Windows: w, Fails: f}, nil
+}
+
+func stateEntries(m map[string][]byte) []limiter.Entry {
+	out := make([]limiter.Entry, 0, len(m))
+	for k, v := range m {
+		out = append(out, limiter.Entry{Key: k, State: v})
+	}
+	return out
+}
+
+// verifyRequest is the body of POST /v1/invites/verify.
+type verifyRequest struct {
+	Code  string `json:"code"`
+	Email string `json:"email"`
+}
+
+// decodeVerifyRequest reads one JSON object with string fields code and
+// email, and nothing after it. Unknown fields are ignored.
+func decodeVerifyRequest(r io.Reader) (verifyRequest, error) {
+	var req verifyRequest
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(&req); err != nil {
+		if isTooLarge(err) {
+			return req, errVerifyTooLarge
+		}
+		return req, errVerifyBody
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		if isTooLarge(err) {
+			return req, errVerifyTooLarge
+		}
+		return req, errVerifyBody
+	}
+	return req, nil
+}
+
+// limitKey is the key a client address is limited under: the address
+// itself for IPv4, its /64 for IPv6 (one host usually holds a whole /64,
+// so keying single addresses would give it 2^64 tries).
+func limitKey(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ip
+	}
+	a = a.Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	p, _ := a.WithZone("").Prefix(64)
+	return p.String()
+}
+
+// handleVerifyInvite checks an invite code for an e-mail and redeems one
+// use. The protections run in the order of DESIGN.md: the IP rate limit
+// and burst (429 with Retry-After), then the fail limit per IP and per
+// e-mail, then the service-wide net. Every refusal that concerns the code
+// gives errInviteRefused, byte for byte, after the same work: the code is
+// normalised, hashed and looked up on every path, so neither the answer
+// nor its timing tells a wrong code from a cooldown.
+func (s *Server) handleVerifyInvite(c echo.Context) error {
+	start := s.now()
+	ip := c.RealIP()
+	ipKey := "ip:" + limitKey(ip)
+
+	// 1. The IP rate limit and burst, in memory; fails open.
+	err := s.defend(layerInvites, func() error { return s.guard.Windows.Allow(ipKey, start) }, isRateRefusal)
+	var rl *limiter.Refusal
+	if errors.As(err, &rl) {
+		s.d.Metrics.inviteRefusals.WithLabelValues(rl.Reason).Inc()
+		return errInviteRateLimited.withRetryAfter(rl.RetryAfterSeconds())
+	}
+
+	req, err := decodeVerifyRequest(c.Request().Body)
+	if err != nil {
+		return err
+	}
+	// The e-mail is judged before the code is looked at, so this answer
+	// depends on the e-mail alone and says nothing about the code.
+	email, ok := normaliseEmail(req.Email)
+	if !ok {
+		return errInvalidEmail
+	}
+	code := normaliseCode(req.Code)
+	hash := hashInviteCode(code)
+
+	// 2 and 3. The fail limit per IP and per e-mail, and the service-wide
+	// net: checked and counted in one step.
+	var attempt *limiter.Attempt
+	err = s.defend(layerInvites, func() (err error) {
+		attempt, err = s.guard.Fails.Begin([]string{ipKey, "email:" + email}, start)
+		return err
+	}, isRateRefusal)
+	defer attempt.Cancel() // a no-op once the attempt has an outcome
+
+	// The lookup runs whatever the guard said, for comparable work.
+	inv, lookupErr := s.d.InviteCodes.InviteByHash(hash)
+	if errors.As(err, &rl) {
+		return s.inviteRefusal(c, start, rl.Reason, email)
+	}
+	if lookupErr != nil && !errors.Is(lookupErr, storage.ErrNotFound) {
+		s.log.Error("invite lookup failed", "request_id", requestID(c), "err", lookupErr)
+		return errInvitesUnavailable
+	}
+
+	outcome := storage.InviteUnknown
+	if lookupErr == nil && wellFormedCode(code) {
+		outcome = inv.Check(email, start)
+	}
+	if outcome == storage.InviteRedeemed {
+		// Decide again and write in one transaction: the lookup may be
+		// stale by now.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
+		defer cancel()
+		outcome, err = s.d.InviteCodes.RedeemInvite(ctx, hash, email, start)
+		if err != nil {
+			s.log.Error("invite redemption not written", "request_id", requestID(c), "err", err)
+			return errInvitesUnavailable
+		}
+	}
+	if !outcome.OK() {
+		if attempt.Fail(s.now()) {
+			s.alert("invite_failures", "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack")
+		}
+		return s.inviteRefusal(c, start, outcome.String(), email)
+	}
+	attempt.Succeed(s.now())
+	s.recordVerify(c, start, "ok", http.StatusOK)
+	s.log.Info("invite verified", "outcome", outcome.String(), "ip", ip, "request_id", requestID(c))
+	return c.JSON(http.StatusOK, map[string]bool{"valid": true})
+}
+
+// inviteRefusal logs, counts and records the precise reason, and answers
+// with the one face.
+func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email string) error {
+	s.d.Metrics.inviteRefusals.WithLabelValues(reason).Inc()
+	s.recordVerify(c, start, reason, errInviteRefused.Status)
+	s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c))
+	return errInviteRefused
+}
+
+func (s *Server) recordVerify(c echo.Context, start time.Time, outcome string, status int) {
+	s.d.Events.Record(storage.Event{
+		Time: start, IP: c.RealIP(), Route: verifyRoute, Outcome: outcome, Status: status,
+		Bytes: c.Request().ContentLength, LatencyMS: s.now().Sub(start).Milliseconds(),
+	})
+}
+
+// alert hands a condition to the alerter, if there is one. A panicking
+// alerter is logged, never allowed to fail the request.
+func (s *Server) alert(kind, message string) {
+	s.log.Warn("alert", "kind", kind, "message", message)
+	if s.d.Alerts == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("alerter panicked", "kind", kind, "panic", r)
+		}
+	}()
+	s.d.Alerts.Alert(kind, message)
+}

@@ -1,0 +1,517 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"breakwater/storage"
+)
+
+// loose is an [invites] config whose rate limit stays out of the way of
+// tests about the fail limit.
+func loose(c InviteConfig) InviteConfig {
+	if c.Rate == 0 {
+		c.Rate = 10_000
+	}
+	if c.Burst == 0 {
+		c.Burst = 10_000
+	}
+	return c
+}
+
+// trustLoopback makes 127.0.0.1 a trusted proxy, so that tests can play
+// many clients through X-Real-IP and X-Forwarded-For.
+func trustLoopback(c *Config) { c.TrustedProxies = []string{"127.0.0.1"} }
+
+// verify posts {"code","email"} with extra headers ("X-Real-IP": ...).
+func (e *env) verify(code, email string, headers ...string) (*http.Response, []byte) {
+	e.t.Helper()
+	body, _ := json.Marshal(verifyRequest{Code: code, Email: email})
+	return e.verifyRaw(body, headers...)
+}
+
+func (e *env) verifyRaw(body []byte, headers ...string) (*http.Response, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.http.URL+"/v1/invites/verify", bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	return do(e.t, req)
+}
+
+// newInvite creates an invite and returns its code.
+func (e *env) newInvite(uses int, ttl time.Duration) (string, InviteInfo) {
+	e.t.Helper()
+	code, info, err := e.invites.Create(uses, ttl, "test")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return code, info
+}
+
+func wantValid(t *testing.T, e *env, code, email string, headers ...string) {
+	t.Helper()
+	resp, data := e.verify(code, email, headers...)
+	if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(data)) != `{"valid":true}` {
+		t.Fatalf("status %d %s, want 200 {\"valid\":true}", resp.StatusCode, data)
+	}
+}
+
+// refusedBody is the one face of every refusal, captured from the first
+// one a test sees; wantRefused compares every later one byte for byte.
+type refusedBody struct{ first []byte }
+
+func (r *refusedBody) wantVerify(t *testing.T, e *env, code, email string, headers ...string) {
+	t.Helper()
+	resp, data := e.verify(code, email, headers...)
+	r.want(t, resp, data)
+}
+
+func (r *refusedBody) want(t *testing.T, resp *http.Response, data []byte) {
+	t.Helper()
+	decodeProblem(t, resp, data, http.StatusForbidden, "invite_refused")
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		t.Errorf("refusal carries Retry-After %q", ra)
+	}
+	if r.first == nil {
+		r.first = data
+	} else if !bytes.Equal(r.first, data) {
+		t.Errorf("refusal body %s differs from %s", data, r.first)
+	}
+}
+
+// inviteRefusals reads breakwater_invite_refusals_total{reason}.
+func (e *env) inviteRefusals(reason string) int {
+	e.t.Helper()
+	var m dto.Metric
+	if err := e.metrics.inviteRefusals.WithLabelValues(reason).Write(&m); err != nil {
+		e.t.Fatal(err)
+	}
+	return int(m.GetCounter().GetValue())
+}
+
+// alertRecorder is an Alerter that remembers what it was told.
+type alertRecorder struct {
+	mu    sync.Mutex
+	kinds []string
+}
+
+func (a *alertRecorder) Alert(kind, message string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.kinds = append(a.kinds, kind)
+}
+
+func (a *alertRecorder) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.kinds)
+}
+
+func TestVerifyInviteRedeemsOncePerEmail(t *testing.T) {
+	e := newEnv(t, envOptions{invites: loose(InviteConfig{})})
+	code, info := e.newInvite(2, 0)
+	if len(strings.ReplaceAll(code, "-", "")) < 10 {
+		t.Errorf("code %q is shorter than 10 characters", code)
+	}
+	wantValid(t, e, code, "ann@example.com")
+	// Idempotent for the same e-mail, however it is written, and the code
+	// is read without case or separators.
+	wantValid(t, e, strings.ToLower(strings.ReplaceAll(code, "-", " ")), "  Ann@Example.COM ")
+	wantValid(t, e, code, "bob@example.com")
+	var r refusedBody
+	r.wantVerify(t, e, code, "cat@example.com")
+	list, err := e.invites.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].ID != info.ID || list[0].Uses != 2 {
+		t.Errorf("list %+v, want 2 uses of %s", list, info.ID)
+	}
+	if got := e.inviteRefusals(reasonUsedUp); got != 1 {
+		t.Errorf("used_up refusals %d, want 1", got)
+	}
+}
+
+// TestVerifyRefusalsLookAlike drives every refusal reason through real
+// HTTP and requires one status and one byte-identical body, with the
+// precise reason in the metric, the log and the statistics events.
+func TestVerifyRefusalsLookAlike(t *testing.T) {
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	alerts := &alertRecorder{}
+	e := newEnv(t, envOptions{
+		clock: clk.now, cfg: trustLoopback, alerts: alerts,
+		invites: loose(InviteConfig{FailLimit: 3, GlobalFailPerHour: 9}),
+	})
+	e.invites.now = clk.now
+	expiring, _ := e.newInvite(1, time.Hour)
+	clk.add(2 * time.Hour)
+	good, _ := e.newInvite(5, 0)
+	usedUp, _ := e.newInvite(1, 0)
+	wantValid(t, e, usedUp, "first@example.com", "X-Real-IP", "198.51.100.99")
+	revoked, revokedInfo := e.newInvite(1, 0)
+	if _, err := e.invites.Revoke(revokedInfo.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	var r refusedBody
+	cases := []struct {
+		name, code, email, ip, reason string
+	}{
+		{"invalid", "ABCD-EFGH-JKMN", "a@example.com", "198.51.100.1", reasonInvalid},
+		{"malformed", "!!", "b@example.com", "198.51.100.2", reasonInvalid},
+		{"expired", expiring, "c@example.com", "198.51.100.3", reasonExpired},
+		{"used up", usedUp, "d@example.com", "198.51.100.4", reasonUsedUp},
+		{"revoked", revoked, "e@example.com", "198.51.100.5", reasonRevoked},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r.wantVerify(t, e, c.code, c.email, "X-Real-IP", c.ip)
+			if got := e.inviteRefusals(c.reason); got == 0 {
+				t.Errorf("no %s refusal counted", c.reason)
+			}
+		})
+	}
+	// A cooldown: three wrong guesses from one address, then the right code.
+	for i := range 3 {
+		r.wantVerify(t, e, "WRONG-CODE-XXX", fmt.Sprintf("g%d@example.com", i), "X-Real-IP", "198.51.100.6")
+	}
+	r.wantVerify(t, e, good, "fresh@example.com", "X-Real-IP", "198.51.100.6")
+	if got := e.inviteRefusals(limitReasonCooldown); got != 1 {
+		t.Errorf("cooldown refusals %d, want 1", got)
+	}
+	// The service-wide net: 8 failures so far; the 9th trips it, and then
+	// the right code from a fresh address and e-mail is refused too.
+	if alerts.count() != 0 {
+		t.Fatalf("alert before the net tripped")
+	}
+	r.wantVerify(t, e, "WRONG-CODE-YYY", "h@example.com", "X-Real-IP", "198.51.100.7")
+	if alerts.count() != 1 {
+		t.Errorf("%d alerts, want 1 when the net trips", alerts.count())
+	}
+	r.wantVerify(t, e, good, "net@example.com", "X-Real-IP", "198.51.100.8")
+	if got := e.inviteRefusals(limitReasonGlobal); got != 1 {
+		t.Errorf("global refusals %d, want 1", got)
+	}
+	// An hour later the failures have left the count.
+	clk.add(time.Hour + time.Minute)
+	wantValid(t, e, good, "net@example.com", "X-Real-IP", "198.51.100.8")
+
+	// The reasons reach the log and the statistics events.
+	for _, reason := range []string{"invalid", "expired", "used_up", "revoked", "cooldown", "global"} {
+		if !strings.Contains(e.logs.String(), "reason="+reason) {
+			t.Errorf("log lacks reason=%s", reason)
+		}
+	}
+	want := map[string]int{"invalid": 6, "expired": 1, "used_up": 1, "revoked": 1, "cooldown": 1, "global": 1, "ok": 2}
+	waitForEvents(t, e, verifyRoute, want)
+}
+
+// waitForEvents polls storage until the route's events count want by
+// outcome: the recorder writes in the background.
+func waitForEvents(t *testing.T, e *env, route string, want map[string]int) {
+	t.Helper()
+	var got map[string]int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		events, err := e.db.Events(time.Time{}, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]int{}
+		for _, ev := range events {
+			if ev.Route == route {
+				got[ev.Outcome]++
+				if ev.IP == "" || ev.Status == 0 {
+					t.Fatalf("event without IP or status: %+v", ev)
+				}
+			}
+		}
+		if fmt.Sprint(got) == fmt.Sprint(want) {
+			return
+		}
+	}
+	t.Errorf("events by outcome %v, want %v", got, want)
+}
+
+// Reason names of the fail limiter, as the metric carries them.
+const (
+	limitReasonCooldown = "cooldown"
+	limitReasonGlobal   = "global"
+)
+
+func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	cfg := loose(InviteConfig{})
+	e := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg})
+	code, _ := e.newInvite(3, 0)
+	var r refusedBody
+	for range 5 { // the default fail_limit
+		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
+	}
+	r.wantVerify(t, e, code, "mallory@example.com")
+	r.wantVerify(t, e, code, "someone-else@example.com") // the address is cooling down too
+
+	// Restart: the state is written behind and reloaded.
+	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.http.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+	clk.add(5 * time.Minute)
+	e2 := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg, gemini: e.gemini})
+	r.wantVerify(t, e2, code, "mallory@example.com")
+
+	clk.add(5 * time.Minute) // the 10-minute cooldown is over
+	wantValid(t, e2, code, "mallory@example.com")
+}
+
+func TestVerifyParallelGuesses(t *testing.T) {
+	cases := []struct {
+		name    string
+		headers func(i int) []string
+		email   func(i int) string
+	}{
+		{"one address, one e-mail", func(int) []string { return nil }, func(int) string { return "x@example.com" }},
+		{"one address, many e-mails", func(int) []string { return nil }, func(i int) string { return fmt.Sprintf("x%d@example.com", i) }},
+		{"many addresses, one e-mail", func(i int) []string { return []string{"X-Real-IP", fmt.Sprintf("203.0.113.%d", i+1)} },
+			func(int) string { return "x@example.com" }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+			var wg sync.WaitGroup
+			var other atomic.Int64
+			var r refusedBody
+			var mu sync.Mutex
+			for i := range 50 {
+				wg.Go(func() {
+					resp, data := e.verify("WRONG-CODE-AAA", c.email(i), c.headers(i)...)
+					if resp.StatusCode != http.StatusForbidden {
+						other.Add(1)
+						return
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					r.want(t, resp, data)
+				})
+			}
+			wg.Wait()
+			if other.Load() != 0 {
+				t.Errorf("%d answers were not the refusal", other.Load())
+			}
+			if got := e.inviteRefusals(reasonInvalid); got < 1 || got > 5 {
+				t.Errorf("%d guesses evaluated, want 1 to 5 (fail_limit)", got)
+			}
+			held := e.inviteRefusals(limitReasonCooldown) + e.inviteRefusals("in_flight")
+			if held+e.inviteRefusals(reasonInvalid) != 50 {
+				t.Errorf("%d held by the fail limit, want the rest of 50", held)
+			}
+		})
+	}
+}
+
+func TestVerifyParallelRedemptionOfOneUse(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+	code, _ := e.newInvite(1, 0)
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() {
+			resp, data := e.verify(code, fmt.Sprintf("racer%d@example.com", i), "X-Real-IP", fmt.Sprintf("203.0.113.%d", i+1))
+			switch resp.StatusCode {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusForbidden:
+				refused.Add(1)
+			default:
+				t.Errorf("status %d: %s", resp.StatusCode, data)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 1 || refused.Load() != 9 {
+		t.Errorf("%d ok and %d refused, want 1 and 9", ok.Load(), refused.Load())
+	}
+	inv, err := e.db.InviteByHash(hashInviteCode(normaliseCode(code)))
+	if err != nil || inv.Uses() != 1 {
+		t.Errorf("stored uses %d (%v), want 1", inv.Uses(), err)
+	}
+}
+
+// TestVerifyForgedHeadersFromUntrustedPeer: with no trusted proxy, every
+// request is its TCP peer whatever headers it carries, so neither the fail
+// limit nor the rate limit can be walked around by forging them.
+func TestVerifyForgedHeadersFromUntrustedPeer(t *testing.T) {
+	e := newEnv(t, envOptions{invites: InviteConfig{Rate: 4, Burst: 100, FailLimit: 3}})
+	code, _ := e.newInvite(1, 0)
+	var r refusedBody
+	for i := range 3 {
+		r.wantVerify(t, e, "WRONG-CODE-BBB", fmt.Sprintf("f%d@example.com", i),
+			"X-Forwarded-For", fmt.Sprintf("192.0.2.%d", i+1), "X-Real-IP", fmt.Sprintf("192.0.2.%d", i+100))
+	}
+	r.wantVerify(t, e, code, "new@example.com", "X-Forwarded-For", "192.0.2.50", "X-Real-IP", "192.0.2.51")
+	resp, data := e.verify(code, "new2@example.com", "X-Real-IP", "192.0.2.52")
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("429 without Retry-After")
+	}
+	if !strings.Contains(e.logs.String(), "trusted_proxies is empty") {
+		t.Error("no warning about forwarding headers without trusted_proxies")
+	}
+}
+
+// TestVerifyBehindTrustedProxy: the leftmost X-Forwarded-For entry is the
+// client's own writing; rotating it changes nothing, while two real
+// clients behind the proxy are kept apart.
+func TestVerifyBehindTrustedProxy(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{FailLimit: 3})})
+	code, _ := e.newInvite(2, 0)
+	var r refusedBody
+	for i := range 3 {
+		r.wantVerify(t, e, "WRONG-CODE-CCC", fmt.Sprintf("p%d@example.com", i),
+			"X-Forwarded-For", fmt.Sprintf("10.9.9.%d, 203.0.113.5", i))
+	}
+	r.wantVerify(t, e, code, "a@example.com", "X-Forwarded-For", "10.9.9.77, 203.0.113.5")
+	wantValid(t, e, code, "b@example.com", "X-Forwarded-For", "10.9.9.1, 203.0.113.6")
+}
+
+func TestVerifyIPv6KeyedByPrefix(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{FailLimit: 3})})
+	code, _ := e.newInvite(2, 0)
+	var r refusedBody
+	for i := range 3 {
+		r.wantVerify(t, e, "WRONG-CODE-DDD", fmt.Sprintf("v%d@example.com", i), "X-Real-IP", fmt.Sprintf("2001:db8:0:7::%x", i+1))
+	}
+	r.wantVerify(t, e, code, "a@example.com", "X-Real-IP", "2001:db8:0:7:ffff::1")
+	wantValid(t, e, code, "b@example.com", "X-Real-IP", "2001:db8:0:8::1")
+}
+
+func TestLimitKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"203.0.113.9":             "203.0.113.9",
+		"::ffff:203.0.113.9":      "203.0.113.9",
+		"2001:db8:1:2:3:4:5:6":    "2001:db8:1:2::/64",
+		"2001:db8:1:2::1%eth0":    "2001:db8:1:2::/64",
+		"not an address":          "not an address",
+		"2001:db8:1:2:ffff::ffff": "2001:db8:1:2::/64",
+	} {
+		if got := limitKey(in); got != want {
+			t.Errorf("limitKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestVerifyBurstIs429WithRetryAfter(t *testing.T) {
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	e := newEnv(t, envOptions{clock: clk.now}) // the defaults: burst 3
+	code, _ := e.newInvite(5, 0)
+	for i := range 3 {
+		wantValid(t, e, code, fmt.Sprintf("b%d@example.com", i))
+	}
+	resp, data := e.verify(code, "b4@example.com")
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	if resp.Header.Get("Retry-After") != "1" {
+		t.Errorf("Retry-After %q, want 1", resp.Header.Get("Retry-After"))
+	}
+	clk.add(time.Second)
+	wantValid(t, e, code, "b4@example.com")
+}
+
+func TestVerifyBadRequests(t *testing.T) {
+	e := newEnv(t, envOptions{invites: loose(InviteConfig{FailLimit: 2})})
+	code, _ := e.newInvite(1, 0)
+	cases := []struct {
+		name   string
+		body   string
+		status int
+		code   string
+	}{
+		{"not json", "code=x", 400, "bad_request"},
+		{"trailing data", `{"code":"x","email":"a@b"} {}`, 400, "bad_request"},
+		{"wrong type", `{"code":1,"email":"a@b"}`, 400, "bad_request"},
+		{"no e-mail", `{"code":"` + code + `"}`, 400, "invalid_email"},
+		{"two @", `{"code":"` + code + `","email":"a@b@c"}`, 400, "invalid_email"},
+		{"control character", `{"code":"` + code + `","email":"a\u0000@b"}`, 400, "invalid_email"},
+		{"space inside", `{"code":"WRONG","email":"a b@c"}`, 400, "invalid_email"},
+		{"too long", `{"code":"x","email":"` + strings.Repeat("a", 250) + `@b.cd"}`, 400, "invalid_email"},
+		{"too large", `{"code":"` + strings.Repeat("A", 5000) + `","email":"a@b"}`, 413, "body_too_large"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, data := e.verifyRaw([]byte(c.body))
+			decodeProblem(t, resp, data, c.status, c.code)
+		})
+	}
+	// None of them counted as a failure: the right code still works.
+	wantValid(t, e, code, "ok@example.com")
+}
+
+func TestAdminClientManagesInvites(t *testing.T) {
+	e := newEnv(t, envOptions{invites: loose(InviteConfig{})})
+	ctx := context.Background()
+	ac := NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+	code, info, err := ac.CreateInvite(ctx, 2, 72*time.Hour, "for the beta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.MaxUses != 2 || info.Note != "for the beta" || info.ExpiresAt.Sub(info.CreatedAt) != 72*time.Hour {
+		t.Errorf("created %+v", info)
+	}
+	wantValid(t, e, code, "a@example.com")
+	list, err := ac.ListInvites(ctx)
+	if err != nil || len(list) != 1 || list[0].Uses != 1 {
+		t.Fatalf("list %+v %v", list, err)
+	}
+	if _, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/api/invites", testAdminToken)); strings.Contains(string(body), code) ||
+		strings.Contains(string(body), strings.ReplaceAll(code, "-", "")) || strings.Contains(string(body), "a@example.com") {
+		t.Errorf("invite list shows a code or an e-mail: %s", body)
+	}
+	if _, err := ac.RevokeInvite(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	var r refusedBody
+	r.wantVerify(t, e, code, "b@example.com")
+	if _, err := ac.RevokeInvite(ctx, "inv_nope"); err == nil || !strings.Contains(err.Error(), storage.ErrNotFound.Error()) {
+		t.Errorf("revoke unknown: %v", err)
+	}
+	if _, _, err := ac.CreateInvite(ctx, -1, 0, ""); err == nil {
+		t.Error("negative uses accepted")
+	}
+}
+
+func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	cfg := InviteConfig{Rate: 2, Window: time.Minute, Burst: 100}
+	e := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg})
+	code, _ := e.newInvite(10, 0)
+	wantValid(t, e, code, "r1@example.com")
+	wantValid(t, e, code, "r2@example.com")
+	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.http.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+
+	e2 := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg, gemini: e.gemini})
+	resp, data := e2.verify(code, "r3@example.com")
+	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	if e2.inviteRefusals("rate") != 1 {
+		t.Errorf("rate refusals %d, want 1", e2.inviteRefusals("rate"))
+	}
+	clk.add(time.Minute)
+	wantValid(t, e2, code, "r3@example.com")
+}

@@ -1,0 +1,139 @@
+package storage
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func newInvite(id string, uses int) Invite {
+	return Invite{ID: id, Hash: sha256.Sum256([]byte("code-" + id)), MaxUses: uses, CreatedAt: t0, Note: "for " + id}
+}
+
+func TestInviteRedemptionOutcomes(t *testing.T) {
+	db := mustOpen(t)
+	ctx := context.Background()
+	one, two, exp, rev := newInvite("inv_one", 1), newInvite("inv_two", 2), newInvite("inv_exp", 5), newInvite("inv_rev", 5)
+	exp.ExpiresAt = t0.Add(time.Hour)
+	for _, inv := range []Invite{one, two, exp, rev} {
+		if err := db.CreateInvite(inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.RevokeInvite("inv_rev", t0); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		hash  [32]byte
+		email string
+		at    time.Time
+		want  RedeemOutcome
+	}{
+		{"unknown", sha256.Sum256([]byte("nope")), "a@x", t0, InviteUnknown},
+		{"first use", one.Hash, "a@x", t0, InviteRedeemed},
+		{"same e-mail again", one.Hash, "a@x", t0.Add(time.Minute), InviteAlreadyRedeemed},
+		{"used up", one.Hash, "b@x", t0, InviteUsedUp},
+		{"two uses: first", two.Hash, "a@x", t0, InviteRedeemed},
+		{"two uses: second", two.Hash, "b@x", t0, InviteRedeemed},
+		{"two uses: third", two.Hash, "c@x", t0, InviteUsedUp},
+		{"before expiry", exp.Hash, "a@x", t0.Add(time.Hour - 1), InviteRedeemed},
+		{"at expiry", exp.Hash, "b@x", t0.Add(time.Hour), InviteExpired},
+		{"revoked", rev.Hash, "a@x", t0, InviteRevoked},
+	}
+	for _, c := range cases {
+		got, err := db.RedeemInvite(ctx, c.hash, c.email, c.at)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	inv, err := db.InviteByHash(two.Hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv.Uses() != 2 || !inv.RedeemedBy("b@x") || inv.RedeemedBy("c@x") {
+		t.Errorf("two after redemptions: %+v", inv)
+	}
+	if _, err := db.InviteByHash(sha256.Sum256([]byte("nope"))); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown hash: %v, want ErrNotFound", err)
+	}
+}
+
+func TestInviteParallelRedemptionOfOneUse(t *testing.T) {
+	db := mustOpen(t)
+	inv := newInvite("inv_race", 1)
+	if err := db.CreateInvite(inv); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[RedeemOutcome]int{}
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() {
+			o, err := db.RedeemInvite(context.Background(), inv.Hash, fmt.Sprintf("user%d@example.com", i), t0)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			got[o]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if got[InviteRedeemed] != 1 || got[InviteUsedUp] != 9 {
+		t.Errorf("outcomes %v, want 1 redeemed and 9 used up", got)
+	}
+	stored, _ := db.InviteByHash(inv.Hash)
+	if stored.Uses() != 1 {
+		t.Errorf("stored uses %d, want 1", stored.Uses())
+	}
+}
+
+func TestInviteListRevokeAndErrors(t *testing.T) {
+	db := mustOpen(t)
+	a, b := newInvite("inv_a", 1), newInvite("inv_b", 1)
+	b.CreatedAt = t0.Add(-time.Hour)
+	for _, inv := range []Invite{a, b} {
+		if err := db.CreateInvite(inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.CreateInvite(a); !errors.Is(err, ErrExists) {
+		t.Errorf("same hash again: %v, want ErrExists", err)
+	}
+	dupID := newInvite("inv_c", 1)
+	dupID.ID = "inv_a"
+	if err := db.CreateInvite(dupID); !errors.Is(err, ErrExists) {
+		t.Errorf("same id again: %v, want ErrExists", err)
+	}
+	for _, bad := range []Invite{{}, {ID: "x"}, {ID: "x", Hash: a.Hash}, {ID: "x", Hash: [32]byte{1}, MaxUses: 1}} {
+		if err := db.CreateInvite(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v, want ErrInvalid", bad, err)
+		}
+	}
+	list, err := db.Invites()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].ID != "inv_b" || list[1].Note != "for inv_a" {
+		t.Errorf("list %+v", list)
+	}
+	r1, err := db.RevokeInvite("inv_a", t0.Add(time.Minute))
+	if err != nil || !r1.RevokedAt.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("revoke: %+v %v", r1, err)
+	}
+	r2, _ := db.RevokeInvite("inv_a", t0.Add(time.Hour))
+	if !r2.RevokedAt.Equal(r1.RevokedAt) {
+		t.Errorf("second revoke moved RevokedAt to %v", r2.RevokedAt)
+	}
+	if _, err := db.RevokeInvite("inv_nope", t0); !errors.Is(err, ErrNotFound) {
+		t.Errorf("revoke unknown: %v, want ErrNotFound", err)
+	}
+}
