@@ -428,7 +428,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	return serve(ctx, c, getenv, newLogger(stderr), func(st *started) {
-		r := &reloader{path: *path, getenv: getenv, log: st.log, cur: c, layers: st.layers, plans: st.plans, srv: st.srv}
+		r := &reloader{path: *path, getenv: getenv, log: st.log, cur: c, layers: st.layers, guard: st.guard, plans: st.plans, srv: st.srv}
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		go func() {
@@ -454,6 +454,7 @@ type started struct {
 	addr   string
 	keys   *server.Keyring
 	layers server.Layers
+	guard  *server.InviteGuard
 	plans  *server.Plans
 	srv    *server.Server
 	log    *slog.Logger
@@ -472,6 +473,7 @@ type reloader struct {
 	getenv func(string) string
 	log    *slog.Logger
 	layers server.Layers
+	guard  *server.InviteGuard
 	plans  *server.Plans
 	srv    *server.Server
 
@@ -491,12 +493,14 @@ func (r *reloader) reload(trigger string) {
 		r.log.Warn("config change needs a restart to apply", "key", key)
 	}
 	r.layers.Windows.SetConfig(next.Limits.User)
+	r.guard.Windows.SetConfig(next.Invites.Limits())
 	r.layers.Brake.SetConfig(next.Budget)
 	r.plans.Set(next.Plans)
 	r.srv.SetPrice(next.OCR.Price)
 	// What needs a restart stays as it runs, so it is reported again if
 	// changed again.
-	next.Server, next.Storage, next.Budget.Timezone = r.cur.Server, r.cur.Storage, r.cur.Budget.Timezone
+	next.Server, next.Storage, next.Budget.Timezone, next.Auth = r.cur.Server, r.cur.Storage, r.cur.Budget.Timezone, r.cur.Auth
+	next.Invites = keepFailLimit(next.Invites, r.cur.Invites)
 	price := next.OCR.Price
 	next.OCR = r.cur.OCR
 	next.OCR.Price = price
@@ -521,7 +525,20 @@ func needsRestart(old, next config) []string {
 	if old.Budget.Timezone != next.Budget.Timezone {
 		keys = append(keys, "budget.timezone")
 	}
+	if !reflect.DeepEqual(old.Auth, next.Auth) {
+		keys = append(keys, "auth.jwt")
+	}
+	if !reflect.DeepEqual(old.Invites.Fail(), next.Invites.Fail()) || old.Invites.GlobalFailPerHour != next.Invites.GlobalFailPerHour {
+		keys = append(keys, "invites (all but rate, window and burst)")
+	}
 	return keys
+}
+
+// keepFailLimit is next with the fail-limit settings of running, which
+// only a restart changes; its rate, window and burst apply live.
+func keepFailLimit(next, running server.InviteConfig) server.InviteConfig {
+	running.Rate, running.Window, running.Burst = next.Rate, next.Window, next.Burst
+	return running
 }
 
 // watchFile calls changed, at most once per quiet period, after path is
@@ -677,7 +694,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
 	if err == nil && ready != nil {
-		ready(&started{addr: addr, keys: keys, layers: layers, plans: plans, srv: srv, log: log})
+		ready(&started{addr: addr, keys: keys, layers: layers, guard: guard, plans: plans, srv: srv, log: log})
 	}
 	if err == nil {
 		select {
