@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -647,4 +648,25 @@ func TestJWTOversizedJWKSRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestJWTUserBan: a ban reaches users who sign in with a provider too,
+// though they have no API key and no user record until banned.
+func TestJWTUserBan(t *testing.T) {
+	rs := rsaKey(t, "rsa-1")
+	e, _, clk := newJWTEnv(t, rs)
+	img := pngBytes(t, 16, 16)
+	token := rs.sign(t, with(claimsAt(clk.now()), jwt.MapClaims{"sub": "user_jwt_ban"}))
+	resp, data := e.post(token, "image/png", img)
+	decodeOK(t, resp, data)
+	if _, err := adminClient(e).SetBanned(context.Background(), "user_jwt_ban", true); err != nil {
+		t.Fatal(err)
+	}
+	resp, data = e.post(token, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
+	if _, err := adminClient(e).SetBanned(context.Background(), "user_jwt_ban", false); err != nil {
+		t.Fatal(err)
+	}
+	resp, data = e.post(token, "image/png", img)
+	decodeOK(t, resp, data)
 }
