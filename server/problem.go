@@ -32,7 +32,7 @@ func problem(status int, code, title, detail string) *Problem {
 // The problems that need no per-request detail. Each is copied before use.
 var (
 	errUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
-		"A valid API key is required: send it as Authorization: Bearer <key>.")
+		"A valid API key or sign-in token is required: send it as Authorization: Bearer <token>.")
 	errUsageUnavailable = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
 		"The read could not be recorded, so no result is returned and nothing is counted. Try again shortly.")
 	errUpstream = problem(http.StatusBadGateway, "upstream_failed", "Bad gateway",
