@@ -1,5 +1,6 @@
 // Package storage provides Breakwater's durable state: one BoltDB file that
-// holds users, API keys, plan quotas, usage records and statistics events.
+// holds users, API keys, plan quotas, usage records, statistics events and
+// what detection makes of them (daily aggregates, findings, alert state).
 //
 // Money writes (the quota increment and its usage row) go through a group
 // commit: concurrent callers share one transaction and one fsync, and each
@@ -136,10 +137,16 @@ var (
 	bucketReservations = []byte("reservations") // id -> JSON open reservation
 	bucketDefense      = []byte("defense")      // state name -> bucket of key -> opaque value
 
+	bucketAggregates = []byte("aggregates")  // "2006-01-02" -> JSON DayStats
+	bucketFindings   = []byte("findings")    // "2006-01-02" -> bucket of index -> JSON Finding
+	bucketDetectRuns = []byte("detect_runs") // "2006-01-02" -> JSON DetectRun
+	bucketAlerts     = []byte("alerts")      // alert kind -> JSON AlertState
+
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
 		bucketBudgetDays, bucketReservations, bucketDefense,
+		bucketAggregates, bucketFindings, bucketDetectRuns, bucketAlerts,
 	}
 
 	keySchemaVersion = []byte("schema_version")
