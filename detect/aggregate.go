@@ -39,12 +39,12 @@ func addDays(day string, n int) string {
 }
 
 // Aggregate sums one day's statistics events per user, per IP, per
-// submitted invite e-mail and for the whole service. lineOf gives a user's
-// daily abuse line (0: none); nil means none for all.
+// submitted invite e-mail and for the whole service. lines gives each
+// user's daily abuse line (missing or 0: none).
 //
 // Every event not on RouteInvite is an OCR attempt that reached the
 // upstream; outcome "ok" is a success and anything else a failure.
-func Aggregate(day string, events []storage.Event, lineOf func(user string) int64) storage.DayStats {
+func Aggregate(day string, events []storage.Event, lines map[string]int64) storage.DayStats {
 	s := storage.DayStats{Day: day, Users: map[string]storage.UserDay{}, IPs: map[string]storage.IPDay{}, Emails: map[string]storage.IPDay{}}
 	userIPs := map[string]map[string]bool{}
 	ipUsers := map[string]map[string]bool{}
@@ -107,9 +107,7 @@ func Aggregate(day string, events []storage.Event, lineOf func(user string) int6
 	}
 	for id, u := range s.Users {
 		u.IPs = int64(len(userIPs[id]))
-		if lineOf != nil {
-			u.Line = lineOf(id)
-		}
+		u.Line = lines[id]
 		s.Users[id] = u
 	}
 	for ip, d := range s.IPs {

@@ -48,8 +48,9 @@ type RunnerOptions struct {
 	// RetentionDays is how many days of raw events are kept
 	// (storage.stats_retention_days); 0 keeps them all.
 	RetentionDays int
-	// LineOf gives a user's daily abuse line, for the grey zone; nil: none.
-	LineOf func(user string) int64
+	// Lines gives every user's daily abuse line by user id, for the grey
+	// zone; nil: none.
+	Lines func() map[string]int64
 	// Ceilings gives the global budget's ceilings in force; nil: none.
 	Ceilings func() Ceilings
 	// Mail sends the digest; nil means mail is off and findings are logged
@@ -157,7 +158,11 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
-	today := Aggregate(day, events, r.o.LineOf)
+	var lines map[string]int64
+	if r.o.Lines != nil {
+		lines = r.o.Lines()
+	}
+	today := Aggregate(day, events, lines)
 	monthStart := day[:8] + "01"
 	histFrom := min(monthStart, addDays(day, -7))
 	before, err := r.store.DayStats(histFrom, addDays(day, -1))

@@ -139,6 +139,8 @@ type envOptions struct {
 	clock      func() time.Time // the server's clock; default time.Now
 	ledger     budget.Ledger    // default the database
 	rate       RateLimiter      // default e.windows
+	alerts     Alerter          // default none
+	counters   *detect.Counters // layer 4's metrics; default fresh
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -215,6 +217,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator: NewOperator(e.keys, layers, db, e.plans.All, e.loc),
 		Metrics:  e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
+		Alerts: o.alerts, DetectCounters: o.counters,
 	})
 	if err != nil {
 		t.Fatal(err)
