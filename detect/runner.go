@@ -154,6 +154,9 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if err := ctx.Err(); err != nil {
 		return Report{}, err
 	}
+	if cut := r.retentionCut(); !cut.IsZero() && !to.After(cut) {
+		return Report{}, fmt.Errorf("%w: its events are older than stats_retention_days (%d)", ErrPruned, r.o.RetentionDays)
+	}
 	events, err := r.store.Events(from, to)
 	if err != nil {
 		return Report{}, err
@@ -184,9 +187,7 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	findings := Detect(r.o.Config, h)
 
 	rep := Report{Day: day, Service: today.Service, Findings: findings}
-	if r.o.RetentionDays > 0 {
-		l := r.o.Now().In(r.o.Location)
-		cut := time.Date(l.Year(), l.Month(), l.Day()-r.o.RetentionDays, 0, 0, 0, 0, r.o.Location)
+	if cut := r.retentionCut(); !cut.IsZero() {
 		if rep.Pruned, err = r.store.PruneEvents(cut); err != nil {
 			return Report{}, err
 		}
@@ -206,6 +207,20 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 		}
 	}
 	return rep, nil
+}
+
+// ErrPruned refuses to run a day whose raw events are past retention:
+// its stored aggregate is kept rather than replaced by an empty one.
+var ErrPruned = errors.New("detect: day already pruned")
+
+// retentionCut is the first instant whose events are kept; zero when all
+// are kept.
+func (r *Runner) retentionCut() time.Time {
+	if r.o.RetentionDays <= 0 {
+		return time.Time{}
+	}
+	l := r.o.Now().In(r.o.Location)
+	return time.Date(l.Year(), l.Month(), l.Day()-r.o.RetentionDays, 0, 0, 0, 0, r.o.Location)
 }
 
 // DigestBody is the plain-text digest of a run: a one-line summary, then

@@ -2,6 +2,7 @@ package detect
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -120,5 +121,9 @@ func TestRunnerAggregatesADSTDay(t *testing.T) {
 	}
 	if _, err := r.Run(context.Background(), "March 8", false); err == nil {
 		t.Error("a bad day ran")
+	}
+	// A day past retention is refused, its aggregate kept.
+	if _, err := r.Run(context.Background(), "2026-03-01", false); !errors.Is(err, ErrPruned) {
+		t.Errorf("run of a pruned day: %v, want ErrPruned", err)
 	}
 }

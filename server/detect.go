@@ -83,6 +83,8 @@ func (s *Server) handleDetectRun(c echo.Context) error {
 	switch {
 	case errors.Is(err, ErrBadDay):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
+	case errors.Is(err, detect.ErrPruned):
+		return problem(http.StatusConflict, "pruned", "Conflict", err.Error())
 	case err != nil:
 		return err
 	}
