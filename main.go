@@ -90,6 +90,8 @@ Commands:
   invites create [--uses N] [--expires 72h] [--note TEXT]
   invites list [--json]
   invites revoke INVITE_ID
+  detect run [--day YYYY-MM-DD] [--no-mail] [--json]
+                                 run the daily detection now (default: yesterday), print the findings
   config check                   validate config.toml
   version
 `
@@ -108,7 +110,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdServe(ctx, args, getenv, stderr)
 	case "demo":
 		return cmdDemo(ctx, args, getenv, stdout, stderr)
-	case "keys", "users", "invites", "usage", "budget", "brake", "backup":
+	case "keys", "users", "invites", "usage", "budget", "brake", "backup", "detect":
 		return cmdOperator(ctx, cmd, args, getenv, stdout, stderr)
 	case "config":
 		if len(args) == 0 || args[0] != "check" {
@@ -178,6 +180,10 @@ type config struct {
 		JWT server.JWTConfig `koanf:"jwt"`
 	} `koanf:"auth"`
 	Invites server.InviteConfig `koanf:"invites"`
+	Detect  detect.Config       `koanf:"detect"`
+	// Alerts is nil when config.toml has no [alerts] section: mail is off
+	// and alerts are only logged.
+	Alerts *detect.AlertsConfig `koanf:"alerts"`
 }
 
 // loadConfig reads path (which must exist), applies
@@ -210,6 +216,9 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 
 	known := configKeys(reflect.TypeFor[config](), "", k)
 	for _, key := range k.Keys() {
+		if m, ok := k.Get(key).(map[string]any); ok && len(m) == 0 {
+			continue // an empty section such as [alerts]; the decoder refuses an unknown one
+		}
 		if _, ok := known[key]; !ok {
 			return config{}, fmt.Errorf("config %s: unknown key %q", path, key)
 		}
@@ -255,13 +264,23 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 	c.Limits.User = c.Limits.User.WithDefaults()
 	c.Auth.JWT = c.Auth.JWT.WithDefaults()
 	c.Invites = c.Invites.WithDefaults()
+	c.Detect = c.Detect.WithDefaults()
+	if c.Alerts != nil {
+		a := c.Alerts.WithDefaults()
+		c.Alerts = &a
+	}
 	return c, nil
 }
 
 // validate checks every section; errors name the key.
 func (c config) validate() error {
+	var alerts error
+	if c.Alerts != nil {
+		alerts = c.Alerts.Validate()
+	}
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
-		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate())
+		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate(),
+		c.Detect.Validate(), alerts)
 }
 
 // jwtPlan checks that JWT users' default plan exists; only main knows
@@ -288,9 +307,13 @@ func configKeys(t reflect.Type, prefix string, k *koanf.Koanf) map[string]reflec
 			continue
 		}
 		key := prefix + name
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct {
+			ft = ft.Elem() // an optional section such as [alerts]
+		}
 		switch {
-		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]():
-			for sub, kind := range configKeys(f.Type, key+".", k) {
+		case ft.Kind() == reflect.Struct && ft != reflect.TypeFor[time.Duration]():
+			for sub, kind := range configKeys(ft, key+".", k) {
 				out[sub] = kind
 			}
 		case f.Type.Kind() == reflect.Map && f.Type.Elem().Kind() == reflect.Struct:
@@ -409,6 +432,14 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
 		fmt.Fprintln(stdout, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
+	if a := c.Alerts; a == nil {
+		fmt.Fprintln(stdout, "note: no [alerts] section: mail is off; alerts and findings are only logged (WARN)")
+	} else {
+		fmt.Fprintf(stdout, "mail: alerts go to %s through %s:%d (tls %s)\n", strings.Join(a.To, ", "), a.SMTPHost, a.SMTPPort, a.TLS)
+		if a.SMTPUsername != "" && getenv("BREAKWATER_SMTP_PASSWORD") == "" {
+			fmt.Fprintln(stdout, "note: alerts.smtp_username is set but BREAKWATER_SMTP_PASSWORD is not: the mail server will refuse the login")
+		}
+	}
 	return nil
 }
 
@@ -501,6 +532,7 @@ func (r *reloader) reload(trigger string) {
 	// changed again.
 	next.Server, next.Storage, next.Budget.Timezone, next.Auth = r.cur.Server, r.cur.Storage, r.cur.Budget.Timezone, r.cur.Auth
 	next.Invites = keepFailLimit(next.Invites, r.cur.Invites)
+	next.Detect, next.Alerts = r.cur.Detect, r.cur.Alerts
 	price := next.OCR.Price
 	next.OCR = r.cur.OCR
 	next.OCR.Price = price
@@ -530,6 +562,12 @@ func needsRestart(old, next config) []string {
 	}
 	if !reflect.DeepEqual(old.Invites.Fail(), next.Invites.Fail()) || old.Invites.GlobalFailPerHour != next.Invites.GlobalFailPerHour {
 		keys = append(keys, "invites (all but rate, window and burst)")
+	}
+	if old.Detect != next.Detect {
+		keys = append(keys, "detect")
+	}
+	if !reflect.DeepEqual(old.Alerts, next.Alerts) {
+		keys = append(keys, "alerts")
 	}
 	return keys
 }
@@ -650,11 +688,43 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		}
 	}()
 
+	// Layer 4: detection and alerts. Stopped after HTTP, before the
+	// statistics writer and the database.
+	counters := &detect.Counters{}
+	det, err := newDetection(c, db, keys, plans, layers, getenv, counters, log)
+	if err != nil {
+		return err
+	}
+	defer det.close(log)
+	alerter, err := detect.NewAlerter(db, detect.AlerterOptions{
+		MinInterval: alertInterval(c), Location: loc, Mail: det.sender, Counters: counters, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		actx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if err := alerter.Close(actx); err != nil {
+			log.Warn("alerts not all handed to the mailer", "err", err)
+		}
+	}()
+	scheduler, err := detect.NewScheduler(det.runner, c.Detect, loc, detect.SchedulerOptions{Logger: log})
+	if err != nil {
+		return err
+	}
+	schedCtx, stopScheduler := context.WithCancel(context.Background())
+	schedDone := make(chan struct{})
+	go func() { defer close(schedDone); scheduler.Run(schedCtx) }()
+	defer func() { stopScheduler(); <-schedDone }()
+
+	operator := server.NewOperator(keys, invites, layers, db, plans.All, loc)
+	operator.SetDetection(det.runner)
 	srv, err := server.New(c.Server, server.Deps{
 		Keys: keys, JWT: verifier, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Price: c.OCR.Price,
 		Invites: invites, InviteCodes: db, InviteGuard: guard,
-		Operator:   server.NewOperator(keys, invites, layers, db, plans.All, loc),
+		Operator: operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log,
 	})
 	if err != nil {
@@ -712,6 +782,75 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		}
 	}
 	return err
+}
+
+// detection is layer 4's daily run and the mailer it shares with the
+// alerts (nil when there is no [alerts] section).
+type detection struct {
+	runner *detect.Runner
+	mail   *detect.Mailer
+	sender detect.Sender // mail as a Sender, nil (not a nil *Mailer) when off
+}
+
+// newDetection builds the daily detection over db, and the mailer when
+// config.toml has an [alerts] section.
+func newDetection(c config, db *storage.DB, keys *server.Keyring, plans *server.Plans, layers server.Layers,
+	getenv func(string) string, counters *detect.Counters, log *slog.Logger) (*detection, error) {
+	loc, _ := c.Budget.Location() // checked by loadConfig
+	d := &detection{}
+	var mail detect.Sender
+	if c.Alerts != nil {
+		m, err := detect.NewMailer(*c.Alerts, detect.MailerOptions{
+			Password: getenv("BREAKWATER_SMTP_PASSWORD"), Counters: counters, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		d.mail, mail = m, m
+	}
+	d.sender = mail
+	runner, err := detect.NewRunner(db, detect.RunnerOptions{
+		Config: c.Detect, Location: loc, RetentionDays: c.Storage.StatsRetentionDays,
+		Lines: func() map[string]int64 {
+			all := plans.All()
+			lines := map[string]int64{}
+			for _, u := range keys.Users() {
+				lines[u.ID] = all[u.Plan].DailyAttempts
+			}
+			return lines
+		},
+		Ceilings: func() detect.Ceilings {
+			st := layers.Brake.Status(time.Now())
+			return detect.Ceilings{DailyRequests: st.DailyRequests, DailyMicroUSD: st.DailyMicroUSD, MonthlyMicroUSD: st.MonthlyMicroUSD}
+		},
+		Mail: mail, Counters: counters, Logger: log,
+	})
+	if err != nil {
+		d.close(log)
+		return nil, err
+	}
+	d.runner = runner
+	return d, nil
+}
+
+// close delivers the mail still queued, for at most flushTimeout.
+func (d *detection) close(log *slog.Logger) {
+	if d.mail == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	if err := d.mail.Close(ctx); err != nil {
+		log.Warn("e-mails not all delivered before shutdown", "err", err)
+	}
+}
+
+// alertInterval is [alerts] min_interval, or its default without mail.
+func alertInterval(c config) time.Duration {
+	if c.Alerts == nil {
+		return detect.DefaultMinInterval
+	}
+	return c.Alerts.MinInterval
 }
 
 // checkAdminListen refuses an admin API reachable from other machines
@@ -849,6 +988,7 @@ type operator interface {
 	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
 	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
 	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
+	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
 }
 
 var (
@@ -870,35 +1010,44 @@ func openOperator(c config, getenv func(string) string) (operator, func(), error
 	if err != nil {
 		return nil, nil, err
 	}
-	op, err := newOperator(c, db)
+	op, closeDet, err := newOperator(c, db, getenv)
 	if err != nil {
 		db.Close()
 		return nil, nil, err
 	}
-	return op, func() { db.Close() }, nil
+	return op, func() { closeDet(); db.Close() }, nil
 }
 
 // newOperator builds the operator's commands over an open database, with
-// the layers' state as the server would load it.
-func newOperator(c config, db *storage.DB) (*server.Operator, error) {
+// the layers' state as the server would load it, and the daily detection.
+// The returned func delivers the mail a command queued (the digest of
+// detect run); call it before closing db.
+func newOperator(c config, db *storage.DB, getenv func(string) string) (*server.Operator, func(), error) {
 	loc, _ := c.Budget.Location() // checked by loadConfig
 	plans := server.NewPlans(c.Plans)
 	keys, err := server.NewKeyring(db, plans.Has)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := server.LoadBrake(layers.Brake, db.Flag); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	invites, err := server.NewInvites(db)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return server.NewOperator(keys, invites, layers, db, plans.All, loc), nil
+	log := slog.New(slog.DiscardHandler)
+	det, err := newDetection(c, db, keys, plans, layers, getenv, &detect.Counters{}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	op := server.NewOperator(keys, invites, layers, db, plans.All, loc)
+	op.SetDetection(det.runner)
+	return op, func() { det.close(log) }, nil
 }
 
 // operatorUsage lists the operator's commands, for usage errors.
@@ -906,12 +1055,13 @@ const operatorUsage = `breakwater keys create --user ID [--plan NAME] | keys lis
 breakwater users ban ID | users unban ID | users set-plan ID PLAN
 breakwater invites create [--uses N] [--expires 72h] [--note TEXT] | invites list | invites revoke INVITE_ID
 breakwater usage [ID] | budget | brake on|off | backup FILE
+breakwater detect run [--day YYYY-MM-DD] [--no-mail]
 (each takes --config FILE; listings take --json)`
 
 // cmdOperator runs keys, users, usage, budget, brake and backup.
 func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	sub := ""
-	if cmd == "keys" || cmd == "users" || cmd == "invites" {
+	if cmd == "keys" || cmd == "users" || cmd == "invites" || cmd == "detect" {
 		if len(args) == 0 {
 			return fmt.Errorf("%w: %s", errUsage, operatorUsage)
 		}
@@ -924,6 +1074,8 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 	uses := fs.Int("uses", 1, "how many different e-mails may redeem the code (invites create)")
 	expires := fs.Duration("expires", 72*time.Hour, "how long the code stays valid; 0 for ever (invites create)")
 	note := fs.String("note", "", "a note for yourself, shown by invites list (invites create)")
+	day := fs.String("day", "", "day to run detection for, YYYY-MM-DD (detect run; default: yesterday)")
+	noMail := fs.Bool("no-mail", false, "do not send the digest (detect run)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -932,7 +1084,7 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 		"keys create": 0, "keys list": 0, "keys revoke": 1,
 		"users ban": 1, "users unban": 1, "users set-plan": 2,
 		"invites create": 0, "invites list": 0, "invites revoke": 1,
-		"budget": 0, "brake": 1, "backup": 1,
+		"budget": 0, "brake": 1, "backup": 1, "detect run": 0,
 	}
 	name := strings.TrimSpace(cmd + " " + sub)
 	n, known := want[name]
@@ -1057,6 +1209,31 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 		})
 	case "backup":
 		return backupTo(ctx, op, pos[0], stdout)
+	case "detect run":
+		rep, err := op.DetectRun(ctx, *day, !*noMail)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printOut(stdout, true, rep, "", nil)
+		}
+		s := rep.Service
+		fmt.Fprintf(stdout, "detection for %s: %d attempts (%d ok, %d failed) by %d users from %d IPs, $%.6f; %d invite checks; %d old events pruned\n",
+			rep.Day, s.Attempts, s.Successes, s.Failures, s.Users, s.IPs, float64(s.CostMicroUSD)/1e6, s.Invites, rep.Pruned)
+		switch {
+		case len(rep.Findings) == 0:
+			fmt.Fprintln(stdout, "no findings")
+			return nil
+		case rep.Mailed:
+			fmt.Fprintf(stdout, "%d findings; digest queued for mail\n", len(rep.Findings))
+		default:
+			fmt.Fprintf(stdout, "%d findings\n", len(rep.Findings))
+		}
+		return printOut(stdout, false, rep, "DETECTOR\tSUBJECT\tFIGURES", func(row func(...any)) {
+			for _, f := range rep.Findings {
+				row(f.Detector, detect.Escape(f.Subject), detect.FiguresText(f.Figures))
+			}
+		})
 	}
 	return nil
 }

@@ -297,6 +297,22 @@ monthly_quota = 10
 		t.Errorf("keys list without token: %v", err)
 	}
 
+	// detect run while serving goes through POST /api/detect/run.
+	out.Reset()
+	yesterday := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02")
+	if err := run(context.Background(), []string{"detect", "run", "--day", yesterday, "--no-mail", "--config", path}, env, &out, io.Discard); err != nil {
+		t.Fatalf("detect run while serving: %v", err)
+	}
+	if !strings.Contains(out.String(), "detection for "+yesterday+": 0 attempts") || !strings.Contains(out.String(), "no findings") {
+		t.Errorf("detect run while serving printed %q", out.String())
+	}
+	if err := run(context.Background(), []string{"detect", "run", "--day", "1 March", "--config", path}, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "YYYY-MM-DD") {
+		t.Errorf("detect run with a bad day: %v", err)
+	}
+	if err := run(context.Background(), []string{"detect", "run", "--day", "2020-03-01", "--config", path}, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "stats_retention_days") {
+		t.Errorf("detect run of a pruned day: %v", err)
+	}
+
 	// Operator commands through the admin API while serving.
 	for _, args := range [][]string{{"users", "ban", "erin"}, {"users", "unban", "erin"}, {"brake", "on"}, {"brake", "off"}} {
 		if err := run(context.Background(), append(args, "--config", path), env, io.Discard, io.Discard); err != nil {
@@ -766,5 +782,63 @@ monthly_quota = 10
 		if err := run(context.Background(), args, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
+	}
+}
+
+func TestDetectRunStopped(t *testing.T) {
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "bw.db")
+	path := writeConfig(t, fmt.Sprintf(`[storage]
+path = %q
+[budget]
+timezone = "America/New_York"
+[detect]
+ip_users = 2
+[plans.free]
+monthly_quota = 10
+`, dbPath))
+	ny, _ := time.LoadLocation("America/New_York")
+	db, err := storage.Open(dbPath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := time.Now().In(ny)
+	at := time.Date(l.Year(), l.Month(), l.Day()-2, 12, 0, 0, 0, ny)
+	day := at.Format("2006-01-02")
+	err = db.AppendEvents([]storage.Event{
+		{Time: at, UserID: "ann", IP: "203.0.113.5", Route: "/v1/ocr", Outcome: "ok", CostMicroUSD: 100},
+		{Time: at, UserID: "bo\r\nBcc: x@evil.test", IP: "203.0.113.5", Route: "/v1/ocr", Outcome: "upstream_failed"},
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"detect", "run", "--day", day, "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"detection for " + day + ": 2 attempts (1 ok, 1 failed) by 2 users from 1 IPs", "1 findings", "shared_ip", "203.0.113.5", "users=2"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("detect run printed:\n%s\nwant %q", out.String(), want)
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"detect", "run", "--day", day, "--json", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Day      string `json:"day"`
+		Findings []struct{ Detector, Subject string }
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || rep.Day != day || len(rep.Findings) != 1 {
+		t.Errorf("detect run --json: %s (%v)", out.String(), err)
+	}
+	db, err = storage.Open(dbPath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if last, err := db.LastDetectRun(); err != nil || last.Day != day {
+		t.Errorf("last run %+v %v", last, err)
 	}
 }

@@ -1,8 +1,18 @@
-// Package detect keeps the statistics that abuse detection reads: one event
-// per attempt, apart from billing data, so that refunds and plan changes can
-// never distort it.
+// Package detect is layer 4: it keeps the statistics that abuse detection
+// reads, aggregates them once a day, runs the detectors over the
+// aggregates, and sends alerts by e-mail.
 //
-// Recording is fail-open and silent: Record never blocks and never fails a
-// response. Events go through a bounded queue to one batched writer; when
-// the queue is full an event is dropped and counted, never waited for.
+// Statistics are one event per attempt, apart from billing data, so that
+// refunds and plan changes can never distort them. Recording is fail-open
+// and silent: Record never blocks and never fails a response. Events go
+// through a bounded queue to one batched writer; when the queue is full an
+// event is dropped and counted, never waited for.
+//
+// Detection does not block anyone; it makes sure a person notices. The
+// Scheduler runs the Runner at [detect] run_at for the day before, and
+// catches up missed days at start. The Alerter sends immediate alerts, each
+// kind at most once per [alerts] min_interval, and the Mailer delivers them
+// from a bounded queue with retries. None of it ever delays or fails a
+// request: every fault is counted in Counters and logged. Detection
+// thresholds are secret: nothing here is ever shown to API users.
 package detect

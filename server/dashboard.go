@@ -108,6 +108,7 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 		return dashboardData{}, err
 	}
 	d.Chart = chart(now, op.loc, d.Days)
+	d.Findings = s.dashboardFindings(now)
 	return d, nil
 }
 

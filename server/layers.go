@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
 	"breakwater/budget"
+	"breakwater/detect"
 	"breakwater/limiter"
 )
 
@@ -53,17 +55,38 @@ type failOpens struct {
 	log     *slog.Logger
 	now     func() time.Time
 
+	alerts Alerter
+
 	mu     sync.Mutex
 	logged map[string]time.Time
 	missed map[string]int
+	recent map[string][]time.Time // each layer's faults within failOpenAlertWindow
 }
 
 const failOpenLogEvery = time.Minute
+
+// A layer that fails open failOpenAlertAfter times within
+// failOpenAlertWindow raises an alert: one fault is noise, a run of them
+// means the layer is not protecting anything.
+const (
+	failOpenAlertAfter  = 5
+	failOpenAlertWindow = time.Minute
+)
 
 func (f *failOpens) note(layer string, err error) {
 	f.metrics.failOpen.WithLabelValues(layer).Inc()
 	now := f.now()
 	f.mu.Lock()
+	recent := append(f.recent[layer], now)
+	for len(recent) > 0 && now.Sub(recent[0]) > failOpenAlertWindow {
+		recent = recent[1:]
+	}
+	if len(recent) >= failOpenAlertAfter {
+		f.alerts.Alert(detect.KindFailOpen, "a defense layer is failing open repeatedly: requests are let through unchecked",
+			map[string]string{"layer": layer, "faults_last_minute": strconv.Itoa(len(recent)), "last_error": err.Error()})
+		recent = recent[:0]
+	}
+	f.recent[layer] = recent
 	last, seen := f.logged[layer]
 	if seen && now.Sub(last) < failOpenLogEvery {
 		f.missed[layer]++

@@ -7,6 +7,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/detect"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -122,6 +123,18 @@ func (m *Metrics) observeDrops(dropped func() uint64) {
 		Name: "breakwater_stats_events_dropped_total",
 		Help: "Statistics events lost to a full queue or a failed write.",
 	}, func() float64 { return float64(dropped()) }))
+}
+
+// observeDetect exports layer 4's counters.
+func (m *Metrics) observeDetect(c *detect.Counters) {
+	counter := func(name, help string, v func() uint64) {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v()) }))
+	}
+	counter("breakwater_alerts_sent_total", "Alert and digest e-mails delivered.", c.AlertsSent.Load)
+	counter("breakwater_alert_failures_total", "Failed e-mail deliveries (each attempt), and alerts or e-mails dropped by a full queue.", c.AlertFailures.Load)
+	counter("breakwater_detect_runs_total", "Daily detection runs finished (one per day run, scheduled or by the operator).", c.Runs.Load)
+	counter("breakwater_detect_failures_total", "Daily detection runs that failed.", c.RunFailures.Load)
 }
 
 // countRequests is middleware that counts every answer by route pattern

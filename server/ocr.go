@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/storage"
@@ -241,6 +242,8 @@ func (s *Server) handleOCR(c echo.Context) error {
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
 		s.log.Error("usage record not written: result withheld", "user", id.UserID, "request_id", rec.RequestID, "err", err)
+		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
+			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
 		return errUsageUnavailable
 	}
 	s.d.Brake.Settled(reservation, cost)
@@ -301,6 +304,8 @@ func (s *Server) refusal(err error) error {
 		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
 	case errors.As(err, &pe):
 		s.refused(layerBudget, pe.Ceiling)
+		s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
+			map[string]string{"ceiling": pe.Ceiling, "retry_after": pe.RetryAfter.Round(time.Second).String()})
 		return errBudgetPaused.withRetryAfter(ceilSeconds(pe.RetryAfter))
 	}
 	return err

@@ -34,6 +34,8 @@ type Operator struct {
 	plans   func() map[string]budget.Plan
 	loc     *time.Location
 	now     func() time.Time
+
+	detection Detection // nil until SetDetection
 }
 
 // NewOperator returns the operator over the keyring, the layers' live

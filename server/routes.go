@@ -30,6 +30,7 @@ func (s *Server) routes() {
 	a.GET("/api/budget", s.handleBudget)
 	a.POST("/api/brake", s.handleBrake, limitBody(64<<10))
 	a.GET("/api/backup", s.handleBackup)
+	a.POST("/api/detect/run", s.handleDetectRun, limitBody(64<<10))
 }
 
 func (s *Server) handleHealth(c echo.Context) error {

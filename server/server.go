@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/storage"
 )
@@ -64,9 +65,10 @@ type Deps struct {
 	// InviteGuard holds the invite protections' state; nil: a fresh one
 	// with the default InviteConfig.
 	InviteGuard *InviteGuard
-	// Alerts hears about conditions that need the operator; nil: they are
-	// only logged.
+	// Alerts raises immediate alerts (detect.Alerter); nil: none.
 	Alerts Alerter
+	// DetectCounters feed the detection and alert metrics; nil: zeros.
+	DetectCounters *detect.Counters
 	// AdminToken guards the admin API; empty disables it (every call 401).
 	AdminToken string
 	Logger     *slog.Logger
@@ -117,6 +119,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
+	if d.Alerts == nil {
+		d.Alerts = noAlerts{}
+	}
+	if d.DetectCounters == nil {
+		d.DetectCounters = &detect.Counters{}
+	}
 	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
 	s := &Server{
 		cfg:     cfg,
@@ -127,7 +135,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
 		guard:   d.InviteGuard,
 	}
-	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{}}
+	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
+		alerts: d.Alerts, recent: map[string][]time.Time{}}
 	s.price.Store(&d.Price)
 	s.public = s.newEcho()
 	s.public.Use(d.Metrics.countRequests)
@@ -136,6 +145,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
 	}
+	d.Metrics.observeDetect(d.DetectCounters)
 	s.routes()
 	return s, nil
 }

@@ -144,6 +144,7 @@ type envOptions struct {
 	rate       RateLimiter      // default e.windows
 	invites    InviteConfig     // [invites]; zero: the defaults
 	alerts     Alerter          // default none
+	counters   *detect.Counters // layer 4's metrics; default fresh
 	jwt        JWTConfig        // [auth.jwt]; JWKSURL empty: JWT sign-in off
 }
 
@@ -234,7 +235,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator: NewOperator(e.keys, e.invites, layers, db, e.plans.All, e.loc),
-		Invites:  e.invites, InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts,
+		Invites:  e.invites, InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {

@@ -7,10 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/storage"
 )
@@ -53,13 +55,6 @@ var (
 	errInvitesUnavailable = problem(http.StatusServiceUnavailable, "invites_unavailable", "Service unavailable",
 		"Invite codes cannot be checked right now. Try again shortly.")
 )
-
-// Alerter hears about conditions that need the operator: today, the
-// service-wide net of invite verification tripping. Alert must return
-// quickly; the detection package will send it by e-mail.
-type Alerter interface {
-	Alert(kind, message string)
-}
 
 // InviteGuard is the in-memory state of the invite protections: the
 // per-IP rate windows and the fail limit (per IP, per e-mail, and
@@ -242,12 +237,14 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	}
 	if !outcome.OK() {
 		if attempt.Fail(s.now()) {
-			s.alert("invite_failures", "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack")
+			s.log.Warn("invite service-wide net tripped: every verification is refused", "failures_last_hour", s.guard.Fails.GlobalFailures(s.now()))
+			s.alert(detect.KindInviteNet, "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack",
+				map[string]string{"failures_last_hour": strconv.Itoa(s.guard.Fails.GlobalFailures(s.now()))})
 		}
 		return s.inviteRefusal(c, start, outcome.String(), email)
 	}
 	attempt.Succeed(s.now())
-	s.recordVerify(c, start, "ok", http.StatusOK)
+	s.recordVerify(c, start, email, "ok", http.StatusOK)
 	s.log.Info("invite verified", "outcome", outcome.String(), "ip", ip, "request_id", requestID(c))
 	return c.JSON(http.StatusOK, map[string]bool{"valid": true})
 }
@@ -256,29 +253,17 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 // with the one face.
 func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email string) error {
 	s.d.Metrics.inviteRefusals.WithLabelValues(reason).Inc()
-	s.recordVerify(c, start, reason, errInviteRefused.Status)
+	s.recordVerify(c, start, email, reason, errInviteRefused.Status)
 	s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c))
 	return errInviteRefused
 }
 
-func (s *Server) recordVerify(c echo.Context, start time.Time, outcome string, status int) {
+// recordVerify records a statistics event of an invite check. There is no
+// user yet, so the event's UserID holds the normalised e-mail: detection
+// counts cooldowns per e-mail from it.
+func (s *Server) recordVerify(c echo.Context, start time.Time, email, outcome string, status int) {
 	s.d.Events.Record(storage.Event{
-		Time: start, IP: c.RealIP(), Route: verifyRoute, Outcome: outcome, Status: status,
+		Time: start, UserID: email, IP: c.RealIP(), Route: verifyRoute, Outcome: outcome, Status: status,
 		Bytes: c.Request().ContentLength, LatencyMS: s.now().Sub(start).Milliseconds(),
 	})
-}
-
-// alert hands a condition to the alerter, if there is one. A panicking
-// alerter is logged, never allowed to fail the request.
-func (s *Server) alert(kind, message string) {
-	s.log.Warn("alert", "kind", kind, "message", message)
-	if s.d.Alerts == nil {
-		return
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("alerter panicked", "kind", kind, "panic", r)
-		}
-	}()
-	s.d.Alerts.Alert(kind, message)
 }

@@ -110,7 +110,7 @@ type alertRecorder struct {
 	kinds []string
 }
 
-func (a *alertRecorder) Alert(kind, message string) {
+func (a *alertRecorder) Alert(kind, _ string, _ map[string]string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.kinds = append(a.kinds, kind)

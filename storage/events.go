@@ -12,7 +12,7 @@ import (
 // records an attempt whatever its outcome, for detection and dashboards.
 type Event struct {
 	Time         time.Time // when the request finished; required
-	UserID       string    // empty before authentication
+	UserID       string    // the user; on invite checks, the normalised e-mail submitted
 	KeyID        string
 	IP           string // client IP as resolved by server
 	Route        string

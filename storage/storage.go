@@ -1,6 +1,7 @@
 // Package storage provides Breakwater's durable state: one BoltDB file that
-// holds users, API keys, invite codes, plan quotas, usage records and
-// statistics events.
+// holds users, API keys, invite codes, plan quotas, usage records,
+// statistics events and what detection makes of them (daily aggregates,
+// findings, alert state).
 //
 // Money writes (the quota increment and its usage row) go through a group
 // commit: concurrent callers share one transaction and one fsync, and each
@@ -138,10 +139,16 @@ var (
 	bucketDefense      = []byte("defense")      // state name -> bucket of key -> opaque value
 	bucketInvites      = []byte("invites")      // sha-256 of the normalised code -> JSON Invite
 
+	bucketAggregates = []byte("aggregates")  // "2006-01-02" -> JSON DayStats
+	bucketFindings   = []byte("findings")    // "2006-01-02" -> bucket of index -> JSON Finding
+	bucketDetectRuns = []byte("detect_runs") // "2006-01-02" -> JSON DetectRun
+	bucketAlerts     = []byte("alerts")      // alert kind -> JSON AlertState
+
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
 		bucketBudgetDays, bucketReservations, bucketDefense, bucketInvites,
+		bucketAggregates, bucketFindings, bucketDetectRuns, bucketAlerts,
 	}
 
 	keySchemaVersion = []byte("schema_version")

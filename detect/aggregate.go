@@ -1,0 +1,126 @@
+package detect
+
+import (
+	"time"
+
+	"breakwater/storage"
+)
+
+// Routes whose statistics events detection reads.
+const (
+	// RouteInvite is the route of invite checks. Its events carry the
+	// refusal reason as Outcome ("cooldown", ...) or "ok", the client IP,
+	// and, when the invite code fills it, the submitted e-mail as UserID.
+	RouteInvite = "/v1/invites/verify"
+	// OutcomeCooldown is the Outcome of an invite check refused because
+	// its IP or e-mail was cooling down after too many failures. Each
+	// such event counts as one cooldown.
+	OutcomeCooldown = "cooldown"
+)
+
+// DayBounds returns the first instant of day (a "2006-01-02" in loc) and
+// the first of the next: 24 hours apart, or 23 or 25 across a change of
+// daylight saving time.
+func DayBounds(day string, loc *time.Location) (from, to time.Time, err error) {
+	d, err := time.ParseInLocation("2006-01-02", day, loc)
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	return d, time.Date(d.Year(), d.Month(), d.Day()+1, 0, 0, 0, 0, loc), nil
+}
+
+// addDays moves a "2006-01-02" day by n calendar days.
+func addDays(day string, n int) string {
+	d, err := time.Parse("2006-01-02", day)
+	if err != nil {
+		return day
+	}
+	return d.AddDate(0, 0, n).Format("2006-01-02")
+}
+
+// Aggregate sums one day's statistics events per user, per IP, per
+// submitted invite e-mail and for the whole service. lines gives each
+// user's daily abuse line (missing or 0: none).
+//
+// Every event not on RouteInvite is an OCR attempt that reached the
+// upstream; outcome "ok" is a success and anything else a failure.
+func Aggregate(day string, events []storage.Event, lines map[string]int64) storage.DayStats {
+	s := storage.DayStats{Day: day, Users: map[string]storage.UserDay{}, IPs: map[string]storage.IPDay{}, Emails: map[string]storage.IPDay{}}
+	userIPs := map[string]map[string]bool{}
+	ipUsers := map[string]map[string]bool{}
+	users, ips := map[string]bool{}, map[string]bool{}
+	for _, e := range events {
+		if e.Route == RouteInvite {
+			s.Service.Invites++
+			if e.Outcome == "ok" {
+				continue
+			}
+			count := func(m map[string]storage.IPDay, key string) {
+				if key == "" {
+					return
+				}
+				d := m[key]
+				d.InviteFailures++
+				if e.Outcome == OutcomeCooldown {
+					d.InviteCooldowns++
+				}
+				m[key] = d
+			}
+			count(s.IPs, e.IP)
+			count(s.Emails, e.UserID)
+			continue
+		}
+		s.Service.Attempts++
+		s.Service.CostMicroUSD += e.CostMicroUSD
+		ok := e.Outcome == "ok"
+		if ok {
+			s.Service.Successes++
+		} else {
+			s.Service.Failures++
+		}
+		if e.IP != "" {
+			ips[e.IP] = true
+			d := s.IPs[e.IP]
+			d.Attempts++
+			s.IPs[e.IP] = d
+		}
+		if e.UserID == "" {
+			continue
+		}
+		users[e.UserID] = true
+		u := s.Users[e.UserID]
+		u.Attempts++
+		if ok {
+			u.Successes++
+		} else {
+			u.Failures++
+		}
+		u.Bytes += e.Bytes
+		u.PromptTokens += int64(e.PromptTokens)
+		u.OutputTokens += int64(e.OutputTokens)
+		u.CostMicroUSD += e.CostMicroUSD
+		s.Users[e.UserID] = u
+		if e.IP != "" {
+			addPair(userIPs, e.UserID, e.IP)
+			addPair(ipUsers, e.IP, e.UserID)
+		}
+	}
+	for id, u := range s.Users {
+		u.IPs = int64(len(userIPs[id]))
+		u.Line = lines[id]
+		s.Users[id] = u
+	}
+	for ip, d := range s.IPs {
+		d.Users = int64(len(ipUsers[ip]))
+		s.IPs[ip] = d
+	}
+	s.Service.Users, s.Service.IPs = int64(len(users)), int64(len(ips))
+	return s
+}
+
+func addPair(m map[string]map[string]bool, a, b string) {
+	if m[a] == nil {
+		m[a] = map[string]bool{}
+	}
+	m[a][b] = true
+}

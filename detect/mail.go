@@ -1,0 +1,212 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	gomail "github.com/wneessen/go-mail"
+)
+
+// Defaults for MailerOptions.
+const (
+	DefaultMailQueue    = 64
+	DefaultMailAttempts = 8
+	DefaultRetryBase    = 5 * time.Second
+	DefaultRetryMax     = 5 * time.Minute
+	DefaultMailTimeout  = 30 * time.Second
+)
+
+// subjectPrefix starts every subject; the rest is fixed text of ours.
+const subjectPrefix = "[breakwater] "
+
+// MailerOptions are the Mailer's optional parts. Zero fields mean the
+// defaults.
+type MailerOptions struct {
+	Password  string // BREAKWATER_SMTP_PASSWORD
+	QueueSize int
+	// Attempts is how many times one message is tried before it is given
+	// up; between tries the wait doubles from RetryBase up to RetryMax.
+	Attempts  int
+	RetryBase time.Duration
+	RetryMax  time.Duration
+	Timeout   time.Duration // one delivery attempt, connection included
+	Counters  *Counters
+	Logger    *slog.Logger
+}
+
+// Mailer delivers plain-text e-mails from a bounded queue on a goroutine
+// of its own, retrying with backoff. Send never waits.
+//
+// Headers come only from config (From, To) and from fixed text (the
+// subject is "[breakwater] " and a phrase of this package); text that
+// users control goes only in the body, escaped by the caller.
+type Mailer struct {
+	cfg   AlertsConfig
+	o     MailerOptions
+	log   *slog.Logger
+	queue chan message
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+
+	mu       sync.RWMutex
+	stopping bool
+}
+
+type message struct{ subject, body string }
+
+var _ Sender = (*Mailer)(nil)
+
+// NewMailer starts a Mailer for cfg (defaults applied).
+func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = DefaultMailQueue
+	}
+	if o.Attempts <= 0 {
+		o.Attempts = DefaultMailAttempts
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = DefaultRetryBase
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = DefaultRetryMax
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultMailTimeout
+	}
+	if o.Counters == nil {
+		o.Counters = &Counters{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	m := &Mailer{
+		cfg: cfg, o: o, log: o.Logger.With("component", "mail"),
+		queue: make(chan message, o.QueueSize), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	go m.loop()
+	return m, nil
+}
+
+// Send queues a message without waiting; false means it was dropped (a
+// full queue or a closed Mailer) and counted.
+func (m *Mailer) Send(subject, body string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if !m.stopping {
+		select {
+		case m.queue <- message{subject: subject, body: body}:
+			return true
+		default:
+		}
+	}
+	m.o.Counters.AlertFailures.Add(1)
+	m.log.Error("e-mail dropped: the mail queue is full or closed", "subject", subject)
+	return false
+}
+
+// Close stops taking messages, cuts retry waits short and tries each
+// queued message once more, until ctx ends.
+func (m *Mailer) Close(ctx context.Context) error {
+	m.once.Do(func() {
+		m.mu.Lock()
+		m.stopping = true
+		close(m.stop)
+		close(m.queue)
+		m.mu.Unlock()
+	})
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (m *Mailer) loop() {
+	defer close(m.done)
+	for msg := range m.queue {
+		m.deliver(msg)
+	}
+}
+
+// deliver tries msg until it is sent, its attempts are used up, or the
+// Mailer stops.
+func (m *Mailer) deliver(msg message) {
+	wait := m.o.RetryBase
+	for attempt := 1; ; attempt++ {
+		err := m.sendOnce(msg)
+		if err == nil {
+			m.o.Counters.AlertsSent.Add(1)
+			m.log.Info("e-mail sent", "subject", msg.subject, "attempt", attempt)
+			return
+		}
+		m.o.Counters.AlertFailures.Add(1)
+		if attempt >= m.o.Attempts {
+			m.log.Error("e-mail given up", "subject", msg.subject, "attempts", attempt, "err", err)
+			return
+		}
+		m.log.Warn("e-mail not sent: will retry", "subject", msg.subject, "attempt", attempt, "retry_in", wait, "err", err)
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-m.stop:
+			timer.Stop()
+			if err := m.sendOnce(msg); err == nil {
+				m.o.Counters.AlertsSent.Add(1)
+			} else {
+				m.o.Counters.AlertFailures.Add(1)
+				m.log.Error("e-mail given up at shutdown", "subject", msg.subject, "err", err)
+			}
+			return
+		}
+		wait = min(wait*2, m.o.RetryMax)
+	}
+}
+
+// sendOnce makes one delivery attempt over a new connection.
+func (m *Mailer) sendOnce(msg message) error {
+	mm := gomail.NewMsg()
+	if err := mm.From(m.cfg.From); err != nil {
+		return fmt.Errorf("from: %w", err)
+	}
+	if err := mm.To(m.cfg.To...); err != nil {
+		return fmt.Errorf("to: %w", err)
+	}
+	mm.Subject(subjectPrefix + Escape(msg.subject))
+	mm.SetDate()
+	mm.SetMessageID()
+	mm.SetBodyString(gomail.TypeTextPlain, msg.body)
+
+	opts := []gomail.Option{gomail.WithPort(m.cfg.SMTPPort), gomail.WithTimeout(m.o.Timeout)}
+	switch m.cfg.TLS {
+	case "tls":
+		opts = append(opts, gomail.WithSSL(), gomail.WithTLSPolicy(gomail.TLSMandatory))
+	case "none":
+		opts = append(opts, gomail.WithTLSPolicy(gomail.NoTLS))
+	default:
+		opts = append(opts, gomail.WithTLSPolicy(gomail.TLSMandatory))
+	}
+	if m.cfg.SMTPUsername != "" {
+		opts = append(opts, gomail.WithSMTPAuth(gomail.SMTPAuthAutoDiscover),
+			gomail.WithUsername(m.cfg.SMTPUsername), gomail.WithPassword(m.o.Password))
+	}
+	c, err := gomail.NewClient(m.cfg.SMTPHost, opts...)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.o.Timeout)
+	defer cancel()
+	if err := c.DialAndSendWithContext(ctx, mm); err != nil {
+		return errors.New(Escape(err.Error()))
+	}
+	return nil
+}

@@ -1,0 +1,275 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"breakwater/storage"
+)
+
+// Counters count what layer 4 does and what goes wrong in it, for the
+// metrics. Share one among the Runner, the Alerter and the Mailer.
+type Counters struct {
+	Runs          atomic.Uint64 // detection runs finished, one per day run
+	RunFailures   atomic.Uint64 // detection runs that failed
+	AlertsSent    atomic.Uint64 // e-mails delivered (alerts and digests)
+	AlertFailures atomic.Uint64 // failed deliveries, and mail or alerts dropped by a full queue
+}
+
+// Sender queues a plain-text e-mail without waiting: the Mailer. It
+// reports false when the message was dropped.
+type Sender interface {
+	Send(subject, body string) bool
+}
+
+// Store is what the Runner needs from storage.
+type Store interface {
+	Events(from, to time.Time) ([]storage.Event, error)
+	PruneEvents(before time.Time) (int, error)
+	DayStats(from, to string) ([]storage.DayStats, error)
+	SaveDetection(stats storage.DayStats, findings []storage.Finding, run storage.DetectRun) error
+	LastDetectRun() (storage.DetectRun, error)
+	Findings(from, to string) ([]storage.Finding, error)
+}
+
+var _ Store = (*storage.DB)(nil)
+
+// RunnerOptions are the Runner's settings and optional parts.
+type RunnerOptions struct {
+	Config   Config
+	Location *time.Location // budget.timezone; required
+	// RetentionDays is how many days of raw events are kept
+	// (storage.stats_retention_days); 0 keeps them all.
+	RetentionDays int
+	// Lines gives every user's daily abuse line by user id, for the grey
+	// zone; nil: none.
+	Lines func() map[string]int64
+	// Ceilings gives the global budget's ceilings in force; nil: none.
+	Ceilings func() Ceilings
+	// Mail sends the digest; nil means mail is off and findings are logged
+	// at WARN instead.
+	Mail     Sender
+	Counters *Counters
+	Logger   *slog.Logger
+	Now      func() time.Time
+}
+
+// Runner aggregates one day, runs the detectors, stores the findings,
+// prunes old events and sends the digest. Runs are serialised.
+type Runner struct {
+	store Store
+	o     RunnerOptions
+	log   *slog.Logger
+	mu    sync.Mutex
+}
+
+// NewRunner returns a Runner over store.
+func NewRunner(store Store, o RunnerOptions) (*Runner, error) {
+	if store == nil || o.Location == nil {
+		return nil, errors.New("detect: the runner needs a store and a time zone")
+	}
+	if err := o.Config.Validate(); err != nil {
+		return nil, err
+	}
+	o.Config = o.Config.WithDefaults()
+	if o.Counters == nil {
+		o.Counters = &Counters{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Runner{store: store, o: o, log: o.Logger.With("component", "detect")}, nil
+}
+
+// Report is the outcome of one run.
+type Report struct {
+	Day      string             `json:"day"`
+	Service  storage.ServiceDay `json:"service"`
+	Findings []storage.Finding  `json:"findings"`
+	Pruned   int                `json:"pruned"` // raw events deleted
+	Mailed   bool               `json:"mailed"` // a digest was queued
+}
+
+// Yesterday is the day before now's, in the runner's time zone.
+func (r *Runner) Yesterday(now time.Time) string {
+	l := now.In(r.o.Location)
+	return time.Date(l.Year(), l.Month(), l.Day()-1, 12, 0, 0, 0, r.o.Location).Format("2006-01-02")
+}
+
+// Run aggregates day ("2006-01-02" in budget.timezone), replacing what an
+// earlier run of that day stored, runs the detectors, stores the findings
+// and, if mail is set and there are findings, queues the digest.
+func (r *Runner) Run(ctx context.Context, day string, mail bool) (Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep, err := r.run(ctx, day, mail)
+	if err != nil {
+		r.o.Counters.RunFailures.Add(1)
+		return Report{}, fmt.Errorf("detect %s: %w", day, err)
+	}
+	r.o.Counters.Runs.Add(1)
+	return rep, nil
+}
+
+// RunDay is Run with the digest, for the Scheduler.
+func (r *Runner) RunDay(ctx context.Context, day string) error {
+	rep, err := r.Run(ctx, day, true)
+	if err != nil {
+		r.log.Error("daily detection failed", "day", day, "err", err)
+		return err
+	}
+	r.log.Info("daily detection done", "day", day, "findings", len(rep.Findings), "attempts", rep.Service.Attempts, "pruned_events", rep.Pruned)
+	return nil
+}
+
+// LastRun is the latest day detection ran for, "" if it never ran.
+func (r *Runner) LastRun() (string, error) {
+	run, err := r.store.LastDetectRun()
+	if errors.Is(err, storage.ErrNotFound) {
+		return "", nil
+	}
+	return run.Day, err
+}
+
+// Recent returns the findings of the days from..to inclusive.
+func (r *Runner) Recent(from, to string) ([]storage.Finding, error) {
+	return r.store.Findings(from, to)
+}
+
+func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error) {
+	from, to, err := DayBounds(day, r.o.Location)
+	if err != nil {
+		return Report{}, fmt.Errorf("day %q is not YYYY-MM-DD", day)
+	}
+	if err := ctx.Err(); err != nil {
+		return Report{}, err
+	}
+	if cut := r.retentionCut(); !cut.IsZero() && !to.After(cut) {
+		return Report{}, fmt.Errorf("%w: its events are older than stats_retention_days (%d)", ErrPruned, r.o.RetentionDays)
+	}
+	events, err := r.store.Events(from, to)
+	if err != nil {
+		return Report{}, err
+	}
+	var lines map[string]int64
+	if r.o.Lines != nil {
+		lines = r.o.Lines()
+	}
+	today := Aggregate(day, events, lines)
+	monthStart := day[:8] + "01"
+	histFrom := min(monthStart, addDays(day, -7))
+	before, err := r.store.DayStats(histFrom, addDays(day, -1))
+	if err != nil {
+		return Report{}, err
+	}
+	h := History{Today: today, MonthCostMicroUSD: today.Service.CostMicroUSD}
+	for _, d := range before {
+		if d.Day >= addDays(day, -7) {
+			h.Before = append(h.Before, d)
+		}
+		if d.Day >= monthStart {
+			h.MonthCostMicroUSD += d.Service.CostMicroUSD
+		}
+	}
+	if r.o.Ceilings != nil {
+		h.Ceilings = r.o.Ceilings()
+	}
+	findings := Detect(r.o.Config, h)
+
+	rep := Report{Day: day, Service: today.Service, Findings: findings}
+	if cut := r.retentionCut(); !cut.IsZero() {
+		if rep.Pruned, err = r.store.PruneEvents(cut); err != nil {
+			return Report{}, err
+		}
+	}
+	run := storage.DetectRun{Day: day, RanAt: r.o.Now(), Findings: len(findings), Pruned: rep.Pruned}
+	if err := r.store.SaveDetection(today, findings, run); err != nil {
+		return Report{}, err
+	}
+	if mail && len(findings) > 0 {
+		subject := fmt.Sprintf("detection digest for %s: %d findings", day, len(findings))
+		if r.o.Mail == nil {
+			for _, f := range findings {
+				r.log.Warn("detection finding", "day", f.Day, "detector", f.Detector, "subject", f.Subject, "figures", FiguresText(f.Figures))
+			}
+		} else {
+			rep.Mailed = r.o.Mail.Send(subject, DigestBody(rep))
+		}
+	}
+	return rep, nil
+}
+
+// ErrPruned refuses to run a day whose raw events are past retention:
+// its stored aggregate is kept rather than replaced by an empty one.
+var ErrPruned = errors.New("detect: day already pruned")
+
+// retentionCut is the first instant whose events are kept; zero when all
+// are kept.
+func (r *Runner) retentionCut() time.Time {
+	if r.o.RetentionDays <= 0 {
+		return time.Time{}
+	}
+	l := r.o.Now().In(r.o.Location)
+	return time.Date(l.Year(), l.Month(), l.Day()-r.o.RetentionDays, 0, 0, 0, 0, r.o.Location)
+}
+
+// DigestBody is the plain-text digest of a run: a one-line summary, then
+// the numbers. User-controlled values (user ids, IPs, e-mails) are
+// escaped.
+func DigestBody(rep Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Breakwater detection for %s: %d findings.\n\n", rep.Day, len(rep.Findings))
+	s := rep.Service
+	fmt.Fprintf(&b, "service: %d attempts, %d ok, %d failed, %d users, %d IPs, $%.6f, %d invite checks\n\n",
+		s.Attempts, s.Successes, s.Failures, s.Users, s.IPs, float64(s.CostMicroUSD)/1e6, s.Invites)
+	for _, f := range rep.Findings {
+		fmt.Fprintf(&b, "%s  %s  %s\n", f.Detector, Escape(f.Subject), FiguresText(f.Figures))
+	}
+	return b.String()
+}
+
+// FiguresText formats a finding's figures as "key=value ..." in key order.
+func FiguresText(figures map[string]float64) string {
+	keys := make([]string, 0, len(figures))
+	for k := range figures {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%s", k, trimFloat(figures[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+func trimFloat(v float64) string {
+	s := fmt.Sprintf("%.4f", v)
+	s = strings.TrimRight(s, "0")
+	return strings.TrimSuffix(s, ".")
+}
+
+// Escape makes a user-controlled value safe for one line of a plain-text
+// e-mail body: CR, LF, every other control character and the Unicode line
+// and paragraph separators become visible \uXXXX escapes, so no value can
+// start a new line, let alone a header.
+func Escape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029 || r == 0x85 {
+			fmt.Fprintf(&b, "\\u%04x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,129 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"breakwater/storage"
+)
+
+func mustOpen(t *testing.T) *storage.DB {
+	t.Helper()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "d.db"), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// fakeSender keeps what it is asked to send.
+type fakeSender struct {
+	mu       sync.Mutex
+	subjects []string
+	bodies   []string
+}
+
+func (f *fakeSender) Send(subject, body string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subjects, f.bodies = append(f.subjects, subject), append(f.bodies, body)
+	return true
+}
+
+func (f *fakeSender) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.subjects)
+}
+
+// TestRunnerAggregatesADSTDay stores events around a 23-hour day in New
+// York and checks that the day holds exactly its own events, that a
+// re-run replaces it, and that old events are pruned.
+func TestRunnerAggregatesADSTDay(t *testing.T) {
+	ny, _ := time.LoadLocation("America/New_York")
+	db := mustOpen(t)
+	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, ny) }
+	ocr := func(t time.Time, user, ip, outcome string, cost int64) storage.Event {
+		return storage.Event{Time: t, UserID: user, IP: ip, Route: "/v1/ocr", Outcome: outcome, CostMicroUSD: cost}
+	}
+	events := []storage.Event{
+		ocr(at(7, 23, 59), "alice", "192.0.2.1", "ok", 5), // the day before
+		ocr(at(8, 0, 0), "alice", "192.0.2.1", "ok", 10),  // first instant
+		ocr(at(8, 3, 30), "alice", "192.0.2.2", "ok", 10), // after the jump
+		ocr(at(8, 23, 59), "bob", "192.0.2.1", "upstream_failed", 30),
+		ocr(at(9, 0, 0), "bob", "192.0.2.1", "ok", 10), // the day after
+		{Time: at(8, 12, 0), IP: "198.51.100.9", Route: RouteInvite, Outcome: "cooldown", UserID: "x@example.com"},
+		{Time: at(8, 12, 1), IP: "198.51.100.9", Route: RouteInvite, Outcome: "bad_code"},
+		{Time: at(8, 12, 2), IP: "198.51.100.9", Route: RouteInvite, Outcome: "ok"},
+		ocr(at(1, 12, 0), "old", "192.0.2.9", "ok", 1), // past retention
+	}
+	if err := db.AppendEvents(events); err != nil {
+		t.Fatal(err)
+	}
+	mail := &fakeSender{}
+	r, err := NewRunner(db, RunnerOptions{
+		Config: Config{InviteCooldowns: 1}, Location: ny, RetentionDays: 5, Mail: mail,
+		Lines: func() map[string]int64 { return map[string]int64{"alice": 50, "bob": 50} }, Now: func() time.Time { return at(9, 0, 15) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Yesterday(at(9, 0, 15)); got != "2026-03-08" {
+		t.Fatalf("Yesterday = %s", got)
+	}
+	rep, err := r.Run(context.Background(), "2026-03-08", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rep.Service
+	if s.Attempts != 3 || s.Successes != 2 || s.Failures != 1 || s.CostMicroUSD != 50 || s.Users != 2 || s.IPs != 2 || s.Invites != 3 {
+		t.Errorf("service = %+v, want 3 attempts (2 ok, 1 failed), 50 µ$, 2 users, 2 IPs, 3 invites", s)
+	}
+	stats, err := db.DayStats("2026-03-08", "2026-03-08")
+	if err != nil || len(stats) != 1 {
+		t.Fatalf("stored aggregates %v, %v", stats, err)
+	}
+	if a := stats[0].Users["alice"]; a.Attempts != 2 || a.IPs != 2 || a.Line != 50 {
+		t.Errorf("alice = %+v, want 2 attempts from 2 IPs, line 50", a)
+	}
+	if ip := stats[0].IPs["192.0.2.1"]; ip.Users != 2 || ip.Attempts != 2 {
+		t.Errorf("192.0.2.1 = %+v, want 2 users, 2 attempts", ip)
+	}
+	if ip := stats[0].IPs["198.51.100.9"]; ip.InviteFailures != 2 || ip.InviteCooldowns != 1 {
+		t.Errorf("invite IP = %+v, want 2 failures, 1 cooldown", ip)
+	}
+	if got := subjects(rep.Findings, DetectorInvite); len(got) != 2 {
+		t.Errorf("invite findings %v, want the IP and the e-mail", got)
+	}
+	if rep.Pruned != 1 {
+		t.Errorf("pruned %d events, want 1", rep.Pruned)
+	}
+	if !rep.Mailed || mail.count() != 1 {
+		t.Errorf("digest mailed %v, %d sent; want one", rep.Mailed, mail.count())
+	}
+
+	// Re-running the day replaces it: same figures, findings not doubled.
+	rep2, err := r.Run(context.Background(), "2026-03-08", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, _ := db.Findings("2026-03-08", "2026-03-08")
+	if rep2.Service != rep.Service || len(stored) != len(rep.Findings) || mail.count() != 1 {
+		t.Errorf("re-run: %+v, %d stored findings, %d mails; want the same figures, %d, 1", rep2.Service, len(stored), mail.count(), len(rep.Findings))
+	}
+	if last, _ := r.LastRun(); last != "2026-03-08" {
+		t.Errorf("LastRun = %q", last)
+	}
+	if _, err := r.Run(context.Background(), "March 8", false); err == nil {
+		t.Error("a bad day ran")
+	}
+	// A day past retention is refused, its aggregate kept.
+	if _, err := r.Run(context.Background(), "2026-03-01", false); !errors.Is(err, ErrPruned) {
+		t.Errorf("run of a pruned day: %v, want ErrPruned", err)
+	}
+}

@@ -1,0 +1,132 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// DefaultMaxCatchUp is the most missed days a Scheduler catches up at
+// once.
+const DefaultMaxCatchUp = 31
+
+// DayRunner runs detection for one day and knows the last day it ran:
+// the Runner.
+type DayRunner interface {
+	LastRun() (string, error)
+	RunDay(ctx context.Context, day string) error
+}
+
+var _ DayRunner = (*Runner)(nil)
+
+// SchedulerOptions are the Scheduler's optional parts.
+type SchedulerOptions struct {
+	MaxCatchUp int // default DefaultMaxCatchUp
+	Logger     *slog.Logger
+	Now        func() time.Time
+}
+
+// Scheduler runs the daily detection at [detect] run_at, in the budget's
+// time zone, for the day before. Days are named, not counted in hours, so
+// a day of 23 or 25 hours is run once; a day missed while the process was
+// down is run at start, from the day after the last run (persisted) up to
+// yesterday, at most MaxCatchUp days.
+type Scheduler struct {
+	r            DayRunner
+	hour, minute int
+	loc          *time.Location
+	o            SchedulerOptions
+	log          *slog.Logger
+}
+
+// NewScheduler returns a Scheduler of r at cfg.RunAt in loc.
+func NewScheduler(r DayRunner, cfg Config, loc *time.Location, o SchedulerOptions) (*Scheduler, error) {
+	if r == nil || loc == nil {
+		return nil, errors.New("detect: the scheduler needs a runner and a time zone")
+	}
+	hour, minute, err := parseClock(cfg.WithDefaults().RunAt)
+	if err != nil {
+		return nil, err
+	}
+	if o.MaxCatchUp <= 0 {
+		o.MaxCatchUp = DefaultMaxCatchUp
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Scheduler{r: r, hour: hour, minute: minute, loc: loc, o: o, log: o.Logger.With("component", "detect")}, nil
+}
+
+// Run catches up, then runs each day at run_at until ctx ends.
+func (s *Scheduler) Run(ctx context.Context) {
+	for {
+		s.runDue(ctx)
+		now := s.o.Now()
+		timer := time.NewTimer(s.next(now).Sub(now))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+// runAt is run_at on the calendar day of t. In a spring-forward gap it is
+// the instant the clock jumps to; in a fall-back hour, the first.
+func (s *Scheduler) runAt(t time.Time) time.Time {
+	l := t.In(s.loc)
+	return time.Date(l.Year(), l.Month(), l.Day(), s.hour, s.minute, 0, 0, s.loc)
+}
+
+// next is the first run_at after now.
+func (s *Scheduler) next(now time.Time) time.Time {
+	t := s.runAt(now)
+	if t.After(now) {
+		return t
+	}
+	l := now.In(s.loc)
+	return s.runAt(time.Date(l.Year(), l.Month(), l.Day()+1, 12, 0, 0, 0, s.loc))
+}
+
+// latestDue is the latest day whose run is due at now: yesterday once
+// today's run_at has passed, else the day before.
+func (s *Scheduler) latestDue(now time.Time) string {
+	l := now.In(s.loc)
+	back := 1
+	if now.Before(s.runAt(now)) {
+		back = 2
+	}
+	return time.Date(l.Year(), l.Month(), l.Day()-back, 12, 0, 0, 0, s.loc).Format("2006-01-02")
+}
+
+// runDue runs every due day after the last run, oldest first. It stops at
+// the first failure; the next run_at tries again from there.
+func (s *Scheduler) runDue(ctx context.Context) {
+	latest := s.latestDue(s.o.Now())
+	last, err := s.r.LastRun()
+	if err != nil {
+		s.log.Error("last detection run unknown: running the latest day only", "err", err)
+		last = ""
+	}
+	first := latest
+	if last != "" {
+		first = addDays(last, 1)
+		if oldest := addDays(latest, 1-s.o.MaxCatchUp); first < oldest {
+			s.log.Warn("detection missed more days than it catches up", "last_run", last, "from", oldest)
+			first = oldest
+		}
+	}
+	for day := first; day <= latest; day = addDays(day, 1) {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := s.r.RunDay(ctx, day); err != nil {
+			return // logged by the runner
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.etcd.io/bbolt"
+)
+
+// Detection state (layer 4): one aggregate per day, the findings of each
+// day's run, the record of the runs themselves, and when each alert kind
+// was last sent. None of it is money: plain transactions, no group commit.
+
+// UserDay is one user's figures for one day, from the statistics events.
+type UserDay struct {
+	Attempts     int64 `json:"attempts"`  // OCR attempts that reached the upstream
+	Successes    int64 `json:"successes"` // outcome "ok"
+	Failures     int64 `json:"failures"`  // any other outcome
+	IPs          int64 `json:"ips"`       // distinct client IPs
+	Bytes        int64 `json:"bytes"`
+	PromptTokens int64 `json:"prompt_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	CostMicroUSD int64 `json:"cost_micro_usd"`
+	// Line is the user's daily abuse line when the day was aggregated
+	// (0: none); the grey-zone detector compares Attempts with it.
+	Line int64 `json:"line"`
+}
+
+// IPDay is one client IP's figures for one day.
+type IPDay struct {
+	Users           int64 `json:"users"`            // distinct users of OCR from this IP
+	Attempts        int64 `json:"attempts"`         // OCR attempts
+	InviteFailures  int64 `json:"invite_failures"`  // invite checks refused, for any reason
+	InviteCooldowns int64 `json:"invite_cooldowns"` // invite checks refused by a cooldown
+}
+
+// ServiceDay is the whole service's figures for one day.
+type ServiceDay struct {
+	Attempts     int64 `json:"attempts"`
+	Successes    int64 `json:"successes"`
+	Failures     int64 `json:"failures"`
+	Users        int64 `json:"users"`
+	IPs          int64 `json:"ips"`
+	CostMicroUSD int64 `json:"cost_micro_usd"`
+	Invites      int64 `json:"invites"` // invite checks, whatever their outcome
+}
+
+// DayStats is the aggregate of one day's statistics events.
+type DayStats struct {
+	Day     string             `json:"day"` // "2006-01-02" in the budget time zone
+	Users   map[string]UserDay `json:"users"`
+	IPs     map[string]IPDay   `json:"ips"`
+	Emails  map[string]IPDay   `json:"emails,omitempty"` // invite figures per submitted e-mail, when events carry one
+	Service ServiceDay         `json:"service"`
+}
+
+// Finding is one thing a detector noticed on one day.
+type Finding struct {
+	Day      string             `json:"day"`
+	Detector string             `json:"detector"`
+	Subject  string             `json:"subject"` // a user id, an IP, an e-mail or "service"
+	Figures  map[string]float64 `json:"figures"`
+}
+
+// DetectRun records one run of the daily detection.
+type DetectRun struct {
+	Day      string    `json:"day"`
+	RanAt    time.Time `json:"ran_at"`
+	Findings int       `json:"findings"`
+	Pruned   int       `json:"pruned"` // raw events deleted by this run
+}
+
+// SaveDetection stores one day's aggregate, findings and run record in one
+// transaction. A day run again replaces what an earlier run stored for it.
+func (db *DB) SaveDetection(stats DayStats, findings []Finding, run DetectRun) error {
+	if err := checkDay(stats.Day); err != nil {
+		return fmt.Errorf("save detection: %w", err)
+	}
+	err := db.update(func(tx *bbolt.Tx) error {
+		day := []byte(stats.Day)
+		if err := putJSON(tx.Bucket(bucketAggregates), day, stats); err != nil {
+			return err
+		}
+		fb := tx.Bucket(bucketFindings)
+		if fb.Bucket(day) != nil {
+			if err := fb.DeleteBucket(day); err != nil {
+				return err
+			}
+		}
+		b, err := fb.CreateBucket(day)
+		if err != nil {
+			return err
+		}
+		for i, f := range findings {
+			if err := putJSON(b, encodeUint64(uint64(i)), f); err != nil {
+				return err
+			}
+		}
+		return putJSON(tx.Bucket(bucketDetectRuns), day, run)
+	})
+	if err != nil {
+		return fmt.Errorf("save detection %s: %w", stats.Day, err)
+	}
+	return nil
+}
+
+// DayStats returns the stored aggregates of the days from..to inclusive,
+// in day order. Days never aggregated are missing.
+func (db *DB) DayStats(from, to string) ([]DayStats, error) {
+	var out []DayStats
+	err := db.view(func(tx *bbolt.Tx) error {
+		return scanDays(tx.Bucket(bucketAggregates), from, to, func(k, v []byte) error {
+			var s DayStats
+			if err := json.Unmarshal(v, &s); err != nil {
+				return fmt.Errorf("aggregate %s: %w", k, err)
+			}
+			out = append(out, s)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("day stats: %w", err)
+	}
+	return out, nil
+}
+
+// Findings returns the findings of the days from..to inclusive, in day
+// order and, within a day, in the order they were stored.
+func (db *DB) Findings(from, to string) ([]Finding, error) {
+	var out []Finding
+	err := db.view(func(tx *bbolt.Tx) error {
+		fb := tx.Bucket(bucketFindings)
+		var days [][]byte
+		_ = fb.ForEachBucket(func(k []byte) error {
+			if string(k) >= from && (to == "" || string(k) <= to) {
+				days = append(days, append([]byte(nil), k...))
+			}
+			return nil
+		})
+		sort.Slice(days, func(i, j int) bool { return bytes.Compare(days[i], days[j]) < 0 })
+		for _, day := range days {
+			err := fb.Bucket(day).ForEach(func(k, v []byte) error {
+				var f Finding
+				if err := json.Unmarshal(v, &f); err != nil {
+					return fmt.Errorf("finding %s/%x: %w", day, k, err)
+				}
+				out = append(out, f)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("findings: %w", err)
+	}
+	return out, nil
+}
+
+// LastDetectRun returns the run of the latest day detection has run for,
+// or ErrNotFound when it never ran.
+func (db *DB) LastDetectRun() (DetectRun, error) {
+	var run DetectRun
+	err := db.view(func(tx *bbolt.Tx) error {
+		k, v := tx.Bucket(bucketDetectRuns).Cursor().Last()
+		if k == nil {
+			return ErrNotFound
+		}
+		return json.Unmarshal(v, &run)
+	})
+	if err != nil {
+		return DetectRun{}, fmt.Errorf("last detection run: %w", err)
+	}
+	return run, nil
+}
+
+// PruneEvents deletes the statistics events older than before and returns
+// how many it deleted.
+func (db *DB) PruneEvents(before time.Time) (int, error) {
+	n := 0
+	err := db.update(func(tx *bbolt.Tx) error {
+		_, hi := rangeKeys(time.Time{}, before)
+		c := tx.Bucket(bucketEvents).Cursor()
+		for k, _ := c.First(); k != nil && (hi == nil || bytes.Compare(k, hi) < 0); k, _ = c.First() {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("prune events before %s: %w", before.Format(time.RFC3339), err)
+	}
+	return n, nil
+}
+
+// AlertState is when one alert kind was last sent.
+type AlertState struct {
+	Kind    string    `json:"kind"`
+	SentAt  time.Time `json:"sent_at"`
+	Summary string    `json:"summary"`
+}
+
+// SaveAlertState records that an alert of st.Kind was sent at st.SentAt.
+func (db *DB) SaveAlertState(st AlertState) error {
+	if st.Kind == "" {
+		return fmt.Errorf("save alert state: %w: no kind", ErrInvalid)
+	}
+	err := db.update(func(tx *bbolt.Tx) error {
+		return putJSON(tx.Bucket(bucketAlerts), []byte(st.Kind), st)
+	})
+	if err != nil {
+		return fmt.Errorf("save alert state %s: %w", st.Kind, err)
+	}
+	return nil
+}
+
+// AlertStates returns the last sending of every alert kind, by kind.
+func (db *DB) AlertStates() ([]AlertState, error) {
+	var out []AlertState
+	err := db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketAlerts).ForEach(func(k, v []byte) error {
+			var st AlertState
+			if err := json.Unmarshal(v, &st); err != nil {
+				return fmt.Errorf("alert state %s: %w", k, err)
+			}
+			out = append(out, st)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("alert states: %w", err)
+	}
+	return out, nil
+}
+
+// scanDays calls fn for each key of b from..to inclusive ("2006-01-02"
+// keys sort by day); an empty to means up to the last.
+func scanDays(b *bbolt.Bucket, from, to string, fn func(k, v []byte) error) error {
+	c := b.Cursor()
+	for k, v := c.Seek([]byte(from)); k != nil; k, v = c.Next() {
+		if to != "" && string(k) > to {
+			break
+		}
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package storage
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestSaveDetectionReplacesTheDay(t *testing.T) {
+	db := mustOpen(t)
+	if _, err := db.LastDetectRun(); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("LastDetectRun on a new database = %v, want ErrNotFound", err)
+	}
+	day := DayStats{Day: "2026-03-08", Users: map[string]UserDay{"u": {Attempts: 3}}}
+	first := []Finding{{Day: day.Day, Detector: "spike", Subject: "u"}, {Day: day.Day, Detector: "failures", Subject: "u"}}
+	if err := db.SaveDetection(day, first, DetectRun{Day: day.Day, Findings: 2}); err != nil {
+		t.Fatal(err)
+	}
+	day.Users["u"] = UserDay{Attempts: 4}
+	if err := db.SaveDetection(day, first[:1], DetectRun{Day: day.Day, Findings: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.SaveDetection(DayStats{Day: "2026-03-07"}, nil, DetectRun{Day: "2026-03-07"}); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := db.DayStats("2026-03-01", "2026-03-31")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(stats), 2; got != want {
+		t.Fatalf("%d aggregates, want %d", got, want)
+	}
+	if got, want := stats[1].Users["u"].Attempts, int64(4); stats[1].Day != "2026-03-08" || got != want {
+		t.Errorf("second aggregate %s attempts %d, want 2026-03-08 and %d", stats[1].Day, got, want)
+	}
+	findings, err := db.Findings("2026-03-08", "2026-03-08")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(findings) != 1 || findings[0].Detector != "spike" {
+		t.Errorf("findings after re-run = %+v, want the one spike", findings)
+	}
+	run, err := db.LastDetectRun()
+	if err != nil || run.Day != "2026-03-08" || run.Findings != 1 {
+		t.Errorf("LastDetectRun = %+v, %v; want 2026-03-08 with 1 finding", run, err)
+	}
+	if err := db.SaveDetection(DayStats{Day: "8 March"}, nil, DetectRun{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad day: %v, want ErrInvalid", err)
+	}
+}
+
+func TestPruneEvents(t *testing.T) {
+	db := mustOpen(t)
+	base := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	var events []Event
+	for i := range 10 {
+		events = append(events, Event{Time: base.Add(time.Duration(i) * time.Hour), Route: "/v1/ocr"})
+	}
+	if err := db.AppendEvents(events); err != nil {
+		t.Fatal(err)
+	}
+	n, err := db.PruneEvents(base.Add(4 * time.Hour))
+	if err != nil || n != 4 {
+		t.Fatalf("PruneEvents = %d, %v; want 4, nil", n, err)
+	}
+	left, _ := db.Events(time.Time{}, time.Time{})
+	if len(left) != 6 || !left[0].Time.Equal(base.Add(4*time.Hour)) {
+		t.Errorf("%d events left starting %v, want 6 from 04:00", len(left), left[0].Time)
+	}
+}
+
+func TestAlertStates(t *testing.T) {
+	db := mustOpen(t)
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, st := range []AlertState{{Kind: "brake_engaged", SentAt: at}, {Kind: "usage_commit_failed", SentAt: at}, {Kind: "brake_engaged", SentAt: at.Add(time.Hour)}} {
+		if err := db.SaveAlertState(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	states, err := db.AlertStates()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(states) != 2 || states[0].Kind != "brake_engaged" || !states[0].SentAt.Equal(at.Add(time.Hour)) {
+		t.Errorf("AlertStates = %+v, want brake_engaged at 13:00 and usage_commit_failed", states)
+	}
+	if err := db.SaveAlertState(AlertState{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("no kind: %v, want ErrInvalid", err)
+	}
+}
