@@ -129,8 +129,18 @@ func TestMailUserTextCannotAddHeaders(t *testing.T) {
 	if !strings.Contains(msg.Data, `mallory\u000d\u000aBcc: victim@evil.test`) {
 		t.Errorf("body does not carry the escaped user id:\n%s", msg.Data)
 	}
-	if counters.AlertsSent.Load() != 1 {
-		t.Errorf("sent counter %d, want 1", counters.AlertsSent.Load())
+	waitSent(t, counters, 1)
+}
+
+// waitSent waits until the mailer has counted n messages sent: the SMTP
+// server holds a message a moment before the mailer hears back.
+func waitSent(t *testing.T, counters *Counters, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); counters.AlertsSent.Load() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("sent counter %d, want %d", counters.AlertsSent.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -155,7 +165,8 @@ func TestMailRetriedWhenServerIsDown(t *testing.T) {
 	hole.Close()
 	srv := smtptest.Start(t, hole.Addr) // the server comes back on the same address
 	msgs := srv.WaitFor(t, 1, 10*time.Second)
-	if !strings.Contains(msgs[0].Data, "body") || counters.AlertsSent.Load() != 1 {
-		t.Errorf("retried message %q, sent %d", msgs[0].Data, counters.AlertsSent.Load())
+	if !strings.Contains(msgs[0].Data, "body") {
+		t.Errorf("retried message %q", msgs[0].Data)
 	}
+	waitSent(t, counters, 1)
 }
