@@ -99,93 +99,35 @@ func (s *Server) authenticate(c echo.Context) (Identity, error) {
 func (s *Server) handleOCR(c echo.Context) error {
 	start := s.now()
 	price := s.price.Load()
-	id, err := s.authenticate(c)
+	id, plan, err := s.admit(c, start)
 	if err != nil {
 		return err
 	}
-	if s.d.Keys.Banned(id.UserID) {
-		s.refused("auth", "banned")
-		return errBanned
-	}
-	plan, ok := s.d.Plans.Get(id.Plan)
-	if !ok {
-		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
-		return errNoPlan
-	}
-
-	// Layer 1: rate limit and burst per user, in memory.
-	err = s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, start) }, isRateRefusal)
-	if err != nil {
-		return s.refusal(err)
-	}
-
-	// A user with nothing left today or this month, or a service whose
-	// brake is engaged, is turned away before the body is read; the
-	// counting itself happens after validation.
-	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Check(id.UserID, plan.DailyAttempts, start) }, isLineRefusal)
-	if err == nil {
-		err = s.d.Quotas.Check(id.UserID, plan.MonthlyQuota, start)
-	}
-	if err == nil {
-		err = s.defend(layerBudget, func() error { return s.d.Brake.Check(start) }, isPaused)
-	}
-	if err != nil {
-		return s.refusal(err)
-	}
-	afterPrechecks := s.now()
-
-	// Cheap input validation: type sniffing and the image header only.
-	data, declared, err := readImage(c.Request(), s.cfg.MaxImageBytes)
+	admitted := s.now()
+	data, img, err := readValidImage(c.Request(), s.cfg)
 	if err != nil {
 		return err
-	}
-	img, err := ocr.Inspect(data, declared, s.cfg.MaxImagePixels)
-	switch {
-	case errors.Is(err, ocr.ErrUnsupportedType):
-		return errUnsupportedType
-	case errors.Is(err, ocr.ErrTooManyPixels):
-		return errTooManyPixels
-	case err != nil:
-		return errUndecodable
 	}
 	now := s.now() // the upload may have taken a while
-	// Layers 0 to 1 and the pre-checks took this long; layers 2 to 3 are
-	// added below, without the upload, the image check and commit waits.
-	guardTime := afterPrechecks.Sub(start)
-
-	// Layer 2: the daily abuse line counts this attempt, whatever follows.
-	err = s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
+	worst := price.WorstCase(img.Width, img.Height)
+	slot, reservation, err := s.reserve(id, plan, worst, now)
 	if err != nil {
-		return s.refusal(err)
+		return err
 	}
-
-	// Layer 2b: reserve one read of the plan quota, in memory (fails
-	// closed). Whatever happens from here on, even a panic, the slot is
+	// Whatever happens from here on, even a panic, the quota slot is
 	// either confirmed or given back.
-	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, now)
-	if err != nil {
-		return s.refusal(err)
-	}
 	confirmed := false
 	defer func() {
 		if !confirmed {
 			s.d.Quotas.Release(slot)
 		}
 	}()
+	// Guard-check time: the layers' own work, without the upload, the
+	// image check and the commit wait below.
+	s.d.Metrics.guard.Observe((admitted.Sub(start) + s.now().Sub(now)).Seconds())
 
-	// Layer 3: claim one call and its worst-case cost in the global
-	// budget, then commit the claim durably before the call.
-	worst := price.WorstCase(img.Width, img.Height)
-	var reservation budget.Reservation
-	err = s.defend(layerBudget, func() (err error) {
-		reservation, err = s.d.Brake.Claim(worst, now)
-		return err
-	}, isPaused)
-	if err != nil {
-		s.log.Warn("global budget brake engaged: upstream call refused", "err", err, "user", id.UserID)
-		return s.refusal(err)
-	}
-	s.d.Metrics.guard.Observe((guardTime + s.now().Sub(now)).Seconds())
+	// The claim is committed durably before the call, so that it still
+	// counts after a crash (layer 3 fails open if the disk refuses).
 	_ = s.defend(layerBudget, func() error {
 		return s.d.Brake.Commit(context.WithoutCancel(c.Request().Context()), &reservation)
 	}, isPaused)
@@ -258,6 +200,86 @@ func (s *Server) handleOCR(c echo.Context) error {
 		Quota:     quotaResponse{Limit: slot.Limit, Used: used, Remaining: max(slot.Limit-used, 0)},
 		Simulated: res.Simulated,
 	})
+}
+
+// admit runs what is checked before the body is read: layer 0 (who is it,
+// banned, on which plan), layer 1 (rate and burst), and cheap looks at
+// layers 2, 2b and 3, so that a user with nothing left today or this
+// month, or a service whose brake is engaged, costs no upload. All from
+// memory; the counting itself happens in reserve, after validation.
+func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, error) {
+	id, err := s.authenticate(c)
+	if err != nil {
+		return Identity{}, budget.Plan{}, err
+	}
+	if s.d.Keys.Banned(id.UserID) {
+		s.refused("auth", "banned")
+		return Identity{}, budget.Plan{}, errBanned
+	}
+	plan, ok := s.d.Plans.Get(id.Plan)
+	if !ok {
+		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
+		return Identity{}, budget.Plan{}, errNoPlan
+	}
+	err = s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, now) }, isRateRefusal)
+	if err == nil {
+		err = s.defend(layerAttempts, func() error { return s.d.Attempts.Check(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
+	}
+	if err == nil {
+		err = s.d.Quotas.Check(id.UserID, plan.MonthlyQuota, now)
+	}
+	if err == nil {
+		err = s.defend(layerBudget, func() error { return s.d.Brake.Check(now) }, isPaused)
+	}
+	if err != nil {
+		return Identity{}, budget.Plan{}, s.refusal(err)
+	}
+	return id, plan, nil
+}
+
+// readValidImage reads the upload and checks it cheaply: type sniffing
+// and the image header only, nothing decoded.
+func readValidImage(r *http.Request, cfg Config) ([]byte, ocr.Image, error) {
+	data, declared, err := readImage(r, cfg.MaxImageBytes)
+	if err != nil {
+		return nil, ocr.Image{}, err
+	}
+	img, err := ocr.Inspect(data, declared, cfg.MaxImagePixels)
+	switch {
+	case errors.Is(err, ocr.ErrUnsupportedType):
+		return nil, ocr.Image{}, errUnsupportedType
+	case errors.Is(err, ocr.ErrTooManyPixels):
+		return nil, ocr.Image{}, errTooManyPixels
+	case err != nil:
+		return nil, ocr.Image{}, errUndecodable
+	}
+	return data, img, nil
+}
+
+// reserve counts the attempt against the daily line (layer 2), reserves a
+// read of the plan quota (layer 2b, fails closed) and claims the call's
+// worst-case cost in the global budget (layer 3), all in memory. On a
+// refusal nothing stays reserved.
+func (s *Server) reserve(id Identity, plan budget.Plan, worst int64, now time.Time) (budget.Slot, budget.Reservation, error) {
+	err := s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
+	if err != nil {
+		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
+	}
+	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, now)
+	if err != nil {
+		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
+	}
+	var reservation budget.Reservation
+	err = s.defend(layerBudget, func() (err error) {
+		reservation, err = s.d.Brake.Claim(worst, now)
+		return err
+	}, isPaused)
+	if err != nil {
+		s.d.Quotas.Release(slot)
+		s.log.Warn("global budget brake engaged: upstream call refused", "err", err, "user", id.UserID)
+		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
+	}
+	return slot, reservation, nil
 }
 
 // countCall feeds one upstream call into the metrics.
