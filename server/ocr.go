@@ -276,7 +276,6 @@ func (s *Server) reserve(id Identity, plan budget.Plan, worst int64, now time.Ti
 	}, isPaused)
 	if err != nil {
 		s.d.Quotas.Release(slot)
-		s.log.Warn("global budget brake engaged: upstream call refused", "err", err, "user", id.UserID)
 		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
 	}
 	return slot, reservation, nil

@@ -60,7 +60,11 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			return
 		}
 		p := toProblem(err)
-		if p.Status >= 500 {
+		// Expected refusals (a paused budget, a failed upstream, a usage
+		// record not written) are logged where they happen, once, or
+		// counted in metrics; only the unexpected is logged here, so an
+		// attack on a paused service cannot flood the log.
+		if p.Status == http.StatusInternalServerError {
 			log.Error("request failed", "status", p.Status, "code", p.Code, "path", c.Path(), "request_id", requestID(c), "err", err)
 		}
 		h := c.Response().Header()
