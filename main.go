@@ -283,6 +283,18 @@ func (c config) validate() error {
 		c.Detect.Validate(), alerts)
 }
 
+// jwtAudienceWarning explains the risk of accepting every token the issuer
+// signs, when JWT sign-in is on with neither an audience nor authorized
+// parties to narrow it.
+func jwtAudienceWarning(c config) string {
+	j := c.Auth.JWT
+	if !j.Enabled() || j.Audience != "" || len(j.AuthorizedParties) > 0 {
+		return ""
+	}
+	return "auth.jwt has neither audience nor authorized_parties: every token your issuer signs is accepted, " +
+		"including ID tokens and tokens for your other APIs; set audience (Auth0, Supabase) or authorized_parties (Clerk)"
+}
+
 // jwtPlan checks that JWT users' default plan exists; only main knows
 // both sections.
 func (c config) jwtPlan() error {
@@ -440,6 +452,9 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 			fmt.Fprintln(stdout, "note: alerts.smtp_username is set but BREAKWATER_SMTP_PASSWORD is not: the mail server will refuse the login")
 		}
 	}
+	if warning := jwtAudienceWarning(c); warning != "" {
+		fmt.Fprintln(stdout, "warning:", warning)
+	}
 	return nil
 }
 
@@ -527,15 +542,18 @@ func (r *reloader) reload(trigger string) {
 	r.guard.Windows.SetConfig(next.Invites.Limits())
 	r.layers.Brake.SetConfig(next.Budget)
 	r.plans.Set(next.Plans)
-	r.srv.SetPrice(next.OCR.Price)
 	// What needs a restart stays as it runs, so it is reported again if
 	// changed again.
 	next.Server, next.Storage, next.Budget.Timezone, next.Auth = r.cur.Server, r.cur.Storage, r.cur.Budget.Timezone, r.cur.Auth
 	next.Invites = keepFailLimit(next.Invites, r.cur.Invites)
 	next.Detect, next.Alerts = r.cur.Detect, r.cur.Alerts
+	// Prices apply live; the output cap is sent by the OCR client made at
+	// start, so the worst case must keep using the cap it sends.
 	price := next.OCR.Price
+	price.MaxOutputTokens = r.cur.OCR.Price.MaxOutputTokens
 	next.OCR = r.cur.OCR
 	next.OCR.Price = price
+	r.srv.SetPrice(price)
 	r.cur = next
 	r.log.Info("config reloaded", "trigger", trigger)
 }
@@ -552,7 +570,10 @@ func needsRestart(old, next config) []string {
 	oldOCR, nextOCR := old.OCR, next.OCR
 	oldOCR.Price, nextOCR.Price = ocr.Price{}, ocr.Price{}
 	if oldOCR != nextOCR {
-		keys = append(keys, "ocr (all but ocr.price)")
+		keys = append(keys, "ocr (all but the prices)")
+	}
+	if old.OCR.Price.MaxOutputTokens != next.OCR.Price.MaxOutputTokens {
+		keys = append(keys, "ocr.price.max_output_tokens")
 	}
 	if old.Budget.Timezone != next.Budget.Timezone {
 		keys = append(keys, "budget.timezone")
@@ -678,6 +699,9 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		}
 		defer verifier.Close()
 		log.Info("JWT sign-in on", "issuer", c.Auth.JWT.Issuer, "jwks_url", c.Auth.JWT.JWKSURL)
+		if warning := jwtAudienceWarning(c); warning != "" {
+			log.Warn(warning)
+		}
 	}
 	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log})
 	defer func() {
@@ -1265,6 +1289,10 @@ func backupTo(ctx context.Context, op operator, path string, stdout io.Writer) e
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("backup: %w", err)
+	}
+	if dir, err := os.Open(filepath.Dir(path)); err == nil { // make the rename itself durable
+		dir.Sync()
+		dir.Close()
 	}
 	fmt.Fprintf(stdout, "backup written to %s (%d bytes)\n", path, info.Size())
 	return nil

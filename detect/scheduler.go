@@ -105,7 +105,9 @@ func (s *Scheduler) latestDue(now time.Time) string {
 }
 
 // runDue runs every due day after the last run, oldest first. It stops at
-// the first failure; the next run_at tries again from there.
+// the first failure; the next run_at tries again from there. A day whose
+// raw events are already past retention can never run, so it is skipped,
+// or a long downtime would stop detection for good.
 func (s *Scheduler) runDue(ctx context.Context) {
 	latest := s.latestDue(s.o.Now())
 	last, err := s.r.LastRun()
@@ -125,7 +127,10 @@ func (s *Scheduler) runDue(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := s.r.RunDay(ctx, day); err != nil {
+		if err := s.r.RunDay(ctx, day); errors.Is(err, ErrPruned) {
+			s.log.Warn("detection skips a day whose events are past retention", "day", day)
+			continue
+		} else if err != nil {
 			return // logged by the runner
 		}
 	}

@@ -16,6 +16,9 @@ type fakeRunner struct {
 	days []string
 	at   []time.Time
 	now  func() time.Time
+	// prunedBefore makes RunDay refuse days before it, as the real runner
+	// refuses days past retention.
+	prunedBefore string
 }
 
 func (f *fakeRunner) LastRun() (string, error) {
@@ -27,6 +30,9 @@ func (f *fakeRunner) LastRun() (string, error) {
 func (f *fakeRunner) RunDay(_ context.Context, day string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if day < f.prunedBefore {
+		return ErrPruned
+	}
 	f.days = append(f.days, day)
 	f.at = append(f.at, f.now())
 	f.last = max(f.last, day)
@@ -167,4 +173,29 @@ func TestDayBoundsAcrossDST(t *testing.T) {
 			t.Errorf("%s lasts %s, want %s", day, got, want)
 		}
 	}
+}
+
+// TestSchedulerSkipsPrunedDays: after a downtime longer than retention,
+// the days whose events are gone are skipped and detection goes on with
+// the rest, instead of stopping at the first for good.
+func TestSchedulerSkipsPrunedDays(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Date(2026, 3, 10, 10, 0, 0, 0, time.UTC)
+		offset := start.Sub(time.Now())
+		now := func() time.Time { return time.Now().Add(offset) }
+		r := &fakeRunner{last: "2026-03-01", now: now, prunedBefore: "2026-03-07"}
+		s, err := NewScheduler(r, Config{RunAt: "00:15"}, time.UTC, SchedulerOptions{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		synctest.Wait()
+		cancel()
+		<-done
+		if got, want := r.ran(), []string{"2026-03-07", "2026-03-08", "2026-03-09"}; !slices.Equal(got, want) {
+			t.Fatalf("ran %v, want %v", got, want)
+		}
+	})
 }

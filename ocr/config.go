@@ -26,6 +26,11 @@ const (
 	ProviderSimulated = "simulated"
 )
 
+// MaxTimeout is the longest ocr.timeout: with the longest upload it must
+// still fit the HTTP server's write timeout, or a paid read would be
+// recorded and its answer lost.
+const MaxTimeout = 90 * time.Second
+
 // Config is the "[ocr]" section of config.toml.
 type Config struct {
 	// Provider is "gemini" (the default) or "simulated".
@@ -122,6 +127,9 @@ func (c Config) Validate() error {
 	}
 	if c.Timeout < 0 {
 		add("timeout", "must be positive")
+	}
+	if c.Timeout > MaxTimeout {
+		add("timeout", fmt.Sprintf("must be at most %s, so the answer still fits the server's write timeout", MaxTimeout))
 	}
 	if _, err := compileSerialPattern(c.SerialPattern); err != nil {
 		add("serial_pattern", err.Error())

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -74,7 +75,7 @@ func (s *Server) handleListKeys(c echo.Context) error {
 }
 
 func (s *Server) handleRevokeKey(c echo.Context) error {
-	info, err := s.d.Operator.RevokeKey(c.Request().Context(), c.Param("id"))
+	info, err := s.d.Operator.RevokeKey(c.Request().Context(), pathParam(c, "id"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return errKeyNotFound
@@ -97,7 +98,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 	if err := c.Bind(&req); err != nil || (req.Banned == nil && req.Plan == "") {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
 	}
-	ctx, user := c.Request().Context(), c.Param("id")
+	ctx, user := c.Request().Context(), pathParam(c, "id")
 	var info UserInfo
 	var err error
 	if req.Banned != nil {
@@ -219,7 +220,7 @@ func (s *Server) handleListInvites(c echo.Context) error {
 }
 
 func (s *Server) handleRevokeInvite(c echo.Context) error {
-	info, err := s.d.Operator.RevokeInvite(c.Request().Context(), c.Param("id"))
+	info, err := s.d.Operator.RevokeInvite(c.Request().Context(), pathParam(c, "id"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return errInviteNotFound
@@ -228,4 +229,14 @@ func (s *Server) handleRevokeInvite(c echo.Context) error {
 	}
 	s.log.Info("invite revoked", "invite_id", info.ID)
 	return c.JSON(http.StatusOK, info)
+}
+
+// pathParam is a path parameter, unescaped: Echo leaves %2F escaped, so a
+// user id holding a "/" would otherwise name another user.
+func pathParam(c echo.Context, name string) string {
+	v := c.Param(name)
+	if u, err := url.PathUnescape(v); err == nil {
+		return u
+	}
+	return v
 }

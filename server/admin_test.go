@@ -184,7 +184,8 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 }
 
 func TestManualBrake(t *testing.T) {
-	e := newEnv(t, envOptions{})
+	rec := &recordingAlerter{}
+	e := newEnv(t, envOptions{alerts: rec})
 	ac := adminClient(e)
 	ctx := context.Background()
 	b, err := ac.SetBrake(ctx, true)
@@ -198,6 +199,9 @@ func TestManualBrake(t *testing.T) {
 	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 	if got := e.gemini.calls.Load(); got != 0 {
 		t.Errorf("%d upstream calls with the brake on", got)
+	}
+	if got := rec.got(); len(got) != 0 {
+		t.Errorf("the operator's own switch raised alerts %v", got)
 	}
 	// The switch survives a restart.
 	if on, err := e.db.Flag("brake"); err != nil || !on {

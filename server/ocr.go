@@ -218,7 +218,9 @@ func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, er
 	}
 	plan, ok := s.d.Plans.Get(id.Plan)
 	if !ok {
-		s.log.Error("user's plan is not in config", "user", id.UserID, "plan", id.Plan)
+		// Counted, not logged per request: a plan removed by a reload
+		// must not let its users flood the log. `usage` shows them.
+		s.refused("auth", "no_plan")
 		return Identity{}, budget.Plan{}, errNoPlan
 	}
 	err = s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, now) }, isRateRefusal)
@@ -325,8 +327,10 @@ func (s *Server) refusal(err error) error {
 		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
 	case errors.As(err, &pe):
 		s.refused(layerBudget, pe.Ceiling)
-		s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
-			map[string]string{"ceiling": pe.Ceiling, "retry_after": pe.RetryAfter.Round(time.Second).String()})
+		if pe.Ceiling != "manual" { // the operator's own switch needs no alert
+			s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
+				map[string]string{"ceiling": pe.Ceiling, "retry_after": pe.RetryAfter.Round(time.Second).String()})
+		}
 		return errBudgetPaused.withRetryAfter(ceilSeconds(pe.RetryAfter))
 	}
 	return err

@@ -2,10 +2,11 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
+	"sync"
 	"time"
 
 	"breakwater/budget"
@@ -36,6 +37,7 @@ type Operator struct {
 	now     func() time.Time
 
 	detection Detection // nil until SetDetection
+	brakeMu   sync.Mutex
 }
 
 // NewOperator returns the operator over the keyring, the layers' live
@@ -171,6 +173,8 @@ func (o *Operator) Budget(context.Context) (BudgetInfo, error) {
 // SetBrake engages or releases the manual kill switch: stored first, so
 // it survives a restart, then applied at once.
 func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
+	o.brakeMu.Lock() // two switches at once must leave disk and memory agreeing
+	defer o.brakeMu.Unlock()
 	if err := o.store.SetFlag(flagBrake, on); err != nil {
 		return BudgetInfo{}, err
 	}
@@ -179,14 +183,26 @@ func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 }
 
 // Backup writes a consistent copy of the database to w while the service
-// goes on.
+// goes on. The copy is taken into a local temporary file first and only
+// then sent: the read transaction behind it would otherwise stay open for
+// as long as a slow client takes to download, and while it is open the
+// database file cannot grow, so every paid request would wait.
 func (o *Operator) Backup(_ context.Context, w io.Writer) error {
-	_, err := o.store.Backup(w)
+	tmp, err := os.CreateTemp("", "breakwater-backup-*.db")
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	if _, err := o.store.Backup(tmp); err != nil {
+		return err
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	_, err = io.Copy(w, tmp)
 	return err
 }
-
-// errNotFound reports whether err means that what was named does not exist.
-func errNotFound(err error) bool { return errors.Is(err, storage.ErrNotFound) }
 
 // usd turns micro-dollars into dollars for display.
 func usd(micro int64) float64 { return float64(micro) / 1e6 }

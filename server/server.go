@@ -20,7 +20,7 @@ import (
 const (
 	readHeaderTimeout = 5 * time.Second
 	readTimeout       = 60 * time.Second  // a 10 MiB upload needs about 1.4 Mbit/s to fit
-	writeTimeout      = 120 * time.Second // covers the upstream call and its retry
+	writeTimeout      = 180 * time.Second // the upload, ocr.timeout (at most 90 s) and the commit
 	idleTimeout       = 120 * time.Second
 	recordTimeout     = 10 * time.Second // most a paid read waits to be recorded
 )

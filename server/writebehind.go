@@ -17,9 +17,7 @@ const (
 	stateAttemptsPrefix = "attempts/"
 )
 
-// UserWindowsState and AttemptsState name the stored state main loads at
-// start.
-func UserWindowsState() string        { return stateUserWindows }
+// AttemptsState names the stored attempt counts of day.
 func AttemptsState(day string) string { return stateAttemptsPrefix + day }
 
 // StateStore is what the write-behind needs from storage.
@@ -30,10 +28,12 @@ type StateStore interface {
 
 // WriteBehind copies the defense layers' in-memory state (rate windows,
 // daily attempt counts, and the invite guard's windows and fail limits) to
-// storage every interval, so that a restart
-// neither resets a daily line nor lifts a rate limit. Only what changed is
-// written; a refused request changes nothing, so an attack that is turned
-// away causes no writes. A failed write is a fail-open event of the layer.
+// storage every interval, so that a restart neither resets a daily line nor
+// lifts a rate limit or a cooldown. Only what changed is written, at most
+// once per interval: a request refused by the rate limits changes nothing,
+// and a failed invite guess only updates the fail limiter's entry for its
+// keys, so an attack costs at most one small write a second. A failed write
+// is a fail-open event of the layer.
 type WriteBehind struct {
 	store    StateStore
 	windows  *limiter.Limiter

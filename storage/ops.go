@@ -54,13 +54,3 @@ func (db *DB) Backup(w io.Writer) (int64, error) {
 	}
 	return n, nil
 }
-
-// BackupSize is the size a Backup will write.
-func (db *DB) BackupSize() (int64, error) {
-	var n int64
-	err := db.view(func(tx *bbolt.Tx) error {
-		n = tx.Size()
-		return nil
-	})
-	return n, err
-}
