@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"net/netip"
 	"time"
 
 	"breakwater/storage"
@@ -8,14 +9,16 @@ import (
 
 // Routes whose statistics events detection reads.
 const (
-	// RouteInvite is the route of invite checks. Its events carry the
-	// refusal reason as Outcome ("cooldown", ...) or "ok", the client IP,
-	// and, when the invite code fills it, the submitted e-mail as UserID.
+	// RouteInvite is the route of invite checks. Their events carry the
+	// refusal reason as Outcome ("invalid", "cooldown", ...) or "ok", the
+	// client IP and the submitted e-mail as UserID.
 	RouteInvite = "/v1/invites/verify"
-	// OutcomeCooldown is the Outcome of an invite check refused because
-	// its IP or e-mail was cooling down after too many failures. Each
-	// such event counts as one cooldown.
-	OutcomeCooldown = "cooldown"
+	// OutcomeCooldownStarted marks the event that a failed invite check
+	// started a cooldown: one per cooled-down key, with either IP or
+	// UserID (the e-mail) set. It is not a check of its own; the brute-
+	// force detector counts these, not the refusals during a cooldown
+	// (an attacker who waits each cooldown out makes none of those).
+	OutcomeCooldownStarted = "cooldown_started"
 )
 
 // DayBounds returns the first instant of day (a "2006-01-02" in loc) and
@@ -50,6 +53,19 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 	ipUsers := map[string]map[string]bool{}
 	users, ips := map[string]bool{}, map[string]bool{}
 	for _, e := range events {
+		if e.Route == RouteInvite && e.Outcome == OutcomeCooldownStarted {
+			if e.IP != "" {
+				d := s.IPs[ipKey(e.IP)]
+				d.InviteCooldowns++
+				s.IPs[ipKey(e.IP)] = d
+			}
+			if e.UserID != "" {
+				d := s.Emails[e.UserID]
+				d.InviteCooldowns++
+				s.Emails[e.UserID] = d
+			}
+			continue
+		}
 		if e.Route == RouteInvite {
 			s.Service.Invites++
 			if e.Outcome == "ok" {
@@ -61,12 +77,9 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 				}
 				d := m[key]
 				d.InviteFailures++
-				if e.Outcome == OutcomeCooldown {
-					d.InviteCooldowns++
-				}
 				m[key] = d
 			}
-			count(s.IPs, e.IP)
+			count(s.IPs, ipKey(e.IP))
 			count(s.Emails, e.UserID)
 			continue
 		}
@@ -78,11 +91,12 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 		} else {
 			s.Service.Failures++
 		}
-		if e.IP != "" {
-			ips[e.IP] = true
-			d := s.IPs[e.IP]
+		ip := ipKey(e.IP)
+		if ip != "" {
+			ips[ip] = true
+			d := s.IPs[ip]
 			d.Attempts++
-			s.IPs[e.IP] = d
+			s.IPs[ip] = d
 		}
 		if e.UserID == "" {
 			continue
@@ -100,9 +114,9 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 		u.OutputTokens += int64(e.OutputTokens)
 		u.CostMicroUSD += e.CostMicroUSD
 		s.Users[e.UserID] = u
-		if e.IP != "" {
-			addPair(userIPs, e.UserID, e.IP)
-			addPair(ipUsers, e.IP, e.UserID)
+		if ip != "" {
+			addPair(userIPs, e.UserID, ip)
+			addPair(ipUsers, ip, e.UserID)
 		}
 	}
 	for id, u := range s.Users {
@@ -123,4 +137,20 @@ func addPair(m map[string]map[string]bool, a, b string) {
 		m[a] = map[string]bool{}
 	}
 	m[a][b] = true
+}
+
+// ipKey groups client addresses as the limits do: an IPv4 address alone,
+// an IPv6 address by its /64, since one host usually holds a whole /64 and
+// could otherwise rotate past every per-IP figure.
+func ipKey(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ip
+	}
+	a = a.Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	p, _ := a.WithZone("").Prefix(64)
+	return p.String()
 }

@@ -1,7 +1,9 @@
 package detect
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"breakwater/storage"
 )
@@ -176,5 +178,27 @@ func TestEscape(t *testing.T) {
 		if got := Escape(in); got != want {
 			t.Errorf("Escape(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestAggregateGroupsIPv6ByPrefix: addresses of one IPv6 /64 are one
+// client for the per-IP figures, as for the limits, so rotating inside a
+// /64 does not hide a shared IP.
+func TestAggregateGroupsIPv6ByPrefix(t *testing.T) {
+	at := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
+	var events []storage.Event
+	for i, user := range []string{"u1", "u2", "u3"} {
+		events = append(events, storage.Event{Time: at, UserID: user, IP: fmt.Sprintf("2001:db8:1:2::%x", i+1), Outcome: "ok"})
+	}
+	events = append(events, storage.Event{Time: at, UserID: "u4", IP: "2001:db8:1:3::1", Outcome: "ok"})
+	s := Aggregate("2026-03-08", events, nil)
+	if got := s.IPs["2001:db8:1:2::/64"]; got.Users != 3 || got.Attempts != 3 {
+		t.Errorf("the /64 = %+v, want 3 users and 3 attempts", got)
+	}
+	if got := s.IPs["2001:db8:1:3::/64"]; got.Users != 1 {
+		t.Errorf("the other /64 = %+v, want 1 user", got)
+	}
+	if s.Service.IPs != 2 {
+		t.Errorf("service IPs %d, want 2", s.Service.IPs)
 	}
 }

@@ -58,6 +58,8 @@ func TestRunnerAggregatesADSTDay(t *testing.T) {
 		ocr(at(8, 23, 59), "bob", "192.0.2.1", "upstream_failed", 30),
 		ocr(at(9, 0, 0), "bob", "192.0.2.1", "ok", 10), // the day after
 		{Time: at(8, 12, 0), IP: "198.51.100.9", Route: RouteInvite, Outcome: "cooldown", UserID: "x@example.com"},
+		{Time: at(8, 12, 0), IP: "198.51.100.9", Route: RouteInvite, Outcome: OutcomeCooldownStarted},
+		{Time: at(8, 12, 0), Route: RouteInvite, Outcome: OutcomeCooldownStarted, UserID: "x@example.com"},
 		{Time: at(8, 12, 1), IP: "198.51.100.9", Route: RouteInvite, Outcome: "bad_code"},
 		{Time: at(8, 12, 2), IP: "198.51.100.9", Route: RouteInvite, Outcome: "ok"},
 		ocr(at(1, 12, 0), "old", "192.0.2.9", "ok", 1), // past retention

@@ -158,9 +158,10 @@ func (f *FailLimiter) Config() FailConfig { return f.cfg }
 // *Attempt is valid and does nothing, so a caller whose limiter failed open
 // need not check.
 type Attempt struct {
-	f    *FailLimiter
-	keys []string
-	done bool
+	f       *FailLimiter
+	keys    []string
+	done    bool
+	started []string // keys whose cooldown Fail started
 }
 
 // Begin starts an attempt on every key at now, or refuses it with a
@@ -224,6 +225,7 @@ func (a *Attempt) Fail(now time.Time) (tripped bool) {
 		st.last = now
 		if st.fails >= f.cfg.Limit {
 			f.startCooldown(st, now)
+			a.started = append(a.started, k)
 		}
 		f.dirty[k] = struct{}{}
 	}
@@ -267,6 +269,15 @@ func (a *Attempt) Succeed(now time.Time) {
 		st.last = now
 		f.dirty[k] = struct{}{}
 	}
+}
+
+// CooldownsStarted lists the keys whose cooldown this attempt's failure
+// started, for statistics: detection counts cooldowns, not refusals.
+func (a *Attempt) CooldownsStarted() []string {
+	if a == nil {
+		return nil
+	}
+	return a.started
 }
 
 // Cancel ends the attempt without an outcome, as if it had not been made:

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -236,7 +237,11 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		}
 	}
 	if !outcome.OK() {
-		if attempt.Fail(s.now()) {
+		tripped := attempt.Fail(s.now())
+		for _, key := range attempt.CooldownsStarted() {
+			s.recordCooldownStart(start, key)
+		}
+		if tripped {
 			s.log.Warn("invite service-wide net tripped: every verification is refused", "failures_last_hour", s.guard.Fails.GlobalFailures(s.now()))
 			s.alert(detect.KindInviteNet, "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack",
 				map[string]string{"failures_last_hour": strconv.Itoa(s.guard.Fails.GlobalFailures(s.now()))})
@@ -256,6 +261,21 @@ func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email st
 	s.recordVerify(c, start, email, reason, errInviteRefused.Status)
 	s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c))
 	return errInviteRefused
+}
+
+// recordCooldownStart records that a failure started a cooldown on a fail
+// key ("ip:ADDR" or "email:ADDR"), for the invite brute-force detector.
+func (s *Server) recordCooldownStart(start time.Time, key string) {
+	e := storage.Event{Time: start, Route: verifyRoute, Outcome: detect.OutcomeCooldownStarted}
+	switch {
+	case strings.HasPrefix(key, "ip:"):
+		e.IP = strings.TrimPrefix(key, "ip:")
+	case strings.HasPrefix(key, "email:"):
+		e.UserID = strings.TrimPrefix(key, "email:")
+	default:
+		return
+	}
+	s.d.Events.Record(e)
 }
 
 // recordVerify records a statistics event of an invite check. There is no

@@ -14,6 +14,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"breakwater/detect"
 	"breakwater/storage"
 )
 
@@ -233,7 +234,7 @@ func waitForEvents(t *testing.T, e *env, route string, want map[string]int) {
 		}
 		got = map[string]int{}
 		for _, ev := range events {
-			if ev.Route == route {
+			if ev.Route == route && ev.Outcome != detect.OutcomeCooldownStarted {
 				got[ev.Outcome]++
 				if ev.IP == "" || ev.Status == 0 {
 					t.Fatalf("event without IP or status: %+v", ev)
@@ -277,6 +278,43 @@ func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
 
 	clk.add(5 * time.Minute) // the 10-minute cooldown is over
 	wantValid(t, e2, code, "mallory@example.com")
+}
+
+// TestVerifyRecordsCooldownStarts: the failure that starts a cooldown
+// leaves one event per cooled-down key, the IP and the e-mail, which the
+// brute-force detector counts.
+func TestVerifyRecordsCooldownStarts(t *testing.T) {
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	e := newEnv(t, envOptions{clock: clk.now, invites: loose(InviteConfig{})})
+	var r refusedBody
+	for range 7 { // the fifth starts the cooldowns; the last two are refused during them
+		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
+	}
+	var ips, emails int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		events, err := e.db.Events(time.Time{}, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ips, emails = 0, 0
+		for _, ev := range events {
+			if ev.Outcome != detect.OutcomeCooldownStarted {
+				continue
+			}
+			if ev.IP == "127.0.0.1" {
+				ips++
+			}
+			if ev.UserID == "mallory@example.com" {
+				emails++
+			}
+		}
+		if ips+emails >= 2 {
+			break
+		}
+	}
+	if ips != 1 || emails != 1 {
+		t.Errorf("cooldown starts recorded: %d for the IP, %d for the e-mail; want 1 and 1", ips, emails)
+	}
 }
 
 func TestVerifyParallelGuesses(t *testing.T) {
