@@ -842,3 +842,32 @@ monthly_quota = 10
 		t.Errorf("last run %+v %v", last, err)
 	}
 }
+
+func TestAdminListenNeedsLongTokenOffLoopback(t *testing.T) {
+	long := strings.Repeat("t", 32)
+	cases := []struct {
+		addr, token string
+		ok          bool
+	}{
+		{"127.0.0.1:8081", "short", true},
+		{"[::1]:8081", "short", true},
+		{"localhost:8081", "short", true},
+		{"0.0.0.0:8081", "short", false},
+		{"192.0.2.10:8081", strings.Repeat("t", 31), false},
+		{"192.0.2.10:8081", long, true},
+		{":8081", "short", false},
+		{"0.0.0.0:8081", "", true}, // no token: the admin API does not start at all
+	}
+	for _, c := range cases {
+		if err := checkAdminListen(c.addr, c.token); (err == nil) != c.ok {
+			t.Errorf("checkAdminListen(%q, %d chars) = %v, want ok=%v", c.addr, len(c.token), err, c.ok)
+		}
+	}
+	// serve refuses to start such a listener.
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:0\"\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 1\n",
+		filepath.Join(t.TempDir(), "bw.db")))
+	err := run(context.Background(), []string{"serve", "--config", path}, envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "short"}), io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "at least 32 characters") {
+		t.Errorf("serve with a short token off loopback: %v", err)
+	}
+}
