@@ -1,9 +1,9 @@
 package detect
 
 import (
-	"net/netip"
 	"time"
 
+	"breakwater/limiter"
 	"breakwater/storage"
 )
 
@@ -55,9 +55,9 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 	for _, e := range events {
 		if e.Route == RouteInvite && e.Outcome == OutcomeCooldownStarted {
 			if e.IP != "" {
-				d := s.IPs[ipKey(e.IP)]
+				d := s.IPs[limiter.ClientKey(e.IP)]
 				d.InviteCooldowns++
-				s.IPs[ipKey(e.IP)] = d
+				s.IPs[limiter.ClientKey(e.IP)] = d
 			}
 			if e.UserID != "" {
 				d := s.Emails[e.UserID]
@@ -79,7 +79,7 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 				d.InviteFailures++
 				m[key] = d
 			}
-			count(s.IPs, ipKey(e.IP))
+			count(s.IPs, limiter.ClientKey(e.IP))
 			count(s.Emails, e.UserID)
 			continue
 		}
@@ -91,7 +91,7 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 		} else {
 			s.Service.Failures++
 		}
-		ip := ipKey(e.IP)
+		ip := limiter.ClientKey(e.IP)
 		if ip != "" {
 			ips[ip] = true
 			d := s.IPs[ip]
@@ -137,20 +137,4 @@ func addPair(m map[string]map[string]bool, a, b string) {
 		m[a] = map[string]bool{}
 	}
 	m[a][b] = true
-}
-
-// ipKey groups client addresses as the limits do: an IPv4 address alone,
-// an IPv6 address by its /64, since one host usually holds a whole /64 and
-// could otherwise rotate past every per-IP figure.
-func ipKey(ip string) string {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		return ip
-	}
-	a = a.Unmap()
-	if a.Is4() {
-		return a.String()
-	}
-	p, _ := a.WithZone("").Prefix(64)
-	return p.String()
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -153,22 +152,6 @@ func decodeVerifyRequest(r io.Reader) (verifyRequest, error) {
 	return req, nil
 }
 
-// limitKey is the key a client address is limited under: the address
-// itself for IPv4, its /64 for IPv6 (one host usually holds a whole /64,
-// so keying single addresses would give it 2^64 tries).
-func limitKey(ip string) string {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		return ip
-	}
-	a = a.Unmap()
-	if a.Is4() {
-		return a.String()
-	}
-	p, _ := a.WithZone("").Prefix(64)
-	return p.String()
-}
-
 // handleVerifyInvite checks an invite code for an e-mail and redeems one
 // use. The protections run in the order of DESIGN.md: the IP rate limit
 // and burst (429 with Retry-After), then the fail limit per IP and per
@@ -179,7 +162,7 @@ func limitKey(ip string) string {
 func (s *Server) handleVerifyInvite(c echo.Context) error {
 	start := s.now()
 	ip := c.RealIP()
-	ipKey := "ip:" + limitKey(ip)
+	ipKey := "ip:" + limiter.ClientKey(ip)
 
 	// 1. The IP rate limit and burst, in memory; fails open.
 	err := s.defend(layerInvites, func() error { return s.guard.Windows.Allow(ipKey, start) }, isRateRefusal)

@@ -438,21 +438,6 @@ func TestVerifyIPv6KeyedByPrefix(t *testing.T) {
 	wantValid(t, e, code, "b@example.com", "X-Real-IP", "2001:db8:0:8::1")
 }
 
-func TestLimitKey(t *testing.T) {
-	for in, want := range map[string]string{
-		"203.0.113.9":             "203.0.113.9",
-		"::ffff:203.0.113.9":      "203.0.113.9",
-		"2001:db8:1:2:3:4:5:6":    "2001:db8:1:2::/64",
-		"2001:db8:1:2::1%eth0":    "2001:db8:1:2::/64",
-		"not an address":          "not an address",
-		"2001:db8:1:2:ffff::ffff": "2001:db8:1:2::/64",
-	} {
-		if got := limitKey(in); got != want {
-			t.Errorf("limitKey(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestVerifyBurstIs429WithRetryAfter(t *testing.T) {
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
 	e := newEnv(t, envOptions{clock: clk.now}) // the defaults: burst 3
