@@ -105,24 +105,6 @@ func (e *env) inviteRefusals(reason string) int {
 	return int(m.GetCounter().GetValue())
 }
 
-// alertRecorder is an Alerter that remembers what it was told.
-type alertRecorder struct {
-	mu    sync.Mutex
-	kinds []string
-}
-
-func (a *alertRecorder) Alert(kind, _ string, _ map[string]string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.kinds = append(a.kinds, kind)
-}
-
-func (a *alertRecorder) count() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.kinds)
-}
-
 func TestVerifyInviteRedeemsOncePerEmail(t *testing.T) {
 	e := newEnv(t, envOptions{invites: loose(InviteConfig{})})
 	code, info := e.newInvite(2, 0)
@@ -153,7 +135,7 @@ func TestVerifyInviteRedeemsOncePerEmail(t *testing.T) {
 // precise reason in the metric, the log and the statistics events.
 func TestVerifyRefusalsLookAlike(t *testing.T) {
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	alerts := &alertRecorder{}
+	alerts := &recordingAlerter{}
 	e := newEnv(t, envOptions{
 		clock: clk.now, cfg: trustLoopback, alerts: alerts,
 		invites: loose(InviteConfig{FailLimit: 3, GlobalFailPerHour: 9}),
@@ -197,12 +179,12 @@ func TestVerifyRefusalsLookAlike(t *testing.T) {
 	}
 	// The service-wide net: 8 failures so far; the 9th trips it, and then
 	// the right code from a fresh address and e-mail is refused too.
-	if alerts.count() != 0 {
+	if len(alerts.got()) != 0 {
 		t.Fatalf("alert before the net tripped")
 	}
 	r.wantVerify(t, e, "WRONG-CODE-YYY", "h@example.com", "X-Real-IP", "198.51.100.7")
-	if alerts.count() != 1 {
-		t.Errorf("%d alerts, want 1 when the net trips", alerts.count())
+	if len(alerts.got()) != 1 {
+		t.Errorf("%d alerts, want 1 when the net trips", len(alerts.got()))
 	}
 	r.wantVerify(t, e, good, "net@example.com", "X-Real-IP", "198.51.100.8")
 	if got := e.inviteRefusals(limitReasonGlobal); got != 1 {
