@@ -13,9 +13,10 @@ import (
 // trusted proxies. It is installed as Echo's IPExtractor, so c.RealIP()
 // never falls back to Echo's own header handling.
 type clientIP struct {
-	trusted []netip.Prefix
-	log     *slog.Logger
-	warn    sync.Once
+	trusted  []netip.Prefix
+	log      *slog.Logger
+	warn     sync.Once
+	disagree sync.Once
 }
 
 // extract returns the client address for r as a string.
@@ -39,20 +40,38 @@ func (ci *clientIP) extract(r *http.Request) string {
 		}
 		return peer.String()
 	}
+	forwarded := ci.rightmostUntrusted(r.Header.Values("X-Forwarded-For"))
 	if real := parseAddr(strings.TrimSpace(r.Header.Get("X-Real-IP"))); real.IsValid() {
+		if forwarded.IsValid() && forwarded != real && ci.log != nil {
+			ci.disagree.Do(func() {
+				ci.log.Warn("a trusted proxy sent X-Real-IP and X-Forwarded-For naming different clients; X-Real-IP is believed, "+
+					"so make sure the proxy overwrites any X-Real-IP a client sends (Caddy: header_up X-Real-IP {remote_host}; nginx: proxy_set_header X-Real-IP $remote_addr)",
+					"x_real_ip", real.String(), "x_forwarded_for", forwarded.String())
+			})
+		}
 		return real.String()
 	}
-	hops := forwardedFor(r.Header.Values("X-Forwarded-For"))
+	if forwarded.IsValid() {
+		return forwarded.String()
+	}
+	return peer.String()
+}
+
+// rightmostUntrusted reads the X-Forwarded-For entries from the right,
+// skipping trusted proxies, and returns the first other address; the zero
+// Addr if there is none or a garbled entry comes first.
+func (ci *clientIP) rightmostUntrusted(lines []string) netip.Addr {
+	hops := forwardedFor(lines)
 	for i := len(hops) - 1; i >= 0; i-- {
 		hop := parseAddr(hops[i])
 		if !hop.IsValid() {
-			break // a garbled entry: believe nothing further left
+			return netip.Addr{} // a garbled entry: believe nothing further left
 		}
 		if !ci.isTrusted(hop) {
-			return hop.String()
+			return hop
 		}
 	}
-	return peer.String()
+	return netip.Addr{}
 }
 
 func (ci *clientIP) isTrusted(a netip.Addr) bool {

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"bytes"
+	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -65,5 +68,36 @@ func TestParsePrefixes(t *testing.T) {
 	}
 	if got[0].String() != "10.0.0.0/8" || got[1].String() != "192.168.0.1/32" || got[2].String() != "127.0.0.1/32" {
 		t.Errorf("prefixes %v", got)
+	}
+}
+
+// TestClientIPWarnsWhenHeadersDisagree: a proxy that passes a client's own
+// X-Real-IP through lets clients pick their address; the disagreement with
+// X-Forwarded-For is logged once.
+func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
+	trusted, _ := ParsePrefixes([]string{"127.0.0.1"})
+	var logs bytes.Buffer
+	ci := &clientIP{trusted: trusted, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	for range 3 {
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = "127.0.0.1:4000"
+		r.Header.Set("X-Real-IP", "6.6.6.6")
+		r.Header.Set("X-Forwarded-For", "198.51.100.7")
+		if got := ci.extract(r); got != "6.6.6.6" {
+			t.Errorf("client %q, want X-Real-IP's 6.6.6.6", got)
+		}
+	}
+	if n := strings.Count(logs.String(), "naming different clients"); n != 1 {
+		t.Errorf("%d warnings, want 1:\n%s", n, logs.String())
+	}
+	logs.Reset()
+	agree := &clientIP{trusted: trusted, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "127.0.0.1:4000"
+	r.Header.Set("X-Real-IP", "198.51.100.7")
+	r.Header.Set("X-Forwarded-For", "198.51.100.7")
+	agree.extract(r)
+	if logs.Len() != 0 {
+		t.Errorf("warned although the headers agree:\n%s", logs.String())
 	}
 }
