@@ -1206,9 +1206,10 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 		if err != nil {
 			return err
 		}
-		return printOut(stdout, *asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS THIS MONTH\tQUOTA\tCOST THIS MONTH", func(row func(...any)) {
+		return printOut(stdout, *asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS TODAY\tREADS THIS MONTH\tQUOTA\tCOST TODAY\tCOST THIS MONTH", func(row func(...any)) {
 			for _, u := range list {
-				row(u.User, u.Plan, u.Banned, u.AttemptsToday, limitText(u.DailyLine), u.ReadsMonth, u.MonthlyQuota, fmt.Sprintf("$%.6f", u.CostMonthUSD))
+				row(u.User, u.Plan, u.Banned, u.AttemptsToday, limitText(u.DailyLine), u.ReadsToday, u.ReadsMonth, u.MonthlyQuota,
+					fmt.Sprintf("$%.6f", u.CostTodayUSD), fmt.Sprintf("$%.6f", u.CostMonthUSD))
 			}
 		})
 	case "budget", "brake":

@@ -167,7 +167,8 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(usage) != 1 || usage[0].ReadsMonth != 2 || usage[0].AttemptsToday != 2 || usage[0].Plan != "pro" || usage[0].CostMonthUSD <= 0 {
+	if len(usage) != 1 || usage[0].ReadsMonth != 2 || usage[0].ReadsToday != 2 || usage[0].AttemptsToday != 2 || usage[0].Plan != "pro" ||
+		usage[0].CostMonthUSD <= 0 || usage[0].CostTodayUSD != usage[0].CostMonthUSD {
 		t.Errorf("usage %+v", usage)
 	}
 	// The ban is stored: a fresh keyring over the same database sees it.

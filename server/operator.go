@@ -98,8 +98,10 @@ type UsageInfo struct {
 	Banned        bool    `json:"banned"`
 	AttemptsToday int64   `json:"attempts_today"`
 	DailyLine     int64   `json:"daily_line"` // 0: none
+	ReadsToday    int64   `json:"reads_today"`
 	ReadsMonth    int64   `json:"reads_month"`
 	MonthlyQuota  int64   `json:"monthly_quota"`
+	CostTodayUSD  float64 `json:"cost_today_usd"`
 	CostMonthUSD  float64 `json:"cost_month_usd"`
 }
 
@@ -113,9 +115,14 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	cost := map[string]int64{}
+	today := budget.DayKey(now, o.loc)
+	cost, readsToday, costToday := map[string]int64{}, map[string]int64{}, map[string]int64{}
 	for _, r := range rows {
 		cost[r.UserID] += r.CostMicroUSD
+		if budget.DayKey(r.Time, o.loc) == today {
+			readsToday[r.UserID]++
+			costToday[r.UserID] += r.CostMicroUSD
+		}
 	}
 	users := o.keys.Users()
 	if user != "" {
@@ -136,8 +143,8 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 		out = append(out, UsageInfo{
 			User: u.ID, Plan: u.Plan, Banned: u.Banned,
 			AttemptsToday: o.layers.Attempts.Count(u.ID, now), DailyLine: p.DailyAttempts,
-			ReadsMonth: o.layers.Quotas.Used(u.ID, now), MonthlyQuota: p.MonthlyQuota,
-			CostMonthUSD: usd(cost[u.ID]),
+			ReadsToday: readsToday[u.ID], ReadsMonth: o.layers.Quotas.Used(u.ID, now), MonthlyQuota: p.MonthlyQuota,
+			CostTodayUSD: usd(costToday[u.ID]), CostMonthUSD: usd(cost[u.ID]),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
