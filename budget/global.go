@@ -81,8 +81,6 @@ type ceilings struct {
 	requests, dailyMicro, monthlyMicro int64
 }
 
-func (c ceilings) off() bool { return c.requests == 0 && c.dailyMicro == 0 && c.monthlyMicro == 0 }
-
 func ceilingsOf(cfg Config) ceilings {
 	return ceilings{requests: cfg.DailyRequests, dailyMicro: MicroUSD(cfg.DailyUSD), monthlyMicro: MicroUSD(cfg.MonthlyUSD)}
 }
@@ -114,17 +112,15 @@ func (g *Global) SetConfig(cfg Config) {
 
 // Claim takes one upstream call and worst micro-dollars in memory, or
 // refuses with a *PausedError when that would pass a ceiling. Check and
-// claim are one atomic step. With every ceiling off, it claims nothing
-// (the Reservation's Day is empty).
+// claim are one atomic step. With every ceiling off it still claims, so
+// the ledger always holds each day's calls and spend: for the dashboard,
+// and so that a ceiling switched on mid-day starts from the truth.
 func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
 	if err := g.check(worst, now); err != nil {
 		return Reservation{}, err
-	}
-	if g.limits.off() {
-		return Reservation{}, nil
 	}
 	g.requests++
 	g.spend += worst

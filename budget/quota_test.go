@@ -189,14 +189,17 @@ func TestGlobalBudget(t *testing.T) {
 	if l.reserved != 2 {
 		t.Errorf("ledger got %d reservations, want 2 (refusals write nothing)", l.reserved)
 	}
-	// Off: no ceiling, no ledger write.
+	// Off: no ceiling refuses, but the ledger still records the call.
 	off, _ := NewGlobal(Config{}, time.UTC, l, GlobalState{})
 	r, err = off.Claim(1e9, now)
 	if err == nil {
 		err = off.Commit(t.Context(), &r)
 	}
-	if err != nil || r.ID != 0 || l.reserved != 2 {
+	if err != nil || r.ID == 0 || l.reserved != 3 {
 		t.Errorf("off: %+v %v, ledger %d", r, err, l.reserved)
+	}
+	if st := off.Status(now); st.Requests != 1 || st.SpendMicroUSD != 1e9 || st.Engaged {
+		t.Errorf("off: status %+v", st)
 	}
 }
 
