@@ -193,3 +193,28 @@ func metric(t *testing.T, e *env, name string) string {
 	t.Fatalf("metric %s missing", name)
 	return ""
 }
+
+// TestDashboardShowsAlerts: an alert raised by a request appears in the
+// dashboard's findings and alerts.
+func TestDashboardShowsAlerts(t *testing.T) {
+	smtp := smtptest.Start(t, "127.0.0.1:0")
+	e, _ := newBrakeEnv(t, smtp.Addr, 5*time.Second)
+	img := pngBytes(t, 16, 16)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeOK(t, resp, data)
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	smtp.WaitFor(t, 1, 5*time.Second) // the alert has been handled
+	var shown string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		d, err := e.srv.dashboard(context.Background(), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		shown = strings.Join(d.Findings, "\n")
+		if strings.Contains(shown, "brake_engaged") {
+			return
+		}
+	}
+	t.Errorf("dashboard findings and alerts:\n%s\nwant the brake_engaged alert", shown)
+}
