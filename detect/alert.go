@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -199,11 +201,7 @@ func AlertSubject(kind string) string {
 func AlertBody(st storage.AlertState, details map[string]string, loc *time.Location) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\nkind: %s\ntime: %s\n", Escape(st.Summary), st.Kind, st.SentAt.In(loc).Format("2006-01-02 15:04:05 MST"))
-	keys := make([]string, 0, len(details))
-	for k := range details {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(details))
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s: %s\n", Escape(k), Escape(details[k]))
 	}
@@ -211,11 +209,7 @@ func AlertBody(st storage.AlertState, details map[string]string, loc *time.Locat
 }
 
 func detailsText(details map[string]string) string {
-	keys := make([]string, 0, len(details))
-	for k := range details {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(details))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = Escape(k) + "=" + Escape(details[k])

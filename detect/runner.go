@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,11 +241,7 @@ func DigestBody(rep Report) string {
 
 // FiguresText formats a finding's figures as "key=value ..." in key order.
 func FiguresText(figures map[string]float64) string {
-	keys := make([]string, 0, len(figures))
-	for k := range figures {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(figures))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s=%s", k, trimFloat(figures[k]))
