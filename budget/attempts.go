@@ -34,6 +34,7 @@ func (e *LineError) Unwrap() error { return ErrDailyLine }
 // behind and reload them, so a restart does not reset a line.
 type Attempts struct {
 	loc *time.Location
+	cal *Calendar
 
 	mu    sync.Mutex
 	day   string
@@ -44,7 +45,7 @@ type Attempts struct {
 // NewAttempts returns the counter for day ("2006-01-02" in loc) starting
 // from counts loaded from storage (nil for none).
 func NewAttempts(loc *time.Location, day string, counts map[string]int64) *Attempts {
-	a := &Attempts{loc: loc, day: day, count: map[string]int64{}, dirty: map[string]bool{}}
+	a := &Attempts{loc: loc, cal: NewCalendar(loc), day: day, count: map[string]int64{}, dirty: map[string]bool{}}
 	for u, n := range counts {
 		a.count[u] = n
 	}
@@ -73,7 +74,7 @@ func (a *Attempts) Check(user string, line int64, now time.Time) error {
 }
 
 func (a *Attempts) check(user string, line int64, now time.Time) error {
-	a.rollover(DayKey(now, a.loc))
+	a.rollover(a.cal.Day(now))
 	if line > 0 && a.count[user] >= line {
 		return &LineError{RetryAfter: nextDay(now, a.loc).Sub(now)}
 	}
@@ -84,7 +85,7 @@ func (a *Attempts) check(user string, line int64, now time.Time) error {
 func (a *Attempts) Count(user string, now time.Time) int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.rollover(DayKey(now, a.loc))
+	a.rollover(a.cal.Day(now))
 	return a.count[user]
 }
 
@@ -140,7 +141,7 @@ type UserCount struct {
 // most first.
 func (a *Attempts) Top(n int, now time.Time) []UserCount {
 	a.mu.Lock()
-	a.rollover(DayKey(now, a.loc))
+	a.rollover(a.cal.Day(now))
 	out := make([]UserCount, 0, len(a.count))
 	for u, c := range a.count {
 		out = append(out, UserCount{User: u, Count: c})

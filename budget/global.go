@@ -64,6 +64,7 @@ type GlobalState struct {
 // across a crash.
 type Global struct {
 	loc    *time.Location
+	cal    *Calendar
 	ledger Ledger
 
 	mu         sync.Mutex
@@ -97,7 +98,7 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 		return nil, errors.New("budget: the global budget needs a ledger and a time zone")
 	}
 	return &Global{
-		loc: loc, ledger: ledger, limits: ceilingsOf(cfg),
+		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg),
 		day: state.Day, requests: state.Requests, spend: state.Spend,
 		month: state.Month, monthSpend: state.MonthSpend,
 	}, nil
@@ -118,7 +119,7 @@ func (g *Global) SetConfig(cfg Config) {
 func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
+	g.rollover(g.cal.Keys(now))
 	if err := g.check(worst, now); err != nil {
 		return Reservation{}, err
 	}
@@ -134,7 +135,7 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 func (g *Global) Check(now time.Time) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
+	g.rollover(g.cal.Keys(now))
 	return g.check(1, now) // the cheapest call: one micro-dollar
 }
 
@@ -226,7 +227,7 @@ type Status struct {
 func (g *Global) Status(now time.Time) Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.rollover(DayKey(now, g.loc), MonthKey(now, g.loc))
+	g.rollover(g.cal.Keys(now))
 	st := Status{
 		Day: g.day, Requests: g.requests, SpendMicroUSD: g.spend, Month: g.month, MonthMicroUSD: g.monthSpend,
 		DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro,

@@ -35,6 +35,7 @@ type Slot struct {
 // The zero value is not usable; call NewQuotas.
 type Quotas struct {
 	loc *time.Location
+	cal *Calendar
 
 	mu       sync.Mutex
 	month    string
@@ -45,7 +46,7 @@ type Quotas struct {
 // NewQuotas returns a tracker for month ("2006-01" in loc) starting from the
 // durable counts in used (user to successful reads), as loaded from storage.
 func NewQuotas(loc *time.Location, month string, used map[string]int64) *Quotas {
-	q := &Quotas{loc: loc, month: month, used: make(map[string]int64, len(used)), inFlight: map[string]int64{}}
+	q := &Quotas{loc: loc, cal: NewCalendar(loc), month: month, used: make(map[string]int64, len(used)), inFlight: map[string]int64{}}
 	for u, n := range used {
 		q.used[u] = n
 	}
@@ -73,7 +74,7 @@ func (q *Quotas) Check(user string, limit int64, now time.Time) error {
 }
 
 func (q *Quotas) check(user string, limit int64, now time.Time) error {
-	q.rollover(MonthKey(now, q.loc))
+	q.rollover(q.cal.Month(now))
 	if q.used[user]+q.inFlight[user] >= limit {
 		return &QuotaError{Limit: limit, RetryAfter: nextMonth(now, q.loc).Sub(now)}
 	}
@@ -108,7 +109,7 @@ func (q *Quotas) Release(s Slot) {
 func (q *Quotas) Used(user string, now time.Time) int64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.rollover(MonthKey(now, q.loc))
+	q.rollover(q.cal.Month(now))
 	return q.used[user]
 }
 

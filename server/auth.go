@@ -126,7 +126,8 @@ func (k *Keyring) Authenticate(token string) (Identity, bool) {
 	if !validKeyShape(token) {
 		return Identity{}, false // cheap: the shape is public, the secret is not
 	}
-	sum := sha256.Sum256([]byte(token))
+	var buf [len(keyPrefix) + keySecretLen]byte // the shape is checked: no allocation
+	sum := sha256.Sum256(append(buf[:0], token...))
 	k.mu.RLock()
 	key, found := k.active[sum]
 	user := k.users[key.UserID]

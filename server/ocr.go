@@ -338,7 +338,7 @@ func (s *Server) refusal(err error) error {
 
 func (s *Server) refused(layer, reason string) {
 	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
-	s.refusalsToday.add(budget.DayKey(s.now(), s.d.Operator.loc), layer, reason)
+	s.refusalsToday.add(s.calendar.Day(s.now()), layer, reason)
 }
 
 // readImage returns the uploaded image and its declared media type, from a

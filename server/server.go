@@ -86,6 +86,7 @@ type Server struct {
 	failOpen *failOpens
 	guard    *InviteGuard
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
+	calendar *budget.Calendar          // today's key for the refusal counts
 
 	refusalsToday dailyRefusals
 	public        *echo.Echo
@@ -127,13 +128,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
 	s := &Server{
-		cfg:     cfg,
-		d:       d,
-		log:     d.Logger.With("component", "server"),
-		now:     d.Now,
-		reqIDs:  newRequestIDs(),
-		clients: &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
-		guard:   d.InviteGuard,
+		cfg:      cfg,
+		d:        d,
+		log:      d.Logger.With("component", "server"),
+		now:      d.Now,
+		reqIDs:   newRequestIDs(),
+		clients:  &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
+		guard:    d.InviteGuard,
+		calendar: budget.NewCalendar(d.Operator.loc),
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
