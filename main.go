@@ -835,11 +835,14 @@ func newDetection(c config, db *storage.DB, keys *server.Keyring, plans *server.
 	d.sender = mail
 	runner, err := detect.NewRunner(db, detect.RunnerOptions{
 		Config: c.Detect, Location: loc, RetentionDays: c.Storage.StatsRetentionDays,
-		Lines: func() map[string]int64 {
+		Lines: func() detect.Lines {
 			all := plans.All()
-			lines := map[string]int64{}
+			lines := detect.Lines{ByPlan: map[string]int64{}, ByUser: map[string]int64{}}
+			for name, p := range all {
+				lines.ByPlan[name] = p.DailyAttempts
+			}
 			for _, u := range keys.Users() {
-				lines[u.ID] = all[u.Plan].DailyAttempts
+				lines.ByUser[u.ID] = all[u.Plan].DailyAttempts
 			}
 			return lines
 		},

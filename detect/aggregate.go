@@ -41,17 +41,36 @@ func addDays(day string, n int) string {
 	return d.AddDate(0, 0, n).Format("2006-01-02")
 }
 
+// Lines are the daily abuse lines in force, for the grey zone.
+type Lines struct {
+	ByPlan map[string]int64 // plan name to its daily line (0: none)
+	// ByUser is each stored user's line by their plan now: the fallback
+	// for events that carry no plan (recorded by older versions).
+	ByUser map[string]int64
+}
+
+// of returns the line for user whose last event of the day was made under
+// plan ("" if it carries none). JWT users are known only by their events.
+func (l Lines) of(user, plan string) int64 {
+	if line, ok := l.ByPlan[plan]; ok && plan != "" {
+		return line
+	}
+	return l.ByUser[user]
+}
+
 // Aggregate sums one day's statistics events per user, per IP, per
-// submitted invite e-mail and for the whole service. lines gives each
-// user's daily abuse line (missing or 0: none).
+// submitted invite e-mail and for the whole service. Each user's daily
+// abuse line comes from the plan of their last event that day, or, for
+// events without one, from lines.ByUser (missing or 0: none).
 //
 // Every event not on RouteInvite is an OCR attempt that reached the
 // upstream; outcome "ok" is a success and anything else a failure.
-func Aggregate(day string, events []storage.Event, lines map[string]int64) storage.DayStats {
+func Aggregate(day string, events []storage.Event, lines Lines) storage.DayStats {
 	s := storage.DayStats{Day: day, Users: map[string]storage.UserDay{}, IPs: map[string]storage.IPDay{}, Emails: map[string]storage.IPDay{}}
 	userIPs := map[string]map[string]bool{}
 	ipUsers := map[string]map[string]bool{}
 	users, ips := map[string]bool{}, map[string]bool{}
+	plans := map[string]string{} // user to the plan of their last event
 	for _, e := range events {
 		if e.Route == RouteInvite && e.Outcome == OutcomeCooldownStarted {
 			if e.IP != "" {
@@ -102,6 +121,9 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 			continue
 		}
 		users[e.UserID] = true
+		if e.Plan != "" {
+			plans[e.UserID] = e.Plan
+		}
 		u := s.Users[e.UserID]
 		u.Attempts++
 		if ok {
@@ -121,7 +143,7 @@ func Aggregate(day string, events []storage.Event, lines map[string]int64) stora
 	}
 	for id, u := range s.Users {
 		u.IPs = int64(len(userIPs[id]))
-		u.Line = lines[id]
+		u.Line = lines.of(id, plans[id])
 		s.Users[id] = u
 	}
 	for ip, d := range s.IPs {

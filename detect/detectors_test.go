@@ -191,7 +191,7 @@ func TestAggregateGroupsIPv6ByPrefix(t *testing.T) {
 		events = append(events, storage.Event{Time: at, UserID: user, IP: fmt.Sprintf("2001:db8:1:2::%x", i+1), Outcome: "ok"})
 	}
 	events = append(events, storage.Event{Time: at, UserID: "u4", IP: "2001:db8:1:3::1", Outcome: "ok"})
-	s := Aggregate("2026-03-08", events, nil)
+	s := Aggregate("2026-03-08", events, Lines{})
 	if got := s.IPs["2001:db8:1:2::/64"]; got.Users != 3 || got.Attempts != 3 {
 		t.Errorf("the /64 = %+v, want 3 users and 3 attempts", got)
 	}
@@ -200,5 +200,27 @@ func TestAggregateGroupsIPv6ByPrefix(t *testing.T) {
 	}
 	if s.Service.IPs != 2 {
 		t.Errorf("service IPs %d, want 2", s.Service.IPs)
+	}
+}
+
+// TestAggregateLineFromTheEventsPlan: a user's line comes from the plan
+// their requests were made under, so JWT users, who have no stored plan,
+// get one too; events without a plan fall back to the stored user's plan.
+func TestAggregateLineFromTheEventsPlan(t *testing.T) {
+	at := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
+	lines := Lines{ByPlan: map[string]int64{"free": 50, "pro": 500, "open": 0}, ByUser: map[string]int64{"key-user": 50, "moved": 50}}
+	events := []storage.Event{
+		{Time: at, UserID: "jwt-user", Plan: "pro", Outcome: "ok"},               // known only by its events
+		{Time: at, UserID: "key-user", Outcome: "ok"},                            // an older event: no plan
+		{Time: at, UserID: "moved", Plan: "free", Outcome: "ok"},                 // moved to pro during the day:
+		{Time: at.Add(time.Minute), UserID: "moved", Plan: "pro", Outcome: "ok"}, // the last plan counts
+		{Time: at, UserID: "unlimited", Plan: "open", Outcome: "ok"},             // a plan without a line
+		{Time: at, UserID: "gone", Plan: "deleted-plan", Outcome: "ok"},          // a plan no longer in config
+	}
+	s := Aggregate("2026-03-08", events, lines)
+	for user, want := range map[string]int64{"jwt-user": 500, "key-user": 50, "moved": 500, "unlimited": 0, "gone": 0} {
+		if got := s.Users[user].Line; got != want {
+			t.Errorf("%s: line %d, want %d", user, got, want)
+		}
 	}
 }

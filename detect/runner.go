@@ -49,9 +49,9 @@ type RunnerOptions struct {
 	// RetentionDays is how many days of raw events are kept
 	// (storage.stats_retention_days); 0 keeps them all.
 	RetentionDays int
-	// Lines gives every user's daily abuse line by user id, for the grey
-	// zone; nil: none.
-	Lines func() map[string]int64
+	// Lines gives the daily abuse lines in force, for the grey zone; nil:
+	// none.
+	Lines func() Lines
 	// Ceilings gives the global budget's ceilings in force; nil: none.
 	Ceilings func() Ceilings
 	// Mail sends the digest; nil means mail is off and findings are logged
@@ -162,7 +162,7 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
-	var lines map[string]int64
+	var lines Lines
 	if r.o.Lines != nil {
 		lines = r.o.Lines()
 	}

@@ -70,7 +70,7 @@ func TestRunnerAggregatesADSTDay(t *testing.T) {
 	mail := &fakeSender{}
 	r, err := NewRunner(db, RunnerOptions{
 		Config: Config{InviteCooldowns: 1}, Location: ny, RetentionDays: 5, Mail: mail,
-		Lines: func() map[string]int64 { return map[string]int64{"alice": 50, "bob": 50} }, Now: func() time.Time { return at(9, 0, 15) },
+		Lines: func() Lines { return Lines{ByUser: map[string]int64{"alice": 50, "bob": 50}} }, Now: func() time.Time { return at(9, 0, 15) },
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -282,6 +282,20 @@ func TestJWTValidTokens(t *testing.T) {
 	if got := f.requests.Load(); got != 1 {
 		t.Errorf("JWKS fetched %d times, want 1 (at start)", got)
 	}
+	// The statistics events carry the plan from the token, which gives
+	// JWT users a daily line in the grey-zone detector.
+	e.events.Close(context.Background())
+	events, err := e.db.Events(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans := map[string]string{}
+	for _, ev := range events {
+		plans[ev.UserID] = ev.Plan
+	}
+	if plans["paying"] != "pro" || plans["user_2abc"] != DefaultPlan {
+		t.Errorf("event plans %v, want paying on pro and user_2abc on %s", plans, DefaultPlan)
+	}
 }
 
 func TestJWTRefusals(t *testing.T) {

@@ -147,7 +147,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	cost := price.Cost(res.Usage)
 	s.countCall(latency, res.Usage, err)
 	event := storage.Event{
-		Time: start, UserID: id.UserID, KeyID: id.KeyID, IP: c.RealIP(), Route: "/v1/ocr",
+		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
 		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
 		CostMicroUSD: cost,

@@ -14,6 +14,7 @@ type Event struct {
 	Time         time.Time // when the request finished; required
 	UserID       string    // the user; on invite checks, the normalised e-mail submitted
 	KeyID        string
+	Plan         string `json:",omitempty"` // the plan of the request; empty on invite checks and in older events
 	IP           string // client IP as resolved by server
 	Route        string
 	Outcome      string
