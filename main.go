@@ -474,7 +474,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	return serve(ctx, c, getenv, newLogger(stderr), func(st *started) {
-		r := &reloader{path: *path, getenv: getenv, log: st.log, cur: c, layers: st.layers, guard: st.guard, plans: st.plans, srv: st.srv}
+		r := &reloader{path: *path, getenv: getenv, log: st.log, cur: c, layers: st.layers, guard: st.guard, plans: st.plans, srv: st.srv, detect: st.detect}
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		go func() {
@@ -503,6 +503,7 @@ type started struct {
 	guard  *server.InviteGuard
 	plans  *server.Plans
 	srv    *server.Server
+	detect *detect.Runner
 	log    *slog.Logger
 }
 
@@ -510,8 +511,8 @@ type started struct {
 const reloadDebounce = 300 * time.Millisecond
 
 // reloader applies a changed config.toml to the running service: the
-// thresholds (rate limits, budget ceilings, plans, prices) are swapped at
-// once and no counter is lost. A config with an error is refused whole and
+// thresholds (rate limits, budget ceilings, plans, prices, detectors) are
+// swapped at once and no counter is lost. A config with an error is refused whole and
 // the running one kept; settings that cannot change live are reported as
 // needing a restart.
 type reloader struct {
@@ -522,6 +523,7 @@ type reloader struct {
 	guard  *server.InviteGuard
 	plans  *server.Plans
 	srv    *server.Server
+	detect *detect.Runner
 
 	mu  sync.Mutex
 	cur config // the config in force
@@ -542,11 +544,14 @@ func (r *reloader) reload(trigger string) {
 	r.guard.Windows.SetConfig(next.Invites.Limits())
 	r.layers.Brake.SetConfig(next.Budget)
 	r.plans.Set(next.Plans)
+	if err := r.detect.SetConfig(next.Detect); err != nil { // validated by loadConfig: not expected
+		r.log.Error("detect thresholds not reloaded", "err", err)
+	}
 	// What needs a restart stays as it runs, so it is reported again if
 	// changed again.
 	next.Server, next.Storage, next.Budget.Timezone, next.Auth = r.cur.Server, r.cur.Storage, r.cur.Budget.Timezone, r.cur.Auth
 	next.Invites = keepFailLimit(next.Invites, r.cur.Invites)
-	next.Detect, next.Alerts = r.cur.Detect, r.cur.Alerts
+	next.Detect.RunAt, next.Alerts = r.cur.Detect.RunAt, r.cur.Alerts
 	// Prices apply live; the output cap is sent by the OCR client made at
 	// start, so the worst case must keep using the cap it sends.
 	price := next.OCR.Price
@@ -584,8 +589,8 @@ func needsRestart(old, next config) []string {
 	if !reflect.DeepEqual(old.Invites.Fail(), next.Invites.Fail()) || old.Invites.GlobalFailPerHour != next.Invites.GlobalFailPerHour {
 		keys = append(keys, "invites (all but rate, window and burst)")
 	}
-	if old.Detect != next.Detect {
-		keys = append(keys, "detect")
+	if old.Detect.RunAt != next.Detect.RunAt {
+		keys = append(keys, "detect.run_at")
 	}
 	if !reflect.DeepEqual(old.Alerts, next.Alerts) {
 		keys = append(keys, "alerts")
@@ -788,7 +793,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
 	if err == nil && ready != nil {
-		ready(&started{addr: addr, keys: keys, layers: layers, guard: guard, plans: plans, srv: srv, log: log})
+		ready(&started{addr: addr, keys: keys, layers: layers, guard: guard, plans: plans, srv: srv, detect: det.runner, log: log})
 	}
 	if err == nil {
 		select {

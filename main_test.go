@@ -593,10 +593,16 @@ monthly_quota = 100
 		t.Errorf("after a typo: %d, want 429 (old limits kept)", got)
 	}
 
-	write(strings.Replace(base, `listen = "127.0.0.1:0"`, `listen = "127.0.0.1:1"`, 1) + "[limits.user]\nrate = 5\nwindow = \"1h\"\n")
+	write(strings.Replace(base, `listen = "127.0.0.1:0"`, `listen = "127.0.0.1:1"`, 1) + "[limits.user]\nrate = 5\nwindow = \"1h\"\n" +
+		"[detect]\nip_users = 7\nrun_at = \"01:30\"\n")
 	waitFor(t, logs, regexp.MustCompile(`msg="config reloaded"`))
-	if !strings.Contains(logs.String(), `needs a restart to apply" key=server`) {
-		t.Errorf("the listen change was not reported as needing a restart:\n%s", logs.String())
+	for _, key := range []string{"server", "detect.run_at"} {
+		if !strings.Contains(logs.String(), `needs a restart to apply" key=`+key+"\n") {
+			t.Errorf("the %s change was not reported as needing a restart:\n%s", key, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), `needs a restart to apply" key=detect`+"\n") {
+		t.Errorf("a detect threshold was reported as needing a restart:\n%s", logs.String())
 	}
 	if got := post(); got != 200 {
 		t.Errorf("after raising the rate: %d, want 200", got)

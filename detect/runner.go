@@ -68,6 +68,7 @@ type Runner struct {
 	store Store
 	o     RunnerOptions
 	log   *slog.Logger
+	cfg   atomic.Pointer[Config] // the thresholds; SetConfig swaps them
 	mu    sync.Mutex
 }
 
@@ -89,7 +90,21 @@ func NewRunner(store Store, o RunnerOptions) (*Runner, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Runner{store: store, o: o, log: o.Logger.With("component", "detect")}, nil
+	r := &Runner{store: store, o: o, log: o.Logger.With("component", "detect")}
+	r.cfg.Store(&o.Config)
+	return r, nil
+}
+
+// SetConfig replaces the detectors' thresholds, for a config reload; the
+// next run uses them. run_at is the Scheduler's and changes only on a
+// restart. An invalid cfg is refused and the thresholds in force kept.
+func (r *Runner) SetConfig(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.WithDefaults()
+	r.cfg.Store(&cfg)
+	return nil
 }
 
 // Report is the outcome of one run.
@@ -185,7 +200,7 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if r.o.Ceilings != nil {
 		h.Ceilings = r.o.Ceilings()
 	}
-	findings := Detect(r.o.Config, h)
+	findings := Detect(*r.cfg.Load(), h)
 
 	rep := Report{Day: day, Service: today.Service, Findings: findings}
 	if cut := r.retentionCut(); !cut.IsZero() {

@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -127,5 +128,46 @@ func TestRunnerAggregatesADSTDay(t *testing.T) {
 	// A day past retention is refused, its aggregate kept.
 	if _, err := r.Run(context.Background(), "2026-03-01", false); !errors.Is(err, ErrPruned) {
 		t.Errorf("run of a pruned day: %v, want ErrPruned", err)
+	}
+}
+
+// TestRunnerSetConfig: thresholds changed by a config reload apply to the
+// next run; an invalid change is refused and the old thresholds kept.
+func TestRunnerSetConfig(t *testing.T) {
+	db := mustOpen(t)
+	at := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
+	var events []storage.Event
+	for i := range 6 { // six users on one IP
+		events = append(events, storage.Event{Time: at, UserID: fmt.Sprintf("u%d", i), IP: "192.0.2.7", Route: "/v1/ocr", Outcome: "ok"})
+	}
+	if err := db.AppendEvents(events); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunner(db, RunnerOptions{Config: Config{IPUsers: 10}, Location: time.UTC, Now: func() time.Time { return at.AddDate(0, 0, 1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := func() int {
+		t.Helper()
+		rep, err := r.Run(context.Background(), "2026-03-08", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(subjects(rep.Findings, DetectorSharedIP))
+	}
+	if n := shared(); n != 0 {
+		t.Fatalf("ip_users 10: %d shared-IP findings, want 0", n)
+	}
+	if err := r.SetConfig(Config{IPUsers: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if n := shared(); n != 1 {
+		t.Fatalf("ip_users 5 after SetConfig: %d shared-IP findings, want 1", n)
+	}
+	if err := r.SetConfig(Config{GreyDays: 9}); err == nil {
+		t.Fatal("grey_days 9 was accepted")
+	}
+	if n := shared(); n != 1 {
+		t.Fatalf("after a refused SetConfig: %d shared-IP findings, want 1 (ip_users 5 kept)", n)
 	}
 }
