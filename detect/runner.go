@@ -138,14 +138,49 @@ func (r *Runner) Run(ctx context.Context, day string, mail bool) (Report, error)
 }
 
 // RunDay is Run with the digest, for the Scheduler.
-func (r *Runner) RunDay(ctx context.Context, day string) error {
-	rep, err := r.Run(ctx, day, true)
+func (r *Runner) RunDay(ctx context.Context, day string) (Report, error) {
+	rep, err := r.Run(ctx, day, false)
 	if err != nil {
 		r.log.Error("daily detection failed", "day", day, "err", err)
-		return err
+		return Report{}, err
 	}
 	r.log.Info("daily detection done", "day", day, "findings", len(rep.Findings), "attempts", rep.Service.Attempts, "pruned_events", rep.Pruned)
-	return nil
+	return rep, nil
+}
+
+// Digest sends one digest for the findings of reps, however many days they
+// cover, so catching up after a downtime sends one mail rather than one a
+// day; with mail off, it logs each finding at WARN. It does nothing when
+// there is no finding and returns whether a mail was queued.
+func (r *Runner) Digest(reps []Report) bool {
+	var days []Report
+	n := 0
+	for _, rep := range reps {
+		if len(rep.Findings) > 0 {
+			days = append(days, rep)
+			n += len(rep.Findings)
+		}
+	}
+	if n == 0 {
+		return false
+	}
+	if r.o.Mail == nil {
+		for _, rep := range days {
+			for _, f := range rep.Findings {
+				r.log.Warn("detection finding", "day", f.Day, "detector", f.Detector, "subject", f.Subject, "figures", FiguresText(f.Figures))
+			}
+		}
+		return false
+	}
+	subject := fmt.Sprintf("detection digest for %s: %d findings", days[0].Day, n)
+	if len(days) > 1 {
+		subject = fmt.Sprintf("detection digest for %s to %s: %d findings", days[0].Day, days[len(days)-1].Day, n)
+	}
+	bodies := make([]string, len(days))
+	for i, rep := range days {
+		bodies[i] = DigestBody(rep)
+	}
+	return r.o.Mail.Send(subject, strings.Join(bodies, "\n"))
 }
 
 // LastRun is the latest day detection ran for, "" if it never ran.
@@ -212,15 +247,8 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if err := r.store.SaveDetection(today, findings, run); err != nil {
 		return Report{}, err
 	}
-	if mail && len(findings) > 0 {
-		subject := fmt.Sprintf("detection digest for %s: %d findings", day, len(findings))
-		if r.o.Mail == nil {
-			for _, f := range findings {
-				r.log.Warn("detection finding", "day", f.Day, "detector", f.Detector, "subject", f.Subject, "figures", FiguresText(f.Figures))
-			}
-		} else {
-			rep.Mailed = r.o.Mail.Send(subject, DigestBody(rep))
-		}
+	if mail {
+		rep.Mailed = r.Digest([]Report{rep})
 	}
 	return rep, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,5 +170,42 @@ func TestRunnerSetConfig(t *testing.T) {
 	}
 	if n := shared(); n != 1 {
 		t.Fatalf("after a refused SetConfig: %d shared-IP findings, want 1 (ip_users 5 kept)", n)
+	}
+}
+
+// TestDigestCoversSeveralDays: a catch-up's findings go out in one mail
+// that names the first and last day with findings; days without findings
+// add nothing, and nothing at all is sent when no day has one.
+func TestDigestCoversSeveralDays(t *testing.T) {
+	mail := &fakeSender{}
+	r, err := NewRunner(mustOpen(t), RunnerOptions{Location: time.UTC, Mail: mail})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finding := func(day, subject string) storage.Finding {
+		return storage.Finding{Day: day, Detector: DetectorSharedIP, Subject: subject, Figures: map[string]float64{"users": 6}}
+	}
+	if r.Digest([]Report{{Day: "2026-03-01"}, {Day: "2026-03-02"}}) || mail.count() != 0 {
+		t.Fatal("a digest without findings was sent")
+	}
+	reps := []Report{
+		{Day: "2026-03-01", Findings: []storage.Finding{finding("2026-03-01", "192.0.2.1")}},
+		{Day: "2026-03-02"},
+		{Day: "2026-03-03", Findings: []storage.Finding{finding("2026-03-03", "192.0.2.2"), finding("2026-03-03", "192.0.2.3")}},
+	}
+	if !r.Digest(reps) || mail.count() != 1 {
+		t.Fatalf("%d mails sent, want 1", mail.count())
+	}
+	if got, want := mail.subjects[0], "detection digest for 2026-03-01 to 2026-03-03: 3 findings"; got != want {
+		t.Errorf("subject %q, want %q", got, want)
+	}
+	body := mail.bodies[0]
+	for _, want := range []string{"for 2026-03-01: 1 findings", "for 2026-03-03: 2 findings", "192.0.2.1", "192.0.2.2", "192.0.2.3"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("body lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "2026-03-02") {
+		t.Errorf("body mentions the day without findings:\n%s", body)
 	}
 }

@@ -15,7 +15,10 @@ const DefaultMaxCatchUp = 31
 // the Runner.
 type DayRunner interface {
 	LastRun() (string, error)
-	RunDay(ctx context.Context, day string) error
+	// RunDay runs one day without mailing; Digest then mails the
+	// findings of every day run, in one digest.
+	RunDay(ctx context.Context, day string) (Report, error)
+	Digest(reps []Report) bool
 }
 
 var _ DayRunner = (*Runner)(nil)
@@ -104,8 +107,9 @@ func (s *Scheduler) latestDue(now time.Time) string {
 	return time.Date(l.Year(), l.Month(), l.Day()-back, 12, 0, 0, 0, s.loc).Format("2006-01-02")
 }
 
-// runDue runs every due day after the last run, oldest first. It stops at
-// the first failure; the next run_at tries again from there. A day whose
+// runDue runs every due day after the last run, oldest first, and mails
+// their findings in one digest. It stops at the first failure; the next
+// run_at tries again from there. A day whose
 // raw events are already past retention can never run, so it is skipped,
 // or a long downtime would stop detection for good.
 func (s *Scheduler) runDue(ctx context.Context) {
@@ -123,15 +127,19 @@ func (s *Scheduler) runDue(ctx context.Context) {
 			first = oldest
 		}
 	}
+	var reps []Report
+	defer func() { s.r.Digest(reps) }() // one mail for a catch-up, even one cut short
 	for day := first; day <= latest; day = addDays(day, 1) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := s.r.RunDay(ctx, day); errors.Is(err, ErrPruned) {
+		rep, err := s.r.RunDay(ctx, day)
+		if errors.Is(err, ErrPruned) {
 			s.log.Warn("detection skips a day whose events are past retention", "day", day)
 			continue
 		} else if err != nil {
 			return // logged by the runner
 		}
+		reps = append(reps, rep)
 	}
 }

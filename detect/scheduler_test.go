@@ -19,6 +19,7 @@ type fakeRunner struct {
 	// prunedBefore makes RunDay refuse days before it, as the real runner
 	// refuses days past retention.
 	prunedBefore string
+	digests      []int // how many days each Digest call covered
 }
 
 func (f *fakeRunner) LastRun() (string, error) {
@@ -27,16 +28,23 @@ func (f *fakeRunner) LastRun() (string, error) {
 	return f.last, nil
 }
 
-func (f *fakeRunner) RunDay(_ context.Context, day string) error {
+func (f *fakeRunner) RunDay(_ context.Context, day string) (Report, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if day < f.prunedBefore {
-		return ErrPruned
+		return Report{}, ErrPruned
 	}
 	f.days = append(f.days, day)
 	f.at = append(f.at, f.now())
 	f.last = max(f.last, day)
-	return nil
+	return Report{Day: day}, nil
+}
+
+func (f *fakeRunner) Digest(reps []Report) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.digests = append(f.digests, len(reps))
+	return true
 }
 
 func (f *fakeRunner) ran() []string {
@@ -109,6 +117,12 @@ func TestSchedulerCatchesUpAfterRestart(t *testing.T) {
 		want := []string{"2026-02-28", "2026-03-01", "2026-03-02", "2026-03-03"}
 		if got := r.ran(); !slices.Equal(got, want) {
 			t.Fatalf("caught up %v, want %v", got, want)
+		}
+		r.mu.Lock()
+		digests := slices.Clone(r.digests)
+		r.mu.Unlock()
+		if !slices.Equal(digests, []int{4}) {
+			t.Fatalf("digests covering %v days, want one covering 4", digests)
 		}
 		// Restarted before run_at: yesterday's run is not due yet.
 		start = time.Date(2026, 3, 5, 0, 10, 0, 0, time.UTC)
