@@ -2,6 +2,8 @@ package detect
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,8 +36,12 @@ type MailerOptions struct {
 	RetryBase time.Duration
 	RetryMax  time.Duration
 	Timeout   time.Duration // one delivery attempt, connection included
-	Counters  *Counters
-	Logger    *slog.Logger
+	// RootCAs are the authorities the mail server's certificate must chain
+	// to; nil: the system roots. The certificate is always verified, for
+	// the configured smtp_host.
+	RootCAs  *x509.CertPool
+	Counters *Counters
+	Logger   *slog.Logger
 }
 
 // Mailer delivers plain-text e-mails from a bounded queue on a goroutine
@@ -186,7 +192,10 @@ func (m *Mailer) sendOnce(msg message) error {
 	mm.SetMessageID()
 	mm.SetBodyString(gomail.TypeTextPlain, msg.body)
 
-	opts := []gomail.Option{gomail.WithPort(m.cfg.SMTPPort), gomail.WithTimeout(m.o.Timeout)}
+	opts := []gomail.Option{
+		gomail.WithPort(m.cfg.SMTPPort), gomail.WithTimeout(m.o.Timeout),
+		gomail.WithTLSConfig(&tls.Config{ServerName: m.cfg.SMTPHost, RootCAs: m.o.RootCAs, MinVersion: tls.VersionTLS12}),
+	}
 	switch m.cfg.TLS {
 	case "tls":
 		opts = append(opts, gomail.WithSSL(), gomail.WithTLSPolicy(gomail.TLSMandatory))
