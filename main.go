@@ -673,7 +673,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	}()
 
 	loc, _ := c.Budget.Location() // checked by loadConfig
-	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now())
+	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now(), log)
 	if err != nil {
 		return err
 	}
@@ -1061,7 +1061,8 @@ func newOperator(c config, db *storage.DB, getenv func(string) string) (*server.
 	if err != nil {
 		return nil, nil, err
 	}
-	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now())
+	log := slog.New(slog.DiscardHandler)
+	layers, err := server.LoadLayers(db, c.Limits.User, c.Budget, loc, time.Now(), log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1072,7 +1073,6 @@ func newOperator(c config, db *storage.DB, getenv func(string) string) (*server.
 	if err != nil {
 		return nil, nil, err
 	}
-	log := slog.New(slog.DiscardHandler)
 	det, err := newDetection(c, db, keys, plans, layers, getenv, &detect.Counters{}, log)
 	if err != nil {
 		return nil, nil, err

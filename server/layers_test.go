@@ -1,11 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -504,5 +507,59 @@ func TestMetricsExposeTheService(t *testing.T) {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// TestClockBehindLedgerKeepsTheDay restarts with the clock 15 minutes
+// behind a day the ledger already holds (a VM restored before its clock
+// synced): the layers start on the ledger's day, so when the clock comes
+// back that day's spend and attempts still count, and daily_usd holds.
+func TestClockBehindLedgerKeepsTheDay(t *testing.T) {
+	db, err := storage.Open(filepath.Join(t.TempDir(), "bw.db"), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	id, err := db.Reserve(ctx, "2026-03-10", 9_000_000) // $9 spent on the 10th
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Settle(ctx, storage.Settlement{ID: id, ActualMicroUSD: 9_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, time.UTC) }
+	// mallory's 50 attempts on the 10th, as the write-behind stores them.
+	if err := db.SaveState(AttemptsState("2026-03-10"), map[string][]byte{"mallory": binary.BigEndian.AppendUint64(nil, 50)}); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs bytes.Buffer
+	layers, err := LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyUSD: 10}, time.UTC,
+		at(9, 23, 45), slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "clock is behind the budget ledger") {
+		t.Errorf("no warning about the clock:\n%s", logs.String())
+	}
+	if st := layers.Brake.Status(at(9, 23, 50)); st.Day != "2026-03-10" || st.SpendMicroUSD != 9_000_000 {
+		t.Errorf("brake on %s with %d µ$, want 2026-03-10 with $9", st.Day, st.SpendMicroUSD)
+	}
+	if n := layers.Attempts.Count("mallory", at(9, 23, 50)); n != 50 {
+		t.Errorf("mallory's attempts %d before the clock catches up, want 50", n)
+	}
+	// The clock comes back: the 10th goes on from $9 and 50 attempts.
+	if n := layers.Attempts.Count("mallory", at(10, 0, 10)); n != 50 {
+		t.Errorf("mallory's attempts %d on the 10th, want 50", n)
+	}
+	accepted := 0
+	for range 10 {
+		if _, err := layers.Brake.Claim(1_000_000, at(10, 0, 10)); err == nil {
+			accepted++
+		}
+	}
+	if accepted != 1 {
+		t.Errorf("%d claims of $1 accepted with $9 of $10 spent, want 1", accepted)
 	}
 }

@@ -196,7 +196,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if o.ledger != nil {
 		store = ledgerOverride{db, o.ledger}
 	}
-	layers, err := LoadLayers(store, o.limits, o.budget, e.loc, e.now)
+	layers, err := LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,6 +128,7 @@ type LayerStore interface {
 	QuotaUsed(month string) (map[string]int64, error)
 	Budget(day string) (storage.BudgetDay, error)
 	BudgetMonth(month string) (int64, error)
+	LatestBudgetDay() (string, error)
 	budget.Ledger
 }
 
@@ -143,10 +144,26 @@ type Layers struct {
 // windows and today's attempts (written behind), this month's quota
 // counts, and today's and this month's budget, in which every reservation
 // left unsettled by a crash counts at its worst case.
-func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc *time.Location, now time.Time) (Layers, error) {
+//
+// If the ledger already holds a day after now's (the clock went back, say
+// a VM restored before its clock synced), the layers start on that day:
+// days only move forward, so its spend and attempts keep counting until
+// the clock catches up, rather than being zeroed by the rollover then.
+func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc *time.Location, now time.Time, log *slog.Logger) (Layers, error) {
 	day, month := budget.DayKey(now, loc), budget.MonthKey(now, loc)
 	var l Layers
-	var err error
+	latest, err := store.LatestBudgetDay()
+	if err != nil {
+		return l, fmt.Errorf("load budget: %w", err)
+	}
+	if latest > day {
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("the clock is behind the budget ledger: counting into the ledger's newest day until it catches up",
+			"clock_day", day, "ledger_day", latest)
+		day, month = latest, latest[:len("2006-01")]
+	}
 	if l.Windows, err = limiter.New(limits); err != nil {
 		return l, err
 	}

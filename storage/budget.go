@@ -129,6 +129,23 @@ func (db *DB) BudgetMonth(month string) (int64, error) {
 	return total, err
 }
 
+// LatestBudgetDay is the newest day the ledger holds ("2006-01-02"), ""
+// if it holds none. A day after today's date means the clock went back.
+func (db *DB) LatestBudgetDay() (string, error) {
+	var day string
+	err := db.view(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketBudgetDays).Cursor()
+		for k, _ := c.Last(); k != nil; k, _ = c.Prev() {
+			if len(k) == len(dayLayout) {
+				day = string(k)
+				return nil
+			}
+		}
+		return nil
+	})
+	return day, err
+}
+
 // OpenReservations counts reservations not yet settled.
 func (db *DB) OpenReservations() (int, error) {
 	var n int

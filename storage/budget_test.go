@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"sync"
@@ -119,5 +120,20 @@ func TestDefenseState(t *testing.T) {
 	}
 	if none, err := db.LoadState("never"); err != nil || len(none) != 0 {
 		t.Errorf("missing state: %v %v", none, err)
+	}
+}
+
+func TestLatestBudgetDay(t *testing.T) {
+	db := mustOpen(t)
+	if day, err := db.LatestBudgetDay(); err != nil || day != "" {
+		t.Fatalf("empty ledger: %q, %v", day, err)
+	}
+	for _, day := range []string{"2026-03-10", "2026-04-01", "2026-03-31"} {
+		if _, err := db.Reserve(context.Background(), day, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if day, err := db.LatestBudgetDay(); err != nil || day != "2026-04-01" {
+		t.Fatalf("latest %q, %v; want 2026-04-01", day, err)
 	}
 }
