@@ -16,7 +16,8 @@ func FuzzInspect(f *testing.F) {
 	f.Add(encodeGIF(f), "image/gif", int64(1<<20))
 	f.Add([]byte("\xff\xd8\xff\xe0"), "image/jpg", int64(-1))
 	f.Fuzz(func(t *testing.T, data []byte, declared string, maxPixels int64) {
-		img, err := Inspect(data, declared, maxPixels)
+		const maxSide = 8192
+		img, err := Inspect(data, declared, Limits{MaxPixels: maxPixels, MaxSide: maxSide})
 		if err != nil {
 			if err != ErrUnsupportedType && err != ErrUndecodable && err != ErrTooManyPixels {
 				t.Fatalf("Inspect() error = %v, not a sentinel", err)
@@ -31,8 +32,8 @@ func FuzzInspect(f *testing.F) {
 		if img.Width <= 0 || img.Height <= 0 {
 			t.Fatalf("size %d×%d", img.Width, img.Height)
 		}
-		if maxPixels <= 0 || int64(img.Width) > maxPixels/int64(img.Height) {
-			t.Fatalf("%d×%d passed a limit of %d", img.Width, img.Height, maxPixels)
+		if maxPixels <= 0 || int64(img.Width) > maxPixels/int64(img.Height) || img.Width > maxSide || img.Height > maxSide {
+			t.Fatalf("%d×%d passed a limit of %d pixels, %d a side", img.Width, img.Height, maxPixels, maxSide)
 		}
 	})
 }

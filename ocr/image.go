@@ -27,10 +27,18 @@ var (
 	// ErrUndecodable means the header of a supported type cannot be read,
 	// or claims an empty image. HTTP layers map it to 422.
 	ErrUndecodable = errors.New("ocr: image cannot be decoded")
-	// ErrTooManyPixels means width × height exceeds the allowed maximum.
-	// HTTP layers map it to 422.
+	// ErrTooManyPixels means width × height, or a side, exceeds the
+	// allowed maximum. HTTP layers map it to 422.
 	ErrTooManyPixels = errors.New("ocr: image has too many pixels")
 )
+
+// Limits bound the size an image may claim in its header. Both matter for
+// money: the worst-case cost of a call grows with the number of 768-pixel
+// tiles, and a 1 × 40,000,000 header has few pixels but 52,084 tiles.
+type Limits struct {
+	MaxPixels int64 // width × height; <= 0 refuses every image
+	MaxSide   int   // the longer side; <= 0 refuses every image
+}
 
 // Image is an upload that passed Inspect.
 type Image struct {
@@ -53,9 +61,9 @@ type Image struct {
 // "application/octet-stream" means none was declared and the sniffed type is
 // taken, any other disagreement gives ErrUnsupportedType. A header that does
 // not parse, or gives a width or height below 1, gives ErrUndecodable; more
-// than maxPixels pixels gives ErrTooManyPixels (maxPixels <= 0 refuses every
-// image).
-func Inspect(data []byte, declared string, maxPixels int64) (Image, error) {
+// than lim.MaxPixels pixels, or a side longer than lim.MaxSide, gives
+// ErrTooManyPixels.
+func Inspect(data []byte, declared string, lim Limits) (Image, error) {
 	sniffed := sniff(data)
 	if sniffed == "" {
 		return Image{}, ErrUnsupportedType
@@ -83,8 +91,9 @@ func Inspect(data []byte, declared string, maxPixels int64) (Image, error) {
 	if err != nil || cfg.Width <= 0 || cfg.Height <= 0 {
 		return Image{}, ErrUndecodable
 	}
-	// width*height <= maxPixels, without computing the product.
-	if maxPixels <= 0 || int64(cfg.Width) > maxPixels/int64(cfg.Height) {
+	// width*height <= MaxPixels, without computing the product.
+	if lim.MaxPixels <= 0 || int64(cfg.Width) > lim.MaxPixels/int64(cfg.Height) ||
+		cfg.Width > lim.MaxSide || cfg.Height > lim.MaxSide {
 		return Image{}, ErrTooManyPixels
 	}
 	return Image{Data: data, MIME: sniffed, Width: cfg.Width, Height: cfg.Height}, nil

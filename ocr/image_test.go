@@ -150,7 +150,7 @@ func TestInspect(t *testing.T) {
 		{"webp beyond the format's limits", webpVP8X(1<<24, 1<<24, 0), "", math.MaxInt64, ErrUndecodable, "", 0, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			img, err := Inspect(tt.data, tt.declared, tt.maxPixels)
+			img, err := Inspect(tt.data, tt.declared, Limits{MaxPixels: tt.maxPixels, MaxSide: math.MaxInt32})
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
 				t.Fatalf("Inspect() error = %v, want %v", err, tt.wantErr)
 			}
@@ -170,13 +170,37 @@ func TestInspect(t *testing.T) {
 	}
 }
 
+// TestInspectSideLimit: a long thin header has few pixels but many tiles,
+// so the longer side is bounded too.
+func TestInspectSideLimit(t *testing.T) {
+	lim := Limits{MaxPixels: 40_000_000, MaxSide: 8192}
+	for _, tt := range []struct {
+		w, h uint32
+		lim  Limits
+		ok   bool
+	}{
+		{1, 8192, lim, true},
+		{8192, 1, lim, true},
+		{8192, 4882, lim, true}, // both limits nearly reached
+		{1, 8193, lim, false},
+		{8193, 1, lim, false},
+		{1, 40_000_000, lim, false},         // 40 M pixels, but 52,084 tiles
+		{3, 2, Limits{MaxPixels: 6}, false}, // MaxSide 0 refuses all
+	} {
+		_, err := Inspect(pngHeader(tt.w, tt.h), "image/png", tt.lim)
+		if tt.ok && err != nil || !tt.ok && err != ErrTooManyPixels {
+			t.Errorf("%d×%d with %+v: %v", tt.w, tt.h, tt.lim, err)
+		}
+	}
+}
+
 func TestInspectHugeHeaderAllocatesNothing(t *testing.T) {
 	data := pngHeader(100000, 100000)
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for range 10 {
-		if _, err := Inspect(data, "image/png", 50_000_000); err != ErrTooManyPixels {
+		if _, err := Inspect(data, "image/png", Limits{MaxPixels: 50_000_000, MaxSide: 8192}); err != ErrTooManyPixels {
 			t.Fatalf("Inspect() = %v, want ErrTooManyPixels", err)
 		}
 	}

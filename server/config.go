@@ -17,6 +17,7 @@ const (
 	DefaultAdminListen    = "127.0.0.1:8081"
 	DefaultMaxImageBytes  = 10 << 20   // 10 MiB
 	DefaultMaxImagePixels = 40_000_000 // 40 megapixels
+	DefaultMaxImageSide   = 8192
 )
 
 // Config is the [server] section of config.toml.
@@ -36,6 +37,10 @@ type Config struct {
 	// MaxImagePixels is the most pixels (width × height) an image may
 	// claim. Default 40,000,000.
 	MaxImagePixels int64 `koanf:"max_image_pixels"`
+	// MaxImageSide is the longest side, in pixels, an image may claim.
+	// Default 8192. With max_image_pixels it bounds the worst-case cost
+	// of a call, which grows with the image's 768-pixel tiles.
+	MaxImageSide int `koanf:"max_image_side"`
 }
 
 // WithDefaults returns c with every zero field set to its documented default.
@@ -52,6 +57,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxImagePixels == 0 {
 		c.MaxImagePixels = DefaultMaxImagePixels
 	}
+	if c.MaxImageSide == 0 {
+		c.MaxImageSide = DefaultMaxImageSide
+	}
 	return c
 }
 
@@ -62,6 +70,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxImagePixels < 0 {
 		return fmt.Errorf("server.max_image_pixels: must not be negative, got %d", c.MaxImagePixels)
+	}
+	if c.MaxImageSide < 0 {
+		return fmt.Errorf("server.max_image_side: must not be negative, got %d", c.MaxImageSide)
 	}
 	for _, key := range []struct{ name, addr string }{{"server.listen", c.Listen}, {"server.admin_listen", c.AdminListen}} {
 		if key.addr == "" {

@@ -29,7 +29,7 @@ var (
 	errUndecodable = problem(http.StatusUnprocessableEntity, "undecodable_image", "Unprocessable image",
 		"The image could not be decoded.")
 	errTooManyPixels = problem(http.StatusUnprocessableEntity, "too_many_pixels", "Unprocessable image",
-		"The image has more pixels than this service accepts; scale it down.")
+		"The image has more pixels, or a longer side, than this service accepts; scale it down.")
 	// errClientGone is answered to nobody; its status (nginx's 499) keeps
 	// disconnects apart from server errors in logs and metrics.
 	errClientGone = problem(499, "client_closed_request", "Client closed request",
@@ -246,7 +246,7 @@ func readValidImage(r *http.Request, cfg Config) ([]byte, ocr.Image, error) {
 	if err != nil {
 		return nil, ocr.Image{}, err
 	}
-	img, err := ocr.Inspect(data, declared, cfg.MaxImagePixels)
+	img, err := ocr.Inspect(data, declared, ocr.Limits{MaxPixels: cfg.MaxImagePixels, MaxSide: cfg.MaxImageSide})
 	switch {
 	case errors.Is(err, ocr.ErrUnsupportedType):
 		return nil, ocr.Image{}, errUnsupportedType

@@ -515,6 +515,32 @@ func TestInputRefusedWithoutUpstreamCall(t *testing.T) {
 	}
 }
 
+// TestThinImageRefusedBeforeTheBudget: a 33-byte PNG header claiming
+// 1 × 40,000,000 pixels is within max_image_pixels but would be 52,084
+// tiles, about $4 of worst case to reserve per request. The side limit
+// refuses it before anything is reserved.
+func TestThinImageRefusedBeforeTheBudget(t *testing.T) {
+	e := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 10}})
+	thin := pngBytes(t, 1, 1)
+	binary.BigEndian.PutUint32(thin[16:20], 1)
+	binary.BigEndian.PutUint32(thin[20:24], 40_000_000)
+	binary.BigEndian.PutUint32(thin[29:33], crc32.ChecksumIEEE(thin[12:29])) // IHDR's CRC
+	for range 3 {
+		resp, data := e.post(e.key, "image/png", thin)
+		decodeProblem(t, resp, data, http.StatusUnprocessableEntity, "too_many_pixels")
+	}
+	if st := e.brake.Status(time.Now()); st.Requests != 0 || st.SpendMicroUSD != 0 {
+		t.Errorf("budget after refused images: %d calls, %d µ$; want nothing reserved", st.Requests, st.SpendMicroUSD)
+	}
+	// The longest side accepted costs at most cents at the default prices.
+	wide := pngBytes(t, 8192, 1)
+	resp, data := e.post(e.key, "image/png", wide)
+	decodeOK(t, resp, data)
+	if st := e.brake.Status(time.Now()); st.SpendMicroUSD > 10_000 {
+		t.Errorf("an 8192 × 1 image spent %d µ$", st.SpendMicroUSD)
+	}
+}
+
 // TestBodyLimitWithoutContentLength streams a body with no declared length:
 // the limit must hold while reading.
 func TestBodyLimitWithoutContentLength(t *testing.T) {
