@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -251,4 +252,20 @@ func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 		return Invite{}, fmt.Errorf("revoke invite %s: %w", id, err)
 	}
 	return inv, nil
+}
+
+// CheckInvite tells what RedeemInvite(hash, email, now) would give, from
+// one read transaction and without writing anything: InviteUnknown when no
+// invite has that hash. It is the cheap look before the write; only
+// RedeemInvite's answer is binding. An error means the answer could not
+// be read.
+func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (RedeemOutcome, error) {
+	inv, err := db.InviteByHash(hash)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return InviteUnknown, nil
+	case err != nil:
+		return InviteUnknown, fmt.Errorf("check invite: %w", err)
+	}
+	return inv.Check(email, now), nil
 }

@@ -137,3 +137,54 @@ func TestInviteListRevokeAndErrors(t *testing.T) {
 		t.Errorf("revoke unknown: %v, want ErrNotFound", err)
 	}
 }
+
+// TestCheckInviteAgreesWithRedeem: the read-only check gives what a
+// redemption would, and writes nothing.
+func TestCheckInviteAgreesWithRedeem(t *testing.T) {
+	db := mustOpen(t)
+	ctx := context.Background()
+	two, exp := newInvite("inv_two", 2), newInvite("inv_exp", 5)
+	exp.ExpiresAt = t0.Add(time.Hour)
+	for _, inv := range []Invite{two, exp} {
+		if err := db.CreateInvite(inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name  string
+		hash  [32]byte
+		email string
+		at    time.Time
+		want  RedeemOutcome
+	}{
+		{"unknown", sha256.Sum256([]byte("nope")), "a@x", t0, InviteUnknown},
+		{"first", two.Hash, "a@x", t0, InviteRedeemed},
+		{"same e-mail", two.Hash, "a@x", t0, InviteAlreadyRedeemed},
+		{"second", two.Hash, "b@x", t0, InviteRedeemed},
+		{"used up", two.Hash, "c@x", t0, InviteUsedUp},
+		{"used up, but redeemed before", two.Hash, "b@x", t0, InviteAlreadyRedeemed},
+		{"expired", exp.Hash, "a@x", t0.Add(time.Hour), InviteExpired},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			before, _ := db.InviteByHash(s.hash)
+			checked, err := db.CheckInvite(s.hash, s.email, s.at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after, _ := db.InviteByHash(s.hash); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Errorf("check changed the invite: %+v -> %+v", before, after)
+			}
+			if got, want := checked, s.want; got != want {
+				t.Errorf("CheckInvite = %v, want %v", got, want)
+			}
+			redeemed, err := db.RedeemInvite(ctx, s.hash, s.email, s.at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := redeemed, checked; got != want {
+				t.Errorf("RedeemInvite = %v, CheckInvite said %v", got, want)
+			}
+		})
+	}
+}
