@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/bbolt"
 )
 
 func newInvite(id string, uses int) Invite {
@@ -58,8 +60,19 @@ func TestInviteRedemptionOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if inv.Uses() != 2 || !inv.RedeemedBy("b@x") || inv.RedeemedBy("c@x") {
-		t.Errorf("two after redemptions: %+v", inv)
+	if got, want := inv.Uses(), 2; got != want {
+		t.Errorf("two: %d uses, want %d", got, want)
+	}
+	reds, err := db.Redemptions(two.Hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(reds), fmt.Sprint([]Redemption{{"a@x", t0}, {"b@x", t0}}); got != want {
+		t.Errorf("two: redemptions %s, want %s", got, want)
+	}
+	reds, _ = db.Redemptions(one.Hash)
+	if len(reds) != 1 || reds[0].Email != "a@x" || !reds[0].At.Equal(t0) {
+		t.Errorf("one: redemptions %v, want only a@x at t0 (a second try changes nothing)", reds)
 	}
 	if _, err := db.InviteByHash(sha256.Sum256([]byte("nope"))); !errors.Is(err, ErrNotFound) {
 		t.Errorf("unknown hash: %v, want ErrNotFound", err)
@@ -113,7 +126,8 @@ func TestInviteListRevokeAndErrors(t *testing.T) {
 	if err := db.CreateInvite(dupID); !errors.Is(err, ErrExists) {
 		t.Errorf("same id again: %v, want ErrExists", err)
 	}
-	for _, bad := range []Invite{{}, {ID: "x"}, {ID: "x", Hash: a.Hash}, {ID: "x", Hash: [32]byte{1}, MaxUses: 1}} {
+	for _, bad := range []Invite{{}, {ID: "x"}, {ID: "x", Hash: a.Hash}, {ID: "x", Hash: [32]byte{1}, MaxUses: 1},
+		{ID: "x", Hash: [32]byte{1}, MaxUses: 1, CreatedAt: t0, Used: 1}} {
 		if err := db.CreateInvite(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v: %v, want ErrInvalid", bad, err)
 		}
@@ -135,6 +149,9 @@ func TestInviteListRevokeAndErrors(t *testing.T) {
 	}
 	if _, err := db.RevokeInvite("inv_nope", t0); !errors.Is(err, ErrNotFound) {
 		t.Errorf("revoke unknown: %v, want ErrNotFound", err)
+	}
+	if _, err := db.Redemptions(sha256.Sum256([]byte("nope"))); !errors.Is(err, ErrNotFound) {
+		t.Errorf("redemptions of unknown: %v, want ErrNotFound", err)
 	}
 }
 
@@ -186,5 +203,93 @@ func TestCheckInviteAgreesWithRedeem(t *testing.T) {
 				t.Errorf("RedeemInvite = %v, CheckInvite said %v", got, want)
 			}
 		})
+	}
+}
+
+// TestInviteParallelRedemptionOfManyUses: a code with N uses raced by many
+// e-mails, each of them several times at once, is redeemed by exactly N
+// e-mails, and the stored count, the stored e-mails and the outcomes agree.
+func TestInviteParallelRedemptionOfManyUses(t *testing.T) {
+	const uses, emails, tries = 5, 40, 3
+	db := mustOpen(t)
+	inv := newInvite("inv_race_many", uses)
+	if err := db.CreateInvite(inv); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[RedeemOutcome]int{}
+	winners := map[string]bool{}
+	var wg sync.WaitGroup
+	for i := range emails * tries {
+		email := fmt.Sprintf("user%d@example.com", i%emails)
+		wg.Go(func() {
+			o, err := db.RedeemInvite(context.Background(), inv.Hash, email, t0)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			got[o]++
+			if o == InviteRedeemed {
+				if winners[email] {
+					t.Errorf("%s redeemed twice", email)
+				}
+				winners[email] = true
+			}
+		})
+	}
+	wg.Wait()
+	if got[InviteRedeemed] != uses || got[InviteRedeemed]+got[InviteAlreadyRedeemed]+got[InviteUsedUp] != emails*tries {
+		t.Errorf("outcomes %v, want %d redeemed and the rest already redeemed or used up", got, uses)
+	}
+	if got, want := got[InviteAlreadyRedeemed], uses*(tries-1); got != want {
+		t.Errorf("%d already redeemed, want %d (the winners' other tries)", got, want)
+	}
+	stored, err := db.InviteByHash(inv.Hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stored.Uses(), uses; got != want {
+		t.Errorf("stored uses %d, want %d", got, want)
+	}
+	reds, err := db.Redemptions(inv.Hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reds) != uses {
+		t.Fatalf("%d stored redemptions, want %d", len(reds), uses)
+	}
+	for _, r := range reds {
+		if !winners[r.Email] {
+			t.Errorf("stored redemption by %s, who was not told redeemed", r.Email)
+		}
+	}
+}
+
+// TestInviteRedemptionFailsClosed: an invite whose redemptions bucket is
+// missing is an error for both the check and the redemption, never "not
+// redeemed yet", and nothing is written.
+func TestInviteRedemptionFailsClosed(t *testing.T) {
+	db := mustOpen(t)
+	inv := newInvite("inv_damaged", 3)
+	if err := db.CreateInvite(inv); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketRedemptions).DeleteBucket(inv.Hash[:])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := db.CheckInvite(inv.Hash, "a@x", t0); err == nil {
+		t.Errorf("CheckInvite = %v, nil; want an error", o)
+	}
+	if o, err := db.RedeemInvite(context.Background(), inv.Hash, "a@x", t0); err == nil || o != InviteUnknown {
+		t.Errorf("RedeemInvite = %v, %v; want InviteUnknown and an error", o, err)
+	}
+	if stored, _ := db.InviteByHash(inv.Hash); stored.Uses() != 0 {
+		t.Errorf("uses %d after a failed redemption, want 0", stored.Uses())
+	}
+	if _, err := db.Redemptions(inv.Hash); err == nil {
+		t.Error("Redemptions: nil error, want one")
 	}
 }
