@@ -3,12 +3,14 @@ package storage
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Invite is one invite code. Only the SHA-256 hash of the normalised code
@@ -353,6 +355,33 @@ func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 	})
 	if err != nil {
 		return Invite{}, fmt.Errorf("revoke invite %s: %w", id, err)
+	}
+	return inv, nil
+}
+
+// DeleteInvite removes invite id and its redemptions bucket in one
+// transaction and returns what it removed. Its code then finds nothing, as
+// an unknown code. It returns ErrNotFound for an unknown id.
+func (db *DB) DeleteInvite(id string) (Invite, error) {
+	var inv Invite
+	err := db.update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketInvites)
+		key, found, err := findInvite(b, id)
+		switch {
+		case err != nil:
+			return err
+		case found == nil:
+			return ErrNotFound
+		}
+		inv = *found
+		err = tx.Bucket(bucketRedemptions).DeleteBucket(key)
+		if err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+			return fmt.Errorf("redemptions bucket: %w", err)
+		}
+		return b.Delete(key)
+	})
+	if err != nil {
+		return Invite{}, fmt.Errorf("delete invite %s: %w", id, err)
 	}
 	return inv, nil
 }

@@ -293,3 +293,55 @@ func TestInviteRedemptionFailsClosed(t *testing.T) {
 		t.Error("Redemptions: nil error, want one")
 	}
 }
+
+func TestDeleteInvite(t *testing.T) {
+	db := mustOpen(t)
+	ctx := context.Background()
+	inv, other := newInvite("inv_del", 3), newInvite("inv_keep", 3)
+	for _, i := range []Invite{inv, other} {
+		if err := db.CreateInvite(i); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.RedeemInvite(ctx, i.Hash, "a@x", t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted, err := db.DeleteInvite("inv_del")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deleted.ID != "inv_del" || deleted.Uses() != 1 {
+		t.Errorf("deleted %+v", deleted)
+	}
+	err = db.view(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketRedemptions).Bucket(inv.Hash[:]) != nil {
+			t.Error("redemptions bucket of the deleted invite is still there")
+		}
+		if tx.Bucket(bucketRedemptions).Bucket(other.Hash[:]) == nil {
+			t.Error("redemptions bucket of the other invite is gone")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.InviteByHash(inv.Hash); !errors.Is(err, ErrNotFound) {
+		t.Errorf("InviteByHash after delete: %v, want ErrNotFound", err)
+	}
+	if o, err := db.RedeemInvite(ctx, inv.Hash, "b@x", t0); err != nil || o != InviteUnknown {
+		t.Errorf("redeem after delete: %v %v, want InviteUnknown", o, err)
+	}
+	if _, err := db.DeleteInvite("inv_del"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("delete again: %v, want ErrNotFound", err)
+	}
+	// The same code made again starts unused: nothing of the old one remains.
+	if err := db.CreateInvite(newInvite("inv_del", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := db.CheckInvite(inv.Hash, "a@x", t0); err != nil || o != InviteRedeemed {
+		t.Errorf("a@x on the re-created code: %v %v, want InviteRedeemed", o, err)
+	}
+	if list, _ := db.Invites(); len(list) != 2 {
+		t.Errorf("%d invites, want 2", len(list))
+	}
+}
