@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -343,5 +345,43 @@ func TestDeleteInvite(t *testing.T) {
 	}
 	if list, _ := db.Invites(); len(list) != 2 {
 		t.Errorf("%d invites, want 2", len(list))
+	}
+}
+
+// TestBackupKeepsRedemptions: a backup is a whole database, redemptions
+// buckets included, so a restored copy knows who redeemed what.
+func TestBackupKeepsRedemptions(t *testing.T) {
+	db := mustOpen(t)
+	ctx := context.Background()
+	inv := newInvite("inv_backup", 3)
+	if err := db.CreateInvite(inv); err != nil {
+		t.Fatal(err)
+	}
+	for _, email := range []string{"a@x", "b@x"} {
+		if _, err := db.RedeemInvite(ctx, inv.Hash, email, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "copy.db")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Backup(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	restored := mustOpenPath(t, path, Options{})
+	if got, _ := restored.InviteByHash(inv.Hash); got.Uses() != 2 {
+		t.Errorf("restored uses %d, want 2", got.Uses())
+	}
+	if o, err := restored.CheckInvite(inv.Hash, "b@x", t0); err != nil || o != InviteAlreadyRedeemed {
+		t.Errorf("b@x on the restored copy: %v %v, want InviteAlreadyRedeemed", o, err)
+	}
+	if reds, err := restored.Redemptions(inv.Hash); err != nil || len(reds) != 2 {
+		t.Errorf("restored redemptions %v %v, want 2", reds, err)
 	}
 }
