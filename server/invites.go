@@ -53,9 +53,11 @@ type InviteStore interface {
 	RevokeInvite(id string, at time.Time) (storage.Invite, error)
 }
 
-// InviteRedeemer is what verification needs from storage.
+// InviteRedeemer is what verification needs from storage: a read-only
+// check (InviteUnknown when no invite has the hash), then the binding
+// redemption.
 type InviteRedeemer interface {
-	InviteByHash(hash [32]byte) (storage.Invite, error)
+	CheckInvite(hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
 	RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
 }
 

@@ -195,18 +195,16 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	defer attempt.Cancel() // a no-op once the attempt has an outcome
 
 	// The lookup runs whatever the guard said, for comparable work.
-	inv, lookupErr := s.d.InviteCodes.InviteByHash(hash)
+	outcome, lookupErr := s.d.InviteCodes.CheckInvite(hash, email, start)
 	if errors.As(err, &rl) {
 		return s.inviteRefusal(c, start, rl.Reason, email)
 	}
-	if lookupErr != nil && !errors.Is(lookupErr, storage.ErrNotFound) {
+	if lookupErr != nil {
 		s.log.Error("invite lookup failed", "request_id", requestID(c), "err", lookupErr)
 		return errInvitesUnavailable
 	}
-
-	outcome := storage.InviteUnknown
-	if lookupErr == nil && wellFormedCode(code) {
-		outcome = inv.Check(email, start)
+	if !wellFormedCode(code) {
+		outcome = storage.InviteUnknown
 	}
 	if outcome == storage.InviteRedeemed {
 		// Decide again and write in one transaction: the lookup may be

@@ -3,16 +3,23 @@ package storage
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Invite is one invite code. Only the SHA-256 hash of the normalised code
 // is stored; it is the record's key.
+//
+// The e-mails that redeemed it are not in the record: each is one key of
+// the invite's own bucket under invite_redemptions (named by Hash), so a
+// redemption writes one small key whatever the number before it, and
+// "has this e-mail redeemed it" is one Get.
 type Invite struct {
 	ID        string
 	Hash      [32]byte
@@ -21,9 +28,10 @@ type Invite struct {
 	CreatedAt time.Time
 	ExpiresAt time.Time // zero: never
 	RevokedAt time.Time // zero: active
-	// Redeemed lists the e-mails that redeemed it, in order; its length is
-	// the number of uses.
-	Redeemed []Redemption
+	// Used is how many uses are taken. It is written in the same
+	// transaction as each redemption, so the max-uses check never counts
+	// the redemptions bucket.
+	Used int
 }
 
 // Redemption is one e-mail's use of an invite.
@@ -32,25 +40,26 @@ type Redemption struct {
 	At    time.Time
 }
 
-// Uses returns how many uses of inv are taken.
-func (inv Invite) Uses() int { return len(inv.Redeemed) }
-
-// RedeemedBy reports whether email has redeemed inv.
-func (inv Invite) RedeemedBy(email string) bool {
-	return slices.ContainsFunc(inv.Redeemed, func(r Redemption) bool { return r.Email == email })
+// redemptionValue is what is stored under an e-mail in an invite's
+// redemptions bucket.
+type redemptionValue struct {
+	At time.Time
 }
 
-// Check tells what a redemption of inv by email at now would give, without
-// changing anything.
-func (inv Invite) Check(email string, now time.Time) RedeemOutcome {
+// Uses returns how many uses of inv are taken.
+func (inv Invite) Uses() int { return inv.Used }
+
+// check tells what a redemption of inv at now would give, given whether
+// the e-mail has redeemed it before, without changing anything.
+func (inv Invite) check(redeemed bool, now time.Time) RedeemOutcome {
 	switch {
 	case !inv.RevokedAt.IsZero():
 		return InviteRevoked
-	case inv.RedeemedBy(email):
+	case redeemed:
 		return InviteAlreadyRedeemed
 	case !inv.ExpiresAt.IsZero() && !now.Before(inv.ExpiresAt):
 		return InviteExpired
-	case inv.Uses() >= inv.MaxUses:
+	case inv.Used >= inv.MaxUses:
 		return InviteUsedUp
 	}
 	return InviteRedeemed
@@ -96,8 +105,8 @@ func (o RedeemOutcome) String() string {
 	return "invalid"
 }
 
-// CreateInvite stores inv. It returns ErrExists if an invite with the same
-// hash or ID is stored.
+// CreateInvite stores inv, unused, with its empty redemptions bucket. It
+// returns ErrExists if an invite with the same hash or ID is stored.
 func (db *DB) CreateInvite(inv Invite) error {
 	switch {
 	case inv.ID == "":
@@ -108,6 +117,8 @@ func (db *DB) CreateInvite(inv Invite) error {
 		return fmt.Errorf("create invite %s: %w: max uses %d", inv.ID, ErrInvalid, inv.MaxUses)
 	case inv.CreatedAt.IsZero():
 		return fmt.Errorf("create invite %s: %w: zero creation time", inv.ID, ErrInvalid)
+	case inv.Used != 0:
+		return fmt.Errorf("create invite %s: %w: %d uses taken before creation", inv.ID, ErrInvalid, inv.Used)
 	}
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInvites)
@@ -119,6 +130,11 @@ func (db *DB) CreateInvite(inv Invite) error {
 				err = fmt.Errorf("invite id %s: %w", inv.ID, ErrExists)
 			}
 			return err
+		}
+		// CreateBucket, not CreateBucketIfNotExists: a leftover bucket
+		// would hand its e-mails to the new invite.
+		if _, err := tx.Bucket(bucketRedemptions).CreateBucket(inv.Hash[:]); err != nil {
+			return fmt.Errorf("redemptions bucket: %w", err)
 		}
 		return putJSON(b, inv.Hash[:], inv)
 	})
@@ -151,6 +167,18 @@ func findInvite(b *bbolt.Bucket, id string) (key []byte, inv *Invite, err error)
 	return key, inv, err
 }
 
+// redemptionsOf returns the redemptions bucket of the invite stored under
+// hash. Every invite has one from its creation (or from the migration to
+// schema version 2), so a missing bucket is damage, and an error: the
+// caller must not take it for "nobody redeemed it".
+func redemptionsOf(tx *bbolt.Tx, hash []byte) (*bbolt.Bucket, error) {
+	rb := tx.Bucket(bucketRedemptions).Bucket(hash)
+	if rb == nil {
+		return nil, fmt.Errorf("invite %x: no redemptions bucket", hash)
+	}
+	return rb, nil
+}
+
 // InviteByHash returns the invite whose code hashes to hash, or ErrNotFound.
 func (db *DB) InviteByHash(hash [32]byte) (Invite, error) {
 	var inv Invite
@@ -167,36 +195,113 @@ func (db *DB) InviteByHash(hash [32]byte) (Invite, error) {
 	return inv, nil
 }
 
+// CheckInvite tells what RedeemInvite(hash, email, now) would give, from
+// one read transaction and without writing anything: InviteUnknown when no
+// invite has that hash. It is the cheap look before the write; only
+// RedeemInvite's answer is binding. An error means the answer could not
+// be read.
+func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (RedeemOutcome, error) {
+	outcome := InviteUnknown
+	err := db.view(func(tx *bbolt.Tx) error {
+		var err error
+		outcome, _, err = decideRedemption(tx, hash, email, now)
+		return err
+	})
+	if err != nil {
+		return InviteUnknown, fmt.Errorf("check invite: %w", err)
+	}
+	return outcome, nil
+}
+
+// decideRedemption reads the invite under hash and whether email redeemed
+// it, and tells what a redemption at now gives. It returns the invite for
+// the caller to update; outcome InviteUnknown means there is none.
+func decideRedemption(tx *bbolt.Tx, hash [32]byte, email string, now time.Time) (RedeemOutcome, Invite, error) {
+	var inv Invite
+	found, err := getJSON(tx.Bucket(bucketInvites), hash[:], &inv)
+	if err != nil || !found {
+		return InviteUnknown, Invite{}, err
+	}
+	rb, err := redemptionsOf(tx, hash[:])
+	if err != nil {
+		return InviteUnknown, Invite{}, err
+	}
+	return inv.check(rb.Get([]byte(email)) != nil, now), inv, nil
+}
+
 // RedeemInvite takes one use of the invite hashing to hash for email at
 // now, durably, through group commit: concurrent redemptions are decided
 // one after the other, so a one-use code redeemed by several e-mails at
 // once lets exactly one in. The same e-mail redeeming again is
 // InviteAlreadyRedeemed and changes nothing. A refusal is an outcome, not
 // an error; an error means the decision could not be made or written.
+//
+// A redemption writes the e-mail's key in the invite's redemptions bucket
+// and the invite's use count, in one transaction; its cost does not grow
+// with the number of redemptions before it.
 func (db *DB) RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (RedeemOutcome, error) {
 	if email == "" || now.IsZero() {
 		return InviteUnknown, fmt.Errorf("redeem invite: %w: empty e-mail or zero time", ErrInvalid)
 	}
+	value, err := json.Marshal(redemptionValue{At: now})
+	if err != nil {
+		return InviteUnknown, fmt.Errorf("redeem invite: %w: %w", ErrInvalid, err)
+	}
 	var outcome RedeemOutcome
-	err := db.commit(ctx, func(tx *bbolt.Tx) error {
+	err = db.commit(ctx, func(tx *bbolt.Tx) error {
 		outcome = InviteUnknown // this function may run more than once
-		b := tx.Bucket(bucketInvites)
-		var inv Invite
-		found, err := getJSON(b, hash[:], &inv)
-		if err != nil || !found {
+		decided, inv, err := decideRedemption(tx, hash, email, now)
+		if err != nil || decided != InviteRedeemed {
+			outcome = decided
 			return err
 		}
-		outcome = inv.Check(email, now)
-		if outcome != InviteRedeemed {
-			return nil
+		rb, err := redemptionsOf(tx, hash[:])
+		if err != nil {
+			return err
 		}
-		inv.Redeemed = append(inv.Redeemed, Redemption{Email: email, At: now})
-		return putJSON(b, hash[:], inv)
+		if err := rb.Put([]byte(email), value); err != nil {
+			return fmt.Errorf("put redemption: %w", err)
+		}
+		inv.Used++
+		if err := putJSON(tx.Bucket(bucketInvites), hash[:], inv); err != nil {
+			return err
+		}
+		outcome = InviteRedeemed
+		return nil
 	})
 	if err != nil {
 		return InviteUnknown, fmt.Errorf("redeem invite: %w", err)
 	}
 	return outcome, nil
+}
+
+// Redemptions returns the redemptions of the invite hashing to hash,
+// oldest first, or ErrNotFound. It reads them all: an operator's path, not
+// verification's.
+func (db *DB) Redemptions(hash [32]byte) ([]Redemption, error) {
+	var out []Redemption
+	err := db.view(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketInvites).Get(hash[:]) == nil {
+			return ErrNotFound
+		}
+		rb, err := redemptionsOf(tx, hash[:])
+		if err != nil {
+			return err
+		}
+		return rb.ForEach(func(k, v []byte) error {
+			var rv redemptionValue
+			if err := json.Unmarshal(v, &rv); err != nil {
+				return fmt.Errorf("redemption %q: %w", k, err)
+			}
+			out = append(out, Redemption{Email: string(k), At: rv.At})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("invite redemptions: %w", err)
+	}
+	slices.SortStableFunc(out, func(a, b Redemption) int { return a.At.Compare(b.At) })
+	return out, nil
 }
 
 // Invites returns every invite, sorted by CreatedAt then ID.
@@ -225,7 +330,8 @@ func (db *DB) Invites() ([]Invite, error) {
 }
 
 // RevokeInvite marks invite id revoked at at and returns it. Revoking it
-// again changes nothing. It returns ErrNotFound for an unknown id.
+// again changes nothing. Its redemptions are kept. It returns ErrNotFound
+// for an unknown id.
 func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 	if at.IsZero() {
 		return Invite{}, fmt.Errorf("revoke invite %s: %w: zero time", id, ErrInvalid)
@@ -251,4 +357,96 @@ func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 		return Invite{}, fmt.Errorf("revoke invite %s: %w", id, err)
 	}
 	return inv, nil
+}
+
+// DeleteInvite removes invite id and its redemptions bucket in one
+// transaction and returns what it removed. Its code then finds nothing, as
+// an unknown code. It returns ErrNotFound for an unknown id.
+func (db *DB) DeleteInvite(id string) (Invite, error) {
+	var inv Invite
+	err := db.update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketInvites)
+		key, found, err := findInvite(b, id)
+		switch {
+		case err != nil:
+			return err
+		case found == nil:
+			return ErrNotFound
+		}
+		inv = *found
+		err = tx.Bucket(bucketRedemptions).DeleteBucket(key)
+		if err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+			return fmt.Errorf("redemptions bucket: %w", err)
+		}
+		return b.Delete(key)
+	})
+	if err != nil {
+		return Invite{}, fmt.Errorf("delete invite %s: %w", id, err)
+	}
+	return inv, nil
+}
+
+// legacyInvite is an invite record as schema version 1 wrote it: every
+// redemption inside the record, its length the number of uses. Its list
+// type is spelled out so that a later change to Redemption cannot change
+// how old records are read.
+type legacyInvite struct {
+	Invite
+	Redeemed []struct {
+		Email string
+		At    time.Time
+	}
+}
+
+// migrateInviteRedemptions moves each invite's redemptions out of its
+// record (schema version 1) into its own bucket under invite_redemptions,
+// sets the record's use count, and rewrites the record without the list
+// (schema version 2). It runs in prepare's transaction, so it happens
+// entirely or not at all, and running it again changes nothing.
+//
+// The use count is the length of the old list (or a count already stored,
+// if larger), as version 1 counted it, so a code never gains uses by the
+// upgrade. If an e-mail appears twice in a list (version 1 never wrote
+// that), its first redemption is kept.
+func migrateInviteRedemptions(tx *bbolt.Tx) ([]any, error) {
+	invites, all := tx.Bucket(bucketInvites), tx.Bucket(bucketRedemptions)
+	var records []legacyInvite
+	var keys [][]byte
+	err := invites.ForEach(func(k, v []byte) error {
+		var rec legacyInvite
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return fmt.Errorf("invite %x: %w", k, err)
+		}
+		records, keys = append(records, rec), append(keys, append([]byte(nil), k...))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	moved := 0
+	for i, rec := range records { // the bucket is not changed during ForEach
+		rb, err := all.CreateBucketIfNotExists(keys[i])
+		if err != nil {
+			return nil, fmt.Errorf("invite %x: redemptions bucket: %w", keys[i], err)
+		}
+		for _, r := range rec.Redeemed {
+			if rb.Get([]byte(r.Email)) != nil {
+				continue
+			}
+			v, err := json.Marshal(redemptionValue{At: r.At})
+			if err != nil {
+				return nil, fmt.Errorf("invite %x: redemption %q: %w", keys[i], r.Email, err)
+			}
+			if err := rb.Put([]byte(r.Email), v); err != nil {
+				return nil, fmt.Errorf("invite %x: redemption %q: %w", keys[i], r.Email, err)
+			}
+			moved++
+		}
+		inv := rec.Invite
+		inv.Used = max(inv.Used, len(rec.Redeemed))
+		if err := putJSON(invites, keys[i], inv); err != nil {
+			return nil, fmt.Errorf("invite %x: %w", keys[i], err)
+		}
+	}
+	return []any{"invites", len(records), "redemptions_moved", moved}, nil
 }

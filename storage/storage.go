@@ -45,8 +45,28 @@ const DefaultStatsRetentionDays = 30
 const DefaultTimeout = time.Second
 
 // SchemaVersion is the version of the bucket layout this code writes. A
-// database with a newer version is refused.
-const SchemaVersion uint64 = 1
+// database with a newer version is refused; an older one is brought up to
+// this version by the migrations at Open.
+//
+//	1: the first layout
+//	2: invite redemptions in a bucket per invite under invite_redemptions,
+//	   and a use count in the invite record, instead of a list in the record
+const SchemaVersion uint64 = 2
+
+// migration brings a database from schema version to-1 up to version to.
+// run is called inside prepare's one transaction, after every bucket of
+// the current layout exists; it returns log attributes that say what it
+// did. A migration must change nothing when run again.
+type migration struct {
+	to   uint64
+	what string
+	run  func(tx *bbolt.Tx) ([]any, error)
+}
+
+// migrations, in order of version.
+var migrations = []migration{
+	{to: 2, what: "invite redemptions into a bucket per invite", run: migrateInviteRedemptions},
+}
 
 // Errors returned by storage. Callers test them with errors.Is; most are
 // wrapped with the path or the record they concern.
@@ -134,10 +154,11 @@ var (
 	bucketUsage     = []byte("usage")      // timeKey -> JSON UsageRecord
 	bucketEvents    = []byte("events")     // timeKey -> JSON Event
 
-	bucketBudgetDays   = []byte("budget_days")  // "2006-01-02" -> requests, spend
-	bucketReservations = []byte("reservations") // id -> JSON open reservation
-	bucketDefense      = []byte("defense")      // state name -> bucket of key -> opaque value
-	bucketInvites      = []byte("invites")      // sha-256 of the normalised code -> JSON Invite
+	bucketBudgetDays   = []byte("budget_days")        // "2006-01-02" -> requests, spend
+	bucketReservations = []byte("reservations")       // id -> JSON open reservation
+	bucketDefense      = []byte("defense")            // state name -> bucket of key -> opaque value
+	bucketInvites      = []byte("invites")            // sha-256 of the normalised code -> JSON Invite
+	bucketRedemptions  = []byte("invite_redemptions") // invite's sha-256 -> bucket of e-mail -> JSON redemptionValue
 
 	bucketAggregates = []byte("aggregates")  // "2006-01-02" -> JSON DayStats
 	bucketFindings   = []byte("findings")    // "2006-01-02" -> bucket of index -> JSON Finding
@@ -147,7 +168,7 @@ var (
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
-		bucketBudgetDays, bucketReservations, bucketDefense, bucketInvites,
+		bucketBudgetDays, bucketReservations, bucketDefense, bucketInvites, bucketRedemptions,
 		bucketAggregates, bucketFindings, bucketDetectRuns, bucketAlerts,
 	}
 
@@ -215,7 +236,7 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 
-	version, err := prepare(bdb)
+	version, err := prepare(bdb, opts.Logger.With("component", "storage"))
 	if err != nil {
 		_ = bdb.Close() // the open error matters more
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -233,11 +254,13 @@ func Open(path string, opts Options) (*DB, error) {
 	return db, nil
 }
 
-// prepare checks that bdb holds a Breakwater database (or nothing) and
-// creates every bucket and the schema version in one transaction. It writes
-// nothing to a file it refuses.
-func prepare(bdb *bbolt.DB) (uint64, error) {
-	var version uint64
+// prepare checks that bdb holds a Breakwater database (or nothing), then in
+// one transaction creates every bucket, runs the migrations from the
+// stored schema version up to SchemaVersion and stores that version. It
+// writes nothing to a file it refuses, and nothing at all when a migration
+// fails: the database stays at its old version.
+func prepare(bdb *bbolt.DB, logger *slog.Logger) (uint64, error) {
+	var version uint64 // 0: a new file
 	err := bdb.View(func(tx *bbolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		if meta == nil {
@@ -256,9 +279,12 @@ func prepare(bdb *bbolt.DB) (uint64, error) {
 			return fmt.Errorf("%w: no schema version", ErrNotDatabase)
 		}
 		version = binary.BigEndian.Uint64(v)
-		if version > SchemaVersion {
+		switch {
+		case version > SchemaVersion:
 			return fmt.Errorf("%w: schema version %d, this build knows up to %d",
 				ErrNewerSchema, version, SchemaVersion)
+		case version == 0:
+			return fmt.Errorf("%w: schema version 0", ErrNotDatabase)
 		}
 		return nil
 	})
@@ -266,11 +292,27 @@ func prepare(bdb *bbolt.DB) (uint64, error) {
 		return 0, err
 	}
 
+	type applied struct {
+		m     migration
+		attrs []any
+	}
+	var done []applied
 	err = bdb.Update(func(tx *bbolt.Tx) error {
+		done = done[:0]
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return fmt.Errorf("bucket %s: %w", name, err)
+				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
+		}
+		for _, m := range migrations {
+			if version == 0 || m.to <= version {
+				continue // a new file has nothing to migrate
+			}
+			attrs, err := m.run(tx)
+			if err != nil {
+				return fmt.Errorf("migrate to schema version %d (%s): %w", m.to, m.what, err)
+			}
+			done = append(done, applied{m, attrs})
 		}
 		meta := tx.Bucket(bucketMeta)
 		if bytes.Equal(meta.Get(keySchemaVersion), encodeUint64(SchemaVersion)) {
@@ -282,7 +324,10 @@ func prepare(bdb *bbolt.DB) (uint64, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("create buckets: %w", err)
+		return 0, err
+	}
+	for _, d := range done {
+		logger.Info("database migrated", append([]any{"schema_version", d.m.to, "what", d.m.what}, d.attrs...)...)
 	}
 	return SchemaVersion, nil
 }

@@ -236,6 +236,17 @@ func TestOpenRefusesOtherBoltFiles(t *testing.T) {
 			wantErr: ErrNotDatabase,
 		},
 		{
+			name: "schema version 0",
+			setup: func(tx *bbolt.Tx) error {
+				b, err := tx.CreateBucket(bucketMeta)
+				if err != nil {
+					return err
+				}
+				return b.Put(keySchemaVersion, encodeUint64(0))
+			},
+			wantErr: ErrNotDatabase,
+		},
+		{
 			name: "newer schema",
 			setup: func(tx *bbolt.Tx) error {
 				b, err := tx.CreateBucket(bucketMeta)
