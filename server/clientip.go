@@ -22,10 +22,14 @@ type clientIP struct {
 // extract returns the client address for r as a string.
 //
 // The TCP peer is the client unless it is a trusted proxy. From a trusted
-// proxy, X-Real-IP is believed if it holds an address; otherwise the
-// X-Forwarded-For entries are read from the right, skipping trusted proxies,
-// and the first other entry is the client. The leftmost entry, which the
-// client itself can write, is never believed just for being first.
+// proxy, the X-Forwarded-For entries are read from the right, skipping
+// trusted proxies, and the first other entry is the client: proxies append
+// the address they saw, so that entry is the proxy's own word, and the
+// leftmost entry, which the client itself can write, is never believed just
+// for being first. X-Real-IP is believed only when X-Forwarded-For names no
+// client: many proxies (Caddy by default, HAProxy) pass a client's own
+// X-Real-IP through untouched, and believing it first would let every
+// client choose its address.
 func (ci *clientIP) extract(r *http.Request) string {
 	peer := parseAddr(r.RemoteAddr)
 	if !peer.IsValid() {
@@ -41,18 +45,19 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return peer.String()
 	}
 	forwarded := ci.rightmostUntrusted(r.Header.Values("X-Forwarded-For"))
-	if real := parseAddr(strings.TrimSpace(r.Header.Get("X-Real-IP"))); real.IsValid() {
-		if forwarded.IsValid() && forwarded != real && ci.log != nil {
+	real := parseAddr(strings.TrimSpace(r.Header.Get("X-Real-IP")))
+	if forwarded.IsValid() {
+		if real.IsValid() && real != forwarded && ci.log != nil {
 			ci.disagree.Do(func() {
-				ci.log.Warn("a trusted proxy sent X-Real-IP and X-Forwarded-For naming different clients; X-Real-IP is believed, "+
-					"so make sure the proxy overwrites any X-Real-IP a client sends (Caddy: header_up X-Real-IP {remote_host}; nginx: proxy_set_header X-Real-IP $remote_addr)",
+				ci.log.Warn("a trusted proxy sent X-Real-IP and X-Forwarded-For naming different clients; X-Forwarded-For is believed, "+
+					"so make sure the proxy appends the address it saw to it (nginx: proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for)",
 					"x_real_ip", real.String(), "x_forwarded_for", forwarded.String())
 			})
 		}
-		return real.String()
-	}
-	if forwarded.IsValid() {
 		return forwarded.String()
+	}
+	if real.IsValid() {
+		return real.String()
 	}
 	return peer.String()
 }

@@ -24,7 +24,9 @@ func TestClientIP(t *testing.T) {
 		{"direct peer", true, "203.0.113.9:5000", "", nil, "203.0.113.9"},
 		{"untrusted peer's headers ignored", true, "203.0.113.9:5000", "1.1.1.1", []string{"2.2.2.2"}, "203.0.113.9"},
 		{"no trusted proxies: headers ignored", false, "127.0.0.1:5000", "1.1.1.1", []string{"2.2.2.2"}, "127.0.0.1"},
-		{"trusted proxy, X-Real-IP", true, "127.0.0.1:5000", "198.51.100.7", []string{"2.2.2.2"}, "198.51.100.7"},
+		{"trusted proxy, X-Real-IP alone", true, "127.0.0.1:5000", "198.51.100.7", nil, "198.51.100.7"},
+		{"client's own X-Real-IP passed through: XFF wins", true, "127.0.0.1:5000", "6.6.6.6", []string{"198.51.100.7"}, "198.51.100.7"},
+		{"all XFF hops trusted: X-Real-IP", true, "127.0.0.1:5000", "198.51.100.7", []string{"10.0.0.1"}, "198.51.100.7"},
 		{"trusted proxy, rightmost XFF", true, "127.0.0.1:5000", "", []string{"6.6.6.6, 198.51.100.7"}, "198.51.100.7"},
 		{"spoofed leftmost never believed", true, "10.1.2.3:80", "", []string{"6.6.6.6", "198.51.100.7, 10.0.0.5"}, "198.51.100.7"},
 		{"all hops trusted: the leftmost trusted", true, "127.0.0.1:80", "", []string{"10.0.0.1, 10.0.0.2"}, "127.0.0.1"},
@@ -72,8 +74,9 @@ func TestParsePrefixes(t *testing.T) {
 }
 
 // TestClientIPWarnsWhenHeadersDisagree: a proxy that passes a client's own
-// X-Real-IP through lets clients pick their address; the disagreement with
-// X-Forwarded-For is logged once.
+// X-Real-IP through (Caddy's default) must not let clients pick their
+// address: X-Forwarded-For, which the proxy appends to, is believed, and
+// the disagreement is logged once.
 func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 	trusted, _ := ParsePrefixes([]string{"127.0.0.1"})
 	var logs bytes.Buffer
@@ -83,8 +86,8 @@ func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 		r.RemoteAddr = "127.0.0.1:4000"
 		r.Header.Set("X-Real-IP", "6.6.6.6")
 		r.Header.Set("X-Forwarded-For", "198.51.100.7")
-		if got := ci.extract(r); got != "6.6.6.6" {
-			t.Errorf("client %q, want X-Real-IP's 6.6.6.6", got)
+		if got := ci.extract(r); got != "198.51.100.7" {
+			t.Errorf("client %q, want X-Forwarded-For's 198.51.100.7", got)
 		}
 	}
 	if n := strings.Count(logs.String(), "naming different clients"); n != 1 {

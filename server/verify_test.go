@@ -520,3 +520,20 @@ func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
 	clk.add(time.Minute)
 	wantValid(t, e2, code, "r3@example.com")
 }
+
+// TestVerifyRotatingXRealIPBehindCaddy plays Caddy's default: it appends
+// the address it saw to X-Forwarded-For and passes the client's own
+// X-Real-IP through. A client rotating X-Real-IP must still be one address
+// to the fail limit: at most fail_limit guesses are evaluated.
+func TestVerifyRotatingXRealIPBehindCaddy(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+	var r refusedBody
+	for i := range 30 {
+		resp, data := e.verify("WRONG-CODE-BBB", fmt.Sprintf("z%d@example.com", i),
+			"X-Real-IP", fmt.Sprintf("198.51.100.%d", i+1), "X-Forwarded-For", "203.0.113.7")
+		r.want(t, resp, data)
+	}
+	if got := e.inviteRefusals(reasonInvalid); got != 5 {
+		t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.7)", got)
+	}
+}
