@@ -90,6 +90,7 @@ Commands:
   invites create [--uses N] [--expires 72h] [--note TEXT]
   invites list [--json]
   invites revoke INVITE_ID
+  invites delete INVITE_ID       the invite and the e-mails that redeemed it, for erasure
   detect run [--day YYYY-MM-DD] [--no-mail] [--json]
                                  run the daily detection now (default: yesterday), print the findings
   config check                   validate config.toml
@@ -1020,6 +1021,7 @@ type operator interface {
 	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
 	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
 	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
+	DeleteInvite(ctx context.Context, id string) (server.InviteInfo, error)
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
 }
 
@@ -1085,7 +1087,7 @@ func newOperator(c config, db *storage.DB, getenv func(string) string) (*server.
 // operatorUsage lists the operator's commands, for usage errors.
 const operatorUsage = `breakwater keys create --user ID [--plan NAME] | keys list | keys revoke KEY_ID
 breakwater users ban ID | users unban ID | users set-plan ID PLAN
-breakwater invites create [--uses N] [--expires 72h] [--note TEXT] | invites list | invites revoke INVITE_ID
+breakwater invites create [--uses N] [--expires 72h] [--note TEXT] | invites list | invites revoke INVITE_ID | invites delete INVITE_ID
 breakwater usage [ID] | budget | brake on|off | backup FILE
 breakwater detect run [--day YYYY-MM-DD] [--no-mail]
 (each takes --config FILE; listings take --json)`
@@ -1115,7 +1117,7 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 	want := map[string]int{ // positional arguments each command takes
 		"keys create": 0, "keys list": 0, "keys revoke": 1,
 		"users ban": 1, "users unban": 1, "users set-plan": 2,
-		"invites create": 0, "invites list": 0, "invites revoke": 1,
+		"invites create": 0, "invites list": 0, "invites revoke": 1, "invites delete": 1,
 		"budget": 0, "brake": 1, "backup": 1, "detect run": 0,
 	}
 	name := strings.TrimSpace(cmd + " " + sub)
@@ -1205,6 +1207,12 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 			return err
 		}
 		fmt.Fprintf(stdout, "revoked invite %s\n", info.ID)
+	case "invites delete":
+		info, err := op.DeleteInvite(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "deleted invite %s and the e-mails that redeemed it (%d)\n", info.ID, info.Uses)
 	case "usage":
 		id := ""
 		if len(pos) == 1 {

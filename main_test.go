@@ -771,6 +771,14 @@ monthly_quota = 10
 	if _, err := invites("revoke", "inv_nope"); err == nil {
 		t.Error("revoking an unknown invite succeeded")
 	}
+	// The other invite (the stopped one, used once) is deleted for good.
+	other := strings.Fields(strings.Split(out, "\n")[1])[0]
+	if other == id {
+		other = strings.Fields(strings.Split(out, "\n")[2])[0]
+	}
+	if out, err := invites("delete", other); err != nil || !strings.Contains(out, "deleted invite "+other) {
+		t.Fatalf("delete while running: %v\n%s", err, out)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v", err)
@@ -778,13 +786,13 @@ monthly_quota = 10
 
 	// Stopped again: the revocation is on disk.
 	out, err = invites("list")
-	if err != nil || !strings.Contains(strings.Split(out, "\n")[2], id) {
+	if err != nil || !strings.Contains(strings.Split(out, "\n")[1], id) || strings.Contains(out, other) {
 		t.Fatalf("list after stop: %v\n%s", err, out)
 	}
-	if fields := strings.Fields(strings.Split(out, "\n")[2]); fields[4] == "-" {
+	if fields := strings.Fields(strings.Split(out, "\n")[1]); fields[4] == "-" {
 		t.Errorf("revoked invite shown active:\n%s", out)
 	}
-	for _, args := range [][]string{{"invites"}, {"invites", "revoke"}, {"invites", "create", "--uses", "0"}, {"invites", "frob"}} {
+	for _, args := range [][]string{{"invites"}, {"invites", "revoke"}, {"invites", "delete"}, {"invites", "create", "--uses", "0"}, {"invites", "frob"}} {
 		if err := run(context.Background(), args, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}

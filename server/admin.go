@@ -231,6 +231,18 @@ func (s *Server) handleRevokeInvite(c echo.Context) error {
 	return c.JSON(http.StatusOK, info)
 }
 
+func (s *Server) handleDeleteInvite(c echo.Context) error {
+	info, err := s.d.Operator.DeleteInvite(c.Request().Context(), pathParam(c, "id"))
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return errInviteNotFound
+	case err != nil:
+		return err
+	}
+	s.log.Info("invite deleted", "invite_id", info.ID)
+	return c.JSON(http.StatusOK, info)
+}
+
 // pathParam is a path parameter, unescaped: Echo leaves %2F escaped, so a
 // user id holding a "/" would otherwise name another user.
 func pathParam(c echo.Context, name string) string {

@@ -164,6 +164,13 @@ func (a *AdminClient) ListInvites(ctx context.Context) ([]InviteInfo, error) {
 	return out, err
 }
 
+// DeleteInvite removes an invite and its redemptions on the running server.
+func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (InviteInfo, error) {
+	var out InviteInfo
+	err := a.call(ctx, http.MethodDelete, "/api/invites/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
 // RevokeInvite disables an invite on the running server.
 func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, error) {
 	var out InviteInfo

@@ -51,6 +51,7 @@ type InviteStore interface {
 	CreateInvite(inv storage.Invite) error
 	Invites() ([]storage.Invite, error)
 	RevokeInvite(id string, at time.Time) (storage.Invite, error)
+	DeleteInvite(id string) (storage.Invite, error)
 }
 
 // InviteRedeemer is what verification needs from storage: a read-only
@@ -119,6 +120,17 @@ func (iv *Invites) List() ([]InviteInfo, error) {
 // gave them).
 func (iv *Invites) Revoke(id string) (InviteInfo, error) {
 	inv, err := iv.store.RevokeInvite(id, iv.now().UTC())
+	if err != nil {
+		return InviteInfo{}, err
+	}
+	return inviteInfo(inv), nil
+}
+
+// Delete removes an invite and the e-mails that redeemed it, for an
+// operator who must erase them; its code is refused from then on, as an
+// unknown one. Revoke keeps the record.
+func (iv *Invites) Delete(id string) (InviteInfo, error) {
+	inv, err := iv.store.DeleteInvite(id)
 	if err != nil {
 		return InviteInfo{}, err
 	}

@@ -81,6 +81,11 @@ func (o *Operator) RevokeInvite(_ context.Context, id string) (InviteInfo, error
 	return o.invites.Revoke(id)
 }
 
+// DeleteInvite removes an invite and the e-mails that redeemed it.
+func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error) {
+	return o.invites.Delete(id)
+}
+
 // SetBanned bans or unbans a user; the next request sees it.
 func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {
 	return o.keys.SetBanned(user, banned)

@@ -25,6 +25,7 @@ func (s *Server) routes() {
 	a.GET("/api/invites", s.handleListInvites)
 	a.POST("/api/invites", s.handleCreateInvite, limitBody(64<<10))
 	a.POST("/api/invites/:id/revoke", s.handleRevokeInvite)
+	a.DELETE("/api/invites/:id", s.handleDeleteInvite)
 	a.POST("/api/users/:id", s.handleUpdateUser, limitBody(64<<10))
 	a.GET("/api/usage", s.handleUsage)
 	a.GET("/api/budget", s.handleBudget)

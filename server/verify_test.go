@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -495,6 +496,21 @@ func TestAdminClientManagesInvites(t *testing.T) {
 	}
 	if _, _, err := ac.CreateInvite(ctx, -1, 0, ""); err == nil {
 		t.Error("negative uses accepted")
+	}
+	// Deleting erases the invite with its redemptions; the code is then
+	// refused like one that never existed.
+	if deleted, err := ac.DeleteInvite(ctx, info.ID); err != nil || deleted.Uses != 1 {
+		t.Fatalf("delete: %+v %v", deleted, err)
+	}
+	if list, err := ac.ListInvites(ctx); err != nil || len(list) != 0 {
+		t.Errorf("list after delete %+v %v", list, err)
+	}
+	if left, err := e.db.Redemptions(hashInviteCode(normaliseCode(code))); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("redemptions after delete: %v, %v; want none (not found)", left, err)
+	}
+	r.wantVerify(t, e, code, "c@example.com")
+	if _, err := ac.DeleteInvite(ctx, info.ID); err == nil || !strings.Contains(err.Error(), storage.ErrNotFound.Error()) {
+		t.Errorf("delete twice: %v", err)
 	}
 }
 
