@@ -42,7 +42,7 @@ type Ledger interface {
 
 // Reservation is one upstream call's claim on the global budget.
 type Reservation struct {
-	ID    uint64 // the ledger's id; 0 if the budget is off or the write failed
+	ID    uint64 // the ledger's id; 0 if the write failed (Settlement then adds the call whole)
 	Day   string
 	Month string
 	Worst int64 // micro-dollars reserved
@@ -181,13 +181,20 @@ func (g *Global) Commit(ctx context.Context, r *Reservation) error {
 // Settle replaces r's worst case by the actual cost, in memory and in the
 // ledger. Use it when no usage record carries the settlement (the call
 // failed); a failed call whose cost is unknown should be settled at
-// r.Worst.
+// r.Worst. A claim whose Commit failed is added to the ledger whole.
 func (g *Global) Settle(ctx context.Context, r Reservation, actual int64) error {
 	g.Settled(r, actual)
-	if r.ID == 0 {
+	if r.Day == "" {
 		return nil
 	}
-	return g.ledger.Settle(ctx, storage.Settlement{ID: r.ID, ActualMicroUSD: actual})
+	return g.ledger.Settle(ctx, r.Settlement(actual))
+}
+
+// Settlement is what settles r at actual in the ledger, for a transaction
+// that carries it (the usage record's). For a claim whose Commit failed it
+// adds the call to its day whole.
+func (r Reservation) Settlement(actual int64) storage.Settlement {
+	return storage.Settlement{ID: r.ID, Day: r.Day, ActualMicroUSD: actual}
 }
 
 // Settled updates memory for a reservation whose settlement the caller has

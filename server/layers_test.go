@@ -288,6 +288,15 @@ func TestLayersFailOpen(t *testing.T) {
 	if n := strings.Count(e.logs.String(), "defense layer failed open"); n != 2 {
 		t.Errorf("%d fail-open log lines, want 2 (one a minute per layer):\n%s", n, e.logs.String())
 	}
+	// The reservations were never written, but the usage records' own
+	// transactions added both calls to the ledger, so a restart counts them.
+	day, err := e.db.Budget(budget.DayKey(time.Now(), e.loc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := e.brake.Status(time.Now()); day.Requests != 2 || day.SpendMicroUSD != st.SpendMicroUSD || day.SpendMicroUSD <= 0 {
+		t.Errorf("ledger %+v after two unreserved calls, want 2 requests and the %d µ$ spent in memory", day, st.SpendMicroUSD)
+	}
 }
 
 func scrape(t *testing.T, e *env) string {

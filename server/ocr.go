@@ -177,7 +177,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	}
 	s.d.Metrics.cost.Add(usd(cost))
 	commitStart := s.now()
-	err = s.d.Usage.RecordUsage(ctx, slot.Month, rec, storage.Settlement{ID: reservation.ID, ActualMicroUSD: cost})
+	err = s.d.Usage.RecordUsage(ctx, slot.Month, rec, reservation.Settlement(cost))
 	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
 	if err != nil {
 		s.settle(ctx, reservation, cost)

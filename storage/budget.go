@@ -26,9 +26,12 @@ type BudgetDay struct {
 }
 
 // Settlement replaces an open reservation's worst case by its actual cost.
-// A zero ID settles nothing.
+// A call whose reservation could not be written (ID 0: layer 3 failed
+// open) is added to Day whole, one request and its actual cost, so the
+// ledger still learns of it. A zero Settlement settles nothing.
 type Settlement struct {
 	ID             uint64
+	Day            string // the claim's day ("2006-01-02"), used when ID is 0
 	ActualMicroUSD int64
 }
 
@@ -69,9 +72,9 @@ func (db *DB) Reserve(ctx context.Context, day string, worstMicroUSD int64) (uin
 }
 
 // Settle closes a reservation at its actual cost through group commit. An
-// unknown or already settled id changes nothing.
+// unknown or already settled id changes nothing; see Settlement for ID 0.
 func (db *DB) Settle(ctx context.Context, s Settlement) error {
-	if s.ID == 0 {
+	if s == (Settlement{}) {
 		return nil
 	}
 	return db.commit(ctx, func(tx *bbolt.Tx) error { return settle(tx, s) })
@@ -79,11 +82,20 @@ func (db *DB) Settle(ctx context.Context, s Settlement) error {
 
 // settle is the transaction part of Settle, shared with RecordUsage.
 func settle(tx *bbolt.Tx, s Settlement) error {
-	if s.ID == 0 {
-		return nil
-	}
 	if s.ActualMicroUSD < 0 {
 		return fmt.Errorf("%w: negative cost", ErrInvalid)
+	}
+	if s.ID == 0 {
+		if s.Day == "" {
+			return nil
+		}
+		if err := checkDay(s.Day); err != nil {
+			return err
+		}
+		d := readBudgetDay(tx, s.Day)
+		d.Requests++
+		d.SpendMicroUSD += s.ActualMicroUSD
+		return writeBudgetDay(tx, s.Day, d)
 	}
 	open := tx.Bucket(bucketReservations)
 	var r openReservation

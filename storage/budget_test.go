@@ -137,3 +137,35 @@ func TestLatestBudgetDay(t *testing.T) {
 		t.Fatalf("latest %q, %v; want 2026-04-01", day, err)
 	}
 }
+
+// TestSettleUnreservedCall: a call whose reservation was never written
+// (layer 3 failed open) reaches the ledger through its settlement, as one
+// request and its actual cost; a zero Settlement adds nothing.
+func TestSettleUnreservedCall(t *testing.T) {
+	db := mustOpen(t)
+	ctx := context.Background()
+	const day = "2026-03-10"
+	if err := db.Settle(ctx, Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Settle(ctx, Settlement{Day: day, ActualMicroUSD: 700}); err != nil {
+		t.Fatal(err)
+	}
+	rec := UsageRecord{Time: time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC), UserID: "u", RequestID: "r1", Outcome: "ok", CostMicroUSD: 300}
+	if err := db.RecordUsage(ctx, "2026-03", rec, Settlement{Day: day, ActualMicroUSD: 300}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RecordUsage(ctx, "2026-03", UsageRecord{Time: rec.Time, UserID: "u", RequestID: "r2", Outcome: "ok"}, Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Budget(day)
+	if err != nil || got != (BudgetDay{Requests: 2, SpendMicroUSD: 1000}) {
+		t.Errorf("budget %+v, %v; want 2 requests, 1000 µ$", got, err)
+	}
+	if err := db.Settle(ctx, Settlement{Day: "March 10", ActualMicroUSD: 1}); err == nil {
+		t.Error("a malformed day was accepted")
+	}
+	if err := db.Settle(ctx, Settlement{Day: day, ActualMicroUSD: -1}); err == nil {
+		t.Error("a negative cost was accepted")
+	}
+}

@@ -41,7 +41,8 @@ func (r UsageRecord) validate() error {
 // RecordUsage commits, in one durable transaction shared with concurrent
 // callers (group commit), the increment of quota[month][rec.UserID] by one
 // and the usage row, and settles the read's budget reservation (a zero
-// Settlement settles nothing). It returns only once the transaction is on
+// Settlement settles nothing; one with ID 0 and a Day adds the call to that
+// day's budget). It returns only once the transaction is on
 // disk (or failed); on error nothing of rec was written. month is "2006-01".
 //
 // ctx bounds only the wait to enqueue; once queued, RecordUsage waits for
