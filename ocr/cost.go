@@ -12,6 +12,12 @@ type Usage struct {
 	ThoughtsTokens int
 }
 
+// Known reports whether u can be what a call was billed. Every call sends
+// an image, at least 258 tokens, so a reply that reports no prompt tokens
+// (usageMetadata missing, or negative counts, which read as zero) leaves
+// the cost unknown: the caller should keep the worst case.
+func (u Usage) Known() bool { return u.PromptTokens > 0 }
+
 // promptTokenBound bounds the tokens of our prompt text and response schema.
 // The prompt is about 40 tokens; the bound is generous on purpose, since
 // WorstCase must never be below what a call is billed.

@@ -82,3 +82,19 @@ func TestWorstCase(t *testing.T) {
 		t.Errorf("Cost %d above WorstCase %d", got, bound)
 	}
 }
+
+func TestUsageKnown(t *testing.T) {
+	for _, tt := range []struct {
+		u    Usage
+		want bool
+	}{
+		{Usage{}, false},                     // no usageMetadata
+		{Usage{CandidatesTokens: 24}, false}, // output but no input: not a real bill
+		{Usage{PromptTokens: 298}, true},     // an empty answer
+		{Usage{PromptTokens: 298, CandidatesTokens: 24}, true},
+	} {
+		if got := tt.u.Known(); got != tt.want {
+			t.Errorf("%+v: Known %v, want %v", tt.u, got, tt.want)
+		}
+	}
+}

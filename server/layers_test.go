@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -211,6 +212,33 @@ func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 	day, _ = e2.db.Budget(budget.DayKey(e2.now, e2.loc))
 	if day.SpendMicroUSD != 808 {
 		t.Errorf("failed call spend %d, want the worst case 808", day.SpendMicroUSD)
+	}
+	// So does a successful call whose reply reports no usage, or counts
+	// that read as none: otherwise such replies would cost $0 for ever.
+	for _, usage := range []map[string]any{nil, {"promptTokenCount": -5, "candidatesTokenCount": -1, "totalTokenCount": -6}} {
+		e3 := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 1}})
+		e3.gemini.set(func(w http.ResponseWriter, r *http.Request) {
+			body := map[string]any{
+				"candidates": []any{map[string]any{
+					"content":      map[string]any{"role": "model", "parts": []any{map[string]any{"text": `{"serials":["SN-12345"]}`}}},
+					"finishReason": "STOP",
+				}},
+			}
+			if usage != nil {
+				body["usageMetadata"] = usage
+			}
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(body)
+		})
+		resp, data := e3.post(e3.key, "image/png", pngBytes(t, 16, 16))
+		decodeOK(t, resp, data)
+		day, _ = e3.db.Budget(budget.DayKey(e3.now, e3.loc))
+		if day.SpendMicroUSD != 808 || e3.brake.Status(e3.now).SpendMicroUSD != 808 {
+			t.Errorf("usage %v: ledger %d µ$, memory %d µ$; want the worst case 808", usage, day.SpendMicroUSD, e3.brake.Status(e3.now).SpendMicroUSD)
+		}
+		if !strings.Contains(e3.logs.String(), "without token usage") {
+			t.Errorf("usage %v: no warning logged", usage)
+		}
 	}
 }
 

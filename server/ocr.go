@@ -145,6 +145,16 @@ func (s *Server) handleOCR(c echo.Context) error {
 	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img)
 	latency := s.now().Sub(callStart) // the upstream's own time
 	cost := price.Cost(res.Usage)
+	if !res.Usage.Known() {
+		cost = worst // billing unknown: keep the worst case
+		if err == nil {
+			s.log.Warn("the upstream answered without token usage: the call counts at its worst case",
+				"request_id", requestID(c), "worst_micro_usd", worst)
+		}
+	} else if cost > worst {
+		s.log.Warn("the upstream reported more tokens than the worst case allowed for: check ocr.price and the image limits",
+			"request_id", requestID(c), "cost_micro_usd", cost, "worst_micro_usd", worst)
+	}
 	s.countCall(latency, res.Usage, err)
 	event := storage.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
@@ -157,9 +167,6 @@ func (s *Server) handleOCR(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
 	defer cancel()
 	if err != nil {
-		if res.Usage == (ocr.Usage{}) {
-			cost = worst // billing unknown: keep the worst case
-		}
 		s.d.Metrics.cost.Add(usd(cost))
 		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status, event.CostMicroUSD = "upstream_failed", http.StatusBadGateway, cost
