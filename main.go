@@ -53,7 +53,10 @@ var version = "dev"
 const (
 	defaultConfigPath = "config.toml"
 	envPrefix         = "BREAKWATER_"
-	shutdownTimeout   = 20 * time.Second // in-flight requests get this long to finish
+	// In-flight requests get the upstream call's own bound (ocr.timeout,
+	// its retry included) plus this long to finish: enough for the usage
+	// record's wait, so a paid read still gets its record and its answer.
+	shutdownSlack = 15 * time.Second
 	flushTimeout      = 5 * time.Second  // statistics get this long to reach disk
 	cliLockTimeout    = 300 * time.Millisecond
 )
@@ -799,12 +802,12 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 	if err == nil {
 		select {
 		case <-ctx.Done():
-			log.Info("shutting down: finishing in-flight requests", "timeout", shutdownTimeout)
+			log.Info("shutting down: finishing in-flight requests", "timeout", shutdownTimeout(c))
 		case err = <-errc:
 		}
 	}
 
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout(c))
 	defer cancel()
 	for _, hs := range servers {
 		if serr := hs.Shutdown(sctx); serr != nil {
@@ -812,6 +815,12 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		}
 	}
 	return err
+}
+
+// shutdownTimeout is how long in-flight requests get to finish: a read
+// that started just before the signal must still be recorded and answered.
+func shutdownTimeout(c config) time.Duration {
+	return c.OCR.WithDefaults().Timeout + shutdownSlack
 }
 
 // detection is layer 4's daily run and the mailer it shares with the

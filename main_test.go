@@ -885,3 +885,17 @@ func TestAdminListenNeedsLongTokenOffLoopback(t *testing.T) {
 		t.Errorf("serve with a short token off loopback: %v", err)
 	}
 }
+
+// TestShutdownOutlastsTheUpstreamCall: a read that starts just before
+// SIGTERM may take all of ocr.timeout; shutdown must wait longer than that
+// for its record and its answer (it gave 20 s against a 30 s default).
+func TestShutdownOutlastsTheUpstreamCall(t *testing.T) {
+	for _, timeout := range []time.Duration{0, 5 * time.Second, 90 * time.Second} {
+		var c config
+		c.OCR.Timeout = timeout
+		bound := c.OCR.WithDefaults().Timeout
+		if got := shutdownTimeout(c); got <= bound+10*time.Second {
+			t.Errorf("ocr.timeout %v: shutdown waits %v, want more than the call plus the record's 10 s", timeout, got)
+		}
+	}
+}
