@@ -7,6 +7,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -190,7 +191,9 @@ func (s *Server) handleOCR(c echo.Context) error {
 		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
-		s.log.Error("usage record not written: result withheld", "user", id.UserID, "request_id", rec.RequestID, "err", err)
+		s.usageOut.start(s.now(), usagePause)
+		s.log.Error("usage record not written: result withheld, paid calls paused", "user", id.UserID, "request_id", rec.RequestID,
+			"pause", usagePause, "err", err)
 		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
 			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
 		return errUsageUnavailable
@@ -207,6 +210,23 @@ func (s *Server) handleOCR(c echo.Context) error {
 		Quota:     quotaResponse{Limit: slot.Limit, Used: used, Remaining: max(slot.Limit-used, 0)},
 		Simulated: res.Simulated,
 	})
+}
+
+// usagePause is how long paid calls stop after a usage record could not be
+// written. A failing or full disk would otherwise have every read paid for
+// and then withheld (503); one call is let through after each pause, and
+// another failure starts the next.
+const usagePause = 10 * time.Second
+
+// pause is a point in time before which something is held off. Safe for
+// concurrent use.
+type pause struct{ until atomic.Int64 } // unix nanoseconds
+
+func (p *pause) start(now time.Time, d time.Duration) { p.until.Store(now.Add(d).UnixNano()) }
+
+// left is how long the pause still lasts at now; 0 when it is over.
+func (p *pause) left(now time.Time) time.Duration {
+	return max(time.Duration(p.until.Load()-now.UnixNano()), 0)
 }
 
 // admit runs what is checked before the body is read: layer 0 (who is it,
@@ -242,6 +262,12 @@ func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, er
 	}
 	if err != nil {
 		return Identity{}, budget.Plan{}, s.refusal(err)
+	}
+	if left := s.usageOut.left(now); left > 0 {
+		// Usage records are failing: a read now would be paid for and
+		// withheld. Nothing is counted; no body is read.
+		s.refused("usage", "records_failing")
+		return Identity{}, budget.Plan{}, errUsagePaused.withRetryAfter(ceilSeconds(left))
 	}
 	return id, plan, nil
 }

@@ -35,6 +35,8 @@ var (
 		"A valid API key or sign-in token is required: send it as Authorization: Bearer <token>.")
 	errUsageUnavailable = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
 		"The read could not be recorded, so no result is returned and nothing is counted. Try again shortly.")
+	errUsagePaused = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
+		"Reads cannot be recorded right now, so none are made and nothing is counted. Try again after the time in Retry-After.")
 	errUpstream = problem(http.StatusBadGateway, "upstream_failed", "Bad gateway",
 		"The OCR provider did not give a usable answer. Nothing was counted against your quota.")
 	errInternal = problem(http.StatusInternalServerError, "internal", "Internal server error",

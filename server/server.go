@@ -87,6 +87,7 @@ type Server struct {
 	guard    *InviteGuard
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar *budget.Calendar          // today's key for the refusal counts
+	usageOut pause                     // paid calls paused after a usage record failed
 
 	refusalsToday dailyRefusals
 	public        *echo.Echo

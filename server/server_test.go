@@ -629,6 +629,38 @@ func TestFailClosedWhenUsageCannotBeRecorded(t *testing.T) {
 	}
 }
 
+// TestUsageFailurePausesPaidCalls: after a usage record fails (a full or
+// failing disk), new requests are refused before the upstream call for
+// usagePause, so the service stops paying for reads it must withhold; the
+// first request after the pause tries again.
+func TestUsageFailurePausesPaidCalls(t *testing.T) {
+	fu := &failingUsage{}
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	e := newEnv(t, envOptions{usage: fu, clock: clk.now})
+	img := pngBytes(t, 16, 16)
+	resp, data := e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	for range 5 {
+		resp, data = e.post(e.key, "image/png", img)
+		decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+		if ra := resp.Header.Get("Retry-After"); ra != "10" {
+			t.Errorf("Retry-After %q, want 10", ra)
+		}
+	}
+	if got := e.gemini.calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls while records fail, want 1", got)
+	}
+	if got := e.attempts.Count("alice", clk.now()); got != 1 {
+		t.Errorf("%d attempts counted, want 1 (refusals count nothing)", got)
+	}
+	clk.add(usagePause)
+	resp, data = e.post(e.key, "image/png", img)
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	if got := e.gemini.calls.Load(); got != 2 {
+		t.Errorf("%d upstream calls after the pause, want 2 (one more try)", got)
+	}
+}
+
 // TestFailClosedOnClosedDatabase makes the real storage path fail: the
 // database is closed under the running server.
 func TestFailClosedOnClosedDatabase(t *testing.T) {
