@@ -31,7 +31,8 @@ func (e *LineError) Unwrap() error { return ErrDailyLine }
 // failing on purpose.
 //
 // The counts live in memory; Dirty and Load let the caller write them
-// behind and reload them, so a restart does not reset a line.
+// behind and reload them, so a restart does not reset a line (a crash loses
+// what changed since the last write-behind).
 type Attempts struct {
 	loc *time.Location
 	cal *Calendar
