@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -220,26 +221,24 @@ func (s *Server) handleListInvites(c echo.Context) error {
 }
 
 func (s *Server) handleRevokeInvite(c echo.Context) error {
-	info, err := s.d.Operator.RevokeInvite(c.Request().Context(), pathParam(c, "id"))
-	switch {
-	case errors.Is(err, storage.ErrNotFound):
-		return errInviteNotFound
-	case err != nil:
-		return err
-	}
-	s.log.Info("invite revoked", "invite_id", info.ID)
-	return c.JSON(http.StatusOK, info)
+	return s.inviteAction(c, "invite revoked", s.d.Operator.RevokeInvite)
 }
 
 func (s *Server) handleDeleteInvite(c echo.Context) error {
-	info, err := s.d.Operator.DeleteInvite(c.Request().Context(), pathParam(c, "id"))
+	return s.inviteAction(c, "invite deleted", s.d.Operator.DeleteInvite)
+}
+
+// inviteAction applies act to the invite named in the path, logs done and
+// answers the invite as it was left.
+func (s *Server) inviteAction(c echo.Context, done string, act func(context.Context, string) (InviteInfo, error)) error {
+	info, err := act(c.Request().Context(), pathParam(c, "id"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return errInviteNotFound
 	case err != nil:
 		return err
 	}
-	s.log.Info("invite deleted", "invite_id", info.ID)
+	s.log.Info(done, "invite_id", info.ID)
 	return c.JSON(http.StatusOK, info)
 }
 

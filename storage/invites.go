@@ -125,10 +125,10 @@ func (db *DB) CreateInvite(inv Invite) error {
 		if b.Get(inv.Hash[:]) != nil {
 			return fmt.Errorf("invite hash: %w", ErrExists)
 		}
-		if _, found, err := findInvite(b, inv.ID); err != nil || found != nil {
-			if err == nil {
-				err = fmt.Errorf("invite id %s: %w", inv.ID, ErrExists)
-			}
+		switch _, _, err := findInvite(b, inv.ID); {
+		case err == nil:
+			return fmt.Errorf("invite id %s: %w", inv.ID, ErrExists)
+		case !errors.Is(err, ErrNotFound):
 			return err
 		}
 		// CreateBucket, not CreateBucketIfNotExists: a leftover bucket
@@ -144,8 +144,9 @@ func (db *DB) CreateInvite(inv Invite) error {
 	return nil
 }
 
-// findInvite scans b for the invite with id. Invites are few and this is
-// an admin path, so a scan beats keeping a second index in step.
+// findInvite scans b for the invite with id, ErrNotFound if there is none.
+// Invites are few and this is an admin path, so a scan beats keeping a
+// second index in step.
 func findInvite(b *bbolt.Bucket, id string) (key []byte, inv *Invite, err error) {
 	err = b.ForEach(func(k, v []byte) error {
 		if !strings.Contains(string(v), id) { // cheap filter before decoding
@@ -161,10 +162,13 @@ func findInvite(b *bbolt.Bucket, id string) (key []byte, inv *Invite, err error)
 		}
 		return nil
 	})
-	if err == errStop {
-		err = nil
+	switch {
+	case err == errStop:
+		return key, inv, nil
+	case err == nil:
+		return nil, nil, ErrNotFound
 	}
-	return key, inv, err
+	return nil, nil, err
 }
 
 // redemptionsOf returns the redemptions bucket of the invite stored under
@@ -340,11 +344,8 @@ func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInvites)
 		key, found, err := findInvite(b, id)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case found == nil:
-			return ErrNotFound
 		}
 		inv = *found
 		if !inv.RevokedAt.IsZero() {
@@ -367,11 +368,8 @@ func (db *DB) DeleteInvite(id string) (Invite, error) {
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInvites)
 		key, found, err := findInvite(b, id)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case found == nil:
-			return ErrNotFound
 		}
 		inv = *found
 		err = tx.Bucket(bucketRedemptions).DeleteBucket(key)
