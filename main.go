@@ -56,9 +56,9 @@ const (
 	// In-flight requests get the upstream call's own bound (ocr.timeout,
 	// its retry included) plus this long to finish: enough for the usage
 	// record's wait, so a paid read still gets its record and its answer.
-	shutdownSlack = 15 * time.Second
-	flushTimeout      = 5 * time.Second  // statistics get this long to reach disk
-	cliLockTimeout    = 300 * time.Millisecond
+	shutdownSlack  = 15 * time.Second
+	flushTimeout   = 5 * time.Second // statistics get this long to reach disk
+	cliLockTimeout = 300 * time.Millisecond
 )
 
 // errUsage marks a command line that could not be understood (exit 2).
