@@ -145,6 +145,14 @@ func TestKeyringSharedUser(t *testing.T) {
 	}
 }
 
+func TestIsBase62(t *testing.T) {
+	for b := range 256 {
+		if got, want := isBase62(byte(b)), strings.IndexByte(base62Letters, byte(b)) >= 0; got != want {
+			t.Errorf("isBase62(%q) = %v, want %v", byte(b), got, want)
+		}
+	}
+}
+
 func TestRandomBase62(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
