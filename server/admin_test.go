@@ -108,11 +108,48 @@ func TestKeyringCreate(t *testing.T) {
 			if !validKeyShape(secret) {
 				t.Errorf("secret %q has the wrong shape", secret)
 			}
-			id, ok := e.keys.Authenticate(secret)
+			id, _, ok := e.keys.Authenticate(secret)
 			if !ok || id.UserID != c.user || id.Plan != c.wantPlan {
 				t.Errorf("authenticate: %+v %v", id, ok)
 			}
 		})
+	}
+}
+
+// TestKeyringSharedUser checks that every key of a user sees a change to
+// the user at once: the keys point at one record.
+func TestKeyringSharedUser(t *testing.T) {
+	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
+	first, _, err := e.keys.Create("u1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, _, err := e.keys.Create("u1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.keys.SetBanned("u1", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.keys.SetPlan("u1", "pro"); err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{first, second} {
+		id, banned, ok := e.keys.Authenticate(secret)
+		if !ok || id.UserID != "u1" || id.Plan != "pro" || !banned {
+			t.Errorf("authenticate: %+v banned %v ok %v, want u1 on pro, banned", id, banned, ok)
+		}
+	}
+	if _, banned, ok := e.keys.Authenticate(e.key); !ok || banned {
+		t.Errorf("another user's key: banned %v ok %v", banned, ok)
+	}
+}
+
+func TestIsBase62(t *testing.T) {
+	for b := range 256 {
+		if got, want := isBase62(byte(b)), strings.IndexByte(base62Letters, byte(b)) >= 0; got != want {
+			t.Errorf("isBase62(%q) = %v, want %v", byte(b), got, want)
+		}
 	}
 }
 

@@ -3,7 +3,6 @@ package server
 import (
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"sort"
@@ -78,9 +77,17 @@ type Keyring struct {
 
 	write  sync.Mutex // serialises user updates (read, change, store)
 	mu     sync.RWMutex
-	active map[[sha256.Size]byte]storage.Key // by hash; revoked keys are absent
-	keys   []storage.Key                     // every key, for listing
-	users  map[string]storage.User
+	active map[[sha256.Size]byte]activeKey // by hash; revoked keys are absent
+	keys   []storage.Key                   // every key, for listing
+	users  map[string]*storage.User        // changed in place, under mu
+}
+
+// activeKey is what authentication needs of a key. It points at its user's
+// one record, so that a single lookup yields the identity, the plan and the
+// ban: that lookup runs on every request.
+type activeKey struct {
+	id   string
+	user *storage.User
 }
 
 // NewKeyring loads every key and user from store. knownPlan tells whether a
@@ -108,36 +115,58 @@ func (k *Keyring) load() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.keys = keys
-	k.active = make(map[[sha256.Size]byte]storage.Key, len(keys))
+	k.users = make(map[string]*storage.User, len(users))
+	for _, u := range users {
+		k.putUser(u)
+	}
+	k.active = make(map[[sha256.Size]byte]activeKey, len(keys))
 	for _, key := range keys {
 		if key.RevokedAt.IsZero() {
-			k.active[key.Hash] = key
+			k.activate(key)
 		}
-	}
-	k.users = make(map[string]storage.User, len(users))
-	for _, u := range users {
-		k.users[u.ID] = u
 	}
 	return nil
 }
 
-// Authenticate returns the identity behind a bearer token, or false.
-func (k *Keyring) Authenticate(token string) (Identity, bool) {
+// putUser stores u in memory, in place if the user has a record, so that
+// the active keys pointing at it see the change; k.mu is held.
+func (k *Keyring) putUser(u storage.User) {
+	if p := k.users[u.ID]; p != nil {
+		*p = u
+		return
+	}
+	k.users[u.ID] = &u
+}
+
+// activate lets key in; k.mu is held. A key whose user has no record
+// (storage writes both at once, so only a damaged file has one) gets an
+// empty record, which has no plan: the key is refused with 403 no_plan.
+func (k *Keyring) activate(key storage.Key) {
+	u := k.users[key.UserID]
+	if u == nil {
+		u = &storage.User{ID: key.UserID}
+		k.users[key.UserID] = u
+	}
+	k.active[key.Hash] = activeKey{id: key.ID, user: u}
+}
+
+// Authenticate returns the identity behind a bearer token and whether its
+// user is banned, or ok false for a token that is no active key.
+func (k *Keyring) Authenticate(token string) (id Identity, banned, ok bool) {
 	if !validKeyShape(token) {
-		return Identity{}, false // cheap: the shape is public, the secret is not
+		return Identity{}, false, false // cheap: the shape is public, the secret is not
 	}
 	var buf [len(keyPrefix) + keySecretLen]byte // the shape is checked: no allocation
 	sum := sha256.Sum256(append(buf[:0], token...))
+	// The map is keyed by the hash, so the lookup's timing reveals
+	// nothing of the secret.
 	k.mu.RLock()
+	defer k.mu.RUnlock()
 	key, found := k.active[sum]
-	user := k.users[key.UserID]
-	k.mu.RUnlock()
-	// The map is keyed by the hash, so timing reveals nothing of the
-	// secret; the stored hash is compared in constant time all the same.
-	if !found || subtle.ConstantTimeCompare(key.Hash[:], sum[:]) != 1 {
-		return Identity{}, false
+	if !found {
+		return Identity{}, false, false
 	}
-	return Identity{UserID: key.UserID, KeyID: key.ID, Plan: user.Plan}, true
+	return Identity{UserID: key.user.ID, KeyID: key.id, Plan: key.user.Plan}, key.user.Banned, true
 }
 
 // Create makes a new key for userID and returns its secret, which is shown
@@ -149,9 +178,7 @@ func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err 
 	}
 	k.write.Lock()
 	defer k.write.Unlock()
-	k.mu.RLock()
-	existing, known := k.users[userID]
-	k.mu.RUnlock()
+	existing, known := k.user(userID)
 	if plan == "" {
 		plan = DefaultPlan
 		if known {
@@ -172,11 +199,12 @@ func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err 
 		return "", KeyInfo{}, fmt.Errorf("create key for %s: %w", userID, err)
 	}
 	k.mu.Lock()
-	k.active[key.Hash] = key
+	k.putUser(user)
+	k.activate(key)
 	k.keys = append(k.keys, key)
-	k.users[userID] = user
+	info = k.info(key)
 	k.mu.Unlock()
-	return secret, k.info(key, user), nil
+	return secret, info, nil
 }
 
 // Revoke disables a key at once: the next request with it gets 401.
@@ -192,9 +220,9 @@ func (k *Keyring) Revoke(id string) (KeyInfo, error) {
 			k.keys[i] = key
 		}
 	}
-	user := k.users[key.UserID]
+	info := k.info(key)
 	k.mu.Unlock()
-	return k.info(key, user), nil
+	return info, nil
 }
 
 // List describes every key, oldest first, without secrets.
@@ -203,7 +231,7 @@ func (k *Keyring) List() []KeyInfo {
 	defer k.mu.RUnlock()
 	out := make([]KeyInfo, 0, len(k.keys))
 	for _, key := range k.keys {
-		out = append(out, k.info(key, k.users[key.UserID]))
+		out = append(out, k.info(key))
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -211,9 +239,18 @@ func (k *Keyring) List() []KeyInfo {
 
 // Banned reports whether user is banned. It costs a map lookup.
 func (k *Keyring) Banned(user string) bool {
+	u, _ := k.user(user)
+	return u.Banned
+}
+
+// user returns a copy of the named user's record.
+func (k *Keyring) user(id string) (storage.User, bool) {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	return k.users[user].Banned
+	if u := k.users[id]; u != nil {
+		return *u, true
+	}
+	return storage.User{}, false
 }
 
 // SetBanned bans or unbans a user; the next request sees it. A user that
@@ -230,10 +267,7 @@ func (k *Keyring) SetPlan(user, plan string) (UserInfo, error) {
 	if !k.knownPlan(plan) {
 		return UserInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml", ErrUnknownPlan, plan, plan)
 	}
-	k.mu.RLock()
-	_, known := k.users[user]
-	k.mu.RUnlock()
-	if !known {
+	if _, known := k.user(user); !known {
 		return UserInfo{}, fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
 	}
 	return k.updateUser(user, func(u *storage.User) { u.Plan = plan })
@@ -256,9 +290,7 @@ func (k *Keyring) Users() []UserInfo {
 func (k *Keyring) updateUser(id string, change func(*storage.User)) (UserInfo, error) {
 	k.write.Lock()
 	defer k.write.Unlock()
-	k.mu.RLock()
-	u, known := k.users[id]
-	k.mu.RUnlock()
+	u, known := k.user(id)
 	if !known {
 		u = storage.User{ID: id, CreatedAt: k.now().UTC()}
 	}
@@ -267,13 +299,18 @@ func (k *Keyring) updateUser(id string, change func(*storage.User)) (UserInfo, e
 		return UserInfo{}, fmt.Errorf("update user %s: %w", id, err)
 	}
 	k.mu.Lock()
-	k.users[id] = u
+	k.putUser(u)
 	k.mu.Unlock()
 	return UserInfo{ID: u.ID, Plan: u.Plan, Banned: u.Banned}, nil
 }
 
-func (k *Keyring) info(key storage.Key, u storage.User) KeyInfo {
-	return KeyInfo{ID: key.ID, UserID: key.UserID, Plan: u.Plan, CreatedAt: key.CreatedAt, RevokedAt: key.RevokedAt}
+// info describes key with its user's plan; k.mu is held.
+func (k *Keyring) info(key storage.Key) KeyInfo {
+	var plan string
+	if u := k.users[key.UserID]; u != nil {
+		plan = u.Plan
+	}
+	return KeyInfo{ID: key.ID, UserID: key.UserID, Plan: plan, CreatedAt: key.CreatedAt, RevokedAt: key.RevokedAt}
 }
 
 // ValidateUserID checks a user id: 1 to 128 bytes of printable UTF-8.
@@ -295,11 +332,18 @@ func validKeyShape(token string) bool {
 		return false
 	}
 	for i := len(keyPrefix); i < len(token); i++ {
-		if strings.IndexByte(base62Letters, token[i]) < 0 {
+		if !isBase62(token[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// isBase62 reports whether b is one of base62Letters. It compares ranges
+// rather than searching the alphabet: it runs on every request, and
+// comparisons touch no memory.
+func isBase62(b byte) bool {
+	return '0' <= b && b <= '9' || 'A' <= b && b <= 'Z' || 'a' <= b && b <= 'z'
 }
 
 // randomBase62 returns n characters drawn uniformly from base62Letters with

@@ -568,7 +568,7 @@ func FuzzAuthenticate(f *testing.F) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/ocr", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		c := e.srv.public.NewContext(req, httptest.NewRecorder())
-		id, err := e.srv.authenticate(c)
+		id, _, err := e.srv.authenticate(c)
 		if tok := strings.TrimSpace(token); err == nil && tok != valid && tok != e.key {
 			t.Fatalf("token %q let in as %+v", token, id)
 		}

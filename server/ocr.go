@@ -66,11 +66,20 @@ type quotaResponse struct {
 // authenticate is layer 0: no valid API key or JWT, no entry. A token
 // shaped like a JWT goes to the verifier when JWT sign-in is on; anything
 // else to the keyring. Every failure gives the same 401 body; why a JWT was
-// refused goes to the debug log and a metric, never to the client.
-func (s *Server) authenticate(c echo.Context) (Identity, error) {
-	token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
+// refused goes to the debug log and a metric, never to the client. It also
+// tells whether the user is banned: for an API key that comes with the
+// key's own lookup.
+func (s *Server) authenticate(c echo.Context) (id Identity, banned bool, err error) {
+	// net/http stores header names in canonical form, so the map is read
+	// directly: Header.Get would check the name's form again on every
+	// request.
+	var h string
+	if v := c.Request().Header[echo.HeaderAuthorization]; len(v) > 0 {
+		h = v[0]
+	}
+	token, ok := bearer(h)
 	if !ok {
-		return Identity{}, errUnauthorized
+		return Identity{}, false, errUnauthorized
 	}
 	if s.d.JWT != nil && IsJWT(token) {
 		id, err := s.d.JWT.Verify(c.Request().Context(), token)
@@ -82,15 +91,15 @@ func (s *Server) authenticate(c echo.Context) (Identity, error) {
 			}
 			s.d.Metrics.jwt.WithLabelValues(reason).Inc()
 			s.log.Debug("JWT refused", "reason", reason, "err", err, "request_id", requestID(c))
-			return Identity{}, errUnauthorized
+			return Identity{}, false, errUnauthorized
 		}
-		return id, nil
+		return id, s.d.Keys.Banned(id.UserID), nil
 	}
-	id, ok := s.d.Keys.Authenticate(token)
+	id, banned, ok = s.d.Keys.Authenticate(token)
 	if !ok {
-		return Identity{}, errUnauthorized
+		return Identity{}, false, errUnauthorized
 	}
-	return id, nil
+	return id, banned, nil
 }
 
 // handleOCR reads serial numbers off one image. It walks the layers in
@@ -235,11 +244,11 @@ func (p *pause) left(now time.Time) time.Duration {
 // month, or a service whose brake is engaged, costs no upload. All from
 // memory; the counting itself happens in reserve, after validation.
 func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, error) {
-	id, err := s.authenticate(c)
+	id, banned, err := s.authenticate(c)
 	if err != nil {
 		return Identity{}, budget.Plan{}, err
 	}
-	if s.d.Keys.Banned(id.UserID) {
+	if banned {
 		s.refused("auth", "banned")
 		return Identity{}, budget.Plan{}, errBanned
 	}
