@@ -70,14 +70,7 @@ type quotaResponse struct {
 // tells whether the user is banned: for an API key that comes with the
 // key's own lookup.
 func (s *Server) authenticate(c echo.Context) (id Identity, banned bool, err error) {
-	// net/http stores header names in canonical form, so the map is read
-	// directly: Header.Get would check the name's form again on every
-	// request.
-	var h string
-	if v := c.Request().Header[echo.HeaderAuthorization]; len(v) > 0 {
-		h = v[0]
-	}
-	token, ok := bearer(h)
+	token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
 	if !ok {
 		return Identity{}, false, errUnauthorized
 	}
