@@ -600,3 +600,44 @@ func TestClockBehindLedgerKeepsTheDay(t *testing.T) {
 		t.Errorf("%d claims of $1 accepted with $9 of $10 spent, want 1", accepted)
 	}
 }
+
+// TestFarFutureLedgerDayIsNotBelieved: one reservation dated years ahead
+// (a clock that once jumped) must not pin the service to that day, where
+// every real day would share one budget; the clock's day is used and the
+// log says why.
+func TestFarFutureLedgerDayIsNotBelieved(t *testing.T) {
+	db, err := storage.Open(filepath.Join(t.TempDir(), "bw.db"), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Reserve(context.Background(), "2036-02-07", 5); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
+	var logs bytes.Buffer
+	layers, err := LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyRequests: 3}, time.UTC,
+		now, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := layers.Brake.Status(now); st.Day != "2026-05-01" || st.Month != "2026-05" {
+		t.Errorf("brake on %s / %s, want the clock's 2026-05-01 / 2026-05", st.Day, st.Month)
+	}
+	if !strings.Contains(logs.String(), "far after the clock") {
+		t.Errorf("no error about the ledger's far day:\n%s", logs.String())
+	}
+	// Each real day has its own 3 calls.
+	for _, d := range []int{1, 2} {
+		at := time.Date(2026, 5, d, 12, 0, 0, 0, time.UTC)
+		n := 0
+		for range 5 {
+			if _, err := layers.Brake.Claim(1, at); err == nil {
+				n++
+			}
+		}
+		if n != 3 {
+			t.Errorf("May %d: %d calls claimed, want 3", d, n)
+		}
+	}
+}

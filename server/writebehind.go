@@ -145,21 +145,29 @@ type Layers struct {
 // counts, and today's and this month's budget, in which every reservation
 // left unsettled by a crash counts at its worst case.
 //
-// If the ledger already holds a day after now's (the clock went back, say
-// a VM restored before its clock synced), the layers start on that day:
-// days only move forward, so its spend and attempts keep counting until
-// the clock catches up, rather than being zeroed by the rollover then.
+// If the ledger already holds the day after now's (the clock went back,
+// say a VM restored before its clock synced), the daily line and the
+// budget start on that day: days only move forward, so its spend and
+// attempts keep counting until the clock catches up, rather than being
+// zeroed by the rollover then. A ledger day further ahead is not believed
+// (one wrong clock reading must not pin the service to a far day); the
+// quotas always start on now's month, since they fail closed.
 func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc *time.Location, now time.Time, log *slog.Logger) (Layers, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	day, month := budget.DayKey(now, loc), budget.MonthKey(now, loc)
+	quotaMonth := month
 	var l Layers
 	latest, err := store.LatestBudgetDay()
 	if err != nil {
 		return l, fmt.Errorf("load budget: %w", err)
 	}
-	if latest > day {
-		if log == nil {
-			log = slog.Default()
-		}
+	switch tomorrow := budget.DayKey(now.AddDate(0, 0, 1), loc); {
+	case latest > tomorrow:
+		log.Error("the budget ledger holds a day far after the clock's; counting from the clock's day: check the system clock",
+			"clock_day", day, "ledger_day", latest)
+	case latest > day:
 		log.Warn("the clock is behind the budget ledger: counting into the ledger's newest day until it catches up",
 			"clock_day", day, "ledger_day", latest)
 		day, month = latest, latest[:len("2006-01")]
@@ -183,11 +191,11 @@ func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc 
 	}
 	l.Attempts = budget.NewAttempts(loc, day, budget.DecodeCounts(counts))
 
-	used, err := store.QuotaUsed(month)
+	used, err := store.QuotaUsed(quotaMonth)
 	if err != nil {
 		return l, fmt.Errorf("load quotas: %w", err)
 	}
-	l.Quotas = budget.NewQuotas(loc, month, used)
+	l.Quotas = budget.NewQuotas(loc, quotaMonth, used)
 
 	today, err := store.Budget(day)
 	if err != nil {
