@@ -158,9 +158,14 @@ func (r *recordingAlerter) got() []string {
 
 func TestRepeatedFailOpenAndUsageFailureAlert(t *testing.T) {
 	rec := &recordingAlerter{}
-	e := newEnv(t, envOptions{rate: panickingLimiter{}, alerts: rec, usage: &failingUsage{}})
+	usage := &flakyUsage{}
+	e := newEnv(t, envOptions{rate: panickingLimiter{}, alerts: rec, usage: usage})
+	usage.db = e.db
 	img := pngBytes(t, 16, 16)
 	for i := range failOpenAlertAfter {
+		// The last record fails (a failure pauses paid calls, so it must
+		// come last for every request to reach the broken limiter).
+		usage.failing.Store(i == failOpenAlertAfter-1)
 		resp, _ := e.post(e.key, "image/png", img)
 		resp.Body.Close()
 		if i == failOpenAlertAfter-2 {

@@ -193,13 +193,14 @@ func (s *Server) handleOCR(c echo.Context) error {
 		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
-		s.usageOut.start(s.now(), usagePause)
+		s.usageOut.start(s.now())
 		s.log.Error("usage record not written: result withheld, paid calls paused", "user", id.UserID, "request_id", rec.RequestID,
 			"pause", usagePause, "err", err)
 		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
 			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
 		return errUsageUnavailable
 	}
+	s.usageOut.end()
 	s.d.Brake.Settled(reservation, cost)
 	used := s.d.Quotas.Confirm(slot)
 	confirmed = true
@@ -216,19 +217,44 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 // usagePause is how long paid calls stop after a usage record could not be
 // written. A failing or full disk would otherwise have every read paid for
-// and then withheld (503); one call is let through after each pause, and
-// another failure starts the next.
+// and then withheld (503).
 const usagePause = 10 * time.Second
 
-// pause is a point in time before which something is held off. Safe for
+// pause holds paid calls off after a usage record failed. When it is over,
+// one request alone goes through as a probe while the others keep waiting:
+// its record succeeding ends the pause, failing starts the next. Safe for
 // concurrent use.
-type pause struct{ until atomic.Int64 } // unix nanoseconds
+type pause struct{ until atomic.Pointer[time.Time] } // nil: no pause
 
-func (p *pause) start(now time.Time, d time.Duration) { p.until.Store(now.Add(d).UnixNano()) }
+func (p *pause) start(now time.Time) {
+	until := now.Add(usagePause)
+	p.until.Store(&until)
+}
 
-// left is how long the pause still lasts at now; 0 when it is over.
-func (p *pause) left(now time.Time) time.Duration {
-	return max(time.Duration(p.until.Load()-now.UnixNano()), 0)
+// end lifts the pause, if there is one: a usage record was written.
+func (p *pause) end() {
+	if p.until.Load() != nil {
+		p.until.Store(nil)
+	}
+}
+
+// enter returns how long a request at now must wait; 0 lets it in. Times
+// are compared on Go's monotonic clock, so a wall clock stepped back does
+// not stretch the pause.
+func (p *pause) enter(now time.Time) time.Duration {
+	for {
+		until := p.until.Load()
+		if until == nil {
+			return 0
+		}
+		if left := until.Sub(now); left > 0 {
+			return min(left, usagePause)
+		}
+		next := now.Add(usagePause) // the others wait while the probe runs
+		if p.until.CompareAndSwap(until, &next) {
+			return 0
+		}
+	}
 }
 
 // admit runs what is checked before the body is read: layer 0 (who is it,
@@ -252,6 +278,13 @@ func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, er
 		s.refused("auth", "no_plan")
 		return Identity{}, budget.Plan{}, errNoPlan
 	}
+	if wait := s.usageOut.enter(now); wait > 0 {
+		// Usage records are failing: a read now would be paid for and
+		// withheld. Nothing is counted, not even a rate slot; no body is
+		// read.
+		s.refused("usage", "records_failing")
+		return Identity{}, budget.Plan{}, errUsagePaused.withRetryAfter(ceilSeconds(wait))
+	}
 	err = s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, now) }, isRateRefusal)
 	if err == nil {
 		err = s.defend(layerAttempts, func() error { return s.d.Attempts.Check(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
@@ -264,12 +297,6 @@ func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, er
 	}
 	if err != nil {
 		return Identity{}, budget.Plan{}, s.refusal(err)
-	}
-	if left := s.usageOut.left(now); left > 0 {
-		// Usage records are failing: a read now would be paid for and
-		// withheld. Nothing is counted; no body is read.
-		s.refused("usage", "records_failing")
-		return Identity{}, budget.Plan{}, errUsagePaused.withRetryAfter(ceilSeconds(left))
 	}
 	return id, plan, nil
 }

@@ -629,14 +629,30 @@ func TestFailClosedWhenUsageCannotBeRecorded(t *testing.T) {
 	}
 }
 
+// flakyUsage records through the database unless failing is set.
+type flakyUsage struct {
+	db      *storage.DB
+	failing atomic.Bool
+}
+
+func (f *flakyUsage) RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error {
+	if f.failing.Load() {
+		return fmt.Errorf("write usage: %w", io.ErrShortWrite)
+	}
+	return f.db.RecordUsage(ctx, month, rec, s)
+}
+
 // TestUsageFailurePausesPaidCalls: after a usage record fails (a full or
 // failing disk), new requests are refused before the upstream call for
-// usagePause, so the service stops paying for reads it must withhold; the
-// first request after the pause tries again.
+// usagePause, so the service stops paying for reads it must withhold. Then
+// one request alone goes through as a probe, however many arrive: it fails
+// and starts the next pause, or succeeds and ends it.
 func TestUsageFailurePausesPaidCalls(t *testing.T) {
-	fu := &failingUsage{}
+	fu := &flakyUsage{}
+	fu.failing.Store(true)
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
 	e := newEnv(t, envOptions{usage: fu, clock: clk.now})
+	fu.db = e.db
 	img := pngBytes(t, 16, 16)
 	resp, data := e.post(e.key, "image/png", img)
 	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
@@ -653,11 +669,30 @@ func TestUsageFailurePausesPaidCalls(t *testing.T) {
 	if got := e.attempts.Count("alice", clk.now()); got != 1 {
 		t.Errorf("%d attempts counted, want 1 (refusals count nothing)", got)
 	}
+
+	// The pause is over: of 20 requests at once, one is the probe.
 	clk.add(usagePause)
-	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			resp, data := e.post(e.key, "image/png", img)
+			decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+		})
+	}
+	wg.Wait()
 	if got := e.gemini.calls.Load(); got != 2 {
-		t.Errorf("%d upstream calls after the pause, want 2 (one more try)", got)
+		t.Errorf("%d upstream calls after the pause, want 2 (one probe)", got)
+	}
+
+	// The disk is back: the next probe's record ends the pause for all.
+	fu.failing.Store(false)
+	clk.add(usagePause)
+	for range 3 {
+		resp, data = e.post(e.key, "image/png", img)
+		decodeOK(t, resp, data)
+	}
+	if got := e.gemini.calls.Load(); got != 5 {
+		t.Errorf("%d upstream calls once records work, want 5", got)
 	}
 }
 
