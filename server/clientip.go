@@ -9,11 +9,30 @@ import (
 	"sync"
 )
 
+// The headers a trusted proxy may name the client in.
+const (
+	headerXFF    = "X-Forwarded-For"
+	headerRealIP = "X-Real-IP"
+)
+
+// clientIPHeader returns the canonical spelling of a configured header
+// name, and whether it is one of the two.
+func clientIPHeader(name string) (string, bool) {
+	switch {
+	case strings.EqualFold(name, headerXFF):
+		return headerXFF, true
+	case strings.EqualFold(name, headerRealIP):
+		return headerRealIP, true
+	}
+	return "", false
+}
+
 // clientIP finds the address of the client behind at most a chain of
 // trusted proxies. It is installed as Echo's IPExtractor, so c.RealIP()
 // never falls back to Echo's own header handling.
 type clientIP struct {
 	trusted  []netip.Prefix
+	header   string // headerXFF or headerRealIP
 	log      *slog.Logger
 	warn     sync.Once
 	disagree sync.Once
@@ -22,21 +41,19 @@ type clientIP struct {
 // extract returns the client address for r as a string.
 //
 // The TCP peer is the client unless it is a trusted proxy. From a trusted
-// proxy, the X-Forwarded-For entries are read from the right, skipping
-// trusted proxies, and the first other entry is the client: proxies append
-// the address they saw, so that entry is the proxy's own word, and the
-// leftmost entry, which the client itself can write, is never believed just
-// for being first. X-Real-IP is believed only when X-Forwarded-For names no
-// client: many proxies (Caddy by default, HAProxy) pass a client's own
-// X-Real-IP through untouched, and believing it first would let every
-// client choose its address.
+// proxy, only the configured header is read. X-Forwarded-For's entries are
+// read from the right, skipping trusted proxies, and the first other entry
+// is the client: proxies append the address they saw, and the leftmost
+// entry, which the client itself can write, is never believed just for
+// being first. X-Real-IP must hold one address. If the header names no
+// client, the proxy itself is the client.
 func (ci *clientIP) extract(r *http.Request) string {
 	peer := parseAddr(r.RemoteAddr)
 	if !peer.IsValid() {
 		return r.RemoteAddr
 	}
 	if !ci.isTrusted(peer) {
-		if len(ci.trusted) == 0 && ci.log != nil && (r.Header.Get("X-Forwarded-For") != "" || r.Header.Get("X-Real-IP") != "") {
+		if len(ci.trusted) == 0 && ci.log != nil && (r.Header.Get(headerXFF) != "" || r.Header.Get(headerRealIP) != "") {
 			ci.warn.Do(func() {
 				ci.log.Warn("requests carry X-Forwarded-For or X-Real-IP but server.trusted_proxies is empty: " +
 					"the headers are ignored and every client is its TCP peer; behind a reverse proxy, list its address in trusted_proxies")
@@ -44,20 +61,21 @@ func (ci *clientIP) extract(r *http.Request) string {
 		}
 		return peer.String()
 	}
-	forwarded := ci.rightmostUntrusted(r.Header.Values("X-Forwarded-For"))
-	real := parseAddr(strings.TrimSpace(r.Header.Get("X-Real-IP")))
-	if forwarded.IsValid() {
-		if real.IsValid() && real != forwarded && ci.log != nil {
-			ci.disagree.Do(func() {
-				ci.log.Warn("a trusted proxy sent X-Real-IP and X-Forwarded-For naming different clients; X-Forwarded-For is believed, "+
-					"so make sure the proxy appends the address it saw to it (nginx: proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for)",
-					"x_real_ip", real.String(), "x_forwarded_for", forwarded.String())
-			})
-		}
-		return forwarded.String()
+	forwarded := ci.rightmostUntrusted(r.Header.Values(headerXFF))
+	real := parseAddr(strings.TrimSpace(r.Header.Get(headerRealIP)))
+	client, other := forwarded, real
+	if ci.header == headerRealIP {
+		client, other = real, forwarded
 	}
-	if real.IsValid() {
-		return real.String()
+	if client.IsValid() && other.IsValid() && client != other && ci.log != nil {
+		ci.disagree.Do(func() {
+			ci.log.Warn("a trusted proxy sent X-Real-IP and X-Forwarded-For naming different clients: only server.client_ip_header is believed, "+
+				"so make sure it names the header your proxy sets itself (see the README, Behind a reverse proxy)",
+				"client_ip_header", ci.header, "x_real_ip", real.String(), "x_forwarded_for", forwarded.String())
+		})
+	}
+	if client.IsValid() {
+		return client.String()
 	}
 	return peer.String()
 }

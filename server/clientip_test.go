@@ -13,33 +13,38 @@ func TestClientIP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const xff, real = headerXFF, headerRealIP
 	cases := []struct {
 		name    string
-		trusted bool // use the trusted list above
+		trusted bool   // use the trusted list above
+		header  string // client_ip_header
 		peer    string
 		realIP  string
 		xff     []string
 		want    string
 	}{
-		{"direct peer", true, "203.0.113.9:5000", "", nil, "203.0.113.9"},
-		{"untrusted peer's headers ignored", true, "203.0.113.9:5000", "1.1.1.1", []string{"2.2.2.2"}, "203.0.113.9"},
-		{"no trusted proxies: headers ignored", false, "127.0.0.1:5000", "1.1.1.1", []string{"2.2.2.2"}, "127.0.0.1"},
-		{"trusted proxy, X-Real-IP alone", true, "127.0.0.1:5000", "198.51.100.7", nil, "198.51.100.7"},
-		{"client's own X-Real-IP passed through: XFF wins", true, "127.0.0.1:5000", "6.6.6.6", []string{"198.51.100.7"}, "198.51.100.7"},
-		{"all XFF hops trusted: X-Real-IP", true, "127.0.0.1:5000", "198.51.100.7", []string{"10.0.0.1"}, "198.51.100.7"},
-		{"trusted proxy, rightmost XFF", true, "127.0.0.1:5000", "", []string{"6.6.6.6, 198.51.100.7"}, "198.51.100.7"},
-		{"spoofed leftmost never believed", true, "10.1.2.3:80", "", []string{"6.6.6.6", "198.51.100.7, 10.0.0.5"}, "198.51.100.7"},
-		{"all hops trusted: the leftmost trusted", true, "127.0.0.1:80", "", []string{"10.0.0.1, 10.0.0.2"}, "127.0.0.1"},
-		{"garbled hop stops the walk", true, "127.0.0.1:80", "", []string{"198.51.100.7, nonsense"}, "127.0.0.1"},
-		{"garbled X-Real-IP falls back to XFF", true, "127.0.0.1:80", "not-an-ip", []string{"198.51.100.7"}, "198.51.100.7"},
-		{"IPv4-mapped peer", true, "[::ffff:203.0.113.9]:80", "", nil, "203.0.113.9"},
-		{"IPv4-mapped trusted peer", true, "[::ffff:127.0.0.1]:80", "198.51.100.7", nil, "198.51.100.7"},
-		{"IPv6 via trusted ::1", true, "[::1]:80", "", []string{"2001:db8::1"}, "2001:db8::1"},
-		{"XFF with port", true, "127.0.0.1:80", "", []string{"198.51.100.7:4711"}, "198.51.100.7"},
+		{"direct peer", true, xff, "203.0.113.9:5000", "", nil, "203.0.113.9"},
+		{"untrusted peer's headers ignored", true, xff, "203.0.113.9:5000", "1.1.1.1", []string{"2.2.2.2"}, "203.0.113.9"},
+		{"untrusted peer's X-Real-IP ignored", true, real, "203.0.113.9:5000", "1.1.1.1", nil, "203.0.113.9"},
+		{"no trusted proxies: headers ignored", false, xff, "127.0.0.1:5000", "1.1.1.1", []string{"2.2.2.2"}, "127.0.0.1"},
+		{"trusted proxy, rightmost XFF", true, xff, "127.0.0.1:5000", "", []string{"6.6.6.6, 198.51.100.7"}, "198.51.100.7"},
+		{"XFF mode: the client's own X-Real-IP ignored", true, xff, "127.0.0.1:5000", "6.6.6.6", []string{"198.51.100.7"}, "198.51.100.7"},
+		{"XFF mode: X-Real-IP alone ignored", true, xff, "127.0.0.1:5000", "198.51.100.7", nil, "127.0.0.1"},
+		{"X-Real-IP mode", true, real, "127.0.0.1:5000", "198.51.100.7", nil, "198.51.100.7"},
+		{"X-Real-IP mode: the client's own XFF ignored", true, real, "127.0.0.1:5000", "198.51.100.7", []string{"6.6.6.6"}, "198.51.100.7"},
+		{"X-Real-IP mode: XFF alone ignored", true, real, "127.0.0.1:5000", "", []string{"6.6.6.6"}, "127.0.0.1"},
+		{"X-Real-IP mode: garbled", true, real, "127.0.0.1:80", "not-an-ip", []string{"198.51.100.7"}, "127.0.0.1"},
+		{"spoofed leftmost never believed", true, xff, "10.1.2.3:80", "", []string{"6.6.6.6", "198.51.100.7, 10.0.0.5"}, "198.51.100.7"},
+		{"all hops trusted: the proxy", true, xff, "127.0.0.1:80", "", []string{"10.0.0.1, 10.0.0.2"}, "127.0.0.1"},
+		{"garbled hop stops the walk", true, xff, "127.0.0.1:80", "", []string{"198.51.100.7, nonsense"}, "127.0.0.1"},
+		{"IPv4-mapped peer", true, xff, "[::ffff:203.0.113.9]:80", "", nil, "203.0.113.9"},
+		{"IPv4-mapped trusted peer", true, real, "[::ffff:127.0.0.1]:80", "198.51.100.7", nil, "198.51.100.7"},
+		{"IPv6 via trusted ::1", true, xff, "[::1]:80", "", []string{"2001:db8::1"}, "2001:db8::1"},
+		{"XFF with port", true, xff, "127.0.0.1:80", "", []string{"198.51.100.7:4711"}, "198.51.100.7"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ci := &clientIP{}
+			ci := &clientIP{header: c.header}
 			if c.trusted {
 				ci.trusted = trusted
 			}
@@ -55,6 +60,14 @@ func TestClientIP(t *testing.T) {
 				t.Errorf("client %q, want %q", got, c.want)
 			}
 		})
+	}
+	for _, name := range []string{"x-forwarded-for", "X-REAL-IP"} {
+		if _, ok := clientIPHeader(name); !ok {
+			t.Errorf("%q refused", name)
+		}
+	}
+	if _, ok := clientIPHeader("Forwarded"); ok {
+		t.Error("Forwarded accepted")
 	}
 }
 
@@ -80,7 +93,7 @@ func TestParsePrefixes(t *testing.T) {
 func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 	trusted, _ := ParsePrefixes([]string{"127.0.0.1"})
 	var logs bytes.Buffer
-	ci := &clientIP{trusted: trusted, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	ci := &clientIP{trusted: trusted, header: headerXFF, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	for range 3 {
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = "127.0.0.1:4000"
@@ -94,7 +107,7 @@ func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 		t.Errorf("%d warnings, want 1:\n%s", n, logs.String())
 	}
 	logs.Reset()
-	agree := &clientIP{trusted: trusted, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	agree := &clientIP{trusted: trusted, header: headerXFF, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	r.RemoteAddr = "127.0.0.1:4000"
 	r.Header.Set("X-Real-IP", "198.51.100.7")

@@ -31,6 +31,12 @@ type Config struct {
 	// addresses) whose X-Real-IP / X-Forwarded-For headers are believed.
 	// Default empty: the client is always the TCP peer.
 	TrustedProxies []string `koanf:"trusted_proxies"`
+	// ClientIPHeader names the header a trusted proxy gives the client's
+	// address in: "X-Forwarded-For" (the default; its rightmost entry that
+	// is not a trusted proxy) or "X-Real-IP". Only the one named is read:
+	// a proxy passes the other through from the client untouched, so
+	// believing it would let clients pick their address.
+	ClientIPHeader string `koanf:"client_ip_header"`
 	// MaxImageBytes is the largest accepted request body, in bytes.
 	// Default 10 MiB.
 	MaxImageBytes int64 `koanf:"max_image_bytes"`
@@ -50,6 +56,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.AdminListen == "" {
 		c.AdminListen = DefaultAdminListen
+	}
+	if c.ClientIPHeader == "" {
+		c.ClientIPHeader = headerXFF
 	}
 	if c.MaxImageBytes == 0 {
 		c.MaxImageBytes = DefaultMaxImageBytes
@@ -81,6 +90,9 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(key.addr); err != nil {
 			return fmt.Errorf("%s: %q is not host:port", key.name, key.addr)
 		}
+	}
+	if _, ok := clientIPHeader(c.ClientIPHeader); !ok {
+		return fmt.Errorf("server.client_ip_header: must be %q or %q, got %q", headerXFF, headerRealIP, c.ClientIPHeader)
 	}
 	if _, err := ParsePrefixes(c.TrustedProxies); err != nil {
 		return err

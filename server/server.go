@@ -128,13 +128,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.DetectCounters = &detect.Counters{}
 	}
 	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
+	header, _ := clientIPHeader(cfg.ClientIPHeader)
 	s := &Server{
 		cfg:      cfg,
 		d:        d,
 		log:      d.Logger.With("component", "server"),
 		now:      d.Now,
 		reqIDs:   newRequestIDs(),
-		clients:  &clientIP{trusted: trusted, log: d.Logger.With("component", "server")},
+		clients:  &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
 		guard:    d.InviteGuard,
 		calendar: budget.NewCalendar(d.Operator.loc),
 	}

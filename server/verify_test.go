@@ -31,9 +31,12 @@ func loose(c InviteConfig) InviteConfig {
 	return c
 }
 
-// trustLoopback makes 127.0.0.1 a trusted proxy, so that tests can play
-// many clients through X-Real-IP and X-Forwarded-For.
-func trustLoopback(c *Config) { c.TrustedProxies = []string{"127.0.0.1"} }
+// trustLoopback makes 127.0.0.1 a trusted proxy that names the client in
+// X-Real-IP, so that tests can play many clients.
+func trustLoopback(c *Config) {
+	c.TrustedProxies = []string{"127.0.0.1"}
+	c.ClientIPHeader = headerRealIP
+}
 
 // verify posts {"code","email"} with extra headers ("X-Real-IP": ...).
 func (e *env) verify(code, email string, headers ...string) (*http.Response, []byte) {
@@ -399,7 +402,8 @@ func TestVerifyForgedHeadersFromUntrustedPeer(t *testing.T) {
 // client's own writing; rotating it changes nothing, while two real
 // clients behind the proxy are kept apart.
 func TestVerifyBehindTrustedProxy(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{FailLimit: 3})})
+	xff := func(c *Config) { c.TrustedProxies = []string{"127.0.0.1"}; c.ClientIPHeader = "x-forwarded-for" }
+	e := newEnv(t, envOptions{cfg: xff, invites: loose(InviteConfig{FailLimit: 3})})
 	code, _ := e.newInvite(2, 0)
 	var r refusedBody
 	for i := range 3 {
@@ -542,7 +546,8 @@ func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
 // X-Real-IP through. A client rotating X-Real-IP must still be one address
 // to the fail limit: at most fail_limit guesses are evaluated.
 func TestVerifyRotatingXRealIPBehindCaddy(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+	caddy := func(c *Config) { c.TrustedProxies = []string{"127.0.0.1"} } // client_ip_header: the default
+	e := newEnv(t, envOptions{cfg: caddy, invites: loose(InviteConfig{})})
 	var r refusedBody
 	for i := range 30 {
 		resp, data := e.verify("WRONG-CODE-BBB", fmt.Sprintf("z%d@example.com", i),
@@ -551,5 +556,21 @@ func TestVerifyRotatingXRealIPBehindCaddy(t *testing.T) {
 	}
 	if got := e.inviteRefusals(reasonInvalid); got != 5 {
 		t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.7)", got)
+	}
+}
+
+// TestVerifyRotatingXFFBehindNginxRealIP plays an nginx that sets only
+// X-Real-IP and passes the client's own X-Forwarded-For through: with
+// client_ip_header = "X-Real-IP", rotating X-Forwarded-For gains nothing.
+func TestVerifyRotatingXFFBehindNginxRealIP(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+	var r refusedBody
+	for i := range 30 {
+		resp, data := e.verify("WRONG-CODE-CCC", fmt.Sprintf("y%d@example.com", i),
+			"X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1), "X-Real-IP", "203.0.113.8")
+		r.want(t, resp, data)
+	}
+	if got := e.inviteRefusals(reasonInvalid); got != 5 {
+		t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.8)", got)
 	}
 }
