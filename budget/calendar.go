@@ -48,13 +48,29 @@ func (c *Calendar) lookup(t time.Time) *calendarDay {
 	l := t.In(c.loc)
 	d.start = time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, c.loc)
 	d.end = time.Date(l.Year(), l.Month(), l.Day()+1, 0, 0, 0, 0, c.loc)
-	// Remember it only if both ends really belong to the day (a zone whose
-	// clocks skip midnight can make time.Date land elsewhere) and it is not
-	// older than the day remembered: a late reading from a request that
-	// started before midnight must not push everyone else back a day.
-	exact := DayKey(d.start, c.loc) == d.day && DayKey(d.end.Add(-time.Nanosecond), c.loc) == d.day
-	if old := c.cur.Load(); exact && (old == nil || d.start.After(old.start)) {
-		c.cur.Store(d)
+	// Remember it only if every instant of [start, end) has this date: both
+	// ends belong to the day (a zone whose clocks skip midnight can make
+	// time.Date land elsewhere) and the offset does not change inside it
+	// (a change there, such as St John's falling back at midnight until
+	// 2011, can take the date back within the day). And only if it is newer
+	// than the day remembered: a late reading from a request that started
+	// before midnight must not push everyone else back a day.
+	if !c.uniform(d) {
+		return d
 	}
-	return d
+	for {
+		old := c.cur.Load()
+		if old != nil && !d.start.After(old.start) || c.cur.CompareAndSwap(old, d) {
+			return d
+		}
+	}
+}
+
+// uniform reports whether every instant of d's [start, end) falls on d.day.
+func (c *Calendar) uniform(d *calendarDay) bool {
+	if DayKey(d.start, c.loc) != d.day || DayKey(d.end.Add(-time.Nanosecond), c.loc) != d.day {
+		return false
+	}
+	_, offsetEnds := d.start.ZoneBounds()
+	return offsetEnds.IsZero() || !offsetEnds.Before(d.end)
 }

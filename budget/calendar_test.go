@@ -105,3 +105,26 @@ func BenchmarkDayKey(b *testing.B) {
 		_ = DayKey(now, loc)
 	}
 }
+
+// TestCalendarOffsetChangeInsideTheDay: St John's fell back from 00:01 to
+// 23:01 the day before until 2011, so the date went back inside a day. Such
+// a day is never remembered, and every reading gets its own date.
+func TestCalendarOffsetChangeInsideTheDay(t *testing.T) {
+	loc := mustZone(t, "America/St_Johns")
+	cal := NewCalendar(loc)
+	// 1987-10-25 00:01 NDT became 1987-10-24 23:01 NST.
+	start := time.Date(1987, 10, 24, 22, 0, 0, 0, loc)
+	for ts := start; ts.Before(start.Add(4 * time.Hour)); ts = ts.Add(time.Minute) {
+		check(t, cal, ts, loc)
+	}
+	// Every zone, every day from 1970 to 2038 at 01:00 and 23:30 UTC.
+	for _, zone := range []string{"America/St_Johns", "America/Goose_Bay", "America/Moncton", "Antarctica/Casey", "America/Havana", "Asia/Gaza"} {
+		loc := mustZone(t, zone)
+		cal := NewCalendar(loc)
+		for d := time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC); d.Year() < 2038; d = d.AddDate(0, 0, 1) {
+			for _, h := range []time.Duration{time.Hour, 23*time.Hour + 30*time.Minute, 3*time.Hour + 1*time.Minute} {
+				check(t, cal, d.Add(h), loc)
+			}
+		}
+	}
+}
