@@ -139,7 +139,7 @@ func (iv *Invites) Delete(id string) (InviteInfo, error) {
 
 func inviteInfo(inv storage.Invite) InviteInfo {
 	return InviteInfo{
-		ID: inv.ID, Uses: inv.Uses(), MaxUses: inv.MaxUses, Note: inv.Note,
+		ID: inv.ID, Uses: inv.Used, MaxUses: inv.MaxUses, Note: inv.Note,
 		CreatedAt: inv.CreatedAt, ExpiresAt: inv.ExpiresAt, RevokedAt: inv.RevokedAt,
 	}
 }

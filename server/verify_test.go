@@ -371,8 +371,8 @@ func TestVerifyParallelRedemptionOfOneUse(t *testing.T) {
 		t.Errorf("%d ok and %d refused, want 1 and 9", ok.Load(), refused.Load())
 	}
 	inv, err := e.db.InviteByHash(hashInviteCode(normaliseCode(code)))
-	if err != nil || inv.Uses() != 1 {
-		t.Errorf("stored uses %d (%v), want 1", inv.Uses(), err)
+	if err != nil || inv.Used != 1 {
+		t.Errorf("stored uses %d (%v), want 1", inv.Used, err)
 	}
 }
 

@@ -46,9 +46,6 @@ type redemptionValue struct {
 	At time.Time
 }
 
-// Uses returns how many uses of inv are taken.
-func (inv Invite) Uses() int { return inv.Used }
-
 // check tells what a redemption of inv at now would give, given whether
 // the e-mail has redeemed it before, without changing anything.
 func (inv Invite) check(redeemed bool, now time.Time) RedeemOutcome {

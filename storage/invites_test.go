@@ -62,7 +62,7 @@ func TestInviteRedemptionOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := inv.Uses(), 2; got != want {
+	if got, want := inv.Used, 2; got != want {
 		t.Errorf("two: %d uses, want %d", got, want)
 	}
 	reds, err := db.Redemptions(two.Hash)
@@ -106,8 +106,8 @@ func TestInviteParallelRedemptionOfOneUse(t *testing.T) {
 		t.Errorf("outcomes %v, want 1 redeemed and 9 used up", got)
 	}
 	stored, _ := db.InviteByHash(inv.Hash)
-	if stored.Uses() != 1 {
-		t.Errorf("stored uses %d, want 1", stored.Uses())
+	if stored.Used != 1 {
+		t.Errorf("stored uses %d, want 1", stored.Used)
 	}
 }
 
@@ -251,7 +251,7 @@ func TestInviteParallelRedemptionOfManyUses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := stored.Uses(), uses; got != want {
+	if got, want := stored.Used, uses; got != want {
 		t.Errorf("stored uses %d, want %d", got, want)
 	}
 	reds, err := db.Redemptions(inv.Hash)
@@ -288,8 +288,8 @@ func TestInviteRedemptionFailsClosed(t *testing.T) {
 	if o, err := db.RedeemInvite(context.Background(), inv.Hash, "a@x", t0); err == nil || o != InviteUnknown {
 		t.Errorf("RedeemInvite = %v, %v; want InviteUnknown and an error", o, err)
 	}
-	if stored, _ := db.InviteByHash(inv.Hash); stored.Uses() != 0 {
-		t.Errorf("uses %d after a failed redemption, want 0", stored.Uses())
+	if stored, _ := db.InviteByHash(inv.Hash); stored.Used != 0 {
+		t.Errorf("uses %d after a failed redemption, want 0", stored.Used)
 	}
 	if _, err := db.Redemptions(inv.Hash); err == nil {
 		t.Error("Redemptions: nil error, want one")
@@ -312,7 +312,7 @@ func TestDeleteInvite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if deleted.ID != "inv_del" || deleted.Uses() != 1 {
+	if deleted.ID != "inv_del" || deleted.Used != 1 {
 		t.Errorf("deleted %+v", deleted)
 	}
 	err = db.view(func(tx *bbolt.Tx) error {
@@ -375,8 +375,8 @@ func TestBackupKeepsRedemptions(t *testing.T) {
 	}
 
 	restored := mustOpenPath(t, path, Options{})
-	if got, _ := restored.InviteByHash(inv.Hash); got.Uses() != 2 {
-		t.Errorf("restored uses %d, want 2", got.Uses())
+	if got, _ := restored.InviteByHash(inv.Hash); got.Used != 2 {
+		t.Errorf("restored uses %d, want 2", got.Used)
 	}
 	if o, err := restored.CheckInvite(inv.Hash, "b@x", t0); err != nil || o != InviteAlreadyRedeemed {
 		t.Errorf("b@x on the restored copy: %v %v, want InviteAlreadyRedeemed", o, err)

@@ -149,7 +149,7 @@ func TestMigrateV1InviteRedemptions(t *testing.T) {
 				!inv.ExpiresAt.Equal(o.ExpiresAt) || !inv.RevokedAt.Equal(o.RevokedAt) {
 				t.Errorf("%s: record %+v does not match the old one", o.ID, inv)
 			}
-			if got, want := inv.Uses(), len(o.Redeemed); got != want {
+			if got, want := inv.Used, len(o.Redeemed); got != want {
 				t.Errorf("%s: %d uses, want %d", o.ID, got, want)
 			}
 			reds, err := db.Redemptions(o.Hash)
@@ -206,11 +206,11 @@ func TestMigrateV1InviteRedemptions(t *testing.T) {
 				t.Errorf("%s: %v, want %v", s.name, got, s.want)
 			}
 		}
-		if inv, _ := db.InviteByHash(part.Hash); inv.Uses() != 5 {
-			t.Errorf("part: %d uses, want 5", inv.Uses())
+		if inv, _ := db.InviteByHash(part.Hash); inv.Used != 5 {
+			t.Errorf("part: %d uses, want 5", inv.Used)
 		}
-		if inv, _ := db.InviteByHash(beta.Hash); inv.Uses() != 1001 {
-			t.Errorf("beta: %d uses, want 1001", inv.Uses())
+		if inv, _ := db.InviteByHash(beta.Hash); inv.Used != 1001 {
+			t.Errorf("beta: %d uses, want 1001", inv.Used)
 		}
 	})
 
@@ -257,8 +257,8 @@ func TestMigrateV1TwiceInOneRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Uses() != 3 {
-		t.Errorf("%d uses, want 3", got.Uses())
+	if got.Used != 3 {
+		t.Errorf("%d uses, want 3", got.Used)
 	}
 	reds, _ := db.Redemptions(inv.Hash)
 	if len(reds) != 2 || !reds[0].At.Equal(t0) {
