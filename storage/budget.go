@@ -86,8 +86,11 @@ func settle(tx *bbolt.Tx, s Settlement) error {
 		return fmt.Errorf("%w: negative cost", ErrInvalid)
 	}
 	if s.ID == 0 {
-		if s.Day == "" {
+		switch {
+		case s == (Settlement{}):
 			return nil
+		case s.Day == "":
+			return fmt.Errorf("%w: a settlement needs a reservation id or a day", ErrInvalid)
 		}
 		if err := checkDay(s.Day); err != nil {
 			return err

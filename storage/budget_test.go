@@ -168,4 +168,7 @@ func TestSettleUnreservedCall(t *testing.T) {
 	if err := db.Settle(ctx, Settlement{Day: day, ActualMicroUSD: -1}); err == nil {
 		t.Error("a negative cost was accepted")
 	}
+	if err := db.Settle(ctx, Settlement{ActualMicroUSD: 5}); err == nil {
+		t.Error("a cost with neither a reservation nor a day was accepted")
+	}
 }
