@@ -58,7 +58,7 @@ func BenchmarkAcceptedVsBareEcho(b *testing.B) {
 	b.ReportMetric(bareRate, "bare-req/s")
 	b.ReportMetric(oursRate, "accepted-req/s")
 	b.ReportMetric(oursRate/bareRate, "ratio")
-	fmt.Printf("bare echo %.0f req/s, breakwater accepted %.0f req/s, ratio %.2f (n=%d, %d clients)\n",
+	report(b, "bare echo %.0f req/s, breakwater accepted %.0f req/s, ratio %.2f (n=%d, %d clients)\n",
 		bareRate, oursRate, oursRate/bareRate, b.N, benchClients)
 }
 
@@ -83,7 +83,7 @@ func BenchmarkRejectedVsBareEcho(b *testing.B) {
 	b.ReportMetric(bareRate, "bare-req/s")
 	b.ReportMetric(oursRate, "rejected-req/s")
 	b.ReportMetric(oursRate/bareRate, "ratio")
-	fmt.Printf("bare echo %.0f req/s, breakwater rejected %.0f req/s, ratio %.2f (n=%d, %d clients)\n",
+	report(b, "bare echo %.0f req/s, breakwater rejected %.0f req/s, ratio %.2f (n=%d, %d clients)\n",
 		bareRate, oursRate, oursRate/bareRate, b.N, benchClients)
 }
 
@@ -142,7 +142,7 @@ func BenchmarkGuardCheckAtHalfLoad(b *testing.B) {
 	b.ReportMetric(p99*1e6, "p99<=µs")
 	b.ReportMetric(mean*1e6, "mean-µs")
 	b.ReportMetric(float64(within50)/float64(total), "share<=50µs")
-	fmt.Printf("max %.0f req/s; at %.0f req/s (half): guard check p99 <= %.0f µs, mean %.1f µs, %.2f%% within 50 µs (%d requests)\n"+
+	report(b, "max %.0f req/s; at %.0f req/s (half): guard check p99 <= %.0f µs, mean %.1f µs, %.2f%% within 50 µs (%d requests)\n"+
 		"  controls at the same rate: %s\n",
 		maxRate, achieved, p99*1e6, mean*1e6, 100*float64(within50)/float64(total), total, strings.Join(controls, "; "))
 }
@@ -205,6 +205,14 @@ func (c *stallControl) figures() (p99 time.Duration, within50 float64) {
 		}
 	}
 	return c.times[len(c.times)*99/100], float64(n) / float64(len(c.times))
+}
+
+// report prints a benchmark's figures, except on the one-request run the
+// testing package makes first to size b.N, whose figures mean nothing.
+func report(b *testing.B, format string, args ...any) {
+	if b.N > 1 {
+		fmt.Printf(format, args...)
+	}
 }
 
 func guardHistogram(b *testing.B, s *Server) *dto.Histogram {
