@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -59,8 +60,11 @@ func recoverPanics(log *slog.Logger) echo.MiddlewareFunc {
 }
 
 // limitBody refuses a body whose declared length exceeds max before reading
-// a byte of it, and caps what can be read from any other body at max, so a
-// lying or absent Content-Length cannot make us buffer more.
+// a byte of it, and caps a body of unknown length (chunked) at max, so an
+// absent Content-Length cannot make us buffer more. A declared length is
+// already a cap: the server reads no further. Such a body is left as it
+// is, so that the server still sees how much of it is unread when a
+// refusal goes out (see dontWaitForBody).
 func limitBody(max int64) echo.MiddlewareFunc { return limitBodyWith(max, errTooLarge) }
 
 // limitBodyWith is limitBody answering a declared length over max with
@@ -72,10 +76,27 @@ func limitBodyWith(max int64, tooLarge *Problem) echo.MiddlewareFunc {
 			if r.ContentLength > max {
 				return tooLarge
 			}
-			r.Body = http.MaxBytesReader(c.Response(), r.Body, max)
+			if r.ContentLength < 0 {
+				r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(c.Response(), r.Body, max)}
+			}
 			return next(c)
 		}
 	}
+}
+
+// limitedBody is a body of unknown length held to a limit; done once it has
+// been read to its end.
+type limitedBody struct {
+	io.ReadCloser
+	done bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.done = true
+	}
+	return n, err
 }
 
 // isTooLarge reports whether err came from reading past the body limit.

@@ -53,6 +53,18 @@ func (p *Problem) withRetryAfter(seconds int) *Problem {
 	return &c
 }
 
+// dontWaitForBody lets a refusal go out without waiting for a body that
+// has not arrived. Go's server drains up to 256 KiB of an unread body
+// before it answers, so that the connection can be reused, and closes the
+// connection instead when a declared length says more is left. A body of
+// unknown length (chunked) cannot be judged, so its connection is closed
+// after the answer; the server then reads none of it.
+func dontWaitForBody(c echo.Context) {
+	if b, ok := c.Request().Body.(*limitedBody); ok && !b.done {
+		c.Response().Header().Set("Connection", "close")
+	}
+}
+
 // errorHandler returns Echo's HTTPErrorHandler: every error a handler or
 // middleware returns becomes one problem+json answer here, and is logged
 // once, here.
@@ -73,6 +85,7 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		if p.retryAfter > 0 {
 			h.Set("Retry-After", strconv.Itoa(p.retryAfter))
 		}
+		dontWaitForBody(c)
 		h.Set(echo.HeaderContentType, "application/problem+json")
 		h.Set("Cache-Control", "no-store")
 		if p.Status == http.StatusUnauthorized && h.Get("WWW-Authenticate") == "" {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -13,8 +14,10 @@ import (
 	"io"
 	"log/slog"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -852,4 +855,57 @@ func mustRequest(t *testing.T, method, url, token string) *http.Request {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	return req
+}
+
+// TestRefusalDoesNotWaitForTheBody: a request refused before its body is
+// read (no key, over a limit) is answered at once, even if the body it
+// declares never arrives. Go's server would otherwise wait to drain up to
+// 256 KiB of it, until the read timeout, holding the connection open.
+func TestRefusalDoesNotWaitForTheBody(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, head := range []string{
+		"Content-Length: 5000000\r\n",
+		"Authorization: Bearer bw_nope\r\nContent-Length: 5000000\r\n",
+		"Transfer-Encoding: chunked\r\n", // length unknown: the connection is closed
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.http.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n%s\r\n", head)
+		conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer while the body is missing: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("status %d, want 401", resp.StatusCode)
+		}
+	}
+	// A refused request whose small body came with it keeps its connection.
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	var conns atomic.Int64
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		if !i.Reused {
+			conns.Add(1)
+		}
+	}}
+	for range 3 {
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, e.http.URL+"/v1/ocr",
+			bytes.NewReader(pngBytes(t, 16, 16)))
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections for 3 refused requests with their bodies, want 1 (kept alive)", n)
+	}
 }
