@@ -62,7 +62,7 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return peer.String()
 	}
 	forwarded := ci.rightmostUntrusted(r.Header.Values(headerXFF))
-	real := parseAddr(strings.TrimSpace(r.Header.Get(headerRealIP)))
+	real := lastRealIP(r.Header.Values(headerRealIP))
 	client, other := forwarded, real
 	if ci.header == headerRealIP {
 		client, other = real, forwarded
@@ -78,6 +78,15 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return client.String()
 	}
 	return peer.String()
+}
+
+// lastRealIP is the address in the last X-Real-IP header: a proxy that adds
+// its own header rather than replacing the client's puts it last.
+func lastRealIP(values []string) netip.Addr {
+	if len(values) == 0 {
+		return netip.Addr{}
+	}
+	return parseAddr(strings.TrimSpace(values[len(values)-1]))
 }
 
 // rightmostUntrusted reads the X-Forwarded-For entries from the right,

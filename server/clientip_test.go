@@ -117,3 +117,17 @@ func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 		t.Errorf("warned although the headers agree:\n%s", logs.String())
 	}
 }
+
+// TestClientIPTwoRealIPHeaders: a proxy that adds its own X-Real-IP rather
+// than replacing the client's puts it last; the last one is believed.
+func TestClientIPTwoRealIPHeaders(t *testing.T) {
+	trusted, _ := ParsePrefixes([]string{"127.0.0.1"})
+	ci := &clientIP{trusted: trusted, header: headerRealIP}
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "127.0.0.1:4000"
+	r.Header.Add("X-Real-IP", "6.6.6.6")      // the client's
+	r.Header.Add("X-Real-IP", "198.51.100.7") // the proxy's
+	if got := ci.extract(r); got != "198.51.100.7" {
+		t.Errorf("client %q, want the last X-Real-IP 198.51.100.7", got)
+	}
+}

@@ -70,7 +70,13 @@ type quotaResponse struct {
 // tells whether the user is banned: for an API key that comes with the
 // key's own lookup.
 func (s *Server) authenticate(c echo.Context) (id Identity, banned bool, err error) {
-	token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
+	// Two Authorization headers are refused, not resolved: a proxy and the
+	// server might each believe a different one.
+	auth := c.Request().Header.Values(echo.HeaderAuthorization)
+	if len(auth) != 1 {
+		return Identity{}, false, errUnauthorized
+	}
+	token, ok := bearer(auth[0])
 	if !ok {
 		return Identity{}, false, errUnauthorized
 	}

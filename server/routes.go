@@ -11,6 +11,7 @@ func (s *Server) routes() {
 	// Public listener. The body limit leaves room for multipart framing;
 	// the image itself is held to max_image_bytes when it is read.
 	s.public.GET("/healthz", s.handleHealth)
+	s.public.HEAD("/healthz", s.handleHealth) // for monitors that only ask HEAD
 	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack))
 	s.public.POST("/v1/invites/verify", s.handleVerifyInvite, limitBodyWith(maxVerifyBody, errVerifyTooLarge))
 

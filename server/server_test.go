@@ -909,3 +909,28 @@ func TestRefusalDoesNotWaitForTheBody(t *testing.T) {
 		t.Errorf("%d connections for 3 refused requests with their bodies, want 1 (kept alive)", n)
 	}
 }
+
+// TestTwoAuthorizationHeadersRefused: with two Authorization headers a
+// proxy and the server might each believe another; both orders get 401.
+func TestTwoAuthorizationHeadersRefused(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, pair := range [][2]string{{e.key, "bw_bogus"}, {"bw_bogus", e.key}} {
+		req, _ := http.NewRequest(http.MethodPost, e.http.URL+"/v1/ocr", bytes.NewReader(pngBytes(t, 16, 16)))
+		req.Header.Set("Content-Type", "image/png")
+		req.Header.Add("Authorization", "Bearer "+pair[0])
+		req.Header.Add("Authorization", "Bearer "+pair[1])
+		resp, data := do(t, req)
+		decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+	}
+	if got := e.gemini.calls.Load(); got != 0 {
+		t.Errorf("%d upstream calls, want 0", got)
+	}
+	resp, err := http.Head(e.http.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("HEAD /healthz: %d, want 200", resp.StatusCode)
+	}
+}
