@@ -19,6 +19,8 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -932,5 +934,44 @@ func TestTwoAuthorizationHeadersRefused(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("HEAD /healthz: %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestRequestIDs: ids share the process's prefix, never repeat, and are no
+// counter (two in a row do not tell the traffic in between).
+func TestRequestIDs(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	seen := map[string]bool{}
+	var prefix string
+	for i := range 200 {
+		resp, err := http.Get(e.http.URL + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-ID")
+		p, rest, ok := strings.Cut(id, "-")
+		if !ok || rest == "" || seen[id] {
+			t.Fatalf("request %d: id %q malformed or repeated", i, id)
+		}
+		if prefix == "" {
+			prefix = p
+		} else if p != prefix {
+			t.Fatalf("prefix %q, then %q", prefix, p)
+		}
+		seen[id] = true
+	}
+	var ids []uint64
+	for id := range seen {
+		_, rest, _ := strings.Cut(id, "-")
+		n, err := strconv.ParseUint(rest, 36, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, n)
+	}
+	slices.Sort(ids)
+	if ids[len(ids)-1]-ids[0] < 1<<40 { // 200 counter values would span 200
+		t.Errorf("ids span only %d: a counter", ids[len(ids)-1]-ids[0])
 	}
 }
