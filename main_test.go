@@ -136,6 +136,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"no plans", "[server]\nlisten = \":80\"\n", nil, "plans"},
 		{"zero quota", "[plans.free]\nmonthly_quota = 0\n", nil, "plans.free.monthly_quota"},
 		{"bad proxy", "[server]\ntrusted_proxies = [\"nope\"]\n" + minimalConfig, nil, "server.trusted_proxies"},
+		{"unknown client IP header", "[server]\nclient_ip_header = \"Forwarded\"\n" + minimalConfig, nil, "server.client_ip_header"},
+		{"negative side", "[server]\nmax_image_side = -1\n" + minimalConfig, nil, "server.max_image_side"},
 		{"bad env value", minimalConfig, map[string]string{"BREAKWATER_OCR__TIMEOUT": "soon"}, "ocr.timeout"},
 		{"bad env number", minimalConfig, map[string]string{"BREAKWATER_SERVER__MAX_IMAGE_BYTES": "lots"}, "server.max_image_bytes"},
 		{"not toml", "[server\n", nil, "config"},
