@@ -541,36 +541,34 @@ func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
 	wantValid(t, e2, code, "r3@example.com")
 }
 
-// TestVerifyRotatingXRealIPBehindCaddy plays Caddy's default: it appends
-// the address it saw to X-Forwarded-For and passes the client's own
-// X-Real-IP through. A client rotating X-Real-IP must still be one address
-// to the fail limit: at most fail_limit guesses are evaluated.
-func TestVerifyRotatingXRealIPBehindCaddy(t *testing.T) {
-	caddy := func(c *Config) { c.TrustedProxies = []string{"127.0.0.1"} } // client_ip_header: the default
-	e := newEnv(t, envOptions{cfg: caddy, invites: loose(InviteConfig{})})
-	var r refusedBody
-	for i := range 30 {
-		resp, data := e.verify("WRONG-CODE-BBB", fmt.Sprintf("z%d@example.com", i),
-			"X-Real-IP", fmt.Sprintf("198.51.100.%d", i+1), "X-Forwarded-For", "203.0.113.7")
-		r.want(t, resp, data)
-	}
-	if got := e.inviteRefusals(reasonInvalid); got != 5 {
-		t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.7)", got)
-	}
-}
-
-// TestVerifyRotatingXFFBehindNginxRealIP plays an nginx that sets only
-// X-Real-IP and passes the client's own X-Forwarded-For through: with
-// client_ip_header = "X-Real-IP", rotating X-Forwarded-For gains nothing.
-func TestVerifyRotatingXFFBehindNginxRealIP(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
-	var r refusedBody
-	for i := range 30 {
-		resp, data := e.verify("WRONG-CODE-CCC", fmt.Sprintf("y%d@example.com", i),
-			"X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1), "X-Real-IP", "203.0.113.8")
-		r.want(t, resp, data)
-	}
-	if got := e.inviteRefusals(reasonInvalid); got != 5 {
-		t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.8)", got)
+// TestVerifyRotatingTheUntrustedHeader plays two proxies, each setting one
+// forwarding header itself and passing the client's own other one through:
+// Caddy by default (appends to X-Forwarded-For, passes X-Real-IP) and an
+// nginx that sets only X-Real-IP (passes X-Forwarded-For). With
+// client_ip_header naming the header the proxy sets, a client rotating the
+// other is still one address to the fail limit: at most fail_limit guesses
+// are evaluated.
+func TestVerifyRotatingTheUntrustedHeader(t *testing.T) {
+	for _, p := range []struct {
+		name          string
+		header        string // client_ip_header
+		rotated, real string // the header the client rotates, the proxy's own
+	}{
+		{"Caddy", headerXFF, "X-Real-IP", "X-Forwarded-For"},
+		{"nginx with X-Real-IP only", headerRealIP, "X-Forwarded-For", "X-Real-IP"},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			proxy := func(c *Config) { c.TrustedProxies, c.ClientIPHeader = []string{"127.0.0.1"}, p.header }
+			e := newEnv(t, envOptions{cfg: proxy, invites: loose(InviteConfig{})})
+			var r refusedBody
+			for i := range 30 {
+				resp, data := e.verify("WRONG-CODE-BBB", fmt.Sprintf("z%d@example.com", i),
+					p.rotated, fmt.Sprintf("198.51.100.%d", i+1), p.real, "203.0.113.7")
+				r.want(t, resp, data)
+			}
+			if got := e.inviteRefusals(reasonInvalid); got != 5 {
+				t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.7)", got)
+			}
+		})
 	}
 }
