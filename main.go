@@ -17,6 +17,7 @@ import (
 	"image/png"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 	"reflect"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -254,7 +256,9 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 		}
 	}
 
-	var c config
+	// Decoded over the defaults: a key left out keeps its documented
+	// default, and only an explicit 0 switches a limit off.
+	c := defaultConfig()
 	err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
 		DecodeHook:  mapstructure.ComposeDecodeHookFunc(strictNumbers, mapstructure.StringToTimeDurationHookFunc()),
 		ErrorUnused: true,
@@ -263,6 +267,12 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 	}})
 	if err != nil {
 		return config{}, fmt.Errorf("config %s: %s", path, cleanDecodeError(err))
+	}
+	for name, p := range c.Plans {
+		if !k.Exists("plans." + name + ".daily_attempts") {
+			p.DailyAttempts = budget.DefaultDailyAttempts(p.MonthlyQuota)
+			c.Plans[name] = p
+		}
 	}
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
 	c.Limits.User = c.Limits.User.WithDefaults()
@@ -274,6 +284,48 @@ func readConfig(path string, getenv func(string) string, optional bool) (config,
 		c.Alerts = &a
 	}
 	return c, nil
+}
+
+// defaultConfig is what a config.toml without any key means, for the
+// sections whose zero values are settings (0 switches a limit off). The
+// other sections fill their zero fields in WithDefaults.
+func defaultConfig() config {
+	var c config
+	c.Budget = budget.DefaultConfig()
+	c.Limits.User = server.DefaultUserLimits()
+	return c
+}
+
+// offSwitches names every ceiling and layer that the config switches off
+// with an explicit 0, for serve and config check to warn about: a key left
+// out takes its default, so each of these was written on purpose, or by
+// mistake.
+func offSwitches(c config) []string {
+	var out []string
+	off := func(key, what string) {
+		out = append(out, fmt.Sprintf("%s = 0 switches %s off", key, what))
+	}
+	if c.Budget.DailyRequests == 0 {
+		off("budget.daily_requests", "the service-wide ceiling on upstream calls per day")
+	}
+	if c.Budget.DailyUSD == 0 {
+		off("budget.daily_usd", "the service-wide ceiling on money per day")
+	}
+	if c.Budget.MonthlyUSD == 0 {
+		off("budget.monthly_usd", "the service-wide ceiling on money per month")
+	}
+	if c.Limits.User.Rate == 0 {
+		off("limits.user.rate", "the per-user rate limit (layer 1)")
+	}
+	if c.Limits.User.Burst == 0 {
+		off("limits.user.burst", "the per-user burst limit (layer 1)")
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Plans)) {
+		if c.Plans[name].DailyAttempts == 0 {
+			off("plans."+name+".daily_attempts", "the daily abuse line of plan "+name+" (layer 2)")
+		}
+	}
+	return out
 }
 
 // validate checks every section; errors name the key.
@@ -459,6 +511,9 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 	if warning := jwtAudienceWarning(c); warning != "" {
 		fmt.Fprintln(stdout, "warning:", warning)
 	}
+	for _, w := range offSwitches(c) {
+		fmt.Fprintln(stdout, "WARNING: limit off:", w)
+	}
 	return nil
 }
 
@@ -543,6 +598,9 @@ func (r *reloader) reload(trigger string) {
 	}
 	for _, key := range needsRestart(r.cur, next) {
 		r.log.Warn("config change needs a restart to apply", "key", key)
+	}
+	for _, w := range offSwitches(next) {
+		r.log.Warn("LIMIT OFF: " + w)
 	}
 	r.layers.Windows.SetConfig(next.Limits.User)
 	r.guard.Windows.SetConfig(next.Invites.Limits())
@@ -657,6 +715,9 @@ func watchFile(ctx context.Context, path string, quiet time.Duration, changed fu
 // if not nil, is called with the public address once it accepts requests.
 func serve(ctx context.Context, c config, getenv func(string) string, log *slog.Logger, ready func(*started)) error {
 	log.Info("starting breakwater", "version", versionString(), "storage", c.Storage.Path, "provider", c.OCR.Provider)
+	for _, w := range offSwitches(c) {
+		log.Warn("LIMIT OFF: " + w)
+	}
 	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
 	if err := checkAdminListen(c.Server.AdminListen, adminToken); err != nil {
 		return err
@@ -957,7 +1018,7 @@ func cmdDemo(ctx context.Context, args []string, getenv func(string) string, std
 	c.Server.Listen = "127.0.0.1:0"
 	demoPlan := server.DefaultPlan
 	if _, ok := c.Plans[demoPlan]; !ok {
-		c.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100}}
+		c.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100, DailyAttempts: budget.DefaultDailyAttempts(100)}}
 	}
 	if err := c.validate(); err != nil {
 		return fmt.Errorf("config %s: %w", *path, err)

@@ -8,28 +8,67 @@ import (
 	_ "time/tzdata" // time zones work on minimal systems without /usr/share/zoneinfo
 )
 
-// DefaultTimezone is the time zone in which days and months are counted when
-// [budget] timezone is not set.
-const DefaultTimezone = "UTC"
+// Defaults of [Config]: what a key left out of config.toml means. Only an
+// explicit 0 switches a ceiling off.
+const (
+	// DefaultTimezone is the time zone in which days and months are
+	// counted when [budget] timezone is not set.
+	DefaultTimezone = "UTC"
+	// DefaultDailyRequests is the service-wide ceiling on upstream calls
+	// per day.
+	DefaultDailyRequests = 5000
+	// DefaultDailyUSD is the service-wide ceiling on money per day.
+	DefaultDailyUSD = 10.0
+	// DefaultMonthlyUSD is the service-wide ceiling on money per month.
+	DefaultMonthlyUSD = 100.0
+	// MinDefaultDailyAttempts is the least daily line a plan without
+	// daily_attempts gets; see [DefaultDailyAttempts].
+	MinDefaultDailyAttempts = 10
+)
+
+// DefaultConfig is the [budget] section of a config.toml that leaves every
+// key out. Decode config.toml over it, so that an absent key keeps its
+// default and only an explicit 0 switches a ceiling off.
+func DefaultConfig() Config {
+	return Config{
+		Timezone:      DefaultTimezone,
+		DailyRequests: DefaultDailyRequests,
+		DailyUSD:      DefaultDailyUSD,
+		MonthlyUSD:    DefaultMonthlyUSD,
+	}
+}
+
+// DefaultDailyAttempts is the daily abuse line of a plan whose
+// [plans.NAME] section leaves daily_attempts out: half its monthly quota,
+// and at least MinDefaultDailyAttempts. A user may then spend half a
+// month's reads in one day, but no key can make unbounded calls.
+func DefaultDailyAttempts(monthlyQuota int64) int64 {
+	return max(monthlyQuota/2, MinDefaultDailyAttempts)
+}
 
 // Config is the [budget] section of config.toml.
 type Config struct {
 	// Timezone is the IANA name of the zone whose midnight starts a new day
 	// and whose first of the month starts a new quota month. Default "UTC".
 	Timezone string `koanf:"timezone"`
-	// DailyRequests is the most upstream calls per day, whole service.
+	// DailyRequests is the most upstream calls per day, whole service,
+	// retries included. Default DefaultDailyRequests (5000); an explicit
 	// 0 switches this ceiling off.
 	DailyRequests int64 `koanf:"daily_requests"`
 	// DailyUSD is the most money per day, in US dollars, whole service,
 	// counting each call at its worst case until its actual cost is known.
-	// 0 switches this ceiling off.
+	// Default DefaultDailyUSD ($10); an explicit 0 switches this ceiling
+	// off.
 	DailyUSD float64 `koanf:"daily_usd"`
 	// MonthlyUSD is the most money per calendar month, the app-side mirror
-	// of the provider's own spend cap. 0 switches this ceiling off.
+	// of the provider's own spend cap. Default DefaultMonthlyUSD ($100);
+	// an explicit 0 switches this ceiling off.
 	MonthlyUSD float64 `koanf:"monthly_usd"`
 }
 
-// WithDefaults returns c with every zero field set to its documented default.
+// WithDefaults returns c with an empty Timezone set to DefaultTimezone. The
+// ceilings are left as they are, since 0 is a setting ("off"): take
+// [DefaultConfig] as the starting point instead.
 func (c Config) WithDefaults() Config {
 	if c.Timezone == "" {
 		c.Timezone = DefaultTimezone
@@ -72,8 +111,9 @@ type Plan struct {
 	// the figure users see in every response. Must be at least 1.
 	MonthlyQuota int64 `koanf:"monthly_quota"`
 	// DailyAttempts is the daily abuse line: the most requests per day that
-	// reach the upstream, success or failure. Never shown to users. 0 means
-	// no line.
+	// reach the upstream, success or failure. Never shown to users. Left
+	// out of config.toml it is [DefaultDailyAttempts] of MonthlyQuota; an
+	// explicit 0 means no line.
 	DailyAttempts int64 `koanf:"daily_attempts"`
 }
 

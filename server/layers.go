@@ -27,6 +27,20 @@ const (
 	layerBudget   = "budget"
 )
 
+// Defaults of [limits.user], layer 1: what a key left out of config.toml
+// means. Only an explicit 0 switches the rate or the burst limit off.
+const (
+	DefaultUserRate   = 60
+	DefaultUserWindow = time.Minute
+	DefaultUserBurst  = 5
+)
+
+// DefaultUserLimits is [limits.user] when config.toml leaves every key out.
+// Decode config.toml over it, so that an absent key keeps its default.
+func DefaultUserLimits() limiter.Config {
+	return limiter.Config{Rate: DefaultUserRate, Window: DefaultUserWindow, Burst: DefaultUserBurst}
+}
+
 // RateLimiter is layer 1: limiter.Limiter keyed by user id.
 type RateLimiter interface {
 	Allow(key string, now time.Time) error
