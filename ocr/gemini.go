@@ -124,11 +124,15 @@ func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logg
 // Read asks the model for the serials on img. The call, including one retry
 // on 429 or 503 when time remains for it, is bounded by cfg.Timeout.
 //
+// The retry is a second paid call, so it is made only if mayRetry, asked
+// just before, returns true: that is where the caller claims it against
+// its budget. A nil mayRetry never retries.
+//
 // Every error is an *UpstreamError. When the model answered but the answer
 // is unusable (Reason "bad_output" or "blocked"), the Result is returned
 // with the error and holds the billed Usage; for other errors the cost is
 // unknown and the caller should assume Price.WorstCase.
-func (g *Gemini) Read(ctx context.Context, img Image) (Result, error) {
+func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Result, error) {
 	res := Result{Model: g.cfg.Model}
 	body, err := json.Marshal(g.request(img))
 	if err != nil {
@@ -154,6 +158,10 @@ func (g *Gemini) Read(ctx context.Context, img Image) (Result, error) {
 			return res, uerr
 		}
 		if attempt > 1 || (status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable) || !g.timeLeft(ctx) {
+			return res, uerr
+		}
+		if mayRetry == nil || !mayRetry() {
+			g.logger.Warn("upstream busy; no retry, the caller's budget has no room for it", "status", status, "reason", uerr.Reason)
 			return res, uerr
 		}
 		g.logger.Warn("upstream busy, retrying once", "status", status, "reason", uerr.Reason, "delay", retryDelay)

@@ -211,7 +211,7 @@ func TestGeminiReadOK(t *testing.T) {
 	fake := newFakeGemini(t, DefaultMaxOutputTokens, reply{status: 200, file: "ok.json"})
 	g, slept, _ := newTestGemini(t, Config{}, fake.URL)
 
-	res, err := g.Read(t.Context(), testImage)
+	res, err := g.Read(t.Context(), testImage, alwaysRetry)
 	if err != nil {
 		t.Fatalf("Read: %v", err)
 	}
@@ -264,7 +264,7 @@ func TestGeminiReadOK(t *testing.T) {
 func TestGeminiReadMaxOutputTokensSent(t *testing.T) {
 	fake := newFakeGemini(t, 123, reply{status: 200, file: "ok_empty.json"})
 	g, _, _ := newTestGemini(t, Config{Price: Price{MaxOutputTokens: 123}}, fake.URL)
-	res, err := g.Read(t.Context(), testImage)
+	res, err := g.Read(t.Context(), testImage, alwaysRetry)
 	if err != nil {
 		t.Fatalf("Read: %v", err)
 	}
@@ -297,7 +297,7 @@ func TestGeminiReadStatus(t *testing.T) {
 			fake := newFakeGemini(t, DefaultMaxOutputTokens, tt.replies...)
 			g, slept, _ := newTestGemini(t, Config{}, fake.URL)
 
-			res, err := g.Read(t.Context(), testImage)
+			res, err := g.Read(t.Context(), testImage, alwaysRetry)
 			if got := fake.calls.Load(); got != tt.wantCalls {
 				t.Errorf("calls = %d, want %d", got, tt.wantCalls)
 			}
@@ -335,7 +335,7 @@ func TestGeminiReadRedirectKeepsKey(t *testing.T) {
 	}))
 	defer redirect.Close()
 	g, _, _ := newTestGemini(t, Config{}, redirect.URL)
-	_, err := g.Read(t.Context(), testImage)
+	_, err := g.Read(t.Context(), testImage, alwaysRetry)
 	if ue := upstreamError(t, err); ue.Status != http.StatusTemporaryRedirect {
 		t.Errorf("Status = %d, want 307", ue.Status)
 	}
@@ -351,7 +351,7 @@ func TestGeminiReadNoRetryWithoutTime(t *testing.T) {
 	// 30 s, less than the delay and a retry need.
 	g.now = func() time.Time { return time.Now().Add(DefaultTimeout - 2*time.Second) }
 
-	_, err := g.Read(t.Context(), testImage)
+	_, err := g.Read(t.Context(), testImage, alwaysRetry)
 	if ue := upstreamError(t, err); ue.Status != 429 || ue.Reason != "RESOURCE_EXHAUSTED" {
 		t.Errorf("error = %d %q, want 429 RESOURCE_EXHAUSTED", ue.Status, ue.Reason)
 	}
@@ -377,7 +377,7 @@ func TestGeminiReadKeyRefused(t *testing.T) {
 			fake := newFakeGemini(t, DefaultMaxOutputTokens, tt.reply, reply{200, "ok.json", ""})
 			g, _, logs := newTestGemini(t, Config{}, fake.URL)
 
-			_, err := g.Read(t.Context(), testImage)
+			_, err := g.Read(t.Context(), testImage, alwaysRetry)
 			if !errors.Is(err, ErrKeyRefused) {
 				t.Fatalf("err = %v, want ErrKeyRefused", err)
 			}
@@ -417,7 +417,7 @@ func TestGeminiReadTimeout(t *testing.T) {
 	g, _, _ := newTestGemini(t, Config{Timeout: 50 * time.Millisecond}, fake.URL)
 
 	start := time.Now()
-	res, err := g.Read(t.Context(), testImage)
+	res, err := g.Read(t.Context(), testImage, alwaysRetry)
 	ue := upstreamError(t, err)
 	if ue.Reason != ReasonTimeout || ue.Status != 0 {
 		t.Errorf("error = %d %q, want 0 %q", ue.Status, ue.Reason, ReasonTimeout)
@@ -438,7 +438,7 @@ func TestGeminiReadCanceled(t *testing.T) {
 	g, _, _ := newTestGemini(t, Config{}, fake.URL)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err := g.Read(ctx, testImage)
+	_, err := g.Read(ctx, testImage, alwaysRetry)
 	if ue := upstreamError(t, err); ue.Reason != ReasonCanceled {
 		t.Errorf("Reason = %q, want %q", ue.Reason, ReasonCanceled)
 	}
@@ -449,7 +449,7 @@ func TestGeminiReadTransport(t *testing.T) {
 	url := fake.URL
 	fake.Close() // nothing listens there any more
 	g, _, _ := newTestGemini(t, Config{}, url)
-	_, err := g.Read(t.Context(), testImage)
+	_, err := g.Read(t.Context(), testImage, alwaysRetry)
 	if ue := upstreamError(t, err); ue.Reason != ReasonTransport || ue.Status != 0 {
 		t.Errorf("error = %d %q, want 0 %q", ue.Status, ue.Reason, ReasonTransport)
 	}
@@ -545,7 +545,7 @@ func TestGeminiReadOutputs(t *testing.T) {
 			fake := newFakeGemini(t, DefaultMaxOutputTokens, tt.reply)
 			g, _, _ := newTestGemini(t, Config{}, fake.URL)
 
-			res, err := g.Read(t.Context(), testImage)
+			res, err := g.Read(t.Context(), testImage, alwaysRetry)
 			if got := fake.calls.Load(); got != 1 {
 				t.Errorf("calls = %d, want 1", got)
 			}
@@ -626,5 +626,50 @@ func TestSleepCtx(t *testing.T) {
 	}
 	if err := sleepCtx(t.Context(), time.Millisecond); err != nil {
 		t.Errorf("sleepCtx = %v, want nil", err)
+	}
+}
+
+// alwaysRetry lets Read make its one retry, as a caller with room in its
+// budget does.
+func alwaysRetry() bool { return true }
+
+// The retry is a paid call: Read makes it only when the caller, asked
+// first, has claimed it.
+func TestGeminiReadRetryNeedsTheCallersClaim(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		mayRetry  func() bool
+		wantCalls int32
+	}{
+		{"claimed", alwaysRetry, 2},
+		{"refused", func() bool { return false }, 1},
+		{"no gate", nil, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := newFakeGemini(t, DefaultMaxOutputTokens, reply{503, "err_503.json", ""}, reply{200, "ok.json", ""})
+			g, slept, _ := newTestGemini(t, Config{}, fake.URL)
+			asked := 0
+			var gate func() bool
+			if tt.mayRetry != nil {
+				gate = func() bool { asked++; return tt.mayRetry() }
+			}
+			_, err := g.Read(t.Context(), testImage, gate)
+			if got := fake.calls.Load(); got != tt.wantCalls {
+				t.Errorf("calls = %d, want %d", got, tt.wantCalls)
+			}
+			if tt.mayRetry != nil && asked != 1 {
+				t.Errorf("asked %d times before the retry, want once", asked)
+			}
+			if wantSleeps := int(tt.wantCalls) - 1; len(*slept) != wantSleeps {
+				t.Errorf("slept %v, want %d sleeps", *slept, wantSleeps)
+			}
+			if tt.wantCalls == 1 {
+				if ue := upstreamError(t, err); ue.Status != 503 {
+					t.Errorf("error = %v, want the 503", err)
+				}
+			} else if err != nil {
+				t.Errorf("Read after the retry: %v", err)
+			}
+		})
 	}
 }

@@ -39,13 +39,13 @@ func NewSimulated(cfg Config) (*Simulated, error) {
 	return &Simulated{cfg: cfg, pattern: pattern, sleep: sleepCtx}, nil
 }
 
-// Read waits cfg.SimulatedLatency, then returns one or two serials of the
+// Read waits cfg.SimulatedLatency (it never fails, so never retries), then returns one or two serials of the
 // form "SIM-" and 8 upper-case hex digits derived from the SHA-256 of
 // img.Data, and the usage Gemini would report for an image of that size.
 // Serials that do not match a custom SerialPattern are Rejected. A context
 // that ends first gives an *UpstreamError with Reason "timeout" or
 // "canceled".
-func (s *Simulated) Read(ctx context.Context, img Image) (Result, error) {
+func (s *Simulated) Read(ctx context.Context, img Image, _ func() bool) (Result, error) {
 	res := Result{Model: s.cfg.Model, Simulated: true}
 	if err := ctx.Err(); err != nil {
 		return res, transportError(ctx, err)

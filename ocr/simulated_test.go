@@ -16,11 +16,11 @@ func TestSimulatedRead(t *testing.T) {
 	twos := 0
 	for i := range 40 {
 		img := Image{Data: []byte{byte(i), 'x'}, MIME: MIMEPNG, Width: 1000, Height: 500}
-		res, err := s.Read(t.Context(), img)
+		res, err := s.Read(t.Context(), img, alwaysRetry)
 		if err != nil {
 			t.Fatalf("Read: %v", err)
 		}
-		again, _ := s.Read(t.Context(), img)
+		again, _ := s.Read(t.Context(), img, alwaysRetry)
 		if got, want := fmtSerials(again), fmtSerials(res); got != want {
 			t.Errorf("second read %s, want the same %s", got, want)
 		}
@@ -59,7 +59,7 @@ func TestSimulatedCustomPattern(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Read(t.Context(), Image{Data: []byte("a"), Width: 1, Height: 1})
+	res, err := s.Read(t.Context(), Image{Data: []byte("a"), Width: 1, Height: 1}, alwaysRetry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestSimulatedLatency(t *testing.T) {
 		img := Image{Data: []byte("label"), Width: 10, Height: 10}
 
 		start := time.Now()
-		if _, err := s.Read(t.Context(), img); err != nil {
+		if _, err := s.Read(t.Context(), img, alwaysRetry); err != nil {
 			t.Fatalf("Read: %v", err)
 		}
 		if got := time.Since(start); got != 2*time.Second {
@@ -87,7 +87,7 @@ func TestSimulatedLatency(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		defer cancel()
 		start = time.Now()
-		_, err = s.Read(ctx, img)
+		_, err = s.Read(ctx, img, alwaysRetry)
 		var ue *UpstreamError
 		if !errors.As(err, &ue) || ue.Reason != ReasonTimeout {
 			t.Errorf("Read with a short deadline = %v, want Reason timeout", err)
@@ -98,7 +98,7 @@ func TestSimulatedLatency(t *testing.T) {
 
 		ctx, cancel = context.WithCancel(t.Context())
 		cancel()
-		_, err = s.Read(ctx, img)
+		_, err = s.Read(ctx, img, alwaysRetry)
 		if !errors.As(err, &ue) || ue.Reason != ReasonCanceled {
 			t.Errorf("Read with a canceled ctx = %v, want Reason canceled", err)
 		}

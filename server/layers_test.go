@@ -419,7 +419,9 @@ func TestChangedThresholdsTakeEffect(t *testing.T) {
 // panickingReader is an upstream client with a bug.
 type panickingReader struct{}
 
-func (panickingReader) Read(context.Context, ocr.Image) (ocr.Result, error) { panic("reader bug") }
+func (panickingReader) Read(context.Context, ocr.Image, func() bool) (ocr.Result, error) {
+	panic("reader bug")
+}
 
 func TestPanicAfterReserveReleasesSlot(t *testing.T) {
 	e := newEnv(t, envOptions{quota: 1})

@@ -150,8 +150,22 @@ func (s *Server) handleOCR(c echo.Context) error {
 	// The expensive call. It is paid for once made, so a client that
 	// hangs up now does not cancel it: its cost is still known and
 	// recorded.
+	//
+	// A retry is a second paid call: it is claimed against the global
+	// budget like the first, and made only if the claim fits. The busy
+	// first call's cost is unknown, so its reservation keeps the worst
+	// case; the retry's reservation is the one settled at the answer's
+	// cost.
 	callStart := s.now()
-	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img)
+	var retry *budget.Reservation
+	mayRetry := func() bool {
+		r, ok := s.claimRetry(c, worst)
+		if ok {
+			retry = &r
+		}
+		return ok
+	}
+	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img, mayRetry)
 	latency := s.now().Sub(callStart) // the upstream's own time
 	cost := price.Cost(res.Usage)
 	if !res.Usage.Known() {
@@ -175,6 +189,10 @@ func (s *Server) handleOCR(c echo.Context) error {
 	// has gone.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
 	defer cancel()
+	if retry != nil {
+		s.settle(ctx, reservation, reservation.Worst)
+		reservation = *retry
+	}
 	if err != nil {
 		s.d.Metrics.cost.Add(usd(cost))
 		s.settle(ctx, reservation, cost)
@@ -349,6 +367,29 @@ func (s *Server) reserve(id Identity, plan budget.Plan, worst int64, now time.Ti
 		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
 	}
 	return slot, reservation, nil
+}
+
+// claimRetry claims a retry of the upstream call, one more call at worst
+// micro-dollars, against the global budget, and commits the claim durably
+// before the retry is made. A ceiling without room for it refuses the
+// retry, never the request: the answer is then the first call's failure.
+func (s *Server) claimRetry(c echo.Context, worst int64) (budget.Reservation, bool) {
+	var r budget.Reservation
+	err := s.defend(layerBudget, func() (err error) {
+		r, err = s.d.Brake.Claim(worst, s.now())
+		return err
+	}, isPaused)
+	if err != nil || r.Day == "" {
+		// Refused, or the brake's machinery failed: a retry is never
+		// worth an unclaimed call.
+		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID(c))
+		return budget.Reservation{}, false
+	}
+	s.d.Metrics.upstreamCalls.WithLabelValues("failed").Inc() // the busy first call
+	_ = s.defend(layerBudget, func() error {
+		return s.d.Brake.Commit(context.WithoutCancel(c.Request().Context()), &r)
+	}, isPaused)
+	return r, true
 }
 
 // countCall feeds one upstream call into the metrics.

@@ -27,7 +27,9 @@ const (
 
 // Reader reads serial numbers off an image: ocr.Gemini or ocr.Simulated.
 type Reader interface {
-	Read(ctx context.Context, img ocr.Image) (ocr.Result, error)
+	// Read calls the upstream; before a retry it asks mayRetry, which
+	// claims that second call against the global budget.
+	Read(ctx context.Context, img ocr.Image, mayRetry func() bool) (ocr.Result, error)
 }
 
 // UsageRecorder commits a successful read (its quota increment, its usage

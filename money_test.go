@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// busyGemini answers every generateContent with Gemini's 503 UNAVAILABLE,
+// the one status (with 429) the client retries, and counts the calls.
+func busyGemini(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+// startServe runs serve on path until the test ends, and returns the public
+// address.
+func startServe(t *testing.T, path string, env func(string) string) (addr string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
+	addr = waitFor(t, logs, listenRE)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return addr, stop
+}
+
+// The ceiling counts calls made, not reads: the retry on 503 is claimed
+// like the first call. The review's 503-always upstream got 20 calls
+// against daily_requests = 10.
+func TestRetriesCountAgainstDailyRequests(t *testing.T) {
+	gemini, calls := busyGemini(t)
+	dir := t.TempDir()
+	path := writeConfig(t, fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+[storage]
+path = %q
+[ocr]
+base_url = %q
+[budget]
+daily_requests = 10
+[limits.user]
+rate = 1000
+burst = 100
+[plans.free]
+monthly_quota = 1000
+daily_attempts = 1000
+`, filepath.Join(dir, "bw.db"), gemini.URL))
+	env := envFrom(map[string]string{"GEMINI_API_KEY": "test-key"})
+	var keys []string
+	for i := range 4 {
+		keys = append(keys, createKey(t, path, fmt.Sprintf("user%d", i)))
+	}
+	addr, stop := startServe(t, path, env)
+	img := samplePNG(t)
+
+	var mu sync.Mutex
+	codes := map[string]int{}
+	post := func(key string) {
+		status, body, err := postImage(addr, key, img)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var p struct{ Code string }
+		json.Unmarshal([]byte(body), &p)
+		mu.Lock()
+		codes[fmt.Sprint(status, " ", p.Code)]++
+		mu.Unlock()
+	}
+	// One at a time, each request has room for its retry: two calls each.
+	for i := range 3 {
+		post(keys[i])
+	}
+	if got := calls.Load(); got != 6 {
+		t.Fatalf("3 requests made %d calls, want 6 (each retried once)", got)
+	}
+	// Then a volley: the four calls left are all it may make.
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Go(func() { post(keys[i%len(keys)]) })
+	}
+	wg.Wait()
+	stop()
+	if got := calls.Load(); got > 10 {
+		t.Errorf("the upstream got %d calls, past daily_requests = 10 (answers %v)", got, codes)
+	}
+	if codes["502 upstream_failed"] == 0 || codes["503 budget_paused"] == 0 {
+		t.Errorf("answers %v, want 502s while the ceiling had room and 503 budget_paused after", codes)
+	}
+
+	// The ledger counts every call made, retries included.
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"budget", "--json", "--config", path}, env, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var b struct {
+		Requests int64 `json:"requests_today"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Requests != calls.Load() {
+		t.Errorf("the ledger holds %d calls, the upstream got %d", b.Requests, calls.Load())
+	}
+}
+
+// A backup onto the live database would replace the file the server keeps
+// writing to (a deleted inode): reads answered, records gone. It is
+// refused, stopped or serving, and the database is untouched.
+func TestBackupOntoTheDatabaseIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "bw.db")
+	path := writeConfig(t, fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+admin_listen = %q
+[storage]
+path = %q
+[ocr]
+provider = "simulated"
+[plans.free]
+monthly_quota = 10
+`, freeAddr(t), db))
+	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "backup-admin-token"})
+	createKey(t, path, "ann")
+	before, err := os.Stat(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same file under other names: relative, with "..", and a hard
+	// link.
+	link := filepath.Join(dir, "link.db")
+	if err := os.Link(db, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	targets := []string{db, "bw.db", filepath.Join(dir, "sub", "..", "bw.db"), link}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	backup := func(target string) error {
+		return run(context.Background(), []string{"backup", target, "--config", path}, env, io.Discard, io.Discard)
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, target := range targets {
+			err := backup(target)
+			if err == nil || !strings.Contains(err.Error(), "is the live database") {
+				t.Errorf("%s: backup onto %s: %v, want a refusal", when, target, err)
+			}
+		}
+		after, err := os.Stat(db)
+		if err != nil || !os.SameFile(before, after) {
+			t.Errorf("%s: the database file was replaced (%v)", when, err)
+		}
+	}
+	check("stopped")
+	_, stop := startServe(t, path, env)
+	check("serving")
+	if err := backup(filepath.Join(dir, "copy.db")); err != nil {
+		t.Errorf("a backup elsewhere while serving: %v", err)
+	}
+	stop()
+}
