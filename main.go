@@ -1087,7 +1087,7 @@ type operator interface {
 	Usage(ctx context.Context, user string) ([]server.UsageInfo, error)
 	Budget(ctx context.Context) (server.BudgetInfo, error)
 	SetBrake(ctx context.Context, on bool) (server.BudgetInfo, error)
-	Backup(ctx context.Context, w io.Writer) error
+	Backup(ctx context.Context, w io.Writer, target string) error
 	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
 	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
 	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
@@ -1353,12 +1353,16 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 // temporary file beside it first, synced, then renamed, so path never holds
 // half a database.
 func backupTo(ctx context.Context, op operator, path string, stdout io.Writer) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".part-*")
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(abs), filepath.Base(abs)+".part-*")
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // a no-op once renamed
-	if err := op.Backup(ctx, tmp); err != nil {
+	if err := op.Backup(ctx, tmp, abs); err != nil {
 		tmp.Close()
 		return err
 	}

@@ -157,13 +157,20 @@ func (s *Server) handleBrake(c echo.Context) error {
 	return c.JSON(http.StatusOK, info)
 }
 
-// handleBackup streams a consistent copy of the database.
+// handleBackup streams a consistent copy of the database. The query
+// parameter target, where the client will write the copy, is refused if it
+// is the database file itself (the CLI sends it: the server knows its own
+// file, whatever the CLI's config says).
 func (s *Server) handleBackup(c echo.Context) error {
+	if err := s.d.Operator.checkBackupTarget(c.QueryParam("target")); err != nil {
+		s.log.Warn("backup onto the live database refused", "target", c.QueryParam("target"))
+		return errBackupOntoDatabase
+	}
 	h := c.Response().Header()
 	h.Set(echo.HeaderContentType, "application/octet-stream")
 	h.Set(echo.HeaderContentDisposition, `attachment; filename="breakwater.db"`)
 	c.Response().WriteHeader(http.StatusOK)
-	if err := s.d.Operator.Backup(c.Request().Context(), c.Response()); err != nil {
+	if err := s.d.Operator.Backup(c.Request().Context(), c.Response(), ""); err != nil {
 		// Too late for a problem answer: the copy is cut short, and the
 		// client sees a short body and no valid database.
 		s.log.Error("backup interrupted", "err", err)
@@ -171,6 +178,9 @@ func (s *Server) handleBackup(c echo.Context) error {
 	}
 	return nil
 }
+
+var errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_database", "Conflict",
+	"The backup target is the live database file; write the copy elsewhere.")
 
 var errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 

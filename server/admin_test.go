@@ -293,7 +293,7 @@ func TestBackupWhileServingUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ac.Backup(context.Background(), f); err != nil {
+	if err := ac.Backup(context.Background(), f, path); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

@@ -125,8 +125,9 @@ func (a *AdminClient) SetBrake(ctx context.Context, on bool) (BudgetInfo, error)
 }
 
 // Backup streams a consistent copy of the running server's database to w.
-func (a *AdminClient) Backup(ctx context.Context, w io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/api/backup", nil)
+// target, where the copy goes, lets the server refuse its own file.
+func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/api/backup?target="+url.QueryEscape(target), nil)
 	if err != nil {
 		return err
 	}
@@ -138,6 +139,9 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer) error {
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusConflict {
+		return fmt.Errorf("backup: %s is the live database of the running server; write the copy elsewhere: %w", target, ErrBackupOntoDatabase)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("admin API at %s: backup: %s", a.base, resp.Status)
 	}

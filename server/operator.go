@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -22,7 +24,13 @@ type OperatorStore interface {
 	Usage(from, to time.Time) ([]storage.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
 	BudgetDays(from, to string) ([]storage.BudgetDayTotals, error)
+	Path() string
 }
+
+// ErrBackupOntoDatabase refuses a backup whose target is the live database
+// file itself: writing the copy there would replace the file under the
+// running server, which would go on writing to the deleted one.
+var ErrBackupOntoDatabase = errors.New("server: the backup target is the live database")
 
 // Operator carries out the operator's commands: the admin API calls it
 // while the server runs, and the CLI calls it directly on the database
@@ -199,7 +207,14 @@ func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 // then sent: the read transaction behind it would otherwise stay open for
 // as long as a slow client takes to download, and while it is open the
 // database file cannot grow, so every paid request would wait.
-func (o *Operator) Backup(_ context.Context, w io.Writer) error {
+//
+// target is where the caller will put the copy ("" if it does not say): a
+// target that is the database file itself, under any name, is refused
+// with ErrBackupOntoDatabase before anything is written.
+func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
+	if err := o.checkBackupTarget(target); err != nil {
+		return err
+	}
 	tmp, err := os.CreateTemp("", "breakwater-backup-*.db")
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
@@ -214,6 +229,28 @@ func (o *Operator) Backup(_ context.Context, w io.Writer) error {
 	}
 	_, err = io.Copy(w, tmp)
 	return err
+}
+
+// checkBackupTarget refuses a backup target that is the database file.
+func (o *Operator) checkBackupTarget(target string) error {
+	if target != "" && sameFile(target, o.store.Path()) {
+		return fmt.Errorf("backup: %s is the live database; write the copy elsewhere: %w", target, ErrBackupOntoDatabase)
+	}
+	return nil
+}
+
+// sameFile reports whether paths a and b name one file: the same clean
+// absolute path, or (for files that exist) the same inode, which also
+// catches hard and symbolic links.
+func sameFile(a, b string) bool {
+	absA, errA := filepath.Abs(a)
+	absB, errB := filepath.Abs(b)
+	if errA == nil && errB == nil && absA == absB {
+		return true
+	}
+	infoA, errA := os.Stat(a)
+	infoB, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(infoA, infoB)
 }
 
 // usd turns micro-dollars into dollars for display.
