@@ -5,15 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"image"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // busyGemini answers every generateContent with Gemini's 503 UNAVAILABLE,
@@ -190,6 +193,89 @@ monthly_quota = 10
 	check("serving")
 	if err := backup(filepath.Join(dir, "copy.db")); err != nil {
 		t.Errorf("a backup elsewhere while serving: %v", err)
+	}
+	stop()
+}
+
+// Under a burst, the worst cases of calls in flight can fill daily_usd
+// while the day's spend is a fraction of it. Those refusals say "busy" with
+// a short Retry-After; the review saw 503 budget_paused with Retry-After
+// until midnight at 18% of the ceiling.
+func TestCallsInFlightMakeTheBudgetBusyNotPaused(t *testing.T) {
+	gemini, _ := slowGemini(t, 400*time.Millisecond)
+	dir := t.TempDir()
+	body := fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+[storage]
+path = %q
+[ocr]
+base_url = %q
+[limits.user]
+burst = 100
+[plans.free]
+monthly_quota = 1000
+`, filepath.Join(dir, "bw.db"), gemini.URL)
+	c, err := loadConfig(writeConfig(t, body), envFrom(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := samplePNG(t)
+	cfg, _, err := image.DecodeConfig(bytes.NewReader(img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	worst := c.OCR.Price.WorstCase(cfg.Width, cfg.Height)
+	// Room for three calls at their worst case; each costs far less.
+	path := writeConfig(t, body+fmt.Sprintf("[budget]\ndaily_usd = %v\n", float64(worst)*3.5/1e6))
+	env := envFrom(map[string]string{"GEMINI_API_KEY": "test-key"})
+	key := createKey(t, path, "ann")
+	addr, stop := startServe(t, path, env)
+
+	type answer struct {
+		status     int
+		code       string
+		retryAfter string
+	}
+	answers := make(chan answer, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
+			req.Header.Set("Authorization", "Bearer "+key)
+			req.Header.Set("Content-Type", "image/png")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			var p struct{ Code string }
+			json.NewDecoder(resp.Body).Decode(&p)
+			answers <- answer{resp.StatusCode, p.Code, resp.Header.Get("Retry-After")}
+		})
+	}
+	wg.Wait()
+	close(answers)
+	busy := 0
+	for a := range answers {
+		switch {
+		case a.status == http.StatusOK:
+		case a.code == "budget_busy":
+			busy++
+			if n, err := strconv.Atoi(a.retryAfter); err != nil || n < 1 || n > 5 {
+				t.Errorf("budget_busy with Retry-After %q, want a few seconds", a.retryAfter)
+			}
+		default:
+			t.Errorf("answer %+v, want 200 or 503 budget_busy", a)
+		}
+	}
+	if busy == 0 {
+		t.Error("8 calls at once against room for 3: none was refused as busy")
+	}
+	// The calls have settled: the budget has room again.
+	if status, body, err := postImage(addr, key, img); err != nil || status != http.StatusOK {
+		t.Errorf("after the burst: %d %s %v", status, body, err)
 	}
 	stop()
 }

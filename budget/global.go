@@ -24,10 +24,23 @@ var (
 // PausedError refuses an upstream call that does not fit a ceiling.
 type PausedError struct {
 	Ceiling    string        // which ceiling: "daily_requests", "daily_usd" or "monthly_usd" (for logs only)
-	RetryAfter time.Duration // until the ceiling's period ends
+	RetryAfter time.Duration // until the ceiling's period ends; BusyRetryAfter when Busy
+	// Busy means the money already spent leaves room for the call, and
+	// what blocks it is the worst case held by calls still in flight:
+	// most of that is given back when they settle, in seconds, so the
+	// brake is not engaged and the call may fit soon.
+	Busy bool
 }
 
+// BusyRetryAfter is the RetryAfter of a call refused only because of the
+// worst cases that calls in flight hold: about the time one upstream call
+// takes to settle.
+const BusyRetryAfter = 2 * time.Second
+
 func (e *PausedError) Error() string {
+	if e.Busy {
+		return fmt.Sprintf("budget: %s held by calls in flight, retry after %s", e.Ceiling, e.RetryAfter.Round(time.Second))
+	}
 	return fmt.Sprintf("budget: %s reached, paused for %s", e.Ceiling, e.RetryAfter.Round(time.Second))
 }
 
@@ -72,9 +85,14 @@ type Global struct {
 	limits     ceilings
 	day        string
 	requests   int64
-	spend      int64
+	spend      int64 // open claims at their worst case included
 	month      string
 	monthSpend int64
+	// The worst cases of claims made by this process and not yet
+	// settled, today and this month: the part of spend that calls in
+	// flight hold. Claims left open by a crash are not among them; they
+	// count as spent.
+	open, monthOpen int64
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -126,6 +144,8 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.requests++
 	g.spend += worst
 	g.monthSpend += worst
+	g.open += worst
+	g.monthOpen += worst
 	return Reservation{Day: g.day, Month: g.month, Worst: worst}, nil
 }
 
@@ -148,11 +168,21 @@ func (g *Global) check(worst int64, now time.Time) error {
 	case lim.requests > 0 && g.requests+1 > lim.requests:
 		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
-		return &PausedError{Ceiling: "daily_usd", RetryAfter: nextDay(now, g.loc).Sub(now)}
+		return moneyPaused("daily_usd", g.spend-g.open+worst <= lim.dailyMicro, nextDay(now, g.loc).Sub(now))
 	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
-		return &PausedError{Ceiling: "monthly_usd", RetryAfter: nextMonth(now, g.loc).Sub(now)}
+		return moneyPaused("monthly_usd", g.monthSpend-g.monthOpen+worst <= lim.monthlyMicro, nextMonth(now, g.loc).Sub(now))
 	}
 	return nil
+}
+
+// moneyPaused is the refusal of a money ceiling: busy, with a short wait,
+// when only the worst cases of calls in flight block the call, else paused
+// until the period ends.
+func moneyPaused(ceiling string, busy bool, untilReset time.Duration) *PausedError {
+	if busy {
+		return &PausedError{Ceiling: ceiling, RetryAfter: min(BusyRetryAfter, untilReset), Busy: true}
+	}
+	return &PausedError{Ceiling: ceiling, RetryAfter: untilReset}
 }
 
 // SetManual engages or releases the operator's kill switch. The caller
@@ -208,9 +238,11 @@ func (g *Global) Settled(r Reservation, actual int64) {
 	delta := actual - r.Worst
 	if r.Day == g.day {
 		g.spend += delta
+		g.open = max(g.open-r.Worst, 0)
 	}
 	if r.Month == g.month {
 		g.monthSpend += delta
+		g.monthOpen = max(g.monthOpen-r.Worst, 0)
 	}
 }
 
@@ -226,7 +258,7 @@ type Status struct {
 	DailyMicroUSD   int64
 	MonthlyMicroUSD int64
 	Manual          bool
-	Engaged         bool   // the next cheapest call would be refused
+	Engaged         bool   // the next cheapest call would be refused, and not only for calls in flight
 	EngagedBy       string // which ceiling, when Engaged
 }
 
@@ -241,7 +273,7 @@ func (g *Global) Status(now time.Time) Status {
 		Manual: g.manual,
 	}
 	var pe *PausedError
-	if errors.As(g.check(1, now), &pe) {
+	if errors.As(g.check(1, now), &pe) && !pe.Busy {
 		st.Engaged, st.EngagedBy = true, pe.Ceiling
 	}
 	return st
@@ -253,9 +285,9 @@ func (g *Global) Status(now time.Time) Status {
 // in the current day and never wipes it.
 func (g *Global) rollover(day, month string) {
 	if day > g.day {
-		g.day, g.requests, g.spend = day, 0, 0
+		g.day, g.requests, g.spend, g.open = day, 0, 0, 0
 	}
 	if month > g.month {
-		g.month, g.monthSpend = month, 0
+		g.month, g.monthSpend, g.monthOpen = month, 0, 0
 	}
 }

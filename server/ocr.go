@@ -45,6 +45,8 @@ var (
 		"Your account has made too many requests today. It resets at midnight.")
 	errQuotaExceeded = problem(http.StatusTooManyRequests, "quota_exceeded", "Too many requests",
 		"Your monthly quota is used up; it resets at the start of next month.")
+	errBudgetBusy = problem(http.StatusServiceUnavailable, "budget_busy", "Service busy",
+		"The service is busy with other reads right now. Try again after the time in Retry-After.")
 	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
 		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
 )
@@ -434,6 +436,11 @@ func (s *Server) refusal(err error) error {
 	case errors.As(err, &qe):
 		s.refused(layerQuota, "monthly_quota")
 		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
+	case errors.As(err, &pe) && pe.Busy:
+		// Only the worst cases of calls in flight block this one: the
+		// brake is not engaged, and a retry in seconds may fit.
+		s.refused(layerBudget, pe.Ceiling+"_in_flight")
+		return errBudgetBusy.withRetryAfter(ceilSeconds(pe.RetryAfter))
 	case errors.As(err, &pe):
 		s.refused(layerBudget, pe.Ceiling)
 		if pe.Ceiling != "manual" { // the operator's own switch needs no alert
