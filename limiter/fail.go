@@ -112,9 +112,9 @@ type failKey struct {
 // FailLimiter is a fail limit for pre-auth endpoints: Limit consecutive
 // failures on a key, each within Window of the previous evaluated attempt,
 // start a Cooldown during which every attempt on the key is refused,
-// whatever it carries. A success resets the run (or takes one off it). It
-// also keeps a service-wide count of failures in the last hour and refuses
-// everything past GlobalPerHour.
+// whatever it carries. A success resets the run (or takes one off it); a
+// neutral outcome leaves it as it was. It also keeps a service-wide count
+// of failures in the last hour and refuses everything past GlobalPerHour.
 //
 // Checking and recording are one step: [FailLimiter.Begin] counts the
 // attempt as pending on every key before the caller evaluates it, and
