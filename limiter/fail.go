@@ -112,9 +112,9 @@ type failKey struct {
 // FailLimiter is a fail limit for pre-auth endpoints: Limit consecutive
 // failures on a key, each within Window of the previous evaluated attempt,
 // start a Cooldown during which every attempt on the key is refused,
-// whatever it carries. A success resets the run (or takes one off it). It
-// also keeps a service-wide count of failures in the last hour and refuses
-// everything past GlobalPerHour.
+// whatever it carries. A success resets the run (or takes one off it); a
+// neutral outcome leaves it as it was. It also keeps a service-wide count
+// of failures in the last hour and refuses everything past GlobalPerHour.
 //
 // Checking and recording are one step: [FailLimiter.Begin] counts the
 // attempt as pending on every key before the caller evaluates it, and
@@ -154,9 +154,9 @@ func NewFail(cfg FailConfig) (*FailLimiter, error) {
 func (f *FailLimiter) Config() FailConfig { return f.cfg }
 
 // Attempt is one attempt begun with [FailLimiter.Begin]. Finish it with
-// exactly one of Fail, Succeed or Cancel; later calls do nothing. A nil
-// *Attempt is valid and does nothing, so a caller whose limiter failed open
-// need not check.
+// exactly one of Fail, Succeed, Neutral or Cancel; later calls do
+// nothing. A nil *Attempt is valid and does nothing, so a caller whose
+// limiter failed open need not check.
 type Attempt struct {
 	f       *FailLimiter
 	keys    []string
@@ -282,7 +282,19 @@ func (a *Attempt) CooldownsStarted() []string {
 
 // Cancel ends the attempt without an outcome, as if it had not been made:
 // for an attempt whose evaluation could not be completed.
-func (a *Attempt) Cancel() {
+func (a *Attempt) Cancel() { a.release() }
+
+// Neutral ends an evaluated attempt whose answer is neither a success nor
+// a failure: the run, the time of the last evaluated attempt and any
+// cooldown stay as they were, so it neither resets, shortens, extends nor
+// lengthens the run. It is for an answer that grants nothing new, such as
+// an e-mail verifying again a code it has already redeemed: counted as a
+// success, one good answer would clear the run at will between guesses.
+func (a *Attempt) Neutral() { a.release() }
+
+// release takes the attempt off its keys' pending counts and changes
+// nothing else.
+func (a *Attempt) release() {
 	if a == nil || a.done {
 		return
 	}

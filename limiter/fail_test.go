@@ -12,18 +12,20 @@ import (
 )
 
 // failStep is one attempt on key "k" at t0+at: begun, then failed (ok
-// false) or succeeded (ok true). refused, if set, is the reason Begin must
-// give instead; until, if set, is the cooldown end that Begin must report
-// as RetryAfter from at.
+// false), succeeded (ok true) or ended neutral (neutral true). refused, if
+// set, is the reason Begin must give instead; until, if set, is the
+// cooldown end that Begin must report as RetryAfter from at.
 type failStep struct {
 	at      time.Duration
 	ok      bool
+	neutral bool
 	refused string
 	until   time.Duration
 }
 
 func fail(at time.Duration) failStep    { return failStep{at: at} }
 func succeed(at time.Duration) failStep { return failStep{at: at, ok: true} }
+func neutral(at time.Duration) failStep { return failStep{at: at, neutral: true} }
 func cooling(at, until time.Duration) failStep {
 	return failStep{at: at, refused: limiter.ReasonCooldown, until: until}
 }
@@ -57,9 +59,12 @@ func runFailSteps(t *testing.T, f *limiter.FailLimiter, steps []failStep) {
 		if err != nil {
 			t.Fatalf("step %d at %v: Begin = %v, want admitted", i, s.at, err)
 		}
-		if s.ok {
+		switch {
+		case s.neutral:
+			a.Neutral()
+		case s.ok:
 			a.Succeed(now)
-		} else {
+		default:
 			a.Fail(now)
 		}
 	}
@@ -125,6 +130,22 @@ func TestFailLimiterSteps(t *testing.T) {
 		{"decay: a success after the window has nothing to take", decay, []failStep{
 			fail(0), fail(0), fail(0), fail(0), succeed(20 * m),
 			fail(20 * m), fail(20 * m), fail(20 * m), fail(20 * m), succeed(20 * m),
+		}},
+		{"a neutral attempt does not reset the run", base, []failStep{
+			fail(0), neutral(0), fail(0), neutral(0), fail(0), fail(0), neutral(m), fail(m),
+			cooling(m, 11*m),
+		}},
+		{"a neutral attempt does not decay the run", decay, []failStep{
+			fail(0), fail(0), fail(0), fail(0), neutral(m), neutral(m), fail(m),
+			cooling(m, 11*m),
+		}},
+		{"a neutral attempt does not keep a run alive past the window", base, []failStep{
+			fail(0), fail(0), fail(0), fail(0), neutral(9 * m), // the window runs from 0, not 9m
+			fail(11 * m), fail(11 * m), fail(11 * m), fail(11 * m), succeed(11 * m),
+		}},
+		{"a neutral attempt during a cooldown is refused like any other", base, []failStep{
+			fail(0), fail(0), fail(0), fail(0), fail(0),
+			{at: m, neutral: true, refused: limiter.ReasonCooldown, until: 10 * m},
 		}},
 		{"backoff doubles and is capped", backoff, []failStep{
 			fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m), // 10m
@@ -219,7 +240,8 @@ func TestFailLimiterInFlight(t *testing.T) {
 	}
 	a1.Succeed(t0)
 	a1.Fail(t0) // finished already: nothing
-	a2.Cancel()
+	a2.Neutral()
+	a2.Fail(t0) // finished already: nothing
 	a3, err := f.Begin([]string{"k"}, t0)
 	if err != nil {
 		t.Fatalf("after the two finished: %v", err)
@@ -228,6 +250,7 @@ func TestFailLimiterInFlight(t *testing.T) {
 	var nilAttempt *limiter.Attempt
 	nilAttempt.Fail(t0) // a nil attempt is a no-op
 	nilAttempt.Succeed(t0)
+	nilAttempt.Neutral()
 	nilAttempt.Cancel()
 }
 

@@ -160,8 +160,9 @@ type InviteConfig struct {
 	Backoff bool `koanf:"backoff"`
 	// MaxCooldown caps a doubled cooldown. Default 24h.
 	MaxCooldown time.Duration `koanf:"max_cooldown"`
-	// ResetOnSuccess makes a success clear the failure run; false takes one
-	// failure off instead. Default true.
+	// ResetOnSuccess makes a new redemption clear the failure run; false
+	// takes one failure off instead. A repeat of an e-mail's redemption does
+	// neither. Default true.
 	ResetOnSuccess *bool `koanf:"reset_on_success"`
 	// GlobalFailPerHour is the most failures service-wide in the last hour
 	// (counted in whole minutes); past it every verification is refused

@@ -229,7 +229,16 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		}
 		return s.inviteRefusal(c, start, outcome.String(), email)
 	}
-	attempt.Succeed(s.now())
+	// Only a new redemption clears (or shortens) the run. An e-mail
+	// verifying again a code it has redeemed is let in, so a user who
+	// retries is answered the same, but it proves nothing new and is
+	// neutral: as a success, one redeemed code would clear the run at
+	// will between guesses.
+	if outcome == storage.InviteRedeemed {
+		attempt.Succeed(s.now())
+	} else {
+		attempt.Neutral()
+	}
 	s.recordVerify(c, start, email, "ok", http.StatusOK)
 	s.log.Info("invite verified", "outcome", outcome.String(), "ip", ip, "request_id", requestID(c))
 	return c.JSON(http.StatusOK, map[string]bool{"valid": true})

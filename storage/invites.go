@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -200,7 +201,9 @@ func (db *DB) InviteByHash(hash [32]byte) (Invite, error) {
 // one read transaction and without writing anything: InviteUnknown when no
 // invite has that hash. It is the cheap look before the write; only
 // RedeemInvite's answer is binding. An error means the answer could not
-// be read.
+// be read. An unknown hash costs what a known one does (see
+// decideRedemption), so the time it takes does not tell whether a code
+// exists.
 func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (RedeemOutcome, error) {
 	outcome := InviteUnknown
 	err := db.view(func(tx *bbolt.Tx) error {
@@ -217,17 +220,51 @@ func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (RedeemOut
 // decideRedemption reads the invite under hash and whether email redeemed
 // it, and tells what a redemption at now gives. It returns the invite for
 // the caller to update; outcome InviteUnknown means there is none.
+//
+// A miss does the work of a hit, on a stand-in: the record after hash in
+// key order (the first one past the last) is decoded and judged, its
+// redemptions bucket opened and email looked up in it, and all of it
+// thrown away. Otherwise an unknown code would be answered measurably
+// sooner than one that exists but is refused (expired, used up, revoked,
+// or right during a cooldown), which tells a guesser the code is real.
+// The stand-in is a real record, so its size and its redemptions bucket
+// are drawn from the same invites a hit reads.
 func decideRedemption(tx *bbolt.Tx, hash [32]byte, email string, now time.Time) (RedeemOutcome, Invite, error) {
-	var inv Invite
-	found, err := getJSON(tx.Bucket(bucketInvites), hash[:], &inv)
-	if err != nil || !found {
-		return InviteUnknown, Invite{}, err
+	c := tx.Bucket(bucketInvites).Cursor()
+	key, data := c.Seek(hash[:])
+	if found := key != nil && bytes.Equal(key, hash[:]); !found {
+		standIn(tx, c, key, data, email, now)
+		return InviteUnknown, Invite{}, nil
 	}
-	rb, err := redemptionsOf(tx, hash[:])
+	var inv Invite
+	if err := json.Unmarshal(data, &inv); err != nil {
+		return InviteUnknown, Invite{}, fmt.Errorf("decode %x: %w", key, err)
+	}
+	rb, err := redemptionsOf(tx, key)
 	if err != nil {
 		return InviteUnknown, Invite{}, err
 	}
 	return inv.check(rb.Get([]byte(email)) != nil, now), inv, nil
+}
+
+// standIn does, for a miss, what decideRedemption does for a hit, on the
+// record at (key, data) where the cursor c stopped after the missing key.
+// Every answer and error is discarded: a damaged stand-in must not make
+// an unknown code fail differently from another.
+func standIn(tx *bbolt.Tx, c *bbolt.Cursor, key, data []byte, email string, now time.Time) {
+	if key == nil { // past the last key: the first one stands in
+		key, data = c.First()
+	}
+	if key == nil { // no invite stored: no code exists, nothing to hide
+		return
+	}
+	var inv Invite
+	_ = json.Unmarshal(data, &inv)
+	redeemed := false
+	if rb := tx.Bucket(bucketRedemptions).Bucket(key); rb != nil {
+		redeemed = rb.Get([]byte(email)) != nil
+	}
+	_ = inv.check(redeemed, now)
 }
 
 // RedeemInvite takes one use of the invite hashing to hash for email at
