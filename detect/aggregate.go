@@ -19,6 +19,11 @@ const (
 	// force detector counts these, not the refusals during a cooldown
 	// (an attacker who waits each cooldown out makes none of those).
 	OutcomeCooldownStarted = "cooldown_started"
+	// OutcomeRefused marks a row that sums the invite refusals of one IP
+	// (or of Other) or of one e-mail over a stretch of time, in Count. It
+	// counts for that key only; the service's checks are in rows with the
+	// refusal reason as Outcome and neither IP nor UserID.
+	OutcomeRefused = "refused"
 )
 
 // DayBounds returns the first instant of day (a "2006-01-02" in loc) and
@@ -58,105 +63,190 @@ func (l Lines) of(user, plan string) int64 {
 	return l.ByUser[user]
 }
 
-// Aggregate sums one day's statistics events per user, per IP, per
-// submitted invite e-mail and for the whole service. Each user's daily
-// abuse line comes from the plan of their last event that day, or, for
-// events without one, from lines.ByUser (missing or 0: none).
+// Aggregator sums one day's statistics events, one at a time, per user,
+// per client IP, per submitted invite e-mail and for the whole service:
+// its memory depends on how many users, IPs and e-mails the day saw, not
+// on how many events. Users need an API key or a JWT and an upstream call
+// per attempt, so they are counted one by one; IPs and e-mails are
+// chosen by whoever sends the request, so at most max_keys of each are
+// kept, the heaviest (by invite cooldowns, then distinct users, then
+// attempts, then invite failures), and the rest are summed under Other.
 //
 // Every event not on RouteInvite is an OCR attempt that reached the
-// upstream; outcome "ok" is a success and anything else a failure.
-func Aggregate(day string, events []storage.Event, lines Lines) storage.DayStats {
-	s := storage.DayStats{Day: day, Users: map[string]storage.UserDay{}, IPs: map[string]storage.IPDay{}, Emails: map[string]storage.IPDay{}}
-	userIPs := map[string]map[string]bool{}
-	ipUsers := map[string]map[string]bool{}
-	users, ips := map[string]bool{}, map[string]bool{}
-	plans := map[string]string{} // user to the plan of their last event
-	for _, e := range events {
-		if e.Route == RouteInvite && e.Outcome == OutcomeCooldownStarted {
-			if e.IP != "" {
-				d := s.IPs[limiter.ClientKey(e.IP)]
-				d.InviteCooldowns++
-				s.IPs[limiter.ClientKey(e.IP)] = d
-			}
-			if e.UserID != "" {
-				d := s.Emails[e.UserID]
-				d.InviteCooldowns++
-				s.Emails[e.UserID] = d
-			}
-			continue
+// upstream; outcome "ok" is a success and anything else a failure. On
+// RouteInvite, an event is either one invite check (outcome "ok" or the
+// refusal reason; older versions stored each refusal so, with its IP and
+// e-mail), or a row that sums several (Count) recorded by the Recorder:
+// OutcomeRefused per IP or per e-mail, OutcomeCooldownStarted per IP or
+// per e-mail, and the service's refusals by reason with neither.
+type Aggregator struct {
+	s       storage.DayStats
+	lines   Lines
+	max     int
+	ips     *bounded[ipRow]
+	emails  *bounded[storage.IPDay]
+	userIPs map[string]map[string]struct{} // user to their distinct IP keys, at most max each
+	plans   map[string]string              // user to the plan of their last event
+}
+
+// ipRow is one IP's figures while a day is summed: the distinct users
+// are a set until Done counts them.
+type ipRow struct {
+	day   storage.IPDay
+	users map[string]struct{}
+}
+
+// NewAggregator starts the aggregate of day. Each user's daily abuse line
+// comes from the plan of their last event that day, or, for events
+// without one, from lines.ByUser (missing or 0: none). maxKeys bounds the
+// IPs and the e-mails kept (0: DefaultMaxKeys).
+func NewAggregator(day string, lines Lines, maxKeys int) *Aggregator {
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	ips := newBounded(maxKeys, func(a, b *ipRow) bool {
+		return outranks(
+			[4]int64{a.day.InviteCooldowns, int64(len(a.users)), a.day.Attempts, a.day.InviteFailures},
+			[4]int64{b.day.InviteCooldowns, int64(len(b.users)), b.day.Attempts, b.day.InviteFailures})
+	}, func(into, from *ipRow) {
+		into.day.Attempts += from.day.Attempts
+		into.day.InviteFailures += from.day.InviteFailures
+		into.day.InviteCooldowns += from.day.InviteCooldowns
+		for u := range from.users {
+			addKey(&into.users, u)
 		}
-		if e.Route == RouteInvite {
-			s.Service.Invites++
-			if e.Outcome == "ok" {
-				continue
-			}
-			count := func(m map[string]storage.IPDay, key string) {
-				if key == "" {
-					return
-				}
-				d := m[key]
-				d.InviteFailures++
-				m[key] = d
-			}
-			count(s.IPs, limiter.ClientKey(e.IP))
-			count(s.Emails, e.UserID)
-			continue
+	})
+	emails := newBounded(maxKeys, func(a, b *storage.IPDay) bool {
+		return outranks([4]int64{a.InviteCooldowns, a.InviteFailures}, [4]int64{b.InviteCooldowns, b.InviteFailures})
+	}, func(into, from *storage.IPDay) {
+		into.InviteFailures += from.InviteFailures
+		into.InviteCooldowns += from.InviteCooldowns
+	})
+	return &Aggregator{
+		s:     storage.DayStats{Day: day, Users: map[string]storage.UserDay{}},
+		lines: lines, max: maxKeys, ips: ips, emails: emails,
+		userIPs: map[string]map[string]struct{}{}, plans: map[string]string{},
+	}
+}
+
+// Add counts one event.
+func (a *Aggregator) Add(e storage.Event) {
+	if e.Route == RouteInvite {
+		a.addInvite(e)
+		return
+	}
+	s := &a.s.Service
+	s.Attempts++
+	s.CostMicroUSD += e.CostMicroUSD
+	ok := e.Outcome == "ok"
+	if ok {
+		s.Successes++
+	} else {
+		s.Failures++
+	}
+	ip := limiter.ClientKey(e.IP)
+	var row *ipRow
+	if ip != "" {
+		row = a.ips.get(ip)
+		if row.day.Attempts == 0 {
+			s.IPs++ // exact while the IPs fit max_keys; past it, a folded IP seen again counts again
 		}
-		s.Service.Attempts++
-		s.Service.CostMicroUSD += e.CostMicroUSD
-		ok := e.Outcome == "ok"
-		if ok {
-			s.Service.Successes++
-		} else {
-			s.Service.Failures++
-		}
-		ip := limiter.ClientKey(e.IP)
-		if ip != "" {
-			ips[ip] = true
-			d := s.IPs[ip]
-			d.Attempts++
-			s.IPs[ip] = d
-		}
-		if e.UserID == "" {
-			continue
-		}
-		users[e.UserID] = true
-		if e.Plan != "" {
-			plans[e.UserID] = e.Plan
-		}
-		u := s.Users[e.UserID]
-		u.Attempts++
-		if ok {
-			u.Successes++
-		} else {
-			u.Failures++
-		}
-		u.Bytes += e.Bytes
-		u.PromptTokens += int64(e.PromptTokens)
-		u.OutputTokens += int64(e.OutputTokens)
-		u.CostMicroUSD += e.CostMicroUSD
-		s.Users[e.UserID] = u
-		if ip != "" {
-			addPair(userIPs, e.UserID, ip)
-			addPair(ipUsers, ip, e.UserID)
+		row.day.Attempts++
+	}
+	if e.UserID == "" {
+		return
+	}
+	if e.Plan != "" {
+		a.plans[e.UserID] = e.Plan
+	}
+	u := a.s.Users[e.UserID]
+	u.Attempts++
+	if ok {
+		u.Successes++
+	} else {
+		u.Failures++
+	}
+	u.Bytes += e.Bytes
+	u.PromptTokens += int64(e.PromptTokens)
+	u.OutputTokens += int64(e.OutputTokens)
+	u.CostMicroUSD += e.CostMicroUSD
+	a.s.Users[e.UserID] = u
+	if row != nil {
+		addKey(&row.users, e.UserID)
+		set := a.userIPs[e.UserID]
+		if len(set) < a.max {
+			addKey(&set, ip)
+			a.userIPs[e.UserID] = set
 		}
 	}
+}
+
+// addInvite counts an event of RouteInvite.
+func (a *Aggregator) addInvite(e storage.Event) {
+	n := e.N()
+	ip := limiter.ClientKey(e.IP)
+	switch e.Outcome {
+	case OutcomeCooldownStarted:
+		if ip != "" {
+			a.ips.get(ip).day.InviteCooldowns += n
+		}
+		if e.UserID != "" {
+			a.emails.get(e.UserID).InviteCooldowns += n
+		}
+	case OutcomeRefused:
+		if ip != "" {
+			a.ips.get(ip).day.InviteFailures += n
+		}
+		if e.UserID != "" {
+			a.emails.get(e.UserID).InviteFailures += n
+		}
+	default: // checks: one per event, or the service's refusals of a reason
+		a.s.Service.Invites += n
+		if e.Outcome == "ok" {
+			return
+		}
+		if ip != "" {
+			a.ips.get(ip).day.InviteFailures += n
+		}
+		if e.UserID != "" {
+			a.emails.get(e.UserID).InviteFailures += n
+		}
+	}
+}
+
+// Done returns the day's aggregate. The Aggregator is not used after it.
+func (a *Aggregator) Done() storage.DayStats {
+	s := a.s
 	for id, u := range s.Users {
-		u.IPs = int64(len(userIPs[id]))
-		u.Line = lines.of(id, plans[id])
+		u.IPs = int64(len(a.userIPs[id]))
+		u.Line = a.lines.of(id, a.plans[id])
 		s.Users[id] = u
 	}
-	for ip, d := range s.IPs {
-		d.Users = int64(len(ipUsers[ip]))
-		s.IPs[ip] = d
-	}
-	s.Service.Users, s.Service.IPs = int64(len(users)), int64(len(ips))
+	s.IPs = map[string]storage.IPDay{}
+	a.ips.each(func(key string, r *ipRow) {
+		d := r.day
+		d.Users = int64(len(r.users))
+		s.IPs[key] = d
+	})
+	s.Emails = map[string]storage.IPDay{}
+	a.emails.each(func(key string, d *storage.IPDay) { s.Emails[key] = *d })
+	s.Service.Users = int64(len(s.Users))
 	return s
 }
 
-func addPair(m map[string]map[string]bool, a, b string) {
-	if m[a] == nil {
-		m[a] = map[string]bool{}
+// Aggregate sums events with an Aggregator bounded at DefaultMaxKeys.
+func Aggregate(day string, events []storage.Event, lines Lines) storage.DayStats {
+	a := NewAggregator(day, lines, 0)
+	for _, e := range events {
+		a.Add(e)
 	}
-	m[a][b] = true
+	return a.Done()
+}
+
+// addKey adds k to the set *m, making it if need be.
+func addKey(m *map[string]struct{}, k string) {
+	if *m == nil {
+		*m = map[string]struct{}{}
+	}
+	(*m)[k] = struct{}{}
 }

@@ -19,6 +19,7 @@ const (
 	DefaultIPUsers         = 5
 	DefaultInviteCooldowns = 3
 	DefaultBudgetWarnRatio = 0.8
+	DefaultMaxKeys         = 5000
 )
 
 // Config is the [detect] section of config.toml: when the daily run starts
@@ -55,6 +56,12 @@ type Config struct {
 	// or above this share of a global budget ceiling is a finding.
 	// Default 0.8.
 	BudgetWarnRatio float64 `koanf:"budget_warn_ratio"`
+	// MaxKeys is the most client IPs (IPv6: /64s) and the most submitted
+	// invite e-mails one day's aggregate keeps, each: whoever sends the
+	// requests chooses them, so their number must not decide the memory
+	// of a run or the size of the stored day. The heaviest are kept and
+	// the rest summed under "other". Default 5000.
+	MaxKeys int `koanf:"max_keys"`
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -83,6 +90,9 @@ func (c Config) WithDefaults() Config {
 	setI(&c.IPUsers, DefaultIPUsers)
 	setI(&c.InviteCooldowns, DefaultInviteCooldowns)
 	setF(&c.BudgetWarnRatio, DefaultBudgetWarnRatio)
+	if c.MaxKeys == 0 {
+		c.MaxKeys = DefaultMaxKeys
+	}
 	return c
 }
 
@@ -105,6 +115,9 @@ func (c Config) Validate() error {
 	}
 	if c.GreyDays < 0 || c.GreyDays > 7 {
 		errs = append(errs, fmt.Errorf("detect.grey_days: must be between 1 and 7, got %d", c.GreyDays))
+	}
+	if c.MaxKeys < 0 {
+		errs = append(errs, fmt.Errorf("detect.max_keys: must not be negative, got %d", c.MaxKeys))
 	}
 	if c.SpikeFactor != 0 && !(c.SpikeFactor > 1) {
 		errs = append(errs, fmt.Errorf("detect.spike_factor: must be more than 1, got %v", c.SpikeFactor))

@@ -137,11 +137,12 @@ func detectSpike(cfg Config, h History) []storage.Finding {
 	return out
 }
 
-// detectSharedIP: one IP used by at least ip_users distinct users.
+// detectSharedIP: one IP used by at least ip_users distinct users. Other
+// is no IP: its users come from many.
 func detectSharedIP(cfg Config, h History) []storage.Finding {
 	var out []storage.Finding
 	for ip, d := range h.Today.IPs {
-		if d.Users >= cfg.IPUsers {
+		if ip != Other && d.Users >= cfg.IPUsers {
 			out = append(out, finding(h, DetectorSharedIP, ip, map[string]float64{
 				"users": float64(d.Users), "attempts": float64(d.Attempts),
 			}))
@@ -151,7 +152,8 @@ func detectSharedIP(cfg Config, h History) []storage.Finding {
 }
 
 // detectInvite: an IP or a submitted e-mail with at least
-// invite_cooldowns cooldowns.
+// invite_cooldowns cooldowns. Other counts too: cooldowns spread over
+// more keys than an aggregate keeps are a guessing attack of their own.
 func detectInvite(cfg Config, h History) []storage.Finding {
 	var out []storage.Finding
 	for _, m := range []map[string]storage.IPDay{h.Today.IPs, h.Today.Emails} {

@@ -3,10 +3,15 @@
 // aggregates, and sends alerts by e-mail.
 //
 // Statistics are one event per attempt, apart from billing data, so that
-// refunds and plan changes can never distort them. Recording is fail-open
-// and silent: Record never blocks and never fails a response. Events go
-// through a bounded queue to one batched writer; when the queue is full an
-// event is dropped and counted, never waited for.
+// refunds and plan changes can never distort them; invite refusals, which
+// anyone can send without end, are counted per window into bounded rows
+// instead. Recording is fail-open and silent: Record never blocks and
+// never fails a response. Events go through a bounded queue to one
+// batched writer; when the queue is full an event is dropped and counted,
+// never waited for. A day's run streams its events into an Aggregator
+// that keeps at most max_keys IPs and e-mails, so neither its memory nor
+// the stored day grows with the traffic, and a day whose runs keep
+// crashing the process is given up rather than run at every start.
 //
 // Detection does not block anyone; it makes sure a person notices. The
 // Scheduler runs the Runner at [detect] run_at for the day before, and

@@ -27,10 +27,22 @@ type RecorderOptions struct {
 	QueueSize     int           // events waiting to be written; more are dropped
 	BatchSize     int           // most events per write
 	FlushInterval time.Duration // how long a partial batch waits for company
-	Logger        *slog.Logger
+	// TallyWindow is how long invite refusals and cooldown starts are
+	// counted in memory before their rows are written (default
+	// DefaultTallyWindow); TallyKeys the most IPs and e-mails, each, with
+	// a row of their own per window (default DefaultTallyKeys).
+	TallyWindow time.Duration
+	TallyKeys   int
+	Logger      *slog.Logger
+	Now         func() time.Time // when a tally window has ended; default time.Now
 }
 
-// Recorder queues statistics events and writes them in batches.
+// Recorder queues statistics events and writes them in batches. Invite
+// refusals and cooldown starts are not stored one by one: anyone can send
+// them without end, so the writer counts them per window of TallyWindow
+// and then writes one row per IP and per e-mail (bounded by TallyKeys,
+// the rest under Other) and one per refusal reason, each with its Count.
+// A crash loses the counts of the window under way.
 type Recorder struct {
 	w      EventWriter
 	opts   RecorderOptions
@@ -58,8 +70,17 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 	if opts.FlushInterval <= 0 {
 		opts.FlushInterval = DefaultFlushInterval
 	}
+	if opts.TallyWindow <= 0 {
+		opts.TallyWindow = DefaultTallyWindow
+	}
+	if opts.TallyKeys <= 0 {
+		opts.TallyKeys = DefaultTallyKeys
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	r := &Recorder{
 		w:     w,
@@ -73,7 +94,8 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 }
 
 // Record queues e without waiting. A full queue, or a stopped recorder,
-// drops the event and counts it.
+// drops the event and counts it. Invite refusals and cooldown starts are
+// counted into the tally rather than stored one by one.
 func (r *Recorder) Record(e storage.Event) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -114,20 +136,31 @@ func (r *Recorder) Close(ctx context.Context) error {
 func (r *Recorder) loop() {
 	defer close(r.done)
 	batch := make([]storage.Event, 0, r.opts.BatchSize)
+	t := newTally(r.opts.TallyWindow, r.opts.TallyKeys)
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
 	for {
 		select {
 		case e, ok := <-r.queue:
 			if !ok {
-				r.flush(batch)
+				r.flush(t.drain(batch))
 				return
 			}
-			batch = append(batch, e)
+			if tallied(e) {
+				if !t.start.IsZero() && t.windowOf(e.Time).After(t.start) {
+					batch = t.drain(batch)
+				}
+				t.add(e)
+			} else {
+				batch = append(batch, e)
+			}
 			if len(batch) >= r.opts.BatchSize {
 				batch = r.flush(batch)
 			}
 		case <-timer.C:
+			if t.due(r.opts.Now()) {
+				batch = t.drain(batch)
+			}
 			batch = r.flush(batch)
 			timer.Reset(r.opts.FlushInterval)
 		}

@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -95,4 +96,115 @@ func TestRecorderCountsFailedWrites(t *testing.T) {
 	if r.Dropped() != 20 || r.Written() != 0 {
 		t.Errorf("dropped %d written %d, want 20 and 0", r.Dropped(), r.Written())
 	}
+}
+
+// TestRecorderTalliesInviteRefusals: a flood of 20,000 invite refusals
+// from 2,000 IPs with as many e-mails becomes a bounded number of rows
+// that still sum to every refusal, keeps the key under attack in a row
+// of its own, and aggregates as the single events did. Checks that pass
+// are stored one by one.
+func TestRecorderTalliesInviteRefusals(t *testing.T) {
+	db := mustOpen(t)
+	const keys = 16
+	at := time.Date(2026, 3, 8, 10, 0, 0, 0, time.UTC)
+	const flood = 20_000
+	r := NewRecorder(db, RecorderOptions{QueueSize: 2 * flood, TallyKeys: keys, Now: func() time.Time { return at }})
+	for i := range flood {
+		ip := fmt.Sprintf("10.0.%d.%d", i/250%8, i%250)
+		email := fmt.Sprintf("guess%d@example.com", i)
+		if i%1000 == 0 { // the e-mail under attack, five failures, one cooldown, at times
+			email = "target@example.com"
+		}
+		r.Record(storage.Event{Time: at.Add(time.Duration(i) * time.Millisecond), Route: RouteInvite, Outcome: "invalid", IP: ip, UserID: email})
+		if i%1000 == 0 {
+			r.Record(storage.Event{Time: at, Route: RouteInvite, Outcome: OutcomeCooldownStarted, UserID: "target@example.com"})
+		}
+		if i%100 == 0 {
+			r.Record(storage.Event{Time: at, Route: RouteInvite, Outcome: OutcomeCooldownStarted, IP: ip})
+		}
+	}
+	for range 3 {
+		r.Record(storage.Event{Time: at, Route: RouteInvite, Outcome: "ok", IP: "192.0.2.1", UserID: "ann@example.com"})
+	}
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r.Dropped() != 0 {
+		t.Fatalf("%d events dropped", r.Dropped())
+	}
+	events, err := db.Events(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most := 4*(keys+1) + 1 + 3; len(events) > most {
+		t.Errorf("%d rows stored for %d refusals, want at most %d", len(events), flood, most)
+	}
+	s := Aggregate("2026-03-08", events, Lines{})
+	var ipFailures, ipCooldowns int64
+	for _, d := range s.IPs {
+		ipFailures += d.InviteFailures
+		ipCooldowns += d.InviteCooldowns
+	}
+	if ipFailures != flood || ipCooldowns != flood/100 || s.Service.Invites != flood+3 {
+		t.Errorf("IPs: %d failures, %d cooldowns; service: %d checks; want %d, %d, %d", ipFailures, ipCooldowns, s.Service.Invites, flood, flood/100, flood+3)
+	}
+	if got := s.Emails["target@example.com"]; got.InviteFailures != flood/1000 || got.InviteCooldowns != flood/1000 {
+		t.Errorf("the e-mail under attack = %+v, want %d failures and cooldowns in its own row", got, flood/1000)
+	}
+	for _, e := range events {
+		if !e.Time.Equal(at) {
+			t.Errorf("row at %s, want the window's start %s", e.Time, at)
+			break
+		}
+	}
+}
+
+// TestRecorderTallyWindows: refusals of a window are written once it has
+// ended, by the clock or by a refusal of the next window, each window's
+// rows at its start.
+func TestRecorderTallyWindows(t *testing.T) {
+	db := mustOpen(t)
+	at := time.Date(2026, 3, 8, 10, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	now := at
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	r := NewRecorder(db, RecorderOptions{FlushInterval: time.Millisecond, Now: clock})
+	defer r.Close(context.Background())
+	refuse := func(t time.Time) {
+		r.Record(storage.Event{Time: t, Route: RouteInvite, Outcome: "invalid", IP: "192.0.2.9", UserID: "x@example.com"})
+	}
+	rows := func() []storage.Event {
+		events, err := db.Events(time.Time{}, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return events
+	}
+	refuse(at.Add(time.Minute))
+	refuse(at.Add(14 * time.Minute))
+	refuse(at.Add(DefaultTallyWindow + time.Minute)) // ends the first window
+	waitFor(t, func() bool { return len(rows()) == 3 })
+	for _, e := range rows() {
+		if !e.Time.Equal(at) || e.N() != 2 {
+			t.Errorf("row %+v, want a count of 2 at %s", e, at)
+		}
+	}
+	mu.Lock()
+	now = at.Add(2 * DefaultTallyWindow) // the second window ends by the clock
+	mu.Unlock()
+	waitFor(t, func() bool { return len(rows()) == 6 })
+	if last := rows()[5]; !last.Time.Equal(at.Add(DefaultTallyWindow)) || last.N() != 1 {
+		t.Errorf("row %+v, want a count of 1 at %s", last, at.Add(DefaultTallyWindow))
+	}
+}
+
+// waitFor polls cond for the background writer, at most five seconds.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 5s")
 }

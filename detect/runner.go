@@ -32,13 +32,36 @@ type Sender interface {
 
 // Store is what the Runner needs from storage.
 type Store interface {
-	Events(from, to time.Time) ([]storage.Event, error)
+	// EachEvent streams the events with from <= Time < to, in time order.
+	EachEvent(from, to time.Time, fn func(storage.Event) error) error
 	PruneEvents(before time.Time) (int, error)
 	DayStats(from, to string) ([]storage.DayStats, error)
+	// StartDetectRun records that a run of day starts and returns how
+	// many earlier runs of it started and never finished.
+	StartDetectRun(day string) (unfinished int, err error)
+	// EndDetectRun clears that count after a run that returned an error.
+	EndDetectRun(day string) error
+	// SaveDetection stores a finished run; SaveDetectRun a day given up.
+	// Both clear the count.
 	SaveDetection(stats storage.DayStats, findings []storage.Finding, run storage.DetectRun) error
+	SaveDetectRun(run storage.DetectRun, findings []storage.Finding) error
 	LastDetectRun() (storage.DetectRun, error)
 	Findings(from, to string) ([]storage.Finding, error)
 }
+
+// MaxUnfinishedRuns is how many runs of one day may start and never
+// finish (each one a crash or a kill of the process) before the
+// Scheduler gives the day up: the first run and one retry. Without it, a
+// day whose run crashes the process would run again at every start.
+const MaxUnfinishedRuns = 2
+
+// DetectorGaveUp names the finding that the Scheduler gave a day up.
+const DetectorGaveUp = "detection_gave_up"
+
+// ErrGaveUp means the Scheduler gave a day up: MaxUnfinishedRuns runs of
+// it started and never finished. The day has no aggregate; a manual run
+// (breakwater detect run --day) still runs it.
+var ErrGaveUp = errors.New("detect: day given up after runs that never finished")
 
 var _ Store = (*storage.DB)(nil)
 
@@ -124,22 +147,34 @@ func (r *Runner) Yesterday(now time.Time) string {
 
 // Run aggregates day ("2006-01-02" in budget.timezone), replacing what an
 // earlier run of that day stored, runs the detectors, stores the findings
-// and, if mail is set and there are findings, queues the digest.
+// and, if mail is set and there are findings, queues the digest. It runs
+// even a day the Scheduler gave up.
 func (r *Runner) Run(ctx context.Context, day string, mail bool) (Report, error) {
+	return r.runLocked(ctx, day, mail, false)
+}
+
+func (r *Runner) runLocked(ctx context.Context, day string, mail, scheduled bool) (Report, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rep, err := r.run(ctx, day, mail)
+	rep, err := r.run(ctx, day, mail, scheduled)
 	if err != nil {
 		r.o.Counters.RunFailures.Add(1)
-		return Report{}, fmt.Errorf("detect %s: %w", day, err)
+		return rep, fmt.Errorf("detect %s: %w", day, err)
 	}
 	r.o.Counters.Runs.Add(1)
 	return rep, nil
 }
 
-// RunDay is Run with the digest, for the Scheduler.
+// RunDay is Run without the digest, for the Scheduler, and gives up a day
+// that MaxUnfinishedRuns runs started and never finished: it logs that at
+// ERROR and returns ErrGaveUp with a report holding one DetectorGaveUp
+// finding, which the digest carries.
 func (r *Runner) RunDay(ctx context.Context, day string) (Report, error) {
-	rep, err := r.Run(ctx, day, false)
+	rep, err := r.runLocked(ctx, day, false, true)
+	if errors.Is(err, ErrGaveUp) {
+		r.log.Error("daily detection gave a day up: its runs never finished, each one ended the process; run it by hand with breakwater detect run --day", "day", day, "unfinished_runs", MaxUnfinishedRuns)
+		return rep, err
+	}
 	if err != nil {
 		r.log.Error("daily detection failed", "day", day, "err", err)
 		return Report{}, err
@@ -197,7 +232,7 @@ func (r *Runner) Recent(from, to string) ([]storage.Finding, error) {
 	return r.store.Findings(from, to)
 }
 
-func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error) {
+func (r *Runner) run(ctx context.Context, day string, mail, scheduled bool) (Report, error) {
 	from, to, err := DayBounds(day, r.o.Location)
 	if err != nil {
 		return Report{}, fmt.Errorf("day %q is not YYYY-MM-DD", day)
@@ -208,15 +243,56 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if cut := r.retentionCut(); !cut.IsZero() && !to.After(cut) {
 		return Report{}, fmt.Errorf("%w: its events are older than stats_retention_days (%d)", ErrPruned, r.o.RetentionDays)
 	}
-	events, err := r.store.Events(from, to)
+	unfinished, err := r.store.StartDetectRun(day)
 	if err != nil {
 		return Report{}, err
 	}
+	if scheduled && unfinished >= MaxUnfinishedRuns {
+		return r.giveUp(day, unfinished)
+	}
+	rep, err := r.detect(ctx, day, from, to, mail)
+	if err != nil {
+		if endErr := r.store.EndDetectRun(day); endErr != nil {
+			r.log.Warn("detection run not marked ended: it counts as unfinished", "day", day, "err", endErr)
+		}
+		return Report{}, err
+	}
+	return rep, nil
+}
+
+// giveUp records day as given up, with one finding that says so.
+func (r *Runner) giveUp(day string, unfinished int) (Report, error) {
+	f := storage.Finding{Day: day, Detector: DetectorGaveUp, Subject: "service", Figures: map[string]float64{"unfinished_runs": float64(unfinished)}}
+	run := storage.DetectRun{Day: day, RanAt: r.o.Now(), Findings: 1, GaveUp: true}
+	if err := r.store.SaveDetectRun(run, []storage.Finding{f}); err != nil {
+		return Report{}, err
+	}
+	return Report{Day: day, Findings: []storage.Finding{f}}, ErrGaveUp
+}
+
+// detect aggregates the day's events as they stream from the store, runs
+// the detectors and stores the outcome.
+func (r *Runner) detect(ctx context.Context, day string, from, to time.Time, mail bool) (Report, error) {
+	cfg := r.cfg.Load()
 	var lines Lines
 	if r.o.Lines != nil {
 		lines = r.o.Lines()
 	}
-	today := Aggregate(day, events, lines)
+	agg := NewAggregator(day, lines, cfg.MaxKeys)
+	n := 0
+	err := r.store.EachEvent(from, to, func(e storage.Event) error {
+		if n++; n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		agg.Add(e)
+		return nil
+	})
+	if err != nil {
+		return Report{}, err
+	}
+	today := agg.Done()
 	monthStart := day[:8] + "01"
 	histFrom := min(monthStart, addDays(day, -7))
 	before, err := r.store.DayStats(histFrom, addDays(day, -1))
@@ -235,7 +311,7 @@ func (r *Runner) run(ctx context.Context, day string, mail bool) (Report, error)
 	if r.o.Ceilings != nil {
 		h.Ceilings = r.o.Ceilings()
 	}
-	findings := Detect(*r.cfg.Load(), h)
+	findings := Detect(*cfg, h)
 
 	rep := Report{Day: day, Service: today.Service, Findings: findings}
 	if cut := r.retentionCut(); !cut.IsZero() {

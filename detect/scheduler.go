@@ -109,9 +109,10 @@ func (s *Scheduler) latestDue(now time.Time) string {
 
 // runDue runs every due day after the last run, oldest first, and mails
 // their findings in one digest. It stops at the first failure; the next
-// run_at tries again from there. A day whose
-// raw events are already past retention can never run, so it is skipped,
-// or a long downtime would stop detection for good.
+// run_at tries again from there. A day whose raw events are already past
+// retention can never run, so it is skipped, or a long downtime would
+// stop detection for good; so is a day the runner gave up (its runs kept
+// ending the process), or every start would crash again.
 func (s *Scheduler) runDue(ctx context.Context) {
 	latest := s.latestDue(s.o.Now())
 	last, err := s.r.LastRun()
@@ -136,6 +137,9 @@ func (s *Scheduler) runDue(ctx context.Context) {
 		rep, err := s.r.RunDay(ctx, day)
 		if errors.Is(err, ErrPruned) {
 			s.log.Warn("detection skips a day whose events are past retention", "day", day)
+			continue
+		} else if errors.Is(err, ErrGaveUp) {
+			reps = append(reps, rep) // logged by the runner; the digest says so
 			continue
 		} else if err != nil {
 			return // logged by the runner

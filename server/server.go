@@ -92,6 +92,7 @@ type Server struct {
 	usageOut pause                     // paid calls paused after a usage record failed
 
 	refusalsToday dailyRefusals
+	refusalLog    logEvery // rate-limits the log lines of invite refusals
 	public        *echo.Echo
 	admin         *echo.Echo
 }

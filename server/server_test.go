@@ -211,7 +211,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.events = detect.NewRecorder(db, detect.RecorderOptions{Logger: log, FlushInterval: 10 * time.Millisecond})
+	e.events = detect.NewRecorder(db, detect.RecorderOptions{Logger: log, FlushInterval: 10 * time.Millisecond, Now: o.clock})
 	t.Cleanup(func() { e.events.Close(context.Background()) })
 	var usage UsageRecorder = db
 	if o.usage != nil {

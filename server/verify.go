@@ -244,17 +244,22 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]bool{"valid": true})
 }
 
-// inviteRefusal logs, counts and records the precise reason, and answers
-// with the one face.
+// inviteRefusal counts and records the precise reason, logs it, and
+// answers with the one face. The log gets at most one line per
+// refusalLogInterval, which says how many it held back; the metric and
+// the statistics count every refusal.
 func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email string) error {
 	s.d.Metrics.inviteRefusals.WithLabelValues(reason).Inc()
 	s.recordVerify(c, start, email, reason, errInviteRefused.Status)
-	s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c))
+	if ok, held := s.refusalLog.allow(start, refusalLogInterval); ok {
+		s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c), "held_back", held)
+	}
 	return errInviteRefused
 }
 
 // recordCooldownStart records that a failure started a cooldown on a fail
-// key ("ip:ADDR" or "email:ADDR"), for the invite brute-force detector.
+// key ("ip:ADDR" or "email:ADDR"), for the invite brute-force detector;
+// the recorder counts it into its tally.
 func (s *Server) recordCooldownStart(start time.Time, key string) {
 	e := storage.Event{Time: start, Route: verifyRoute, Outcome: detect.OutcomeCooldownStarted}
 	switch {
@@ -270,7 +275,8 @@ func (s *Server) recordCooldownStart(start time.Time, key string) {
 
 // recordVerify records a statistics event of an invite check. There is no
 // user yet, so the event's UserID holds the normalised e-mail: detection
-// counts cooldowns per e-mail from it.
+// counts cooldowns per e-mail from it. The recorder stores a check that
+// passed as it is and counts a refusal into its bounded tally.
 func (s *Server) recordVerify(c echo.Context, start time.Time, email, outcome string, status int) {
 	s.d.Events.Record(storage.Event{
 		Time: start, UserID: email, IP: c.RealIP(), Route: verifyRoute, Outcome: outcome, Status: status,

@@ -198,40 +198,36 @@ func TestVerifyRefusalsLookAlike(t *testing.T) {
 	clk.add(time.Hour + time.Minute)
 	wantValid(t, e, good, "net@example.com", "X-Real-IP", "198.51.100.8")
 
-	// The reasons reach the log and the statistics events.
-	for _, reason := range []string{"invalid", "expired", "used_up", "revoked", "cooldown", "global"} {
-		if !strings.Contains(e.logs.String(), "reason="+reason) {
-			t.Errorf("log lacks reason=%s", reason)
-		}
-	}
+	// The reasons reach the statistics, counted by reason.
 	want := map[string]int{"invalid": 6, "expired": 1, "used_up": 1, "revoked": 1, "cooldown": 1, "global": 1, "ok": 2}
-	waitForEvents(t, e, verifyRoute, want)
+	if got := inviteChecks(t, e); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("invite checks by outcome %v, want %v", got, want)
+	}
 }
 
-// waitForEvents polls storage until the route's events count want by
-// outcome: the recorder writes in the background.
-func waitForEvents(t *testing.T, e *env, route string, want map[string]int) {
+// inviteChecks stops the recorder, so that its tally of refusals is
+// written, and sums the stored invite checks by outcome: one event per
+// check that passed, the refusals of each reason in rows with a count.
+func inviteChecks(t *testing.T, e *env) map[string]int {
 	t.Helper()
-	var got map[string]int
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		events, err := e.db.Events(time.Time{}, time.Time{})
-		if err != nil {
-			t.Fatal(err)
+	if err := e.events.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	events, err := e.db.Events(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, ev := range events {
+		if ev.Route != verifyRoute || ev.Outcome == detect.OutcomeCooldownStarted || ev.Outcome == detect.OutcomeRefused {
+			continue
 		}
-		got = map[string]int{}
-		for _, ev := range events {
-			if ev.Route == route && ev.Outcome != detect.OutcomeCooldownStarted {
-				got[ev.Outcome]++
-				if ev.IP == "" || ev.Status == 0 {
-					t.Fatalf("event without IP or status: %+v", ev)
-				}
-			}
-		}
-		if fmt.Sprint(got) == fmt.Sprint(want) {
-			return
+		got[ev.Outcome] += int(ev.N())
+		if ev.Outcome == "ok" && (ev.IP == "" || ev.Status == 0) {
+			t.Fatalf("check without IP or status: %+v", ev)
 		}
 	}
-	t.Errorf("events by outcome %v, want %v", got, want)
+	return got
 }
 
 // Reason names of the fail limiter, as the metric carries them.
@@ -267,8 +263,8 @@ func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
 }
 
 // TestVerifyRecordsCooldownStarts: the failure that starts a cooldown
-// leaves one event per cooled-down key, the IP and the e-mail, which the
-// brute-force detector counts.
+// is counted once per cooled-down key, the IP and the e-mail, which the
+// brute-force detector reads.
 func TestVerifyRecordsCooldownStarts(t *testing.T) {
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
 	e := newEnv(t, envOptions{clock: clk.now, invites: loose(InviteConfig{})})
@@ -276,26 +272,23 @@ func TestVerifyRecordsCooldownStarts(t *testing.T) {
 	for range 7 { // the fifth starts the cooldowns; the last two are refused during them
 		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
 	}
-	var ips, emails int
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		events, err := e.db.Events(time.Time{}, time.Time{})
-		if err != nil {
-			t.Fatal(err)
+	if err := e.events.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	events, err := e.db.Events(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ips, emails int64
+	for _, ev := range events {
+		if ev.Outcome != detect.OutcomeCooldownStarted {
+			continue
 		}
-		ips, emails = 0, 0
-		for _, ev := range events {
-			if ev.Outcome != detect.OutcomeCooldownStarted {
-				continue
-			}
-			if ev.IP == "127.0.0.1" {
-				ips++
-			}
-			if ev.UserID == "mallory@example.com" {
-				emails++
-			}
+		if ev.IP == "127.0.0.1" {
+			ips += ev.N()
 		}
-		if ips+emails >= 2 {
-			break
+		if ev.UserID == "mallory@example.com" {
+			emails += ev.N()
 		}
 	}
 	if ips != 1 || emails != 1 {
@@ -570,5 +563,67 @@ func TestVerifyRotatingTheUntrustedHeader(t *testing.T) {
 				t.Errorf("%d guesses evaluated, want 5 (fail_limit for 203.0.113.7)", got)
 			}
 		})
+	}
+}
+
+// TestVerifyRefusalFloodIsBounded: 20,000 refused invite checks from
+// 2,000 addresses, each with its own e-mail, write a bounded number of
+// statistics rows and one log line per second, which says how many it
+// held back; the metric still counts every refusal by reason.
+func TestVerifyRefusalFloodIsBounded(t *testing.T) {
+	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	logs := &bytes.Buffer{}
+	e := newEnv(t, envOptions{clock: clk.now, cfg: trustLoopback, logTo: logs, invites: loose(InviteConfig{GlobalFailPerHour: 1_000_000})})
+	const flood, workers = 20_000, 8
+	var wg sync.WaitGroup
+	var unexpected atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < flood; i += workers {
+				resp, _ := e.verify("WRONG-CODE-ZZZ", fmt.Sprintf("guess%d@example.com", i), "X-Real-IP", fmt.Sprintf("10.0.%d.%d", i/250%8, i%250))
+				if resp.StatusCode != http.StatusForbidden {
+					unexpected.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := unexpected.Load(); n != 0 {
+		t.Fatalf("%d answers were not the refusal", n)
+	}
+	clk.add(2 * time.Second) // the next refusal is logged again, with the count held back
+	var r refusedBody
+	r.wantVerify(t, e, "WRONG-CODE-ZZZ", "late@example.com", "X-Real-IP", "192.0.2.77")
+
+	if got := e.inviteRefusals(reasonInvalid) + e.inviteRefusals(limitReasonCooldown); got != flood+1 {
+		t.Errorf("refusals counted in the metric: %d, want %d", got, flood+1)
+	}
+	checks := inviteChecks(t, e) // stops the recorder
+	if got := checks[reasonInvalid] + checks[limitReasonCooldown]; got != flood+1 {
+		t.Errorf("refusals in the statistics: %v, want %d in all", checks, flood+1)
+	}
+	events, err := e.db.Events(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for _, ev := range events {
+		if ev.Route == verifyRoute {
+			rows++
+		}
+	}
+	// Per window: a row per kept IP and e-mail (and Other) for refusals
+	// and for cooldown starts, and one per reason.
+	if most := 4*(detect.DefaultTallyKeys+1) + 4; rows > most {
+		t.Errorf("%d statistics rows for %d refusals, want at most %d", rows, flood+1, most)
+	}
+	lines := strings.Count(logs.String(), `msg="invite refused"`)
+	if lines != 2 {
+		t.Errorf("%d log lines of refusals, want 2 (one per second of the clock)", lines)
+	}
+	if want := fmt.Sprintf("held_back=%d", flood-1); !strings.Contains(logs.String(), want) {
+		t.Errorf("the second line does not say %s", want)
 	}
 }

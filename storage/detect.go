@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -71,33 +72,117 @@ type DetectRun struct {
 	RanAt    time.Time `json:"ran_at"`
 	Findings int       `json:"findings"`
 	Pruned   int       `json:"pruned"` // raw events deleted by this run
+	// GaveUp marks a day the scheduler gave up on after runs of it that
+	// started and never finished: it has no aggregate, and detection goes
+	// on with the next day.
+	GaveUp bool `json:"gave_up,omitempty"`
+}
+
+// bucketDetectAttempts counts, per day ("2006-01-02" -> 8-byte count),
+// the runs of it that started and have not finished: what a run that
+// crashed the process leaves behind. It is made on first use, so that it
+// lives beside the detection code that alone uses it.
+var bucketDetectAttempts = []byte("detect_attempts")
+
+// StartDetectRun records that a run of day starts and returns how many
+// earlier runs of it started and never finished. SaveDetection,
+// SaveDetectRun and EndDetectRun clear the count; a crash or a kill
+// leaves it.
+func (db *DB) StartDetectRun(day string) (unfinished int, err error) {
+	if err := checkDay(day); err != nil {
+		return 0, fmt.Errorf("start detection run: %w", err)
+	}
+	err = db.update(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketDetectAttempts)
+		if err != nil {
+			return err
+		}
+		if v := b.Get([]byte(day)); len(v) == 8 {
+			unfinished = int(binary.BigEndian.Uint64(v))
+		}
+		return b.Put([]byte(day), encodeUint64(uint64(unfinished+1)))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("start detection run %s: %w", day, err)
+	}
+	return unfinished, nil
+}
+
+// EndDetectRun clears day's count of unfinished runs: for a run that
+// returned an error, which is no crash.
+func (db *DB) EndDetectRun(day string) error {
+	if err := db.update(func(tx *bbolt.Tx) error { return clearAttempts(tx, day) }); err != nil {
+		return fmt.Errorf("end detection run %s: %w", day, err)
+	}
+	return nil
+}
+
+// SaveDetectRun stores a run record and its findings without an
+// aggregate (a day given up), and clears the day's count of unfinished
+// runs.
+func (db *DB) SaveDetectRun(run DetectRun, findings []Finding) error {
+	if err := checkDay(run.Day); err != nil {
+		return fmt.Errorf("save detection run: %w", err)
+	}
+	err := db.update(func(tx *bbolt.Tx) error {
+		if err := clearAttempts(tx, run.Day); err != nil {
+			return err
+		}
+		if err := putFindings(tx, run.Day, findings); err != nil {
+			return err
+		}
+		return putJSON(tx.Bucket(bucketDetectRuns), []byte(run.Day), run)
+	})
+	if err != nil {
+		return fmt.Errorf("save detection run %s: %w", run.Day, err)
+	}
+	return nil
+}
+
+// putFindings replaces day's findings.
+func putFindings(tx *bbolt.Tx, day string, findings []Finding) error {
+	fb := tx.Bucket(bucketFindings)
+	if fb.Bucket([]byte(day)) != nil {
+		if err := fb.DeleteBucket([]byte(day)); err != nil {
+			return err
+		}
+	}
+	b, err := fb.CreateBucket([]byte(day))
+	if err != nil {
+		return err
+	}
+	for i, f := range findings {
+		if err := putJSON(b, encodeUint64(uint64(i)), f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func clearAttempts(tx *bbolt.Tx, day string) error {
+	if b := tx.Bucket(bucketDetectAttempts); b != nil {
+		return b.Delete([]byte(day))
+	}
+	return nil
 }
 
 // SaveDetection stores one day's aggregate, findings and run record in one
-// transaction. A day run again replaces what an earlier run stored for it.
+// transaction, and clears the day's count of unfinished runs. A day run
+// again replaces what an earlier run stored for it.
 func (db *DB) SaveDetection(stats DayStats, findings []Finding, run DetectRun) error {
 	if err := checkDay(stats.Day); err != nil {
 		return fmt.Errorf("save detection: %w", err)
 	}
 	err := db.update(func(tx *bbolt.Tx) error {
 		day := []byte(stats.Day)
+		if err := clearAttempts(tx, stats.Day); err != nil {
+			return err
+		}
 		if err := putJSON(tx.Bucket(bucketAggregates), day, stats); err != nil {
 			return err
 		}
-		fb := tx.Bucket(bucketFindings)
-		if fb.Bucket(day) != nil {
-			if err := fb.DeleteBucket(day); err != nil {
-				return err
-			}
-		}
-		b, err := fb.CreateBucket(day)
-		if err != nil {
+		if err := putFindings(tx, stats.Day, findings); err != nil {
 			return err
-		}
-		for i, f := range findings {
-			if err := putJSON(b, encodeUint64(uint64(i)), f); err != nil {
-				return err
-			}
 		}
 		return putJSON(tx.Bucket(bucketDetectRuns), day, run)
 	})
@@ -179,25 +264,36 @@ func (db *DB) LastDetectRun() (DetectRun, error) {
 	return run, nil
 }
 
+// prunePage is how many events PruneEvents deletes per transaction.
+const prunePage = 4096
+
 // PruneEvents deletes the statistics events older than before and returns
-// how many it deleted.
+// how many it deleted. It deletes a page of events per transaction, so
+// pruning a day of a million events never holds them all in one
+// transaction's memory.
 func (db *DB) PruneEvents(before time.Time) (int, error) {
+	_, hi := rangeKeys(time.Time{}, before)
 	n := 0
-	err := db.update(func(tx *bbolt.Tx) error {
-		_, hi := rangeKeys(time.Time{}, before)
-		c := tx.Bucket(bucketEvents).Cursor()
-		for k, _ := c.First(); k != nil && (hi == nil || bytes.Compare(k, hi) < 0); k, _ = c.First() {
-			if err := c.Delete(); err != nil {
-				return err
+	for {
+		deleted := 0
+		err := db.update(func(tx *bbolt.Tx) error {
+			c := tx.Bucket(bucketEvents).Cursor()
+			for k, _ := c.First(); k != nil && (hi == nil || bytes.Compare(k, hi) < 0) && deleted < prunePage; k, _ = c.First() {
+				if err := c.Delete(); err != nil {
+					return err
+				}
+				deleted++
 			}
-			n++
+			return nil
+		})
+		if err != nil {
+			return n, fmt.Errorf("prune events before %s: %w", before.Format(time.RFC3339), err)
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("prune events before %s: %w", before.Format(time.RFC3339), err)
+		n += deleted
+		if deleted < prunePage {
+			return n, nil
+		}
 	}
-	return n, nil
 }
 
 // AlertState is when one alert kind was last sent.

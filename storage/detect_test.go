@@ -67,6 +67,18 @@ func TestPruneEvents(t *testing.T) {
 	if len(left) != 6 || !left[0].Time.Equal(base.Add(4*time.Hour)) {
 		t.Errorf("%d events left starting %v, want 6 from 04:00", len(left), left[0].Time)
 	}
+
+	// More than one transaction's worth.
+	many := make([]Event, 2*prunePage+5)
+	for i := range many {
+		many[i] = Event{Time: base.Add(-time.Duration(i+1) * time.Second), Route: "/v1/ocr"}
+	}
+	if err := db.AppendEvents(many); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := db.PruneEvents(base.Add(5 * time.Hour)); err != nil || n != len(many)+1 {
+		t.Fatalf("PruneEvents = %d, %v; want %d, nil", n, err, len(many)+1)
+	}
 }
 
 func TestAlertStates(t *testing.T) {
@@ -86,5 +98,48 @@ func TestAlertStates(t *testing.T) {
 	}
 	if err := db.SaveAlertState(AlertState{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("no kind: %v, want ErrInvalid", err)
+	}
+}
+
+// TestDetectRunAttempts: a started run counts until it is saved, given
+// up or ended; a crash (nothing after the start) leaves the count.
+func TestDetectRunAttempts(t *testing.T) {
+	db := mustOpen(t)
+	const day = "2026-03-08"
+	for want := range 3 { // three starts, as three crashed runs leave them
+		if got, err := db.StartDetectRun(day); err != nil || got != want {
+			t.Fatalf("StartDetectRun #%d = %d, %v; want %d earlier unfinished runs", want+1, got, err, want)
+		}
+	}
+	if got, _ := db.StartDetectRun("2026-03-09"); got != 0 {
+		t.Errorf("another day starts with %d unfinished runs, want 0", got)
+	}
+	if err := db.EndDetectRun(day); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := db.StartDetectRun(day); got != 0 {
+		t.Errorf("after EndDetectRun: %d unfinished runs, want 0", got)
+	}
+	if err := db.SaveDetection(DayStats{Day: day}, nil, DetectRun{Day: day}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := db.StartDetectRun(day); got != 0 {
+		t.Errorf("after SaveDetection: %d unfinished runs, want 0", got)
+	}
+	gaveUp := Finding{Day: "2026-03-09", Detector: "detection_gave_up", Subject: "service"}
+	if err := db.SaveDetectRun(DetectRun{Day: "2026-03-09", GaveUp: true}, []Finding{gaveUp}); err != nil {
+		t.Fatal(err)
+	}
+	if run, err := db.LastDetectRun(); err != nil || run.Day != "2026-03-09" || !run.GaveUp {
+		t.Errorf("LastDetectRun = %+v, %v; want 2026-03-09 given up", run, err)
+	}
+	if f, _ := db.Findings("2026-03-09", "2026-03-09"); len(f) != 1 || f[0].Detector != "detection_gave_up" {
+		t.Errorf("findings of the day given up: %+v", f)
+	}
+	if got, _ := db.StartDetectRun("2026-03-09"); got != 0 {
+		t.Errorf("after SaveDetectRun: %d unfinished runs, want 0", got)
+	}
+	if _, err := db.StartDetectRun("8 March"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad day: %v, want ErrInvalid", err)
 	}
 }

@@ -81,3 +81,60 @@ func TestAppendEventsInvalidWritesNothing(t *testing.T) {
 		t.Errorf("Events after refused batch = %d events, want none", len(events))
 	}
 }
+
+// TestEachEventPages streams more events than one page holds, equal
+// times across the page boundary included, and checks each comes once, in
+// order; an error from fn stops the scan, and fn may write (it runs
+// outside any transaction).
+func TestEachEventPages(t *testing.T) {
+	db := mustOpen(t)
+	n := 2*eventPage + 3
+	events := make([]Event, n)
+	for i := range events {
+		// Pairs of equal times, so a page may end between two of them.
+		events[i] = Event{Time: t0.Add(time.Duration(i/2) * time.Millisecond), Status: i}
+	}
+	if err := db.AppendEvents(events); err != nil {
+		t.Fatal(err)
+	}
+	next := 0
+	err := db.EachEvent(time.Time{}, t0.Add(time.Hour), func(e Event) error {
+		if e.Status != next {
+			return fmt.Errorf("event %d came as number %d", e.Status, next)
+		}
+		next++
+		if next == eventPage { // a write between two pages
+			return db.AppendEvents([]Event{{Time: t0.Add(2 * time.Hour), Status: -1}})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next != n {
+		t.Errorf("EachEvent saw %d events, want %d", next, n)
+	}
+
+	stop := errors.New("stop")
+	seen := 0
+	err = db.EachEvent(time.Time{}, time.Time{}, func(Event) error {
+		seen++
+		if seen == eventPage+1 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || seen != eventPage+1 {
+		t.Errorf("EachEvent after fn's error: %v after %d events, want stop after %d", err, seen, eventPage+1)
+	}
+}
+
+func TestEventCount(t *testing.T) {
+	for _, tt := range []struct {
+		count, want int64
+	}{{0, 1}, {1, 1}, {7, 7}, {-3, 1}} {
+		if got := (Event{Count: tt.count}).N(); got != tt.want {
+			t.Errorf("Event{Count: %d}.N() = %d, want %d", tt.count, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package detect
+
+import (
+	"time"
+
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+// Defaults for the Recorder's tally of invite refusals.
+const (
+	// DefaultTallyWindow is how long invite refusals and cooldown starts
+	// are counted in memory before their rows are written. A multiple of
+	// 15 minutes, so a window never straddles midnight in any time zone.
+	DefaultTallyWindow = 15 * time.Minute
+	// DefaultTallyKeys is the most IPs and the most e-mails, each, that
+	// get a row of their own per window; the rest share the row of Other.
+	DefaultTallyKeys = 64
+	// maxTallyReasons bounds the refusal reasons of a window, in case a
+	// caller ever passes free text as an outcome.
+	maxTallyReasons = 32
+)
+
+// tallied reports whether the Recorder counts e in its tally rather than
+// storing it: invite refusals and cooldown starts, which anyone can send
+// without limit. Invite checks that pass ("ok") and OCR attempts are
+// stored one by one.
+func tallied(e storage.Event) bool {
+	return e.Route == RouteInvite && e.Outcome != "ok" && e.Outcome != OutcomeRefused && e.Count == 0
+}
+
+// inviteCount is one key's figures in a tally window.
+type inviteCount struct{ refused, cooldowns int64 }
+
+// tally counts one window of invite refusals and cooldown starts: per
+// IP key and per e-mail, bounded, and for the service by reason. Its rows
+// (see OutcomeRefused) are at most 4*(keys+1) plus the reasons, however
+// many refusals the window saw.
+type tally struct {
+	window  time.Duration
+	keys    int
+	start   time.Time // the window counted; zero while empty
+	ips     *bounded[inviteCount]
+	emails  *bounded[inviteCount]
+	reasons map[string]int64
+}
+
+func newTally(window time.Duration, keys int) *tally {
+	t := &tally{window: window, keys: keys}
+	t.reset()
+	return t
+}
+
+func (t *tally) reset() {
+	heavier := func(a, b *inviteCount) bool {
+		return outranks([4]int64{a.cooldowns, a.refused}, [4]int64{b.cooldowns, b.refused})
+	}
+	merge := func(into, from *inviteCount) {
+		into.refused += from.refused
+		into.cooldowns += from.cooldowns
+	}
+	t.start = time.Time{}
+	t.ips = newBounded(t.keys, heavier, merge)
+	t.emails = newBounded(t.keys, heavier, merge)
+	t.reasons = map[string]int64{}
+}
+
+// windowOf is the start of the window that holds at.
+func (t *tally) windowOf(at time.Time) time.Time { return at.Truncate(t.window) }
+
+// due reports whether the window counted has ended by now.
+func (t *tally) due(now time.Time) bool {
+	return !t.start.IsZero() && !now.Before(t.start.Add(t.window))
+}
+
+// add counts e into the current window (an event from an older window,
+// late by a moment, is counted into the current one).
+func (t *tally) add(e storage.Event) {
+	if t.start.IsZero() {
+		t.start = t.windowOf(e.Time)
+	}
+	ip := limiter.ClientKey(e.IP)
+	if e.Outcome == OutcomeCooldownStarted {
+		if ip != "" {
+			t.ips.get(ip).cooldowns++
+		}
+		if e.UserID != "" {
+			t.emails.get(e.UserID).cooldowns++
+		}
+		return
+	}
+	reason := e.Outcome
+	if _, ok := t.reasons[reason]; !ok && len(t.reasons) >= maxTallyReasons {
+		reason = Other
+	}
+	t.reasons[reason]++
+	if ip != "" {
+		t.ips.get(ip).refused++
+	}
+	if e.UserID != "" {
+		t.emails.get(e.UserID).refused++
+	}
+}
+
+// drain appends the window's rows to batch and empties the tally.
+func (t *tally) drain(batch []storage.Event) []storage.Event {
+	if t.start.IsZero() {
+		return batch
+	}
+	at := t.start
+	for reason, n := range t.reasons {
+		batch = append(batch, storage.Event{Time: at, Route: RouteInvite, Outcome: reason, Count: n})
+	}
+	rows := func(b *bounded[inviteCount], row func(key string) storage.Event) {
+		b.each(func(key string, c *inviteCount) {
+			for _, r := range []struct {
+				outcome string
+				n       int64
+			}{{OutcomeRefused, c.refused}, {OutcomeCooldownStarted, c.cooldowns}} {
+				if r.n > 0 {
+					e := row(key)
+					e.Time, e.Route, e.Outcome, e.Count = at, RouteInvite, r.outcome, r.n
+					batch = append(batch, e)
+				}
+			}
+		})
+	}
+	rows(t.ips, func(key string) storage.Event { return storage.Event{IP: key} })
+	rows(t.emails, func(key string) storage.Event { return storage.Event{UserID: key} })
+	t.reset()
+	return batch
+}
