@@ -51,7 +51,9 @@ const DefaultTimeout = time.Second
 //	1: the first layout
 //	2: invite redemptions in a bucket per invite under invite_redemptions,
 //	   and a use count in the invite record, instead of a list in the record
-const SchemaVersion uint64 = 2
+//	3: users who sign in with a JWT under their own ids, "jwt:" + sub,
+//	   instead of the sub alone (their user records and quota counts moved)
+const SchemaVersion uint64 = 3
 
 // migration brings a database from schema version to-1 up to version to.
 // run is called inside prepare's one transaction, after every bucket of
@@ -66,6 +68,7 @@ type migration struct {
 // migrations, in order of version.
 var migrations = []migration{
 	{to: 2, what: "invite redemptions into a bucket per invite", run: migrateInviteRedemptions},
+	{to: 3, what: "JWT users under jwt:SUB", run: migrateJWTUsers},
 }
 
 // Errors returned by storage. Callers test them with errors.Is; most are
