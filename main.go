@@ -511,6 +511,9 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 	if warning := jwtAudienceWarning(c); warning != "" {
 		fmt.Fprintln(stdout, "warning:", warning)
 	}
+	for _, warning := range c.OCR.Warnings() {
+		fmt.Fprintln(stdout, "warning:", warning)
+	}
 	for _, w := range offSwitches(c) {
 		fmt.Fprintln(stdout, "WARNING: limit off:", w)
 	}
@@ -981,6 +984,9 @@ func newReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, er
 	}
 	if apiKey == "" {
 		return nil, errors.New("GEMINI_API_KEY is not set: put your Gemini API key in the environment, or set ocr.provider = \"simulated\" to try the service without one")
+	}
+	for _, warning := range c.Warnings() {
+		log.Warn(warning)
 	}
 	return ocr.NewGemini(c, apiKey, nil, log)
 }

@@ -36,8 +36,14 @@ type Config struct {
 	// Provider is "gemini" (the default) or "simulated".
 	Provider string `koanf:"provider"`
 	// Model is the Gemini model name, without a "models/" prefix.
-	// Default "gemini-2.5-flash".
+	// Default "gemini-2.5-flash". With the gemini provider it must be one
+	// of the families LookupModel knows (whose image tiling WorstCase
+	// assumes), unless AllowUnknownModel is set.
 	Model string `koanf:"model"`
+	// AllowUnknownModel lets Model name a model LookupModel does not know;
+	// Warnings then says that the worst case reserved before each call may
+	// be below what it is billed. Default false: such a model is refused.
+	AllowUnknownModel bool `koanf:"allow_unknown_model"`
 	// BaseURL is the http(s) root of the Gemini API; a path is kept, so a
 	// proxy prefix works. Default "https://generativelanguage.googleapis.com".
 	BaseURL string `koanf:"base_url"`
@@ -121,6 +127,9 @@ func (c Config) Validate() error {
 	case ProviderGemini, ProviderSimulated:
 	default:
 		add("provider", fmt.Sprintf("unknown provider %q (want gemini or simulated)", c.Provider))
+	}
+	if _, known := LookupModel(c.Model); c.Provider == ProviderGemini && !known && !c.AllowUnknownModel {
+		add("model", unknownModelError(c.Model))
 	}
 	if err := checkBaseURL(c.BaseURL); err != nil {
 		add("base_url", err.Error())

@@ -608,7 +608,7 @@ func TestNewGemini(t *testing.T) {
 		{"http://proxy.local/gemini/", "models/gemini-2.5-flash-lite", "http://proxy.local/gemini/v1beta/models/gemini-2.5-flash-lite:generateContent"},
 		{"http://x", "a b/c?d", "http://x/v1beta/models/a%20b%2Fc%3Fd:generateContent"},
 	} {
-		g, err := NewGemini(Config{BaseURL: tt.base, Model: tt.model}, testKey, nil, nil)
+		g, err := NewGemini(Config{BaseURL: tt.base, Model: tt.model, AllowUnknownModel: true}, testKey, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -58,7 +58,7 @@ func (s *Server) handleCreateKey(c echo.Context) error {
 	}
 	secret, info, err := s.d.Operator.CreateKey(c.Request().Context(), req.User, req.Plan)
 	switch {
-	case errors.Is(err, ErrBadUserID), errors.Is(err, ErrUnknownPlan):
+	case badUserRequest(err):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
 	case err != nil:
 		return err
@@ -87,6 +87,14 @@ func (s *Server) handleRevokeKey(c echo.Context) error {
 	return c.JSON(http.StatusOK, info)
 }
 
+// badUserRequest tells whether err refuses what the operator asked for (a
+// user id breaking a rule, reserved or ambiguous; an unknown plan), which
+// the answer then explains.
+func badUserRequest(err error) bool {
+	return errors.Is(err, ErrBadUserID) || errors.Is(err, ErrReservedUserID) ||
+		errors.Is(err, ErrAmbiguousUserID) || errors.Is(err, ErrUnknownPlan)
+}
+
 // userRequest is the body of POST /api/users/:id (every field optional).
 type userRequest struct {
 	Banned *bool  `json:"banned"`
@@ -111,7 +119,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
-	case errors.Is(err, ErrBadUserID), errors.Is(err, ErrUnknownPlan):
+	case badUserRequest(err):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
 	case err != nil:
 		return err
@@ -122,10 +130,12 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 
 func (s *Server) handleUsage(c echo.Context) error {
 	list, err := s.d.Operator.Usage(c.Request().Context(), c.QueryParam("user"))
-	if errors.Is(err, storage.ErrNotFound) {
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
 		return problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
-	}
-	if err != nil {
+	case badUserRequest(err):
+		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
+	case err != nil:
 		return err
 	}
 	return c.JSON(http.StatusOK, list)

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"breakwater/storage"
+	"breakwater/storage/userid"
 )
 
 // API keys are "bw_" and keySecretLen base62 characters from crypto/rand:
@@ -20,7 +19,6 @@ import (
 const (
 	keyPrefix     = "bw_"
 	keySecretLen  = 32
-	maxUserIDLen  = 128
 	base62Letters = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 	// DefaultPlan is the plan a new user gets when keys create names none.
 	DefaultPlan = "free"
@@ -28,9 +26,19 @@ const (
 
 // Errors of key management.
 var (
-	// ErrBadUserID refuses a user id that is empty, longer than 128 bytes,
-	// not UTF-8, or holds control or non-printable characters.
-	ErrBadUserID = errors.New("server: user id must be 1-128 bytes of printable UTF-8 without control characters")
+	// ErrBadUserID refuses a user id that is empty, longer than 128 bytes
+	// once normalised, not UTF-8, or holds control, invisible or
+	// non-printable characters; the error names the rule (see package
+	// userid).
+	ErrBadUserID = userid.ErrInvalid
+	// ErrReservedUserID refuses an API key for an id in the namespace of
+	// JWT users ("jwt:..."), and a plan change for a JWT user, whose plan
+	// comes from the token.
+	ErrReservedUserID = userid.ErrReserved
+	// ErrAmbiguousUserID refuses an id that, normalised, matches several
+	// users stored before ids were normalised ("Alice" and "alice"): name
+	// one exactly as stored.
+	ErrAmbiguousUserID = errors.New("server: user id matches several users")
 	// ErrUnknownPlan refuses a plan that config.toml does not define.
 	ErrUnknownPlan = errors.New("server: unknown plan")
 )
@@ -170,14 +178,21 @@ func (k *Keyring) Authenticate(token string) (id Identity, banned, ok bool) {
 }
 
 // Create makes a new key for userID and returns its secret, which is shown
-// once and never stored. An empty plan keeps an existing user's plan, or
-// gives a new user DefaultPlan.
+// once and never stored. The id is normalised (see resolve), so "Alice"
+// gets a key of user "alice"; an id of a JWT user ("jwt:...") is refused.
+// An empty plan keeps an existing user's plan, or gives a new user
+// DefaultPlan.
 func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err error) {
-	if err := ValidateUserID(userID); err != nil {
-		return "", KeyInfo{}, err
-	}
 	k.write.Lock()
 	defer k.write.Unlock()
+	userID, err = k.resolve(userID)
+	if err != nil {
+		return "", KeyInfo{}, err
+	}
+	if userid.IsJWT(userID) {
+		return "", KeyInfo{}, fmt.Errorf("%w: %q: ids starting with %q name users who sign in with a JWT and cannot have API keys; choose another id",
+			ErrReservedUserID, userID, userid.JWTPrefix)
+	}
 	existing, known := k.user(userID)
 	if plan == "" {
 		plan = DefaultPlan
@@ -253,24 +268,68 @@ func (k *Keyring) user(id string) (storage.User, bool) {
 	return storage.User{}, false
 }
 
-// SetBanned bans or unbans a user; the next request sees it. A user that
-// has no key yet (a JWT user) gets a record that holds the ban.
+// SetBanned bans or unbans a user, named as resolve allows; the next
+// request sees it. A user that has no key yet (a JWT user, "jwt:SUB") gets
+// a record that holds the ban.
 func (k *Keyring) SetBanned(user string, banned bool) (UserInfo, error) {
-	if err := ValidateUserID(user); err != nil {
-		return UserInfo{}, err
-	}
-	return k.updateUser(user, func(u *storage.User) { u.Banned = banned })
+	return k.updateUser(user, false, func(u *storage.User) { u.Banned = banned })
 }
 
-// SetPlan moves an existing user to another plan.
+// SetPlan moves an existing API-key user to another plan. A JWT user's
+// plan comes from the token, so it is refused with ErrReservedUserID.
 func (k *Keyring) SetPlan(user, plan string) (UserInfo, error) {
 	if !k.knownPlan(plan) {
 		return UserInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml", ErrUnknownPlan, plan, plan)
 	}
-	if _, known := k.user(user); !known {
-		return UserInfo{}, fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
+	return k.updateUser(user, true, func(u *storage.User) { u.Plan = plan })
+}
+
+// Resolve returns the id under which the user an operator named is stored
+// (see resolve), or ErrNotFound.
+func (k *Keyring) Resolve(user string) (string, error) {
+	id, err := k.resolve(user)
+	if err != nil {
+		return "", err
 	}
-	return k.updateUser(user, func(u *storage.User) { u.Plan = plan })
+	if _, known := k.user(id); !known {
+		return "", fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
+	}
+	return id, nil
+}
+
+// resolve finds the id under which the user an operator named is stored.
+// An id stored exactly as given wins, so a database from before ids were
+// normalised keeps working ("Alice", "bob "); then the normalised id
+// (package userid); then the one stored id with that normal form (so
+// "alice" finds an old "Alice"), or ErrAmbiguousUserID if several have
+// it. An id that names no user comes back normalised, for a new user.
+func (k *Keyring) resolve(id string) (string, error) {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if k.users[id] != nil {
+		return id, nil
+	}
+	norm, err := userid.Normalize(id)
+	if err != nil {
+		return "", err
+	}
+	if k.users[norm] != nil {
+		return norm, nil
+	}
+	var found []string
+	for stored := range k.users { // operator commands only: a scan is fine
+		if n, err := userid.Normalize(stored); err == nil && n == norm {
+			found = append(found, stored)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return norm, nil
+	case 1:
+		return found[0], nil
+	}
+	sort.Strings(found)
+	return "", fmt.Errorf("%w: %q could be any of %q; give the id exactly as stored", ErrAmbiguousUserID, id, found)
 }
 
 // Users lists every user, sorted by id.
@@ -285,13 +344,24 @@ func (k *Keyring) Users() []UserInfo {
 	return out
 }
 
-// updateUser writes a changed user through to storage, then to memory.
-// Writers are serialised so two changes cannot overwrite each other.
-func (k *Keyring) updateUser(id string, change func(*storage.User)) (UserInfo, error) {
+// updateUser writes a changed user, named as resolve allows, through to
+// storage, then to memory. With mustExist, an unknown user is ErrNotFound
+// and a JWT user ErrReservedUserID. Writers are serialised so two changes
+// cannot overwrite each other.
+func (k *Keyring) updateUser(name string, mustExist bool, change func(*storage.User)) (UserInfo, error) {
 	k.write.Lock()
 	defer k.write.Unlock()
+	id, err := k.resolve(name)
+	if err != nil {
+		return UserInfo{}, err
+	}
 	u, known := k.user(id)
-	if !known {
+	switch {
+	case mustExist && userid.IsJWT(id):
+		return UserInfo{}, fmt.Errorf("%w: the plan of %q comes from its token (auth.jwt.plan_claim, else auth.jwt.default_plan)", ErrReservedUserID, id)
+	case mustExist && !known:
+		return UserInfo{}, fmt.Errorf("user %q: %w", name, storage.ErrNotFound)
+	case !known:
 		u = storage.User{ID: id, CreatedAt: k.now().UTC()}
 	}
 	change(&u)
@@ -311,19 +381,6 @@ func (k *Keyring) info(key storage.Key) KeyInfo {
 		plan = u.Plan
 	}
 	return KeyInfo{ID: key.ID, UserID: key.UserID, Plan: plan, CreatedAt: key.CreatedAt, RevokedAt: key.RevokedAt}
-}
-
-// ValidateUserID checks a user id: 1 to 128 bytes of printable UTF-8.
-func ValidateUserID(id string) error {
-	if id == "" || len(id) > maxUserIDLen || !utf8.ValidString(id) {
-		return ErrBadUserID
-	}
-	for _, r := range id {
-		if unicode.IsControl(r) || !unicode.IsPrint(r) {
-			return ErrBadUserID
-		}
-	}
-	return nil
 }
 
 // validKeyShape is a cheap check that token could be one of our keys.

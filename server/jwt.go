@@ -23,6 +23,8 @@ import (
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/time/rate"
+
+	"breakwater/storage/userid"
 )
 
 // Defaults and bounds for JWTConfig and the Verifier.
@@ -385,9 +387,12 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 			return Identity{}, refuse(refusalAuthorized, fmt.Errorf("azp %q", azp))
 		}
 	}
+	// The user is "jwt:" + sub: a token never acts as an API-key user,
+	// whatever its sub.
 	sub, err := claims.GetSubject()
+	var user string
 	if err == nil {
-		err = ValidateUserID(sub)
+		user, err = userid.JWT(sub)
 	}
 	if err != nil {
 		return Identity{}, refuse(refusalSubject, err)
@@ -398,7 +403,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 			plan = p
 		}
 	}
-	return Identity{UserID: sub, KeyID: jwtKeyID, Plan: plan}, nil
+	return Identity{UserID: user, KeyID: jwtKeyID, Plan: plan}, nil
 }
 
 // classify turns the parser's error into a refusal reason. Claim errors

@@ -247,14 +247,15 @@ func TestJWTValidTokens(t *testing.T) {
 		user  string
 		limit int64
 	}{
-		{"RS256", rs, nil, "user_2abc", 100},
-		{"ES256", es, jwt.MapClaims{"sub": "auth0|5f7c"}, "auth0|5f7c", 100},
-		{"EdDSA", ed, jwt.MapClaims{"sub": "0b9f3c1e-supabase"}, "0b9f3c1e-supabase", 100},
-		{"plan claim", rs, jwt.MapClaims{"sub": "paying", "plan": "pro"}, "paying", 1000},
-		{"unknown plan falls back", rs, jwt.MapClaims{"sub": "odd", "plan": "platinum"}, "odd", 100},
-		{"plan not a string", rs, jwt.MapClaims{"sub": "odd2", "plan": 7}, "odd2", 100},
-		{"audience in a list", rs, jwt.MapClaims{"sub": "many", "aud": []string{"other", testAudience}}, "many", 100},
-		{"within leeway", rs, jwt.MapClaims{"sub": "skew", "exp": jwtStart.Add(-2 * time.Second).Unix(), "nbf": jwtStart.Add(3 * time.Second).Unix()}, "skew", 100},
+		{"RS256", rs, nil, "jwt:user_2abc", 100},
+		{"ES256", es, jwt.MapClaims{"sub": "auth0|5f7c"}, "jwt:auth0|5f7c", 100},
+		{"EdDSA", ed, jwt.MapClaims{"sub": "0b9f3c1e-supabase"}, "jwt:0b9f3c1e-supabase", 100},
+		{"plan claim", rs, jwt.MapClaims{"sub": "paying", "plan": "pro"}, "jwt:paying", 1000},
+		{"unknown plan falls back", rs, jwt.MapClaims{"sub": "odd", "plan": "platinum"}, "jwt:odd", 100},
+		{"plan not a string", rs, jwt.MapClaims{"sub": "odd2", "plan": 7}, "jwt:odd2", 100},
+		{"audience in a list", rs, jwt.MapClaims{"sub": "many", "aud": []string{"other", testAudience}}, "jwt:many", 100},
+		{"within leeway", rs, jwt.MapClaims{"sub": "skew", "exp": jwtStart.Add(-2 * time.Second).Unix(), "nbf": jwtStart.Add(3 * time.Second).Unix()}, "jwt:skew", 100},
+		{"sub in NFD", rs, jwt.MapClaims{"sub": "cafe\u0301"}, "jwt:caf\u00e9", 100},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -276,7 +277,7 @@ func TestJWTValidTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != len(cases)+1 || rows[0].UserID != "user_2abc" || rows[0].KeyID != jwtKeyID {
+	if len(rows) != len(cases)+1 || rows[0].UserID != "jwt:user_2abc" || rows[0].KeyID != jwtKeyID {
 		t.Errorf("usage rows %+v", rows)
 	}
 	if got := f.requests.Load(); got != 1 {
@@ -293,8 +294,8 @@ func TestJWTValidTokens(t *testing.T) {
 	for _, ev := range events {
 		plans[ev.UserID] = ev.Plan
 	}
-	if plans["paying"] != "pro" || plans["user_2abc"] != DefaultPlan {
-		t.Errorf("event plans %v, want paying on pro and user_2abc on %s", plans, DefaultPlan)
+	if plans["jwt:paying"] != "pro" || plans["jwt:user_2abc"] != DefaultPlan {
+		t.Errorf("event plans %v, want jwt:paying on pro and jwt:user_2abc on %s", plans, DefaultPlan)
 	}
 }
 
@@ -359,6 +360,8 @@ func TestJWTRefusals(t *testing.T) {
 		{"empty sub", rs.sign(t, with(good, jwt.MapClaims{"sub": ""})), "subject"},
 		{"sub with a control character", rs.sign(t, with(good, jwt.MapClaims{"sub": "bob\x00"})), "subject"},
 		{"sub too long", rs.sign(t, with(good, jwt.MapClaims{"sub": strings.Repeat("u", 129)})), "subject"},
+		{"sub with a zero-width space", rs.sign(t, with(good, jwt.MapClaims{"sub": "bob\u200b"})), "subject"},
+		{"sub with a bidi override", rs.sign(t, with(good, jwt.MapClaims{"sub": "\u202ebob"})), "subject"},
 		{"sub not a string", rs.sign(t, with(good, jwt.MapClaims{"sub": 42})), "subject"},
 		{"header not JSON", "bm90LWpzb24." + parts[1] + "." + parts[2], "malformed"},
 		{"padded base64", parts[0] + "=." + parts[1] + "." + parts[2], ""},
@@ -673,12 +676,12 @@ func TestJWTUserBan(t *testing.T) {
 	token := rs.sign(t, with(claimsAt(clk.now()), jwt.MapClaims{"sub": "user_jwt_ban"}))
 	resp, data := e.post(token, "image/png", img)
 	decodeOK(t, resp, data)
-	if _, err := adminClient(e).SetBanned(context.Background(), "user_jwt_ban", true); err != nil {
+	if _, err := adminClient(e).SetBanned(context.Background(), "jwt:user_jwt_ban", true); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(token, "image/png", img)
 	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
-	if _, err := adminClient(e).SetBanned(context.Background(), "user_jwt_ban", false); err != nil {
+	if _, err := adminClient(e).SetBanned(context.Background(), "JWT:user_jwt_ban", false); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(token, "image/png", img)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -139,15 +140,11 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 	}
 	users := o.keys.Users()
 	if user != "" {
-		users = nil
-		for _, u := range o.keys.Users() {
-			if u.ID == user {
-				users = append(users, u)
-			}
+		id, err := o.keys.Resolve(user)
+		if err != nil {
+			return nil, err
 		}
-		if len(users) == 0 {
-			return nil, fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
-		}
+		users = slices.DeleteFunc(users, func(u UserInfo) bool { return u.ID != id })
 	}
 	plans := o.plans()
 	out := make([]UsageInfo, 0, len(users))

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/storage/userid"
 )
 
 // User is one account that owns API keys and a plan.
@@ -191,6 +194,134 @@ func (db *DB) PutUser(u User) error {
 		return fmt.Errorf("put user %s: %w", u.ID, err)
 	}
 	return nil
+}
+
+// legacyJWTKeyID is the KeyID that usage rows of JWT callers carry (early
+// rows have none).
+const legacyJWTKeyID = "jwt"
+
+// migrateJWTUsers moves users who signed in with a JWT to their own ids
+// (schema 3): a token used to act as the user whose id equals its sub, now
+// it acts as userid.JWT(sub). The JWT users of the old layout are the ids
+// of usage rows written through a JWT, of quota counts that no key belongs
+// to, and of user records without a plan that no key belongs to (what
+// `users ban` wrote for a JWT user); only a JWT user has those. For
+// each, the user record (which holds a ban) and every month's quota count
+// are copied to the new id where it has none yet; an id that no key
+// belongs to is moved (its old entries deleted), while one that is also an
+// API-key user keeps its own, so neither side gains quota or loses a ban.
+// Usage rows, statistics events and the daily defense state stay under the
+// old id. An id that is not a valid sub under today's rules is left alone
+// and counted.
+func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
+	owned := map[string]bool{} // user ids that have a key
+	err := tx.Bucket(bucketKeys).ForEach(func(id, v []byte) error {
+		var k Key
+		if err := json.Unmarshal(v, &k); err != nil {
+			return fmt.Errorf("key %s: %w", id, err)
+		}
+		owned[k.UserID] = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	jwtUsers := map[string]bool{}
+	err = tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
+		var r struct{ UserID, KeyID string }
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("usage row %x: %w", k, err)
+		}
+		if r.UserID != "" && (r.KeyID == legacyJWTKeyID || r.KeyID == "") {
+			jwtUsers[r.UserID] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	users, quota := tx.Bucket(bucketUsers), tx.Bucket(bucketQuota)
+	keyless := func(k, _ []byte) error {
+		if id := string(k); !owned[id] && !userid.IsJWT(id) {
+			jwtUsers[id] = true
+		}
+		return nil
+	}
+	err = users.ForEach(func(k, v []byte) error {
+		var u User
+		if err := json.Unmarshal(v, &u); err != nil {
+			return fmt.Errorf("user %s: %w", k, err)
+		}
+		if u.Plan != "" {
+			return nil // not what a ban of a JWT user wrote
+		}
+		return keyless(k, v)
+	})
+	if err != nil {
+		return nil, err
+	}
+	var months [][]byte
+	err = quota.ForEach(func(month, v []byte) error {
+		if v != nil {
+			return nil
+		}
+		months = append(months, append([]byte(nil), month...))
+		return quota.Bucket(month).ForEach(keyless)
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	moved, copied, counts, skipped := 0, 0, 0, 0
+	for _, old := range slices.Sorted(maps.Keys(jwtUsers)) {
+		id, err := userid.JWT(old)
+		if err != nil || userid.IsJWT(old) {
+			skipped++
+			continue
+		}
+		move := !owned[old]
+		if v := users.Get([]byte(old)); v != nil {
+			var u User
+			if err := json.Unmarshal(v, &u); err != nil {
+				return nil, fmt.Errorf("user %s: %w", old, err)
+			}
+			if users.Get([]byte(id)) == nil {
+				u.ID = id
+				if err := putJSON(users, []byte(id), u); err != nil {
+					return nil, err
+				}
+			}
+			if move {
+				if err := users.Delete([]byte(old)); err != nil {
+					return nil, fmt.Errorf("user %s: %w", old, err)
+				}
+			}
+		}
+		for _, month := range months {
+			b := quota.Bucket(month)
+			v := b.Get([]byte(old))
+			if v == nil {
+				continue
+			}
+			if b.Get([]byte(id)) == nil {
+				if err := b.Put([]byte(id), append([]byte(nil), v...)); err != nil {
+					return nil, fmt.Errorf("quota %s of %s: %w", month, id, err)
+				}
+				counts++
+			}
+			if move {
+				if err := b.Delete([]byte(old)); err != nil {
+					return nil, fmt.Errorf("quota %s of %s: %w", month, old, err)
+				}
+			}
+		}
+		if move {
+			moved++
+		} else {
+			copied++
+		}
+	}
+	return []any{"jwt_users_moved", moved, "jwt_users_copied", copied, "quota_counts", counts, "skipped", skipped}, nil
 }
 
 // putJSON stores v under key in b, JSON-encoded.

@@ -321,3 +321,94 @@ func dumpAll(t *testing.T, tx *bbolt.Tx) map[string]string {
 	}
 	return out
 }
+
+// writeV2 creates a schema version 2 database at path: fill writes through
+// today's code (the bucket layout is the same), then the version is set
+// back to 2.
+func writeV2(t *testing.T, path string, fill func(db *DB)) {
+	t.Helper()
+	db, err := Open(path, Options{Logger: quietLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(db)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	writeBolt(t, path, func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, encodeUint64(2))
+	})
+}
+
+// TestMigrateV2JWTUsers: schema 3 gives JWT users ids of their own. A JWT
+// user's ban and quota count move to jwt:SUB; an id that was both an
+// API-key user and a token's sub keeps its own and the JWT side gets a
+// copy, so no one gains quota or loses a ban; a sub that today's rules
+// refuse is left alone.
+func TestMigrateV2JWTUsers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v2.db")
+	const month = "2026-03"
+	ctx := context.Background()
+	writeV2(t, path, func(db *DB) {
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(db.CreateKey(Key{ID: "key_a", Hash: sha256.Sum256([]byte("a")), UserID: "alice", CreatedAt: t0}, User{Plan: "pro"}))
+		must(db.PutUser(User{ID: "alice", Plan: "pro", Banned: true, CreatedAt: t0}))
+		read := func(user, keyID string, n int) {
+			for i := range n {
+				must(db.RecordUsage(ctx, month, UsageRecord{Time: t0.Add(time.Duration(i) * time.Second), UserID: user, KeyID: keyID}, Settlement{}))
+			}
+		}
+		read("alice", "key_a", 2)
+		read("alice", "jwt", 1) // a token whose sub was "alice"
+		read("user_2abc", "jwt", 3)
+		must(db.PutUser(User{ID: "user_2abc", Banned: true, CreatedAt: t0})) // users ban user_2abc
+		read("bob", "", 1)
+		read("bad\u200bsub", "jwt", 1)
+	})
+
+	var logs bytes.Buffer
+	db := mustOpenPath(t, path, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	used, err := db.QuotaUsed(month)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"alice": 3, "jwt:alice": 3, "jwt:user_2abc": 3, "jwt:bob": 1, "bad\u200bsub": 1}
+	if !maps.Equal(used, want) {
+		t.Errorf("quota counts %v, want %v", used, want)
+	}
+	users, err := db.Users()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, u := range users {
+		got[u.ID] = fmt.Sprintf("plan=%q banned=%v", u.Plan, u.Banned)
+	}
+	wantUsers := map[string]string{
+		"alice":         `plan="pro" banned=true`,
+		"jwt:alice":     `plan="pro" banned=true`,
+		"jwt:user_2abc": `plan="" banned=true`,
+	}
+	if !maps.Equal(got, wantUsers) {
+		t.Errorf("users %v, want %v", got, wantUsers)
+	}
+	if !strings.Contains(logs.String(), "schema_version=3") || !strings.Contains(logs.String(), "jwt_users_moved=2 jwt_users_copied=1") ||
+		!strings.Contains(logs.String(), "skipped=1") {
+		t.Errorf("log does not report the migration:\n%s", logs.String())
+	}
+
+	var before, after map[string]string
+	_ = db.view(func(tx *bbolt.Tx) error { before = dumpAll(t, tx); return nil })
+	if err := db.update(func(tx *bbolt.Tx) error { _, err := migrateJWTUsers(tx); return err }); err != nil {
+		t.Fatal(err)
+	}
+	_ = db.view(func(tx *bbolt.Tx) error { after = dumpAll(t, tx); return nil })
+	if !maps.Equal(before, after) {
+		t.Errorf("a second migration changed the data: %d entries before, %d after", len(before), len(after))
+	}
+}

@@ -11,7 +11,8 @@
 // BoltDB takes an exclusive lock on its file, so exactly one process owns the
 // database; a second Open fails with ErrLocked instead of waiting. Storage
 // refuses to open a file that is not a Breakwater database, and never writes
-// to one. It keeps no state in memory beyond the open file: live counters and
+// to one; it refuses a damaged file (truncated, or with pages bbolt cannot
+// read) with an error that says so, rather than crash on it. It keeps no state in memory beyond the open file: live counters and
 // windows belong to the packages that use them. It is the only package that
 // imports bbolt.
 package storage
@@ -21,7 +22,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,7 +51,9 @@ const DefaultTimeout = time.Second
 //	1: the first layout
 //	2: invite redemptions in a bucket per invite under invite_redemptions,
 //	   and a use count in the invite record, instead of a list in the record
-const SchemaVersion uint64 = 2
+//	3: users who sign in with a JWT under their own ids, "jwt:" + sub,
+//	   instead of the sub alone (their user records and quota counts moved)
+const SchemaVersion uint64 = 3
 
 // migration brings a database from schema version to-1 up to version to.
 // run is called inside prepare's one transaction, after every bucket of
@@ -66,6 +68,7 @@ type migration struct {
 // migrations, in order of version.
 var migrations = []migration{
 	{to: 2, what: "invite redemptions into a bucket per invite", run: migrateInviteRedemptions},
+	{to: 3, what: "JWT users under jwt:SUB", run: migrateJWTUsers},
 }
 
 // Errors returned by storage. Callers test them with errors.Is; most are
@@ -87,6 +90,12 @@ var (
 	// ErrNotDatabase means the file exists but is not a Breakwater database;
 	// the file is left untouched.
 	ErrNotDatabase = errors.New("storage: file is not a breakwater database")
+
+	// ErrDamaged means the file is a BoltDB file that cannot be read as
+	// it is: shorter than its meta page says (truncated), with damaged
+	// meta pages, or with a page bbolt cannot make sense of. The message
+	// names what was found; the remedy is a backup.
+	ErrDamaged = errors.New("storage: the database is damaged")
 
 	// ErrNewerSchema means the database was written by a newer Breakwater
 	// whose schema this code does not know.
@@ -138,6 +147,13 @@ type Options struct {
 
 	// Logger receives storage's few log lines. Default slog.Default().
 	Logger *slog.Logger
+
+	// Check reads every page of the file at Open (bbolt's consistency
+	// check) and refuses a damaged one with ErrDamaged, naming what is
+	// wrong. It costs a read of the whole file, so it is off by default:
+	// without it Open still refuses a truncated file and turns a damaged
+	// page met while opening into ErrDamaged instead of a crash.
+	Check bool
 
 	// NoSync skips fsync after each commit. For benchmarks and throwaway
 	// databases only: a crash can lose or corrupt committed data.
@@ -199,9 +215,12 @@ type DB struct {
 
 // Open opens the Breakwater database at path, creating the file and its
 // parent folders when missing. It refuses a file that is not a Breakwater
-// database (ErrNotDatabase) or that a newer Breakwater wrote
-// (ErrNewerSchema), and fails with ErrLocked when another process holds the
-// file for longer than opts.Timeout.
+// database (ErrNotDatabase), that a newer Breakwater wrote
+// (ErrNewerSchema) or that is damaged (ErrDamaged: truncated, or a page
+// bbolt cannot read; with opts.Check, anything bbolt's consistency check
+// finds), and fails with ErrLocked when another process holds the file for
+// longer than opts.Timeout. A failure to map the file into memory is
+// reported as such.
 func Open(path string, opts Options) (*DB, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open database: %w: empty path", ErrInvalid)
@@ -216,29 +235,34 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("open %s: folder: %w", path, err)
 	}
 
-	info, statErr := os.Stat(path)
-	existed := statErr == nil && info.Size() > 0
-
-	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
+	// Read the meta pages before bbolt maps the file: a file shorter than
+	// its meta says would end the process with SIGBUS at the first read
+	// past its end, where no recover reaches.
+	size, isBolt, err := checkFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	bdb, err := openBolt(path, &bbolt.Options{
 		Timeout: opts.Timeout,
 		NoSync:  opts.NoSync,
 	})
-	var pathErr *fs.PathError
-	switch {
-	case errors.Is(err, berrors.ErrTimeout):
-		return nil, fmt.Errorf("open %s: %w", path, ErrLocked)
-	case err != nil && existed && !errors.As(err, &pathErr):
-		// The file opened and locked but bbolt could not read it (bad
-		// meta pages, wrong version, too small...). bbolt writes nothing
-		// to an existing non-empty file before it validates it.
-		return nil, fmt.Errorf("open %s: %w: %w", path, ErrNotDatabase, err)
-	case err != nil:
-		return nil, fmt.Errorf("open %s: %w", path, err)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, openError(err, size, isBolt))
 	}
 
-	version, err := prepare(bdb, opts.Logger.With("component", "storage"))
+	var version uint64
+	err = guard("reading the database", func() error {
+		var err error
+		if version, err = prepare(bdb, opts.Logger.With("component", "storage")); err != nil {
+			return err
+		}
+		if opts.Check {
+			return check(bdb)
+		}
+		return nil
+	})
 	if err != nil {
-		_ = bdb.Close() // the open error matters more
+		_ = guard("closing the database", bdb.Close) // the open error matters more
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 

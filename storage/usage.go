@@ -15,7 +15,7 @@ import (
 type UsageRecord struct {
 	Time             time.Time // when the read completed; required
 	UserID           string    // required
-	KeyID            string    // empty for JWT callers
+	KeyID            string    // the API key's id; "jwt" for JWT callers
 	RequestID        string
 	Model            string
 	Outcome          string
