@@ -844,7 +844,7 @@ func serve(ctx context.Context, c config, getenv func(string) string, log *slog.
 		if err != nil {
 			return "", fmt.Errorf("%s listener: %w", name, err)
 		}
-		hs := server.NewHTTPServer(addr, h, log)
+		hs, ln := srv.HTTPServer(ln, h)
 		servers = append(servers, hs)
 		go func() {
 			if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -3,6 +3,7 @@ package ocr
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -134,7 +135,7 @@ func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logg
 // unknown and the caller should assume Price.WorstCase.
 func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Result, error) {
 	res := Result{Model: g.cfg.Model}
-	body, err := json.Marshal(g.request(img))
+	body, err := g.body(img)
 	if err != nil {
 		return res, &UpstreamError{Reason: ReasonBadOutput, Err: err}
 	}
@@ -178,12 +179,15 @@ func (g *Gemini) timeLeft(ctx context.Context) bool {
 }
 
 // post sends one request and returns the status and at most
-// maxResponseBytes+1 bytes of the body.
-func (g *Gemini) post(ctx context.Context, body []byte) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.endpoint, bytes.NewReader(body))
+// maxResponseBytes+1 bytes of the body. The body is encoded as it is
+// sent, afresh for each attempt.
+func (g *Gemini) post(ctx context.Context, body *requestBody) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.endpoint, body.open())
 	if err != nil {
 		return 0, nil, err
 	}
+	req.ContentLength = body.size()
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.open()), nil }
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("x-goog-api-key", g.apiKey)
 	resp, err := g.client.Do(req)
@@ -319,6 +323,81 @@ func (g *Gemini) request(img Image) generateRequest {
 			ThinkingConfig:  thinkingConfig{ThinkingBudget: 0},
 		},
 	}
+}
+
+// requestBody is a generateContent request whose image is base64-encoded
+// while it is sent rather than before: the JSON around the image is
+// marshalled once (a few hundred bytes), and the image's 4/3 larger
+// encoding never exists in memory as a whole. The bytes sent are exactly
+// json.Marshal(g.request(img)).
+type requestBody struct {
+	head, tail []byte // the JSON before and after the image's base64
+	data       []byte // the image
+}
+
+// dataField is how json.Marshal writes inlineData.data of an empty image;
+// the image's base64 goes between its quotes.
+var dataField = []byte(`,"data":""`)
+
+// body marshals the request for img around an empty image and splits it
+// where the image's base64 belongs. The first such field is the image's:
+// inlineData is the first part, and a JSON string (the MIME type) cannot
+// hold an unescaped quote.
+func (g *Gemini) body(img Image) (*requestBody, error) {
+	req := g.request(Image{MIME: img.MIME, Data: []byte{}})
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.Index(b, dataField)
+	if i < 0 {
+		return nil, errors.New("ocr: request has no inlineData.data field")
+	}
+	cut := i + len(dataField) - 1 // before the closing quote
+	return &requestBody{head: b[:cut], tail: b[cut:], data: img.Data}, nil
+}
+
+// size is the exact length of the body in bytes, sent as Content-Length.
+func (b *requestBody) size() int64 {
+	return int64(len(b.head) + base64.StdEncoding.EncodedLen(len(b.data)) + len(b.tail))
+}
+
+// open returns a reader of the whole body from its start.
+func (b *requestBody) open() io.Reader {
+	return io.MultiReader(bytes.NewReader(b.head), &base64Reader{src: b.data}, bytes.NewReader(b.tail))
+}
+
+// base64Reader reads src in standard base64 with padding, encoding it a
+// buffer at a time.
+type base64Reader struct {
+	src     []byte
+	pending []byte // encoded, not yet read
+	buf     [4]byte
+}
+
+func (r *base64Reader) Read(p []byte) (int, error) {
+	if len(r.pending) > 0 {
+		n := copy(p, r.pending)
+		r.pending = r.pending[n:]
+		return n, nil
+	}
+	if len(r.src) == 0 {
+		return 0, io.EOF
+	}
+	if len(p) < 4 {
+		// Too small for a quantum: encode one into buf and hand it out
+		// piece by piece.
+		n := min(len(r.src), 3)
+		base64.StdEncoding.Encode(r.buf[:], r.src[:n])
+		r.src = r.src[n:]
+		r.pending = r.buf[:base64.StdEncoding.EncodedLen(n)]
+		return r.Read(p)
+	}
+	// Whole quanta of 3 bytes, so that padding comes only at the very end.
+	n := min(len(r.src), len(p)/4*3)
+	base64.StdEncoding.Encode(p, r.src[:n])
+	r.src = r.src[n:]
+	return base64.StdEncoding.EncodedLen(n), nil
 }
 
 // sleepCtx waits for d or until ctx is done, whichever comes first.

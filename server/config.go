@@ -18,7 +18,20 @@ const (
 	DefaultMaxImageBytes  = 10 << 20   // 10 MiB
 	DefaultMaxImagePixels = 40_000_000 // 40 megapixels
 	DefaultMaxImageSide   = 8192
+
+	DefaultMaxBodyMemory           = 128 << 20 // 128 MiB
+	DefaultMaxInFlightPerUser      = 4
+	DefaultMinUploadBytesPerSecond = 32 << 10 // 32 KiB/s
+	DefaultUploadGrace             = 5 * time.Second
+	DefaultMaxMultipartParts       = 16
+	DefaultMaxHeaderBytes          = 32 << 10 // 32 KiB
+	DefaultMaxConnections          = 1024
+	DefaultIdleTimeout             = 30 * time.Second
 )
+
+// minMaxHeaderBytes is the smallest max_header_bytes: a JWT alone can be
+// 8 KiB.
+const minMaxHeaderBytes = 8 << 10
 
 // Config is the [server] section of config.toml.
 type Config struct {
@@ -47,6 +60,46 @@ type Config struct {
 	// Default 8192. With max_image_pixels it bounds the worst-case cost
 	// of a call, which grows with the image's 768-pixel tiles.
 	MaxImageSide int `koanf:"max_image_side"`
+
+	// The transport bounds, which keep memory and connections within a
+	// small machine's means whatever clients send.
+
+	// MaxBodyMemory is the most bytes of request bodies held in memory at
+	// once, service-wide: an upload takes its declared Content-Length (at
+	// most max_image_bytes) before its first byte is read, one of unknown
+	// length takes more as its bytes arrive, and both are given back when
+	// the request ends. An upload that finds too little left is refused
+	// at once with 503 server_busy and Retry-After. Default 128 MiB; at
+	// least max_image_bytes.
+	MaxBodyMemory int64 `koanf:"max_body_memory"`
+	// MaxInFlightPerUser is the most POST /v1/ocr requests one user may
+	// have in progress at once (upload, call and commit); one more gets
+	// 429 too_many_in_flight. Default 4.
+	MaxInFlightPerUser int `koanf:"max_in_flight_per_user"`
+	// MinUploadBytesPerSecond is the slowest accepted upload: within every
+	// UploadGrace the body must bring MinUploadBytesPerSecond ×
+	// UploadGrace bytes (or end), or the request is cut off with 408
+	// upload_too_slow. Default 32 KiB/s.
+	MinUploadBytesPerSecond int64 `koanf:"min_upload_bytes_per_second"`
+	// UploadGrace is the interval over which the upload rate is judged,
+	// so the longest an upload may stall. Default 5s.
+	UploadGrace time.Duration `koanf:"upload_grace"`
+	// MaxMultipartParts is the most parts a multipart/form-data upload may
+	// have, the image included; more gets 400 too_many_parts. Default 16.
+	MaxMultipartParts int `koanf:"max_multipart_parts"`
+	// MaxHeaderBytes bounds a request's line and headers, in bytes (Go's
+	// server allows 4 KiB of slack on top); more gets 431. Default
+	// 32 KiB; at least 8 KiB.
+	MaxHeaderBytes int `koanf:"max_header_bytes"`
+	// MaxConnections is the most connections each listener holds open.
+	// At the cap a new connection closes the one that has waited longest
+	// without a request in progress (idle keep-alive, or connected and
+	// silent); when every connection has a request in progress, the new
+	// one is closed at once. Default 1024.
+	MaxConnections int `koanf:"max_connections"`
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request. Default 30s.
+	IdleTimeout time.Duration `koanf:"idle_timeout"`
 }
 
 // WithDefaults returns c with every zero field set to its documented default.
@@ -69,6 +122,30 @@ func (c Config) WithDefaults() Config {
 	if c.MaxImageSide == 0 {
 		c.MaxImageSide = DefaultMaxImageSide
 	}
+	if c.MaxBodyMemory == 0 {
+		c.MaxBodyMemory = DefaultMaxBodyMemory
+	}
+	if c.MaxInFlightPerUser == 0 {
+		c.MaxInFlightPerUser = DefaultMaxInFlightPerUser
+	}
+	if c.MinUploadBytesPerSecond == 0 {
+		c.MinUploadBytesPerSecond = DefaultMinUploadBytesPerSecond
+	}
+	if c.UploadGrace == 0 {
+		c.UploadGrace = DefaultUploadGrace
+	}
+	if c.MaxMultipartParts == 0 {
+		c.MaxMultipartParts = DefaultMaxMultipartParts
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
 	return c
 }
 
@@ -82,6 +159,29 @@ func (c Config) Validate() error {
 	}
 	if c.MaxImageSide < 0 {
 		return fmt.Errorf("server.max_image_side: must not be negative, got %d", c.MaxImageSide)
+	}
+	for _, key := range []struct {
+		name  string
+		value int64
+	}{
+		{"max_body_memory", c.MaxBodyMemory},
+		{"max_in_flight_per_user", int64(c.MaxInFlightPerUser)},
+		{"min_upload_bytes_per_second", c.MinUploadBytesPerSecond},
+		{"upload_grace", int64(c.UploadGrace)},
+		{"max_multipart_parts", int64(c.MaxMultipartParts)},
+		{"max_header_bytes", int64(c.MaxHeaderBytes)},
+		{"max_connections", int64(c.MaxConnections)},
+		{"idle_timeout", int64(c.IdleTimeout)},
+	} {
+		if key.value < 0 {
+			return fmt.Errorf("server.%s: must not be negative", key.name)
+		}
+	}
+	if d := c.WithDefaults(); d.MaxBodyMemory < d.MaxImageBytes {
+		return fmt.Errorf("server.max_body_memory: %d is less than server.max_image_bytes %d: no image could be uploaded", d.MaxBodyMemory, d.MaxImageBytes)
+	}
+	if d := c.WithDefaults(); d.MaxHeaderBytes < minMaxHeaderBytes {
+		return fmt.Errorf("server.max_header_bytes: must be at least %d (a JWT alone can be 8 KiB), got %d", minMaxHeaderBytes, d.MaxHeaderBytes)
 	}
 	for _, key := range []struct{ name, addr string }{{"server.listen", c.Listen}, {"server.admin_listen", c.AdminListen}} {
 		if key.addr == "" {

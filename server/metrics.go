@@ -137,6 +137,18 @@ func (m *Metrics) observeDetect(c *detect.Counters) {
 	counter("breakwater_detect_failures_total", "Daily detection runs that failed.", c.RunFailures.Load)
 }
 
+// observeTransport exports the body memory and the connections in use.
+func (m *Metrics) observeTransport(bodyBytes, conns func() int64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "breakwater_body_memory_bytes",
+		Help: "Bytes of request bodies held in memory now (at most server.max_body_memory).",
+	}, func() float64 { return float64(bodyBytes()) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "breakwater_connections_open",
+		Help: "Connections held open, public and admin listeners together (each at most server.max_connections).",
+	}, func() float64 { return float64(conns()) }))
+}
+
 // countRequests is middleware that counts every answer by route pattern
 // (never the raw path, which a client controls) and status.
 func (m *Metrics) countRequests(next echo.HandlerFunc) echo.HandlerFunc {

@@ -114,8 +114,13 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	body, err := s.enter(id) // an in-flight slot and the body's memory
+	if err != nil {
+		return err
+	}
+	defer body.close()
 	admitted := s.now()
-	data, img, err := readValidImage(c.Request(), s.cfg)
+	data, img, err := readValidImage(c.Request(), s.cfg, body)
 	if err != nil {
 		return err
 	}
@@ -327,10 +332,10 @@ func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, er
 	return id, plan, nil
 }
 
-// readValidImage reads the upload and checks it cheaply: type sniffing
-// and the image header only, nothing decoded.
-func readValidImage(r *http.Request, cfg Config) ([]byte, ocr.Image, error) {
-	data, declared, err := readImage(r, cfg.MaxImageBytes)
+// readValidImage reads the upload into memory taken from mem and checks it
+// cheaply: type sniffing and the image header only, nothing decoded.
+func readValidImage(r *http.Request, cfg Config, mem *lease) ([]byte, ocr.Image, error) {
+	data, declared, err := readImage(r, cfg.MaxImageBytes, cfg.MaxMultipartParts, mem)
 	if err != nil {
 		return nil, ocr.Image{}, err
 	}
@@ -459,65 +464,154 @@ func (s *Server) refused(layer, reason string) {
 
 // readImage returns the uploaded image and its declared media type, from a
 // raw body or from the multipart field "image". The image is held to max
-// bytes without reading further.
-func readImage(r *http.Request, max int64) (data []byte, declared string, err error) {
+// bytes without reading further, a form to maxParts parts. Its memory is
+// taken from mem first: a declared length before a byte is read, so that
+// an upload that cannot fit is refused at once; an unknown length as its
+// bytes arrive.
+func readImage(r *http.Request, max int64, maxParts int, mem *lease) (data []byte, declared string, err error) {
 	ct := r.Header.Get(echo.HeaderContentType)
 	mt, params, _ := mime.ParseMediaType(ct)
-	if mt == "multipart/form-data" {
-		return readMultipartImage(r.Body, params["boundary"], max)
-	}
-	if r.ContentLength > max {
+	multi := mt == "multipart/form-data"
+	if !multi && r.ContentLength > max {
 		return nil, "", errTooLarge
 	}
-	data, err = readAtMost(r.Body, max)
+	var body io.Reader = r.Body
+	if r.ContentLength > 0 {
+		if err := mem.need(min(r.ContentLength, max)); err != nil {
+			return nil, "", err
+		}
+	} else {
+		body = &arrivals{r: body, mem: mem, max: max}
+	}
+	if multi {
+		return readMultipartImage(body, params["boundary"], max, r.ContentLength, maxParts, mem)
+	}
+	data, err = readAtMost(body, max, r.ContentLength, mem)
 	if err != nil {
 		return nil, "", err
 	}
 	return data, ct, nil
 }
 
-func readMultipartImage(body io.Reader, boundary string, max int64) ([]byte, string, error) {
+// readMultipartImage reads the field "image" of a form of at most maxParts
+// parts (each part, even an empty one, costs a header parse), and then the
+// rest of the form, so that the body ends and its connection can be
+// reused. size is the body's declared length, -1 if unknown.
+func readMultipartImage(body io.Reader, boundary string, max, size int64, maxParts int, mem *lease) ([]byte, string, error) {
 	if boundary == "" {
 		return nil, "", errMissingImage
 	}
 	mr := multipart.NewReader(body, boundary)
-	for {
+	for parts := 1; ; parts++ {
 		part, err := mr.NextPart()
 		if err == io.EOF {
 			return nil, "", errMissingImage
 		}
 		if err != nil {
-			if isTooLarge(err) {
-				return nil, "", errTooLarge
-			}
-			return nil, "", errMissingImage
+			return nil, "", bodyError(err, errMissingImage)
+		}
+		if parts > maxParts {
+			return nil, "", errTooManyParts
 		}
 		if part.FormName() != "image" {
 			continue // NextPart discards the rest of this part
 		}
-		data, err := readAtMost(part, max)
+		data, err := readAtMost(part, max, size, mem)
 		if err != nil {
 			return nil, "", err
 		}
-		return data, part.Header.Get(echo.HeaderContentType), nil
+		declared := part.Header.Get(echo.HeaderContentType)
+		for parts++; ; parts++ {
+			if _, err := mr.NextPart(); err != nil {
+				break // the image is whole; a broken end does not matter
+			}
+			if parts > maxParts {
+				return nil, "", errTooManyParts
+			}
+		}
+		return data, declared, nil
 	}
 }
 
-// readAtMost reads r to its end, refusing more than max bytes and an empty
-// body. Memory grows with the bytes that actually arrive, never with what
-// a Content-Length header merely claims.
-func readAtMost(r io.Reader, max int64) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, max+1))
-	n := int64(len(data))
-	switch {
-	case isTooLarge(err) || n > max:
-		return nil, errTooLarge
-	case err != nil:
-		return nil, problem(http.StatusBadRequest, "bad_body", "Bad request", "The request body could not be read.")
-	case n == 0:
+// firstBuffer is readAtMost's first buffer for a body of unknown length.
+const firstBuffer = 64 << 10
+
+// readAtMost reads r to its end, refusing more than limit bytes and an empty
+// body. size is what the body declared, -1 if unknown: a declared size is
+// read into one buffer of that size, an unknown one into a buffer that
+// doubles as bytes arrive. Each buffer's bytes are taken from mem before
+// it is made, so memory grows with the bytes that actually arrive, never
+// with what a Content-Length header merely claims beyond mem's lease.
+func readAtMost(r io.Reader, limit, size int64, mem *lease) ([]byte, error) {
+	n := min(limit, firstBuffer)
+	if size >= 0 {
+		n = min(limit, size)
+	}
+	buf, err := grow(nil, n, mem)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if len(buf) == cap(buf) {
+			// Full: does the body end here?
+			var one [1]byte
+			n, err := io.ReadAtLeast(r, one[:], 1)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, bodyError(err, errBadBody)
+			}
+			if int64(len(buf)) >= limit {
+				return nil, errTooLarge
+			}
+			if buf, err = grow(buf, min(limit, max(2*int64(cap(buf)), firstBuffer)), mem); err != nil {
+				return nil, err
+			}
+			buf = append(buf, one[:n]...)
+			continue
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, bodyError(err, errBadBody)
+		}
+	}
+	if len(buf) == 0 {
 		return nil, errMissingImage
 	}
-	return data, nil
+	return buf, nil
+}
+
+// grow returns buf copied into a buffer of capacity n, whose bytes it
+// takes from mem first.
+func grow(buf []byte, n int64, mem *lease) ([]byte, error) {
+	if err := mem.need(n); err != nil {
+		return nil, err
+	}
+	out := make([]byte, len(buf), n)
+	copy(out, buf)
+	return out, nil
+}
+
+var errBadBody = problem(http.StatusBadRequest, "bad_body", "Bad request", "The request body could not be read.")
+
+// bodyError maps an error of reading the body to its problem, other for
+// any that is not the body limit, the upload rate or the body memory.
+func bodyError(err error, other *Problem) error {
+	var p *Problem
+	switch {
+	case isTooLarge(err):
+		return errTooLarge
+	case errors.Is(err, errReadTooSlow):
+		return errUploadTooSlow
+	case errors.As(err, &p):
+		return p
+	}
+	return other
 }
 
 func requestID(c echo.Context) string { return c.Response().Header().Get(echo.HeaderXRequestID) }

@@ -12,7 +12,9 @@ func (s *Server) routes() {
 	// the image itself is held to max_image_bytes when it is read.
 	s.public.GET("/healthz", s.handleHealth)
 	s.public.HEAD("/healthz", s.handleHealth) // for monitors that only ask HEAD
-	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack))
+	// boundUploads (the upload rate, the transport's refusal counts)
+	// paces the body that limitBody has limited.
+	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack), s.boundUploads)
 	s.public.POST("/v1/invites/verify", s.handleVerifyInvite, limitBodyWith(maxVerifyBody, errVerifyTooLarge))
 
 	// Admin listener: every route needs the admin token.

@@ -16,13 +16,13 @@ import (
 	"breakwater/storage"
 )
 
-// Timeouts of the HTTP servers made by NewHTTPServer.
+// Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
+// server.idle_timeout.
 const (
 	readHeaderTimeout = 5 * time.Second
 	readTimeout       = 60 * time.Second  // a 10 MiB upload needs about 1.4 Mbit/s to fit
 	writeTimeout      = 180 * time.Second // the upload, ocr.timeout (at most 90 s) and the commit
-	idleTimeout       = 120 * time.Second
-	recordTimeout     = 10 * time.Second // most a paid read waits to be recorded
+	recordTimeout     = 10 * time.Second  // most a paid read waits to be recorded
 )
 
 // Reader reads serial numbers off an image: ocr.Gemini or ocr.Simulated.
@@ -91,6 +91,12 @@ type Server struct {
 	calendar *budget.Calendar          // today's key for the refusal counts
 	usageOut pause                     // paid calls paused after a usage record failed
 
+	// The transport bounds (transport.go).
+	bodies    *bodyMemory
+	inFlight  *inFlight
+	conns     atomic.Int64     // connections held open by HTTPServer's listeners
+	wallClock func() time.Time // for connection deadlines, always real time
+
 	refusalsToday dailyRefusals
 	refusalLog    logEvery // rate-limits the log lines of invite refusals
 	public        *echo.Echo
@@ -133,14 +139,17 @@ func New(cfg Config, d Deps) (*Server, error) {
 	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
 	header, _ := clientIPHeader(cfg.ClientIPHeader)
 	s := &Server{
-		cfg:      cfg,
-		d:        d,
-		log:      d.Logger.With("component", "server"),
-		now:      d.Now,
-		reqIDs:   newRequestIDs(),
-		clients:  &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
-		guard:    d.InviteGuard,
-		calendar: budget.NewCalendar(d.Operator.loc),
+		cfg:       cfg,
+		d:         d,
+		log:       d.Logger.With("component", "server"),
+		now:       d.Now,
+		reqIDs:    newRequestIDs(),
+		clients:   &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
+		guard:     d.InviteGuard,
+		calendar:  budget.NewCalendar(d.Operator.loc),
+		bodies:    &bodyMemory{capacity: cfg.MaxBodyMemory},
+		inFlight:  &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
+		wallClock: time.Now,
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
@@ -153,6 +162,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Metrics.observeDrops(r.Dropped)
 	}
 	d.Metrics.observeDetect(d.DetectCounters)
+	d.Metrics.observeTransport(func() int64 { used, _ := s.bodies.inUse(); return used }, s.conns.Load)
 	s.routes()
 	return s, nil
 }
@@ -173,18 +183,4 @@ func (s *Server) newEcho() *echo.Echo {
 	e.HTTPErrorHandler = errorHandler(s.log)
 	e.Use(s.reqIDs.middleware, recoverPanics(s.log))
 	return e
-}
-
-// NewHTTPServer wraps h in an http.Server with read-header, read, write and
-// idle timeouts, so a slow client cannot hold a connection open.
-func NewHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Addr:              addr,
-		Handler:           h,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
-		IdleTimeout:       idleTimeout,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
 }

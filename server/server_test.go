@@ -563,7 +563,7 @@ func TestBodyLimitWithoutContentLength(t *testing.T) {
 }
 
 func TestQuotaRaceOneSlotLeft(t *testing.T) {
-	e := newEnv(t, envOptions{quota: 3})
+	e := newEnv(t, envOptions{quota: 3, cfg: func(c *Config) { c.MaxInFlightPerUser = 20 }}) // all 20 race for the slot
 	img := pngBytes(t, 16, 16)
 	for range 2 {
 		resp, data := e.post(e.key, "image/png", img)
