@@ -78,12 +78,6 @@ type DetectRun struct {
 	GaveUp bool `json:"gave_up,omitempty"`
 }
 
-// bucketDetectAttempts counts, per day ("2006-01-02" -> 8-byte count),
-// the runs of it that started and have not finished: what a run that
-// crashed the process leaves behind. It is made on first use, so that it
-// lives beside the detection code that alone uses it.
-var bucketDetectAttempts = []byte("detect_attempts")
-
 // StartDetectRun records that a run of day starts and returns how many
 // earlier runs of it started and never finished. SaveDetection,
 // SaveDetectRun and EndDetectRun clear the count; a crash or a kill
@@ -93,10 +87,9 @@ func (db *DB) StartDetectRun(day string) (unfinished int, err error) {
 		return 0, fmt.Errorf("start detection run: %w", err)
 	}
 	err = db.update(func(tx *bbolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketDetectAttempts)
-		if err != nil {
-			return err
-		}
+		// Per day, the runs that started and have not finished: what a
+		// run that crashed the process leaves behind.
+		b := tx.Bucket(bucketDetectAttempts)
 		if v := b.Get([]byte(day)); len(v) == 8 {
 			unfinished = int(binary.BigEndian.Uint64(v))
 		}

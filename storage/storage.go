@@ -176,16 +176,17 @@ var (
 	bucketInvites      = []byte("invites")            // sha-256 of the normalised code -> JSON Invite
 	bucketRedemptions  = []byte("invite_redemptions") // invite's sha-256 -> bucket of e-mail -> JSON redemptionValue
 
-	bucketAggregates = []byte("aggregates")  // "2006-01-02" -> JSON DayStats
-	bucketFindings   = []byte("findings")    // "2006-01-02" -> bucket of index -> JSON Finding
-	bucketDetectRuns = []byte("detect_runs") // "2006-01-02" -> JSON DetectRun
-	bucketAlerts     = []byte("alerts")      // alert kind -> JSON AlertState
+	bucketAggregates     = []byte("aggregates")      // "2006-01-02" -> JSON DayStats
+	bucketFindings       = []byte("findings")        // "2006-01-02" -> bucket of index -> JSON Finding
+	bucketDetectRuns     = []byte("detect_runs")     // "2006-01-02" -> JSON DetectRun
+	bucketDetectAttempts = []byte("detect_attempts") // "2006-01-02" -> runs started and not finished
+	bucketAlerts         = []byte("alerts")          // alert kind -> JSON AlertState
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
 		bucketBudgetDays, bucketReservations, bucketDefense, bucketInvites, bucketRedemptions,
-		bucketAggregates, bucketFindings, bucketDetectRuns, bucketAlerts,
+		bucketAggregates, bucketFindings, bucketDetectRuns, bucketDetectAttempts, bucketAlerts,
 	}
 
 	keySchemaVersion = []byte("schema_version")
