@@ -24,6 +24,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/guard"
 	"breakwater/storage"
 )
 
@@ -406,13 +407,16 @@ func newGuardBench(b *testing.B) (*Server, echo.Context, []*http.Request) {
 func guardChecks(b *testing.B, srv *Server, c echo.Context, req *http.Request) {
 	c.Reset(req, c.Response().Writer)
 	now := time.Now()
-	id, plan, err := srv.admit(c, now)
+	id, plan, err := srv.identify(c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	slot, _, err := srv.reserve(id, plan, 1000, now)
-	if err != nil {
-		b.Fatal(err)
+	t, refused := srv.ocrGuard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, now)
+	if refused == nil {
+		refused = t.Reserve(1000, now)
 	}
-	srv.d.Quotas.Release(slot)
+	if refused != nil {
+		b.Fatal(refused)
+	}
+	t.Release()
 }

@@ -19,14 +19,6 @@ import (
 // (a panic, a persistence error) the request goes on and the fault is
 // counted. Money integrity (quota, usage record) fails closed elsewhere.
 
-// Layer names, as used in metrics and logs.
-const (
-	layerRate     = "rate"
-	layerAttempts = "attempts"
-	layerQuota    = "quota"
-	layerBudget   = "budget"
-)
-
 // Defaults of [limits.user], layer 1: what a key left out of config.toml
 // means. Only an explicit 0 switches the rate or the burst limit off.
 const (
@@ -132,5 +124,3 @@ func (s *Server) defend(layer string, check func() error, isRefusal func(error) 
 }
 
 func isRateRefusal(err error) bool { return errors.Is(err, limiter.ErrLimited) }
-func isLineRefusal(err error) bool { return errors.Is(err, budget.ErrDailyLine) }
-func isPaused(err error) bool      { return errors.Is(err, budget.ErrPaused) }

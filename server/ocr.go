@@ -7,15 +7,14 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
 	"breakwater/detect"
-	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/guard"
 	"breakwater/storage"
 )
 
@@ -103,89 +102,59 @@ func (s *Server) authenticate(c echo.Context) (id Identity, banned bool, err err
 	return id, banned, nil
 }
 
-// handleOCR reads serial numbers off one image. It walks the layers in
-// DESIGN.md order; nothing that costs money runs before every check has
+// handleOCR reads serial numbers off one image. It walks the layer table
+// of README.md: nothing that costs money runs before every check has
 // passed, a refusal by layers 0-3 writes nothing to disk, and no result
 // leaves before its usage record is on disk.
 func (s *Server) handleOCR(c echo.Context) error {
 	start := s.now()
 	price := s.price.Load()
-	id, plan, err := s.admit(c, start)
+	ctx := context.WithoutCancel(c.Request().Context()) // a paid call outlives its client
+
+	// Layer 0, then layers 1-3 from memory, before the body is read.
+	id, plan, err := s.identify(c)
 	if err != nil {
 		return err
 	}
+	t, refused := s.ocrGuard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, start)
+	if refused != nil {
+		return s.refusal(refused)
+	}
+	defer t.Release()        // whatever happens from here on, a panic too
 	body, err := s.enter(id) // an in-flight slot and the body's memory
 	if err != nil {
 		return err
 	}
 	defer body.close()
 	admitted := s.now()
+
+	// Cheap input validation: type sniffing and the image header.
 	data, img, err := readValidImage(c.Request(), s.cfg, body)
 	if err != nil {
 		return err
 	}
+
+	// Layers 2, 2b and 3 take their share; the claim goes to disk before
+	// the call, so that it still counts after a crash.
 	now := s.now() // the upload may have taken a while
 	worst := price.WorstCase(img.Width, img.Height)
-	slot, reservation, err := s.reserve(id, plan, worst, now)
-	if err != nil {
-		return err
+	if refused := t.Reserve(worst, now); refused != nil {
+		return s.refusal(refused)
 	}
-	// Whatever happens from here on, even a panic, the quota slot is
-	// either confirmed or given back.
-	confirmed := false
-	defer func() {
-		if !confirmed {
-			s.d.Quotas.Release(slot)
-		}
-	}()
-	// Guard-check time: the layers' own work, without the upload, the
-	// image check and the commit wait below.
 	s.d.Metrics.guard.Observe((admitted.Sub(start) + s.now().Sub(now)).Seconds())
-
-	// The claim is committed durably before the call, so that it still
-	// counts after a crash (layer 3 fails open if the disk refuses).
-	_ = s.defend(layerBudget, func() error {
-		return s.d.Brake.Commit(context.WithoutCancel(c.Request().Context()), &reservation)
-	}, isPaused)
+	t.Commit(ctx)
 	if c.Request().Context().Err() != nil {
-		// The client has gone before the call: nothing is spent, and
-		// nobody reads this answer.
-		s.settle(context.WithoutCancel(c.Request().Context()), reservation, 0)
+		t.Cancel(ctx) // gone before the call: nothing is spent
 		return errClientGone
 	}
 
-	// The expensive call. It is paid for once made, so a client that
-	// hangs up now does not cancel it: its cost is still known and
-	// recorded.
-	//
-	// A retry is a second paid call: it is claimed against the global
-	// budget like the first, and made only if the claim fits. The busy
-	// first call's cost is unknown, so its reservation keeps the worst
-	// case; the retry's reservation is the one settled at the answer's
-	// cost.
+	// The expensive call, with its one retry claimed like the call.
 	callStart := s.now()
-	var retry *budget.Reservation
-	mayRetry := func() bool {
-		r, ok := s.claimRetry(c, worst)
-		if ok {
-			retry = &r
-		}
-		return ok
-	}
-	res, err := s.d.Reader.Read(context.WithoutCancel(c.Request().Context()), img, mayRetry)
-	latency := s.now().Sub(callStart) // the upstream's own time
-	cost := price.Cost(res.Usage)
-	if !res.Usage.Known() {
-		cost = worst // billing unknown: keep the worst case
-		if err == nil {
-			s.log.Warn("the upstream answered without token usage: the call counts at its worst case",
-				"request_id", requestID(c), "worst_micro_usd", worst)
-		}
-	} else if cost > worst {
-		s.log.Warn("the upstream reported more tokens than the worst case allowed for: check ocr.price and the image limits",
-			"request_id", requestID(c), "cost_micro_usd", cost, "worst_micro_usd", worst)
-	}
+	res, err := s.d.Reader.Read(ctx, img, func() bool { return s.claimRetry(ctx, c, t, worst) })
+	latency := s.now().Sub(callStart)
+	cost := s.callCost(c, price, res.Usage, err, worst)
 	s.countCall(latency, res.Usage, err)
+	s.d.Metrics.cost.Add(usd(cost))
 	event := storage.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
 		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
@@ -194,106 +163,79 @@ func (s *Server) handleOCR(c echo.Context) error {
 	}
 	// The read is paid for, so what follows is written even if the client
 	// has gone.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	if retry != nil {
-		s.settle(ctx, reservation, reservation.Worst)
-		reservation = *retry
-	}
 	if err != nil {
-		s.d.Metrics.cost.Add(usd(cost))
-		s.settle(ctx, reservation, cost)
-		event.Outcome, event.Status, event.CostMicroUSD = "upstream_failed", http.StatusBadGateway, cost
+		t.Fail(ctx, cost)
+		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
 		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
 		return errUpstream
 	}
 
-	// "$": the quota increment, the usage row and the budget settlement,
-	// in one durable transaction before the answer.
+	// "$": the quota increment, the usage row and the settlement, in one
+	// durable transaction before the answer.
 	rec := storage.UsageRecord{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
 		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
 	}
-	s.d.Metrics.cost.Add(usd(cost))
 	commitStart := s.now()
-	err = s.d.Usage.RecordUsage(ctx, slot.Month, rec, reservation.Settlement(cost))
+	used, err := t.Record(ctx, rec, cost, s.now())
 	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
 	if err != nil {
-		s.settle(ctx, reservation, cost)
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
-		s.usageOut.start(s.now())
 		s.log.Error("usage record not written: result withheld, paid calls paused", "user", id.UserID, "request_id", rec.RequestID,
-			"pause", usagePause, "err", err)
+			"pause", guard.UsagePause, "err", err)
 		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
 			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
 		return errUsageUnavailable
 	}
-	s.usageOut.end()
-	s.d.Brake.Settled(reservation, cost)
-	used := s.d.Quotas.Confirm(slot)
-	confirmed = true
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
-
 	return c.JSON(http.StatusOK, ocrResponse{
 		Serials:   nonNil(res.Serials),
 		Rejected:  nonNil(res.Rejected),
-		Quota:     quotaResponse{Limit: slot.Limit, Used: used, Remaining: max(slot.Limit-used, 0)},
+		Quota:     quotaResponse{Limit: plan.MonthlyQuota, Used: used, Remaining: max(plan.MonthlyQuota-used, 0)},
 		Simulated: res.Simulated,
 	})
 }
 
-// usagePause is how long paid calls stop after a usage record could not be
-// written. A failing or full disk would otherwise have every read paid for
-// and then withheld (503).
-const usagePause = 10 * time.Second
-
-// pause holds paid calls off after a usage record failed. When it is over,
-// one request alone goes through as a probe while the others keep waiting:
-// its record succeeding ends the pause, failing starts the next. Safe for
-// concurrent use.
-type pause struct{ until atomic.Pointer[time.Time] } // nil: no pause
-
-func (p *pause) start(now time.Time) {
-	until := now.Add(usagePause)
-	p.until.Store(&until)
-}
-
-// end lifts the pause, if there is one: a usage record was written.
-func (p *pause) end() {
-	if p.until.Load() != nil {
-		p.until.Store(nil)
+// callCost is what a call is billed: its reported tokens at the prices in
+// force when it started, or its worst case when the bill is unknown (a failure without
+// usage, or a reply that reports none).
+func (s *Server) callCost(c echo.Context, price *ocr.Price, u ocr.Usage, err error, worst int64) int64 {
+	cost := price.Cost(u)
+	switch {
+	case !u.Known():
+		if err == nil {
+			s.log.Warn("the upstream answered without token usage: the call counts at its worst case",
+				"request_id", requestID(c), "worst_micro_usd", worst)
+		}
+		return worst
+	case cost > worst:
+		s.log.Warn("the upstream reported more tokens than the worst case allowed for: check ocr.price and the image limits",
+			"request_id", requestID(c), "cost_micro_usd", cost, "worst_micro_usd", worst)
 	}
+	return cost
 }
 
-// enter returns how long a request at now must wait; 0 lets it in. Times
-// are compared on Go's monotonic clock, so a wall clock stepped back does
-// not stretch the pause.
-func (p *pause) enter(now time.Time) time.Duration {
-	for {
-		until := p.until.Load()
-		if until == nil {
-			return 0
-		}
-		if left := until.Sub(now); left > 0 {
-			return min(left, usagePause)
-		}
-		next := now.Add(usagePause) // the others wait while the probe runs
-		if p.until.CompareAndSwap(until, &next) {
-			return 0
-		}
+// claimRetry is asked by the upstream client before its one retry: the
+// retry is a second paid call, claimed and committed like the first, and
+// made only if the budget has room for it.
+func (s *Server) claimRetry(ctx context.Context, c echo.Context, t *guard.Ticket, worst int64) bool {
+	if !t.ClaimRetry(ctx, worst, s.now()) {
+		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID(c))
+		return false
 	}
+	s.d.Metrics.upstreamCalls.WithLabelValues("failed").Inc() // the busy first call
+	return true
 }
 
-// admit runs what is checked before the body is read: layer 0 (who is it,
-// banned, on which plan), layer 1 (rate and burst), and cheap looks at
-// layers 2, 2b and 3, so that a user with nothing left today or this
-// month, or a service whose brake is engaged, costs no upload. All from
-// memory; the counting itself happens in reserve, after validation.
-func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, error) {
+// identify is layer 0 with what follows from it: who is asking (401),
+// whether they are banned (403), and their plan (403 when it is gone).
+func (s *Server) identify(c echo.Context) (Identity, budget.Plan, error) {
 	id, banned, err := s.authenticate(c)
 	if err != nil {
 		return Identity{}, budget.Plan{}, err
@@ -308,26 +250,6 @@ func (s *Server) admit(c echo.Context, now time.Time) (Identity, budget.Plan, er
 		// must not let its users flood the log. `usage` shows them.
 		s.refused("auth", "no_plan")
 		return Identity{}, budget.Plan{}, errNoPlan
-	}
-	if wait := s.usageOut.enter(now); wait > 0 {
-		// Usage records are failing: a read now would be paid for and
-		// withheld. Nothing is counted, not even a rate slot; no body is
-		// read.
-		s.refused("usage", "records_failing")
-		return Identity{}, budget.Plan{}, errUsagePaused.withRetryAfter(ceilSeconds(wait))
-	}
-	err = s.defend(layerRate, func() error { return s.d.Limiter.Allow(id.UserID, now) }, isRateRefusal)
-	if err == nil {
-		err = s.defend(layerAttempts, func() error { return s.d.Attempts.Check(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
-	}
-	if err == nil {
-		err = s.d.Quotas.Check(id.UserID, plan.MonthlyQuota, now)
-	}
-	if err == nil {
-		err = s.defend(layerBudget, func() error { return s.d.Brake.Check(now) }, isPaused)
-	}
-	if err != nil {
-		return Identity{}, budget.Plan{}, s.refusal(err)
 	}
 	return id, plan, nil
 }
@@ -351,54 +273,6 @@ func readValidImage(r *http.Request, cfg Config, mem *lease) ([]byte, ocr.Image,
 	return data, img, nil
 }
 
-// reserve counts the attempt against the daily line (layer 2), reserves a
-// read of the plan quota (layer 2b, fails closed) and claims the call's
-// worst-case cost in the global budget (layer 3), all in memory. On a
-// refusal nothing stays reserved.
-func (s *Server) reserve(id Identity, plan budget.Plan, worst int64, now time.Time) (budget.Slot, budget.Reservation, error) {
-	err := s.defend(layerAttempts, func() error { return s.d.Attempts.Take(id.UserID, plan.DailyAttempts, now) }, isLineRefusal)
-	if err != nil {
-		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
-	}
-	slot, err := s.d.Quotas.Reserve(id.UserID, plan.MonthlyQuota, now)
-	if err != nil {
-		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
-	}
-	var reservation budget.Reservation
-	err = s.defend(layerBudget, func() (err error) {
-		reservation, err = s.d.Brake.Claim(worst, now)
-		return err
-	}, isPaused)
-	if err != nil {
-		s.d.Quotas.Release(slot)
-		return budget.Slot{}, budget.Reservation{}, s.refusal(err)
-	}
-	return slot, reservation, nil
-}
-
-// claimRetry claims a retry of the upstream call, one more call at worst
-// micro-dollars, against the global budget, and commits the claim durably
-// before the retry is made. A ceiling without room for it refuses the
-// retry, never the request: the answer is then the first call's failure.
-func (s *Server) claimRetry(c echo.Context, worst int64) (budget.Reservation, bool) {
-	var r budget.Reservation
-	err := s.defend(layerBudget, func() (err error) {
-		r, err = s.d.Brake.Claim(worst, s.now())
-		return err
-	}, isPaused)
-	if err != nil || r.Day == "" {
-		// Refused, or the brake's machinery failed: a retry is never
-		// worth an unclaimed call.
-		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID(c))
-		return budget.Reservation{}, false
-	}
-	s.d.Metrics.upstreamCalls.WithLabelValues("failed").Inc() // the busy first call
-	_ = s.defend(layerBudget, func() error {
-		return s.d.Brake.Commit(context.WithoutCancel(c.Request().Context()), &r)
-	}, isPaused)
-	return r, true
-}
-
 // countCall feeds one upstream call into the metrics.
 func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 	m := s.d.Metrics
@@ -413,48 +287,36 @@ func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 	m.tokens.WithLabelValues("thoughts").Add(float64(u.ThoughtsTokens))
 }
 
-// settle closes a budget reservation whose call did not end in a usage
-// record. If that write fails too, the reservation keeps counting at its
-// worst case, which errs on the safe side.
-func (s *Server) settle(ctx context.Context, r budget.Reservation, cost int64) {
-	if err := s.d.Brake.Settle(ctx, r, cost); err != nil {
-		s.failOpen.note(layerBudget, err)
-	}
-}
-
-// refusal counts a refusal by layers 1-3 and turns it into the problem
-// users see. The problems carry no figure of any threshold.
-func (s *Server) refusal(err error) error {
-	var (
-		rl *limiter.Refusal
-		le *budget.LineError
-		qe *budget.QuotaError
-		pe *budget.PausedError
-	)
+// refusal turns a refusal by layers 1-3 into the problem users see; the
+// guard has counted it (refusedBy). The problems carry no figure of any
+// threshold.
+func (s *Server) refusal(r *guard.Refusal) error {
+	retry := ceilSeconds(r.RetryAfter)
 	switch {
-	case errors.As(err, &rl):
-		s.refused(layerRate, rl.Reason)
-		return errRateLimited.withRetryAfter(rl.RetryAfterSeconds())
-	case errors.As(err, &le):
-		s.refused(layerAttempts, "daily_line")
-		return errDailyLimit.withRetryAfter(ceilSeconds(le.RetryAfter))
-	case errors.As(err, &qe):
-		s.refused(layerQuota, "monthly_quota")
-		return errQuotaExceeded.withRetryAfter(ceilSeconds(qe.RetryAfter))
-	case errors.As(err, &pe) && pe.Busy:
+	case r.Layer == guard.LayerRate:
+		return errRateLimited.withRetryAfter(retry)
+	case r.Layer == guard.LayerAttempts:
+		return errDailyLimit.withRetryAfter(retry)
+	case r.Layer == guard.LayerQuota:
+		return errQuotaExceeded.withRetryAfter(retry)
+	case r.Layer == guard.LayerUsage:
+		return errUsagePaused.withRetryAfter(retry)
+	case r.Busy:
 		// Only the worst cases of calls in flight block this one: the
 		// brake is not engaged, and a retry in seconds may fit.
-		s.refused(layerBudget, pe.Ceiling+"_in_flight")
-		return errBudgetBusy.withRetryAfter(ceilSeconds(pe.RetryAfter))
-	case errors.As(err, &pe):
-		s.refused(layerBudget, pe.Ceiling)
-		if pe.Ceiling != "manual" { // the operator's own switch needs no alert
-			s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
-				map[string]string{"ceiling": pe.Ceiling, "retry_after": pe.RetryAfter.Round(time.Second).String()})
-		}
-		return errBudgetPaused.withRetryAfter(ceilSeconds(pe.RetryAfter))
+		return errBudgetBusy.withRetryAfter(retry)
 	}
-	return err
+	return errBudgetPaused.withRetryAfter(retry)
+}
+
+// refusedBy counts a refusal of the guard, and raises the brake alert
+// when a budget ceiling (not the operator's own switch) holds.
+func (s *Server) refusedBy(r *guard.Refusal) {
+	s.refused(r.Layer, r.Reason)
+	if r.Layer == guard.LayerBudget && !r.Busy && r.Reason != "manual" {
+		s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
+			map[string]string{"ceiling": r.Reason, "retry_after": r.RetryAfter.Round(time.Second).String()})
+	}
 }
 
 func (s *Server) refused(layer, reason string) {

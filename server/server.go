@@ -13,6 +13,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
+	"breakwater/server/guard"
 	"breakwater/storage"
 )
 
@@ -89,7 +90,7 @@ type Server struct {
 	guard    *InviteGuard
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar *budget.Calendar          // today's key for the refusal counts
-	usageOut pause                     // paid calls paused after a usage record failed
+	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
 
 	// The transport bounds (transport.go).
 	bodies    *bodyMemory
@@ -153,6 +154,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
+	g, err := guard.New(guard.Layers{Rate: d.Limiter, Attempts: d.Attempts, Quotas: d.Quotas, Brake: d.Brake, Usage: d.Usage},
+		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note})
+	if err != nil {
+		return nil, err
+	}
+	s.ocrGuard = g
 	s.price.Store(&d.Price)
 	s.public = s.newEcho()
 	s.public.Use(d.Metrics.countRequests)

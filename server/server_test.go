@@ -31,6 +31,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/guard"
 	"breakwater/storage"
 )
 
@@ -676,7 +677,7 @@ func TestUsageFailurePausesPaidCalls(t *testing.T) {
 	}
 
 	// The pause is over: of 20 requests at once, one is the probe.
-	clk.add(usagePause)
+	clk.add(guard.UsagePause)
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Go(func() {
@@ -691,7 +692,7 @@ func TestUsageFailurePausesPaidCalls(t *testing.T) {
 
 	// The disk is back: the next probe's record ends the pause for all.
 	fu.failing.Store(false)
-	clk.add(usagePause)
+	clk.add(guard.UsagePause)
 	for range 3 {
 		resp, data = e.post(e.key, "image/png", img)
 		decodeOK(t, resp, data)

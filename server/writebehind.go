@@ -8,6 +8,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/guard"
 	"breakwater/storage"
 )
 
@@ -83,7 +84,7 @@ func (w *WriteBehind) Flush() {
 		w.invites.Fails.Evict(now)
 		w.lastEvict = now
 	}
-	w.save(stateUserWindows, w.windows.Dirty(now), layerRate)
+	w.save(stateUserWindows, w.windows.Dirty(now), guard.LayerRate)
 	w.save(stateInviteWindows, w.invites.Windows.Dirty(now), layerInvites)
 	fails, global := w.invites.Fails.Dirty()
 	w.save(stateInviteFails, fails, layerInvites)
@@ -95,7 +96,7 @@ func (w *WriteBehind) Flush() {
 	day, counts := w.attempts.Dirty()
 	if len(counts) > 0 {
 		if err := w.store.SaveState(AttemptsState(day), counts); err != nil {
-			w.failOpen(layerAttempts, err)
+			w.failOpen(guard.LayerAttempts, err)
 		}
 	}
 	if day != w.lastDay {

@@ -1,0 +1,250 @@
+// Package guard runs the layers that stand between a request and the
+// expensive call, in the order of the layer table: the rate limit
+// (layer 1), the daily abuse line (2), the plan quota (2b), the global
+// budget (3), and after the call the durable usage record ($). It knows
+// neither HTTP nor the database: the caller has already established who is
+// asking (layer 0), and the layers and the usage recorder are interfaces
+// that the budget and limiter packages, and storage, implement.
+//
+// A refusal is an answer, not an error: each step returns a *Refusal (with
+// its retry-after) when the request may not pass. The defense layers (1, 2
+// and 3) fail open: when a layer's own machinery fails, a panic included,
+// the request goes on and the fault is counted. The quota and the usage
+// record fail closed.
+//
+// A Guard is configured with the layers a route uses; a nil layer is
+// skipped. The OCR endpoint uses them all; a guarded route of the app may
+// use only a rate limit and a daily line.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+// Layer names, as in metrics, logs and Refusal.Layer.
+const (
+	LayerRate     = "rate"
+	LayerAttempts = "attempts"
+	LayerQuota    = "quota"
+	LayerBudget   = "budget"
+	LayerUsage    = "usage"
+)
+
+// Refusal says that a request may not pass, and why. It carries no
+// threshold, so it is safe to turn into a response.
+type Refusal struct {
+	Layer string // one of the Layer constants
+	// Reason is the precise cause, for metrics and logs: "rate" or
+	// "burst" (layer 1), "daily_line" (2), "monthly_quota" (2b), the
+	// ceiling's name, "manual", or "daily_usd_in_flight" /
+	// "monthly_usd_in_flight" when only calls in flight hold a money
+	// ceiling (3), "records_failing" (usage records are failing).
+	Reason string
+	// RetryAfter is how long until the request may pass; always > 0.
+	RetryAfter time.Duration
+	// Busy marks a budget refusal that calls in flight cause: the brake
+	// is not engaged and a retry in seconds may pass.
+	Busy bool
+}
+
+// The layers, as the guard uses them. Each returns a typed refusal
+// (*limiter.Refusal, *budget.LineError, *budget.QuotaError,
+// *budget.PausedError) when the request may not pass; any other error is
+// its machinery failing.
+type (
+	// RateLimiter is layer 1: limiter.Limiter.
+	RateLimiter interface {
+		Allow(key string, now time.Time) error
+	}
+	// AttemptCounter is layer 2: budget.Attempts.
+	AttemptCounter interface {
+		Check(key string, line int64, now time.Time) error
+		Take(key string, line int64, now time.Time) error
+	}
+	// Quotas is layer 2b: budget.Quotas.
+	Quotas interface {
+		Check(user string, limit int64, now time.Time) error
+		Reserve(user string, limit int64, now time.Time) (budget.Slot, error)
+		Confirm(s budget.Slot) (used int64)
+		Release(s budget.Slot)
+	}
+	// Brake is layer 3: budget.Global.
+	Brake interface {
+		Check(now time.Time) error
+		Claim(worst int64, now time.Time) (budget.Reservation, error)
+		Commit(ctx context.Context, r *budget.Reservation) error
+		Settle(ctx context.Context, r budget.Reservation, actual int64) error
+		Settled(r budget.Reservation, actual int64)
+	}
+	// UsageRecorder is "$": it commits a successful read (its quota
+	// increment, its usage row and its budget settlement) durably,
+	// returning only once it is on disk.
+	UsageRecorder interface {
+		RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error
+	}
+)
+
+// Layers are the parts a Guard runs; a nil layer is skipped.
+type Layers struct {
+	Rate     RateLimiter
+	Attempts AttemptCounter
+	Quotas   Quotas
+	Brake    Brake
+	// Usage is required when Quotas is set: a read counted against the
+	// quota is only confirmed by its usage record.
+	Usage UsageRecorder
+}
+
+// Hooks tell the caller what the guard did, for metrics and logs; a nil
+// hook is not called.
+type Hooks struct {
+	// Refused is called once for every refusal.
+	Refused func(r *Refusal)
+	// FailedOpen is called when a layer's machinery failed and the
+	// request was let through.
+	FailedOpen func(layer string, err error)
+}
+
+// Guard runs the layers for one kind of protected request. It is safe for
+// concurrent use.
+type Guard struct {
+	layers Layers
+	hooks  Hooks
+	// records pauses paid calls after a usage record failed: a failing
+	// disk would otherwise have every read paid for and withheld.
+	records pause
+}
+
+// New returns a guard over layers.
+func New(layers Layers, hooks Hooks) (*Guard, error) {
+	if (layers.Quotas == nil) != (layers.Usage == nil) {
+		return nil, errors.New("guard: a quota needs a usage recorder to confirm its reads, and a usage record a quota")
+	}
+	return &Guard{layers: layers, hooks: hooks}, nil
+}
+
+// Request is who asks, with the lines their plan or route sets.
+type Request struct {
+	Key          string // the user id, or the client key of an anonymous route
+	DailyLine    int64  // layer 2's line; 0: none
+	MonthlyQuota int64  // layer 2b's quota
+}
+
+// Admit runs what is checked before the request body is read, all from
+// memory: layer 1 counts the request, and layers 2, 2b and 3 are looked at
+// without taking anything, so that a user with nothing left today or this
+// month, or a service whose brake is engaged, costs no upload. The ticket
+// it returns carries the request through the rest of the pipeline.
+func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
+	if wait := g.records.enter(now); wait > 0 {
+		// Usage records are failing: a read now would be paid for and
+		// withheld. Nothing is counted, not even a rate slot.
+		return nil, g.refuse(&Refusal{Layer: LayerUsage, Reason: "records_failing", RetryAfter: wait})
+	}
+	l := g.layers
+	if l.Rate != nil {
+		if r := g.open(LayerRate, func() error { return l.Rate.Allow(req.Key, now) }); r != nil {
+			return nil, r
+		}
+	}
+	if l.Attempts != nil {
+		if r := g.open(LayerAttempts, func() error { return l.Attempts.Check(req.Key, req.DailyLine, now) }); r != nil {
+			return nil, r
+		}
+	}
+	if l.Quotas != nil {
+		if r := g.closed(l.Quotas.Check(req.Key, req.MonthlyQuota, now)); r != nil {
+			return nil, r
+		}
+	}
+	if l.Brake != nil {
+		if r := g.open(LayerBudget, func() error { return l.Brake.Check(now) }); r != nil {
+			return nil, r
+		}
+	}
+	return &Ticket{g: g, req: req}, nil
+}
+
+// open runs one fail-open layer's check: a refusal is returned (and
+// reported); anything else that goes wrong, a panic included, is reported
+// and let through.
+func (g *Guard) open(layer string, check func() error) *Refusal {
+	if r := g.try(layer, check); r != nil {
+		return g.refuse(r)
+	}
+	return nil
+}
+
+// try is open without reporting the refusal.
+func (g *Guard) try(layer string, check func() error) (r *Refusal) {
+	defer func() {
+		if p := recover(); p != nil {
+			g.failedOpen(layer, fmt.Errorf("panic: %v", p))
+			r = nil
+		}
+	}()
+	err := check()
+	if err == nil {
+		return nil
+	}
+	if r := refusalOf(err); r != nil {
+		return r
+	}
+	g.failedOpen(layer, err)
+	return nil
+}
+
+// closed turns a fail-closed layer's answer into a refusal: the quota
+// refuses, it never fails open.
+func (g *Guard) closed(err error) *Refusal {
+	if err == nil {
+		return nil
+	}
+	if r := refusalOf(err); r != nil {
+		return g.refuse(r)
+	}
+	return g.refuse(&Refusal{Layer: LayerQuota, Reason: "unavailable", RetryAfter: time.Second})
+}
+
+func (g *Guard) refuse(r *Refusal) *Refusal {
+	if g.hooks.Refused != nil {
+		g.hooks.Refused(r)
+	}
+	return r
+}
+
+func (g *Guard) failedOpen(layer string, err error) {
+	if g.hooks.FailedOpen != nil {
+		g.hooks.FailedOpen(layer, err)
+	}
+}
+
+// refusalOf reads a layer's typed refusal; nil if err is none.
+func refusalOf(err error) *Refusal {
+	var (
+		rl *limiter.Refusal
+		le *budget.LineError
+		qe *budget.QuotaError
+		pe *budget.PausedError
+	)
+	switch {
+	case errors.As(err, &rl):
+		return &Refusal{Layer: LayerRate, Reason: rl.Reason, RetryAfter: rl.RetryAfter}
+	case errors.As(err, &le):
+		return &Refusal{Layer: LayerAttempts, Reason: "daily_line", RetryAfter: le.RetryAfter}
+	case errors.As(err, &qe):
+		return &Refusal{Layer: LayerQuota, Reason: "monthly_quota", RetryAfter: qe.RetryAfter}
+	case errors.As(err, &pe) && pe.Busy:
+		return &Refusal{Layer: LayerBudget, Reason: pe.Ceiling + "_in_flight", RetryAfter: pe.RetryAfter, Busy: true}
+	case errors.As(err, &pe):
+		return &Refusal{Layer: LayerBudget, Reason: pe.Ceiling, RetryAfter: pe.RetryAfter}
+	}
+	return nil
+}

@@ -1,0 +1,274 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// ledger is a budget.Ledger in memory that counts its writes.
+type ledger struct {
+	mu       sync.Mutex
+	reserved int
+	settled  []storage.Settlement
+}
+
+func (l *ledger) Reserve(context.Context, string, int64) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reserved++
+	return uint64(l.reserved), nil
+}
+
+func (l *ledger) Settle(_ context.Context, s storage.Settlement) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.settled = append(l.settled, s)
+	return nil
+}
+
+// usage is a UsageRecorder whose answer the test sets.
+type usage struct {
+	err     error
+	records int
+	last    storage.Settlement
+}
+
+func (u *usage) RecordUsage(_ context.Context, _ string, _ storage.UsageRecord, s storage.Settlement) error {
+	if u.err != nil {
+		return u.err
+	}
+	u.records++
+	u.last = s
+	return nil
+}
+
+type fixture struct {
+	g        *Guard
+	quotas   *budget.Quotas
+	brake    *budget.Global
+	ledger   *ledger
+	usage    *usage
+	refused  []*Refusal
+	failOpen []string
+}
+
+func newFixture(t *testing.T, rate limiter.Config, cfg budget.Config) *fixture {
+	t.Helper()
+	f := &fixture{ledger: &ledger{}, usage: &usage{}}
+	lim, err := limiter.New(rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.quotas = budget.NewQuotas(time.UTC, "2026-11", nil)
+	f.brake, err = budget.NewGlobal(cfg, time.UTC, f.ledger, budget.GlobalState{Day: "2026-11-30", Month: "2026-11"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.g, err = New(Layers{
+		Rate: lim, Attempts: budget.NewAttempts(time.UTC, "2026-11-30", nil), Quotas: f.quotas, Brake: f.brake, Usage: f.usage,
+	}, Hooks{
+		Refused:    func(r *Refusal) { f.refused = append(f.refused, r) },
+		FailedOpen: func(layer string, err error) { f.failOpen = append(f.failOpen, layer) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+var alice = Request{Key: "alice", DailyLine: 3, MonthlyQuota: 2}
+
+// One request through every step: the slot is confirmed, the claim
+// settled at the cost in the usage record's own transaction.
+func TestTicketRecords(t *testing.T) {
+	f := newFixture(t, limiter.Config{Rate: 10, Window: time.Minute}, budget.Config{DailyUSD: 1})
+	tk, r := f.g.Admit(alice, now)
+	if r != nil {
+		t.Fatal(r)
+	}
+	defer tk.Release()
+	if r := tk.Reserve(1000, now); r != nil {
+		t.Fatal(r)
+	}
+	tk.Commit(t.Context())
+	used, err := tk.Record(t.Context(), storage.UsageRecord{UserID: "alice"}, 40, now)
+	if err != nil || used != 1 {
+		t.Fatalf("Record = %d, %v; want 1 read", used, err)
+	}
+	if got, want := f.usage.last, (storage.Settlement{ID: 1, Day: "2026-11-30", ActualMicroUSD: 40}); got != want {
+		t.Errorf("settlement %+v, want %+v", got, want)
+	}
+	if st := f.brake.Status(now); st.SpendMicroUSD != 40 || st.Requests != 1 {
+		t.Errorf("brake %+v, want one call at 40", st)
+	}
+	tk.Release() // after Record: nothing to give back
+	if got := f.quotas.Used("alice", now); got != 1 {
+		t.Errorf("quota used %d after a late Release, want 1", got)
+	}
+}
+
+// Each layer's refusal comes back with its layer, reason and wait, is
+// reported once, and leaves nothing reserved.
+func TestRefusals(t *testing.T) {
+	t.Run("rate", func(t *testing.T) {
+		f := newFixture(t, limiter.Config{Rate: 1, Window: time.Minute}, budget.Config{})
+		f.g.Admit(alice, now)
+		_, r := f.g.Admit(alice, now)
+		if r == nil || r.Layer != LayerRate || r.Reason != limiter.ReasonRate || r.RetryAfter <= 0 {
+			t.Fatalf("second request: %+v, want a rate refusal", r)
+		}
+		if len(f.refused) != 1 {
+			t.Errorf("reported %d refusals, want 1", len(f.refused))
+		}
+	})
+	t.Run("quota", func(t *testing.T) {
+		f := newFixture(t, limiter.Config{}, budget.Config{})
+		for range 2 {
+			tk, _ := f.g.Admit(alice, now)
+			tk.Reserve(1, now)
+			if _, err := tk.Record(t.Context(), storage.UsageRecord{}, 1, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, r := f.g.Admit(alice, now)
+		if r == nil || r.Layer != LayerQuota || r.Reason != "monthly_quota" {
+			t.Fatalf("third read: %+v, want the quota", r)
+		}
+	})
+	t.Run("budget releases the slot", func(t *testing.T) {
+		f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 0.001}) // 1000 micro-dollars
+		tk, _ := f.g.Admit(alice, now)
+		r := tk.Reserve(2000, now)
+		if r == nil || r.Layer != LayerBudget || r.Reason != "daily_usd" || r.Busy {
+			t.Fatalf("a call past the ceiling: %+v", r)
+		}
+		tk.Release()
+		if _, r := f.g.Admit(alice, now); r != nil {
+			t.Fatalf("next request: %+v", r)
+		}
+		if slot, err := f.quotas.Reserve("alice", 1, now); err != nil {
+			t.Errorf("the refused request kept its quota slot: %v (%+v)", err, slot)
+		}
+	})
+}
+
+type brokenRate struct{ panics bool }
+
+func (b brokenRate) Allow(string, time.Time) error {
+	if b.panics {
+		panic("limiter bug")
+	}
+	return errors.New("limiter: state lost")
+}
+
+// A defense layer whose machinery fails lets the request through and says
+// so; it is never taken for a refusal.
+func TestDefenseLayersFailOpen(t *testing.T) {
+	for _, panics := range []bool{false, true} {
+		var failed []string
+		g, err := New(Layers{Rate: brokenRate{panics}}, Hooks{FailedOpen: func(layer string, _ error) { failed = append(failed, layer) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, r := g.Admit(alice, now); r != nil {
+			t.Errorf("panics=%v: refused %+v, want let through", panics, r)
+		}
+		if len(failed) != 1 || failed[0] != LayerRate {
+			t.Errorf("panics=%v: reported %v, want one rate fault", panics, failed)
+		}
+	}
+}
+
+// A usage record that fails withholds the result, gives the slot back and
+// pauses paid calls; after the pause one probe goes through alone, and its
+// record ends the pause.
+func TestFailedRecordPausesPaidCalls(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{})
+	f.usage.err = errors.New("disk full")
+	tk, _ := f.g.Admit(alice, now)
+	tk.Reserve(10, now)
+	if _, err := tk.Record(t.Context(), storage.UsageRecord{}, 10, now); err == nil {
+		t.Fatal("Record succeeded on a failing disk")
+	}
+	if got := f.quotas.Used("alice", now); got != 0 {
+		t.Errorf("quota used %d after a failed record, want 0", got)
+	}
+	_, r := f.g.Admit(alice, now.Add(time.Second))
+	if r == nil || r.Layer != LayerUsage || r.RetryAfter != UsagePause-time.Second {
+		t.Fatalf("during the pause: %+v", r)
+	}
+	later := now.Add(UsagePause)
+	probe, r := f.g.Admit(alice, later)
+	if r != nil {
+		t.Fatalf("the probe: %+v", r)
+	}
+	if _, r := f.g.Admit(alice, later); r == nil || r.Layer != LayerUsage {
+		t.Fatalf("beside the probe: %+v, want still paused", r)
+	}
+	f.usage.err = nil
+	probe.Reserve(10, later)
+	if _, err := probe.Record(t.Context(), storage.UsageRecord{}, 10, later); err != nil {
+		t.Fatal(err)
+	}
+	if _, r := f.g.Admit(alice, later); r != nil {
+		t.Fatalf("after the probe's record: %+v", r)
+	}
+}
+
+// A retry is claimed like the call: with room it is taken and committed,
+// the busy first call keeps its worst case and the retry is the one
+// settled at the cost; without room it is refused and nothing is taken.
+func TestClaimRetry(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{DailyRequests: 3})
+	tk, _ := f.g.Admit(alice, now)
+	tk.Reserve(100, now)
+	tk.Commit(t.Context())
+	if !tk.ClaimRetry(t.Context(), 100, now) {
+		t.Fatal("no retry with room for it")
+	}
+	if f.ledger.reserved != 2 {
+		t.Errorf("ledger has %d reservations, want the call and its retry", f.ledger.reserved)
+	}
+	tk.Fail(t.Context(), 7)
+	want := []storage.Settlement{{ID: 1, Day: "2026-11-30", ActualMicroUSD: 100}, {ID: 2, Day: "2026-11-30", ActualMicroUSD: 7}}
+	if len(f.ledger.settled) != 2 || f.ledger.settled[0] != want[0] || f.ledger.settled[1] != want[1] {
+		t.Errorf("settled %+v, want %+v", f.ledger.settled, want)
+	}
+
+	tk, _ = f.g.Admit(alice, now)
+	tk.Reserve(100, now) // the third call of the day
+	if tk.ClaimRetry(t.Context(), 100, now) {
+		t.Error("a retry past daily_requests was claimed")
+	}
+	if st := f.brake.Status(now); st.Requests != 3 {
+		t.Errorf("brake counts %d calls, want 3", st.Requests)
+	}
+	if len(f.refused) != 0 {
+		t.Errorf("a skipped retry was reported as a refusal: %+v", f.refused)
+	}
+}
+
+// A client gone before the call spends nothing.
+func TestCancelSpendsNothing(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
+	tk, _ := f.g.Admit(alice, now)
+	tk.Reserve(5000, now)
+	tk.Commit(t.Context())
+	tk.Cancel(t.Context())
+	tk.Release()
+	if st := f.brake.Status(now); st.SpendMicroUSD != 0 {
+		t.Errorf("spend %d after a cancelled request, want 0", st.SpendMicroUSD)
+	}
+	if got := f.quotas.Used("alice", now); got != 0 {
+		t.Errorf("quota used %d, want 0", got)
+	}
+}

@@ -1,0 +1,213 @@
+package guard
+
+import (
+	"context"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/storage"
+)
+
+// Ticket carries one admitted request through the pipeline:
+//
+//	t, r := g.Admit(req, now)       // layers 1, 2, 2b, 3 looked at
+//	defer t.Release()               // gives back whatever was not recorded
+//	r = t.Reserve(worst, now)       // layer 2 counted, 2b slot, 3 claim
+//	t.Commit(ctx)                   // the claim on disk, before the call
+//	... the call, with t.ClaimRetry before a retry ...
+//	used, err := t.Record(ctx, rec, cost, now)  // "$", or t.Fail(ctx, cost)
+//
+// Cancel ends a request that made no call; Release after Record, Fail or
+// Cancel does nothing. A Ticket is used by one
+// goroutine at a time (the call's retry hook included).
+type Ticket struct {
+	g   *Guard
+	req Request
+
+	slot    budget.Slot
+	claimed [2]budget.Reservation // the call's, then its retry's: claimed[:n]
+	n       int
+	reserve bool // Reserve took a slot and a claim
+	done    bool // Record, Fail or Cancel settled everything
+}
+
+// claims are the budget claims taken so far.
+func (t *Ticket) claims() []budget.Reservation { return t.claimed[:t.n] }
+
+// addClaim keeps claim; a call and its one retry are the most a ticket
+// takes.
+func (t *Ticket) addClaim(claim budget.Reservation) {
+	t.claimed[t.n] = claim
+	t.n++
+}
+
+// Reserve counts the attempt against the daily line (layer 2), reserves a
+// read of the quota (2b, fails closed) and claims one call at worst
+// micro-dollars of the global budget (3), all in memory and each check and
+// take one atomic step. On a refusal nothing stays reserved.
+func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
+	g, l, req := t.g, t.g.layers, t.req
+	if l.Attempts != nil {
+		if r := g.open(LayerAttempts, func() error { return l.Attempts.Take(req.Key, req.DailyLine, now) }); r != nil {
+			return r
+		}
+	}
+	if l.Quotas != nil {
+		slot, err := l.Quotas.Reserve(req.Key, req.MonthlyQuota, now)
+		if r := g.closed(err); r != nil {
+			return r
+		}
+		t.slot = slot
+	}
+	if l.Brake != nil {
+		var claim budget.Reservation
+		r := g.open(LayerBudget, func() (err error) {
+			claim, err = l.Brake.Claim(worst, now)
+			return err
+		})
+		if r != nil {
+			if l.Quotas != nil {
+				l.Quotas.Release(t.slot)
+			}
+			return r
+		}
+		if claim.Day != "" { // "" when the brake failed open
+			t.addClaim(claim)
+		}
+	}
+	t.reserve = true
+	return nil
+}
+
+// Commit writes the claims durably, so that they still count after a
+// crash; call it before the upstream call. A failed write fails open: the
+// claim still holds in memory, and settling adds the call to the ledger.
+func (t *Ticket) Commit(ctx context.Context) {
+	for i := range t.claims() {
+		if t.claimed[i].ID == 0 {
+			t.commit(ctx, &t.claimed[i])
+		}
+	}
+}
+
+func (t *Ticket) commit(ctx context.Context, claim *budget.Reservation) {
+	t.g.open(LayerBudget, func() error { return t.g.layers.Brake.Commit(ctx, claim) })
+}
+
+// ClaimRetry claims one more call at worst micro-dollars for a retry of
+// the upstream call, and commits it durably before the retry is made. It
+// reports false when the budget has no room (or its machinery failed): a
+// retry is never worth an unclaimed call, and the request then ends with
+// the first call's failure. A guard without a brake always allows it.
+func (t *Ticket) ClaimRetry(ctx context.Context, worst int64, now time.Time) bool {
+	b := t.g.layers.Brake
+	switch {
+	case b == nil:
+		return true
+	case t.n == len(t.claimed):
+		return false // one retry per call
+	}
+	var claim budget.Reservation
+	r := t.g.try(LayerBudget, func() (err error) {
+		claim, err = b.Claim(worst, now)
+		return err
+	})
+	if r != nil || claim.Day == "" {
+		return false
+	}
+	t.commit(ctx, &claim)
+	t.addClaim(claim)
+	return true
+}
+
+// settlement splits the claims for a call that ended at cost: every claim
+// but the last was a busy call whose bill is unknown, so it keeps its worst
+// case; the last is the call that answered.
+func (t *Ticket) settlement() (earlier []budget.Reservation, last budget.Reservation, ok bool) {
+	if t.n == 0 {
+		return nil, budget.Reservation{}, false
+	}
+	return t.claimed[:t.n-1], t.claimed[t.n-1], true
+}
+
+// Record is "$": the quota increment, the usage row and the settlement of
+// the call's claim at cost, in one durable transaction, before the answer.
+// It returns the user's reads this month, counting this one. On an error
+// nothing of the read is counted, the quota slot is given back, and paid
+// calls pause (see Admit): the caller withholds the result.
+func (t *Ticket) Record(ctx context.Context, rec storage.UsageRecord, cost int64, now time.Time) (used int64, err error) {
+	g := t.g
+	earlier, last, claimed := t.settlement()
+	for _, c := range earlier {
+		t.settle(ctx, c, c.Worst)
+	}
+	var settlement storage.Settlement
+	if claimed {
+		settlement = last.Settlement(cost)
+	}
+	if err := g.layers.Usage.RecordUsage(ctx, t.slot.Month, rec, settlement); err != nil {
+		if claimed {
+			t.settle(ctx, last, cost)
+		}
+		t.done = true
+		t.releaseSlot()
+		g.records.start(now)
+		return 0, err
+	}
+	g.records.end()
+	if claimed {
+		g.layers.Brake.Settled(last, cost)
+	}
+	t.done = true
+	return g.layers.Quotas.Confirm(t.slot), nil
+}
+
+// Fail settles a call that gave no result at cost (its worst case when
+// the bill is unknown), and gives the quota slot back.
+func (t *Ticket) Fail(ctx context.Context, cost int64) {
+	earlier, last, claimed := t.settlement()
+	for _, c := range earlier {
+		t.settle(ctx, c, c.Worst)
+	}
+	if claimed {
+		t.settle(ctx, last, cost)
+	}
+	t.done = true
+	t.releaseSlot()
+}
+
+// Cancel ends a request that made no call (the client went away before
+// it): its claims are settled at zero and its quota slot given back.
+func (t *Ticket) Cancel(ctx context.Context) {
+	for _, c := range t.claims() {
+		t.settle(ctx, c, 0)
+	}
+	t.done = true
+	t.releaseSlot()
+}
+
+// Release gives the quota slot back unless Record, Fail or Cancel has
+// settled the request; its claims, if any, stay at their worst case (a
+// call may have been made). It can always be deferred, even after a
+// panic, and is safe on a nil Ticket.
+func (t *Ticket) Release() {
+	if t == nil || t.done || !t.reserve {
+		return
+	}
+	t.done = true
+	t.releaseSlot()
+}
+
+func (t *Ticket) releaseSlot() {
+	if t.g.layers.Quotas != nil && t.reserve {
+		t.g.layers.Quotas.Release(t.slot)
+	}
+}
+
+// settle closes a claim in memory and the ledger. If the write fails, the
+// claim keeps counting at its worst case, which errs on the safe side.
+func (t *Ticket) settle(ctx context.Context, c budget.Reservation, cost int64) {
+	if err := t.g.layers.Brake.Settle(ctx, c, cost); err != nil {
+		t.g.failedOpen(LayerBudget, err)
+	}
+}
