@@ -1,6 +1,7 @@
 package main
 
 import (
+	"breakwater/server/app"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -31,7 +32,7 @@ provider = "simulated"
 [plans.free]
 monthly_quota = 1000
 `, filepath.Join(dir, "bw.db")))
-	c, err := loadConfig(path, envFrom(nil))
+	c, err := app.Load(path, envFrom(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

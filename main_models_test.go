@@ -1,6 +1,7 @@
 package main
 
 import (
+	"breakwater/server/app"
 	"bytes"
 	"context"
 	"log/slog"
@@ -41,7 +42,7 @@ func TestConfigCheckUnknownModel(t *testing.T) {
 
 	var logs bytes.Buffer
 	cfg := ocr.Config{Model: "gemini-3-pro-preview", AllowUnknownModel: true}.WithDefaults()
-	if _, err := newReader(cfg, "test-key", slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+	if _, err := app.NewReader(cfg, "test-key", slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "is not a known model") {

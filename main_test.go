@@ -1,6 +1,7 @@
 package main
 
 import (
+	"breakwater/server/app"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -79,7 +80,7 @@ monthly_quota = 10
 `
 
 func TestShippedConfigIsValid(t *testing.T) {
-	c, err := loadConfig("config.toml", envFrom(nil))
+	c, err := app.Load("config.toml", envFrom(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestShippedConfigIsValid(t *testing.T) {
 }
 
 func TestInviteConfigDefaultsAndOverrides(t *testing.T) {
-	c, err := loadConfig(writeConfig(t, minimalConfig), envFrom(nil))
+	c, err := app.Load(writeConfig(t, minimalConfig), envFrom(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestInviteConfigDefaultsAndOverrides(t *testing.T) {
 		f.Decay || f.GlobalPerHour != 1000 {
 		t.Errorf("defaults %+v / %+v", c.Invites, f)
 	}
-	c, err = loadConfig(writeConfig(t, "[invites]\nreset_on_success = false\nbackoff = true\n"+minimalConfig),
+	c, err = app.Load(writeConfig(t, "[invites]\nreset_on_success = false\nbackoff = true\n"+minimalConfig),
 		envFrom(map[string]string{"BREAKWATER_INVITES__FAIL_LIMIT": "7"}))
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestInviteConfigDefaultsAndOverrides(t *testing.T) {
 	if f := c.Invites.Fail(); !f.Decay || !f.Backoff || f.Limit != 7 {
 		t.Errorf("overrides not applied: %+v", f)
 	}
-	c, err = loadConfig(writeConfig(t, minimalConfig), envFrom(map[string]string{"BREAKWATER_INVITES__RESET_ON_SUCCESS": "false"}))
+	c, err = app.Load(writeConfig(t, minimalConfig), envFrom(map[string]string{"BREAKWATER_INVITES__RESET_ON_SUCCESS": "false"}))
 	if err != nil || !c.Invites.Fail().Decay {
 		t.Errorf("reset_on_success from the environment: %v %+v", err, c.Invites)
 	}
@@ -163,7 +164,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := loadConfig(writeConfig(t, c.toml), envFrom(c.env))
+			_, err := app.Load(writeConfig(t, c.toml), envFrom(c.env))
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %v, want one naming %s", err, c.want)
 			}
@@ -173,7 +174,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 
 func TestConfigEnvironmentTypoIsRefused(t *testing.T) {
 	t.Setenv("BREAKWATER_SERVER__MAX_IMAGE_BYTE", "5")
-	_, err := loadConfig(writeConfig(t, minimalConfig), os.Getenv)
+	_, err := app.Load(writeConfig(t, minimalConfig), os.Getenv)
 	if err == nil || !strings.Contains(err.Error(), "BREAKWATER_SERVER__MAX_IMAGE_BYTE") {
 		t.Errorf("error %v, want one naming the variable", err)
 	}
@@ -181,7 +182,7 @@ func TestConfigEnvironmentTypoIsRefused(t *testing.T) {
 
 func TestConfigEnvironmentOverrides(t *testing.T) {
 	path := writeConfig(t, "[server]\nlisten = \":80\"\n"+minimalConfig)
-	c, err := loadConfig(path, envFrom(map[string]string{
+	c, err := app.Load(path, envFrom(map[string]string{
 		"BREAKWATER_SERVER__LISTEN":                "127.0.0.1:9999",
 		"BREAKWATER_SERVER__TRUSTED_PROXIES":       "127.0.0.1, 10.0.0.0/8",
 		"BREAKWATER_OCR__TIMEOUT":                  "7s",
@@ -875,8 +876,8 @@ func TestAdminListenNeedsLongTokenOffLoopback(t *testing.T) {
 		{"0.0.0.0:8081", "", true}, // no token: the admin API does not start at all
 	}
 	for _, c := range cases {
-		if err := checkAdminListen(c.addr, c.token); (err == nil) != c.ok {
-			t.Errorf("checkAdminListen(%q, %d chars) = %v, want ok=%v", c.addr, len(c.token), err, c.ok)
+		if err := app.CheckAdminListen(c.addr, c.token); (err == nil) != c.ok {
+			t.Errorf("app.CheckAdminListen(%q, %d chars) = %v, want ok=%v", c.addr, len(c.token), err, c.ok)
 		}
 	}
 	// serve refuses to start such a listener.
@@ -893,10 +894,10 @@ func TestAdminListenNeedsLongTokenOffLoopback(t *testing.T) {
 // for its record and its answer (it gave 20 s against a 30 s default).
 func TestShutdownOutlastsTheUpstreamCall(t *testing.T) {
 	for _, timeout := range []time.Duration{0, 5 * time.Second, 90 * time.Second} {
-		var c config
+		var c app.Config
 		c.OCR.Timeout = timeout
 		bound := c.OCR.WithDefaults().Timeout
-		if got := shutdownTimeout(c); got <= bound+10*time.Second {
+		if got := app.ShutdownTimeout(c); got <= bound+10*time.Second {
 			t.Errorf("ocr.timeout %v: shutdown waits %v, want more than the call plus the record's 10 s", timeout, got)
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"breakwater/server/app"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -216,7 +217,7 @@ burst = 100
 [plans.free]
 monthly_quota = 1000
 `, filepath.Join(dir, "bw.db"), gemini.URL)
-	c, err := loadConfig(writeConfig(t, body), envFrom(nil))
+	c, err := app.Load(writeConfig(t, body), envFrom(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,398 @@
+// Package app owns the wiring of a Breakwater service: it loads
+// config.toml (config.go), builds every part in order, starts the
+// listeners and the background workers, applies a changed config, and
+// stops everything in reverse order. `serve`, the operator commands on a
+// stopped server and the end-to-end tests all go through it, so the
+// wiring exists once.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"breakwater/detect"
+	"breakwater/ocr"
+	"breakwater/server"
+	"breakwater/storage"
+)
+
+// Bounds of the orderly stop.
+const (
+	// In-flight requests get the upstream call's own bound (ocr.timeout,
+	// its retry included) plus this long to finish: enough for the usage
+	// record's wait, so a paid read still gets its record and its answer.
+	shutdownSlack = 15 * time.Second
+	flushTimeout  = 5 * time.Second // statistics and mail get this long to leave
+	// lockTimeout is how long Open waits for the database lock.
+	lockTimeout = time.Second
+)
+
+// Options are what the App takes from its surroundings besides the config.
+type Options struct {
+	// Getenv reads the secrets (GEMINI_API_KEY, BREAKWATER_ADMIN_TOKEN,
+	// BREAKWATER_SMTP_PASSWORD). Nil: os.Getenv.
+	Getenv func(string) string
+	// Logger receives every component's log. Nil: discard.
+	Logger *slog.Logger
+	// Now is the clock of every time-based part. Nil: time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// App is a running service: the database, the layers, the detection and
+// alerts, the statistics writer, the write-behind and both listeners.
+type App struct {
+	opts Options
+	log  *slog.Logger
+
+	db       *storage.DB
+	layers   server.Layers
+	guard    *server.InviteGuard
+	plans    *server.Plans
+	keys     *server.Keyring
+	invites  *server.Invites
+	detect   *detect.Runner
+	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
+	operator *server.Operator
+	srv      *server.Server
+
+	addr, adminAddr string
+	servers         []*http.Server
+	errc            chan error // a listener that stopped by itself
+
+	// closers unwind what Open built, in reverse order.
+	closers []func()
+
+	mu  sync.Mutex // serialises Reload
+	cfg Config     // the config in force
+}
+
+// Open builds the service for cfg and starts it: it listens on
+// server.listen (and on server.admin_listen when BREAKWATER_ADMIN_TOKEN is
+// set) and runs its workers until Close. cfg must have passed Load.
+func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
+	opts = opts.withDefaults()
+	a := &App{opts: opts, log: opts.Logger, cfg: cfg, errc: make(chan error, 2)}
+	defer func() {
+		if err != nil {
+			a.Close() // what was built so far
+		}
+	}()
+	log, getenv := a.log, opts.Getenv
+	log.Info("starting breakwater", "storage", cfg.Storage.Path, "provider", cfg.OCR.Provider)
+	for _, w := range cfg.OffSwitches() {
+		log.Warn("LIMIT OFF: " + w)
+	}
+	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
+	if err := CheckAdminListen(cfg.Server.AdminListen, adminToken); err != nil {
+		return nil, err
+	}
+	reader, err := NewReader(cfg.OCR, getenv("GEMINI_API_KEY"), log)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.openState(cfg, lockTimeout); err != nil {
+		return nil, err
+	}
+	// Layer 4's daily detection, and the operator's commands for the
+	// admin API; the detection's mailer stops after the alerts, which
+	// hand it their mail.
+	counters := &detect.Counters{}
+	if err := a.openOperator(cfg, counters); err != nil {
+		return nil, err
+	}
+	db := a.db
+	loc, _ := cfg.Budget.Location() // checked by Load
+	// JWT sign-in: the verifier fetches the JWKS in the background until
+	// it is closed, after HTTP has stopped. An unreachable JWKS is logged,
+	// not fatal: API keys work meanwhile and JWTs are refused.
+	var verifier *server.Verifier
+	if cfg.Auth.JWT.Enabled() {
+		verifier, err = server.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, server.VerifierOptions{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		a.onClose(func() { verifier.Close() })
+		log.Info("JWT sign-in on", "issuer", cfg.Auth.JWT.Issuer, "jwks_url", cfg.Auth.JWT.JWKSURL)
+		if warning := cfg.JWTAudienceWarning(); warning != "" {
+			log.Warn(warning)
+		}
+	}
+	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log, Now: opts.Now})
+	a.onClose(func() {
+		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if err := events.Close(fctx); err != nil {
+			log.Warn("statistics not all written", "err", err)
+		}
+	})
+
+	// Alerts and the daily schedule: stopped after HTTP, before the
+	// statistics writer and the database.
+	alerter, err := detect.NewAlerter(db, detect.AlerterOptions{
+		MinInterval: alertInterval(cfg), Location: loc, Mail: a.mail, Counters: counters, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() {
+		actx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if err := alerter.Close(actx); err != nil {
+			log.Warn("alerts not all handed to the mailer", "err", err)
+		}
+	})
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	a.background(scheduler.Run)
+
+	a.srv, err = server.New(cfg.Server, server.Deps{
+		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
+		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
+		Invites: a.invites, InviteCodes: db, InviteGuard: a.guard,
+		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
+		AdminToken: adminToken, Logger: log, Now: opts.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Defense state is written behind every second; the last flush runs
+	// after HTTP has stopped and before the database closes.
+	wb := a.srv.NewWriteBehind(db, a.layers.Windows, a.layers.Attempts)
+	a.background(func(ctx context.Context) { wb.Run(ctx, server.DefaultWriteBehindInterval) })
+
+	// Close stops HTTP first: in-flight requests finish and are recorded
+	// before anything they need is stopped.
+	a.onClose(a.shutdownHTTP)
+	if a.addr, err = a.listen("public", cfg.Server.Listen, a.srv.Handler()); err != nil {
+		return nil, err
+	}
+	if adminToken == "" {
+		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
+	} else if a.adminAddr, err = a.listen("admin", cfg.Server.AdminListen, a.srv.AdminHandler()); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// openState opens the database and loads what the layers keep in memory:
+// rate windows, attempt counts, quotas, the budget and its manual switch,
+// the invite guard, the plans and the keyring.
+func (a *App) openState(cfg Config, timeout time.Duration) error {
+	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log})
+	if err != nil {
+		return err
+	}
+	a.db = db
+	a.onClose(func() {
+		if err := db.Close(); err != nil {
+			a.log.Error("close database", "err", err)
+		}
+	})
+	loc, _ := cfg.Budget.Location() // checked by Load
+	now := a.opts.Now()
+	if a.layers, err = server.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
+		return err
+	}
+	if err := server.LoadBrake(a.layers.Brake, db.Flag); err != nil {
+		return err
+	}
+	if a.guard, err = server.LoadInviteGuard(db, cfg.Invites, now); err != nil {
+		return err
+	}
+	a.plans = server.NewPlans(cfg.Plans)
+	a.keys, err = server.NewKeyring(db, a.plans.Has)
+	return err
+}
+
+// onClose adds a step to the reverse-order unwinding of Close.
+func (a *App) onClose(f func()) { a.closers = append(a.closers, f) }
+
+// background runs f until Close, which cancels its context and waits for
+// it to return.
+func (a *App) background(f func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f(ctx) }()
+	a.onClose(func() { cancel(); <-done })
+}
+
+// listen starts serving h on addr and returns the address it got.
+func (a *App) listen(name, addr string, h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("%s listener: %w", name, err)
+	}
+	hs, ln := a.srv.HTTPServer(ln, h)
+	a.servers = append(a.servers, hs)
+	go func() {
+		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			a.errc <- fmt.Errorf("%s listener: %w", name, err)
+		}
+	}()
+	a.log.Info("listening", "listener", name, "addr", ln.Addr().String())
+	return ln.Addr().String(), nil
+}
+
+// shutdownHTTP stops both listeners, letting in-flight requests finish for
+// ShutdownTimeout.
+func (a *App) shutdownHTTP() {
+	a.mu.Lock()
+	timeout := ShutdownTimeout(a.cfg)
+	a.mu.Unlock()
+	a.log.Info("shutting down: finishing in-flight requests", "timeout", timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for _, hs := range a.servers {
+		if err := hs.Shutdown(ctx); err != nil {
+			a.log.Error("shutdown", "addr", hs.Addr, "err", err)
+		}
+	}
+}
+
+// Addr is where the public API listens (host:port).
+func (a *App) Addr() string { return a.addr }
+
+// AdminAddr is where the admin API listens, "" when it is off.
+func (a *App) AdminAddr() string { return a.adminAddr }
+
+// Keys is the keyring, for commands that act on the running service (the
+// demo's key).
+func (a *App) Keys() *server.Keyring { return a.keys }
+
+// Wait blocks until ctx ends or a listener stops by itself (its error).
+func (a *App) Wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-a.errc:
+		return err
+	}
+}
+
+// Close stops the service in reverse order of Open: HTTP first (in-flight
+// requests finish), then the write-behind's last flush, the detection,
+// alerts and mail, the statistics writer, and the database last, which
+// commits every queued write before it closes. It is safe to call once.
+func (a *App) Close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+	a.closers = nil
+}
+
+// ShutdownTimeout is how long in-flight requests get to finish: a read
+// that started just before the signal must still be recorded and answered.
+func ShutdownTimeout(c Config) time.Duration {
+	return c.OCR.WithDefaults().Timeout + shutdownSlack
+}
+
+// openDetection builds the daily detection over the database, and the
+// mailer when config.toml has an [alerts] section; Close delivers what
+// mail is still queued.
+func (a *App) openDetection(c Config, counters *detect.Counters) error {
+	loc, _ := c.Budget.Location() // checked by Load
+	if c.Alerts != nil {
+		m, err := detect.NewMailer(*c.Alerts, detect.MailerOptions{
+			Password: a.opts.Getenv("BREAKWATER_SMTP_PASSWORD"), Counters: counters, Logger: a.log,
+		})
+		if err != nil {
+			return err
+		}
+		a.mail = m
+		a.onClose(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+			defer cancel()
+			if err := m.Close(ctx); err != nil {
+				a.log.Warn("e-mails not all delivered before shutdown", "err", err)
+			}
+		})
+	}
+	plans, keys, brake := a.plans, a.keys, a.layers.Brake
+	runner, err := detect.NewRunner(a.db, detect.RunnerOptions{
+		Config: c.Detect, Location: loc, RetentionDays: c.Storage.StatsRetentionDays,
+		Lines: func() detect.Lines {
+			all := plans.All()
+			lines := detect.Lines{ByPlan: map[string]int64{}, ByUser: map[string]int64{}}
+			for name, p := range all {
+				lines.ByPlan[name] = p.DailyAttempts
+			}
+			for _, u := range keys.Users() {
+				lines.ByUser[u.ID] = all[u.Plan].DailyAttempts
+			}
+			return lines
+		},
+		Ceilings: func() detect.Ceilings {
+			st := brake.Status(a.opts.Now())
+			return detect.Ceilings{DailyRequests: st.DailyRequests, DailyMicroUSD: st.DailyMicroUSD, MonthlyMicroUSD: st.MonthlyMicroUSD}
+		},
+		Mail: a.mail, Counters: counters, Logger: a.log, Now: a.opts.Now,
+	})
+	if err != nil {
+		return err
+	}
+	a.detect = runner
+	return nil
+}
+
+// alertInterval is [alerts] min_interval, or its default without mail.
+func alertInterval(c Config) time.Duration {
+	if c.Alerts == nil {
+		return detect.DefaultMinInterval
+	}
+	return c.Alerts.MinInterval
+}
+
+// CheckAdminListen refuses an admin API reachable from other machines
+// unless its token is long enough to resist guessing.
+func CheckAdminListen(addr, token string) error {
+	if token == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("server.admin_listen: %q is not host:port", addr)
+	}
+	ip := net.ParseIP(host)
+	loopback := host == "localhost" || (ip != nil && ip.IsLoopback())
+	if !loopback && len(token) < 32 {
+		return fmt.Errorf("server.admin_listen %q is not a loopback address: BREAKWATER_ADMIN_TOKEN must then be at least 32 characters", addr)
+	}
+	return nil
+}
+
+// NewReader makes the upstream client ocr.provider names.
+func NewReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, error) {
+	if c.Provider == "simulated" {
+		log.Warn("ocr.provider is \"simulated\": answers are made up locally and marked \"simulated\": true; no real reads")
+		return ocr.NewSimulated(c)
+	}
+	if apiKey == "" {
+		return nil, errors.New("GEMINI_API_KEY is not set: put your Gemini API key in the environment, or set ocr.provider = \"simulated\" to try the service without one")
+	}
+	for _, warning := range c.Warnings() {
+		log.Warn(warning)
+	}
+	return ocr.NewGemini(c, apiKey, nil, log)
+}

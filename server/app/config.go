@@ -1,0 +1,382 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/toml/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/limiter"
+	"breakwater/ocr"
+	"breakwater/server"
+	"breakwater/storage"
+)
+
+// envPrefix starts every environment variable that overrides a key.
+const envPrefix = "BREAKWATER_"
+
+// Config is config.toml. Each package owns its section's struct, defaults
+// and validation.
+type Config struct {
+	Server  server.Config          `koanf:"server"`
+	Storage storage.Config         `koanf:"storage"`
+	OCR     ocr.Config             `koanf:"ocr"`
+	Budget  budget.Config          `koanf:"budget"`
+	Plans   map[string]budget.Plan `koanf:"plans"`
+	Limits  struct {
+		User limiter.Config `koanf:"user"`
+	} `koanf:"limits"`
+	Auth struct {
+		JWT server.JWTConfig `koanf:"jwt"`
+	} `koanf:"auth"`
+	Invites server.InviteConfig `koanf:"invites"`
+	Detect  detect.Config       `koanf:"detect"`
+	// Alerts is nil when config.toml has no [alerts] section: mail is off
+	// and alerts are only logged.
+	Alerts *detect.AlertsConfig `koanf:"alerts"`
+}
+
+// Load reads path (which must exist), applies
+// BREAKWATER_SECTION__KEY overrides from the environment, and checks every
+// value. An unknown key is an error that names it: a typo must never switch
+// a limit off silently.
+func Load(path string, getenv func(string) string) (Config, error) {
+	c, err := Read(path, getenv, false)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Read parses path and the environment overrides into a config with
+// defaults applied, without validating values. A missing file is an error
+// unless optional.
+func Read(path string, getenv func(string) string, optional bool) (Config, error) {
+	k := koanf.New(".")
+	if _, err := os.Stat(path); err == nil {
+		if err := k.Load(file.Provider(path), toml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", path, err)
+		}
+	} else if !optional {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+
+	known := configKeys(reflect.TypeFor[Config](), "", k)
+	for _, key := range k.Keys() {
+		if m, ok := k.Get(key).(map[string]any); ok && len(m) == 0 {
+			continue // an empty section such as [alerts]; the decoder refuses an unknown one
+		}
+		if _, ok := known[key]; !ok {
+			return Config{}, fmt.Errorf("config %s: unknown key %q", path, key)
+		}
+	}
+	byEnv := make(map[string]string, len(known))
+	for key, kind := range known {
+		name := envName(key)
+		byEnv[name] = key
+		v := getenv(name)
+		if v == "" {
+			continue
+		}
+		val, err := envValue(v, kind)
+		if err != nil {
+			return Config{}, fmt.Errorf("environment %s (%s): %w", name, key, err)
+		}
+		if err := k.Set(key, val); err != nil {
+			return Config{}, fmt.Errorf("environment %s: %w", name, err)
+		}
+	}
+	// A BREAKWATER_SECTION__KEY that names no key is a typo, refused like
+	// one in the file.
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix) && strings.Contains(name, "__") && getenv(name) != "" {
+			if _, ok := byEnv[name]; !ok {
+				return Config{}, fmt.Errorf("environment %s: names no key of config.toml", name)
+			}
+		}
+	}
+
+	// Decoded over the defaults: a key left out keeps its documented
+	// default, and only an explicit 0 switches a limit off.
+	c := defaults()
+	err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
+		DecodeHook:  mapstructure.ComposeDecodeHookFunc(strictNumbers, mapstructure.StringToTimeDurationHookFunc()),
+		ErrorUnused: true,
+		TagName:     "koanf",
+		Result:      &c,
+	}})
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %s", path, cleanDecodeError(err))
+	}
+	for name, p := range c.Plans {
+		if !k.Exists("plans." + name + ".daily_attempts") {
+			p.DailyAttempts = budget.DefaultDailyAttempts(p.MonthlyQuota)
+			c.Plans[name] = p
+		}
+	}
+	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
+	c.Limits.User = c.Limits.User.WithDefaults()
+	c.Auth.JWT = c.Auth.JWT.WithDefaults()
+	c.Invites = c.Invites.WithDefaults()
+	c.Detect = c.Detect.WithDefaults()
+	if c.Alerts != nil {
+		a := c.Alerts.WithDefaults()
+		c.Alerts = &a
+	}
+	return c, nil
+}
+
+// defaults is what a config.toml without any key means, for the
+// sections whose zero values are settings (0 switches a limit off). The
+// other sections fill their zero fields in WithDefaults.
+func defaults() Config {
+	var c Config
+	c.Budget = budget.DefaultConfig()
+	c.Limits.User = server.DefaultUserLimits()
+	return c
+}
+
+// OffSwitches names every ceiling and layer that the config switches off
+// with an explicit 0, for serve and config check to warn about: a key left
+// out takes its default, so each of these was written on purpose, or by
+// mistake.
+func (c Config) OffSwitches() []string {
+	var out []string
+	off := func(key, what string) {
+		out = append(out, fmt.Sprintf("%s = 0 switches %s off", key, what))
+	}
+	if c.Budget.DailyRequests == 0 {
+		off("budget.daily_requests", "the service-wide ceiling on upstream calls per day")
+	}
+	if c.Budget.DailyUSD == 0 {
+		off("budget.daily_usd", "the service-wide ceiling on money per day")
+	}
+	if c.Budget.MonthlyUSD == 0 {
+		off("budget.monthly_usd", "the service-wide ceiling on money per month")
+	}
+	if c.Limits.User.Rate == 0 {
+		off("limits.user.rate", "the per-user rate limit (layer 1)")
+	}
+	if c.Limits.User.Burst == 0 {
+		off("limits.user.burst", "the per-user burst limit (layer 1)")
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Plans)) {
+		if c.Plans[name].DailyAttempts == 0 {
+			off("plans."+name+".daily_attempts", "the daily abuse line of plan "+name+" (layer 2)")
+		}
+	}
+	return out
+}
+
+// Validate checks every section; errors name the key.
+func (c Config) Validate() error {
+	var alerts error
+	if c.Alerts != nil {
+		alerts = c.Alerts.Validate()
+	}
+	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
+		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate(),
+		c.Detect.Validate(), alerts)
+}
+
+// JWTAudienceWarning explains the risk of accepting every token the issuer
+// signs, when JWT sign-in is on with neither an audience nor authorized
+// parties to narrow it.
+func (c Config) JWTAudienceWarning() string {
+	j := c.Auth.JWT
+	if !j.Enabled() || j.Audience != "" || len(j.AuthorizedParties) > 0 {
+		return ""
+	}
+	return "auth.jwt has neither audience nor authorized_parties: every token your issuer signs is accepted, " +
+		"including ID tokens and tokens for your other APIs; set audience (Auth0, Supabase) or authorized_parties (Clerk)"
+}
+
+// jwtPlan checks that JWT users' default plan exists; only main knows
+// both sections.
+func (c Config) jwtPlan() error {
+	if !c.Auth.JWT.Enabled() {
+		return nil
+	}
+	if _, ok := c.Plans[c.Auth.JWT.DefaultPlan]; !ok {
+		return fmt.Errorf("auth.jwt.default_plan: plan %q is not defined: add [plans.%s] or name another plan", c.Auth.JWT.DefaultPlan, c.Auth.JWT.DefaultPlan)
+	}
+	return nil
+}
+
+// configKeys lists every key config.toml may hold ("server.listen", ...)
+// with the kind of its value. Plans are a map: their keys are listed for
+// each plan name present in k.
+func configKeys(t reflect.Type, prefix string, k *koanf.Koanf) map[string]reflect.Kind {
+	out := map[string]reflect.Kind{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := f.Tag.Get("koanf")
+		if name == "" {
+			continue
+		}
+		key := prefix + name
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct {
+			ft = ft.Elem() // an optional section such as [alerts]
+		}
+		switch {
+		case ft.Kind() == reflect.Struct && ft != reflect.TypeFor[time.Duration]():
+			for sub, kind := range configKeys(ft, key+".", k) {
+				out[sub] = kind
+			}
+		case f.Type.Kind() == reflect.Map && f.Type.Elem().Kind() == reflect.Struct:
+			for _, entry := range k.MapKeys(key) {
+				for sub, kind := range configKeys(f.Type.Elem(), key+"."+entry+".", k) {
+					out[sub] = kind
+				}
+			}
+		case f.Type.Kind() == reflect.Pointer:
+			out[key] = f.Type.Elem().Kind() // an optional value, such as a bool whose default is true
+		default:
+			out[key] = f.Type.Kind()
+		}
+	}
+	return out
+}
+
+// environ lists the process environment; a variable so tests can vary it.
+var environ = os.Environ
+
+// envName is the environment variable that overrides key:
+// "ocr.price.max_output_tokens" is BREAKWATER_OCR__PRICE__MAX_OUTPUT_TOKENS.
+func envName(key string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+}
+
+// envValue types an environment value for the key's kind, so that the
+// decoder can stay strict about the file's own values.
+func envValue(v string, kind reflect.Kind) (any, error) {
+	switch kind {
+	case reflect.Slice:
+		return splitList(v), nil
+	case reflect.Bool:
+		return strconv.ParseBool(v)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32:
+		return strconv.ParseInt(v, 10, 64)
+	case reflect.Int64:
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n, nil
+		}
+		return v, nil // a duration such as "30s"
+	case reflect.Float32, reflect.Float64:
+		return strconv.ParseFloat(v, 64)
+	}
+	return v, nil
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// strictNumbers refuses what mapstructure would otherwise quietly accept:
+// a fraction for a whole number (2.9 would become 2) and a bare number for
+// a duration (30 would become 30 nanoseconds).
+func strictNumbers(from, to reflect.Type, data any) (any, error) {
+	switch {
+	case to == durationType && from.Kind() != reflect.String:
+		return nil, fmt.Errorf("a duration is written as a string such as \"30s\", got %v", data)
+	case from.Kind() == reflect.Float64 && to.Kind() >= reflect.Int && to.Kind() <= reflect.Int64:
+		f := data.(float64)
+		if f != math.Trunc(f) {
+			return nil, fmt.Errorf("%v is not a whole number", f)
+		}
+		return int64(f), nil
+	}
+	return data, nil
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+var mapIndex = regexp.MustCompile(`\[([^\]]*)\]`)
+
+// cleanDecodeError turns mapstructure's "'ocr.timeout' time: invalid
+// duration" into "ocr.timeout: time: invalid duration".
+func cleanDecodeError(err error) string {
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "* "))
+		if l == "" || strings.HasPrefix(l, "decoding failed") {
+			continue
+		}
+		if strings.HasPrefix(l, "'") {
+			if end := strings.Index(l[1:], "'"); end >= 0 {
+				// Map entries come as plans[free].monthly_quota.
+				key := mapIndex.ReplaceAllString(l[1:end+1], ".$1")
+				l = key + ":" + l[end+2:]
+			}
+		}
+		lines = append(lines, l)
+	}
+	return strings.Join(lines, "; ")
+}
+
+// NeedsRestart names the changed settings that only a restart applies.
+func NeedsRestart(old, next Config) []string {
+	var keys []string
+	if !reflect.DeepEqual(old.Server, next.Server) {
+		keys = append(keys, "server")
+	}
+	if old.Storage != next.Storage {
+		keys = append(keys, "storage")
+	}
+	oldOCR, nextOCR := old.OCR, next.OCR
+	oldOCR.Price, nextOCR.Price = ocr.Price{}, ocr.Price{}
+	if oldOCR != nextOCR {
+		keys = append(keys, "ocr (all but the prices)")
+	}
+	if old.OCR.Price.MaxOutputTokens != next.OCR.Price.MaxOutputTokens {
+		keys = append(keys, "ocr.price.max_output_tokens")
+	}
+	if old.Budget.Timezone != next.Budget.Timezone {
+		keys = append(keys, "budget.timezone")
+	}
+	if !reflect.DeepEqual(old.Auth, next.Auth) {
+		keys = append(keys, "auth.jwt")
+	}
+	if !reflect.DeepEqual(old.Invites.Fail(), next.Invites.Fail()) || old.Invites.GlobalFailPerHour != next.Invites.GlobalFailPerHour {
+		keys = append(keys, "invites (all but rate, window and burst)")
+	}
+	if old.Detect.RunAt != next.Detect.RunAt {
+		keys = append(keys, "detect.run_at")
+	}
+	if !reflect.DeepEqual(old.Alerts, next.Alerts) {
+		keys = append(keys, "alerts")
+	}
+	return keys
+}
+
+// keepFailLimit is next with the fail-limit settings of running, which
+// only a restart changes; its rate, window and burst apply live.
+func keepFailLimit(next, running server.InviteConfig) server.InviteConfig {
+	running.Rate, running.Window, running.Burst = next.Rate, next.Window, next.Burst
+	return running
+}

@@ -1,0 +1,125 @@
+package app
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// reloadDebounce gathers the several events one save makes into one reload.
+const reloadDebounce = 300 * time.Millisecond
+
+// Watch reloads config.toml from path on SIGHUP and whenever the file is
+// saved, until ctx ends. A file that cannot be watched is logged, and
+// SIGHUP still works.
+func (a *App) Watch(ctx context.Context, path string) {
+	reload := func(trigger string) {
+		next, err := Load(path, a.opts.Getenv)
+		if err != nil {
+			a.log.Error("config reload refused: the running config is kept", "trigger", trigger, "err", err)
+			return
+		}
+		a.Reload(next, trigger)
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				reload("SIGHUP")
+			}
+		}
+	}()
+	if err := watchFile(ctx, path, reloadDebounce, func() { reload("file changed") }); err != nil {
+		a.log.Warn("config.toml is not watched; reload with SIGHUP", "err", err)
+	}
+}
+
+// Reload applies next to the running service: the thresholds (rate
+// limits, budget ceilings, plans, prices, detectors) are swapped at once
+// and no counter is lost. Settings that cannot change live are reported
+// as needing a restart and keep running as they are. next must have
+// passed Load.
+func (a *App) Reload(next Config, trigger string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur := a.cfg
+	for _, key := range NeedsRestart(cur, next) {
+		a.log.Warn("config change needs a restart to apply", "key", key)
+	}
+	for _, w := range next.OffSwitches() {
+		a.log.Warn("LIMIT OFF: " + w)
+	}
+	a.layers.Windows.SetConfig(next.Limits.User)
+	a.guard.Windows.SetConfig(next.Invites.Limits())
+	a.layers.Brake.SetConfig(next.Budget)
+	a.plans.Set(next.Plans)
+	if err := a.detect.SetConfig(next.Detect); err != nil { // validated by Load: not expected
+		a.log.Error("detect thresholds not reloaded", "err", err)
+	}
+	// What needs a restart stays as it runs, so it is reported again if
+	// changed again.
+	next.Server, next.Storage, next.Budget.Timezone, next.Auth = cur.Server, cur.Storage, cur.Budget.Timezone, cur.Auth
+	next.Invites = keepFailLimit(next.Invites, cur.Invites)
+	next.Detect.RunAt, next.Alerts = cur.Detect.RunAt, cur.Alerts
+	// Prices apply live; the output cap is sent by the OCR client made at
+	// start, so the worst case must keep using the cap it sends.
+	price := next.OCR.Price
+	price.MaxOutputTokens = cur.OCR.Price.MaxOutputTokens
+	next.OCR = cur.OCR
+	next.OCR.Price = price
+	a.srv.SetPrice(price)
+	a.cfg = next
+	a.log.Info("config reloaded", "trigger", trigger)
+}
+
+// watchFile calls changed, at most once per quiet period, after path is
+// written, replaced or re-created. It watches the folder, not the file,
+// so editors that save by renaming a new file over the old one, or by
+// deleting and re-creating it, are followed.
+func watchFile(ctx context.Context, path string, quiet time.Duration, changed func()) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	if err := w.Add(filepath.Dir(abs)); err != nil {
+		w.Close()
+		return err
+	}
+	go func() {
+		defer w.Close()
+		timer := time.NewTimer(quiet)
+		timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if filepath.Clean(ev.Name) == abs {
+					timer.Reset(quiet)
+				}
+			case <-w.Errors:
+			case <-timer.C:
+				changed()
+			}
+		}
+	}()
+	return nil
+}
