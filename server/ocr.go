@@ -186,7 +186,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 			"request_id", requestID(c), "cost_micro_usd", cost, "worst_micro_usd", worst)
 	}
 	s.countCall(latency, res.Usage, err)
-	event := storage.Event{
+	event := detect.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
 		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,

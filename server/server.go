@@ -41,7 +41,7 @@ type UsageRecorder interface {
 
 // EventRecorder takes a statistics event without ever waiting.
 type EventRecorder interface {
-	Record(e storage.Event)
+	Record(e detect.Event)
 }
 
 // Deps are the components a Server works with. All but JWT, Metrics,

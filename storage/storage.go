@@ -29,6 +29,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"breakwater/detect"
+
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -168,7 +170,7 @@ var (
 	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
 	bucketQuota     = []byte("quota")      // "2006-01" -> bucket of user id -> uint64
 	bucketUsage     = []byte("usage")      // timeKey -> JSON UsageRecord
-	bucketEvents    = []byte("events")     // timeKey -> JSON Event
+	bucketEvents    = []byte("events")     // timeKey -> JSON detect.Event
 
 	bucketBudgetDays   = []byte("budget_days")        // "2006-01-02" -> requests, spend
 	bucketReservations = []byte("reservations")       // id -> JSON open reservation
@@ -176,11 +178,11 @@ var (
 	bucketInvites      = []byte("invites")            // sha-256 of the normalised code -> JSON Invite
 	bucketRedemptions  = []byte("invite_redemptions") // invite's sha-256 -> bucket of e-mail -> JSON redemptionValue
 
-	bucketAggregates     = []byte("aggregates")      // "2006-01-02" -> JSON DayStats
-	bucketFindings       = []byte("findings")        // "2006-01-02" -> bucket of index -> JSON Finding
-	bucketDetectRuns     = []byte("detect_runs")     // "2006-01-02" -> JSON DetectRun
+	bucketAggregates     = []byte("aggregates")      // "2006-01-02" -> JSON detect.DayStats
+	bucketFindings       = []byte("findings")        // "2006-01-02" -> bucket of index -> JSON detect.Finding
+	bucketDetectRuns     = []byte("detect_runs")     // "2006-01-02" -> JSON detect.RunRecord
 	bucketDetectAttempts = []byte("detect_attempts") // "2006-01-02" -> runs started and not finished
-	bucketAlerts         = []byte("alerts")          // alert kind -> JSON AlertState
+	bucketAlerts         = []byte("alerts")          // alert kind -> JSON detect.AlertState
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
@@ -190,6 +192,14 @@ var (
 	}
 
 	keySchemaVersion = []byte("schema_version")
+)
+
+// What DB implements of the interfaces the deciding packages declare: a
+// second backend implements the same, and main wires it in DB's place.
+var (
+	_ detect.Store       = (*DB)(nil)
+	_ detect.EventWriter = (*DB)(nil)
+	_ detect.AlertStore  = (*DB)(nil)
 )
 
 // DB is an open Breakwater database. Its methods are safe for concurrent

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/detect"
+
 	"go.etcd.io/bbolt"
 )
 
@@ -329,7 +331,7 @@ func TestClosed(t *testing.T) {
 		{"PutUser", func() error { return db.PutUser(User{ID: "u1"}) }},
 		{"QuotaUsed", func() error { _, err := db.QuotaUsed("2026-01"); return err }},
 		{"Usage", func() error { _, err := db.Usage(time.Time{}, time.Time{}); return err }},
-		{"AppendEvents", func() error { return db.AppendEvents([]Event{{Time: time.Now()}}) }},
+		{"AppendEvents", func() error { return db.AppendEvents([]detect.Event{{Time: time.Now()}}) }},
 		{"Events", func() error { _, err := db.Events(time.Time{}, time.Time{}); return err }},
 	}
 	for _, c := range calls {
