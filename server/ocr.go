@@ -16,7 +16,6 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
-	"breakwater/storage"
 )
 
 // multipartSlack is what multipart framing may add around the image.
@@ -211,7 +210,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 	// "$": the quota increment, the usage row and the budget settlement,
 	// in one durable transaction before the answer.
-	rec := storage.UsageRecord{
+	rec := budget.UsageRecord{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
 		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),

@@ -13,7 +13,6 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
-	"breakwater/storage"
 )
 
 // Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
@@ -36,7 +35,7 @@ type Reader interface {
 // row and its budget settlement) durably, returning only once it is on
 // disk.
 type UsageRecorder interface {
-	RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error
+	RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error
 }
 
 // EventRecorder takes a statistics event without ever waiting.

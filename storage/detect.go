@@ -8,9 +8,9 @@ import (
 	"sort"
 	"time"
 
-	"breakwater/detect"
-
 	"go.etcd.io/bbolt"
+
+	"breakwater/detect"
 )
 
 // Detection state (layer 4): one aggregate per day, the findings of each

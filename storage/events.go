@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"breakwater/detect"
-
 	"go.etcd.io/bbolt"
+
+	"breakwater/detect"
 )
 
 // AppendEvents writes events in one plain transaction (not group commit; the

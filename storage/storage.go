@@ -15,6 +15,11 @@
 // read) with an error that says so, rather than crash on it. It keeps no state in memory beyond the open file: live counters and
 // windows belong to the packages that use them. It is the only package that
 // imports bbolt.
+//
+// The money records (usage rows, settlements, ledger days) are declared by
+// budget, and the statistics events and what detection makes of them by
+// detect, each with the interfaces it needs from a database; DB implements
+// those interfaces, so neither budget nor detect imports storage.
 package storage
 
 import (
@@ -29,10 +34,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"breakwater/detect"
-
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"breakwater/budget"
+	"breakwater/detect"
 )
 
 // DefaultPath is the database file used when Config.Path is empty.
@@ -169,7 +175,7 @@ var (
 	bucketKeys      = []byte("keys")       // key id -> JSON Key
 	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
 	bucketQuota     = []byte("quota")      // "2006-01" -> bucket of user id -> uint64
-	bucketUsage     = []byte("usage")      // timeKey -> JSON UsageRecord
+	bucketUsage     = []byte("usage")      // timeKey -> JSON budget.UsageRecord
 	bucketEvents    = []byte("events")     // timeKey -> JSON detect.Event
 
 	bucketBudgetDays   = []byte("budget_days")        // "2006-01-02" -> requests, spend
@@ -197,6 +203,7 @@ var (
 // What DB implements of the interfaces the deciding packages declare: a
 // second backend implements the same, and main wires it in DB's place.
 var (
+	_ budget.Ledger      = (*DB)(nil)
 	_ detect.Store       = (*DB)(nil)
 	_ detect.EventWriter = (*DB)(nil)
 	_ detect.AlertStore  = (*DB)(nil)

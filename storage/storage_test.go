@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"breakwater/detect"
-
 	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
+	"breakwater/detect"
 )
 
 // quietLogger discards storage's log lines in tests.
@@ -323,7 +324,7 @@ func TestClosed(t *testing.T) {
 		call func() error
 	}{
 		{"RecordUsage", func() error {
-			return db.RecordUsage(t.Context(), "2026-01", UsageRecord{Time: time.Now(), UserID: "u1"}, Settlement{})
+			return db.RecordUsage(t.Context(), "2026-01", budget.UsageRecord{Time: time.Now(), UserID: "u1"}, budget.Settlement{})
 		}},
 		{"User", func() error { _, err := db.User("u1"); return err }},
 		{"Users", func() error { _, err := db.Users(); return err }},
