@@ -25,6 +25,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"breakwater/detect"
 	"breakwater/server"
 	"breakwater/storage"
 )
@@ -822,7 +823,7 @@ monthly_quota = 10
 	l := time.Now().In(ny)
 	at := time.Date(l.Year(), l.Month(), l.Day()-2, 12, 0, 0, 0, ny)
 	day := at.Format("2006-01-02")
-	err = db.AppendEvents([]storage.Event{
+	err = db.AppendEvents([]detect.Event{
 		{Time: at, UserID: "ann", IP: "203.0.113.5", Route: "/v1/ocr", Outcome: "ok", CostMicroUSD: 100},
 		{Time: at, UserID: "bo\r\nBcc: x@evil.test", IP: "203.0.113.5", Route: "/v1/ocr", Outcome: "upstream_failed"},
 	})

@@ -7,8 +7,6 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"breakwater/storage"
 )
 
 // Errors of the global budget.
@@ -46,11 +44,11 @@ func (e *PausedError) Error() string {
 
 func (e *PausedError) Unwrap() error { return ErrPaused }
 
-// Ledger is what the global budget needs from storage: durable
+// Ledger is what the global budget needs from a storage backend: durable
 // reservations, committed before the upstream call.
 type Ledger interface {
 	Reserve(ctx context.Context, day string, worstMicroUSD int64) (uint64, error)
-	Settle(ctx context.Context, s storage.Settlement) error
+	Settle(ctx context.Context, s Settlement) error
 }
 
 // Reservation is one upstream call's claim on the global budget.
@@ -223,8 +221,8 @@ func (g *Global) Settle(ctx context.Context, r Reservation, actual int64) error 
 // Settlement is what settles r at actual in the ledger, for a transaction
 // that carries it (the usage record's). For a claim whose Commit failed it
 // adds the call to its day whole.
-func (r Reservation) Settlement(actual int64) storage.Settlement {
-	return storage.Settlement{ID: r.ID, Day: r.Day, ActualMicroUSD: actual}
+func (r Reservation) Settlement(actual int64) Settlement {
+	return Settlement{ID: r.ID, Day: r.Day, ActualMicroUSD: actual}
 }
 
 // Settled updates memory for a reservation whose settlement the caller has

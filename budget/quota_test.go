@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"breakwater/storage"
 )
 
 func TestQuotaSteps(t *testing.T) {
@@ -215,4 +213,4 @@ func (m *memLedger) Reserve(context.Context, string, int64) (uint64, error) {
 	return uint64(m.reserved), nil
 }
 
-func (m *memLedger) Settle(context.Context, storage.Settlement) error { return nil }
+func (m *memLedger) Settle(context.Context, Settlement) error { return nil }

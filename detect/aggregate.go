@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"breakwater/limiter"
-	"breakwater/storage"
 )
 
 // Routes whose statistics events detection reads.
@@ -80,11 +79,11 @@ func (l Lines) of(user, plan string) int64 {
 // OutcomeRefused per IP or per e-mail, OutcomeCooldownStarted per IP or
 // per e-mail, and the service's refusals by reason with neither.
 type Aggregator struct {
-	s       storage.DayStats
+	s       DayStats
 	lines   Lines
 	max     int
 	ips     *bounded[ipRow]
-	emails  *bounded[storage.IPDay]
+	emails  *bounded[IPDay]
 	userIPs map[string]map[string]struct{} // user to their distinct IP keys, at most max each
 	plans   map[string]string              // user to the plan of their last event
 }
@@ -92,7 +91,7 @@ type Aggregator struct {
 // ipRow is one IP's figures while a day is summed: the distinct users
 // are a set until Done counts them.
 type ipRow struct {
-	day   storage.IPDay
+	day   IPDay
 	users map[string]struct{}
 }
 
@@ -116,21 +115,21 @@ func NewAggregator(day string, lines Lines, maxKeys int) *Aggregator {
 			addKey(&into.users, u)
 		}
 	})
-	emails := newBounded(maxKeys, func(a, b *storage.IPDay) bool {
+	emails := newBounded(maxKeys, func(a, b *IPDay) bool {
 		return outranks([4]int64{a.InviteCooldowns, a.InviteFailures}, [4]int64{b.InviteCooldowns, b.InviteFailures})
-	}, func(into, from *storage.IPDay) {
+	}, func(into, from *IPDay) {
 		into.InviteFailures += from.InviteFailures
 		into.InviteCooldowns += from.InviteCooldowns
 	})
 	return &Aggregator{
-		s:     storage.DayStats{Day: day, Users: map[string]storage.UserDay{}},
+		s:     DayStats{Day: day, Users: map[string]UserDay{}},
 		lines: lines, max: maxKeys, ips: ips, emails: emails,
 		userIPs: map[string]map[string]struct{}{}, plans: map[string]string{},
 	}
 }
 
 // Add counts one event.
-func (a *Aggregator) Add(e storage.Event) {
+func (a *Aggregator) Add(e Event) {
 	if e.Route == RouteInvite {
 		a.addInvite(e)
 		return
@@ -182,7 +181,7 @@ func (a *Aggregator) Add(e storage.Event) {
 }
 
 // addInvite counts an event of RouteInvite.
-func (a *Aggregator) addInvite(e storage.Event) {
+func (a *Aggregator) addInvite(e Event) {
 	n := e.N()
 	ip := limiter.ClientKey(e.IP)
 	switch e.Outcome {
@@ -215,27 +214,27 @@ func (a *Aggregator) addInvite(e storage.Event) {
 }
 
 // Done returns the day's aggregate. The Aggregator is not used after it.
-func (a *Aggregator) Done() storage.DayStats {
+func (a *Aggregator) Done() DayStats {
 	s := a.s
 	for id, u := range s.Users {
 		u.IPs = int64(len(a.userIPs[id]))
 		u.Line = a.lines.of(id, a.plans[id])
 		s.Users[id] = u
 	}
-	s.IPs = map[string]storage.IPDay{}
+	s.IPs = map[string]IPDay{}
 	a.ips.each(func(key string, r *ipRow) {
 		d := r.day
 		d.Users = int64(len(r.users))
 		s.IPs[key] = d
 	})
-	s.Emails = map[string]storage.IPDay{}
-	a.emails.each(func(key string, d *storage.IPDay) { s.Emails[key] = *d })
+	s.Emails = map[string]IPDay{}
+	a.emails.each(func(key string, d *IPDay) { s.Emails[key] = *d })
 	s.Service.Users = int64(len(s.Users))
 	return s
 }
 
 // Aggregate sums events with an Aggregator bounded at DefaultMaxKeys.
-func Aggregate(day string, events []storage.Event, lines Lines) storage.DayStats {
+func Aggregate(day string, events []Event, lines Lines) DayStats {
 	a := NewAggregator(day, lines, 0)
 	for _, e := range events {
 		a.Add(e)

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"breakwater/storage"
 )
 
 // Alert kinds raised by the service itself. Other kinds may be added by
@@ -28,13 +26,11 @@ const (
 // DefaultAlertQueue is how many alerts wait to be stored and mailed.
 const DefaultAlertQueue = 64
 
-// AlertStore keeps when each kind was last sent: *storage.DB.
+// AlertStore keeps when each kind was last sent: a storage backend.
 type AlertStore interface {
-	SaveAlertState(st storage.AlertState) error
-	AlertStates() ([]storage.AlertState, error)
+	SaveAlertState(st AlertState) error
+	AlertStates() ([]AlertState, error)
 }
-
-var _ AlertStore = (*storage.DB)(nil)
 
 // AlerterOptions are the Alerter's settings and optional parts.
 type AlerterOptions struct {
@@ -67,11 +63,11 @@ type Alerter struct {
 
 	mu       sync.Mutex
 	stopping bool
-	last     map[string]storage.AlertState
+	last     map[string]AlertState
 }
 
 type pending struct {
-	st      storage.AlertState
+	st      AlertState
 	details map[string]string
 }
 
@@ -103,7 +99,7 @@ func NewAlerter(store AlertStore, o AlerterOptions) (*Alerter, error) {
 	a := &Alerter{
 		store: store, o: o, log: o.Logger.With("component", "alerts"),
 		queue: make(chan pending, o.QueueSize), done: make(chan struct{}),
-		last: map[string]storage.AlertState{},
+		last: map[string]AlertState{},
 	}
 	for _, st := range states {
 		a.last[st.Kind] = st
@@ -128,7 +124,7 @@ func (a *Alerter) Alert(kind, summary string, details map[string]string) {
 		a.mu.Unlock()
 		return
 	}
-	st := storage.AlertState{Kind: kind, SentAt: now, Summary: summary}
+	st := AlertState{Kind: kind, SentAt: now, Summary: summary}
 	a.last[kind] = st
 	select {
 	case a.queue <- pending{st: st, details: details}:
@@ -139,7 +135,7 @@ func (a *Alerter) Alert(kind, summary string, details map[string]string) {
 }
 
 // suppressed reports whether an alert sent as last holds back one at now.
-func (a *Alerter) suppressed(last storage.AlertState, now time.Time) bool {
+func (a *Alerter) suppressed(last AlertState, now time.Time) bool {
 	if last.SentAt.IsZero() {
 		return false
 	}
@@ -148,10 +144,10 @@ func (a *Alerter) suppressed(last storage.AlertState, now time.Time) bool {
 }
 
 // Recent returns the last alert of each kind, newest first.
-func (a *Alerter) Recent() []storage.AlertState {
+func (a *Alerter) Recent() []AlertState {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]storage.AlertState, 0, len(a.last))
+	out := make([]AlertState, 0, len(a.last))
 	for _, st := range a.last {
 		out = append(out, st)
 	}
@@ -198,7 +194,7 @@ func AlertSubject(kind string) string {
 
 // AlertBody is an alert's plain-text body: the summary on one line, then
 // the details, every value escaped.
-func AlertBody(st storage.AlertState, details map[string]string, loc *time.Location) string {
+func AlertBody(st AlertState, details map[string]string, loc *time.Location) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\nkind: %s\ntime: %s\n", Escape(st.Summary), st.Kind, st.SentAt.In(loc).Format("2006-01-02 15:04:05 MST"))
 	keys := slices.Sorted(maps.Keys(details))

@@ -1,4 +1,4 @@
-package detect
+package detect_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/detect"
 	"breakwater/detect/smtptest"
 	"breakwater/storage"
 )
@@ -24,16 +25,16 @@ func (c *clock) add(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-func newAlerter(t *testing.T, db *storage.DB, c *clock, mail Sender) *Alerter {
+func newAlerter(t *testing.T, db *storage.DB, c *clock, mail detect.Sender) *detect.Alerter {
 	t.Helper()
-	a, err := NewAlerter(db, AlerterOptions{MinInterval: time.Hour, Location: time.UTC, Mail: mail, Now: c.now})
+	a, err := detect.NewAlerter(db, detect.AlerterOptions{MinInterval: time.Hour, Location: time.UTC, Mail: mail, Now: c.now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a
 }
 
-func closeAlerter(t *testing.T, a *Alerter) {
+func closeAlerter(t *testing.T, a *detect.Alerter) {
 	t.Helper()
 	if err := a.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -45,10 +46,10 @@ func TestAlertOncePerIntervalAcrossRestartsRearmedAtMidnight(t *testing.T) {
 	c := &clock{t: time.Date(2026, 3, 4, 22, 0, 0, 0, time.UTC)}
 	mail := &fakeSender{}
 	a := newAlerter(t, db, c, mail)
-	a.Alert(KindBrakeEngaged, "brake engaged", nil)
+	a.Alert(detect.KindBrakeEngaged, "brake engaged", nil)
 	c.add(59 * time.Minute)
-	a.Alert(KindBrakeEngaged, "brake engaged", nil) // inside the interval
-	a.Alert(KindUsageCommitFailed, "usage", nil)    // another kind
+	a.Alert(detect.KindBrakeEngaged, "brake engaged", nil) // inside the interval
+	a.Alert(detect.KindUsageCommitFailed, "usage", nil)    // another kind
 	closeAlerter(t, a)
 	if got := mail.count(); got != 2 {
 		t.Fatalf("%d mails, want 2 (one per kind)", got)
@@ -56,15 +57,15 @@ func TestAlertOncePerIntervalAcrossRestartsRearmedAtMidnight(t *testing.T) {
 
 	// A restart inside the interval: still held back.
 	a = newAlerter(t, db, c, mail)
-	a.Alert(KindBrakeEngaged, "brake engaged", nil)
+	a.Alert(detect.KindBrakeEngaged, "brake engaged", nil)
 	// The interval has passed: sent again.
 	c.add(time.Minute)
-	a.Alert(KindBrakeEngaged, "brake engaged", nil)
+	a.Alert(detect.KindBrakeEngaged, "brake engaged", nil)
 	// Midnight re-arms it, though the interval has not passed.
 	c.add(30 * time.Minute) // 23:30
-	a.Alert(KindBrakeEngaged, "brake engaged", nil)
+	a.Alert(detect.KindBrakeEngaged, "brake engaged", nil)
 	c.add(31 * time.Minute) // 00:01 the next day
-	a.Alert(KindBrakeEngaged, "brake engaged", nil)
+	a.Alert(detect.KindBrakeEngaged, "brake engaged", nil)
 	closeAlerter(t, a)
 	if got := mail.count(); got != 4 {
 		t.Fatalf("%d mails, want 4: %v", got, mail.subjects)
@@ -79,11 +80,11 @@ func TestAlertLoggedWithoutMail(t *testing.T) {
 	var logs strings.Builder
 	var mu sync.Mutex
 	c := &clock{t: time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)}
-	a, err := NewAlerter(db, AlerterOptions{Location: time.UTC, Now: c.now, Logger: newTestLogger(&logs, &mu)})
+	a, err := detect.NewAlerter(db, detect.AlerterOptions{Location: time.UTC, Now: c.now, Logger: detect.NewTestLogger(&logs, &mu)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Alert(KindFailOpen, "layer rate failing open", map[string]string{"layer": "rate"})
+	a.Alert(detect.KindFailOpen, "layer rate failing open", map[string]string{"layer": "rate"})
 	closeAlerter(t, a)
 	mu.Lock()
 	defer mu.Unlock()
@@ -93,11 +94,11 @@ func TestAlertLoggedWithoutMail(t *testing.T) {
 }
 
 // mailerFor returns a Mailer to addr with fast retries.
-func mailerFor(t *testing.T, addr string, counters *Counters) *Mailer {
+func mailerFor(t *testing.T, addr string, counters *detect.Counters) *detect.Mailer {
 	t.Helper()
-	host, port := splitAddr(t, addr)
-	m, err := NewMailer(AlertsConfig{SMTPHost: host, SMTPPort: port, From: "breakwater@example.com", To: []string{"ops@example.com"}, TLS: "none"},
-		MailerOptions{RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond, Attempts: 50, Timeout: 300 * time.Millisecond, Counters: counters})
+	host, port := detect.SplitAddr(t, addr)
+	m, err := detect.NewMailer(detect.AlertsConfig{SMTPHost: host, SMTPPort: port, From: "breakwater@example.com", To: []string{"ops@example.com"}, TLS: "none"},
+		detect.MailerOptions{RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond, Attempts: 50, Timeout: 300 * time.Millisecond, Counters: counters})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,13 +108,13 @@ func mailerFor(t *testing.T, addr string, counters *Counters) *Mailer {
 
 func TestMailUserTextCannotAddHeaders(t *testing.T) {
 	srv := smtptest.Start(t, "127.0.0.1:0")
-	counters := &Counters{}
+	counters := &detect.Counters{}
 	m := mailerFor(t, srv.Addr, counters)
 	db := mustOpen(t)
 	c := &clock{t: time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)}
 	a := newAlerter(t, db, c, m)
 	evil := "mallory\r\nBcc: victim@evil.test\r\nSubject: hi"
-	a.Alert(KindUsageCommitFailed, "usage record not written for "+evil, map[string]string{"user": evil})
+	a.Alert(detect.KindUsageCommitFailed, "usage record not written for "+evil, map[string]string{"user": evil})
 	msgs := srv.WaitFor(t, 1, 10*time.Second)
 	msg := msgs[0]
 	if len(msg.To) != 1 || msg.To[0] != "ops@example.com" {
@@ -129,24 +130,12 @@ func TestMailUserTextCannotAddHeaders(t *testing.T) {
 	if !strings.Contains(msg.Data, `mallory\u000d\u000aBcc: victim@evil.test`) {
 		t.Errorf("body does not carry the escaped user id:\n%s", msg.Data)
 	}
-	waitSent(t, counters, 1)
-}
-
-// waitSent waits until the mailer has counted n messages sent: the SMTP
-// server holds a message a moment before the mailer hears back.
-func waitSent(t *testing.T, counters *Counters, n uint64) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); counters.AlertsSent.Load() != n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("sent counter %d, want %d", counters.AlertsSent.Load(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	detect.WaitSent(t, counters, 1)
 }
 
 func TestMailRetriedWhenServerIsDown(t *testing.T) {
 	hole := smtptest.StartBlackhole(t, "127.0.0.1:0") // accepts and never answers
-	counters := &Counters{}
+	counters := &detect.Counters{}
 	m := mailerFor(t, hole.Addr, counters)
 	start := time.Now()
 	if !m.Send("alert: test", "body") {
@@ -168,5 +157,5 @@ func TestMailRetriedWhenServerIsDown(t *testing.T) {
 	if !strings.Contains(msgs[0].Data, "body") {
 		t.Errorf("retried message %q", msgs[0].Data)
 	}
-	waitSent(t, counters, 1)
+	detect.WaitSent(t, counters, 1)
 }

@@ -3,8 +3,6 @@ package detect
 import (
 	"slices"
 	"sort"
-
-	"breakwater/storage"
 )
 
 // Detector names, as stored in findings.
@@ -27,10 +25,10 @@ type Ceilings struct {
 
 // History is what the detectors look at for one day.
 type History struct {
-	Today storage.DayStats
+	Today DayStats
 	// Before holds aggregates of the 7 days before Today (any order,
 	// others ignored); a missing day counts as a day without attempts.
-	Before []storage.DayStats
+	Before []DayStats
 	// MonthCostMicroUSD is the cost of Today's month up to and including
 	// Today.
 	MonthCostMicroUSD int64
@@ -40,10 +38,10 @@ type History struct {
 // Detect runs every detector over h with cfg's thresholds (defaults
 // applied) and returns the findings, detector by detector, each sorted by
 // subject.
-func Detect(cfg Config, h History) []storage.Finding {
+func Detect(cfg Config, h History) []Finding {
 	cfg = cfg.WithDefaults()
-	var out []storage.Finding
-	for _, d := range []func(Config, History) []storage.Finding{
+	var out []Finding
+	for _, d := range []func(Config, History) []Finding{
 		detectGreyZone, detectFailures, detectSpike, detectSharedIP, detectInvite, detectService,
 	} {
 		found := d(cfg, h)
@@ -55,12 +53,12 @@ func Detect(cfg Config, h History) []storage.Finding {
 
 // previous returns the aggregates of the n days before Today, oldest
 // first, with a zero aggregate for a missing day.
-func (h History) previous(n int) []storage.DayStats {
-	byDay := map[string]storage.DayStats{}
+func (h History) previous(n int) []DayStats {
+	byDay := map[string]DayStats{}
 	for _, d := range h.Before {
 		byDay[d.Day] = d
 	}
-	out := make([]storage.DayStats, n)
+	out := make([]DayStats, n)
 	for i := range n {
 		day := addDays(h.Today.Day, i-n)
 		out[i] = byDay[day]
@@ -69,15 +67,15 @@ func (h History) previous(n int) []storage.DayStats {
 	return out
 }
 
-func finding(h History, detector, subject string, figures map[string]float64) storage.Finding {
-	return storage.Finding{Day: h.Today.Day, Detector: detector, Subject: subject, Figures: figures}
+func finding(h History, detector, subject string, figures map[string]float64) Finding {
+	return Finding{Day: h.Today.Day, Detector: detector, Subject: subject, Figures: figures}
 }
 
 // detectGreyZone: a user at or above grey_ratio of their daily line on at
 // least grey_days of the last 7 days (Today and the 6 before). Only users
 // active Today are reported, so a finding is about a current pattern.
-func detectGreyZone(cfg Config, h History) []storage.Finding {
-	var out []storage.Finding
+func detectGreyZone(cfg Config, h History) []Finding {
+	var out []Finding
 	days := append(h.previous(6), h.Today)
 	for user := range h.Today.Users {
 		n := 0
@@ -99,8 +97,8 @@ func detectGreyZone(cfg Config, h History) []storage.Finding {
 
 // detectFailures: a user whose failed share of attempts is at least
 // fail_ratio, with at least min_attempts attempts.
-func detectFailures(cfg Config, h History) []storage.Finding {
-	var out []storage.Finding
+func detectFailures(cfg Config, h History) []Finding {
+	var out []Finding
 	for user, u := range h.Today.Users {
 		if u.Attempts < cfg.MinAttempts || u.Attempts == 0 {
 			continue
@@ -117,8 +115,8 @@ func detectFailures(cfg Config, h History) []storage.Finding {
 // detectSpike: a user's attempts at least spike_factor times the median of
 // their attempts on the 7 days before, the median taken as at least
 // spike_floor.
-func detectSpike(cfg Config, h History) []storage.Finding {
-	var out []storage.Finding
+func detectSpike(cfg Config, h History) []Finding {
+	var out []Finding
 	before := h.previous(7)
 	for user, u := range h.Today.Users {
 		counts := make([]int64, 0, len(before))
@@ -139,8 +137,8 @@ func detectSpike(cfg Config, h History) []storage.Finding {
 
 // detectSharedIP: one IP used by at least ip_users distinct users. Other
 // is no IP: its users come from many.
-func detectSharedIP(cfg Config, h History) []storage.Finding {
-	var out []storage.Finding
+func detectSharedIP(cfg Config, h History) []Finding {
+	var out []Finding
 	for ip, d := range h.Today.IPs {
 		if ip != Other && d.Users >= cfg.IPUsers {
 			out = append(out, finding(h, DetectorSharedIP, ip, map[string]float64{
@@ -154,9 +152,9 @@ func detectSharedIP(cfg Config, h History) []storage.Finding {
 // detectInvite: an IP or a submitted e-mail with at least
 // invite_cooldowns cooldowns. Other counts too: cooldowns spread over
 // more keys than an aggregate keeps are a guessing attack of their own.
-func detectInvite(cfg Config, h History) []storage.Finding {
-	var out []storage.Finding
-	for _, m := range []map[string]storage.IPDay{h.Today.IPs, h.Today.Emails} {
+func detectInvite(cfg Config, h History) []Finding {
+	var out []Finding
+	for _, m := range []map[string]IPDay{h.Today.IPs, h.Today.Emails} {
 		for subject, d := range m {
 			if d.InviteCooldowns >= cfg.InviteCooldowns {
 				out = append(out, finding(h, DetectorInvite, subject, map[string]float64{
@@ -171,8 +169,8 @@ func detectInvite(cfg Config, h History) []storage.Finding {
 // detectService: the day's calls or spend, or the month's spend, at or
 // above budget_warn_ratio of the matching global ceiling (ceilings that
 // are off are skipped).
-func detectService(cfg Config, h History) []storage.Finding {
-	var out []storage.Finding
+func detectService(cfg Config, h History) []Finding {
+	var out []Finding
 	for _, c := range []struct {
 		name           string
 		value, ceiling int64

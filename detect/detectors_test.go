@@ -4,16 +4,14 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"breakwater/storage"
 )
 
 // day returns an aggregate of day with the given users.
-func day(d string, users map[string]storage.UserDay) storage.DayStats {
-	return storage.DayStats{Day: d, Users: users, IPs: map[string]storage.IPDay{}, Emails: map[string]storage.IPDay{}}
+func day(d string, users map[string]UserDay) DayStats {
+	return DayStats{Day: d, Users: users, IPs: map[string]IPDay{}, Emails: map[string]IPDay{}}
 }
 
-func subjects(findings []storage.Finding, detector string) []string {
+func subjects(findings []Finding, detector string) []string {
 	var out []string
 	for _, f := range findings {
 		if f.Detector == detector {
@@ -41,23 +39,23 @@ const today = "2026-03-10"
 
 func TestDetectGreyZone(t *testing.T) {
 	cfg := Config{GreyRatio: 0.8, GreyDays: 3}
-	grey := storage.UserDay{Attempts: 40, Line: 50}  // exactly 0.8
-	below := storage.UserDay{Attempts: 39, Line: 50} // just under
+	grey := UserDay{Attempts: 40, Line: 50}  // exactly 0.8
+	below := UserDay{Attempts: 39, Line: 50} // just under
 	tests := []struct {
 		name   string
-		before []storage.DayStats
-		today  storage.UserDay
+		before []DayStats
+		today  UserDay
 		want   []string
 	}{
-		{"three grey days", []storage.DayStats{day("2026-03-08", map[string]storage.UserDay{"u": grey}), day("2026-03-04", map[string]storage.UserDay{"u": grey})}, grey, []string{"u"}},
-		{"two grey days", []storage.DayStats{day("2026-03-08", map[string]storage.UserDay{"u": grey}), day("2026-03-04", map[string]storage.UserDay{"u": below})}, grey, nil},
-		{"third day just below", []storage.DayStats{day("2026-03-08", map[string]storage.UserDay{"u": grey}), day("2026-03-04", map[string]storage.UserDay{"u": grey})}, below, nil},
-		{"grey day outside the 7 days", []storage.DayStats{day("2026-03-08", map[string]storage.UserDay{"u": grey}), day("2026-03-03", map[string]storage.UserDay{"u": grey})}, grey, nil},
-		{"no line", []storage.DayStats{day("2026-03-08", map[string]storage.UserDay{"u": {Attempts: 999}}), day("2026-03-07", map[string]storage.UserDay{"u": {Attempts: 999}})}, storage.UserDay{Attempts: 999}, nil},
+		{"three grey days", []DayStats{day("2026-03-08", map[string]UserDay{"u": grey}), day("2026-03-04", map[string]UserDay{"u": grey})}, grey, []string{"u"}},
+		{"two grey days", []DayStats{day("2026-03-08", map[string]UserDay{"u": grey}), day("2026-03-04", map[string]UserDay{"u": below})}, grey, nil},
+		{"third day just below", []DayStats{day("2026-03-08", map[string]UserDay{"u": grey}), day("2026-03-04", map[string]UserDay{"u": grey})}, below, nil},
+		{"grey day outside the 7 days", []DayStats{day("2026-03-08", map[string]UserDay{"u": grey}), day("2026-03-03", map[string]UserDay{"u": grey})}, grey, nil},
+		{"no line", []DayStats{day("2026-03-08", map[string]UserDay{"u": {Attempts: 999}}), day("2026-03-07", map[string]UserDay{"u": {Attempts: 999}})}, UserDay{Attempts: 999}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			check(t, cfg, History{Today: day(today, map[string]storage.UserDay{"u": tt.today}), Before: tt.before}, DetectorGreyZone, tt.want...)
+			check(t, cfg, History{Today: day(today, map[string]UserDay{"u": tt.today}), Before: tt.before}, DetectorGreyZone, tt.want...)
 		})
 	}
 }
@@ -66,16 +64,16 @@ func TestDetectFailures(t *testing.T) {
 	cfg := Config{FailRatio: 0.5, MinAttempts: 20}
 	tests := []struct {
 		name string
-		u    storage.UserDay
+		u    UserDay
 		want []string
 	}{
-		{"at ratio and minimum", storage.UserDay{Attempts: 20, Failures: 10}, []string{"u"}},
-		{"just below ratio", storage.UserDay{Attempts: 20, Failures: 9}, nil},
-		{"just below minimum", storage.UserDay{Attempts: 19, Failures: 19}, nil},
+		{"at ratio and minimum", UserDay{Attempts: 20, Failures: 10}, []string{"u"}},
+		{"just below ratio", UserDay{Attempts: 20, Failures: 9}, nil},
+		{"just below minimum", UserDay{Attempts: 19, Failures: 19}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			check(t, cfg, History{Today: day(today, map[string]storage.UserDay{"u": tt.u})}, DetectorFailures, tt.want...)
+			check(t, cfg, History{Today: day(today, map[string]UserDay{"u": tt.u})}, DetectorFailures, tt.want...)
 		})
 	}
 }
@@ -83,13 +81,13 @@ func TestDetectFailures(t *testing.T) {
 func TestDetectSpike(t *testing.T) {
 	cfg := Config{SpikeFactor: 5, SpikeFloor: 20}
 	// Seven days before with a median of 30.
-	var before []storage.DayStats
+	var before []DayStats
 	for i, n := range []int64{10, 30, 30, 40, 30, 50, 20} {
-		before = append(before, day(addDays(today, i-7), map[string]storage.UserDay{"u": {Attempts: n}}))
+		before = append(before, day(addDays(today, i-7), map[string]UserDay{"u": {Attempts: n}}))
 	}
 	tests := []struct {
 		name     string
-		before   []storage.DayStats
+		before   []DayStats
 		attempts int64
 		want     []string
 	}{
@@ -100,7 +98,7 @@ func TestDetectSpike(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			check(t, cfg, History{Today: day(today, map[string]storage.UserDay{"u": {Attempts: tt.attempts}}), Before: tt.before}, DetectorSpike, tt.want...)
+			check(t, cfg, History{Today: day(today, map[string]UserDay{"u": {Attempts: tt.attempts}}), Before: tt.before}, DetectorSpike, tt.want...)
 		})
 	}
 }
@@ -114,7 +112,7 @@ func TestDetectSharedIP(t *testing.T) {
 	}{{"at threshold", 5, []string{"192.0.2.7"}}, {"just below", 4, nil}} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := day(today, nil)
-			d.IPs["192.0.2.7"] = storage.IPDay{Users: tt.users, Attempts: 50}
+			d.IPs["192.0.2.7"] = IPDay{Users: tt.users, Attempts: 50}
 			check(t, cfg, History{Today: d}, DetectorSharedIP, tt.want...)
 		})
 	}
@@ -129,8 +127,8 @@ func TestDetectInviteBruteForce(t *testing.T) {
 	}{{"at threshold", 3, []string{"198.51.100.9", "x@example.com"}}, {"just below", 2, nil}} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := day(today, nil)
-			d.IPs["198.51.100.9"] = storage.IPDay{InviteCooldowns: tt.cooldowns, InviteFailures: 20}
-			d.Emails["x@example.com"] = storage.IPDay{InviteCooldowns: tt.cooldowns, InviteFailures: 20}
+			d.IPs["198.51.100.9"] = IPDay{InviteCooldowns: tt.cooldowns, InviteFailures: 20}
+			d.Emails["x@example.com"] = IPDay{InviteCooldowns: tt.cooldowns, InviteFailures: 20}
 			check(t, cfg, History{Today: d}, DetectorInvite, tt.want...)
 		})
 	}
@@ -153,7 +151,7 @@ func TestDetectServiceSpend(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := day(today, nil)
-			d.Service = storage.ServiceDay{Attempts: tt.attempts, CostMicroUSD: tt.cost}
+			d.Service = ServiceDay{Attempts: tt.attempts, CostMicroUSD: tt.cost}
 			got := subjects(Detect(cfg, History{Today: d, MonthCostMicroUSD: tt.month, Ceilings: ceil}), DetectorService)
 			if len(got) != tt.want {
 				t.Errorf("%d service findings, want %d", len(got), tt.want)
@@ -161,7 +159,7 @@ func TestDetectServiceSpend(t *testing.T) {
 		})
 	}
 	d := day(today, nil)
-	d.Service = storage.ServiceDay{Attempts: 1e9, CostMicroUSD: 1e12}
+	d.Service = ServiceDay{Attempts: 1e9, CostMicroUSD: 1e12}
 	if got := subjects(Detect(cfg, History{Today: d, MonthCostMicroUSD: 1e12}), DetectorService); len(got) != 0 {
 		t.Errorf("ceilings off: %d findings, want 0", len(got))
 	}
@@ -186,11 +184,11 @@ func TestEscape(t *testing.T) {
 // /64 does not hide a shared IP.
 func TestAggregateGroupsIPv6ByPrefix(t *testing.T) {
 	at := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
-	var events []storage.Event
+	var events []Event
 	for i, user := range []string{"u1", "u2", "u3"} {
-		events = append(events, storage.Event{Time: at, UserID: user, IP: fmt.Sprintf("2001:db8:1:2::%x", i+1), Outcome: "ok"})
+		events = append(events, Event{Time: at, UserID: user, IP: fmt.Sprintf("2001:db8:1:2::%x", i+1), Outcome: "ok"})
 	}
-	events = append(events, storage.Event{Time: at, UserID: "u4", IP: "2001:db8:1:3::1", Outcome: "ok"})
+	events = append(events, Event{Time: at, UserID: "u4", IP: "2001:db8:1:3::1", Outcome: "ok"})
 	s := Aggregate("2026-03-08", events, Lines{})
 	if got := s.IPs["2001:db8:1:2::/64"]; got.Users != 3 || got.Attempts != 3 {
 		t.Errorf("the /64 = %+v, want 3 users and 3 attempts", got)
@@ -209,7 +207,7 @@ func TestAggregateGroupsIPv6ByPrefix(t *testing.T) {
 func TestAggregateLineFromTheEventsPlan(t *testing.T) {
 	at := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
 	lines := Lines{ByPlan: map[string]int64{"free": 50, "pro": 500, "open": 0}, ByUser: map[string]int64{"key-user": 50, "moved": 50}}
-	events := []storage.Event{
+	events := []Event{
 		{Time: at, UserID: "jwt-user", Plan: "pro", Outcome: "ok"},               // known only by its events
 		{Time: at, UserID: "key-user", Outcome: "ok"},                            // an older event: no plan
 		{Time: at, UserID: "moved", Plan: "free", Outcome: "ok"},                 // moved to pro during the day:

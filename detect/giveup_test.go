@@ -1,4 +1,4 @@
-package detect
+package detect_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/detect"
 	"breakwater/storage"
 )
 
@@ -24,7 +25,7 @@ type dyingStore struct {
 	scans       int
 }
 
-func (d *dyingStore) EachEvent(from, to time.Time, fn func(storage.Event) error) error {
+func (d *dyingStore) EachEvent(from, to time.Time, fn func(detect.Event) error) error {
 	d.mu.Lock()
 	d.scans++
 	crash, fail := d.crash, d.fail
@@ -46,19 +47,19 @@ func (d *dyingStore) scanned() int {
 
 // start plays one start of the server: a fresh Runner and Scheduler over
 // store catch up the days due, in a goroutine that a crash may end.
-func start(t *testing.T, store Store, now time.Time, mail Sender, logs *bytes.Buffer, mu *sync.Mutex) {
+func start(t *testing.T, store detect.Store, now time.Time, mail detect.Sender, logs *bytes.Buffer, mu *sync.Mutex) {
 	t.Helper()
-	log := newTestLogger(logs, mu)
-	r, err := NewRunner(store, RunnerOptions{Location: time.UTC, Mail: mail, Logger: log, Now: func() time.Time { return now }})
+	log := detect.NewTestLogger(logs, mu)
+	r, err := detect.NewRunner(store, detect.RunnerOptions{Location: time.UTC, Mail: mail, Logger: log, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewScheduler(r, Config{}, time.UTC, SchedulerOptions{Logger: log, Now: func() time.Time { return now }})
+	s, err := detect.NewScheduler(r, detect.Config{}, time.UTC, detect.SchedulerOptions{Logger: log, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); s.runDue(context.Background()) }()
+	go func() { defer close(done); detect.RunDue(s, context.Background()) }()
 	<-done
 }
 
@@ -69,7 +70,7 @@ func start(t *testing.T, store Store, now time.Time, mail Sender, logs *bytes.Bu
 func TestCrashingDayIsGivenUp(t *testing.T) {
 	db := mustOpen(t)
 	now := time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC)
-	if err := db.AppendEvents([]storage.Event{{Time: now.Add(-20 * time.Hour), UserID: "alice", Route: "/v1/ocr", Outcome: "ok"}}); err != nil {
+	if err := db.AppendEvents([]detect.Event{{Time: now.Add(-20 * time.Hour), UserID: "alice", Route: "/v1/ocr", Outcome: "ok"}}); err != nil {
 		t.Fatal(err)
 	}
 	store := &dyingStore{DB: db, crash: true}
@@ -78,7 +79,7 @@ func TestCrashingDayIsGivenUp(t *testing.T) {
 	var mu sync.Mutex
 	for i := range 5 {
 		start(t, store, now, mail, &logs, &mu)
-		if got, want := store.scanned(), min(i+1, MaxUnfinishedRuns); got != want {
+		if got, want := store.scanned(), min(i+1, detect.MaxUnfinishedRuns); got != want {
 			t.Fatalf("start %d: the day was run %d times, want %d", i+1, got, want)
 		}
 	}
@@ -88,22 +89,22 @@ func TestCrashingDayIsGivenUp(t *testing.T) {
 	if n := strings.Count(text, "level=ERROR msg=\"daily detection gave a day up"); n != 1 {
 		t.Errorf("%d ERROR lines about giving the day up, want 1:\n%s", n, text)
 	}
-	if mail.count() != 1 || !strings.Contains(mail.bodies[0], DetectorGaveUp) {
-		t.Errorf("%d mails %q, want one digest naming %s", mail.count(), mail.bodies, DetectorGaveUp)
+	if mail.count() != 1 || !strings.Contains(mail.bodies[0], detect.DetectorGaveUp) {
+		t.Errorf("%d mails %q, want one digest naming %s", mail.count(), mail.bodies, detect.DetectorGaveUp)
 	}
 	run, err := db.LastDetectRun()
 	if err != nil || run.Day != "2026-03-08" || !run.GaveUp {
 		t.Errorf("last run %+v, %v; want 2026-03-08 given up", run, err)
 	}
-	if f, _ := db.Findings("2026-03-08", "2026-03-08"); len(f) != 1 || f[0].Detector != DetectorGaveUp {
-		t.Errorf("stored findings %+v, want the one %s", f, DetectorGaveUp)
+	if f, _ := db.Findings("2026-03-08", "2026-03-08"); len(f) != 1 || f[0].Detector != detect.DetectorGaveUp {
+		t.Errorf("stored findings %+v, want the one %s", f, detect.DetectorGaveUp)
 	}
 
 	// By hand, once the cause is fixed, the day runs.
 	store.mu.Lock()
 	store.crash = false
 	store.mu.Unlock()
-	r, err := NewRunner(store, RunnerOptions{Location: time.UTC, Now: func() time.Time { return now }})
+	r, err := detect.NewRunner(store, detect.RunnerOptions{Location: time.UTC, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,13 +137,13 @@ func TestCrashOnceRetried(t *testing.T) {
 	}
 
 	failing := &dyingStore{DB: mustOpen(t), fail: true}
-	for range MaxUnfinishedRuns + 2 {
+	for range detect.MaxUnfinishedRuns + 2 {
 		start(t, failing, now, nil, &logs, &mu)
 	}
-	if got, want := failing.scanned(), MaxUnfinishedRuns+2; got != want {
+	if got, want := failing.scanned(), detect.MaxUnfinishedRuns+2; got != want {
 		t.Errorf("a failing day was run %d times in %d starts, want %d: an error is no crash", got, want, want)
 	}
-	if _, err := failing.LastDetectRun(); !errors.Is(err, storage.ErrNotFound) {
+	if _, err := failing.LastDetectRun(); !errors.Is(err, detect.ErrNoRun) {
 		t.Errorf("a failing day left a run record: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
 
 type lockedWriter struct {
@@ -32,4 +33,16 @@ func splitAddr(t *testing.T, addr string) (string, int) {
 	}
 	port, _ := strconv.Atoi(p)
 	return host, port
+}
+
+// waitSent waits until the mailer has counted n messages sent: the SMTP
+// server holds a message a moment before the mailer hears back.
+func waitSent(t *testing.T, counters *Counters, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); counters.AlertsSent.Load() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("sent counter %d, want %d", counters.AlertsSent.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -1,4 +1,4 @@
-package detect
+package detect_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/detect"
 	"breakwater/storage"
 )
 
@@ -18,13 +19,13 @@ var memEvents = flag.Int("detect.events", 0, "TestRunMemoryIsBounded: run one da
 // floodEvent is event i of a day under attack, as older versions stored
 // it: nine in ten are invite refusals, each from its own IPv6 /64 with
 // its own e-mail, the rest OCR attempts of 50 users.
-func floodEvent(at time.Time, i int) storage.Event {
+func floodEvent(at time.Time, i int) detect.Event {
 	t := at.Add(time.Duration(i) * time.Millisecond)
 	ip := fmt.Sprintf("2001:db8:%x:%x::1", i>>16, i&0xffff)
 	if i%10 == 0 {
-		return storage.Event{Time: t, UserID: fmt.Sprintf("user%d", i%50), IP: ip, Route: "/v1/ocr", Outcome: "ok", Bytes: 40_000, CostMicroUSD: 120}
+		return detect.Event{Time: t, UserID: fmt.Sprintf("user%d", i%50), IP: ip, Route: "/v1/ocr", Outcome: "ok", Bytes: 40_000, CostMicroUSD: 120}
 	}
-	return storage.Event{Time: t, UserID: fmt.Sprintf("guess%d@example.com", i), IP: ip, Route: RouteInvite, Outcome: "invalid", Status: 403}
+	return detect.Event{Time: t, UserID: fmt.Sprintf("guess%d@example.com", i), IP: ip, Route: detect.RouteInvite, Outcome: "invalid", Status: 403}
 }
 
 // fillDay writes n flood events into a fresh database file, from day's
@@ -36,7 +37,7 @@ func fillDay(t *testing.T, at time.Time, n int) *storage.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	batch := make([]storage.Event, 0, 10_000)
+	batch := make([]detect.Event, 0, 10_000)
 	for i := range n {
 		batch = append(batch, floodEvent(at, i))
 		if len(batch) == cap(batch) || i == n-1 {
@@ -92,11 +93,11 @@ func TestRunMemoryIsBounded(t *testing.T) {
 	day := time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC)
 	run := func(n int) uint64 {
 		db := fillDay(t, day, n)
-		r, err := NewRunner(db, RunnerOptions{Location: time.UTC, Now: func() time.Time { return day.AddDate(0, 0, 1) }})
+		r, err := detect.NewRunner(db, detect.RunnerOptions{Location: time.UTC, Now: func() time.Time { return day.AddDate(0, 0, 1) }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rep Report
+		var rep detect.Report
 		peak := peakHeapDuring(func() {
 			rep, err = r.Run(context.Background(), "2026-03-08", false)
 		})

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"breakwater/storage"
 )
 
 // Defaults for RecorderOptions.
@@ -19,7 +17,7 @@ const (
 
 // EventWriter stores a batch of statistics events.
 type EventWriter interface {
-	AppendEvents(events []storage.Event) error
+	AppendEvents(events []Event) error
 }
 
 // RecorderOptions tunes a Recorder. Zero fields mean the defaults.
@@ -47,7 +45,7 @@ type Recorder struct {
 	w      EventWriter
 	opts   RecorderOptions
 	log    *slog.Logger
-	queue  chan storage.Event
+	queue  chan Event
 	done   chan struct{}
 	closed sync.Once
 
@@ -86,7 +84,7 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 		w:     w,
 		opts:  opts,
 		log:   opts.Logger.With("component", "detect"),
-		queue: make(chan storage.Event, opts.QueueSize),
+		queue: make(chan Event, opts.QueueSize),
 		done:  make(chan struct{}),
 	}
 	go r.loop()
@@ -96,7 +94,7 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 // Record queues e without waiting. A full queue, or a stopped recorder,
 // drops the event and counts it. Invite refusals and cooldown starts are
 // counted into the tally rather than stored one by one.
-func (r *Recorder) Record(e storage.Event) {
+func (r *Recorder) Record(e Event) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if r.stopping {
@@ -135,7 +133,7 @@ func (r *Recorder) Close(ctx context.Context) error {
 
 func (r *Recorder) loop() {
 	defer close(r.done)
-	batch := make([]storage.Event, 0, r.opts.BatchSize)
+	batch := make([]Event, 0, r.opts.BatchSize)
 	t := newTally(r.opts.TallyWindow, r.opts.TallyKeys)
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
@@ -168,7 +166,7 @@ func (r *Recorder) loop() {
 }
 
 // flush writes batch and returns it emptied for reuse.
-func (r *Recorder) flush(batch []storage.Event) []storage.Event {
+func (r *Recorder) flush(batch []Event) []Event {
 	if len(batch) == 0 {
 		return batch
 	}

@@ -1,4 +1,4 @@
-package detect
+package detect_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/detect"
 	"breakwater/storage"
 )
 
@@ -18,10 +19,10 @@ func TestRecorderWritesBatchesToStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	r := NewRecorder(db, RecorderOptions{BatchSize: 7})
+	r := detect.NewRecorder(db, detect.RecorderOptions{BatchSize: 7})
 	t0 := time.Now()
 	for i := range 100 {
-		r.Record(storage.Event{Time: t0.Add(time.Duration(i)), UserID: "u", Outcome: "ok"})
+		r.Record(detect.Event{Time: t0.Add(time.Duration(i)), UserID: "u", Outcome: "ok"})
 	}
 	if err := r.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -33,7 +34,7 @@ func TestRecorderWritesBatchesToStorage(t *testing.T) {
 	if len(events) != 100 || r.Written() != 100 || r.Dropped() != 0 {
 		t.Errorf("%d events stored, written %d, dropped %d; want 100, 100, 0", len(events), r.Written(), r.Dropped())
 	}
-	r.Record(storage.Event{Time: t0, UserID: "late"}) // after Close: dropped, no panic
+	r.Record(detect.Event{Time: t0, UserID: "late"}) // after Close: dropped, no panic
 	if r.Dropped() != 1 {
 		t.Errorf("dropped %d after close, want 1", r.Dropped())
 	}
@@ -47,7 +48,7 @@ type blockingWriter struct {
 	fail    bool
 }
 
-func (w *blockingWriter) AppendEvents(events []storage.Event) error {
+func (w *blockingWriter) AppendEvents(events []detect.Event) error {
 	<-w.release
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -60,11 +61,11 @@ func (w *blockingWriter) AppendEvents(events []storage.Event) error {
 
 func TestRecorderDropsWhenFullWithoutBlocking(t *testing.T) {
 	w := &blockingWriter{release: make(chan struct{})}
-	r := NewRecorder(w, RecorderOptions{QueueSize: 10, BatchSize: 1})
+	r := detect.NewRecorder(w, detect.RecorderOptions{QueueSize: 10, BatchSize: 1})
 	done := make(chan struct{})
 	go func() {
 		for range 1000 {
-			r.Record(storage.Event{UserID: "u"})
+			r.Record(detect.Event{UserID: "u"})
 		}
 		close(done)
 	}()
@@ -88,9 +89,9 @@ func TestRecorderDropsWhenFullWithoutBlocking(t *testing.T) {
 func TestRecorderCountsFailedWrites(t *testing.T) {
 	w := &blockingWriter{release: make(chan struct{}), fail: true}
 	close(w.release)
-	r := NewRecorder(w, RecorderOptions{BatchSize: 5})
+	r := detect.NewRecorder(w, detect.RecorderOptions{BatchSize: 5})
 	for range 20 {
-		r.Record(storage.Event{UserID: "u"})
+		r.Record(detect.Event{UserID: "u"})
 	}
 	r.Close(context.Background())
 	if r.Dropped() != 20 || r.Written() != 0 {
@@ -108,23 +109,23 @@ func TestRecorderTalliesInviteRefusals(t *testing.T) {
 	const keys = 16
 	at := time.Date(2026, 3, 8, 10, 0, 0, 0, time.UTC)
 	const flood = 20_000
-	r := NewRecorder(db, RecorderOptions{QueueSize: 2 * flood, TallyKeys: keys, Now: func() time.Time { return at }})
+	r := detect.NewRecorder(db, detect.RecorderOptions{QueueSize: 2 * flood, TallyKeys: keys, Now: func() time.Time { return at }})
 	for i := range flood {
 		ip := fmt.Sprintf("10.0.%d.%d", i/250%8, i%250)
 		email := fmt.Sprintf("guess%d@example.com", i)
 		if i%1000 == 0 { // the e-mail under attack, five failures, one cooldown, at times
 			email = "target@example.com"
 		}
-		r.Record(storage.Event{Time: at.Add(time.Duration(i) * time.Millisecond), Route: RouteInvite, Outcome: "invalid", IP: ip, UserID: email})
+		r.Record(detect.Event{Time: at.Add(time.Duration(i) * time.Millisecond), Route: detect.RouteInvite, Outcome: "invalid", IP: ip, UserID: email})
 		if i%1000 == 0 {
-			r.Record(storage.Event{Time: at, Route: RouteInvite, Outcome: OutcomeCooldownStarted, UserID: "target@example.com"})
+			r.Record(detect.Event{Time: at, Route: detect.RouteInvite, Outcome: detect.OutcomeCooldownStarted, UserID: "target@example.com"})
 		}
 		if i%100 == 0 {
-			r.Record(storage.Event{Time: at, Route: RouteInvite, Outcome: OutcomeCooldownStarted, IP: ip})
+			r.Record(detect.Event{Time: at, Route: detect.RouteInvite, Outcome: detect.OutcomeCooldownStarted, IP: ip})
 		}
 	}
 	for range 3 {
-		r.Record(storage.Event{Time: at, Route: RouteInvite, Outcome: "ok", IP: "192.0.2.1", UserID: "ann@example.com"})
+		r.Record(detect.Event{Time: at, Route: detect.RouteInvite, Outcome: "ok", IP: "192.0.2.1", UserID: "ann@example.com"})
 	}
 	if err := r.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -139,7 +140,7 @@ func TestRecorderTalliesInviteRefusals(t *testing.T) {
 	if most := 4*(keys+1) + 1 + 3; len(events) > most {
 		t.Errorf("%d rows stored for %d refusals, want at most %d", len(events), flood, most)
 	}
-	s := Aggregate("2026-03-08", events, Lines{})
+	s := detect.Aggregate("2026-03-08", events, detect.Lines{})
 	var ipFailures, ipCooldowns int64
 	for _, d := range s.IPs {
 		ipFailures += d.InviteFailures
@@ -168,12 +169,12 @@ func TestRecorderTallyWindows(t *testing.T) {
 	var mu sync.Mutex
 	now := at
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	r := NewRecorder(db, RecorderOptions{FlushInterval: time.Millisecond, Now: clock})
+	r := detect.NewRecorder(db, detect.RecorderOptions{FlushInterval: time.Millisecond, Now: clock})
 	defer r.Close(context.Background())
 	refuse := func(t time.Time) {
-		r.Record(storage.Event{Time: t, Route: RouteInvite, Outcome: "invalid", IP: "192.0.2.9", UserID: "x@example.com"})
+		r.Record(detect.Event{Time: t, Route: detect.RouteInvite, Outcome: "invalid", IP: "192.0.2.9", UserID: "x@example.com"})
 	}
-	rows := func() []storage.Event {
+	rows := func() []detect.Event {
 		events, err := db.Events(time.Time{}, time.Time{})
 		if err != nil {
 			t.Fatal(err)
@@ -182,7 +183,7 @@ func TestRecorderTallyWindows(t *testing.T) {
 	}
 	refuse(at.Add(time.Minute))
 	refuse(at.Add(14 * time.Minute))
-	refuse(at.Add(DefaultTallyWindow + time.Minute)) // ends the first window
+	refuse(at.Add(detect.DefaultTallyWindow + time.Minute)) // ends the first window
 	waitFor(t, func() bool { return len(rows()) == 3 })
 	for _, e := range rows() {
 		if !e.Time.Equal(at) || e.N() != 2 {
@@ -190,11 +191,11 @@ func TestRecorderTallyWindows(t *testing.T) {
 		}
 	}
 	mu.Lock()
-	now = at.Add(2 * DefaultTallyWindow) // the second window ends by the clock
+	now = at.Add(2 * detect.DefaultTallyWindow) // the second window ends by the clock
 	mu.Unlock()
 	waitFor(t, func() bool { return len(rows()) == 6 })
-	if last := rows()[5]; !last.Time.Equal(at.Add(DefaultTallyWindow)) || last.N() != 1 {
-		t.Errorf("row %+v, want a count of 1 at %s", last, at.Add(DefaultTallyWindow))
+	if last := rows()[5]; !last.Time.Equal(at.Add(detect.DefaultTallyWindow)) || last.N() != 1 {
+		t.Errorf("row %+v, want a count of 1 at %s", last, at.Add(detect.DefaultTallyWindow))
 	}
 }
 

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"breakwater/storage"
 )
 
 // Counters count what layer 4 does and what goes wrong in it, for the
@@ -30,12 +28,12 @@ type Sender interface {
 	Send(subject, body string) bool
 }
 
-// Store is what the Runner needs from storage.
+// Store is what the Runner needs from a storage backend.
 type Store interface {
 	// EachEvent streams the events with from <= Time < to, in time order.
-	EachEvent(from, to time.Time, fn func(storage.Event) error) error
+	EachEvent(from, to time.Time, fn func(Event) error) error
 	PruneEvents(before time.Time) (int, error)
-	DayStats(from, to string) ([]storage.DayStats, error)
+	DayStats(from, to string) ([]DayStats, error)
 	// StartDetectRun records that a run of day starts and returns how
 	// many earlier runs of it started and never finished.
 	StartDetectRun(day string) (unfinished int, err error)
@@ -43,10 +41,12 @@ type Store interface {
 	EndDetectRun(day string) error
 	// SaveDetection stores a finished run; SaveDetectRun a day given up.
 	// Both clear the count.
-	SaveDetection(stats storage.DayStats, findings []storage.Finding, run storage.DetectRun) error
-	SaveDetectRun(run storage.DetectRun, findings []storage.Finding) error
-	LastDetectRun() (storage.DetectRun, error)
-	Findings(from, to string) ([]storage.Finding, error)
+	SaveDetection(stats DayStats, findings []Finding, run RunRecord) error
+	SaveDetectRun(run RunRecord, findings []Finding) error
+	// LastDetectRun returns the run of the latest day run, or an error
+	// wrapping ErrNoRun when detection never ran.
+	LastDetectRun() (RunRecord, error)
+	Findings(from, to string) ([]Finding, error)
 }
 
 // MaxUnfinishedRuns is how many runs of one day may start and never
@@ -62,8 +62,6 @@ const DetectorGaveUp = "detection_gave_up"
 // it started and never finished. The day has no aggregate; a manual run
 // (breakwater detect run --day) still runs it.
 var ErrGaveUp = errors.New("detect: day given up after runs that never finished")
-
-var _ Store = (*storage.DB)(nil)
 
 // RunnerOptions are the Runner's settings and optional parts.
 type RunnerOptions struct {
@@ -132,11 +130,11 @@ func (r *Runner) SetConfig(cfg Config) error {
 
 // Report is the outcome of one run.
 type Report struct {
-	Day      string             `json:"day"`
-	Service  storage.ServiceDay `json:"service"`
-	Findings []storage.Finding  `json:"findings"`
-	Pruned   int                `json:"pruned"` // raw events deleted
-	Mailed   bool               `json:"mailed"` // a digest was queued
+	Day      string     `json:"day"`
+	Service  ServiceDay `json:"service"`
+	Findings []Finding  `json:"findings"`
+	Pruned   int        `json:"pruned"` // raw events deleted
+	Mailed   bool       `json:"mailed"` // a digest was queued
 }
 
 // Yesterday is the day before now's, in the runner's time zone.
@@ -221,14 +219,14 @@ func (r *Runner) Digest(reps []Report) bool {
 // LastRun is the latest day detection ran for, "" if it never ran.
 func (r *Runner) LastRun() (string, error) {
 	run, err := r.store.LastDetectRun()
-	if errors.Is(err, storage.ErrNotFound) {
+	if errors.Is(err, ErrNoRun) {
 		return "", nil
 	}
 	return run.Day, err
 }
 
 // Recent returns the findings of the days from..to inclusive.
-func (r *Runner) Recent(from, to string) ([]storage.Finding, error) {
+func (r *Runner) Recent(from, to string) ([]Finding, error) {
 	return r.store.Findings(from, to)
 }
 
@@ -262,12 +260,12 @@ func (r *Runner) run(ctx context.Context, day string, mail, scheduled bool) (Rep
 
 // giveUp records day as given up, with one finding that says so.
 func (r *Runner) giveUp(day string, unfinished int) (Report, error) {
-	f := storage.Finding{Day: day, Detector: DetectorGaveUp, Subject: "service", Figures: map[string]float64{"unfinished_runs": float64(unfinished)}}
-	run := storage.DetectRun{Day: day, RanAt: r.o.Now(), Findings: 1, GaveUp: true}
-	if err := r.store.SaveDetectRun(run, []storage.Finding{f}); err != nil {
+	f := Finding{Day: day, Detector: DetectorGaveUp, Subject: "service", Figures: map[string]float64{"unfinished_runs": float64(unfinished)}}
+	run := RunRecord{Day: day, RanAt: r.o.Now(), Findings: 1, GaveUp: true}
+	if err := r.store.SaveDetectRun(run, []Finding{f}); err != nil {
 		return Report{}, err
 	}
-	return Report{Day: day, Findings: []storage.Finding{f}}, ErrGaveUp
+	return Report{Day: day, Findings: []Finding{f}}, ErrGaveUp
 }
 
 // detect aggregates the day's events as they stream from the store, runs
@@ -280,7 +278,7 @@ func (r *Runner) detect(ctx context.Context, day string, from, to time.Time, mai
 	}
 	agg := NewAggregator(day, lines, cfg.MaxKeys)
 	n := 0
-	err := r.store.EachEvent(from, to, func(e storage.Event) error {
+	err := r.store.EachEvent(from, to, func(e Event) error {
 		if n++; n%4096 == 0 {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -319,7 +317,7 @@ func (r *Runner) detect(ctx context.Context, day string, from, to time.Time, mai
 			return Report{}, err
 		}
 	}
-	run := storage.DetectRun{Day: day, RanAt: r.o.Now(), Findings: len(findings), Pruned: rep.Pruned}
+	run := RunRecord{Day: day, RanAt: r.o.Now(), Findings: len(findings), Pruned: rep.Pruned}
 	if err := r.store.SaveDetection(today, findings, run); err != nil {
 		return Report{}, err
 	}

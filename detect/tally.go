@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"breakwater/limiter"
-	"breakwater/storage"
 )
 
 // Defaults for the Recorder's tally of invite refusals.
@@ -25,7 +24,7 @@ const (
 // storing it: invite refusals and cooldown starts, which anyone can send
 // without limit. Invite checks that pass ("ok") and OCR attempts are
 // stored one by one.
-func tallied(e storage.Event) bool {
+func tallied(e Event) bool {
 	return e.Route == RouteInvite && e.Outcome != "ok" && e.Outcome != OutcomeRefused && e.Count == 0
 }
 
@@ -75,7 +74,7 @@ func (t *tally) due(now time.Time) bool {
 
 // add counts e into the current window (an event from an older window,
 // late by a moment, is counted into the current one).
-func (t *tally) add(e storage.Event) {
+func (t *tally) add(e Event) {
 	if t.start.IsZero() {
 		t.start = t.windowOf(e.Time)
 	}
@@ -103,15 +102,15 @@ func (t *tally) add(e storage.Event) {
 }
 
 // drain appends the window's rows to batch and empties the tally.
-func (t *tally) drain(batch []storage.Event) []storage.Event {
+func (t *tally) drain(batch []Event) []Event {
 	if t.start.IsZero() {
 		return batch
 	}
 	at := t.start
 	for reason, n := range t.reasons {
-		batch = append(batch, storage.Event{Time: at, Route: RouteInvite, Outcome: reason, Count: n})
+		batch = append(batch, Event{Time: at, Route: RouteInvite, Outcome: reason, Count: n})
 	}
-	rows := func(b *bounded[inviteCount], row func(key string) storage.Event) {
+	rows := func(b *bounded[inviteCount], row func(key string) Event) {
 		b.each(func(key string, c *inviteCount) {
 			for _, r := range []struct {
 				outcome string
@@ -125,8 +124,8 @@ func (t *tally) drain(batch []storage.Event) []storage.Event {
 			}
 		})
 	}
-	rows(t.ips, func(key string) storage.Event { return storage.Event{IP: key} })
-	rows(t.emails, func(key string) storage.Event { return storage.Event{UserID: key} })
+	rows(t.ips, func(key string) Event { return Event{IP: key} })
+	rows(t.emails, func(key string) Event { return Event{UserID: key} })
 	t.reset()
 	return batch
 }

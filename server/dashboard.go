@@ -14,7 +14,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
-	"breakwater/storage"
 )
 
 //go:embed web/dashboard.html
@@ -32,7 +31,7 @@ type dashboardData struct {
 	Refusals []refusalCount
 	TopUsers []UsageInfo
 	Findings []string
-	Days     []storage.BudgetDayTotals
+	Days     []budget.LedgerDay
 	Chart    template.HTML // inline SVG drawn here, from numbers only
 }
 
@@ -127,11 +126,11 @@ func (s *Server) handleDashboard(c echo.Context) error {
 // chart draws 30 days of calls (bars) and cost (a line) as inline SVG.
 // Everything in it is a number or a date this code formats, so it is safe
 // to embed unescaped.
-func chart(now time.Time, loc *time.Location, days []storage.BudgetDayTotals) template.HTML {
+func chart(now time.Time, loc *time.Location, days []budget.LedgerDay) template.HTML {
 	const w, h, left, right, top, bottom = 900, 240, 50, 70, 10, 30
-	byDay := map[string]storage.BudgetDay{}
+	byDay := map[string]budget.DayTotals{}
 	for _, d := range days {
-		byDay[d.Day] = d.BudgetDay
+		byDay[d.Day] = d.DayTotals
 	}
 	var maxReq, maxSpend int64 = 1, 1
 	for _, d := range days {

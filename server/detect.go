@@ -10,7 +10,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/detect"
-	"breakwater/storage"
 )
 
 // Alerter raises an immediate alert without ever waiting: detect.Alerter.
@@ -25,7 +24,7 @@ var _ Alerter = (*detect.Alerter)(nil)
 // recentAlerts is what the dashboard reads from an Alerter that keeps
 // state.
 type recentAlerts interface {
-	Recent() []storage.AlertState
+	Recent() []detect.AlertState
 }
 
 // noAlerts drops every alert: a Server built without an Alerter.
@@ -38,7 +37,7 @@ func (noAlerts) Alert(string, string, map[string]string) {}
 type Detection interface {
 	Run(ctx context.Context, day string, mail bool) (detect.Report, error)
 	Yesterday(now time.Time) string
-	Recent(from, to string) ([]storage.Finding, error)
+	Recent(from, to string) ([]detect.Finding, error)
 }
 
 var _ Detection = (*detect.Runner)(nil)

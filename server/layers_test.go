@@ -279,7 +279,7 @@ func (f *failingLedger) Reserve(context.Context, string, int64) (uint64, error) 
 	return 0, errors.New("disk on fire")
 }
 
-func (f *failingLedger) Settle(context.Context, storage.Settlement) error { return nil }
+func (f *failingLedger) Settle(context.Context, budget.Settlement) error { return nil }
 
 // panickingLimiter is a layer 1 whose machinery is broken.
 type panickingLimiter struct{}
@@ -565,7 +565,7 @@ func TestClockBehindLedgerKeepsTheDay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Settle(ctx, storage.Settlement{ID: id, ActualMicroUSD: 9_000_000}); err != nil {
+	if err := db.Settle(ctx, budget.Settlement{ID: id, ActualMicroUSD: 9_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, time.UTC) }

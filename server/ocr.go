@@ -15,7 +15,6 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
-	"breakwater/storage"
 )
 
 // multipartSlack is what multipart framing may add around the image.
@@ -155,7 +154,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	cost := s.callCost(c, price, res.Usage, err, worst)
 	s.countCall(latency, res.Usage, err)
 	s.d.Metrics.cost.Add(usd(cost))
-	event := storage.Event{
+	event := detect.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
 		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
@@ -175,7 +174,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 	// "$": the quota increment, the usage row and the settlement, in one
 	// durable transaction before the answer.
-	rec := storage.UsageRecord{
+	rec := budget.UsageRecord{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
 		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"breakwater/budget"
-	"breakwater/storage"
 )
 
 // flagBrake is the stored name of the operator's kill switch.
@@ -22,9 +21,9 @@ const flagBrake = "brake"
 // OperatorStore is what the operator's commands need from storage.
 type OperatorStore interface {
 	SetFlag(name string, on bool) error
-	Usage(from, to time.Time) ([]storage.UsageRecord, error)
+	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
-	BudgetDays(from, to string) ([]storage.BudgetDayTotals, error)
+	BudgetDays(from, to string) ([]budget.LedgerDay, error)
 	Path() string
 }
 

@@ -14,7 +14,6 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
-	"breakwater/storage"
 )
 
 // Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
@@ -37,12 +36,12 @@ type Reader interface {
 // row and its budget settlement) durably, returning only once it is on
 // disk.
 type UsageRecorder interface {
-	RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error
+	RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error
 }
 
 // EventRecorder takes a statistics event without ever waiting.
 type EventRecorder interface {
-	Record(e storage.Event)
+	Record(e detect.Event)
 }
 
 // Deps are the components a Server works with. All but JWT, Metrics,

@@ -266,7 +266,7 @@ func (l ledgerOverride) Reserve(ctx context.Context, day string, worst int64) (u
 	return l.Ledger.Reserve(ctx, day, worst)
 }
 
-func (l ledgerOverride) Settle(ctx context.Context, s storage.Settlement) error {
+func (l ledgerOverride) Settle(ctx context.Context, s budget.Settlement) error {
 	return l.Ledger.Settle(ctx, s)
 }
 
@@ -611,7 +611,7 @@ func TestQuotaRaceOneSlotLeft(t *testing.T) {
 // failingUsage is a usage recorder whose disk always refuses.
 type failingUsage struct{ calls atomic.Int64 }
 
-func (f *failingUsage) RecordUsage(context.Context, string, storage.UsageRecord, storage.Settlement) error {
+func (f *failingUsage) RecordUsage(context.Context, string, budget.UsageRecord, budget.Settlement) error {
 	f.calls.Add(1)
 	return fmt.Errorf("write usage: %w", io.ErrShortWrite)
 }
@@ -641,7 +641,7 @@ type flakyUsage struct {
 	failing atomic.Bool
 }
 
-func (f *flakyUsage) RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error {
+func (f *flakyUsage) RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error {
 	if f.failing.Load() {
 		return fmt.Errorf("write usage: %w", io.ErrShortWrite)
 	}

@@ -261,7 +261,7 @@ func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email st
 // key ("ip:ADDR" or "email:ADDR"), for the invite brute-force detector;
 // the recorder counts it into its tally.
 func (s *Server) recordCooldownStart(start time.Time, key string) {
-	e := storage.Event{Time: start, Route: verifyRoute, Outcome: detect.OutcomeCooldownStarted}
+	e := detect.Event{Time: start, Route: verifyRoute, Outcome: detect.OutcomeCooldownStarted}
 	switch {
 	case strings.HasPrefix(key, "ip:"):
 		e.IP = strings.TrimPrefix(key, "ip:")
@@ -278,7 +278,7 @@ func (s *Server) recordCooldownStart(start time.Time, key string) {
 // counts cooldowns per e-mail from it. The recorder stores a check that
 // passed as it is and counts a refusal into its bounded tally.
 func (s *Server) recordVerify(c echo.Context, start time.Time, email, outcome string, status int) {
-	s.d.Events.Record(storage.Event{
+	s.d.Events.Record(detect.Event{
 		Time: start, UserID: email, IP: c.RealIP(), Route: verifyRoute, Outcome: outcome, Status: status,
 		Bytes: c.Request().ContentLength, LatencyMS: s.now().Sub(start).Milliseconds(),
 	})

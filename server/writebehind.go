@@ -9,7 +9,6 @@ import (
 	"breakwater/budget"
 	"breakwater/limiter"
 	"breakwater/server/guard"
-	"breakwater/storage"
 )
 
 // State names under which the defense layers' memory is written behind.
@@ -127,7 +126,7 @@ func (w *WriteBehind) save(name string, dirty []limiter.Entry, layer string) {
 type LayerStore interface {
 	LoadState(name string) (map[string][]byte, error)
 	QuotaUsed(month string) (map[string]int64, error)
-	Budget(day string) (storage.BudgetDay, error)
+	Budget(day string) (budget.DayTotals, error)
 	BudgetMonth(month string) (int64, error)
 	LatestBudgetDay() (string, error)
 	budget.Ledger

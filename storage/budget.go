@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
 )
 
 // The global budget's ledger. Each day holds two running totals: upstream
@@ -18,22 +20,6 @@ import (
 //
 //	budget_days:  "2006-01-02" -> 16 bytes: requests, spend (uint64 each)
 //	reservations: 8-byte id    -> JSON openReservation
-
-// BudgetDay is one day's totals of the global budget.
-type BudgetDay struct {
-	Requests      int64 // upstream calls reserved that day
-	SpendMicroUSD int64 // settled costs plus open reservations at worst case
-}
-
-// Settlement replaces an open reservation's worst case by its actual cost.
-// A call whose reservation could not be written (ID 0: layer 3 failed
-// open) is added to Day whole, one request and its actual cost, so the
-// ledger still learns of it. A zero Settlement settles nothing.
-type Settlement struct {
-	ID             uint64
-	Day            string // the claim's day ("2006-01-02"), used when ID is 0
-	ActualMicroUSD int64
-}
 
 type openReservation struct {
 	Day   string `json:"day"`
@@ -72,22 +58,23 @@ func (db *DB) Reserve(ctx context.Context, day string, worstMicroUSD int64) (uin
 }
 
 // Settle closes a reservation at its actual cost through group commit. An
-// unknown or already settled id changes nothing; see Settlement for ID 0.
-func (db *DB) Settle(ctx context.Context, s Settlement) error {
-	if s == (Settlement{}) {
+// unknown or already settled id changes nothing; see budget.Settlement for
+// ID 0.
+func (db *DB) Settle(ctx context.Context, s budget.Settlement) error {
+	if s == (budget.Settlement{}) {
 		return nil
 	}
 	return db.commit(ctx, func(tx *bbolt.Tx) error { return settle(tx, s) })
 }
 
 // settle is the transaction part of Settle, shared with RecordUsage.
-func settle(tx *bbolt.Tx, s Settlement) error {
+func settle(tx *bbolt.Tx, s budget.Settlement) error {
 	if s.ActualMicroUSD < 0 {
 		return fmt.Errorf("%w: negative cost", ErrInvalid)
 	}
 	if s.ID == 0 {
 		switch {
-		case s == (Settlement{}):
+		case s == (budget.Settlement{}):
 			return nil
 		case s.Day == "":
 			return fmt.Errorf("%w: a settlement needs a reservation id or a day", ErrInvalid)
@@ -115,11 +102,11 @@ func settle(tx *bbolt.Tx, s Settlement) error {
 }
 
 // Budget returns day's totals ("2006-01-02"); a day without calls is zero.
-func (db *DB) Budget(day string) (BudgetDay, error) {
+func (db *DB) Budget(day string) (budget.DayTotals, error) {
 	if err := checkDay(day); err != nil {
-		return BudgetDay{}, err
+		return budget.DayTotals{}, err
 	}
-	var d BudgetDay
+	var d budget.DayTotals
 	err := db.view(func(tx *bbolt.Tx) error {
 		d = readBudgetDay(tx, day)
 		return nil
@@ -171,18 +158,18 @@ func (db *DB) OpenReservations() (int, error) {
 	return n, err
 }
 
-func readBudgetDay(tx *bbolt.Tx, day string) BudgetDay {
+func readBudgetDay(tx *bbolt.Tx, day string) budget.DayTotals {
 	return decodeBudgetDay(tx.Bucket(bucketBudgetDays).Get([]byte(day)))
 }
 
-func decodeBudgetDay(v []byte) BudgetDay {
+func decodeBudgetDay(v []byte) budget.DayTotals {
 	if len(v) != 16 {
-		return BudgetDay{}
+		return budget.DayTotals{}
 	}
-	return BudgetDay{Requests: int64(binary.BigEndian.Uint64(v[:8])), SpendMicroUSD: int64(binary.BigEndian.Uint64(v[8:]))}
+	return budget.DayTotals{Requests: int64(binary.BigEndian.Uint64(v[:8])), SpendMicroUSD: int64(binary.BigEndian.Uint64(v[8:]))}
 }
 
-func writeBudgetDay(tx *bbolt.Tx, day string, d BudgetDay) error {
+func writeBudgetDay(tx *bbolt.Tx, day string, d budget.DayTotals) error {
 	v := make([]byte, 16)
 	binary.BigEndian.PutUint64(v[:8], uint64(d.Requests))
 	binary.BigEndian.PutUint64(v[8:], uint64(max(d.SpendMicroUSD, 0)))
@@ -192,26 +179,20 @@ func writeBudgetDay(tx *bbolt.Tx, day string, d BudgetDay) error {
 	return nil
 }
 
-// BudgetDayTotals is one day's ledger totals, for charts.
-type BudgetDayTotals struct {
-	Day string
-	BudgetDay
-}
-
 // BudgetDays returns the ledger's days from "2006-01-02" to (inclusive) in
 // order; days without calls are absent.
-func (db *DB) BudgetDays(from, to string) ([]BudgetDayTotals, error) {
+func (db *DB) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
 	if err := checkDay(from); err != nil {
 		return nil, err
 	}
 	if err := checkDay(to); err != nil {
 		return nil, err
 	}
-	var out []BudgetDayTotals
+	var out []budget.LedgerDay
 	err := db.view(func(tx *bbolt.Tx) error {
 		c := tx.Bucket(bucketBudgetDays).Cursor()
 		for k, v := c.Seek([]byte(from)); k != nil && string(k) <= to; k, v = c.Next() {
-			out = append(out, BudgetDayTotals{Day: string(k), BudgetDay: decodeBudgetDay(v)})
+			out = append(out, budget.LedgerDay{Day: string(k), DayTotals: decodeBudgetDay(v)})
 		}
 		return nil
 	})

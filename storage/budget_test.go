@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"breakwater/budget"
 )
 
 func TestBudgetReserveSettle(t *testing.T) {
@@ -27,11 +29,11 @@ func TestBudgetReserveSettle(t *testing.T) {
 	}
 	// One settles at its actual cost inside a usage record, the other stays
 	// open, as if the process died during its call.
-	rec := UsageRecord{Time: time.Now(), UserID: "u"}
-	if err := db.RecordUsage(ctx, "2026-11", rec, Settlement{ID: id1, ActualMicroUSD: 300}); err != nil {
+	rec := budget.UsageRecord{Time: time.Now(), UserID: "u"}
+	if err := db.RecordUsage(ctx, "2026-11", rec, budget.Settlement{ID: id1, ActualMicroUSD: 300}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Settle(ctx, Settlement{ID: id1, ActualMicroUSD: 5}); err != nil { // twice: no change
+	if err := db.Settle(ctx, budget.Settlement{ID: id1, ActualMicroUSD: 5}); err != nil { // twice: no change
 		t.Fatal(err)
 	}
 	if _, err := db.Reserve(ctx, "2026-11-29", 70); err != nil {
@@ -44,7 +46,7 @@ func TestBudgetReserveSettle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := day, (BudgetDay{Requests: 2, SpendMicroUSD: 1300}); got != want {
+	if got, want := day, (budget.DayTotals{Requests: 2, SpendMicroUSD: 1300}); got != want {
 		t.Errorf("day %+v, want %+v (300 settled + 1000 open at worst case)", got, want)
 	}
 	month, err := db.BudgetMonth("2026-11")
@@ -145,30 +147,30 @@ func TestSettleUnreservedCall(t *testing.T) {
 	db := mustOpen(t)
 	ctx := context.Background()
 	const day = "2026-03-10"
-	if err := db.Settle(ctx, Settlement{}); err != nil {
+	if err := db.Settle(ctx, budget.Settlement{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Settle(ctx, Settlement{Day: day, ActualMicroUSD: 700}); err != nil {
+	if err := db.Settle(ctx, budget.Settlement{Day: day, ActualMicroUSD: 700}); err != nil {
 		t.Fatal(err)
 	}
-	rec := UsageRecord{Time: time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC), UserID: "u", RequestID: "r1", Outcome: "ok", CostMicroUSD: 300}
-	if err := db.RecordUsage(ctx, "2026-03", rec, Settlement{Day: day, ActualMicroUSD: 300}); err != nil {
+	rec := budget.UsageRecord{Time: time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC), UserID: "u", RequestID: "r1", Outcome: "ok", CostMicroUSD: 300}
+	if err := db.RecordUsage(ctx, "2026-03", rec, budget.Settlement{Day: day, ActualMicroUSD: 300}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.RecordUsage(ctx, "2026-03", UsageRecord{Time: rec.Time, UserID: "u", RequestID: "r2", Outcome: "ok"}, Settlement{}); err != nil {
+	if err := db.RecordUsage(ctx, "2026-03", budget.UsageRecord{Time: rec.Time, UserID: "u", RequestID: "r2", Outcome: "ok"}, budget.Settlement{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.Budget(day)
-	if err != nil || got != (BudgetDay{Requests: 2, SpendMicroUSD: 1000}) {
+	if err != nil || got != (budget.DayTotals{Requests: 2, SpendMicroUSD: 1000}) {
 		t.Errorf("budget %+v, %v; want 2 requests, 1000 µ$", got, err)
 	}
-	if err := db.Settle(ctx, Settlement{Day: "March 10", ActualMicroUSD: 1}); err == nil {
+	if err := db.Settle(ctx, budget.Settlement{Day: "March 10", ActualMicroUSD: 1}); err == nil {
 		t.Error("a malformed day was accepted")
 	}
-	if err := db.Settle(ctx, Settlement{Day: day, ActualMicroUSD: -1}); err == nil {
+	if err := db.Settle(ctx, budget.Settlement{Day: day, ActualMicroUSD: -1}); err == nil {
 		t.Error("a negative cost was accepted")
 	}
-	if err := db.Settle(ctx, Settlement{ActualMicroUSD: 5}); err == nil {
+	if err := db.Settle(ctx, budget.Settlement{ActualMicroUSD: 5}); err == nil {
 		t.Error("a cost with neither a reservation nor a day was accepted")
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"breakwater/budget"
 )
 
 var bucketTest = []byte("test")
@@ -186,7 +188,7 @@ func TestCloseDrainsQueue(t *testing.T) {
 	results := make(chan error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { results <- db.RecordUsage(t.Context(), month, usageAt("u", t0), Settlement{}) })
+		wg.Go(func() { results <- db.RecordUsage(t.Context(), month, usageAt("u", t0), budget.Settlement{}) })
 		if i == n/2 {
 			waitQueued(t, db, 1)
 			wg.Go(func() {

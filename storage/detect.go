@@ -9,74 +9,13 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/detect"
 )
 
 // Detection state (layer 4): one aggregate per day, the findings of each
 // day's run, the record of the runs themselves, and when each alert kind
 // was last sent. None of it is money: plain transactions, no group commit.
-
-// UserDay is one user's figures for one day, from the statistics events.
-type UserDay struct {
-	Attempts     int64 `json:"attempts"`  // OCR attempts that reached the upstream
-	Successes    int64 `json:"successes"` // outcome "ok"
-	Failures     int64 `json:"failures"`  // any other outcome
-	IPs          int64 `json:"ips"`       // distinct client IPs
-	Bytes        int64 `json:"bytes"`
-	PromptTokens int64 `json:"prompt_tokens"`
-	OutputTokens int64 `json:"output_tokens"`
-	CostMicroUSD int64 `json:"cost_micro_usd"`
-	// Line is the user's daily abuse line when the day was aggregated
-	// (0: none); the grey-zone detector compares Attempts with it.
-	Line int64 `json:"line"`
-}
-
-// IPDay is one client IP's figures for one day.
-type IPDay struct {
-	Users           int64 `json:"users"`            // distinct users of OCR from this IP
-	Attempts        int64 `json:"attempts"`         // OCR attempts
-	InviteFailures  int64 `json:"invite_failures"`  // invite checks refused, for any reason
-	InviteCooldowns int64 `json:"invite_cooldowns"` // invite checks refused by a cooldown
-}
-
-// ServiceDay is the whole service's figures for one day.
-type ServiceDay struct {
-	Attempts     int64 `json:"attempts"`
-	Successes    int64 `json:"successes"`
-	Failures     int64 `json:"failures"`
-	Users        int64 `json:"users"`
-	IPs          int64 `json:"ips"`
-	CostMicroUSD int64 `json:"cost_micro_usd"`
-	Invites      int64 `json:"invites"` // invite checks, whatever their outcome
-}
-
-// DayStats is the aggregate of one day's statistics events.
-type DayStats struct {
-	Day     string             `json:"day"` // "2006-01-02" in the budget time zone
-	Users   map[string]UserDay `json:"users"`
-	IPs     map[string]IPDay   `json:"ips"`
-	Emails  map[string]IPDay   `json:"emails,omitempty"` // invite figures per submitted e-mail, when events carry one
-	Service ServiceDay         `json:"service"`
-}
-
-// Finding is one thing a detector noticed on one day.
-type Finding struct {
-	Day      string             `json:"day"`
-	Detector string             `json:"detector"`
-	Subject  string             `json:"subject"` // a user id, an IP, an e-mail or "service"
-	Figures  map[string]float64 `json:"figures"`
-}
-
-// DetectRun records one run of the daily detection.
-type DetectRun struct {
-	Day      string    `json:"day"`
-	RanAt    time.Time `json:"ran_at"`
-	Findings int       `json:"findings"`
-	Pruned   int       `json:"pruned"` // raw events deleted by this run
-	// GaveUp marks a day the scheduler gave up on after runs of it that
-	// started and never finished: it has no aggregate, and detection goes
-	// on with the next day.
-	GaveUp bool `json:"gave_up,omitempty"`
-}
 
 // StartDetectRun records that a run of day starts and returns how many
 // earlier runs of it started and never finished. SaveDetection,
@@ -113,7 +52,7 @@ func (db *DB) EndDetectRun(day string) error {
 // SaveDetectRun stores a run record and its findings without an
 // aggregate (a day given up), and clears the day's count of unfinished
 // runs.
-func (db *DB) SaveDetectRun(run DetectRun, findings []Finding) error {
+func (db *DB) SaveDetectRun(run detect.RunRecord, findings []detect.Finding) error {
 	if err := checkDay(run.Day); err != nil {
 		return fmt.Errorf("save detection run: %w", err)
 	}
@@ -133,7 +72,7 @@ func (db *DB) SaveDetectRun(run DetectRun, findings []Finding) error {
 }
 
 // putFindings replaces day's findings.
-func putFindings(tx *bbolt.Tx, day string, findings []Finding) error {
+func putFindings(tx *bbolt.Tx, day string, findings []detect.Finding) error {
 	fb := tx.Bucket(bucketFindings)
 	if fb.Bucket([]byte(day)) != nil {
 		if err := fb.DeleteBucket([]byte(day)); err != nil {
@@ -162,7 +101,7 @@ func clearAttempts(tx *bbolt.Tx, day string) error {
 // SaveDetection stores one day's aggregate, findings and run record in one
 // transaction, and clears the day's count of unfinished runs. A day run
 // again replaces what an earlier run stored for it.
-func (db *DB) SaveDetection(stats DayStats, findings []Finding, run DetectRun) error {
+func (db *DB) SaveDetection(stats detect.DayStats, findings []detect.Finding, run detect.RunRecord) error {
 	if err := checkDay(stats.Day); err != nil {
 		return fmt.Errorf("save detection: %w", err)
 	}
@@ -187,11 +126,11 @@ func (db *DB) SaveDetection(stats DayStats, findings []Finding, run DetectRun) e
 
 // DayStats returns the stored aggregates of the days from..to inclusive,
 // in day order. Days never aggregated are missing.
-func (db *DB) DayStats(from, to string) ([]DayStats, error) {
-	var out []DayStats
+func (db *DB) DayStats(from, to string) ([]detect.DayStats, error) {
+	var out []detect.DayStats
 	err := db.view(func(tx *bbolt.Tx) error {
 		return scanDays(tx.Bucket(bucketAggregates), from, to, func(k, v []byte) error {
-			var s DayStats
+			var s detect.DayStats
 			if err := json.Unmarshal(v, &s); err != nil {
 				return fmt.Errorf("aggregate %s: %w", k, err)
 			}
@@ -207,8 +146,8 @@ func (db *DB) DayStats(from, to string) ([]DayStats, error) {
 
 // Findings returns the findings of the days from..to inclusive, in day
 // order and, within a day, in the order they were stored.
-func (db *DB) Findings(from, to string) ([]Finding, error) {
-	var out []Finding
+func (db *DB) Findings(from, to string) ([]detect.Finding, error) {
+	var out []detect.Finding
 	err := db.view(func(tx *bbolt.Tx) error {
 		fb := tx.Bucket(bucketFindings)
 		var days [][]byte
@@ -221,7 +160,7 @@ func (db *DB) Findings(from, to string) ([]Finding, error) {
 		sort.Slice(days, func(i, j int) bool { return bytes.Compare(days[i], days[j]) < 0 })
 		for _, day := range days {
 			err := fb.Bucket(day).ForEach(func(k, v []byte) error {
-				var f Finding
+				var f detect.Finding
 				if err := json.Unmarshal(v, &f); err != nil {
 					return fmt.Errorf("finding %s/%x: %w", day, k, err)
 				}
@@ -241,21 +180,26 @@ func (db *DB) Findings(from, to string) ([]Finding, error) {
 }
 
 // LastDetectRun returns the run of the latest day detection has run for,
-// or ErrNotFound when it never ran.
-func (db *DB) LastDetectRun() (DetectRun, error) {
-	var run DetectRun
+// or errNoRun when it never ran.
+func (db *DB) LastDetectRun() (detect.RunRecord, error) {
+	var run detect.RunRecord
 	err := db.view(func(tx *bbolt.Tx) error {
 		k, v := tx.Bucket(bucketDetectRuns).Cursor().Last()
 		if k == nil {
-			return ErrNotFound
+			return errNoRun
 		}
 		return json.Unmarshal(v, &run)
 	})
 	if err != nil {
-		return DetectRun{}, fmt.Errorf("last detection run: %w", err)
+		return detect.RunRecord{}, fmt.Errorf("last detection run: %w", err)
 	}
 	return run, nil
 }
+
+// errNoRun is LastDetectRun's error on a database detection never ran
+// on: ErrNotFound to storage's own callers, and detect.ErrNoRun to the
+// Runner, which declares it.
+var errNoRun = fmt.Errorf("%w (%w)", ErrNotFound, detect.ErrNoRun)
 
 // prunePage is how many events PruneEvents deletes per transaction.
 const prunePage = 4096
@@ -289,15 +233,8 @@ func (db *DB) PruneEvents(before time.Time) (int, error) {
 	}
 }
 
-// AlertState is when one alert kind was last sent.
-type AlertState struct {
-	Kind    string    `json:"kind"`
-	SentAt  time.Time `json:"sent_at"`
-	Summary string    `json:"summary"`
-}
-
 // SaveAlertState records that an alert of st.Kind was sent at st.SentAt.
-func (db *DB) SaveAlertState(st AlertState) error {
+func (db *DB) SaveAlertState(st detect.AlertState) error {
 	if st.Kind == "" {
 		return fmt.Errorf("save alert state: %w: no kind", ErrInvalid)
 	}
@@ -311,11 +248,11 @@ func (db *DB) SaveAlertState(st AlertState) error {
 }
 
 // AlertStates returns the last sending of every alert kind, by kind.
-func (db *DB) AlertStates() ([]AlertState, error) {
-	var out []AlertState
+func (db *DB) AlertStates() ([]detect.AlertState, error) {
+	var out []detect.AlertState
 	err := db.view(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketAlerts).ForEach(func(k, v []byte) error {
-			var st AlertState
+			var st detect.AlertState
 			if err := json.Unmarshal(v, &st); err != nil {
 				return fmt.Errorf("alert state %s: %w", k, err)
 			}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"breakwater/detect"
 )
 
 func TestSaveDetectionReplacesTheDay(t *testing.T) {
@@ -11,16 +13,16 @@ func TestSaveDetectionReplacesTheDay(t *testing.T) {
 	if _, err := db.LastDetectRun(); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("LastDetectRun on a new database = %v, want ErrNotFound", err)
 	}
-	day := DayStats{Day: "2026-03-08", Users: map[string]UserDay{"u": {Attempts: 3}}}
-	first := []Finding{{Day: day.Day, Detector: "spike", Subject: "u"}, {Day: day.Day, Detector: "failures", Subject: "u"}}
-	if err := db.SaveDetection(day, first, DetectRun{Day: day.Day, Findings: 2}); err != nil {
+	day := detect.DayStats{Day: "2026-03-08", Users: map[string]detect.UserDay{"u": {Attempts: 3}}}
+	first := []detect.Finding{{Day: day.Day, Detector: "spike", Subject: "u"}, {Day: day.Day, Detector: "failures", Subject: "u"}}
+	if err := db.SaveDetection(day, first, detect.RunRecord{Day: day.Day, Findings: 2}); err != nil {
 		t.Fatal(err)
 	}
-	day.Users["u"] = UserDay{Attempts: 4}
-	if err := db.SaveDetection(day, first[:1], DetectRun{Day: day.Day, Findings: 1}); err != nil {
+	day.Users["u"] = detect.UserDay{Attempts: 4}
+	if err := db.SaveDetection(day, first[:1], detect.RunRecord{Day: day.Day, Findings: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.SaveDetection(DayStats{Day: "2026-03-07"}, nil, DetectRun{Day: "2026-03-07"}); err != nil {
+	if err := db.SaveDetection(detect.DayStats{Day: "2026-03-07"}, nil, detect.RunRecord{Day: "2026-03-07"}); err != nil {
 		t.Fatal(err)
 	}
 	stats, err := db.DayStats("2026-03-01", "2026-03-31")
@@ -44,7 +46,7 @@ func TestSaveDetectionReplacesTheDay(t *testing.T) {
 	if err != nil || run.Day != "2026-03-08" || run.Findings != 1 {
 		t.Errorf("LastDetectRun = %+v, %v; want 2026-03-08 with 1 finding", run, err)
 	}
-	if err := db.SaveDetection(DayStats{Day: "8 March"}, nil, DetectRun{}); !errors.Is(err, ErrInvalid) {
+	if err := db.SaveDetection(detect.DayStats{Day: "8 March"}, nil, detect.RunRecord{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad day: %v, want ErrInvalid", err)
 	}
 }
@@ -52,9 +54,9 @@ func TestSaveDetectionReplacesTheDay(t *testing.T) {
 func TestPruneEvents(t *testing.T) {
 	db := mustOpen(t)
 	base := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-	var events []Event
+	var events []detect.Event
 	for i := range 10 {
-		events = append(events, Event{Time: base.Add(time.Duration(i) * time.Hour), Route: "/v1/ocr"})
+		events = append(events, detect.Event{Time: base.Add(time.Duration(i) * time.Hour), Route: "/v1/ocr"})
 	}
 	if err := db.AppendEvents(events); err != nil {
 		t.Fatal(err)
@@ -69,9 +71,9 @@ func TestPruneEvents(t *testing.T) {
 	}
 
 	// More than one transaction's worth.
-	many := make([]Event, 2*prunePage+5)
+	many := make([]detect.Event, 2*prunePage+5)
 	for i := range many {
-		many[i] = Event{Time: base.Add(-time.Duration(i+1) * time.Second), Route: "/v1/ocr"}
+		many[i] = detect.Event{Time: base.Add(-time.Duration(i+1) * time.Second), Route: "/v1/ocr"}
 	}
 	if err := db.AppendEvents(many); err != nil {
 		t.Fatal(err)
@@ -84,7 +86,7 @@ func TestPruneEvents(t *testing.T) {
 func TestAlertStates(t *testing.T) {
 	db := mustOpen(t)
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for _, st := range []AlertState{{Kind: "brake_engaged", SentAt: at}, {Kind: "usage_commit_failed", SentAt: at}, {Kind: "brake_engaged", SentAt: at.Add(time.Hour)}} {
+	for _, st := range []detect.AlertState{{Kind: "brake_engaged", SentAt: at}, {Kind: "usage_commit_failed", SentAt: at}, {Kind: "brake_engaged", SentAt: at.Add(time.Hour)}} {
 		if err := db.SaveAlertState(st); err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +98,7 @@ func TestAlertStates(t *testing.T) {
 	if len(states) != 2 || states[0].Kind != "brake_engaged" || !states[0].SentAt.Equal(at.Add(time.Hour)) {
 		t.Errorf("AlertStates = %+v, want brake_engaged at 13:00 and usage_commit_failed", states)
 	}
-	if err := db.SaveAlertState(AlertState{}); !errors.Is(err, ErrInvalid) {
+	if err := db.SaveAlertState(detect.AlertState{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("no kind: %v, want ErrInvalid", err)
 	}
 }
@@ -120,14 +122,14 @@ func TestDetectRunAttempts(t *testing.T) {
 	if got, _ := db.StartDetectRun(day); got != 0 {
 		t.Errorf("after EndDetectRun: %d unfinished runs, want 0", got)
 	}
-	if err := db.SaveDetection(DayStats{Day: day}, nil, DetectRun{Day: day}); err != nil {
+	if err := db.SaveDetection(detect.DayStats{Day: day}, nil, detect.RunRecord{Day: day}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := db.StartDetectRun(day); got != 0 {
 		t.Errorf("after SaveDetection: %d unfinished runs, want 0", got)
 	}
-	gaveUp := Finding{Day: "2026-03-09", Detector: "detection_gave_up", Subject: "service"}
-	if err := db.SaveDetectRun(DetectRun{Day: "2026-03-09", GaveUp: true}, []Finding{gaveUp}); err != nil {
+	gaveUp := detect.Finding{Day: "2026-03-09", Detector: "detection_gave_up", Subject: "service"}
+	if err := db.SaveDetectRun(detect.RunRecord{Day: "2026-03-09", GaveUp: true}, []detect.Finding{gaveUp}); err != nil {
 		t.Fatal(err)
 	}
 	if run, err := db.LastDetectRun(); err != nil || run.Day != "2026-03-09" || !run.GaveUp {

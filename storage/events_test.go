@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"breakwater/detect"
 )
 
 func TestAppendEvents(t *testing.T) {
 	db := mustOpen(t)
 
 	// Two batches; equal times within and across batches.
-	batches := [][]Event{
+	batches := [][]detect.Event{
 		{
 			{Time: t0.Add(time.Second), Route: "a", IP: "192.0.2.1", Status: 200},
 			{Time: t0, Route: "b", Status: 429},
@@ -69,7 +71,7 @@ func TestAppendEvents(t *testing.T) {
 
 func TestAppendEventsInvalidWritesNothing(t *testing.T) {
 	db := mustOpen(t)
-	err := db.AppendEvents([]Event{{Time: t0, Route: "ok"}, {Route: "no time"}})
+	err := db.AppendEvents([]detect.Event{{Time: t0, Route: "ok"}, {Route: "no time"}})
 	if !errors.Is(err, ErrInvalid) {
 		t.Errorf("AppendEvents with a zero time = %v, want ErrInvalid", err)
 	}
@@ -89,22 +91,22 @@ func TestAppendEventsInvalidWritesNothing(t *testing.T) {
 func TestEachEventPages(t *testing.T) {
 	db := mustOpen(t)
 	n := 2*eventPage + 3
-	events := make([]Event, n)
+	events := make([]detect.Event, n)
 	for i := range events {
 		// Pairs of equal times, so a page may end between two of them.
-		events[i] = Event{Time: t0.Add(time.Duration(i/2) * time.Millisecond), Status: i}
+		events[i] = detect.Event{Time: t0.Add(time.Duration(i/2) * time.Millisecond), Status: i}
 	}
 	if err := db.AppendEvents(events); err != nil {
 		t.Fatal(err)
 	}
 	next := 0
-	err := db.EachEvent(time.Time{}, t0.Add(time.Hour), func(e Event) error {
+	err := db.EachEvent(time.Time{}, t0.Add(time.Hour), func(e detect.Event) error {
 		if e.Status != next {
 			return fmt.Errorf("event %d came as number %d", e.Status, next)
 		}
 		next++
 		if next == eventPage { // a write between two pages
-			return db.AppendEvents([]Event{{Time: t0.Add(2 * time.Hour), Status: -1}})
+			return db.AppendEvents([]detect.Event{{Time: t0.Add(2 * time.Hour), Status: -1}})
 		}
 		return nil
 	})
@@ -117,7 +119,7 @@ func TestEachEventPages(t *testing.T) {
 
 	stop := errors.New("stop")
 	seen := 0
-	err = db.EachEvent(time.Time{}, time.Time{}, func(Event) error {
+	err = db.EachEvent(time.Time{}, time.Time{}, func(detect.Event) error {
 		seen++
 		if seen == eventPage+1 {
 			return stop
@@ -126,15 +128,5 @@ func TestEachEventPages(t *testing.T) {
 	})
 	if !errors.Is(err, stop) || seen != eventPage+1 {
 		t.Errorf("EachEvent after fn's error: %v after %d events, want stop after %d", err, seen, eventPage+1)
-	}
-}
-
-func TestEventCount(t *testing.T) {
-	for _, tt := range []struct {
-		count, want int64
-	}{{0, 1}, {1, 1}, {7, 7}, {-3, 1}} {
-		if got := (Event{Count: tt.count}).N(); got != tt.want {
-			t.Errorf("Event{Count: %d}.N() = %d, want %d", tt.count, got, tt.want)
-		}
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
 )
 
 // The schema version 1 layout, written here by hand as that code wrote it,
@@ -360,7 +362,7 @@ func TestMigrateV2JWTUsers(t *testing.T) {
 		must(db.PutUser(User{ID: "alice", Plan: "pro", Banned: true, CreatedAt: t0}))
 		read := func(user, keyID string, n int) {
 			for i := range n {
-				must(db.RecordUsage(ctx, month, UsageRecord{Time: t0.Add(time.Duration(i) * time.Second), UserID: user, KeyID: keyID}, Settlement{}))
+				must(db.RecordUsage(ctx, month, budget.UsageRecord{Time: t0.Add(time.Duration(i) * time.Second), UserID: user, KeyID: keyID}, budget.Settlement{}))
 			}
 		}
 		read("alice", "key_a", 2)

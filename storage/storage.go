@@ -15,6 +15,11 @@
 // read) with an error that says so, rather than crash on it. It keeps no state in memory beyond the open file: live counters and
 // windows belong to the packages that use them. It is the only package that
 // imports bbolt.
+//
+// The money records (usage rows, settlements, ledger days) are declared by
+// budget, and the statistics events and what detection makes of them by
+// detect, each with the interfaces it needs from a database; DB implements
+// those interfaces, so neither budget nor detect imports storage.
 package storage
 
 import (
@@ -31,6 +36,9 @@ import (
 
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"breakwater/budget"
+	"breakwater/detect"
 )
 
 // DefaultPath is the database file used when Config.Path is empty.
@@ -167,8 +175,8 @@ var (
 	bucketKeys      = []byte("keys")       // key id -> JSON Key
 	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
 	bucketQuota     = []byte("quota")      // "2006-01" -> bucket of user id -> uint64
-	bucketUsage     = []byte("usage")      // timeKey -> JSON UsageRecord
-	bucketEvents    = []byte("events")     // timeKey -> JSON Event
+	bucketUsage     = []byte("usage")      // timeKey -> JSON budget.UsageRecord
+	bucketEvents    = []byte("events")     // timeKey -> JSON detect.Event
 
 	bucketBudgetDays   = []byte("budget_days")        // "2006-01-02" -> requests, spend
 	bucketReservations = []byte("reservations")       // id -> JSON open reservation
@@ -176,11 +184,11 @@ var (
 	bucketInvites      = []byte("invites")            // sha-256 of the normalised code -> JSON Invite
 	bucketRedemptions  = []byte("invite_redemptions") // invite's sha-256 -> bucket of e-mail -> JSON redemptionValue
 
-	bucketAggregates     = []byte("aggregates")      // "2006-01-02" -> JSON DayStats
-	bucketFindings       = []byte("findings")        // "2006-01-02" -> bucket of index -> JSON Finding
-	bucketDetectRuns     = []byte("detect_runs")     // "2006-01-02" -> JSON DetectRun
+	bucketAggregates     = []byte("aggregates")      // "2006-01-02" -> JSON detect.DayStats
+	bucketFindings       = []byte("findings")        // "2006-01-02" -> bucket of index -> JSON detect.Finding
+	bucketDetectRuns     = []byte("detect_runs")     // "2006-01-02" -> JSON detect.RunRecord
 	bucketDetectAttempts = []byte("detect_attempts") // "2006-01-02" -> runs started and not finished
-	bucketAlerts         = []byte("alerts")          // alert kind -> JSON AlertState
+	bucketAlerts         = []byte("alerts")          // alert kind -> JSON detect.AlertState
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
@@ -190,6 +198,15 @@ var (
 	}
 
 	keySchemaVersion = []byte("schema_version")
+)
+
+// What DB implements of the interfaces the deciding packages declare: a
+// second backend implements the same, and main wires it in DB's place.
+var (
+	_ budget.Ledger      = (*DB)(nil)
+	_ detect.Store       = (*DB)(nil)
+	_ detect.EventWriter = (*DB)(nil)
+	_ detect.AlertStore  = (*DB)(nil)
 )
 
 // DB is an open Breakwater database. Its methods are safe for concurrent

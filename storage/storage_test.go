@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
+	"breakwater/detect"
 )
 
 // quietLogger discards storage's log lines in tests.
@@ -321,7 +324,7 @@ func TestClosed(t *testing.T) {
 		call func() error
 	}{
 		{"RecordUsage", func() error {
-			return db.RecordUsage(t.Context(), "2026-01", UsageRecord{Time: time.Now(), UserID: "u1"}, Settlement{})
+			return db.RecordUsage(t.Context(), "2026-01", budget.UsageRecord{Time: time.Now(), UserID: "u1"}, budget.Settlement{})
 		}},
 		{"User", func() error { _, err := db.User("u1"); return err }},
 		{"Users", func() error { _, err := db.Users(); return err }},
@@ -329,7 +332,7 @@ func TestClosed(t *testing.T) {
 		{"PutUser", func() error { return db.PutUser(User{ID: "u1"}) }},
 		{"QuotaUsed", func() error { _, err := db.QuotaUsed("2026-01"); return err }},
 		{"Usage", func() error { _, err := db.Usage(time.Time{}, time.Time{}); return err }},
-		{"AppendEvents", func() error { return db.AppendEvents([]Event{{Time: time.Now()}}) }},
+		{"AppendEvents", func() error { return db.AppendEvents([]detect.Event{{Time: time.Now()}}) }},
 		{"Events", func() error { _, err := db.Events(time.Time{}, time.Time{}); return err }},
 	}
 	for _, c := range calls {

@@ -9,26 +9,12 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
 )
 
-// UsageRecord is one successful paid read, written with its quota increment.
-type UsageRecord struct {
-	Time             time.Time // when the read completed; required
-	UserID           string    // required
-	KeyID            string    // the API key's id; "jwt" for JWT callers
-	RequestID        string
-	Model            string
-	Outcome          string
-	Bytes            int64 // image bytes sent upstream
-	PromptTokens     int
-	CandidatesTokens int
-	ThoughtsTokens   int
-	CostMicroUSD     int64 // price of the call, in millionths of a US dollar
-	LatencyMS        int64 // upstream latency, in milliseconds
-}
-
-// validate reports the first field of r that storage cannot accept.
-func (r UsageRecord) validate() error {
+// validUsage reports the first field of r that storage cannot accept.
+func validUsage(r budget.UsageRecord) error {
 	if r.UserID == "" {
 		return fmt.Errorf("%w: usage record without user id", ErrInvalid)
 	}
@@ -48,7 +34,7 @@ func (r UsageRecord) validate() error {
 // ctx bounds only the wait to enqueue; once queued, RecordUsage waits for
 // the outcome, because the caller must know the record's fate. After Close
 // it returns ErrClosed.
-func (db *DB) RecordUsage(ctx context.Context, month string, rec UsageRecord, s Settlement) error {
+func (db *DB) RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error {
 	return db.commit(ctx, func(tx *bbolt.Tx) error {
 		if err := recordUsage(tx, month, rec); err != nil {
 			return err
@@ -59,11 +45,11 @@ func (db *DB) RecordUsage(ctx context.Context, month string, rec UsageRecord, s 
 
 // recordUsage is RecordUsage's transaction function. It is pure with respect
 // to tx, as commit requires.
-func recordUsage(tx *bbolt.Tx, month string, rec UsageRecord) error {
+func recordUsage(tx *bbolt.Tx, month string, rec budget.UsageRecord) error {
 	if err := checkMonth(month); err != nil {
 		return err
 	}
-	if err := rec.validate(); err != nil {
+	if err := validUsage(rec); err != nil {
 		return err
 	}
 
@@ -117,11 +103,11 @@ func (db *DB) QuotaUsed(month string) (map[string]int64, error) {
 // Usage returns the usage records with from <= Time < to, in time order
 // (records with equal times in the order they were written). A zero from
 // means from the first record; a zero to means up to the last.
-func (db *DB) Usage(from, to time.Time) ([]UsageRecord, error) {
-	var recs []UsageRecord
+func (db *DB) Usage(from, to time.Time) ([]budget.UsageRecord, error) {
+	var recs []budget.UsageRecord
 	err := db.view(func(tx *bbolt.Tx) error {
 		return scanRange(tx.Bucket(bucketUsage), from, to, func(k, v []byte) error {
-			var r UsageRecord
+			var r budget.UsageRecord
 			if err := json.Unmarshal(v, &r); err != nil {
 				return fmt.Errorf("usage row %x: %w", k, err)
 			}

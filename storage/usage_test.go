@@ -12,13 +12,15 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
 )
 
 const month = "2026-03"
 
 // usageAt returns a valid usage record for user at t.
-func usageAt(user string, t time.Time) UsageRecord {
-	return UsageRecord{
+func usageAt(user string, t time.Time) budget.UsageRecord {
+	return budget.UsageRecord{
 		Time: t, UserID: user, KeyID: "k-" + user, RequestID: "r-" + t.Format(time.RFC3339Nano),
 		Model: "gemini", Outcome: "ok", Bytes: 1234, PromptTokens: 10, CandidatesTokens: 5,
 		ThoughtsTokens: 1, CostMicroUSD: 42, LatencyMS: 300,
@@ -38,7 +40,7 @@ func TestRecordUsageConcurrent(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			user := fmt.Sprintf("u%d", i%3)
-			errs <- db.RecordUsage(t.Context(), month, usageAt(user, t0.Add(time.Duration(i)*time.Millisecond)), Settlement{})
+			errs <- db.RecordUsage(t.Context(), month, usageAt(user, t0.Add(time.Duration(i)*time.Millisecond)), budget.Settlement{})
 		})
 	}
 	wg.Wait()
@@ -87,7 +89,7 @@ func TestRecordUsageConcurrent(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.RecordUsage(t.Context(), month, usageAt("u0", t0), Settlement{}); !errors.Is(err, ErrClosed) {
+	if err := db.RecordUsage(t.Context(), month, usageAt("u0", t0), budget.Settlement{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("RecordUsage after Close = %v, want ErrClosed", err)
 	}
 
@@ -101,7 +103,7 @@ func TestRecordUsageInvalid(t *testing.T) {
 	tests := []struct {
 		name  string
 		month string
-		rec   UsageRecord
+		rec   budget.UsageRecord
 	}{
 		{name: "no user", month: month, rec: usageAt("", t0)},
 		{name: "zero time", month: month, rec: usageAt("u1", time.Time{})},
@@ -110,7 +112,7 @@ func TestRecordUsageInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := db.RecordUsage(t.Context(), tt.month, tt.rec, Settlement{}); !errors.Is(err, ErrInvalid) {
+			if err := db.RecordUsage(t.Context(), tt.month, tt.rec, budget.Settlement{}); !errors.Is(err, ErrInvalid) {
 				t.Errorf("RecordUsage = %v, want ErrInvalid", err)
 			}
 		})
@@ -146,13 +148,13 @@ func TestRecordUsageBadRecordFailsAlone(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range good {
 		wg.Go(func() {
-			if err := db.RecordUsage(t.Context(), month, usageAt("good", t0.Add(time.Duration(i))), Settlement{}); err != nil {
+			if err := db.RecordUsage(t.Context(), month, usageAt("good", t0.Add(time.Duration(i))), budget.Settlement{}); err != nil {
 				t.Errorf("good RecordUsage: %v", err)
 			}
 		})
 	}
 	badErr := make(chan error, 1)
-	wg.Go(func() { badErr <- db.RecordUsage(t.Context(), month, usageAt("", t0), Settlement{}) })
+	wg.Go(func() { badErr <- db.RecordUsage(t.Context(), month, usageAt("", t0), budget.Settlement{}) })
 	waitQueued(t, db, good+1)
 	txsBefore := db.txs.Load()
 	close(release)
@@ -212,7 +214,7 @@ func TestUsageRange(t *testing.T) {
 	for i, at := range times {
 		rec := usageAt("u1", at)
 		rec.RequestID = fmt.Sprint(i)
-		if err := db.RecordUsage(t.Context(), month, rec, Settlement{}); err != nil {
+		if err := db.RecordUsage(t.Context(), month, rec, budget.Settlement{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,12 +255,12 @@ func TestUsageRange(t *testing.T) {
 func BenchmarkRecordUsage(b *testing.B) {
 	modes := []struct {
 		name   string
-		record func(db *DB, rec UsageRecord) error
+		record func(db *DB, rec budget.UsageRecord) error
 	}{
-		{"group-commit", func(db *DB, rec UsageRecord) error {
-			return db.RecordUsage(context.Background(), month, rec, Settlement{})
+		{"group-commit", func(db *DB, rec budget.UsageRecord) error {
+			return db.RecordUsage(context.Background(), month, rec, budget.Settlement{})
 		}},
-		{"update-per-record", func(db *DB, rec UsageRecord) error {
+		{"update-per-record", func(db *DB, rec budget.UsageRecord) error {
 			return db.update(func(tx *bbolt.Tx) error { return recordUsage(tx, month, rec) })
 		}},
 	}

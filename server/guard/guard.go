@@ -25,7 +25,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
-	"breakwater/storage"
 )
 
 // Layer names, as in metrics, logs and Refusal.Layer.
@@ -87,7 +86,7 @@ type (
 	// increment, its usage row and its budget settlement) durably,
 	// returning only once it is on disk.
 	UsageRecorder interface {
-		RecordUsage(ctx context.Context, month string, rec storage.UsageRecord, s storage.Settlement) error
+		RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error
 	}
 )
 

@@ -9,7 +9,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
-	"breakwater/storage"
 )
 
 var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -18,7 +17,7 @@ var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 type ledger struct {
 	mu       sync.Mutex
 	reserved int
-	settled  []storage.Settlement
+	settled  []budget.Settlement
 }
 
 func (l *ledger) Reserve(context.Context, string, int64) (uint64, error) {
@@ -28,7 +27,7 @@ func (l *ledger) Reserve(context.Context, string, int64) (uint64, error) {
 	return uint64(l.reserved), nil
 }
 
-func (l *ledger) Settle(_ context.Context, s storage.Settlement) error {
+func (l *ledger) Settle(_ context.Context, s budget.Settlement) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.settled = append(l.settled, s)
@@ -39,10 +38,10 @@ func (l *ledger) Settle(_ context.Context, s storage.Settlement) error {
 type usage struct {
 	err     error
 	records int
-	last    storage.Settlement
+	last    budget.Settlement
 }
 
-func (u *usage) RecordUsage(_ context.Context, _ string, _ storage.UsageRecord, s storage.Settlement) error {
+func (u *usage) RecordUsage(_ context.Context, _ string, _ budget.UsageRecord, s budget.Settlement) error {
 	if u.err != nil {
 		return u.err
 	}
@@ -100,11 +99,11 @@ func TestTicketRecords(t *testing.T) {
 		t.Fatal(r)
 	}
 	tk.Commit(t.Context())
-	used, err := tk.Record(t.Context(), storage.UsageRecord{UserID: "alice"}, 40, now)
+	used, err := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now)
 	if err != nil || used != 1 {
 		t.Fatalf("Record = %d, %v; want 1 read", used, err)
 	}
-	if got, want := f.usage.last, (storage.Settlement{ID: 1, Day: "2026-11-30", ActualMicroUSD: 40}); got != want {
+	if got, want := f.usage.last, (budget.Settlement{ID: 1, Day: "2026-11-30", ActualMicroUSD: 40}); got != want {
 		t.Errorf("settlement %+v, want %+v", got, want)
 	}
 	if st := f.brake.Status(now); st.SpendMicroUSD != 40 || st.Requests != 1 {
@@ -135,7 +134,7 @@ func TestRefusals(t *testing.T) {
 		for range 2 {
 			tk, _ := f.g.Admit(alice, now)
 			tk.Reserve(1, now)
-			if _, err := tk.Record(t.Context(), storage.UsageRecord{}, 1, now); err != nil {
+			if _, err := tk.Record(t.Context(), budget.UsageRecord{}, 1, now); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -196,7 +195,7 @@ func TestFailedRecordPausesPaidCalls(t *testing.T) {
 	f.usage.err = errors.New("disk full")
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(10, now)
-	if _, err := tk.Record(t.Context(), storage.UsageRecord{}, 10, now); err == nil {
+	if _, err := tk.Record(t.Context(), budget.UsageRecord{}, 10, now); err == nil {
 		t.Fatal("Record succeeded on a failing disk")
 	}
 	if got := f.quotas.Used("alice", now); got != 0 {
@@ -216,7 +215,7 @@ func TestFailedRecordPausesPaidCalls(t *testing.T) {
 	}
 	f.usage.err = nil
 	probe.Reserve(10, later)
-	if _, err := probe.Record(t.Context(), storage.UsageRecord{}, 10, later); err != nil {
+	if _, err := probe.Record(t.Context(), budget.UsageRecord{}, 10, later); err != nil {
 		t.Fatal(err)
 	}
 	if _, r := f.g.Admit(alice, later); r != nil {
@@ -239,7 +238,7 @@ func TestClaimRetry(t *testing.T) {
 		t.Errorf("ledger has %d reservations, want the call and its retry", f.ledger.reserved)
 	}
 	tk.Fail(t.Context(), 7)
-	want := []storage.Settlement{{ID: 1, Day: "2026-11-30", ActualMicroUSD: 100}, {ID: 2, Day: "2026-11-30", ActualMicroUSD: 7}}
+	want := []budget.Settlement{{ID: 1, Day: "2026-11-30", ActualMicroUSD: 100}, {ID: 2, Day: "2026-11-30", ActualMicroUSD: 7}}
 	if len(f.ledger.settled) != 2 || f.ledger.settled[0] != want[0] || f.ledger.settled[1] != want[1] {
 		t.Errorf("settled %+v, want %+v", f.ledger.settled, want)
 	}

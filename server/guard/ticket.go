@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"breakwater/budget"
-	"breakwater/storage"
 )
 
 // Ticket carries one admitted request through the pipeline:
@@ -135,13 +134,13 @@ func (t *Ticket) settlement() (earlier []budget.Reservation, last budget.Reserva
 // It returns the user's reads this month, counting this one. On an error
 // nothing of the read is counted, the quota slot is given back, and paid
 // calls pause (see Admit): the caller withholds the result.
-func (t *Ticket) Record(ctx context.Context, rec storage.UsageRecord, cost int64, now time.Time) (used int64, err error) {
+func (t *Ticket) Record(ctx context.Context, rec budget.UsageRecord, cost int64, now time.Time) (used int64, err error) {
 	g := t.g
 	earlier, last, claimed := t.settlement()
 	for _, c := range earlier {
 		t.settle(ctx, c, c.Worst)
 	}
-	var settlement storage.Settlement
+	var settlement budget.Settlement
 	if claimed {
 		settlement = last.Settlement(cost)
 	}

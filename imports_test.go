@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"go/build"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// module is this module's path, the prefix of every package of ours.
+const module = "breakwater"
+
+// modulePackages reads the non-test imports of every package of the
+// module from its source files, by import path, without the go command.
+func modulePackages(t *testing.T) map[string][]string {
+	t.Helper()
+	pkgs := map[string][]string{}
+	err := filepath.WalkDir(".", func(dir string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if name := d.Name(); dir != "." && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+			return filepath.SkipDir
+		}
+		p, err := build.ImportDir(dir, 0)
+		var none *build.NoGoError
+		if errors.As(err, &none) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		path := module
+		if dir != "." {
+			path += "/" + filepath.ToSlash(dir)
+		}
+		pkgs[path] = p.Imports // Imports leaves out the test files' imports
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pkgs
+}
+
+// within reports whether path is pkg or one of its subpackages.
+func within(path, pkg string) bool {
+	return path == pkg || strings.HasPrefix(path, pkg+"/")
+}
+
+// TestLayerPackagesImportNeitherStorageNorServer keeps the dependencies
+// pointing inward: the packages that decide (limiter, budget, detect, the
+// guard) and the upstream client (ocr) know neither the database nor the
+// transport,
+// even through another package of ours; only the transport (server and
+// its subpackages) and main import Echo; only storage imports bbolt. Test
+// files are left out: a test may open a real database.
+func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
+	if _, err := os.Stat("go.mod"); err != nil {
+		t.Fatalf("the test runs from the module's root: %v", err)
+	}
+	pkgs := modulePackages(t)
+	for _, pkg := range []string{"breakwater", "breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server", "breakwater/server/guard", "breakwater/storage"} {
+		if _, ok := pkgs[pkg]; !ok {
+			t.Fatalf("package %s not found among %d packages read", pkg, len(pkgs))
+		}
+	}
+
+	// deps returns every package of the module that pkg depends on,
+	// directly or not, with the chain of imports that leads to it.
+	deps := func(pkg string) map[string][]string {
+		chains := map[string][]string{}
+		var walk func(from string, chain []string)
+		walk = func(from string, chain []string) {
+			for _, imp := range pkgs[from] {
+				if !within(imp, module) {
+					continue
+				}
+				if _, seen := chains[imp]; seen {
+					continue
+				}
+				chains[imp] = append(slices.Clone(chain), imp)
+				walk(imp, chains[imp])
+			}
+		}
+		walk(pkg, []string{pkg})
+		return chains
+	}
+	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard"} {
+		t.Run(pkg, func(t *testing.T) {
+			chains := deps(pkg)
+			for _, dep := range slices.Sorted(maps.Keys(chains)) {
+				if within(dep, "breakwater/storage") || (within(dep, "breakwater/server") && dep != pkg) {
+					t.Errorf("%s depends on %s: %s", pkg, dep, strings.Join(chains[dep], " -> "))
+				}
+			}
+		})
+	}
+
+	// The transport and the database each stay inside their package.
+	for _, tt := range []struct {
+		name    string
+		lib     string                // an imported library and its subpackages
+		allowed func(pkg string) bool // the packages of ours that may import it
+		needed  string                // one that does: the check reads real imports
+	}{
+		{"echo", "github.com/labstack/echo/v4", func(pkg string) bool {
+			return pkg == module || (within(pkg, "breakwater/server") && pkg != "breakwater/server/guard")
+		}, "breakwater/server"},
+		{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if !slices.ContainsFunc(pkgs[tt.needed], func(imp string) bool { return within(imp, tt.lib) }) {
+				t.Fatalf("%s does not import %s: the imports were not read", tt.needed, tt.lib)
+			}
+			for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+				for _, imp := range pkgs[pkg] {
+					if within(imp, tt.lib) && !tt.allowed(pkg) {
+						t.Errorf("%s imports %s", pkg, imp)
+					}
+				}
+			}
+		})
+	}
+}
