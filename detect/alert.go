@@ -57,13 +57,11 @@ type Alerter struct {
 	store AlertStore
 	o     AlerterOptions
 	log   *slog.Logger
-	queue chan pending
+	queue *queue[pending]
 	done  chan struct{}
-	once  sync.Once
 
-	mu       sync.Mutex
-	stopping bool
-	last     map[string]AlertState
+	mu   sync.Mutex
+	last map[string]AlertState
 }
 
 type pending struct {
@@ -98,7 +96,7 @@ func NewAlerter(store AlertStore, o AlerterOptions) (*Alerter, error) {
 	}
 	a := &Alerter{
 		store: store, o: o, log: o.Logger.With("component", "alerts"),
-		queue: make(chan pending, o.QueueSize), done: make(chan struct{}),
+		queue: newQueue[pending](o.QueueSize), done: make(chan struct{}),
 		last: map[string]AlertState{},
 	}
 	for _, st := range states {
@@ -120,18 +118,15 @@ func (a *Alerter) Alert(kind, summary string, details map[string]string) {
 	}
 	now := a.o.Now()
 	a.mu.Lock()
-	if a.stopping || a.suppressed(a.last[kind], now) {
-		a.mu.Unlock()
+	defer a.mu.Unlock()
+	if a.queue.Closed() || a.suppressed(a.last[kind], now) {
 		return
 	}
 	st := AlertState{Kind: kind, SentAt: now, Summary: summary}
 	a.last[kind] = st
-	select {
-	case a.queue <- pending{st: st, details: details}:
-	default:
+	if !a.queue.Push(pending{st: st, details: details}) {
 		a.o.Counters.AlertFailures.Add(1)
 	}
-	a.mu.Unlock()
 }
 
 // suppressed reports whether an alert sent as last holds back one at now.
@@ -158,12 +153,7 @@ func (a *Alerter) Recent() []AlertState {
 // Close stops taking alerts and waits, until ctx ends, for the queued
 // ones to be stored and handed to the mailer.
 func (a *Alerter) Close(ctx context.Context) error {
-	a.once.Do(func() {
-		a.mu.Lock()
-		a.stopping = true
-		close(a.queue)
-		a.mu.Unlock()
-	})
+	a.queue.Close()
 	select {
 	case <-a.done:
 		return nil
@@ -174,7 +164,7 @@ func (a *Alerter) Close(ctx context.Context) error {
 
 func (a *Alerter) loop() {
 	defer close(a.done)
-	for p := range a.queue {
+	for p := range a.queue.Items() {
 		if err := a.store.SaveAlertState(p.st); err != nil {
 			a.o.Counters.AlertFailures.Add(1)
 			a.log.Error("alert state not stored: a restart may repeat this alert", "kind", p.st.Kind, "err", err)

@@ -54,13 +54,10 @@ type Mailer struct {
 	cfg   AlertsConfig
 	o     MailerOptions
 	log   *slog.Logger
-	queue chan message
-	stop  chan struct{}
+	queue *queue[message]
+	stop  chan struct{} // cuts retry waits short at Close
 	done  chan struct{}
 	once  sync.Once
-
-	mu       sync.RWMutex
-	stopping bool
 }
 
 type message struct{ subject, body string }
@@ -96,7 +93,7 @@ func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
 	}
 	m := &Mailer{
 		cfg: cfg, o: o, log: o.Logger.With("component", "mail"),
-		queue: make(chan message, o.QueueSize), stop: make(chan struct{}), done: make(chan struct{}),
+		queue: newQueue[message](o.QueueSize), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	go m.loop()
 	return m, nil
@@ -105,14 +102,8 @@ func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
 // Send queues a message without waiting; false means it was dropped (a
 // full queue or a closed Mailer) and counted.
 func (m *Mailer) Send(subject, body string) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if !m.stopping {
-		select {
-		case m.queue <- message{subject: subject, body: body}:
-			return true
-		default:
-		}
+	if m.queue.Push(message{subject: subject, body: body}) {
+		return true
 	}
 	m.o.Counters.AlertFailures.Add(1)
 	m.log.Error("e-mail dropped: the mail queue is full or closed", "subject", subject)
@@ -123,11 +114,8 @@ func (m *Mailer) Send(subject, body string) bool {
 // queued message once more, until ctx ends.
 func (m *Mailer) Close(ctx context.Context) error {
 	m.once.Do(func() {
-		m.mu.Lock()
-		m.stopping = true
+		m.queue.Close()
 		close(m.stop)
-		close(m.queue)
-		m.mu.Unlock()
 	})
 	select {
 	case <-m.done:
@@ -139,7 +127,7 @@ func (m *Mailer) Close(ctx context.Context) error {
 
 func (m *Mailer) loop() {
 	defer close(m.done)
-	for msg := range m.queue {
+	for msg := range m.queue.Items() {
 		m.deliver(msg)
 	}
 }

@@ -3,7 +3,6 @@ package detect
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -42,18 +41,14 @@ type RecorderOptions struct {
 // the rest under Other) and one per refusal reason, each with its Count.
 // A crash loses the counts of the window under way.
 type Recorder struct {
-	w      EventWriter
-	opts   RecorderOptions
-	log    *slog.Logger
-	queue  chan Event
-	done   chan struct{}
-	closed sync.Once
-
-	mu       sync.RWMutex // guards stopping against a concurrent Record
-	stopping bool
+	w     EventWriter
+	opts  RecorderOptions
+	log   *slog.Logger
+	queue *queue[Event]
+	done  chan struct{}
 
 	written atomic.Uint64
-	dropped atomic.Uint64
+	lost    atomic.Uint64 // events of batches whose write failed
 	failed  atomic.Uint64
 }
 
@@ -84,7 +79,7 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 		w:     w,
 		opts:  opts,
 		log:   opts.Logger.With("component", "detect"),
-		queue: make(chan Event, opts.QueueSize),
+		queue: newQueue[Event](opts.QueueSize),
 		done:  make(chan struct{}),
 	}
 	go r.loop()
@@ -94,22 +89,10 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 // Record queues e without waiting. A full queue, or a stopped recorder,
 // drops the event and counts it. Invite refusals and cooldown starts are
 // counted into the tally rather than stored one by one.
-func (r *Recorder) Record(e Event) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.stopping {
-		r.dropped.Add(1)
-		return
-	}
-	select {
-	case r.queue <- e:
-	default:
-		r.dropped.Add(1)
-	}
-}
+func (r *Recorder) Record(e Event) { r.queue.Push(e) }
 
 // Dropped is the number of events lost to a full queue or a failed write.
-func (r *Recorder) Dropped() uint64 { return r.dropped.Load() }
+func (r *Recorder) Dropped() uint64 { return r.queue.Dropped() + r.lost.Load() }
 
 // Written is the number of events stored.
 func (r *Recorder) Written() uint64 { return r.written.Load() }
@@ -117,12 +100,7 @@ func (r *Recorder) Written() uint64 { return r.written.Load() }
 // Close writes what is queued and stops the writer. It gives up when ctx
 // ends; what was still queued then is lost and counted as dropped.
 func (r *Recorder) Close(ctx context.Context) error {
-	r.closed.Do(func() {
-		r.mu.Lock()
-		r.stopping = true
-		close(r.queue)
-		r.mu.Unlock()
-	})
+	r.queue.Close()
 	select {
 	case <-r.done:
 		return nil
@@ -139,7 +117,7 @@ func (r *Recorder) loop() {
 	defer timer.Stop()
 	for {
 		select {
-		case e, ok := <-r.queue:
+		case e, ok := <-r.queue.Items():
 			if !ok {
 				r.flush(t.drain(batch))
 				return
@@ -171,7 +149,7 @@ func (r *Recorder) flush(batch []Event) []Event {
 		return batch
 	}
 	if err := r.w.AppendEvents(batch); err != nil {
-		r.dropped.Add(uint64(len(batch)))
+		r.lost.Add(uint64(len(batch)))
 		if r.failed.Add(1) == 1 || r.failed.Load()%100 == 0 {
 			r.log.Warn("statistics events dropped", "events", len(batch), "failures", r.failed.Load(), "err", err)
 		}
