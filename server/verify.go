@@ -153,7 +153,7 @@ func decodeVerifyRequest(r io.Reader) (verifyRequest, error) {
 }
 
 // handleVerifyInvite checks an invite code for an e-mail and redeems one
-// use. The protections run in the order of DESIGN.md: the IP rate limit
+// use. The protections run in the order of docs/DESIGN.md: the IP rate limit
 // and burst (429 with Retry-After), then the fail limit per IP and per
 // e-mail, then the service-wide net. Every refusal that concerns the code
 // gives errInviteRefused, byte for byte, after the same work: the code is
