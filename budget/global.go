@@ -21,7 +21,7 @@ var (
 
 // PausedError refuses an upstream call that does not fit a ceiling.
 type PausedError struct {
-	Ceiling    string        // which ceiling: "daily_requests", "daily_usd" or "monthly_usd" (for logs only)
+	Ceiling    string        // which ceiling: "daily_requests", "daily_usd", "monthly_usd", or "manual" for the operator's switch (for logs only)
 	RetryAfter time.Duration // until the ceiling's period ends; BusyRetryAfter when Busy
 	// Busy means the money already spent leaves room for the call, and
 	// what blocks it is the worst case held by calls still in flight:
@@ -29,6 +29,10 @@ type PausedError struct {
 	// brake is not engaged and the call may fit soon.
 	Busy bool
 }
+
+// ManualRetryAfter is the RetryAfter while the operator's switch is on.
+// The switch has no end time; this is how often a client may look again.
+const ManualRetryAfter = 5 * time.Minute
 
 // BusyRetryAfter is the RetryAfter of a call refused only because of the
 // worst cases that calls in flight hold: about the time one upstream call
@@ -162,7 +166,7 @@ func (g *Global) check(worst int64, now time.Time) error {
 	lim := g.limits
 	switch {
 	case g.manual:
-		return &PausedError{Ceiling: "manual", RetryAfter: time.Hour}
+		return &PausedError{Ceiling: "manual", RetryAfter: ManualRetryAfter}
 	case lim.requests > 0 && g.requests+1 > lim.requests:
 		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:

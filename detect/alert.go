@@ -17,10 +17,11 @@ import (
 // Alert kinds raised by the service itself. Other kinds may be added by
 // callers; a kind is a short snake_case name.
 const (
-	KindBrakeEngaged      = "brake_engaged"       // the global budget brake refused a call
-	KindUsageCommitFailed = "usage_commit_failed" // a usage record could not be written: 503s
-	KindFailOpen          = "layer_failing_open"  // a defense layer failed open repeatedly
-	KindInviteNet         = "invite_net_tripped"  // the invite service-wide fail net tripped
+	KindBrakeEngaged       = "brake_engaged"        // the global budget brake refused a call
+	KindUsageCommitFailed  = "usage_commit_failed"  // a usage record could not be written: 503s
+	KindFailOpen           = "layer_failing_open"   // a defense layer failed open repeatedly
+	KindInviteNet          = "invite_net_tripped"   // the invite service-wide fail net tripped
+	KindUpstreamKeyRefused = "upstream_key_refused" // the upstream refused GEMINI_API_KEY: every read fails
 )
 
 // DefaultAlertQueue is how many alerts wait to be stored and mailed.

@@ -233,13 +233,20 @@ func TestManualBrake(t *testing.T) {
 	if !b.Manual || !b.Engaged || b.EngagedBy != "manual" {
 		t.Errorf("budget after brake on: %+v", b)
 	}
+	// The answer says what is true: the operator paused the service (not
+	// a spending limit), and to look again in five minutes.
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 8, 8))
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "paused_by_operator")
+	if got := resp.Header.Get("Retry-After"); got != "300" {
+		t.Errorf("Retry-After %q, want 300", got)
+	}
 	if got := e.gemini.calls.Load(); got != 0 {
 		t.Errorf("%d upstream calls with the brake on", got)
 	}
-	if got := rec.got(); len(got) != 0 {
-		t.Errorf("the operator's own switch raised alerts %v", got)
+	// The alert confirms that calls are really refused, as the README
+	// says of brake_engaged.
+	if got := rec.got(); len(got) != 1 || got[0] != "brake_engaged" {
+		t.Errorf("the operator's switch raised alerts %v, want brake_engaged", got)
 	}
 	// The switch survives a restart.
 	if on, err := e.db.Flag("brake"); err != nil || !on {

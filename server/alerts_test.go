@@ -223,3 +223,27 @@ func TestDashboardShowsAlerts(t *testing.T) {
 	}
 	t.Errorf("dashboard findings and alerts:\n%s\nwant the brake_engaged alert", shown)
 }
+
+// A refused GEMINI_API_KEY fails every read until the operator fixes it:
+// it is mailed at once, not in the next day's digest.
+func TestRefusedUpstreamKeyAlertsAtOnce(t *testing.T) {
+	rec := &recordingAlerter{}
+	e := newEnv(t, envOptions{alerts: rec})
+	e.gemini.set(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT",`+
+			`"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID"}]}}`)
+	})
+	resp, data := e.post(e.key, "image/png", pngBytes(t, 8, 8))
+	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	if got := rec.got(); len(got) != 1 || got[0] != detect.KindUpstreamKeyRefused {
+		t.Errorf("alerts %v, want %s", got, detect.KindUpstreamKeyRefused)
+	}
+	// Another upstream failure is no key alert.
+	e.gemini.set(func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, http.StatusInternalServerError, "INTERNAL") })
+	e.post(e.key, "image/png", pngBytes(t, 8, 8))
+	if got := rec.got(); len(got) != 1 {
+		t.Errorf("alerts after a 500: %v, want still only the key alert", got)
+	}
+}

@@ -6,7 +6,7 @@
 // every failure as application/problem+json (RFC 9457).
 //
 // Echo stays inside this package. Handlers walk the protection layers in the
-// order docs/DESIGN.md describes (through server/guard); the package holds no
-// thresholds of its own and never
-// writes to disk except through the recorders and stores it is given.
+// order docs/DESIGN.md describes (through server/guard); the package holds
+// no thresholds of its own and never writes to disk except through the
+// recorders and stores it is given.
 package server

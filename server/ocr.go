@@ -45,6 +45,8 @@ var (
 		"Your monthly quota is used up; it resets at the start of next month.")
 	errBudgetBusy = problem(http.StatusServiceUnavailable, "budget_busy", "Service busy",
 		"The service is busy with other reads right now. Try again after the time in Retry-After.")
+	errPausedByOperator = problem(http.StatusServiceUnavailable, "paused_by_operator", "Service paused",
+		"The operator has paused this service. Try again later.")
 	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
 		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
 )
@@ -169,6 +171,12 @@ func (s *Server) handleOCR(c echo.Context) error {
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
 		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
+		if errors.Is(err, ocr.ErrKeyRefused) {
+			// Every read fails until the operator fixes the key: say so
+			// now, not in tomorrow's digest.
+			s.alert(detect.KindUpstreamKeyRefused, "Gemini refused GEMINI_API_KEY: every read fails (502) until the key is fixed",
+				map[string]string{"error": err.Error()})
+		}
 		return errUpstream
 	}
 
@@ -304,15 +312,18 @@ func (s *Server) refusal(r *guard.Refusal) error {
 		// Only the worst cases of calls in flight block this one: the
 		// brake is not engaged, and a retry in seconds may fit.
 		return errBudgetBusy.withRetryAfter(retry)
+	case r.Reason == "manual":
+		return errPausedByOperator.withRetryAfter(retry)
 	}
 	return errBudgetPaused.withRetryAfter(retry)
 }
 
 // refusedBy counts a refusal of the guard, and raises the brake alert
-// when a budget ceiling (not the operator's own switch) holds.
+// when a budget ceiling or the operator's switch holds (for the switch,
+// the alert confirms that calls are really refused).
 func (s *Server) refusedBy(r *guard.Refusal) {
 	s.refused(r.Layer, r.Reason)
-	if r.Layer == guard.LayerBudget && !r.Busy && r.Reason != "manual" {
+	if r.Layer == guard.LayerBudget && !r.Busy {
 		s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
 			map[string]string{"ceiling": r.Reason, "retry_after": r.RetryAfter.Round(time.Second).String()})
 	}
