@@ -360,7 +360,7 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 	if err != nil {
 		return err
 	}
-	op, closeOp, err := app.OpenOperator(c, app.Options{Getenv: getenv})
+	op, closeOp, err := app.OpenOperator(c, app.Options{Getenv: getenv, CreateDatabase: name == "keys create"})
 	if err != nil {
 		return err
 	}

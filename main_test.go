@@ -85,7 +85,7 @@ func TestShippedConfigIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Plans["free"].MonthlyQuota == 0 || c.OCR.Provider != "gemini" || c.Storage.Path != "data/breakwater.db" || c.Auth.JWT.Enabled() {
+	if c.Plans["free"].MonthlyQuota == 0 || c.OCR.Provider != "gemini" || c.Storage.Path != filepath.Join(cwd(t), "data", "breakwater.db") || c.Auth.JWT.Enabled() {
 		t.Errorf("unexpected shipped config: %+v", c)
 	}
 	// The shipped [invites] spells out the defaults.
@@ -721,6 +721,14 @@ monthly_quota = 10
 		return lines[len(lines)-1]
 	}
 
+	// A fresh install: invites create makes no database (keys create does).
+	if _, err := invites("list"); err == nil || !strings.Contains(err.Error(), "no database at") {
+		t.Fatalf("invites list on a fresh install: %v, want no database", err)
+	}
+	if err := run(context.Background(), []string{"keys", "create", "--user", "setup", "--config", path}, env, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+
 	// Stopped: straight to the database.
 	out, err := invites("create", "--uses", "2", "--expires", "0", "--note", "first batch")
 	if err != nil {
@@ -902,4 +910,13 @@ func TestShutdownOutlastsTheUpstreamCall(t *testing.T) {
 			t.Errorf("ocr.timeout %v: shutdown waits %v, want more than the call plus the record's 10 s", timeout, got)
 		}
 	}
+}
+
+func cwd(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

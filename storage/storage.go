@@ -27,6 +27,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -105,6 +106,11 @@ var (
 	// names what was found; the remedy is a backup.
 	ErrDamaged = errors.New("storage: the database is damaged")
 
+	// ErrNoDatabase means Options.MustExist was set and no file is at the
+	// path: an operator command pointed at the wrong place must not create
+	// an empty database and report on it.
+	ErrNoDatabase = errors.New("storage: no database at this path")
+
 	// ErrNewerSchema means the database was written by a newer Breakwater
 	// whose schema this code does not know.
 	ErrNewerSchema = errors.New("storage: database schema is newer than this breakwater")
@@ -162,6 +168,10 @@ type Options struct {
 	// without it Open still refuses a truncated file and turns a damaged
 	// page met while opening into ErrDamaged instead of a crash.
 	Check bool
+
+	// MustExist refuses, with ErrNoDatabase, to create a database that is
+	// not there yet (nor its folder).
+	MustExist bool
 
 	// NoSync skips fsync after each commit. For benchmarks and throwaway
 	// databases only: a crash can lose or corrupt committed data.
@@ -248,6 +258,11 @@ func Open(path string, opts Options) (*DB, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.MustExist {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("open %s: %w", path, ErrNoDatabase)
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("open %s: folder: %w", path, err)

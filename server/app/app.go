@@ -43,6 +43,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of every time-based part. Nil: time.Now.
 	Now func() time.Time
+	// CreateDatabase lets OpenOperator create the database when there is
+	// none yet (keys create on a fresh install). Without it an operator
+	// command refuses, naming the path it looked for. Open (serve)
+	// always may.
+	CreateDatabase bool
 }
 
 func (o Options) withDefaults() Options {
@@ -110,7 +115,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := a.openState(cfg, lockTimeout); err != nil {
+	if err := a.openState(cfg, lockTimeout, false); err != nil {
 		return nil, err
 	}
 	// Layer 4's daily detection, and the operator's commands for the
@@ -199,8 +204,12 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 // openState opens the database and loads what the layers keep in memory:
 // rate windows, attempt counts, quotas, the budget and its manual switch,
 // the invite guard, the plans and the keyring.
-func (a *App) openState(cfg Config, timeout time.Duration) error {
-	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log})
+func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error {
+	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log, MustExist: mustExist})
+	if errors.Is(err, storage.ErrNoDatabase) {
+		return fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder); "+
+			"serve and keys create make a new one", cfg.Storage.Path)
+	}
 	if err != nil {
 		return err
 	}

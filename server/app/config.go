@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -70,10 +71,14 @@ func Load(path string, getenv func(string) string) (Config, error) {
 // unless optional.
 func Read(path string, getenv func(string) string, optional bool) (Config, error) {
 	k := koanf.New(".")
+	// A relative storage.path is taken from the config file's folder, so
+	// an operator command run from elsewhere finds the same database.
+	base := "."
 	if _, err := os.Stat(path); err == nil {
 		if err := k.Load(file.Provider(path), toml.Parser()); err != nil {
 			return Config{}, fmt.Errorf("config %s: %w", path, err)
 		}
+		base = filepath.Dir(path)
 	} else if !optional {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -133,6 +138,11 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 		}
 	}
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
+	if !filepath.IsAbs(c.Storage.Path) {
+		if c.Storage.Path, err = filepath.Abs(filepath.Join(base, c.Storage.Path)); err != nil {
+			return Config{}, fmt.Errorf("config %s: storage.path: %w", path, err)
+		}
+	}
 	c.Limits.User = c.Limits.User.WithDefaults()
 	c.Auth.JWT = c.Auth.JWT.WithDefaults()
 	c.Invites = c.Invites.WithDefaults()

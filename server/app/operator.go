@@ -49,7 +49,7 @@ const operatorLockTimeout = 300 * time.Millisecond
 func OpenOperator(cfg Config, opts Options) (Operator, func(), error) {
 	opts = opts.withDefaults()
 	a := &App{opts: opts, log: opts.Logger, cfg: cfg}
-	err := a.openState(cfg, operatorLockTimeout)
+	err := a.openState(cfg, operatorLockTimeout, !opts.CreateDatabase)
 	if errors.Is(err, storage.ErrLocked) {
 		a.Close()
 		token := opts.Getenv("BREAKWATER_ADMIN_TOKEN")
