@@ -241,7 +241,9 @@ func TestRefusedUpstreamKeyAlertsAtOnce(t *testing.T) {
 		t.Errorf("alerts %v, want %s", got, detect.KindUpstreamKeyRefused)
 	}
 	// Another upstream failure is no key alert.
-	e.gemini.set(func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, http.StatusInternalServerError, "INTERNAL") })
+	e.gemini.set(func(w http.ResponseWriter, r *http.Request) {
+		writeUpstreamError(w, http.StatusInternalServerError, "INTERNAL")
+	})
 	e.post(e.key, "image/png", pngBytes(t, 8, 8))
 	if got := rec.got(); len(got) != 1 {
 		t.Errorf("alerts after a 500: %v, want still only the key alert", got)
