@@ -189,6 +189,9 @@ func cmdConfigCheck(args []string, getenv func(string) string, stdout, stderr io
 	for _, w := range c.OffSwitches() {
 		fmt.Fprintln(stdout, "WARNING: limit off:", w)
 	}
+	for _, w := range c.Warnings() {
+		fmt.Fprintln(stdout, "warning:", w)
+	}
 	return nil
 }
 

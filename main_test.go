@@ -600,7 +600,10 @@ monthly_quota = 100
 	write(strings.Replace(base, `listen = "127.0.0.1:0"`, `listen = "127.0.0.1:1"`, 1) + "[limits.user]\nrate = 5\nwindow = \"1h\"\n" +
 		"[detect]\nip_users = 7\nrun_at = \"01:30\"\n")
 	waitFor(t, logs, regexp.MustCompile(`msg="config reloaded"`))
-	for _, key := range []string{"server", "detect.run_at"} {
+	if !strings.Contains(logs.String(), `changed="detect.ip_users detect.run_at limits.user.rate server.listen"`) {
+		t.Errorf("the reload does not name the keys that changed:\n%s", logs.String())
+	}
+	for _, key := range []string{"server.listen", "detect.run_at"} {
 		if !strings.Contains(logs.String(), `needs a restart to apply" key=`+key+"\n") {
 			t.Errorf("the %s change was not reported as needing a restart:\n%s", key, logs.String())
 		}

@@ -107,6 +107,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	for _, w := range cfg.OffSwitches() {
 		log.Warn("LIMIT OFF: " + w)
 	}
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
+	}
 	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
 	if err := CheckAdminListen(cfg.Server.AdminListen, adminToken); err != nil {
 		return nil, err

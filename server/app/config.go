@@ -49,6 +49,19 @@ type Config struct {
 	// Alerts is nil when config.toml has no [alerts] section: mail is off
 	// and alerts are only logged.
 	Alerts *detect.AlertsConfig `koanf:"alerts"`
+
+	// warnings are what Read noticed that is not an error; see Warnings.
+	warnings []string
+}
+
+// Warnings are what reading the config noticed that is not an error but
+// is probably a mistake, for serve and config check to show.
+func (c Config) Warnings() []string { return c.warnings }
+
+// secretVars are the environment variables with the prefix that are not
+// key overrides.
+var secretVars = map[string]bool{
+	"BREAKWATER_ADMIN_TOKEN": true, "BREAKWATER_SMTP_PASSWORD": true, "BREAKWATER_POSTGRES_URL": true, "BREAKWATER_SECRET": true,
 }
 
 // Load reads path (which must exist), applies
@@ -110,12 +123,23 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 	}
 	// A BREAKWATER_SECTION__KEY that names no key is a typo, refused like
 	// one in the file.
+	// A BREAKWATER_X_Y with single underscores looks like an override but
+	// is none: said, since the operator surely meant one.
+	var warnings []string
 	for _, kv := range environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, envPrefix) && strings.Contains(name, "__") && getenv(name) != "" {
-			if _, ok := byEnv[name]; !ok {
-				return Config{}, fmt.Errorf("environment %s: names no key of config.toml", name)
+		if !strings.HasPrefix(name, envPrefix) || getenv(name) == "" || secretVars[name] {
+			continue
+		}
+		if _, ok := byEnv[name]; !ok && strings.Contains(name, "__") {
+			return Config{}, fmt.Errorf("environment %s: names no key of config.toml", name)
+		}
+		if !strings.Contains(name, "__") {
+			hint := ""
+			if key := lookAlike(name, byEnv); key != "" {
+				hint = fmt.Sprintf(" (for %s write %s)", key, envName(key))
 			}
+			warnings = append(warnings, fmt.Sprintf("environment %s is not read: an override separates section and key with two underscores, BREAKWATER_SECTION__KEY%s", name, hint))
 		}
 	}
 
@@ -123,7 +147,7 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 	// default, and only an explicit 0 switches a limit off.
 	c := defaults()
 	err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:  mapstructure.ComposeDecodeHookFunc(strictNumbers, mapstructure.StringToTimeDurationHookFunc()),
+		DecodeHook:  strictValues,
 		ErrorUnused: true,
 		TagName:     "koanf",
 		Result:      &c,
@@ -137,6 +161,7 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 			c.Plans[name] = p
 		}
 	}
+	c.warnings = warnings
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
 	if !filepath.IsAbs(c.Storage.Path) {
 		if c.Storage.Path, err = filepath.Abs(filepath.Join(base, c.Storage.Path)); err != nil {
@@ -276,6 +301,17 @@ func envName(key string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
 }
 
+// lookAlike is the key whose override name is name with its double
+// underscores written single, "" if none is.
+func lookAlike(name string, byEnv map[string]string) string {
+	for env, key := range byEnv {
+		if strings.ReplaceAll(env, "__", "_") == name {
+			return key
+		}
+	}
+	return ""
+}
+
 // envValue types an environment value for the key's kind, so that the
 // decoder can stay strict about the file's own values.
 func envValue(v string, kind reflect.Kind) (any, error) {
@@ -299,13 +335,20 @@ func envValue(v string, kind reflect.Kind) (any, error) {
 
 var durationType = reflect.TypeFor[time.Duration]()
 
-// strictNumbers refuses what mapstructure would otherwise quietly accept:
-// a fraction for a whole number (2.9 would become 2) and a bare number for
-// a duration (30 would become 30 nanoseconds).
-func strictNumbers(from, to reflect.Type, data any) (any, error) {
+// strictValues decodes durations from strings and refuses what
+// mapstructure would otherwise quietly accept: a fraction for a whole
+// number (2.9 would become 2) and a bare number for a duration (30 would
+// become 30 nanoseconds). A bad duration names the value and the units.
+func strictValues(from, to reflect.Type, data any) (any, error) {
 	switch {
 	case to == durationType && from.Kind() != reflect.String:
 		return nil, fmt.Errorf("a duration is written as a string such as \"30s\", got %v", data)
+	case to == durationType:
+		d, err := time.ParseDuration(data.(string))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a duration; use e.g. \"90s\", \"10m\", \"1h\" (units ms, s, m, h)", data)
+		}
+		return d, nil
 	case from.Kind() == reflect.Float64 && to.Kind() >= reflect.Int && to.Kind() <= reflect.Int64:
 		f := data.(float64)
 		if f != math.Trunc(f) {
@@ -349,39 +392,93 @@ func cleanDecodeError(err error) string {
 	return strings.Join(lines, "; ")
 }
 
-// NeedsRestart names the changed settings that only a restart applies.
+// ChangedKeys names, sorted, the keys whose values differ between old and
+// next ("limits.user.rate", "plans.pro.monthly_quota", ...); a section
+// that comes or goes, such as [alerts], is named whole.
+func ChangedKeys(old, next Config) []string {
+	a, b := flatten(old), flatten(next)
+	var keys []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			keys = append(keys, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// NeedsRestart names the changed keys that only a restart applies: all
+// but the thresholds (limits.user, the budget's ceilings, the plans, the
+// token prices, the invite rate limit, the detectors).
 func NeedsRestart(old, next Config) []string {
 	var keys []string
-	if !reflect.DeepEqual(old.Server, next.Server) {
-		keys = append(keys, "server")
-	}
-	if old.Storage != next.Storage {
-		keys = append(keys, "storage")
-	}
-	oldOCR, nextOCR := old.OCR, next.OCR
-	oldOCR.Price, nextOCR.Price = ocr.Price{}, ocr.Price{}
-	if oldOCR != nextOCR {
-		keys = append(keys, "ocr (all but the prices)")
-	}
-	if old.OCR.Price.MaxOutputTokens != next.OCR.Price.MaxOutputTokens {
-		keys = append(keys, "ocr.price.max_output_tokens")
-	}
-	if old.Budget.Timezone != next.Budget.Timezone {
-		keys = append(keys, "budget.timezone")
-	}
-	if !reflect.DeepEqual(old.Auth, next.Auth) {
-		keys = append(keys, "auth.jwt")
-	}
-	if !reflect.DeepEqual(old.Invites.Fail(), next.Invites.Fail()) || old.Invites.GlobalFailPerHour != next.Invites.GlobalFailPerHour {
-		keys = append(keys, "invites (all but rate, window and burst)")
-	}
-	if old.Detect.RunAt != next.Detect.RunAt {
-		keys = append(keys, "detect.run_at")
-	}
-	if !reflect.DeepEqual(old.Alerts, next.Alerts) {
-		keys = append(keys, "alerts")
+	for _, k := range ChangedKeys(old, next) {
+		if !appliesLive(k) {
+			keys = append(keys, k)
+		}
 	}
 	return keys
+}
+
+// appliesLive reports whether Reload applies key without a restart.
+func appliesLive(key string) bool {
+	switch key {
+	case "budget.timezone", "detect.run_at", "ocr.price.max_output_tokens":
+		return false
+	case "ocr.price.input_usd_per_million", "ocr.price.output_usd_per_million",
+		"invites.rate", "invites.window", "invites.burst":
+		return true
+	}
+	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect."} {
+		if strings.HasPrefix(key, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// flatten lists every key of c with its value as text, for comparison.
+func flatten(c Config) map[string]string {
+	out := map[string]string{}
+	var walk func(v reflect.Value, prefix string)
+	walk = func(v reflect.Value, prefix string) {
+		t := v.Type()
+		for i := range t.NumField() {
+			name := t.Field(i).Tag.Get("koanf")
+			if name == "" || name == "-" {
+				continue
+			}
+			key, fv := prefix+name, v.Field(i)
+			switch {
+			case fv.Kind() == reflect.Pointer && fv.Type().Elem().Kind() == reflect.Struct:
+				if fv.IsNil() {
+					out[key] = "(none)" // an optional section left out
+				} else {
+					walk(fv.Elem(), key+".")
+				}
+			case fv.Kind() == reflect.Struct && fv.Type() != durationType:
+				walk(fv, key+".")
+			case fv.Kind() == reflect.Map:
+				for _, k := range fv.MapKeys() {
+					walk(fv.MapIndex(k), key+"."+k.String()+".")
+				}
+			case fv.Kind() == reflect.Pointer:
+				out[key] = ""
+				if !fv.IsNil() {
+					out[key] = fmt.Sprint(fv.Elem().Interface())
+				}
+			default:
+				out[key] = fmt.Sprint(fv.Interface())
+			}
+		}
+	}
+	walk(reflect.ValueOf(c), "")
+	return out
 }
 
 // keepFailLimit is next with the fail-limit settings of running, which

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -53,6 +54,7 @@ func (a *App) Reload(next Config, trigger string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	cur := a.cfg
+	changed := ChangedKeys(cur, next)
 	for _, key := range NeedsRestart(cur, next) {
 		a.log.Warn("config change needs a restart to apply", "key", key)
 	}
@@ -79,7 +81,11 @@ func (a *App) Reload(next Config, trigger string) {
 	next.OCR.Price = price
 	a.srv.SetPrice(price)
 	a.cfg = next
-	a.log.Info("config reloaded", "trigger", trigger)
+	if len(changed) == 0 {
+		a.log.Info("config reloaded: no key changed", "trigger", trigger)
+		return
+	}
+	a.log.Info("config reloaded", "trigger", trigger, "changed", strings.Join(changed, " "))
 }
 
 // watchFile calls changed, at most once per quiet period, after path is

@@ -1,0 +1,82 @@
+package app
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const minimal = "[plans.free]\nmonthly_quota = 10\n"
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// A bad duration names the key, the value and the units to use.
+func TestBadDurationSaysWhatToWrite(t *testing.T) {
+	_, err := Load(writeConfig(t, "[limits.user]\nwindow = \"10mins\"\n"+minimal), env(nil))
+	want := `limits.user.window: "10mins" is not a duration; use e.g. "90s", "10m", "1h"`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error %v, want it to contain %q", err, want)
+	}
+}
+
+// A variable that looks like an override but has single underscores is
+// not read, and the warning says how to write it.
+func TestSingleUnderscoreVariableIsWarnedAbout(t *testing.T) {
+	vars := map[string]string{"BREAKWATER_LIMITS_USER_RATE": "5", "BREAKWATER_ADMIN_TOKEN": "secret"}
+	saved := environ
+	environ = func() []string { return []string{"BREAKWATER_LIMITS_USER_RATE=5", "BREAKWATER_ADMIN_TOKEN=secret"} }
+	t.Cleanup(func() { environ = saved })
+
+	c, err := Load(writeConfig(t, minimal), env(vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Limits.User.Rate == 5 {
+		t.Error("the single-underscore variable was read as an override")
+	}
+	w := c.Warnings()
+	if len(w) != 1 || !strings.Contains(w[0], "BREAKWATER_LIMITS_USER_RATE is not read") || !strings.Contains(w[0], "BREAKWATER_LIMITS__USER__RATE") {
+		t.Errorf("warnings %q, want one naming the variable and the right spelling (and none for the admin token)", w)
+	}
+}
+
+// ChangedKeys names each key that changed, and NeedsRestart those of them
+// a reload cannot apply.
+func TestChangedKeys(t *testing.T) {
+	old, err := Load(writeConfig(t, minimal), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := Load(writeConfig(t, "[server]\nlisten = \":9000\"\n[limits.user]\nrate = 7\n[plans.free]\nmonthly_quota = 11\n"+
+		"[alerts]\nsmtp_host = \"localhost\"\nfrom = \"a@example.com\"\nto = [\"b@example.com\"]\ntls = \"none\"\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := ChangedKeys(old, next)
+	for _, k := range []string{"server.listen", "limits.user.rate", "plans.free.monthly_quota", "alerts"} {
+		if !slices.ContainsFunc(changed, func(c string) bool { return c == k || strings.HasPrefix(c, k+".") }) {
+			t.Errorf("ChangedKeys misses %s: %v", k, changed)
+		}
+	}
+	if slices.Contains(changed, "server.admin_listen") {
+		t.Errorf("ChangedKeys names an unchanged key: %v", changed)
+	}
+	restart := NeedsRestart(old, next)
+	if !slices.Contains(restart, "server.listen") || slices.Contains(restart, "limits.user.rate") || slices.Contains(restart, "plans.free.monthly_quota") {
+		t.Errorf("NeedsRestart = %v, want server.listen and the alerts, not the thresholds", restart)
+	}
+	if got := ChangedKeys(old, old); len(got) != 0 {
+		t.Errorf("a config compared with itself changed %v", got)
+	}
+}
