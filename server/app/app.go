@@ -103,14 +103,21 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		}
 	}()
 	log, getenv := a.log, opts.Getenv
-	log.Info("starting breakwater", "storage", cfg.Storage.Path, "provider", cfg.OCR.Provider)
+	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
+	admin := cfg.Server.AdminListen
+	if adminToken == "" {
+		admin = "off (BREAKWATER_ADMIN_TOKEN unset)"
+	}
+	// What it runs with, so an override from the environment can be
+	// confirmed; never a secret.
+	log.Info("starting breakwater", "storage", cfg.Storage.Path, "provider", cfg.OCR.Provider, "model", cfg.OCR.Model,
+		"base_url", cfg.OCR.BaseURL, "listen", cfg.Server.Listen, "admin_listen", admin, "layers", cfg.LayersText())
 	for _, w := range cfg.OffSwitches() {
 		log.Warn("LIMIT OFF: " + w)
 	}
 	for _, w := range cfg.Warnings() {
 		log.Warn(w)
 	}
-	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
 	if err := CheckAdminListen(cfg.Server.AdminListen, adminToken); err != nil {
 		return nil, err
 	}

@@ -221,6 +221,40 @@ func (c Config) OffSwitches() []string {
 	return out
 }
 
+// LayersText says in one line which layers are on and with what lines,
+// for the log at start.
+func (c Config) LayersText() string {
+	onOff := func(n int64, text string) string {
+		if n == 0 {
+			return "off"
+		}
+		return text
+	}
+	u, b := c.Limits.User, c.Budget
+	parts := []string{
+		"rate " + onOff(int64(u.Rate), fmt.Sprintf("%d/%s", u.Rate, u.Window)),
+		"burst " + onOff(int64(u.Burst), fmt.Sprintf("%d/s", u.Burst)),
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Plans)) {
+		p := c.Plans[name]
+		parts = append(parts, fmt.Sprintf("plan %s: quota %d/month, daily line %s", name, p.MonthlyQuota, onOff(p.DailyAttempts, strconv.FormatInt(p.DailyAttempts, 10))))
+	}
+	parts = append(parts,
+		"budget: "+onOff(b.DailyRequests, fmt.Sprintf("%d calls", b.DailyRequests))+"/day, "+
+			onOff(budget.MicroUSD(b.DailyUSD), fmt.Sprintf("$%g", b.DailyUSD))+"/day, "+
+			onOff(budget.MicroUSD(b.MonthlyUSD), fmt.Sprintf("$%g", b.MonthlyUSD))+"/month",
+		"jwt "+onOff(boolInt(c.Auth.JWT.Enabled()), "on"),
+		"mail "+onOff(boolInt(c.Alerts != nil), "on"))
+	return strings.Join(parts, "; ")
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Validate checks every section; errors name the key.
 func (c Config) Validate() error {
 	var alerts error
