@@ -24,6 +24,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/routes"
 	"breakwater/storage"
 )
 
@@ -49,6 +50,8 @@ type Config struct {
 	// Alerts is nil when config.toml has no [alerts] section: mail is off
 	// and alerts are only logged.
 	Alerts *detect.AlertsConfig `koanf:"alerts"`
+	// Routes are the app's own routes that Breakwater guards.
+	Routes []routes.Config `koanf:"routes"`
 
 	// warnings are what Read noticed that is not an error; see Warnings.
 	warnings []string
@@ -263,7 +266,7 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
 		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate(),
-		c.Detect.Validate(), alerts)
+		c.Detect.Validate(), alerts, routes.Validate(c.Routes))
 }
 
 // JWTAudienceWarning explains the risk of accepting every token the issuer

@@ -80,3 +80,44 @@ func TestChangedKeys(t *testing.T) {
 		t.Errorf("a config compared with itself changed %v", got)
 	}
 }
+
+// [[routes]] entries are read with their [routes.fail], checked with
+// errors that name the route, and an unknown key inside one is refused.
+func TestRoutesConfig(t *testing.T) {
+	c, err := Load(writeConfig(t, minimal+`
+[[routes]]
+name = "checkout"
+methods = ["POST"]
+path = "/api/checkout"
+upstream = "http://127.0.0.1:3000"
+identity = "user"
+rate = 10
+window = "1h"
+burst = 2
+
+[[routes]]
+name = "referral"
+path = "/api/referral"
+upstream = "http://127.0.0.1:3000"
+identity = "ip"
+[routes.fail]
+by = ["ip", "json:email"]
+uniform_status = 403
+`), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Routes) != 2 || c.Routes[0].Name != "checkout" || c.Routes[0].Burst != 2 || c.Routes[1].Fail == nil ||
+		c.Routes[1].Fail.UniformStatus != 403 || len(c.Routes[1].Fail.By) != 2 {
+		t.Errorf("routes %+v", c.Routes)
+	}
+	for _, tt := range []struct{ body, want string }{
+		{"[[routes]]\nname = \"a\"\npath = \"/a\"\nidentity = \"ip\"\nrat = 5\n", "rat"},
+		{"[[routes]]\nname = \"a\"\npath = \"/v1/ocr\"\nidentity = \"ip\"\n", `routes "a": path`},
+		{"[[routes]]\nname = \"a\"\npath = \"/a\"\nidentity = \"ip\"\n[routes.fail]\nlimit = 3\n", `routes "a": fail`},
+	} {
+		if _, err := Load(writeConfig(t, minimal+tt.body), env(nil)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Load(%q): %v, want an error naming %q", tt.body, err, tt.want)
+		}
+	}
+}
