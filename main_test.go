@@ -1,7 +1,6 @@
 package main
 
 import (
-	"breakwater/server/app"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -10,7 +9,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"image"
+	"image/color"
+	"image/png"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +30,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server"
+	"breakwater/server/app"
 	"breakwater/storage"
 )
 
@@ -243,18 +247,56 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-var listenRE = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
+// waitUp polls url until it answers, and returns the status, or fails the
+// test when done says the server stopped first.
+func waitUp(t *testing.T, url string, done <-chan error) int {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the server stopped before %s answered: %v", url, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s never answered", url)
+	return 0
+}
 
-// TestServeEndToEnd runs the real binary's run: serve, keys through the
-// admin API while serving, a request in flight at shutdown, keys directly on
-// the database once stopped.
+// startApp opens the service that the config at path describes, as serve
+// does, and closes it when the test ends or at stop. Its log is returned
+// for the tests that check what serve logs; addresses come from the App.
+func startApp(t *testing.T, path string, env func(string) string) (a *app.App, logs *lockedBuffer, stop func()) {
+	t.Helper()
+	c, err := app.Load(path, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs = &lockedBuffer{}
+	a, err = app.Open(context.Background(), c, app.Options{Getenv: env, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() { once.Do(a.Close) }
+	t.Cleanup(stop)
+	return a, logs, stop
+}
+
+// TestServeEndToEnd runs the real binary's run: serve on a free port,
+// polled on /healthz, keys through the admin API while serving, a request
+// in flight at shutdown, keys directly on the database once stopped.
 func TestServeEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	adminAddr := freeAddr(t)
+	addr, adminAddr := freeAddr(t), freeAddr(t)
 	gemini, geminiCalled := slowGemini(t, 500*time.Millisecond)
 	path := writeConfig(t, fmt.Sprintf(`
 [server]
-listen = "127.0.0.1:0"
+listen = %q
 admin_listen = %q
 [storage]
 path = %q
@@ -262,7 +304,7 @@ path = %q
 base_url = %q
 [plans.free]
 monthly_quota = 10
-`, adminAddr, filepath.Join(dir, "data", "bw.db"), gemini.URL))
+`, addr, adminAddr, filepath.Join(dir, "data", "bw.db"), gemini.URL))
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "e2e-admin-token", "GEMINI_API_KEY": "test-key"})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -270,17 +312,15 @@ monthly_quota = 10
 	logs := &lockedBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
-	waitFor(t, logs, regexp.MustCompile(`listener=admin`))
-
-	resp, err := http.Get("http://" + addr + "/healthz")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("healthz: %v %v", resp, err)
+	if status := waitUp(t, "http://"+addr+"/healthz", done); status != http.StatusOK {
+		t.Fatalf("healthz: %d", status)
 	}
-	resp.Body.Close()
+	if status := waitUp(t, "http://"+adminAddr+"/api/budget", done); status != http.StatusUnauthorized {
+		t.Fatalf("the admin API without a token: %d", status)
+	}
 
 	// A second server on the same database is refused at once.
-	err = run(context.Background(), []string{"serve", "--config", path}, env, io.Discard, io.Discard)
+	err := run(context.Background(), []string{"serve", "--config", path}, env, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "locked by another breakwater process") {
 		t.Errorf("second serve: %v", err)
 	}
@@ -481,17 +521,24 @@ func slowGemini(t *testing.T, hold time.Duration) (*httptest.Server, <-chan stru
 	return srv, called
 }
 
+// samplePNG is a small label-like PNG, like the demo's.
 func samplePNG(t *testing.T) []byte {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "s.png")
-	if err := writeSampleImage(p); err != nil {
+	img := image.NewGray(image.Rect(0, 0, 320, 96))
+	for y := range 96 {
+		for x := range 320 {
+			v := uint8(255)
+			if (y > 30 && y < 66) && (x/8)%3 == 0 && x > 20 && x < 300 {
+				v = 0
+			}
+			img.SetGray(x, y, color.Gray{Y: v})
+		}
+	}
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return b.Bytes()
 }
 
 var curlRE = regexp.MustCompile(`(?m)^curl .*Bearer (bw_\w+)'.*--data-binary @(\S+) (http://\S+)$`)
@@ -575,10 +622,9 @@ monthly_quota = 100
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
+	a, logs, _ := startApp(t, path, envFrom(nil))
+	a.Watch(ctx, path) // as serve does
+	addr := a.Addr()
 	img := samplePNG(t)
 	post := func() int {
 		status, _, err := postImage(addr, key, img)
@@ -610,10 +656,6 @@ monthly_quota = 100
 	}
 	if got := post(); got != 200 {
 		t.Errorf("after raising the rate: %d, want 200", got)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Error(err)
 	}
 }
 
@@ -654,12 +696,8 @@ refresh_interval = "1h"
 [plans.free]
 monthly_quota = 10
 `, filepath.Join(dir, "bw.db"), provider.URL+"/jwks.json"))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
+	a, logs, _ := startApp(t, path, envFrom(nil))
+	addr := a.Addr()
 	if !strings.Contains(logs.String(), "no JWKS keys yet") {
 		t.Errorf("an unreachable JWKS at start is not logged:\n%s", logs.String())
 	}
@@ -684,10 +722,6 @@ monthly_quota = 10
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"used":1`) {
 		t.Errorf("JWT once the JWKS is back: %d %s", resp.StatusCode, body)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serve returned %v", err)
 	}
 }
 
@@ -736,13 +770,11 @@ monthly_quota = 10
 	}
 
 	// Running: through the admin API.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
-	waitFor(t, logs, regexp.MustCompile(`listener=admin`))
+	a, _, stop := startApp(t, path, env)
+	addr := a.Addr()
+	if a.AdminAddr() != adminAddr {
+		t.Fatalf("the admin API listens on %q, want %s", a.AdminAddr(), adminAddr)
+	}
 
 	out, err = invites("create")
 	if err != nil {
@@ -783,10 +815,7 @@ monthly_quota = 10
 	if out, err := invites("delete", other); err != nil || !strings.Contains(out, "deleted invite "+other) {
 		t.Fatalf("delete while running: %v\n%s", err, out)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
+	stop()
 
 	// Stopped again: the revocation is on disk.
 	out, err = invites("list")
