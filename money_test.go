@@ -192,9 +192,14 @@ monthly_quota = 10
 func TestCallsInFlightMakeTheBudgetBusyNotPaused(t *testing.T) {
 	gemini, _ := slowGemini(t, 400*time.Millisecond)
 	dir := t.TempDir()
+	// All 8 requests are one user's: room for all of them in flight, so
+	// that only the budget refuses (with 4, the refusals queued behind the
+	// three held calls for the fourth slot, and a race decided which ones
+	// met 429 too_many_in_flight instead).
 	body := fmt.Sprintf(`
 [server]
 listen = "127.0.0.1:0"
+max_in_flight_per_user = 8
 [storage]
 path = %q
 [ocr]
