@@ -26,11 +26,7 @@ const childArgs = "BREAKWATER_TEST_CHILD_ARGS"
 func TestMain(m *testing.M) {
 	if args := os.Getenv(childArgs); args != "" {
 		err := run(context.Background(), strings.Fields(args), os.Getenv, os.Stdout, os.Stderr)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(exitCode(err, os.Stderr)) // as main does
 	}
 	os.Exit(m.Run())
 }

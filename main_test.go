@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image"
 	"image/color"
@@ -18,6 +19,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -31,6 +33,7 @@ import (
 	"breakwater/detect"
 	"breakwater/server"
 	"breakwater/server/app"
+	"breakwater/server/cli"
 	"breakwater/storage"
 )
 
@@ -228,10 +231,162 @@ func TestConfigCheckCommand(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{{"frobnicate"}, {"keys"}, {"keys", "create"}, {"keys", "revoke"}, {"config"}, {"serve", "--nope"}} {
-		err := run(context.Background(), args, envFrom(nil), io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "usage") {
-			t.Errorf("%v: %v, want a usage error", args, err)
+	cases := []struct {
+		name string
+		args []string
+		// usage is the usage line printed on stderr ("" for none),
+		// notUsage one that must not be: another command's.
+		usage, notUsage, msg string
+	}{
+		{"unknown command", []string{"frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{"unknown command with --config", []string{"--config", "x.toml", "frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{"unknown flag of the root", []string{"--nope"}, "", "", "unknown flag: --nope"},
+		{"a group alone", []string{"keys"}, "breakwater keys COMMAND", "invites", "keys: missing command"},
+		{"unknown command of a group", []string{"invites", "frob"}, "breakwater invites COMMAND", "keys create", `invites: unknown command "frob"`},
+		{"a flag of another command", []string{"keys", "list", "--uses", "5"}, "breakwater keys list [--json]", "--uses", "keys list: unknown flag: --uses"},
+		{"a required flag missing", []string{"keys", "create"}, "breakwater keys create --user ID [--plan NAME]", "keys list", "keys create: --user is required"},
+		{"a missing argument", []string{"keys", "revoke"}, "breakwater keys revoke KEY_ID", "invites", "keys revoke: missing KEY_ID"},
+		{"two missing arguments", []string{"users", "set-plan"}, "breakwater users set-plan ID PLAN", "keys", "users set-plan: missing ID PLAN"},
+		{"an extra argument", []string{"usage", "ann", "bob"}, "breakwater usage [ID] [--json]", "keys", `usage: unexpected argument "bob"`},
+		{"an argument to serve", []string{"serve", "now"}, "breakwater serve", "keys", `serve: unexpected argument "now"`},
+		{"a bad flag value", []string{"invites", "create", "--uses", "two"}, "breakwater invites create", "keys", `invalid argument "two"`},
+		{"no uses", []string{"invites", "create", "--uses", "0"}, "breakwater invites create", "keys", "--uses 0"},
+		{"brake neither on nor off", []string{"brake", "maybe"}, "breakwater brake on|off", "keys", `brake: "maybe": want on or off`},
+		{"config alone", []string{"config"}, "breakwater config COMMAND", "keys", "config: missing command"},
+		{"serve with an unknown flag", []string{"serve", "--nope"}, "breakwater serve", "keys", "serve: unknown flag: --nope"},
+		{"help on an unknown command", []string{"help", "frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{"completion without a shell", []string{"completion"}, "breakwater completion COMMAND", "keys", "completion: missing command"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			// The config is never read: the command line is refused first.
+			args := append(c.args, "--config", filepath.Join(t.TempDir(), "none.toml"))
+			err := run(context.Background(), args, envFrom(nil), &out, &errOut)
+			if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), c.msg) {
+				t.Fatalf("%v: %v, want a usage error saying %q", c.args, err, c.msg)
+			}
+			if out.Len() != 0 {
+				t.Errorf("%v printed on stdout:\n%s", c.args, out.String())
+			}
+			switch {
+			case c.usage == "":
+				if errOut.Len() != 0 {
+					t.Errorf("%v printed a usage:\n%s", c.args, errOut.String())
+				}
+			case !strings.Contains(errOut.String(), "Usage:\n  "+c.usage):
+				t.Errorf("%v printed, on stderr:\n%s\nwant the usage %q", c.args, errOut.String(), c.usage)
+			case c.notUsage != "" && strings.Contains(errOut.String(), c.notUsage):
+				t.Errorf("%v printed another command's usage (%q):\n%s", c.args, c.notUsage, errOut.String())
+			}
+			if strings.Contains(errOut.String(), err.Error()) {
+				t.Errorf("%v printed its error itself; the caller prints it once:\n%s", c.args, errOut.String())
+			}
+		})
+	}
+}
+
+// commands are the commands the top level help lists.
+var commands = []string{"serve", "demo", "keys", "users", "invites", "usage", "budget", "brake", "backup", "detect", "config", "version", "completion", "help"}
+
+func TestHelpListsTheCommands(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"--config", "x.toml", "--help"}} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), args, envFrom(nil), &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		for _, c := range commands {
+			if !regexp.MustCompile(`(?m)^  ` + c + ` +\S`).MatchString(out.String()) {
+				t.Errorf("%v does not list %s:\n%s", args, c, out.String())
+			}
+		}
+		if errOut.Len() != 0 {
+			t.Errorf("%v printed on stderr:\n%s", args, errOut.String())
+		}
+	}
+}
+
+// TestCommandHelpShowsItsOwnFlags: CMD -h prints that command's flags
+// (and --config, which every command takes), none of another command's.
+func TestCommandHelpShowsItsOwnFlags(t *testing.T) {
+	cases := []struct {
+		args      []string
+		want, not []string
+	}{
+		{[]string{"keys", "list", "-h"}, []string{"breakwater keys list [--json]", "--json", "--config FILE"}, []string{"--uses", "--user", "--day"}},
+		{[]string{"keys", "create", "--help"}, []string{"--user ID", "--plan NAME", "alone on the last line"}, []string{"--json", "--uses"}},
+		{[]string{"invites", "create", "-h"}, []string{"--uses N", "--expires", "--note TEXT"}, []string{"--user", "--json"}},
+		{[]string{"detect", "run", "-h"}, []string{"--day YYYY-MM-DD", "--no-mail", "--json"}, []string{"--user", "--uses"}},
+		{[]string{"serve", "--help"}, []string{"breakwater serve", "--config FILE"}, []string{"--json", "--user"}},
+		{[]string{"help", "backup"}, []string{"breakwater backup FILE"}, []string{"--json", "--user"}},
+		{[]string{"keys", "-h"}, []string{"breakwater keys COMMAND", "create", "list", "revoke"}, []string{"invites", "--user"}},
+	}
+	for _, c := range cases {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), c.args, envFrom(nil), &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%v does not show %q:\n%s", c.args, w, out.String())
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(out.String(), n) {
+				t.Errorf("%v shows %q, another command's:\n%s", c.args, n, out.String())
+			}
+		}
+	}
+}
+
+func TestCompletionScripts(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"completion", shell}, envFrom(nil), &out, io.Discard); err != nil {
+			t.Fatalf("completion %s: %v", shell, err)
+		}
+		if !strings.Contains(out.String(), "breakwater") || out.Len() < 1000 {
+			t.Errorf("completion %s printed %d bytes:\n%.300s", shell, out.Len(), out.String())
+		}
+	}
+	// The script asks the binary; the binary knows the commands and flags.
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"__complete", "keys", "list", "--"}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "--json") || strings.Contains(out.String(), "--uses") {
+		t.Errorf("completing keys list flags gave:\n%s", out.String())
+	}
+}
+
+// TestExitCodes runs the program as a process (the test binary running
+// run, as in the crash test): 0 for help, 2 for a usage error, 1 for an
+// error, and the error printed once.
+func TestExitCodes(t *testing.T) {
+	cases := []struct {
+		args   string
+		code   int
+		stderr string
+	}{
+		{"--help", 0, ""},
+		{"keys list --uses 5", 2, "breakwater: keys list: unknown flag: --uses\n"},
+		{"frobnicate", 2, "breakwater: unknown command \"frobnicate\""},
+		{"config check --config " + filepath.Join(t.TempDir(), "none.toml"), 1, "breakwater: config "},
+	}
+	for _, c := range cases {
+		child := exec.Command(os.Args[0], "-test.run=^$")
+		child.Env = append(os.Environ(), childArgs+"="+c.args)
+		var errOut bytes.Buffer
+		child.Stderr = &errOut
+		err := child.Run()
+		code := 0
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code || !strings.Contains(errOut.String(), c.stderr) || strings.Count(errOut.String(), "breakwater: ") > 1 {
+			t.Errorf("breakwater %s: exit %d, stderr:\n%s\nwant exit %d and %q once", c.args, code, errOut.String(), c.code, c.stderr)
 		}
 	}
 }
@@ -470,7 +625,7 @@ func TestOperatorCommandsStopped(t *testing.T) {
 	if _, err := cmd("users", "set-plan", "fay", "gold"); err == nil {
 		t.Error("set-plan to an unknown plan accepted")
 	}
-	if _, err := cmd("brake", "maybe"); err == nil || !strings.Contains(err.Error(), "usage") {
+	if _, err := cmd("brake", "maybe"); !errors.Is(err, cli.ErrUsage) {
 		t.Errorf("brake maybe: %v", err)
 	}
 	backup := filepath.Join(dir, "copy.db")
@@ -826,7 +981,7 @@ monthly_quota = 10
 		t.Errorf("revoked invite shown active:\n%s", out)
 	}
 	for _, args := range [][]string{{"invites"}, {"invites", "revoke"}, {"invites", "delete"}, {"invites", "create", "--uses", "0"}, {"invites", "frob"}} {
-		if err := run(context.Background(), args, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
+		if err := run(context.Background(), args, env, io.Discard, io.Discard); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
 	}
@@ -930,5 +1085,40 @@ func TestShutdownOutlastsTheUpstreamCall(t *testing.T) {
 		if got := app.ShutdownTimeout(c); got <= bound+10*time.Second {
 			t.Errorf("ocr.timeout %v: shutdown waits %v, want more than the call plus the record's 10 s", timeout, got)
 		}
+	}
+}
+
+// TestReadmeShowsTheHelp keeps the README's list of commands what
+// breakwater help prints.
+func TestReadmeShowsTheHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"help"}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "```text\n"+out.String()+"```\n") {
+		t.Errorf("README.md does not show breakwater help as it prints:\n%s", out.String())
+	}
+}
+
+// TestNoCommandServes: "breakwater --config FILE" is "breakwater serve
+// --config FILE".
+func TestNoCommandServes(t *testing.T) {
+	addr := freeAddr(t)
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 1\n",
+		addr, filepath.Join(t.TempDir(), "bw.db")))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"--config", path}, envFrom(nil), io.Discard, io.Discard) }()
+	if status := waitUp(t, "http://"+addr+"/healthz", done); status != http.StatusOK {
+		t.Errorf("healthz: %d", status)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve returned %v", err)
 	}
 }
