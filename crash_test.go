@@ -26,11 +26,7 @@ const childArgs = "BREAKWATER_TEST_CHILD_ARGS"
 func TestMain(m *testing.M) {
 	if args := os.Getenv(childArgs); args != "" {
 		err := run(context.Background(), strings.Fields(args), os.Getenv, os.Stdout, os.Stderr)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(exitCode(err, os.Stderr)) // as main does
 	}
 	os.Exit(m.Run())
 }
@@ -57,9 +53,10 @@ func TestCrashKeepsReservation(t *testing.T) {
 
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "bw.db")
+	addr := freeAddr(t) // the child's: a process of its own cannot be asked
 	path := writeConfig(t, fmt.Sprintf(`
 [server]
-listen = "127.0.0.1:0"
+listen = %q
 [storage]
 path = %q
 [ocr]
@@ -69,7 +66,7 @@ timeout = "60s"
 daily_requests = 1
 [plans.free]
 monthly_quota = 10
-`, dbPath, gemini.URL))
+`, addr, dbPath, gemini.URL))
 
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"keys", "create", "--user", "crash", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
@@ -86,7 +83,11 @@ monthly_quota = 10
 		t.Fatal(err)
 	}
 	defer child.Process.Kill()
-	addr := waitFor(t, logs, listenRE)
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	if status := waitUp(t, "http://"+addr+"/healthz", exited); status != http.StatusOK {
+		t.Fatalf("the child's healthz: %d; its log:\n%s", status, logs.String())
+	}
 
 	img := samplePNG(t)
 	go postImage(addr, key, img) // its answer never comes: the server dies
@@ -98,7 +99,7 @@ monthly_quota = 10
 	if err := child.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	child.Wait()
+	<-exited
 
 	db, err := storage.Open(dbPath, storage.Options{})
 	if err != nil {
@@ -113,15 +114,8 @@ monthly_quota = 10
 	}
 
 	// Restart: the reservation made before the crash still counts.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs2 := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--config", path}, envFrom(map[string]string{"GEMINI_API_KEY": "k"}), io.Discard, logs2)
-	}()
-	addr = waitFor(t, logs2, listenRE)
-	status, body, err := postImage(addr, key, img)
+	a, _, stop := startApp(t, path, envFrom(map[string]string{"GEMINI_API_KEY": "k", "BREAKWATER_SERVER__LISTEN": "127.0.0.1:0"}))
+	status, body, err := postImage(a.Addr(), key, img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +125,5 @@ monthly_quota = 10
 	if got := calls.Load(); got != 1 {
 		t.Errorf("%d upstream calls, want 1", got)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Error(err)
-	}
+	stop()
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"breakwater/server/app"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/server"
+	"breakwater/server/app"
 )
 
 // A config that leaves every limit out must run with the documented
@@ -84,12 +84,8 @@ monthly_quota = 1000
 	// And what a client meets: the default burst (5 a second) refuses a
 	// volley of 20 at once.
 	key := createKey(t, path, "bob")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
+	a, logs, _ := startApp(t, path, envFrom(nil))
+	addr := a.Addr()
 	if strings.Contains(logs.String(), "LIMIT OFF") {
 		t.Errorf("serve warns of a limit off:\n%s", logs.String())
 	}
@@ -111,10 +107,6 @@ monthly_quota = 1000
 	wg.Wait()
 	if codes[http.StatusOK] > server.DefaultUserBurst || codes[http.StatusTooManyRequests] == 0 {
 		t.Errorf("20 requests at once: %v, want at most %d 200s and the rest 429", codes, server.DefaultUserBurst)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -174,15 +166,8 @@ monthly_quota = 100
 	}
 	check("config check", out.String())
 
-	ctx, cancel := context.WithCancel(context.Background())
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
-	waitFor(t, logs, listenRE)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	_, logs, stop := startApp(t, path, env)
+	stop()
 	var warned strings.Builder
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "level=WARN") && strings.Contains(l, "LIMIT OFF") {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"breakwater/server/app"
 	"bytes"
 	"context"
 	"log/slog"
@@ -9,6 +8,7 @@ import (
 	"testing"
 
 	"breakwater/ocr"
+	"breakwater/server/app"
 )
 
 // TestConfigCheckUnknownModel: a model whose image tiling the worst case

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"breakwater/server/app"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -9,12 +8,18 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"image"
+	"image/color"
+	"image/png"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -27,6 +32,8 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server"
+	"breakwater/server/app"
+	"breakwater/server/cli"
 	"breakwater/storage"
 )
 
@@ -224,10 +231,162 @@ func TestConfigCheckCommand(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{{"frobnicate"}, {"keys"}, {"keys", "create"}, {"keys", "revoke"}, {"config"}, {"serve", "--nope"}} {
-		err := run(context.Background(), args, envFrom(nil), io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "usage") {
-			t.Errorf("%v: %v, want a usage error", args, err)
+	cases := []struct {
+		name string
+		args []string
+		// usage is the usage line printed on stderr ("" for none),
+		// notUsage one that must not be: another command's.
+		usage, notUsage, msg string
+	}{
+		{"unknown command", []string{"frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{"unknown command with --config", []string{"--config", "x.toml", "frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{"unknown flag of the root", []string{"--nope"}, "", "", "unknown flag: --nope"},
+		{"a group alone", []string{"keys"}, "breakwater keys COMMAND", "invites", "keys: missing command"},
+		{"unknown command of a group", []string{"invites", "frob"}, "breakwater invites COMMAND", "keys create", `invites: unknown command "frob"`},
+		{"a flag of another command", []string{"keys", "list", "--uses", "5"}, "breakwater keys list [--json]", "--uses", "keys list: unknown flag: --uses"},
+		{"a required flag missing", []string{"keys", "create"}, "breakwater keys create --user ID [--plan NAME]", "keys list", "keys create: --user is required"},
+		{"a missing argument", []string{"keys", "revoke"}, "breakwater keys revoke KEY_ID", "invites", "keys revoke: missing KEY_ID"},
+		{"two missing arguments", []string{"users", "set-plan"}, "breakwater users set-plan ID PLAN", "keys", "users set-plan: missing ID PLAN"},
+		{"an extra argument", []string{"usage", "ann", "bob"}, "breakwater usage [ID] [--json]", "keys", `usage: unexpected argument "bob"`},
+		{"an argument to serve", []string{"serve", "now"}, "breakwater serve", "keys", `serve: unexpected argument "now"`},
+		{"a bad flag value", []string{"invites", "create", "--uses", "two"}, "breakwater invites create", "keys", `invalid argument "two"`},
+		{"no uses", []string{"invites", "create", "--uses", "0"}, "breakwater invites create", "keys", "--uses 0"},
+		{"brake neither on nor off", []string{"brake", "maybe"}, "breakwater brake on|off", "keys", `brake: "maybe": want on or off`},
+		{"config alone", []string{"config"}, "breakwater config COMMAND", "keys", "config: missing command"},
+		{"serve with an unknown flag", []string{"serve", "--nope"}, "breakwater serve", "keys", "serve: unknown flag: --nope"},
+		{"help on an unknown command", []string{"help", "frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{"completion without a shell", []string{"completion"}, "breakwater completion COMMAND", "keys", "completion: missing command"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			// The config is never read: the command line is refused first.
+			args := append(c.args, "--config", filepath.Join(t.TempDir(), "none.toml"))
+			err := run(context.Background(), args, envFrom(nil), &out, &errOut)
+			if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), c.msg) {
+				t.Fatalf("%v: %v, want a usage error saying %q", c.args, err, c.msg)
+			}
+			if out.Len() != 0 {
+				t.Errorf("%v printed on stdout:\n%s", c.args, out.String())
+			}
+			switch {
+			case c.usage == "":
+				if errOut.Len() != 0 {
+					t.Errorf("%v printed a usage:\n%s", c.args, errOut.String())
+				}
+			case !strings.Contains(errOut.String(), "Usage:\n  "+c.usage):
+				t.Errorf("%v printed, on stderr:\n%s\nwant the usage %q", c.args, errOut.String(), c.usage)
+			case c.notUsage != "" && strings.Contains(errOut.String(), c.notUsage):
+				t.Errorf("%v printed another command's usage (%q):\n%s", c.args, c.notUsage, errOut.String())
+			}
+			if strings.Contains(errOut.String(), err.Error()) {
+				t.Errorf("%v printed its error itself; the caller prints it once:\n%s", c.args, errOut.String())
+			}
+		})
+	}
+}
+
+// commands are the commands the top level help lists.
+var commands = []string{"serve", "demo", "keys", "users", "invites", "usage", "budget", "brake", "backup", "detect", "config", "version", "completion", "help"}
+
+func TestHelpListsTheCommands(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"--config", "x.toml", "--help"}} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), args, envFrom(nil), &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		for _, c := range commands {
+			if !regexp.MustCompile(`(?m)^  ` + c + ` +\S`).MatchString(out.String()) {
+				t.Errorf("%v does not list %s:\n%s", args, c, out.String())
+			}
+		}
+		if errOut.Len() != 0 {
+			t.Errorf("%v printed on stderr:\n%s", args, errOut.String())
+		}
+	}
+}
+
+// TestCommandHelpShowsItsOwnFlags: CMD -h prints that command's flags
+// (and --config, which every command takes), none of another command's.
+func TestCommandHelpShowsItsOwnFlags(t *testing.T) {
+	cases := []struct {
+		args      []string
+		want, not []string
+	}{
+		{[]string{"keys", "list", "-h"}, []string{"breakwater keys list [--json]", "--json", "--config FILE"}, []string{"--uses", "--user", "--day"}},
+		{[]string{"keys", "create", "--help"}, []string{"--user ID", "--plan NAME", "alone on the last line"}, []string{"--json", "--uses"}},
+		{[]string{"invites", "create", "-h"}, []string{"--uses N", "--expires", "--note TEXT"}, []string{"--user", "--json"}},
+		{[]string{"detect", "run", "-h"}, []string{"--day YYYY-MM-DD", "--no-mail", "--json"}, []string{"--user", "--uses"}},
+		{[]string{"serve", "--help"}, []string{"breakwater serve", "--config FILE"}, []string{"--json", "--user"}},
+		{[]string{"help", "backup"}, []string{"breakwater backup FILE"}, []string{"--json", "--user"}},
+		{[]string{"keys", "-h"}, []string{"breakwater keys COMMAND", "create", "list", "revoke"}, []string{"invites", "--user"}},
+	}
+	for _, c := range cases {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), c.args, envFrom(nil), &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%v does not show %q:\n%s", c.args, w, out.String())
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(out.String(), n) {
+				t.Errorf("%v shows %q, another command's:\n%s", c.args, n, out.String())
+			}
+		}
+	}
+}
+
+func TestCompletionScripts(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"completion", shell}, envFrom(nil), &out, io.Discard); err != nil {
+			t.Fatalf("completion %s: %v", shell, err)
+		}
+		if !strings.Contains(out.String(), "breakwater") || out.Len() < 1000 {
+			t.Errorf("completion %s printed %d bytes:\n%.300s", shell, out.Len(), out.String())
+		}
+	}
+	// The script asks the binary; the binary knows the commands and flags.
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"__complete", "keys", "list", "--"}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "--json") || strings.Contains(out.String(), "--uses") {
+		t.Errorf("completing keys list flags gave:\n%s", out.String())
+	}
+}
+
+// TestExitCodes runs the program as a process (the test binary running
+// run, as in the crash test): 0 for help, 2 for a usage error, 1 for an
+// error, and the error printed once.
+func TestExitCodes(t *testing.T) {
+	cases := []struct {
+		args   string
+		code   int
+		stderr string
+	}{
+		{"--help", 0, ""},
+		{"keys list --uses 5", 2, "breakwater: keys list: unknown flag: --uses\n"},
+		{"frobnicate", 2, "breakwater: unknown command \"frobnicate\""},
+		{"config check --config " + filepath.Join(t.TempDir(), "none.toml"), 1, "breakwater: config "},
+	}
+	for _, c := range cases {
+		child := exec.Command(os.Args[0], "-test.run=^$")
+		child.Env = append(os.Environ(), childArgs+"="+c.args)
+		var errOut bytes.Buffer
+		child.Stderr = &errOut
+		err := child.Run()
+		code := 0
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code || !strings.Contains(errOut.String(), c.stderr) || strings.Count(errOut.String(), "breakwater: ") > 1 {
+			t.Errorf("breakwater %s: exit %d, stderr:\n%s\nwant exit %d and %q once", c.args, code, errOut.String(), c.code, c.stderr)
 		}
 	}
 }
@@ -243,18 +402,56 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-var listenRE = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
+// waitUp polls url until it answers, and returns the status, or fails the
+// test when done says the server stopped first.
+func waitUp(t *testing.T, url string, done <-chan error) int {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the server stopped before %s answered: %v", url, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s never answered", url)
+	return 0
+}
 
-// TestServeEndToEnd runs the real binary's run: serve, keys through the
-// admin API while serving, a request in flight at shutdown, keys directly on
-// the database once stopped.
+// startApp opens the service that the config at path describes, as serve
+// does, and closes it when the test ends or at stop. Its log is returned
+// for the tests that check what serve logs; addresses come from the App.
+func startApp(t *testing.T, path string, env func(string) string) (a *app.App, logs *lockedBuffer, stop func()) {
+	t.Helper()
+	c, err := app.Load(path, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs = &lockedBuffer{}
+	a, err = app.Open(context.Background(), c, app.Options{Getenv: env, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() { once.Do(a.Close) }
+	t.Cleanup(stop)
+	return a, logs, stop
+}
+
+// TestServeEndToEnd runs the real binary's run: serve on a free port,
+// polled on /healthz, keys through the admin API while serving, a request
+// in flight at shutdown, keys directly on the database once stopped.
 func TestServeEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	adminAddr := freeAddr(t)
+	addr, adminAddr := freeAddr(t), freeAddr(t)
 	gemini, geminiCalled := slowGemini(t, 500*time.Millisecond)
 	path := writeConfig(t, fmt.Sprintf(`
 [server]
-listen = "127.0.0.1:0"
+listen = %q
 admin_listen = %q
 [storage]
 path = %q
@@ -262,7 +459,7 @@ path = %q
 base_url = %q
 [plans.free]
 monthly_quota = 10
-`, adminAddr, filepath.Join(dir, "data", "bw.db"), gemini.URL))
+`, addr, adminAddr, filepath.Join(dir, "data", "bw.db"), gemini.URL))
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "e2e-admin-token", "GEMINI_API_KEY": "test-key"})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -270,17 +467,15 @@ monthly_quota = 10
 	logs := &lockedBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
-	waitFor(t, logs, regexp.MustCompile(`listener=admin`))
-
-	resp, err := http.Get("http://" + addr + "/healthz")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("healthz: %v %v", resp, err)
+	if status := waitUp(t, "http://"+addr+"/healthz", done); status != http.StatusOK {
+		t.Fatalf("healthz: %d", status)
 	}
-	resp.Body.Close()
+	if status := waitUp(t, "http://"+adminAddr+"/api/budget", done); status != http.StatusUnauthorized {
+		t.Fatalf("the admin API without a token: %d", status)
+	}
 
 	// A second server on the same database is refused at once.
-	err = run(context.Background(), []string{"serve", "--config", path}, env, io.Discard, io.Discard)
+	err := run(context.Background(), []string{"serve", "--config", path}, env, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "locked by another breakwater process") {
 		t.Errorf("second serve: %v", err)
 	}
@@ -430,7 +625,7 @@ func TestOperatorCommandsStopped(t *testing.T) {
 	if _, err := cmd("users", "set-plan", "fay", "gold"); err == nil {
 		t.Error("set-plan to an unknown plan accepted")
 	}
-	if _, err := cmd("brake", "maybe"); err == nil || !strings.Contains(err.Error(), "usage") {
+	if _, err := cmd("brake", "maybe"); !errors.Is(err, cli.ErrUsage) {
 		t.Errorf("brake maybe: %v", err)
 	}
 	backup := filepath.Join(dir, "copy.db")
@@ -481,17 +676,24 @@ func slowGemini(t *testing.T, hold time.Duration) (*httptest.Server, <-chan stru
 	return srv, called
 }
 
+// samplePNG is a small label-like PNG, like the demo's.
 func samplePNG(t *testing.T) []byte {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "s.png")
-	if err := writeSampleImage(p); err != nil {
+	img := image.NewGray(image.Rect(0, 0, 320, 96))
+	for y := range 96 {
+		for x := range 320 {
+			v := uint8(255)
+			if (y > 30 && y < 66) && (x/8)%3 == 0 && x > 20 && x < 300 {
+				v = 0
+			}
+			img.SetGray(x, y, color.Gray{Y: v})
+		}
+	}
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return b.Bytes()
 }
 
 var curlRE = regexp.MustCompile(`(?m)^curl .*Bearer (bw_\w+)'.*--data-binary @(\S+) (http://\S+)$`)
@@ -575,10 +777,9 @@ monthly_quota = 100
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
+	a, logs, _ := startApp(t, path, envFrom(nil))
+	a.Watch(ctx, path) // as serve does
+	addr := a.Addr()
 	img := samplePNG(t)
 	post := func() int {
 		status, _, err := postImage(addr, key, img)
@@ -613,10 +814,6 @@ monthly_quota = 100
 	}
 	if got := post(); got != 200 {
 		t.Errorf("after raising the rate: %d, want 200", got)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Error(err)
 	}
 }
 
@@ -657,12 +854,8 @@ refresh_interval = "1h"
 [plans.free]
 monthly_quota = 10
 `, filepath.Join(dir, "bw.db"), provider.URL+"/jwks.json"))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, envFrom(nil), io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
+	a, logs, _ := startApp(t, path, envFrom(nil))
+	addr := a.Addr()
 	if !strings.Contains(logs.String(), "no JWKS keys yet") {
 		t.Errorf("an unreachable JWKS at start is not logged:\n%s", logs.String())
 	}
@@ -687,10 +880,6 @@ monthly_quota = 10
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"used":1`) {
 		t.Errorf("JWT once the JWKS is back: %d %s", resp.StatusCode, body)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serve returned %v", err)
 	}
 }
 
@@ -747,13 +936,11 @@ monthly_quota = 10
 	}
 
 	// Running: through the admin API.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve", "--config", path}, env, io.Discard, logs) }()
-	addr := waitFor(t, logs, listenRE)
-	waitFor(t, logs, regexp.MustCompile(`listener=admin`))
+	a, _, stop := startApp(t, path, env)
+	addr := a.Addr()
+	if a.AdminAddr() != adminAddr {
+		t.Fatalf("the admin API listens on %q, want %s", a.AdminAddr(), adminAddr)
+	}
 
 	out, err = invites("create")
 	if err != nil {
@@ -794,10 +981,7 @@ monthly_quota = 10
 	if out, err := invites("delete", other); err != nil || !strings.Contains(out, "deleted invite "+other) {
 		t.Fatalf("delete while running: %v\n%s", err, out)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
+	stop()
 
 	// Stopped again: the revocation is on disk.
 	out, err = invites("list")
@@ -808,7 +992,7 @@ monthly_quota = 10
 		t.Errorf("revoked invite shown active:\n%s", out)
 	}
 	for _, args := range [][]string{{"invites"}, {"invites", "revoke"}, {"invites", "delete"}, {"invites", "create", "--uses", "0"}, {"invites", "frob"}} {
-		if err := run(context.Background(), args, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
+		if err := run(context.Background(), args, env, io.Discard, io.Discard); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
 	}
@@ -922,4 +1106,39 @@ func cwd(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestReadmeShowsTheHelp keeps the README's list of commands what
+// breakwater help prints.
+func TestReadmeShowsTheHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"help"}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "```text\n"+out.String()+"```\n") {
+		t.Errorf("README.md does not show breakwater help as it prints:\n%s", out.String())
+	}
+}
+
+// TestNoCommandServes: "breakwater --config FILE" is "breakwater serve
+// --config FILE".
+func TestNoCommandServes(t *testing.T) {
+	addr := freeAddr(t)
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 1\n",
+		addr, filepath.Join(t.TempDir(), "bw.db")))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"--config", path}, envFrom(nil), io.Discard, io.Discard) }()
+	if status := waitUp(t, "http://"+addr+"/healthz", done); status != http.StatusOK {
+		t.Errorf("healthz: %d", status)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve returned %v", err)
+	}
 }

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"breakwater/server/app"
+)
+
+func configCmd(e *env) *cobra.Command {
+	check := &cobra.Command{
+		Use:   "check",
+		Short: "validate the config and say what is missing from the environment",
+		Long: `Validate the config file as serve would (an unknown key, a bad value or a
+missing plan is an error, exit 1), then say what the environment lacks and
+which limits are off.`,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(c *cobra.Command, _ []string) error { return e.configCheck() },
+	}
+	return group("config", "check the config file", check)
+}
+
+func (e *env) configCheck() error {
+	c, err := app.Load(e.config, e.getenv)
+	if err != nil {
+		return err
+	}
+	out, getenv := e.stdout, e.getenv
+	fmt.Fprintf(out, "%s: OK\n", e.config)
+	switch {
+	case c.OCR.Provider == "simulated":
+		fmt.Fprintln(out, "note: ocr.provider is \"simulated\": no real reads are made")
+	case getenv("GEMINI_API_KEY") == "":
+		fmt.Fprintln(out, "note: GEMINI_API_KEY is not set: serve will refuse to start")
+	}
+	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
+		fmt.Fprintln(out, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
+	}
+	if a := c.Alerts; a == nil {
+		fmt.Fprintln(out, "note: no [alerts] section: mail is off; alerts and findings are only logged (WARN)")
+	} else {
+		fmt.Fprintf(out, "mail: alerts go to %s through %s:%d (tls %s)\n", strings.Join(a.To, ", "), a.SMTPHost, a.SMTPPort, a.TLS)
+		if a.SMTPUsername != "" && getenv("BREAKWATER_SMTP_PASSWORD") == "" {
+			fmt.Fprintln(out, "note: alerts.smtp_username is set but BREAKWATER_SMTP_PASSWORD is not: the mail server will refuse the login")
+		}
+	}
+	if warning := c.JWTAudienceWarning(); warning != "" {
+		fmt.Fprintln(out, "warning:", warning)
+	}
+	for _, warning := range c.OCR.Warnings() {
+		fmt.Fprintln(out, "warning:", warning)
+	}
+	for _, w := range c.OffSwitches() {
+		fmt.Fprintln(out, "WARNING: limit off:", w)
+	}
+	for _, w := range c.Warnings() {
+		fmt.Fprintln(out, "warning:", w)
+	}
+	return nil
+}

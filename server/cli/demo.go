@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"breakwater/budget"
+	"breakwater/server"
+	"breakwater/server/app"
+)
+
+func demoCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "demo",
+		Short: "run it with a simulated upstream and a throwaway database",
+		Long: `Run the service with the simulated upstream and a throwaway database on a
+free loopback port, and print an API key and a curl line that works. The
+config file is optional; its limits apply. Ctrl+C stops it and deletes
+the database.`,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              e.demo,
+	}
+}
+
+func (e *env) demo(c *cobra.Command, _ []string) error {
+	ctx := c.Context()
+	cfg, err := app.Read(e.config, e.getenv, true)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "breakwater-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	cfg.OCR.Provider = "simulated"
+	cfg.Storage.Path = filepath.Join(dir, "breakwater.db")
+	cfg.Server.Listen = "127.0.0.1:0"
+	demoPlan := server.DefaultPlan
+	if _, ok := cfg.Plans[demoPlan]; !ok {
+		cfg.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100, DailyAttempts: budget.DefaultDailyAttempts(100)}}
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config %s: %w", e.config, err)
+	}
+	sample := filepath.Join(dir, "label.png")
+	if err := writeSampleImage(sample); err != nil {
+		return err
+	}
+	noAdmin := func(key string) string {
+		if key == "BREAKWATER_ADMIN_TOKEN" || key == "GEMINI_API_KEY" {
+			return "" // the demo never exposes an admin API nor spends real money
+		}
+		return e.getenv(key)
+	}
+	a, err := app.Open(ctx, cfg, app.Options{Getenv: noAdmin, Logger: newLogger(e.stderr)})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	secret, _, err := a.Keys().Create("demo-user", demoPlan)
+	if err != nil {
+		return err
+	}
+	out := e.stdout
+	fmt.Fprintf(out, "Breakwater demo: simulated upstream, throwaway database in %s (deleted on exit).\n", dir)
+	fmt.Fprintf(out, "API key for user demo-user (plan %s):\n%s\n", demoPlan, secret)
+	fmt.Fprintf(out, "Try it:\n")
+	fmt.Fprintf(out, "curl -sS -H 'Authorization: Bearer %s' -H 'Content-Type: image/png' --data-binary @%s http://%s/v1/ocr\n", secret, sample, a.Addr())
+	fmt.Fprintf(out, "Press Ctrl+C to stop.\n")
+	return a.Wait(ctx)
+}
+
+// writeSampleImage draws a small label-like PNG for the demo's curl line.
+func writeSampleImage(path string) error {
+	img := image.NewGray(image.Rect(0, 0, 320, 96))
+	for y := range 96 {
+		for x := range 320 {
+			v := uint8(255)
+			if (y > 30 && y < 66) && (x/8)%3 == 0 && x > 20 && x < 300 {
+				v = 0
+			}
+			img.SetGray(x, y, color.Gray{Y: v})
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := png.Encode(f, img); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
