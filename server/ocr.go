@@ -16,6 +16,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/failpoint"
 	"breakwater/storage"
 )
 
@@ -147,6 +148,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	_ = s.defend(layerBudget, func() error {
 		return s.d.Brake.Commit(context.WithoutCancel(c.Request().Context()), &reservation)
 	}, isPaused)
+	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
 	if c.Request().Context().Err() != nil {
 		// The client has gone before the call: nothing is spent, and
 		// nobody reads this answer.
@@ -231,6 +233,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
 		return errUsageUnavailable
 	}
+	failpoint.Hit(failpoint.Recorded) // crash tests only: a kill between the usage record and the answer
 	s.usageOut.end()
 	s.d.Brake.Settled(reservation, cost)
 	used := s.d.Quotas.Confirm(slot)
