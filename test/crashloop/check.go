@@ -24,7 +24,15 @@ func (l *loop) check(round int) error {
 		return fmt.Errorf("database: %w", err)
 	}
 	defer db.Close()
-	bad := func(format string, args ...any) { l.violate("round %d: "+format, append([]any{round}, args...)...) }
+	bad := func(format string, args ...any) {
+		// Checks are cumulative: a broken promise is reported in the
+		// round it is first seen, not again in every round after.
+		msg := fmt.Sprintf(format, args...)
+		if !l.reported[msg] {
+			l.reported[msg] = true
+			l.violate("round %d: %s", round, msg)
+		}
+	}
 
 	rows, err := db.Usage(time.Time{}, time.Time{})
 	if err != nil {

@@ -90,7 +90,7 @@ func TestCheckFindsViolations(t *testing.T) {
 				dbPath: filepath.Join(t.TempDir(), "bw.db"),
 				gemini: g,
 				rep:    &Report{Kills: map[string]int{}, Answers: map[string]int64{}},
-				ok:     map[string]string{}, okByUser: map[string]int64{}, rowsSeen: map[string]bool{},
+				ok:     map[string]string{}, okByUser: map[string]int64{}, rowsSeen: map[string]bool{}, reported: map[string]bool{},
 			}
 			db, err := storage.Open(l.dbPath, storage.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {

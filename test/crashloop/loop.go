@@ -111,6 +111,7 @@ type loop struct {
 	okByUser map[string]int64
 	rowsSeen map[string]bool // request ids of usage rows already checked
 	badSeen  int64           // calls not in the wire format, already reported
+	reported map[string]bool // violations already reported
 }
 
 type apiKey struct{ user, key string }
@@ -152,6 +153,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		ok:       map[string]string{},
 		okByUser: map[string]int64{},
 		rowsSeen: map[string]bool{},
+		reported: map[string]bool{},
 	}
 	defer func() { l.rep.Elapsed = time.Since(start) }()
 	if err := l.setUp(ctx); err != nil {

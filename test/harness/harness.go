@@ -137,7 +137,19 @@ type Process struct {
 	state   *os.ProcessState
 }
 
-var listenRE = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
+var (
+	listenRE      = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
+	adminListenRE = regexp.MustCompile(`msg=listening listener=admin addr=(\S+)`)
+)
+
+// AdminAddr is the admin listener's address, "" if it is off (no
+// BREAKWATER_ADMIN_TOKEN in the environment).
+func (p *Process) AdminAddr() string {
+	if m := adminListenRE.FindSubmatch(readHead(p.LogPath)); m != nil {
+		return string(m[1])
+	}
+	return ""
+}
 
 // Start runs `bin serve --config config` with env added to the process's
 // environment, its log in logPath, and waits (at most 20 s) until it
