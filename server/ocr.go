@@ -14,6 +14,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
+	"breakwater/server/failpoint"
 	"breakwater/server/guard"
 )
 
@@ -144,6 +145,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	}
 	s.d.Metrics.guard.Observe((admitted.Sub(start) + s.now().Sub(now)).Seconds())
 	t.Commit(ctx)
+	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
 	if c.Request().Context().Err() != nil {
 		t.Cancel(ctx) // gone before the call: nothing is spent
 		return errClientGone
@@ -199,6 +201,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
 		return errUsageUnavailable
 	}
+	failpoint.Hit(failpoint.Recorded) // crash tests only: a kill between the usage record and the answer
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
 	return c.JSON(http.StatusOK, ocrResponse{

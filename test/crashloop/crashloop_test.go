@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/storage"
+	"breakwater/test/harness"
+)
+
+// TestCrashLoopShort is the crash loop's short form, run by go test ./...:
+// five rounds (a kill at each failpoint, one at a random moment, two at
+// the budget ceiling) with zero violations.
+func TestCrashLoopShort(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, Options{Rounds: 5, Dir: t.TempDir(), Log: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + rep.Summary())
+	if len(rep.Violations) > 0 {
+		t.Fatalf("%d violations", len(rep.Violations))
+	}
+	for _, k := range []string{killReserved, killRecorded, killRandom, killCeiling} {
+		if rep.Kills[k] == 0 {
+			t.Errorf("no kill of kind %s: %v", k, rep.Kills)
+		}
+	}
+	if !rep.CeilingReached {
+		t.Errorf("the loop did not reach daily_requests %d (ledger %d)", rep.DailyRequests, rep.Ledger)
+	}
+	if rep.OK == 0 || rep.Calls == 0 {
+		t.Errorf("%d 200s and %d upstream calls: the load did not run", rep.OK, rep.Calls)
+	}
+}
+
+// TestCheckFindsViolations feeds the checker states that break each
+// promise, so that a loop reporting zero violations means something.
+func TestCheckFindsViolations(t *testing.T) {
+	root, err := harness.ModuleRoot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, l *loop, db *storage.DB)
+		want  string
+	}{
+		{"200 without a usage row", func(t *testing.T, l *loop, db *storage.DB) {
+			l.ok["req-answered"] = "u1"
+			l.okByUser["u1"]++
+		}, "a 200 without a usage row: request req-answered"},
+		{"row under another user", func(t *testing.T, l *loop, db *storage.DB) {
+			record(t, db, "u2", "req-1")
+			l.ok["req-1"] = "u1"
+		}, "usage row of u2, answered to u1"},
+		{"fewer quota than 200s", func(t *testing.T, l *loop, db *storage.DB) {
+			record(t, db, "u1", "req-1")
+			l.okByUser["u1"] = 2
+		}, "below the 2 200s received"},
+		{"committed row lost", func(t *testing.T, l *loop, db *storage.DB) {
+			l.rowsSeen["req-gone"] = true
+		}, "usage row of request req-gone, seen after an earlier round, is gone"},
+		{"call without a reservation", func(t *testing.T, l *loop, db *storage.DB) {
+			call(t, l.gemini)
+		}, "a reservation was lost"},
+		{"calls over the ceiling", func(t *testing.T, l *loop, db *storage.DB) {
+			for range 3 {
+				reserve(t, db)
+				call(t, l.gemini)
+			}
+		}, "the upstream received 3 calls, over daily_requests 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, err := harness.NewGemini(root, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			l := &loop{
+				o:      Options{DailyRequests: 2},
+				dbPath: filepath.Join(t.TempDir(), "bw.db"),
+				gemini: g,
+				rep:    &Report{Kills: map[string]int{}, Answers: map[string]int64{}},
+				ok:     map[string]string{}, okByUser: map[string]int64{}, rowsSeen: map[string]bool{}, reported: map[string]bool{},
+			}
+			db, err := storage.Open(l.dbPath, storage.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.setup(t, l, db)
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.check(1); err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(l.rep.Violations, "\n")
+			if !strings.Contains(got, tt.want) {
+				t.Errorf("violations:\n%s\nwant one with %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// record commits one read as the server does: its reservation, then its
+// usage row with the settlement.
+func record(t *testing.T, db *storage.DB, user, requestID string) {
+	t.Helper()
+	now := time.Now().UTC()
+	id := reserve(t, db)
+	rec := budget.UsageRecord{Time: now, UserID: user, KeyID: "k", RequestID: requestID, Outcome: "ok"}
+	err := db.RecordUsage(context.Background(), now.Format("2006-01"), rec, budget.Settlement{ID: id, ActualMicroUSD: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func reserve(t *testing.T, db *storage.DB) uint64 {
+	t.Helper()
+	id, err := db.Reserve(context.Background(), time.Now().UTC().Format("2006-01-02"), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// call sends the fake Gemini one call, as the server would.
+func call(t *testing.T, g *harness.Gemini) {
+	t.Helper()
+	body := `{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","data":"iVBORw0K"}}]}]}`
+	req, err := http.NewRequest(http.MethodPost, g.URL+"/v1beta/models/"+harness.Model+":generateContent", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-goog-api-key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("fake Gemini: %s", resp.Status)
+	}
+}

@@ -1,0 +1,271 @@
+// Package harness runs the real breakwater binary for the reliability
+// tests under test/: it builds the binary, writes its config, creates API
+// keys with its own CLI, starts and kills the server, and plays a fake
+// Gemini that speaks the REST wire format and counts every call it is
+// sent. Everything listens on 127.0.0.1 only, and every wait is bounded.
+//
+// It refuses to do what a test must see for itself: it checks no
+// invariant and hides no failure; a server that does not come up is an
+// error with its log attached.
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Errors of the harness.
+var (
+	// ErrNoModule means the module root could not be found.
+	ErrNoModule = errors.New("harness: no go.mod found")
+	// ErrNotListening means the server did not log its address in time.
+	ErrNotListening = errors.New("harness: the server did not start listening")
+)
+
+// ModuleRoot is the folder of the go.mod that `go env GOMOD` names, from
+// the current directory.
+func ModuleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", ErrNoModule
+	}
+	return filepath.Dir(mod), nil
+}
+
+// Build compiles the breakwater binary of the module at root into dir with
+// the build tags given (never with -race: the binary is the thing under
+// test, not the test) and returns its path.
+func Build(ctx context.Context, root, dir string, tags ...string) (string, error) {
+	bin := filepath.Join(dir, "breakwater")
+	args := []string{"build", "-o", bin}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, ".")...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Config is what WriteConfig puts in a config.toml for a test server.
+type Config struct {
+	DBPath        string // storage.path
+	GeminiURL     string // ocr.base_url
+	DailyRequests int64  // budget.daily_requests; the only ceiling on
+	Plan          string // the one plan's name; no quota or daily line to speak of
+}
+
+// WriteConfig writes a config for a test server to path: loopback only,
+// the real Gemini client pointed at cfg.GeminiURL, limits out of the way
+// except the global daily_requests ceiling, the admin API off (no token).
+func WriteConfig(path string, cfg Config) error {
+	body := fmt.Sprintf(`[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_in_flight_per_user = 64
+
+[storage]
+path = %q
+
+[ocr]
+provider = "gemini"
+model = "gemini-2.5-flash"
+base_url = %q
+timeout = "10s"
+
+[limits.user]
+rate = 100000
+window = "1m"
+burst = 100000
+
+[budget]
+timezone = "UTC"
+daily_requests = %d
+daily_usd = 0
+monthly_usd = 0
+
+[plans.%s]
+monthly_quota = 100000000
+daily_attempts = 0
+`, cfg.DBPath, cfg.GeminiURL, cfg.DailyRequests, cfg.Plan)
+	return os.WriteFile(path, []byte(body), 0o600)
+}
+
+// CreateKey creates an API key for user on plan with the binary's own CLI
+// (the server must be stopped) and returns it.
+func CreateKey(ctx context.Context, bin, config, user, plan string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, "keys", "create", "--user", user, "--plan", plan, "--config", config)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("keys create %s: %w\n%s", user, err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	key := strings.TrimSpace(lines[len(lines)-1])
+	if !strings.HasPrefix(key, "bw_") {
+		return "", fmt.Errorf("keys create %s: no key in %q", user, out)
+	}
+	return key, nil
+}
+
+// Process is a running breakwater server.
+type Process struct {
+	Addr    string // the public listener, host:port
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	state   *os.ProcessState
+}
+
+var (
+	listenRE      = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
+	adminListenRE = regexp.MustCompile(`msg=listening listener=admin addr=(\S+)`)
+)
+
+// AdminAddr is the admin listener's address, "" if it is off (no
+// BREAKWATER_ADMIN_TOKEN in the environment).
+func (p *Process) AdminAddr() string {
+	if m := adminListenRE.FindSubmatch(readHead(p.LogPath)); m != nil {
+		return string(m[1])
+	}
+	return ""
+}
+
+// Start runs `bin serve --config config` with env added to the process's
+// environment, its log in logPath, and waits (at most 20 s) until it
+// listens.
+func Start(bin, config, logPath string, env ...string) (*Process, error) {
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "serve", "--config", config)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	p := &Process{LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait() // a killed server is the point, not an error
+		p.state = cmd.ProcessState
+		logFile.Close()
+		close(p.done)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := listenRE.FindSubmatch(readHead(logPath)); m != nil {
+			p.Addr = string(m[1])
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%w: it exited (%v); log:\n%s", ErrNotListening, p.state, Tail(logPath))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	p.Kill()
+	return nil, fmt.Errorf("%w within 20s; log:\n%s", ErrNotListening, Tail(logPath))
+}
+
+// Done is closed once the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Kill sends SIGKILL and waits (at most 10 s) for the process to be gone.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// Stop sends SIGTERM, the graceful shutdown, and waits at most timeout
+// before it kills.
+func (p *Process) Stop(timeout time.Duration) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.Kill()
+	}
+}
+
+// Killed reports whether the process ended by SIGKILL; call it after Done.
+func (p *Process) Killed() bool {
+	if p.state == nil {
+		return false
+	}
+	ws, ok := p.state.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// readHead returns the first 64 KiB of a log, where the listen line is.
+func readHead(path string) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	n, _ := f.Read(buf)
+	return buf[:n]
+}
+
+// Tail returns the last 40 lines of a log, for error messages.
+func Tail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > 40 {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// PNG returns a small valid PNG image.
+func PNG() []byte {
+	img := image.NewGray(image.Rect(0, 0, 64, 24))
+	for y := range 24 {
+		for x := range 64 {
+			if (x/4)%2 == 0 && y > 6 && y < 18 {
+				img.SetGray(x, y, color.Gray{Y: 0})
+			} else {
+				img.SetGray(x, y, color.Gray{Y: 255})
+			}
+		}
+	}
+	var b bytes.Buffer
+	_ = png.Encode(&b, img) // cannot fail on a bytes.Buffer
+	return b.Bytes()
+}
