@@ -286,12 +286,10 @@ type panickingLimiter struct{}
 
 func (panickingLimiter) Allow(string, time.Time) error { panic("limiter bug") }
 
+// A defense layer whose machinery is broken lets requests through and is
+// counted and logged (once a minute).
 func TestLayersFailOpen(t *testing.T) {
-	e := newEnv(t, envOptions{
-		ledger: &failingLedger{},
-		budget: budget.Config{DailyRequests: 2},
-		rate:   panickingLimiter{},
-	})
+	e := newEnv(t, envOptions{budget: budget.Config{DailyRequests: 2}, rate: panickingLimiter{}})
 	for range 3 {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		if resp.StatusCode == http.StatusServiceUnavailable {
@@ -300,31 +298,54 @@ func TestLayersFailOpen(t *testing.T) {
 		}
 		decodeOK(t, resp, data)
 	}
-	// The in-memory reservation still held the ceiling of 2.
+	// The budget still held its ceiling of 2.
 	if got := e.gemini.calls.Load(); got != 2 {
 		t.Errorf("%d upstream calls, want 2", got)
 	}
 	metrics := scrape(t, e)
 	for _, want := range []string{
 		`breakwater_layer_failopen_total{layer="rate"} 3`,
-		`breakwater_layer_failopen_total{layer="budget"} 2`,
 		`breakwater_refusals_total{layer="budget",reason="daily_requests"} 1`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	if n := strings.Count(e.logs.String(), "defense layer failed open"); n != 2 {
-		t.Errorf("%d fail-open log lines, want 2 (one a minute per layer):\n%s", n, e.logs.String())
+	if n := strings.Count(e.logs.String(), "defense layer failed open"); n != 1 {
+		t.Errorf("%d fail-open log lines, want 1 (one a minute per layer):\n%s", n, e.logs.String())
 	}
-	// The reservations were never written, but the usage records' own
-	// transactions added both calls to the ledger, so a restart counts them.
-	day, err := e.db.Budget(budget.DayKey(time.Now(), e.loc))
-	if err != nil {
-		t.Fatal(err)
+}
+
+// A budget reservation that cannot be written refuses the call instead of
+// failing open: the usage record shares the disk, so the read would be
+// paid for and withheld. Paid calls pause as after a failed usage record.
+func TestFailedReservationRefusesTheCall(t *testing.T) {
+	ledger := &failingLedger{}
+	e := newEnv(t, envOptions{ledger: ledger, budget: budget.Config{DailyRequests: 100}})
+	for range 3 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+		if resp.Header.Get("Retry-After") == "" {
+			t.Error("no Retry-After")
+		}
 	}
-	if st := e.brake.Status(time.Now()); day.Requests != 2 || day.SpendMicroUSD != st.SpendMicroUSD || day.SpendMicroUSD <= 0 {
-		t.Errorf("ledger %+v after two unreserved calls, want 2 requests and the %d µ$ spent in memory", day, st.SpendMicroUSD)
+	if got := e.gemini.calls.Load(); got != 0 {
+		t.Errorf("%d upstream calls with the ledger failing, want 0", got)
+	}
+	if got := ledger.calls.Load(); got != 1 {
+		t.Errorf("%d reservation writes, want 1: the others wait out the pause", got)
+	}
+	metrics := scrape(t, e)
+	for _, want := range []string{
+		`breakwater_refusals_total{layer="usage",reason="ledger_failing"} 1`,
+		`breakwater_refusals_total{layer="usage",reason="records_failing"} 2`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(metrics, `breakwater_layer_failopen_total{layer="budget"} 1`) {
+		t.Error("the failed reservation was counted as failing open")
 	}
 }
 

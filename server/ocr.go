@@ -144,7 +144,14 @@ func (s *Server) handleOCR(c echo.Context) error {
 		return s.refusal(refused)
 	}
 	s.d.Metrics.guard.Observe((admitted.Sub(start) + s.now().Sub(now)).Seconds())
-	t.Commit(ctx)
+	if refused := t.Commit(ctx, s.now()); refused != nil {
+		t.Cancel(ctx) // no call is made
+		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", id.UserID, "request_id", requestID(c),
+			"pause", guard.UsagePause)
+		s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
+			map[string]string{"user": id.UserID, "request_id": requestID(c)})
+		return s.refusal(refused)
+	}
 	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
 	if c.Request().Context().Err() != nil {
 		t.Cancel(ctx) // gone before the call: nothing is spent

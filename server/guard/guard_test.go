@@ -18,11 +18,15 @@ type ledger struct {
 	mu       sync.Mutex
 	reserved int
 	settled  []budget.Settlement
+	err      error // what Reserve answers; nil: success
 }
 
 func (l *ledger) Reserve(context.Context, string, int64) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.err != nil {
+		return 0, l.err
+	}
 	l.reserved++
 	return uint64(l.reserved), nil
 }
@@ -98,7 +102,7 @@ func TestTicketRecords(t *testing.T) {
 	if r := tk.Reserve(1000, now); r != nil {
 		t.Fatal(r)
 	}
-	tk.Commit(t.Context())
+	tk.Commit(t.Context(), now)
 	used, err := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now)
 	if err != nil || used != 1 {
 		t.Fatalf("Record = %d, %v; want 1 read", used, err)
@@ -230,7 +234,7 @@ func TestClaimRetry(t *testing.T) {
 	f := newFixture(t, limiter.Config{}, budget.Config{DailyRequests: 3})
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(100, now)
-	tk.Commit(t.Context())
+	tk.Commit(t.Context(), now)
 	if !tk.ClaimRetry(t.Context(), 100, now) {
 		t.Fatal("no retry with room for it")
 	}
@@ -261,7 +265,7 @@ func TestCancelSpendsNothing(t *testing.T) {
 	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(5000, now)
-	tk.Commit(t.Context())
+	tk.Commit(t.Context(), now)
 	tk.Cancel(t.Context())
 	tk.Release()
 	if st := f.brake.Status(now); st.SpendMicroUSD != 0 {
@@ -269,5 +273,29 @@ func TestCancelSpendsNothing(t *testing.T) {
 	}
 	if got := f.quotas.Used("alice", now); got != 0 {
 		t.Errorf("quota used %d, want 0", got)
+	}
+}
+
+// A reservation the ledger cannot take refuses the call and pauses paid
+// calls: the usage record shares the disk, so the read would be paid for
+// and withheld.
+func TestLedgerFailureRefusesTheCall(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
+	f.ledger.err = errors.New("disk full")
+	tk, _ := f.g.Admit(alice, now)
+	tk.Reserve(100, now)
+	r := tk.Commit(t.Context(), now)
+	if r == nil || r.Layer != LayerUsage || r.Reason != "ledger_failing" {
+		t.Fatalf("Commit on a failing ledger: %+v, want a refusal", r)
+	}
+	tk.Cancel(t.Context())
+	if got := f.quotas.Used("alice", now); got != 0 {
+		t.Errorf("quota used %d, want the slot given back", got)
+	}
+	if _, r := f.g.Admit(alice, now.Add(time.Second)); r == nil || r.Layer != LayerUsage {
+		t.Errorf("the next request: %+v, want paused", r)
+	}
+	if len(f.failOpen) != 0 {
+		t.Errorf("reported as failing open: %v", f.failOpen)
 	}
 }

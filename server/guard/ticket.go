@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"breakwater/budget"
@@ -12,7 +13,7 @@ import (
 //	t, r := g.Admit(req, now)       // layers 1, 2, 2b, 3 looked at
 //	defer t.Release()               // gives back whatever was not recorded
 //	r = t.Reserve(worst, now)       // layer 2 counted, 2b slot, 3 claim
-//	t.Commit(ctx)                   // the claim on disk, before the call
+//	r = t.Commit(ctx, now)          // the claim on disk, before the call
 //	... the call, with t.ClaimRetry before a retry ...
 //	used, err := t.Record(ctx, rec, cost, now)  // "$", or t.Fail(ctx, cost)
 //
@@ -79,18 +80,33 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 }
 
 // Commit writes the claims durably, so that they still count after a
-// crash; call it before the upstream call. A failed write fails open: the
-// claim still holds in memory, and settling adds the call to the ledger.
-func (t *Ticket) Commit(ctx context.Context) {
+// crash; call it before the upstream call. A claim the ledger cannot take
+// refuses the call (layer "usage", reason "ledger_failing") and pauses
+// paid calls as a failed usage record does: the ledger and the usage
+// records share one database, so the read would be paid for and then
+// withheld. The caller then Cancels the ticket.
+func (t *Ticket) Commit(ctx context.Context, now time.Time) *Refusal {
 	for i := range t.claims() {
 		if t.claimed[i].ID == 0 {
-			t.commit(ctx, &t.claimed[i])
+			if err := t.commit(ctx, &t.claimed[i]); err != nil {
+				t.g.records.start(now)
+				return t.g.refuse(&Refusal{Layer: LayerUsage, Reason: "ledger_failing", RetryAfter: UsagePause})
+			}
 		}
 	}
+	return nil
 }
 
-func (t *Ticket) commit(ctx context.Context, claim *budget.Reservation) {
-	t.g.open(LayerBudget, func() error { return t.g.layers.Brake.Commit(ctx, claim) })
+// commit writes one claim; a panic in the brake is its machinery failing
+// (reported, and the claim left uncommitted but held in memory).
+func (t *Ticket) commit(ctx context.Context, claim *budget.Reservation) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			t.g.failedOpen(LayerBudget, fmt.Errorf("panic: %v", p))
+			err = nil
+		}
+	}()
+	return t.g.layers.Brake.Commit(ctx, claim)
 }
 
 // ClaimRetry claims one more call at worst micro-dollars for a retry of
@@ -114,8 +130,12 @@ func (t *Ticket) ClaimRetry(ctx context.Context, worst int64, now time.Time) boo
 	if r != nil || claim.Day == "" {
 		return false
 	}
-	t.commit(ctx, &claim)
-	t.addClaim(claim)
+	t.addClaim(claim) // held, so that it is settled whatever happens next
+	if err := t.commit(ctx, &t.claimed[t.n-1]); err != nil {
+		// As in Commit: no retry on a ledger that cannot take its claim.
+		t.g.records.start(now)
+		return false
+	}
 	return true
 }
 
