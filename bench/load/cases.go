@@ -34,7 +34,7 @@ type plan struct {
 
 var (
 	fullPlan = plan{
-		rounds: 3, warmup: time.Second, duration: 5 * time.Second, clients: 64, users: 1000,
+		rounds: 5, warmup: time.Second, duration: 4 * time.Second, clients: 64, users: 1000,
 		activeKeys: []int{10_000, 100_000}, clientIPs: []int{10_000, 100_000},
 		inFlight: 4000, inFlightLatency: 5 * time.Second, settle: 2 * time.Second,
 	}
@@ -225,7 +225,7 @@ func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, err
 		}
 	}
 	bwPids := func(bw *breakwater) func() []int { return func() []int { return []int{bw.proc.pid()} } }
-	users := strconv.Itoa(p.users)
+	users := thousands(float64(p.users))
 	b.cases = []tcase{
 		{id: "echo", label: "bare Echo", addr: echoAddr, pids: pids(b.echo),
 			request: oneOf(ocrRequest(echoAddr, oneUser[b.on], img)), expect: http.StatusOK},
@@ -358,8 +358,8 @@ type inFlightResult struct {
 
 // memoryFigures are the memory part of the report.
 type memoryFigures struct {
-	keysAtRest memPoint // RSS of keys that exist but made no request
-	activeKeys []memPoint
+	keysAtRest []memPoint // keys that exist but made no request, against an empty database
+	activeKeys []memPoint // the same keys after one accepted read each, against them at rest
 	clientIPs  []memPoint
 	inFlight   inFlightResult
 }
@@ -371,123 +371,140 @@ func (b *bench) settledRSS(bw *breakwater) (int64, error) {
 	return rss(bw.proc.pid())
 }
 
+// memoryDefaults is the config of the memory figures: production limits
+// (the defaults), the budget ceilings on but far above what is sent, and
+// X-Forwarded-For trusted from loopback.
+var memoryDefaults = bwConfig{rate: 60, window: "1m", burst: 5, inFlightPerUser: 4, maxConnections: 1024, ceilings: true, trustLoopback: true}
+
 // memory measures RSS per active user key, per client IP, and with many
-// upstream calls in flight, each on a fresh instance of its own.
+// upstream calls in flight, each count on a fresh instance of its own (one
+// instance growing from 10,000 to 100,000 would measure the garbage
+// collector's headroom over the first count as much as the second).
 func (b *bench) memory() (memoryFigures, error) {
 	var m memoryFigures
 	if len(b.plan.activeKeys) == 0 {
 		return m, nil
 	}
 	img := testPNG()
-	// Production limits (the defaults), ceilings on but far above what the
-	// keys use: one request each.
-	defaults := bwConfig{rate: 60, window: "1m", burst: 5, inFlightPerUser: 4, maxConnections: 1024, ceilings: true, trustLoopback: true}
-
-	// Active user keys: make them all, restart so that the base is a server
-	// that has loaded them and served nothing, then let them make one
-	// accepted request each, step by step.
-	keysBW, err := newBreakwater("memory-keys", b.bin, filepath.Join(b.dir, "memory-keys"), defaults)
-	if err != nil {
-		return m, err
-	}
-	if err := keysBW.start(); err != nil {
-		return m, err
-	}
-	empty, err := b.settledRSS(keysBW)
-	if err != nil {
-		return m, err
-	}
-	total := b.plan.activeKeys[len(b.plan.activeKeys)-1]
-	b.progress("memory: creating %d keys through the admin API", total)
-	start := time.Now()
-	keys, err := keysBW.createKeys(userIDs("mem-", total))
-	keysBW.stop()
-	if err != nil {
-		return m, err
-	}
-	b.progress("memory: %d keys in %s", total, time.Since(start).Round(time.Second))
-	if err := keysBW.start(); err != nil {
-		return m, err
-	}
-	defer keysBW.stop()
-	idle, err := b.settledRSS(keysBW)
-	if err != nil {
-		return m, err
-	}
-	m.keysAtRest = memPoint{n: total, base: empty, rss: idle, expected: 1}
-	done := 0
 	for _, n := range b.plan.activeKeys {
-		reqs := make([][]byte, n-done)
-		for i := range reqs {
-			reqs[i] = ocrRequest(keysBW.addr, keys[done+i], img)
-		}
-		out := generate(load{addr: keysBW.addr, clients: b.plan.clients, total: int64(len(reqs)), request: oneOf(reqs...)})
-		done = n
-		now, err := b.settledRSS(keysBW)
+		atRest, active, err := b.activeKeys(n, img)
 		if err != nil {
 			return m, err
 		}
-		m.activeKeys = append(m.activeKeys, memPoint{n: n, base: idle, rss: now, expected: out.share(http.StatusOK), statuses: out.statuses, errors: out.errors})
-		b.progress("memory: %d active keys: RSS %s (base %s)", n, mib(now), mib(idle))
+		m.keysAtRest, m.activeKeys = append(m.keysAtRest, atRest), append(m.activeKeys, active)
 	}
-	keysBW.stop()
-
-	// Client IPs: wrong invite guesses, each from an address of its own
-	// through a trusted proxy, each with an e-mail of its own.
-	ipBW, err := newBreakwater("memory-ips", b.bin, filepath.Join(b.dir, "memory-ips"), defaults)
-	if err != nil {
-		return m, err
-	}
-	if err := ipBW.start(); err != nil {
-		return m, err
-	}
-	defer ipBW.stop()
-	base, err := b.settledRSS(ipBW)
-	if err != nil {
-		return m, err
-	}
-	guess := inviteGuess(ipBW.addr)
-	done = 0
 	for _, n := range b.plan.clientIPs {
-		from := int64(done)
-		out := generate(load{addr: ipBW.addr, clients: b.plan.clients, total: int64(n - done),
-			request: func(buf []byte, seq int64, s *clientScratch) []byte { return guess(buf, from+seq, s) }})
-		done = n
-		now, err := b.settledRSS(ipBW)
+		pt, err := b.clientIPs(n)
 		if err != nil {
 			return m, err
 		}
-		m.clientIPs = append(m.clientIPs, memPoint{n: n, base: base, rss: now, expected: out.share(http.StatusForbidden), statuses: out.statuses, errors: out.errors})
-		b.progress("memory: %d client IPs: RSS %s (base %s)", n, mib(now), mib(base))
+		m.clientIPs = append(m.clientIPs, pt)
 	}
-	ipBW.stop()
+	var err error
+	m.inFlight, err = b.callsInFlight(img)
+	return m, err
+}
 
-	// Calls in flight: a slow simulated upstream, the default cap of
-	// requests in flight per user, enough users that it refuses none, and
-	// enough connections for all.
-	flight := defaults
+// activeKeys measures n user keys: the RSS of a fresh server, then of the
+// server restarted on n keys written into its database (at rest: loaded,
+// none used), then after one accepted read with each key.
+func (b *bench) activeKeys(n int, img []byte) (atRest, active memPoint, err error) {
+	name := fmt.Sprintf("memory-keys-%d", n)
+	bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), memoryDefaults)
+	if err != nil {
+		return atRest, active, err
+	}
+	if err := bw.start(); err != nil {
+		return atRest, active, err
+	}
+	empty, err := b.settledRSS(bw)
+	bw.stop()
+	if err != nil {
+		return atRest, active, err
+	}
+	start := time.Now()
+	keys, err := bw.seedKeys(userIDs("mem-", n))
+	if err != nil {
+		return atRest, active, err
+	}
+	b.progress("memory: %d keys written in %s", n, time.Since(start).Round(time.Millisecond))
+	if err := bw.start(); err != nil {
+		return atRest, active, err
+	}
+	defer bw.stop()
+	idle, err := b.settledRSS(bw)
+	if err != nil {
+		return atRest, active, err
+	}
+	reqs := make([][]byte, n)
+	for i, k := range keys {
+		reqs[i] = ocrRequest(bw.addr, k, img)
+	}
+	out := generate(load{addr: bw.addr, clients: b.plan.clients, total: int64(n), request: oneOf(reqs...)})
+	now, err := b.settledRSS(bw)
+	if err != nil {
+		return atRest, active, err
+	}
+	b.progress("memory: %d keys: RSS %s empty, %s at rest, %s active", n, mib(empty), mib(idle), mib(now))
+	atRest = memPoint{n: n, base: empty, rss: idle, expected: 1}
+	active = memPoint{n: n, base: idle, rss: now, expected: out.share(http.StatusOK), statuses: out.statuses, errors: out.errors}
+	return atRest, active, nil
+}
+
+// clientIPs measures n client IPs: wrong invite guesses, each from an
+// address of its own through a trusted proxy, each with an e-mail of its
+// own, against the fresh server's RSS.
+func (b *bench) clientIPs(n int) (memPoint, error) {
+	name := fmt.Sprintf("memory-ips-%d", n)
+	bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), memoryDefaults)
+	if err != nil {
+		return memPoint{}, err
+	}
+	if err := bw.start(); err != nil {
+		return memPoint{}, err
+	}
+	defer bw.stop()
+	base, err := b.settledRSS(bw)
+	if err != nil {
+		return memPoint{}, err
+	}
+	out := generate(load{addr: bw.addr, clients: b.plan.clients, total: int64(n), request: inviteGuess(bw.addr)})
+	now, err := b.settledRSS(bw)
+	if err != nil {
+		return memPoint{}, err
+	}
+	b.progress("memory: %d client IPs: RSS %s, %s before", n, mib(now), mib(base))
+	return memPoint{n: n, base: base, rss: now, expected: out.share(http.StatusForbidden), statuses: out.statuses, errors: out.errors}, nil
+}
+
+// callsInFlight holds plan.inFlight calls to a slow simulated upstream at
+// once and samples the server's RSS meanwhile: the default cap of requests
+// in flight per user, enough users that it refuses none, and enough
+// connections for all.
+func (b *bench) callsInFlight(img []byte) (inFlightResult, error) {
+	flight := memoryDefaults
 	flight.latency = b.plan.inFlightLatency
 	flight.maxConnections = 2*b.plan.inFlight + 64
 	users := (b.plan.inFlight + flight.inFlightPerUser - 1) / flight.inFlightPerUser
-	flightBW, err := newBreakwater("memory-inflight", b.bin, filepath.Join(b.dir, "memory-inflight"), flight)
+	bw, err := newBreakwater("memory-inflight", b.bin, filepath.Join(b.dir, "memory-inflight"), flight)
 	if err != nil {
-		return m, err
+		return inFlightResult{}, err
 	}
-	if err := flightBW.start(); err != nil {
-		return m, err
+	if err := bw.start(); err != nil {
+		return inFlightResult{}, err
 	}
-	defer flightBW.stop()
-	flightKeys, err := flightBW.createKeys(userIDs("flight-", users))
+	defer bw.stop()
+	keys, err := bw.createKeys(userIDs("flight-", users))
 	if err != nil {
-		return m, err
+		return inFlightResult{}, err
 	}
-	reqs := make([][]byte, len(flightKeys))
-	for i, k := range flightKeys {
-		reqs[i] = ocrRequest(flightBW.addr, k, img)
+	reqs := make([][]byte, len(keys))
+	for i, k := range keys {
+		reqs[i] = ocrRequest(bw.addr, k, img)
 	}
-	base, err = b.settledRSS(flightBW)
+	base, err := b.settledRSS(bw)
 	if err != nil {
-		return m, err
+		return inFlightResult{}, err
 	}
 	var inFlight, maxInFlight atomic.Int64
 	peak := base
@@ -502,15 +519,15 @@ func (b *bench) memory() (memoryFigures, error) {
 			case <-stopSampling:
 				return
 			case <-tick.C:
-				if v, err := rss(flightBW.proc.pid()); err == nil && v > peak {
+				if v, err := rss(bw.proc.pid()); err == nil && v > peak {
 					peak = v
 				}
 			}
 		}
 	}()
 	b.progress("memory: %d calls in flight, %s each, %d users", b.plan.inFlight, b.plan.inFlightLatency, users)
-	start = time.Now()
-	out := generate(load{addr: flightBW.addr, clients: b.plan.inFlight, total: int64(b.plan.inFlight),
+	start := time.Now()
+	out := generate(load{addr: bw.addr, clients: b.plan.inFlight, total: int64(b.plan.inFlight),
 		timeout: b.plan.inFlightLatency + 30*time.Second, request: oneOf(reqs...),
 		onRequest: func(d int) {
 			v := inFlight.Add(int64(d))
@@ -520,8 +537,7 @@ func (b *bench) memory() (memoryFigures, error) {
 	elapsed := time.Since(start)
 	close(stopSampling)
 	<-sampled
-	m.inFlight = inFlightResult{n: b.plan.inFlight, completed: int(out.statuses[http.StatusOK]), maxInFlight: maxInFlight.Load(),
+	return inFlightResult{n: b.plan.inFlight, completed: int(out.statuses[http.StatusOK]), maxInFlight: maxInFlight.Load(),
 		base: base, peak: peak, elapsed: elapsed, statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
-		latency: b.plan.inFlightLatency, perUserCap: flight.inFlightPerUser, users: users}
-	return m, nil
+		latency: b.plan.inFlightLatency, perUserCap: flight.inFlightPerUser, users: users}, nil
 }

@@ -74,7 +74,7 @@ func TestSmoke(t *testing.T) {
 	if got, want := len(m.clientIPs), len(smokePlan.clientIPs); got != want {
 		t.Errorf("%d client-IP figures, want %d", got, want)
 	}
-	for _, pt := range append(append([]memPoint{m.keysAtRest}, m.activeKeys...), m.clientIPs...) {
+	for _, pt := range append(append(m.keysAtRest, m.activeKeys...), m.clientIPs...) {
 		if pt.base <= 0 || pt.rss <= 0 {
 			t.Errorf("memory figure for %d: RSS %d against a base of %d", pt.n, pt.rss, pt.base)
 		}

@@ -5,7 +5,7 @@
 // prints requests per second, latency percentiles, the ratios the
 // performance targets name, and memory figures.
 //
-//	go run ./bench/load          # the full run (about 10 minutes)
+//	go run ./bench/load          # the full run (about 5 minutes)
 //	go run ./bench/load -quick   # under a minute: fewer, shorter rounds, no memory figures
 //
 // It never talks to anything but 127.0.0.1, and it does not judge timing
@@ -21,10 +21,12 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/signal"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -49,8 +51,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "the quick form: 2 rounds of 1.5 s per case, no memory figures (under a minute)")
 	mem := fs.Bool("mem", true, "measure memory (RSS per active key and client IP, calls in flight); off by default with -quick")
-	rounds := fs.Int("rounds", 0, "rounds of every case (default 3, -quick 2)")
-	duration := fs.Duration("duration", 0, "measured time per case and round (default 5s, -quick 1.5s)")
+	rounds := fs.Int("rounds", 0, "rounds of every case (default 5, -quick 2)")
+	duration := fs.Duration("duration", 0, "measured time per case and round (default 4s, -quick 1.5s)")
 	clients := fs.Int("clients", 0, "concurrent keep-alive connections (default 64)")
 	root := fs.String("root", "", "the breakwater module to build (default: the module of the current directory)")
 	keep := fs.Bool("keep", false, "keep the temporary directory (configs, databases, server logs) and print its path")
@@ -97,6 +99,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 	} else {
 		defer os.RemoveAll(dir)
 	}
+	// Interrupted, the harness removes its directory and exits; its
+	// servers die with it (they are started with a parent-death signal).
+	interrupt := make(chan os.Signal, 1)
+	signal.Notify(interrupt, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(interrupt)
+	go func() {
+		if _, ok := <-interrupt; ok {
+			if !*keep {
+				os.RemoveAll(dir)
+			}
+			fmt.Fprintln(stderr, "load: interrupted")
+			os.Exit(130)
+		}
+	}()
 	r, err := benchmark(p, *root, dir, func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) })
 	if r != nil {
 		r.form = form
@@ -168,15 +184,19 @@ type ratio struct {
 	target   float64
 }
 
-var ratios = []ratio{
-	{"accepted ÷ bare Echo, 1 user, ceilings on", "acc1on", "echo", 0.35},
-	{"accepted ÷ bare Echo, 1 user, ceilings off", "acc1off", "echo", 0.35},
-	{"accepted ÷ bare Echo, many users, ceilings on", "accNon", "echo", 0.35},
-	{"accepted ÷ bare Echo, many users, ceilings off", "accNoff", "echo", 0.35},
-	{"rejected ÷ bare Echo, 1 key over its rate (429)", "rej429", "echo", 0.90},
-	{"rejected ÷ bare Echo, random keys (401)", "rej401", "echo", 0.90},
-	{"accepted ÷ redis_rate peer, 1 user, ceilings off", "acc1off", "peer", 2.0},
-	{"accepted ÷ redis_rate peer, 1 user, ceilings on", "acc1on", "peer", 1.5},
+// ratios returns the targets, naming the many-users cases by their count.
+func targetRatios(users int) []ratio {
+	many := thousands(float64(users)) + " users"
+	return []ratio{
+		{"accepted ÷ bare Echo, 1 user, ceilings on", "acc1on", "echo", 0.35},
+		{"accepted ÷ bare Echo, 1 user, ceilings off", "acc1off", "echo", 0.35},
+		{"accepted ÷ bare Echo, " + many + ", ceilings on", "accNon", "echo", 0.35},
+		{"accepted ÷ bare Echo, " + many + ", ceilings off", "accNoff", "echo", 0.35},
+		{"rejected ÷ bare Echo, 1 key over its rate (429)", "rej429", "echo", 0.90},
+		{"rejected ÷ bare Echo, random keys (401)", "rej401", "echo", 0.90},
+		{"accepted ÷ redis_rate peer, 1 user, ceilings off", "acc1off", "peer", 2.0},
+		{"accepted ÷ redis_rate peer, 1 user, ceilings on", "acc1on", "peer", 1.5},
+	}
 }
 
 func metLabel(ok bool) string {
@@ -195,7 +215,7 @@ func (r *report) print(w io.Writer) {
 		p.clients, runtime.NumCPU())
 	fmt.Fprintf(w, "rounds: %d, every case once per round (interleaved), %s measured per case after a %s warm-up; figures are medians of the rounds\n",
 		p.rounds, p.duration, p.warmup)
-	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %d\n\n", p.users)
+	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %s\n\n", thousands(float64(p.users)))
 
 	fmt.Fprintf(w, "%-42s %9s %9s %9s %7s %7s  %s\n", "case", "req/s", "p50", "p99", "srv cpu", "gen cpu", "answers")
 	for _, c := range r.cases {
@@ -217,23 +237,28 @@ func (r *report) print(w io.Writer) {
 	}
 	const perKeyTarget = 1024.0 // bytes: 1 KiB per active user key or client IP
 	fmt.Fprintf(w, "\n%-50s %14s %12s %14s  %s\n", "memory (server RSS, VmRSS)", "per 10,000", "per one", "target", "")
-	fmt.Fprintf(w, "%-50s %14s %12s %14s\n", fmt.Sprintf("%s keys created, none active (at rest)", thousands(float64(m.keysAtRest.n))),
-		mib(int64(m.keysAtRest.per10k())), kib(m.keysAtRest.per10k()/10_000), "–")
-	line := func(what string, pt memPoint) {
+	line := func(what string, pt memPoint, target bool) {
 		per := pt.per10k() / 10_000
-		fmt.Fprintf(w, "%-50s %14s %12s %14s  %s\n", what, mib(int64(pt.per10k())), kib(per), "≤ 1.0 KiB", metLabel(per <= perKeyTarget))
+		if !target {
+			fmt.Fprintf(w, "%-50s %14s %12s %14s\n", what, mib(int64(pt.per10k())), kib(per), "–")
+			return
+		}
+		fmt.Fprintf(w, "%-50s %14s %12s %14s  %s\n", what, mib(int64(pt.per10k())), kib(per), "≤ 1.00 KiB", metLabel(per <= perKeyTarget))
 	}
-	for _, pt := range m.activeKeys {
-		line(fmt.Sprintf("%s active user keys (one accepted read each)", thousands(float64(pt.n))), pt)
+	for i, pt := range m.activeKeys {
+		line(fmt.Sprintf("%s user keys at rest (loaded, none used)", thousands(float64(pt.n))), m.keysAtRest[i], false)
+		line(fmt.Sprintf("%s active user keys (one accepted read each)", thousands(float64(pt.n))), pt, true)
 	}
 	for _, pt := range m.clientIPs {
-		line(fmt.Sprintf("%s client IPs (one wrong invite guess each)", thousands(float64(pt.n))), pt)
+		line(fmt.Sprintf("%s client IPs (one wrong invite guess each)", thousands(float64(pt.n))), pt, true)
 	}
 	f := m.inFlight
 	const flightTarget = 300_000_000 // bytes: 300 MB
 	ok := f.peak <= flightTarget && f.completed == f.n
-	fmt.Fprintf(w, "%s calls in flight (%s each, %d users × %d): peak RSS %s (%s before), %d/%d answered 200, at most %d at once: target ≤ 300 MB, all answered: %s\n",
-		thousands(float64(f.n)), f.latency, f.users, f.perUserCap, mib(f.peak), mib(f.base), f.completed, f.n, f.maxInFlight, metLabel(ok))
+	fmt.Fprintf(w, "\n%s calls in flight (%s each, %d users × %d): peak RSS %s (%s before), %s per call;\n",
+		thousands(float64(f.n)), f.latency, f.users, f.perUserCap, mib(f.peak), mib(f.base), kib(float64(f.peak-f.base)/float64(f.n)))
+	fmt.Fprintf(w, "  %d/%d answered 200 within %s, at most %d at once. Target ≤ 300 MB and all answered: %s\n",
+		f.completed, f.n, f.elapsed.Round(100*time.Millisecond), f.maxInFlight, metLabel(ok))
 	if f.completed != f.n {
 		fmt.Fprintf(w, "  answers: %s; first error: %v\n", statusSummary(sample{statuses: f.statuses, errors: f.errors}), f.firstErr)
 	}
@@ -246,7 +271,7 @@ type ratioValue struct {
 
 func (r *report) ratios() []ratioValue {
 	var out []ratioValue
-	for _, q := range ratios {
+	for _, q := range targetRatios(r.plan.users) {
 		v := 0.0
 		if d := r.figure(q.den).rps; d > 0 {
 			v = r.figure(q.num).rps / d
