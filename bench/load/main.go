@@ -150,6 +150,7 @@ type report struct {
 // figure is one case's medians across the rounds.
 type figure struct {
 	rps, srvCPU, genCPU, expected float64
+	minRPS, maxRPS                float64 // the spread over the rounds
 	p50, p99                      time.Duration
 	statuses                      map[int]int64
 	errors                        int64
@@ -173,6 +174,9 @@ func (r *report) figure(id string) figure {
 		}
 	}
 	f.rps, f.srvCPU, f.genCPU, f.expected = median(rps), median(srv), median(gen), median(exp)
+	if len(rps) > 0 {
+		f.minRPS, f.maxRPS = slices.Min(rps), slices.Max(rps)
+	}
 	f.p50, f.p99 = median(p50), median(p99)
 	return f
 }
@@ -217,13 +221,15 @@ func (r *report) print(w io.Writer) {
 		p.rounds, p.duration, p.warmup)
 	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %s\n\n", thousands(float64(p.users)))
 
-	fmt.Fprintf(w, "%-42s %9s %9s %9s %7s %7s  %s\n", "case", "req/s", "p50", "p99", "srv cpu", "gen cpu", "answers")
+	fmt.Fprintf(w, "%-42s %8s %15s %9s %9s %7s %7s  %s\n", "case", "req/s", "rounds' range", "p50", "p99", "srv cpu", "gen cpu", "answers")
 	for _, c := range r.cases {
 		f := r.figure(c.id)
-		fmt.Fprintf(w, "%-42s %9s %9s %9s %7.2f %7.2f  %s\n", c.label, thousands(f.rps), roundDuration(f.p50), roundDuration(f.p99),
+		fmt.Fprintf(w, "%-42s %8s %15s %9s %9s %7.2f %7.2f  %s\n", c.label, thousands(f.rps),
+			thousands(f.minRPS)+"–"+thousands(f.maxRPS), roundDuration(f.p50), roundDuration(f.p99),
 			f.srvCPU, f.genCPU, statusSummary(sample{statuses: f.statuses, errors: f.errors, expected: f.expected}))
 	}
-	fmt.Fprintln(w, "(srv cpu: cores used by the serving processes, the peer's with redis-server; gen cpu: by the load generator)")
+	fmt.Fprintln(w, "(req/s, p50, p99, cpu: medians over the rounds; srv cpu: cores used by the serving processes,")
+	fmt.Fprintln(w, " the peer's with its redis-server; gen cpu: cores used by the load generator)")
 
 	fmt.Fprintf(w, "\n%-50s %7s %8s  %s\n", "ratio (req/s over req/s)", "value", "target", "")
 	for _, q := range r.ratios() {
