@@ -1,0 +1,543 @@
+package main
+
+// The cases: what each one sends to which server, the rounds that
+// interleave them, and the memory figures.
+
+import (
+	"bytes"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// plan is how much the harness measures: the full run, -quick, or the
+// smoke test's.
+type plan struct {
+	rounds           int           // every case once per round
+	warmup, duration time.Duration // per case and round
+	clients          int           // concurrent keep-alive connections
+	users            int           // users of the many-users cases
+	activeKeys       []int         // memory: active user keys, ascending (none: no memory figures)
+	clientIPs        []int         // memory: client IPs, ascending
+	inFlight         int           // memory: upstream calls in flight at once
+	inFlightLatency  time.Duration // memory: how long each of them takes
+	settle           time.Duration // memory: wait before reading RSS (the write-behind runs every second)
+}
+
+var (
+	fullPlan = plan{
+		rounds: 5, warmup: time.Second, duration: 4 * time.Second, clients: 64, users: 1000,
+		activeKeys: []int{10_000, 100_000}, clientIPs: []int{10_000, 100_000},
+		inFlight: 4000, inFlightLatency: 5 * time.Second, settle: 2 * time.Second,
+	}
+	quickPlan = plan{
+		rounds: 2, warmup: 300 * time.Millisecond, duration: 1500 * time.Millisecond, clients: 64, users: 1000,
+	}
+)
+
+// tcase is one throughput case.
+type tcase struct {
+	id      string // names the case in ratios
+	label   string
+	addr    string
+	pids    func() []int // the processes that serve it, for their CPU time
+	request func(buf []byte, seq int64, s *clientScratch) []byte
+	expect  int // the status every answer should have
+}
+
+// sample is one case's figures in one round.
+type sample struct {
+	rps      float64
+	p50, p99 time.Duration
+	srvCPU   float64 // cores the serving processes used
+	genCPU   float64 // cores the load generator (this process) used
+	expected float64 // share of answers with the expected status
+	statuses map[int]int64
+	errors   int64
+	firstErr error
+}
+
+// bench holds everything one run started.
+type bench struct {
+	plan     plan
+	dir, bin string
+	progress func(string, ...any)
+
+	echo, peer, redis *process
+	on, off, reject   *breakwater
+	cases             []tcase
+}
+
+// testPNG is the 64×32 image every OCR request sends.
+func testPNG() []byte {
+	img := image.NewNRGBA(image.Rect(0, 0, 64, 32))
+	for y := range 32 {
+		for x := range 64 {
+			img.Set(x, y, color.NRGBA{R: uint8(x * 4), G: uint8(y * 8), B: uint8((x + y) * 2), A: 255})
+		}
+	}
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, img); err != nil {
+		panic(err) // encoding into memory cannot fail
+	}
+	return buf.Bytes()
+}
+
+// ocrRequest is a whole POST /v1/ocr request with the image as its body.
+func ocrRequest(addr, key string, img []byte) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "POST /v1/ocr HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: image/png\r\nContent-Length: %d\r\n\r\n",
+		addr, key, len(img))
+	b.Write(img)
+	return b.Bytes()
+}
+
+// oneOf sends reqs in turn, request seq getting reqs[seq % len].
+func oneOf(reqs ...[]byte) func([]byte, int64, *clientScratch) []byte {
+	return func(buf []byte, seq int64, _ *clientScratch) []byte {
+		return append(buf, reqs[seq%int64(len(reqs))]...)
+	}
+}
+
+const base62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// randomKeys sends POST /v1/ocr with a fresh random, well-formed and
+// unknown API key each time: a flood of 401s.
+func randomKeys(addr string, img []byte) func([]byte, int64, *clientScratch) []byte {
+	const placeholder = "bw_################################"
+	tmpl := ocrRequest(addr, placeholder, img)
+	at := bytes.Index(tmpl, []byte(placeholder)) + len("bw_")
+	return func(buf []byte, _ int64, s *clientScratch) []byte {
+		buf = append(buf, tmpl...)
+		for i := range 32 {
+			buf[at+i] = base62[s.next()%62]
+		}
+		return buf
+	}
+}
+
+// inviteGuess is a wrong invite code from client IP number seq (sent as
+// X-Forwarded-For by a trusted proxy), with an e-mail of its own.
+func inviteGuess(addr string) func([]byte, int64, *clientScratch) []byte {
+	return func(buf []byte, seq int64, _ *clientScratch) []byte {
+		body := fmt.Sprintf(`{"code":"2345-6789-ABCD","email":"guess%d@example.com"}`, seq)
+		return fmt.Appendf(buf, "POST /v1/invites/verify HTTP/1.1\r\nHost: %s\r\nX-Forwarded-For: 10.%d.%d.%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			addr, (seq>>16)&255, (seq>>8)&255, seq&255, len(body), body)
+	}
+}
+
+func userIDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = prefix + strconv.Itoa(i)
+	}
+	return ids
+}
+
+// setup builds breakwater and starts every server of the throughput cases.
+func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, error) {
+	b := &bench{plan: p, dir: dir, progress: progress}
+	redisBin, err := findRedis(progress)
+	if err != nil {
+		return b, err
+	}
+	progress("building breakwater from %s", root)
+	if b.bin, err = buildBreakwater(root, dir); err != nil {
+		return b, err
+	}
+
+	// The accepted path: limits on but far above what one user sends here,
+	// enough requests in flight per user for every client, and the budget
+	// ceilings on (very high) or off (explicit 0s).
+	accepted := bwConfig{rate: 100_000, window: "1s", burst: 100_000, inFlightPerUser: 1024, maxConnections: 8192}
+	on, off := accepted, accepted
+	on.ceilings = true
+	// The rejected path: one request an hour, so every request of the flood
+	// after the first is over the rate limit.
+	reject := bwConfig{rate: 1, window: "1h", burst: 1, inFlightPerUser: 1024, maxConnections: 8192, ceilings: true}
+
+	img := testPNG()
+	var oneUser = map[*breakwater]string{}
+	var manyUsers = map[*breakwater][]string{}
+	for _, inst := range []struct {
+		bw   **breakwater
+		name string
+		cfg  bwConfig
+		many bool
+	}{{&b.on, "ceilings-on", on, true}, {&b.off, "ceilings-off", off, true}, {&b.reject, "rejecting", reject, false}} {
+		bw, err := newBreakwater(inst.name, b.bin, filepath.Join(dir, inst.name), inst.cfg)
+		if err != nil {
+			return b, err
+		}
+		key, err := bw.createKeyStopped("bench-one")
+		if err != nil {
+			return b, err
+		}
+		progress("starting breakwater (%s) on %s", inst.name, bw.addr)
+		if err := bw.start(); err != nil {
+			return b, err
+		}
+		*inst.bw = bw
+		oneUser[bw] = key
+		if inst.many {
+			keys, err := bw.createKeys(userIDs("bench-many-", p.users))
+			if err != nil {
+				return b, err
+			}
+			manyUsers[bw] = keys
+		}
+	}
+
+	progress("starting bare Echo, redis-server and the redis_rate peer")
+	var echoAddr, redisAddr, peerAddr string
+	if b.echo, echoAddr, err = startChild("echo", dir); err != nil {
+		return b, err
+	}
+	if b.redis, redisAddr, err = startRedis(redisBin, dir); err != nil {
+		return b, err
+	}
+	if b.peer, peerAddr, err = startChild("peer", dir, childRedisEnv+"="+redisAddr); err != nil {
+		return b, err
+	}
+
+	many := func(bw *breakwater) [][]byte {
+		reqs := make([][]byte, len(manyUsers[bw]))
+		for i, k := range manyUsers[bw] {
+			reqs[i] = ocrRequest(bw.addr, k, img)
+		}
+		return reqs
+	}
+	pids := func(ps ...*process) func() []int {
+		return func() []int {
+			var out []int
+			for _, p := range ps {
+				out = append(out, p.pid())
+			}
+			return out
+		}
+	}
+	bwPids := func(bw *breakwater) func() []int { return func() []int { return []int{bw.proc.pid()} } }
+	users := thousands(float64(p.users))
+	b.cases = []tcase{
+		{id: "echo", label: "bare Echo", addr: echoAddr, pids: pids(b.echo),
+			request: oneOf(ocrRequest(echoAddr, oneUser[b.on], img)), expect: http.StatusOK},
+		{id: "acc1on", label: "accepted, 1 user, ceilings on", addr: b.on.addr, pids: bwPids(b.on),
+			request: oneOf(ocrRequest(b.on.addr, oneUser[b.on], img)), expect: http.StatusOK},
+		{id: "accNon", label: "accepted, " + users + " users, ceilings on", addr: b.on.addr, pids: bwPids(b.on),
+			request: oneOf(many(b.on)...), expect: http.StatusOK},
+		{id: "acc1off", label: "accepted, 1 user, ceilings off", addr: b.off.addr, pids: bwPids(b.off),
+			request: oneOf(ocrRequest(b.off.addr, oneUser[b.off], img)), expect: http.StatusOK},
+		{id: "accNoff", label: "accepted, " + users + " users, ceilings off", addr: b.off.addr, pids: bwPids(b.off),
+			request: oneOf(many(b.off)...), expect: http.StatusOK},
+		{id: "rej429", label: "rejected, 1 key over its rate (429)", addr: b.reject.addr, pids: bwPids(b.reject),
+			request: oneOf(ocrRequest(b.reject.addr, oneUser[b.reject], img)), expect: http.StatusTooManyRequests},
+		{id: "rej401", label: "rejected, random keys (401)", addr: b.reject.addr, pids: bwPids(b.reject),
+			request: randomKeys(b.reject.addr, img), expect: http.StatusUnauthorized},
+		{id: "peer", label: "redis_rate peer, 3 decisions/request", addr: peerAddr, pids: pids(b.peer, b.redis),
+			request: oneOf(ocrRequest(peerAddr, oneUser[b.on], img)), expect: http.StatusOK},
+	}
+	// The rejecting instance's one request an hour goes now, so that every
+	// request of the flood is over the rate.
+	if out := generate(load{addr: b.reject.addr, clients: 1, total: 1, request: b.cases[5].request}); out.statuses[http.StatusOK] != 1 {
+		return b, fmt.Errorf("rejecting instance: the first request got %v (errors %d: %v), want one 200", out.statuses, out.errors, out.firstErr)
+	}
+	return b, nil
+}
+
+// close stops every server the run started.
+func (b *bench) close() {
+	for _, bw := range []*breakwater{b.on, b.off, b.reject} {
+		if bw != nil {
+			bw.stop()
+		}
+	}
+	b.peer.stop()
+	b.redis.stop()
+	b.echo.stop()
+}
+
+// measure runs one case once.
+func (b *bench) measure(c tcase) sample {
+	pids := c.pids()
+	self := os.Getpid()
+	cpu := func() (srv, gen time.Duration) {
+		for _, pid := range pids {
+			srv += cpuTime(pid)
+		}
+		return srv, cpuTime(self)
+	}
+	l := load{addr: c.addr, clients: b.plan.clients, warmup: b.plan.warmup, duration: b.plan.duration, request: c.request}
+	// CPU is read at the start and end of the measured time, from a
+	// goroutine beside the clients.
+	var srv0, gen0, srv1, gen1 time.Duration
+	var t0, t1 time.Time
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(l.warmup)
+		t0 = time.Now()
+		srv0, gen0 = cpu()
+		time.Sleep(l.duration)
+		t1 = time.Now()
+		srv1, gen1 = cpu()
+	}()
+	out := generate(l)
+	<-done
+	wall := t1.Sub(t0).Seconds()
+	return sample{
+		rps: out.rps(), p50: out.percentile(0.50), p99: out.percentile(0.99),
+		srvCPU: (srv1 - srv0).Seconds() / wall, genCPU: (gen1 - gen0).Seconds() / wall,
+		expected: out.share(c.expect), statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
+	}
+}
+
+// rounds runs every case once per round, each round starting one case
+// later than the last, so drift of the machine falls on all cases alike.
+func (b *bench) rounds() map[string][]sample {
+	results := map[string][]sample{}
+	n := len(b.cases)
+	for r := range b.plan.rounds {
+		for i := range n {
+			c := b.cases[(r+i)%n]
+			s := b.measure(c)
+			results[c.id] = append(results[c.id], s)
+			b.progress("round %d/%d  %-40s %9.0f req/s  p50 %-8s p99 %-8s %s", r+1, b.plan.rounds, c.label,
+				s.rps, roundDuration(s.p50), roundDuration(s.p99), statusSummary(s))
+		}
+	}
+	return results
+}
+
+// median returns the middle of the values (the mean of the two middle
+// ones for an even count).
+func median[T int64 | float64 | time.Duration](vs []T) T {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// memPoint is RSS after n things became active, against a base.
+type memPoint struct {
+	n         int
+	base, rss int64 // bytes
+	expected  float64
+	statuses  map[int]int64
+	errors    int64
+}
+
+// per10k is the RSS growth per 10,000.
+func (m memPoint) per10k() float64 { return float64(m.rss-m.base) / float64(m.n) * 10_000 }
+
+// inFlightResult is the figure of calls held in flight at once.
+type inFlightResult struct {
+	n, completed int
+	maxInFlight  int64
+	base, peak   int64 // RSS in bytes
+	elapsed      time.Duration
+	statuses     map[int]int64
+	errors       int64
+	firstErr     error
+	latency      time.Duration
+	perUserCap   int
+	users        int
+}
+
+// memoryFigures are the memory part of the report.
+type memoryFigures struct {
+	keysAtRest []memPoint // keys that exist but made no request, against an empty database
+	activeKeys []memPoint // the same keys after one accepted read each, against them at rest
+	clientIPs  []memPoint
+	inFlight   inFlightResult
+}
+
+// settledRSS waits for the write-behind and the garbage collector to catch
+// up, then reads the server's RSS.
+func (b *bench) settledRSS(bw *breakwater) (int64, error) {
+	time.Sleep(b.plan.settle)
+	return rss(bw.proc.pid())
+}
+
+// memoryDefaults is the config of the memory figures: production limits
+// (the defaults), the budget ceilings on but far above what is sent, and
+// X-Forwarded-For trusted from loopback.
+var memoryDefaults = bwConfig{rate: 60, window: "1m", burst: 5, inFlightPerUser: 4, maxConnections: 1024, ceilings: true, trustLoopback: true}
+
+// memory measures RSS per active user key, per client IP, and with many
+// upstream calls in flight, each count on a fresh instance of its own (one
+// instance growing from 10,000 to 100,000 would measure the garbage
+// collector's headroom over the first count as much as the second).
+func (b *bench) memory() (memoryFigures, error) {
+	var m memoryFigures
+	if len(b.plan.activeKeys) == 0 {
+		return m, nil
+	}
+	img := testPNG()
+	for _, n := range b.plan.activeKeys {
+		atRest, active, err := b.activeKeys(n, img)
+		if err != nil {
+			return m, err
+		}
+		m.keysAtRest, m.activeKeys = append(m.keysAtRest, atRest), append(m.activeKeys, active)
+	}
+	for _, n := range b.plan.clientIPs {
+		pt, err := b.clientIPs(n)
+		if err != nil {
+			return m, err
+		}
+		m.clientIPs = append(m.clientIPs, pt)
+	}
+	var err error
+	m.inFlight, err = b.callsInFlight(img)
+	return m, err
+}
+
+// activeKeys measures n user keys: the RSS of a fresh server, then of the
+// server restarted on n keys written into its database (at rest: loaded,
+// none used), then after one accepted read with each key.
+func (b *bench) activeKeys(n int, img []byte) (atRest, active memPoint, err error) {
+	name := fmt.Sprintf("memory-keys-%d", n)
+	bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), memoryDefaults)
+	if err != nil {
+		return atRest, active, err
+	}
+	if err := bw.start(); err != nil {
+		return atRest, active, err
+	}
+	empty, err := b.settledRSS(bw)
+	bw.stop()
+	if err != nil {
+		return atRest, active, err
+	}
+	start := time.Now()
+	keys, err := bw.seedKeys(userIDs("mem-", n))
+	if err != nil {
+		return atRest, active, err
+	}
+	b.progress("memory: %d keys written in %s", n, time.Since(start).Round(time.Millisecond))
+	if err := bw.start(); err != nil {
+		return atRest, active, err
+	}
+	defer bw.stop()
+	idle, err := b.settledRSS(bw)
+	if err != nil {
+		return atRest, active, err
+	}
+	reqs := make([][]byte, n)
+	for i, k := range keys {
+		reqs[i] = ocrRequest(bw.addr, k, img)
+	}
+	out := generate(load{addr: bw.addr, clients: b.plan.clients, total: int64(n), request: oneOf(reqs...)})
+	now, err := b.settledRSS(bw)
+	if err != nil {
+		return atRest, active, err
+	}
+	b.progress("memory: %d keys: RSS %s empty, %s at rest, %s active", n, mib(empty), mib(idle), mib(now))
+	atRest = memPoint{n: n, base: empty, rss: idle, expected: 1}
+	active = memPoint{n: n, base: idle, rss: now, expected: out.share(http.StatusOK), statuses: out.statuses, errors: out.errors}
+	return atRest, active, nil
+}
+
+// clientIPs measures n client IPs: wrong invite guesses, each from an
+// address of its own through a trusted proxy, each with an e-mail of its
+// own, against the fresh server's RSS.
+func (b *bench) clientIPs(n int) (memPoint, error) {
+	name := fmt.Sprintf("memory-ips-%d", n)
+	bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), memoryDefaults)
+	if err != nil {
+		return memPoint{}, err
+	}
+	if err := bw.start(); err != nil {
+		return memPoint{}, err
+	}
+	defer bw.stop()
+	base, err := b.settledRSS(bw)
+	if err != nil {
+		return memPoint{}, err
+	}
+	out := generate(load{addr: bw.addr, clients: b.plan.clients, total: int64(n), request: inviteGuess(bw.addr)})
+	now, err := b.settledRSS(bw)
+	if err != nil {
+		return memPoint{}, err
+	}
+	b.progress("memory: %d client IPs: RSS %s, %s before", n, mib(now), mib(base))
+	return memPoint{n: n, base: base, rss: now, expected: out.share(http.StatusForbidden), statuses: out.statuses, errors: out.errors}, nil
+}
+
+// callsInFlight holds plan.inFlight calls to a slow simulated upstream at
+// once and samples the server's RSS meanwhile: the default cap of requests
+// in flight per user, enough users that it refuses none, and enough
+// connections for all.
+func (b *bench) callsInFlight(img []byte) (inFlightResult, error) {
+	flight := memoryDefaults
+	flight.latency = b.plan.inFlightLatency
+	flight.maxConnections = 2*b.plan.inFlight + 64
+	users := (b.plan.inFlight + flight.inFlightPerUser - 1) / flight.inFlightPerUser
+	bw, err := newBreakwater("memory-inflight", b.bin, filepath.Join(b.dir, "memory-inflight"), flight)
+	if err != nil {
+		return inFlightResult{}, err
+	}
+	if err := bw.start(); err != nil {
+		return inFlightResult{}, err
+	}
+	defer bw.stop()
+	keys, err := bw.createKeys(userIDs("flight-", users))
+	if err != nil {
+		return inFlightResult{}, err
+	}
+	reqs := make([][]byte, len(keys))
+	for i, k := range keys {
+		reqs[i] = ocrRequest(bw.addr, k, img)
+	}
+	base, err := b.settledRSS(bw)
+	if err != nil {
+		return inFlightResult{}, err
+	}
+	var inFlight, maxInFlight atomic.Int64
+	peak := base
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() { // RSS every 20 ms while the calls are out
+		defer close(sampled)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-tick.C:
+				if v, err := rss(bw.proc.pid()); err == nil && v > peak {
+					peak = v
+				}
+			}
+		}
+	}()
+	b.progress("memory: %d calls in flight, %s each, %d users", b.plan.inFlight, b.plan.inFlightLatency, users)
+	start := time.Now()
+	out := generate(load{addr: bw.addr, clients: b.plan.inFlight, total: int64(b.plan.inFlight),
+		timeout: b.plan.inFlightLatency + 30*time.Second, request: oneOf(reqs...),
+		onRequest: func(d int) {
+			v := inFlight.Add(int64(d))
+			for old := maxInFlight.Load(); v > old && !maxInFlight.CompareAndSwap(old, v); old = maxInFlight.Load() {
+			}
+		}})
+	elapsed := time.Since(start)
+	close(stopSampling)
+	<-sampled
+	return inFlightResult{n: b.plan.inFlight, completed: int(out.statuses[http.StatusOK]), maxInFlight: maxInFlight.Load(),
+		base: base, peak: peak, elapsed: elapsed, statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
+		latency: b.plan.inFlightLatency, perUserCap: flight.inFlightPerUser, users: users}, nil
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary serve as the harness's own children (the
+// bare Echo server and the Redis peer), as the harness binary does.
+func TestMain(m *testing.M) {
+	if child, err := childMain(); child {
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// smokePlan runs every case and every memory figure, briefly and small.
+var smokePlan = plan{
+	rounds: 1, warmup: 200 * time.Millisecond, duration: time.Second, clients: 16, users: 50,
+	activeKeys: []int{100, 300}, clientIPs: []int{100, 300},
+	inFlight: 100, inFlightLatency: time.Second, settle: 1100 * time.Millisecond,
+}
+
+// TestSmoke proves the harness works end to end: it builds breakwater,
+// starts every server (redis-server too: the test fails if it cannot be
+// found or installed), runs every case and memory figure once, and checks
+// that each answered as its case says and that the report names them all.
+// It judges no timing: shared CI machines are too noisy for that.
+func TestSmoke(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := benchmark(smokePlan, root, t.TempDir(), t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.form = "smoke test"
+	var out bytes.Buffer
+	r.print(&out)
+	t.Log("\n" + out.String())
+	if err := r.problems(); err != nil {
+		t.Fatal(err)
+	}
+
+	text := out.String()
+	for _, c := range r.cases {
+		if got := r.figure(c.id); got.rps <= 0 || got.p99 <= 0 || got.p50 > got.p99 {
+			t.Errorf("case %q: %.0f req/s, p50 %s, p99 %s", c.label, got.rps, got.p50, got.p99)
+		}
+		if !strings.Contains(text, c.label) {
+			t.Errorf("the report does not name case %q", c.label)
+		}
+	}
+	for _, q := range r.ratios() {
+		if q.value <= 0 {
+			t.Errorf("ratio %q is %v", q.label, q.value)
+		}
+		if !strings.Contains(text, q.label) {
+			t.Errorf("the report does not show ratio %q", q.label)
+		}
+	}
+	m := r.memory
+	if got, want := len(m.activeKeys), len(smokePlan.activeKeys); got != want {
+		t.Errorf("%d active-key figures, want %d", got, want)
+	}
+	if got, want := len(m.clientIPs), len(smokePlan.clientIPs); got != want {
+		t.Errorf("%d client-IP figures, want %d", got, want)
+	}
+	for _, pt := range append(append(m.keysAtRest, m.activeKeys...), m.clientIPs...) {
+		if pt.base <= 0 || pt.rss <= 0 {
+			t.Errorf("memory figure for %d: RSS %d against a base of %d", pt.n, pt.rss, pt.base)
+		}
+	}
+	if f := m.inFlight; f.completed != f.n || f.peak < f.base || f.base <= 0 {
+		t.Errorf("calls in flight: %d of %d answered 200 (%v, first error %v), peak RSS %d, base %d",
+			f.completed, f.n, f.statuses, f.firstErr, f.peak, f.base)
+	}
+	if !strings.Contains(text, "calls in flight") {
+		t.Error("the report does not show the calls in flight")
+	}
+}
