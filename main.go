@@ -31,6 +31,7 @@ import (
 	"breakwater/detect"
 	"breakwater/server"
 	"breakwater/server/app"
+	"breakwater/server/keys"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -249,7 +250,7 @@ func cmdDemo(ctx context.Context, args []string, getenv func(string) string, std
 	c.OCR.Provider = "simulated"
 	c.Storage.Path = filepath.Join(dir, "breakwater.db")
 	c.Server.Listen = "127.0.0.1:0"
-	demoPlan := server.DefaultPlan
+	demoPlan := keys.DefaultPlan
 	if _, ok := c.Plans[demoPlan]; !ok {
 		c.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100, DailyAttempts: budget.DefaultDailyAttempts(100)}}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -47,7 +48,7 @@ type createKeyRequest struct {
 // createKeyResponse is the answer: the key's description and, this once,
 // its secret.
 type createKeyResponse struct {
-	KeyInfo
+	keys.KeyInfo
 	Key string `json:"key"`
 }
 
@@ -91,8 +92,8 @@ func (s *Server) handleRevokeKey(c echo.Context) error {
 // user id breaking a rule, reserved or ambiguous; an unknown plan), which
 // the answer then explains.
 func badUserRequest(err error) bool {
-	return errors.Is(err, ErrBadUserID) || errors.Is(err, ErrReservedUserID) ||
-		errors.Is(err, ErrAmbiguousUserID) || errors.Is(err, ErrUnknownPlan)
+	return errors.Is(err, keys.ErrBadUserID) || errors.Is(err, keys.ErrReservedUserID) ||
+		errors.Is(err, keys.ErrAmbiguousUserID) || errors.Is(err, keys.ErrUnknownPlan)
 }
 
 // userRequest is the body of POST /api/users/:id (every field optional).
@@ -108,7 +109,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
 	}
 	ctx, user := c.Request().Context(), pathParam(c, "id")
-	var info UserInfo
+	var info keys.UserInfo
 	var err error
 	if req.Banned != nil {
 		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned)

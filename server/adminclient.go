@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"time"
 
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -28,24 +29,24 @@ func NewAdminClient(addr, token string) *AdminClient {
 }
 
 // CreateKey asks the server for a new key.
-func (a *AdminClient) CreateKey(ctx context.Context, user, plan string) (secret string, info KeyInfo, err error) {
+func (a *AdminClient) CreateKey(ctx context.Context, user, plan string) (secret string, info keys.KeyInfo, err error) {
 	var out createKeyResponse
 	if err := a.call(ctx, http.MethodPost, "/api/keys", createKeyRequest{User: user, Plan: plan}, &out); err != nil {
-		return "", KeyInfo{}, err
+		return "", keys.KeyInfo{}, err
 	}
 	return out.Key, out.KeyInfo, nil
 }
 
 // ListKeys lists every key without secrets.
-func (a *AdminClient) ListKeys(ctx context.Context) ([]KeyInfo, error) {
-	var out []KeyInfo
+func (a *AdminClient) ListKeys(ctx context.Context) ([]keys.KeyInfo, error) {
+	var out []keys.KeyInfo
 	err := a.call(ctx, http.MethodGet, "/api/keys", nil, &out)
 	return out, err
 }
 
 // RevokeKey disables a key on the running server.
-func (a *AdminClient) RevokeKey(ctx context.Context, id string) (KeyInfo, error) {
-	var out KeyInfo
+func (a *AdminClient) RevokeKey(ctx context.Context, id string) (keys.KeyInfo, error) {
+	var out keys.KeyInfo
 	err := a.call(ctx, http.MethodPost, "/api/keys/"+url.PathEscape(id)+"/revoke", nil, &out)
 	return out, err
 }
@@ -90,15 +91,15 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 }
 
 // SetBanned bans or unbans a user on the running server.
-func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error) {
-	var out UserInfo
+func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (keys.UserInfo, error) {
+	var out keys.UserInfo
 	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Banned: &banned}, &out)
 	return out, err
 }
 
 // SetPlan moves a user to another plan on the running server.
-func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (UserInfo, error) {
-	var out UserInfo
+func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (keys.UserInfo, error) {
+	var out keys.UserInfo
 	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Plan: plan}, &out)
 	return out, err
 }

@@ -25,6 +25,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -240,8 +241,8 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	plans := NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 1 << 40}})
-	kr, err := NewKeyring(db, plans.Has)
+	plans := keys.NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 1 << 40}})
+	kr, err := keys.NewKeyring(db, plans.Has, keys.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

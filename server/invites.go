@@ -11,6 +11,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -90,7 +91,7 @@ func (iv *Invites) Create(uses int, ttl time.Duration, note string) (code string
 	code = newInviteCode()
 	now := iv.now().UTC()
 	inv := storage.Invite{
-		ID: "inv_" + randomBase62(10), Hash: hashInviteCode(normaliseCode(code)),
+		ID: "inv_" + keys.RandomString(10, keys.Base62), Hash: hashInviteCode(normaliseCode(code)),
 		MaxUses: uses, Note: note, CreatedAt: now,
 	}
 	if ttl > 0 {

@@ -24,6 +24,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/time/rate"
 
+	"breakwater/server/keys"
 	"breakwater/storage/userid"
 )
 
@@ -44,7 +45,7 @@ const (
 	maxJWKSBytes     = 1 << 20          // a JWKS is a few KiB; more is not a key set
 	jwksFetchTimeout = 10 * time.Second // one JWKS fetch, in the background or for an unknown kid
 	maxJWKSRedirects = 3
-	jwtKeyID         = "jwt" // Identity.KeyID of a JWT user
+	jwtKeyID         = "jwt" // keys.Identity.KeyID of a JWT user
 	minRSAKeyBits    = 2048
 	jwtAlgRS256      = "RS256"
 	jwtAlgES256      = "ES256"
@@ -115,7 +116,7 @@ func (c JWTConfig) Enabled() bool { return c.JWKSURL != "" }
 // WithDefaults returns c with every zero field set to its documented default.
 func (c JWTConfig) WithDefaults() JWTConfig {
 	if c.DefaultPlan == "" {
-		c.DefaultPlan = DefaultPlan
+		c.DefaultPlan = keys.DefaultPlan
 	}
 	if c.Leeway == 0 {
 		c.Leeway = DefaultJWTLeeway
@@ -244,7 +245,7 @@ func NewVerifier(ctx context.Context, cfg JWTConfig, knownPlan func(string) bool
 		return nil, errors.New("server: the verifier needs a plan check")
 	}
 	if !knownPlan(cfg.DefaultPlan) {
-		return nil, fmt.Errorf("auth.jwt.default_plan: %w %q", ErrUnknownPlan, cfg.DefaultPlan)
+		return nil, fmt.Errorf("auth.jwt.default_plan: %w %q", keys.ErrUnknownPlan, cfg.DefaultPlan)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -366,25 +367,25 @@ func jwtShaped(token string) bool {
 
 // Verify checks token and returns the identity it carries. Every error is
 // a *JWTRefusal.
-func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
+func (v *Verifier) Verify(ctx context.Context, token string) (keys.Identity, error) {
 	if len(token) > MaxJWTBytes {
-		return Identity{}, refuse(refusalTooLong, nil)
+		return keys.Identity{}, refuse(refusalTooLong, nil)
 	}
 	if !jwtShaped(token) {
-		return Identity{}, refuse(refusalMalformed, nil)
+		return keys.Identity{}, refuse(refusalMalformed, nil)
 	}
 	if v.ctx.Err() != nil {
-		return Identity{}, refuse(refusalVerifierGone, nil)
+		return keys.Identity{}, refuse(refusalVerifierGone, nil)
 	}
 	claims := jwt.MapClaims{}
 	tok, err := v.parser.ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) { return v.key(ctx, t) })
 	if err != nil {
-		return Identity{}, classify(tok, claims, err)
+		return keys.Identity{}, classify(tok, claims, err)
 	}
 	if len(v.cfg.AuthorizedParties) > 0 {
 		azp, _ := claims["azp"].(string)
 		if !slices.Contains(v.cfg.AuthorizedParties, azp) {
-			return Identity{}, refuse(refusalAuthorized, fmt.Errorf("azp %q", azp))
+			return keys.Identity{}, refuse(refusalAuthorized, fmt.Errorf("azp %q", azp))
 		}
 	}
 	// The user is "jwt:" + sub: a token never acts as an API-key user,
@@ -395,7 +396,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 		user, err = userid.JWT(sub)
 	}
 	if err != nil {
-		return Identity{}, refuse(refusalSubject, err)
+		return keys.Identity{}, refuse(refusalSubject, err)
 	}
 	plan := v.cfg.DefaultPlan
 	if v.cfg.PlanClaim != "" {
@@ -403,7 +404,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 			plan = p
 		}
 	}
-	return Identity{UserID: user, KeyID: jwtKeyID, Plan: plan}, nil
+	return keys.Identity{UserID: user, KeyID: jwtKeyID, Plan: plan}, nil
 }
 
 // classify turns the parser's error into a refusal reason. Claim errors

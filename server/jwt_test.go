@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/server/keys"
 	"github.com/golang-jwt/jwt/v5"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -294,8 +295,8 @@ func TestJWTValidTokens(t *testing.T) {
 	for _, ev := range events {
 		plans[ev.UserID] = ev.Plan
 	}
-	if plans["jwt:paying"] != "pro" || plans["jwt:user_2abc"] != DefaultPlan {
-		t.Errorf("event plans %v, want jwt:paying on pro and jwt:user_2abc on %s", plans, DefaultPlan)
+	if plans["jwt:paying"] != "pro" || plans["jwt:user_2abc"] != keys.DefaultPlan {
+		t.Errorf("event plans %v, want jwt:paying on pro and jwt:user_2abc on %s", plans, keys.DefaultPlan)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/keys"
 )
 
 // flagBrake is the stored name of the operator's kill switch.
@@ -36,7 +37,7 @@ var ErrBackupOntoDatabase = errors.New("server: the backup target is the live da
 // while the server runs, and the CLI calls it directly on the database
 // while the server is stopped, so both paths do exactly the same.
 type Operator struct {
-	keys    *Keyring
+	keys    *keys.Keyring
 	invites *Invites
 	layers  Layers
 	store   OperatorStore
@@ -51,7 +52,7 @@ type Operator struct {
 // NewOperator returns the operator over the keyring, the layers' live
 // state and storage. plans returns the plans in force (they may be
 // reloaded).
-func NewOperator(keys *Keyring, invites *Invites, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
+func NewOperator(keys *keys.Keyring, invites *Invites, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
 	return &Operator{keys: keys, invites: invites, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
 }
 
@@ -65,16 +66,18 @@ func LoadBrake(g *budget.Global, flag func(name string) (bool, error)) error {
 	return nil
 }
 
-// CreateKey makes a new API key; see Keyring.Create.
-func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyInfo, error) {
+// CreateKey makes a new API key; see keys.Keyring.Create.
+func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, keys.KeyInfo, error) {
 	return o.keys.Create(user, plan)
 }
 
 // ListKeys lists every key without secrets.
-func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List(), nil }
+func (o *Operator) ListKeys(context.Context) ([]keys.KeyInfo, error) { return o.keys.List(), nil }
 
 // RevokeKey disables a key on the next request.
-func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) { return o.keys.Revoke(id) }
+func (o *Operator) RevokeKey(_ context.Context, id string) (keys.KeyInfo, error) {
+	return o.keys.Revoke(id)
+}
 
 // CreateInvite makes a new invite code; see Invites.Create.
 func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error) {
@@ -95,12 +98,12 @@ func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error
 }
 
 // SetBanned bans or unbans a user; the next request sees it.
-func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {
+func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (keys.UserInfo, error) {
 	return o.keys.SetBanned(user, banned)
 }
 
 // SetPlan moves a user to another plan.
-func (o *Operator) SetPlan(_ context.Context, user, plan string) (UserInfo, error) {
+func (o *Operator) SetPlan(_ context.Context, user, plan string) (keys.UserInfo, error) {
 	return o.keys.SetPlan(user, plan)
 }
 
@@ -143,7 +146,7 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 		if err != nil {
 			return nil, err
 		}
-		users = slices.DeleteFunc(users, func(u UserInfo) bool { return u.ID != id })
+		users = slices.DeleteFunc(users, func(u keys.UserInfo) bool { return u.ID != id })
 	}
 	plans := o.plans()
 	out := make([]UsageInfo, 0, len(users))

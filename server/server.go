@@ -14,6 +14,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/keys"
 )
 
 // Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
@@ -47,13 +48,13 @@ type EventRecorder interface {
 // Deps are the components a Server works with. All but JWT, Metrics,
 // InviteGuard, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
-	Keys     *Keyring
+	Keys     *keys.Keyring
 	JWT      *Verifier      // nil: JWT sign-in is off, every bearer token is an API key
 	Limiter  RateLimiter    // layer 1, keyed by user id
 	Attempts AttemptCounter // layer 2
 	Quotas   *budget.Quotas // layer 2b
 	Brake    Brake          // layer 3
-	Plans    *Plans
+	Plans    *keys.Plans
 	Reader   Reader
 	Usage    UsageRecorder
 	Events   EventRecorder

@@ -32,6 +32,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -112,7 +113,7 @@ type env struct {
 	dir      string
 	db       *storage.DB
 	gemini   *fakeGemini
-	keys     *Keyring
+	keys     *keys.Keyring
 	verifier *Verifier // nil unless envOptions.jwt is on
 	quotas   *budget.Quotas
 	windows  *limiter.Limiter
@@ -121,7 +122,7 @@ type env struct {
 	metrics  *Metrics
 	invites  *Invites
 	guard    *InviteGuard
-	plans    *Plans
+	plans    *keys.Plans
 	srv      *Server
 	events   *detect.Recorder
 	http     *httptest.Server
@@ -193,8 +194,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 	for name, q := range o.plans {
 		plans[name] = budget.Plan{MonthlyQuota: q}
 	}
-	e.plans = NewPlans(plans)
-	e.keys, err = NewKeyring(db, e.plans.Has)
+	e.plans = keys.NewPlans(plans)
+	e.keys, err = keys.NewKeyring(db, e.plans.Has, keys.Options{Now: o.clock})
 	if err != nil {
 		t.Fatal(err)
 	}

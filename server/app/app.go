@@ -20,6 +20,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -67,8 +68,8 @@ type App struct {
 	db       *storage.DB
 	layers   server.Layers
 	guard    *server.InviteGuard
-	plans    *server.Plans
-	keys     *server.Keyring
+	plans    *keys.Plans
+	keys     *keys.Keyring
 	invites  *server.Invites
 	detect   *detect.Runner
 	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
@@ -221,8 +222,8 @@ func (a *App) openState(cfg Config, timeout time.Duration) error {
 	if a.guard, err = server.LoadInviteGuard(db, cfg.Invites, now); err != nil {
 		return err
 	}
-	a.plans = server.NewPlans(cfg.Plans)
-	a.keys, err = server.NewKeyring(db, a.plans.Has)
+	a.plans = keys.NewPlans(cfg.Plans)
+	a.keys, err = keys.NewKeyring(db, a.plans.Has, keys.Options{Now: a.opts.Now})
 	return err
 }
 
@@ -279,7 +280,7 @@ func (a *App) AdminAddr() string { return a.adminAddr }
 
 // Keys is the keyring, for commands that act on the running service (the
 // demo's key).
-func (a *App) Keys() *server.Keyring { return a.keys }
+func (a *App) Keys() *keys.Keyring { return a.keys }
 
 // Wait blocks until ctx ends or a listener stops by itself (its error).
 func (a *App) Wait(ctx context.Context) error {

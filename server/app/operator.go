@@ -9,6 +9,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -16,11 +17,11 @@ import (
 // admin API (server.AdminClient) or, while the server is stopped, the same
 // commands straight on the database (server.Operator).
 type Operator interface {
-	CreateKey(ctx context.Context, user, plan string) (string, server.KeyInfo, error)
-	ListKeys(ctx context.Context) ([]server.KeyInfo, error)
-	RevokeKey(ctx context.Context, id string) (server.KeyInfo, error)
-	SetBanned(ctx context.Context, user string, banned bool) (server.UserInfo, error)
-	SetPlan(ctx context.Context, user, plan string) (server.UserInfo, error)
+	CreateKey(ctx context.Context, user, plan string) (string, keys.KeyInfo, error)
+	ListKeys(ctx context.Context) ([]keys.KeyInfo, error)
+	RevokeKey(ctx context.Context, id string) (keys.KeyInfo, error)
+	SetBanned(ctx context.Context, user string, banned bool) (keys.UserInfo, error)
+	SetPlan(ctx context.Context, user, plan string) (keys.UserInfo, error)
 	Usage(ctx context.Context, user string) ([]server.UsageInfo, error)
 	Budget(ctx context.Context) (server.BudgetInfo, error)
 	SetBrake(ctx context.Context, on bool) (server.BudgetInfo, error)
