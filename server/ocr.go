@@ -15,6 +15,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 )
 
@@ -81,11 +82,11 @@ func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, er
 	if !ok {
 		return keys.Identity{}, false, errUnauthorized
 	}
-	if s.d.JWT != nil && IsJWT(token) {
+	if s.d.JWT != nil && jwtauth.IsJWT(token) {
 		id, err := s.d.JWT.Verify(c.Request().Context(), token)
 		if err != nil {
 			reason := "other"
-			var r *JWTRefusal
+			var r *jwtauth.Refusal
 			if errors.As(err, &r) {
 				reason = r.Reason
 			}

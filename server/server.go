@@ -14,6 +14,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 )
 
@@ -49,11 +50,11 @@ type EventRecorder interface {
 // InviteGuard, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
 	Keys     *keys.Keyring
-	JWT      *Verifier      // nil: JWT sign-in is off, every bearer token is an API key
-	Limiter  RateLimiter    // layer 1, keyed by user id
-	Attempts AttemptCounter // layer 2
-	Quotas   *budget.Quotas // layer 2b
-	Brake    Brake          // layer 3
+	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
+	Limiter  RateLimiter       // layer 1, keyed by user id
+	Attempts AttemptCounter    // layer 2
+	Quotas   *budget.Quotas    // layer 2b
+	Brake    Brake             // layer 3
 	Plans    *keys.Plans
 	Reader   Reader
 	Usage    UsageRecorder

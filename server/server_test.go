@@ -32,6 +32,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -114,7 +115,7 @@ type env struct {
 	db       *storage.DB
 	gemini   *fakeGemini
 	keys     *keys.Keyring
-	verifier *Verifier // nil unless envOptions.jwt is on
+	verifier *jwtauth.Verifier // nil unless envOptions.jwt is on
 	quotas   *budget.Quotas
 	windows  *limiter.Limiter
 	attempts *budget.Attempts
@@ -152,7 +153,7 @@ type envOptions struct {
 	invites    InviteConfig     // [invites]; zero: the defaults
 	alerts     Alerter          // default none
 	counters   *detect.Counters // layer 4's metrics; default fresh
-	jwt        JWTConfig        // [auth.jwt]; JWKSURL empty: JWT sign-in off
+	jwt        jwtauth.Config   // [auth.jwt]; JWKSURL empty: JWT sign-in off
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -231,8 +232,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Fatal(err)
 	}
 	if o.jwt.Enabled() {
-		e.verifier, err = NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
-			VerifierOptions{Logger: log, Now: o.clock})
+		e.verifier, err = jwtauth.NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
+			jwtauth.Options{Logger: log, Now: o.clock})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,6 +20,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -126,9 +127,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	// JWT sign-in: the verifier fetches the JWKS in the background until
 	// it is closed, after HTTP has stopped. An unreachable JWKS is logged,
 	// not fatal: API keys work meanwhile and JWTs are refused.
-	var verifier *server.Verifier
+	var verifier *jwtauth.Verifier
 	if cfg.Auth.JWT.Enabled() {
-		verifier, err = server.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, server.VerifierOptions{Logger: log})
+		verifier, err = jwtauth.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, jwtauth.Options{Now: opts.Now, Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -23,6 +23,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/jwtauth"
 	"breakwater/storage"
 )
 
@@ -41,7 +42,7 @@ type Config struct {
 		User limiter.Config `koanf:"user"`
 	} `koanf:"limits"`
 	Auth struct {
-		JWT server.JWTConfig `koanf:"jwt"`
+		JWT jwtauth.Config `koanf:"jwt"`
 	} `koanf:"auth"`
 	Invites server.InviteConfig `koanf:"invites"`
 	Detect  detect.Config       `koanf:"detect"`
