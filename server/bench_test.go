@@ -24,6 +24,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/defense"
 	"breakwater/server/guard"
 	"breakwater/server/keys"
 	"breakwater/storage"
@@ -274,7 +275,7 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	layers := Layers{
+	layers := defense.Layers{
 		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
 	}

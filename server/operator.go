@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/defense"
 	"breakwater/server/keys"
 )
-
-// flagBrake is the stored name of the operator's kill switch.
-const flagBrake = "brake"
 
 // OperatorStore is what the operator's commands need from storage.
 type OperatorStore interface {
@@ -39,7 +37,7 @@ var ErrBackupOntoDatabase = errors.New("server: the backup target is the live da
 type Operator struct {
 	keys    *keys.Keyring
 	invites *Invites
-	layers  Layers
+	layers  defense.Layers
 	store   OperatorStore
 	plans   func() map[string]budget.Plan
 	loc     *time.Location
@@ -52,18 +50,8 @@ type Operator struct {
 // NewOperator returns the operator over the keyring, the layers' live
 // state and storage. plans returns the plans in force (they may be
 // reloaded).
-func NewOperator(keys *keys.Keyring, invites *Invites, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
+func NewOperator(keys *keys.Keyring, invites *Invites, layers defense.Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
 	return &Operator{keys: keys, invites: invites, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
-}
-
-// LoadBrake restores the operator's kill switch from storage at start.
-func LoadBrake(g *budget.Global, flag func(name string) (bool, error)) error {
-	on, err := flag(flagBrake)
-	if err != nil {
-		return err
-	}
-	g.SetManual(on)
-	return nil
 }
 
 // CreateKey makes a new API key; see keys.Keyring.Create.
@@ -194,7 +182,7 @@ func (o *Operator) Budget(context.Context) (BudgetInfo, error) {
 func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 	o.brakeMu.Lock() // two switches at once must leave disk and memory agreeing
 	defer o.brakeMu.Unlock()
-	if err := o.store.SetFlag(flagBrake, on); err != nil {
+	if err := o.store.SetFlag(defense.BrakeFlag, on); err != nil {
 		return BudgetInfo{}, err
 	}
 	o.layers.Brake.SetManual(on)

@@ -175,6 +175,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	return s, nil
 }
 
+// FailedOpen counts a defense layer's machinery failing outside a request
+// (the write-behind's lost writes) as the layers' own faults are counted:
+// a metric, a rate-limited log line, an alert when they repeat.
+func (s *Server) FailedOpen(layer string, err error) { s.failOpen.note(layer, err) }
+
 // SetPrice applies new token prices to the calls that start from now on.
 func (s *Server) SetPrice(p ocr.Price) { s.price.Store(&p) }
 

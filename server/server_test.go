@@ -31,6 +31,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/defense"
 	"breakwater/server/guard"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
@@ -200,11 +201,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var store LayerStore = db
+	var store defense.LayerStore = db
 	if o.ledger != nil {
 		store = ledgerOverride{db, o.ledger}
 	}
-	layers, err := LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
+	layers, err := defense.LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -977,4 +978,19 @@ func TestRequestIDs(t *testing.T) {
 	if ids[len(ids)-1]-ids[0] < 1<<40 { // 200 counter values would span 200
 		t.Errorf("ids span only %d: a counter", ids[len(ids)-1]-ids[0])
 	}
+}
+
+// writeBehind is the write-behind of e's defense state into store, with the
+// snapshots the App registers.
+func (e *env) writeBehind(store defense.StateStore) *defense.WriteBehind {
+	e.t.Helper()
+	snapshots := append([]defense.Snapshot{
+		defense.Windows(defense.StateUserWindows, guard.LayerRate, e.windows),
+		defense.Attempts(guard.LayerAttempts, e.attempts),
+	}, e.guard.Snapshots()...)
+	wb, err := defense.NewWriteBehind(store, snapshots, defense.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return wb
 }

@@ -14,6 +14,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/limiter"
+	"breakwater/server/defense"
 	"breakwater/storage"
 )
 
@@ -69,36 +70,30 @@ const (
 	stateInviteWindows = "invites/windows"
 	stateInviteFails   = "invites/fails"
 	stateInviteGlobal  = "invites/global"
-	globalStateKey     = "hour"
 )
-
-// StateLoader reads written-behind defense state.
-type StateLoader interface {
-	LoadState(name string) (map[string][]byte, error)
-}
 
 // LoadInviteGuard builds the invite guard for cfg and restores its state
 // from store, so that a restart lifts no cooldown and resets no window.
-func LoadInviteGuard(store StateLoader, cfg InviteConfig, now time.Time) (*InviteGuard, error) {
+func LoadInviteGuard(store defense.StateLoader, cfg InviteConfig, now time.Time) (*InviteGuard, error) {
 	g, err := NewInviteGuard(cfg)
 	if err != nil {
 		return nil, err
 	}
-	windows, err := store.LoadState(stateInviteWindows)
-	if err != nil {
+	if err := defense.LoadWindows(store, stateInviteWindows, g.Windows, now); err != nil {
 		return nil, err
 	}
-	g.Windows.Load(stateEntries(windows), now)
-	fails, err := store.LoadState(stateInviteFails)
-	if err != nil {
+	if err := defense.LoadFails(store, stateInviteFails, stateInviteGlobal, g.Fails); err != nil {
 		return nil, err
 	}
-	global, err := store.LoadState(stateInviteGlobal)
-	if err != nil {
-		return nil, err
-	}
-	g.Fails.Load(stateEntries(fails), global[globalStateKey])
 	return g, nil
+}
+
+// Snapshots are the guard's state as the write-behind copies it.
+func (g *InviteGuard) Snapshots() []defense.Snapshot {
+	return []defense.Snapshot{
+		defense.Windows(stateInviteWindows, layerInvites, g.Windows),
+		defense.Fails(stateInviteFails, stateInviteGlobal, layerInvites, g.Fails),
+	}
 }
 
 // NewInviteGuard builds an empty invite guard for cfg.
@@ -116,14 +111,6 @@ func NewInviteGuard(cfg InviteConfig) (*InviteGuard, error) {
 		return nil, err
 	}
 	return &InviteGuard{Windows: w, Fails: f}, nil
-}
-
-func stateEntries(m map[string][]byte) []limiter.Entry {
-	out := make([]limiter.Entry, 0, len(m))
-	for k, v := range m {
-		out = append(out, limiter.Entry{Key: k, State: v})
-	}
-	return out
 }
 
 // verifyRequest is the body of POST /v1/invites/verify.

@@ -250,7 +250,7 @@ func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
 	r.wantVerify(t, e, code, "someone-else@example.com") // the address is cooling down too
 
 	// Restart: the state is written behind and reloaded.
-	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.writeBehind(e.db).Flush()
 	e.http.Close()
 	e.events.Close(context.Background())
 	e.db.Close()
@@ -519,7 +519,7 @@ func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
 	code, _ := e.newInvite(10, 0)
 	wantValid(t, e, code, "r1@example.com")
 	wantValid(t, e, code, "r2@example.com")
-	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.writeBehind(e.db).Flush()
 	e.http.Close()
 	e.events.Close(context.Background())
 	e.db.Close()

@@ -20,6 +20,8 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/defense"
+	"breakwater/server/guard"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 	"breakwater/storage"
@@ -67,7 +69,7 @@ type App struct {
 	log  *slog.Logger
 
 	db       *storage.DB
-	layers   server.Layers
+	layers   defense.Layers
 	guard    *server.InviteGuard
 	plans    *keys.Plans
 	keys     *keys.Keyring
@@ -181,8 +183,18 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	// Defense state is written behind every second; the last flush runs
 	// after HTTP has stopped and before the database closes.
-	wb := a.srv.NewWriteBehind(db, a.layers.Windows, a.layers.Attempts)
-	a.background(func(ctx context.Context) { wb.Run(ctx, server.DefaultWriteBehindInterval) })
+	// Each limiter registers its state here, one line each.
+	snapshots := append([]defense.Snapshot{
+		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
+		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
+	}, a.guard.Snapshots()...)
+	wb, err := defense.NewWriteBehind(db, snapshots, defense.Options{
+		FailedOpen: a.srv.FailedOpen, Logger: log.With("component", "defense"), Now: opts.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
 
 	// Close stops HTTP first: in-flight requests finish and are recorded
 	// before anything they need is stopped.
@@ -214,10 +226,10 @@ func (a *App) openState(cfg Config, timeout time.Duration) error {
 	})
 	loc, _ := cfg.Budget.Location() // checked by Load
 	now := a.opts.Now()
-	if a.layers, err = server.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
+	if a.layers, err = defense.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
 		return err
 	}
-	if err := server.LoadBrake(a.layers.Brake, db.Flag); err != nil {
+	if err := defense.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
 	if a.guard, err = server.LoadInviteGuard(db, cfg.Invites, now); err != nil {
