@@ -26,7 +26,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"breakwater/detect"
-	"breakwater/server"
+	"breakwater/server/invites"
 	"breakwater/storage"
 )
 
@@ -89,7 +89,7 @@ func TestShippedConfigIsValid(t *testing.T) {
 		t.Errorf("unexpected shipped config: %+v", c)
 	}
 	// The shipped [invites] spells out the defaults.
-	def := server.InviteConfig{}.WithDefaults()
+	def := invites.Config{}.WithDefaults()
 	if c.Invites.Rate != def.Rate || c.Invites.Window != def.Window || c.Invites.Burst != def.Burst ||
 		c.Invites.Fail() != def.Fail() {
 		t.Errorf("shipped [invites] %+v differs from the defaults %+v", c.Invites, def)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -205,7 +206,7 @@ type createInviteRequest struct {
 
 // createInviteResponse is the answer: the invite and, this once, its code.
 type createInviteResponse struct {
-	InviteInfo
+	invites.Info
 	Code string `json:"code"`
 }
 
@@ -224,13 +225,13 @@ func (s *Server) handleCreateInvite(c echo.Context) error {
 	}
 	code, info, err := s.d.Operator.CreateInvite(c.Request().Context(), req.Uses, ttl, req.Note)
 	switch {
-	case errors.Is(err, ErrBadInvite):
+	case errors.Is(err, invites.ErrInvalid):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
 	case err != nil:
 		return err
 	}
 	s.log.Info("invite created", "invite_id", info.ID, "uses", info.MaxUses, "expires_at", info.ExpiresAt)
-	return c.JSON(http.StatusCreated, createInviteResponse{InviteInfo: info, Code: code})
+	return c.JSON(http.StatusCreated, createInviteResponse{Info: info, Code: code})
 }
 
 func (s *Server) handleListInvites(c echo.Context) error {
@@ -251,7 +252,7 @@ func (s *Server) handleDeleteInvite(c echo.Context) error {
 
 // inviteAction applies act to the invite named in the path, logs done and
 // answers the invite as it was left.
-func (s *Server) inviteAction(c echo.Context, done string, act func(context.Context, string) (InviteInfo, error)) error {
+func (s *Server) inviteAction(c echo.Context, done string, act func(context.Context, string) (invites.Info, error)) error {
 	info, err := act(c.Request().Context(), pathParam(c, "id"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):

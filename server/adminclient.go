@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"time"
 
+	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -153,32 +154,32 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) er
 }
 
 // CreateInvite asks the server for a new invite code.
-func (a *AdminClient) CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (code string, info InviteInfo, err error) {
+func (a *AdminClient) CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (code string, info invites.Info, err error) {
 	var out createInviteResponse
 	req := createInviteRequest{Uses: uses, Expires: ttl.String(), Note: note}
 	if err := a.call(ctx, http.MethodPost, "/api/invites", req, &out); err != nil {
-		return "", InviteInfo{}, err
+		return "", invites.Info{}, err
 	}
-	return out.Code, out.InviteInfo, nil
+	return out.Code, out.Info, nil
 }
 
 // ListInvites lists every invite without codes.
-func (a *AdminClient) ListInvites(ctx context.Context) ([]InviteInfo, error) {
-	var out []InviteInfo
+func (a *AdminClient) ListInvites(ctx context.Context) ([]invites.Info, error) {
+	var out []invites.Info
 	err := a.call(ctx, http.MethodGet, "/api/invites", nil, &out)
 	return out, err
 }
 
 // DeleteInvite removes an invite and its redemptions on the running server.
-func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (InviteInfo, error) {
-	var out InviteInfo
+func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (invites.Info, error) {
+	var out invites.Info
 	err := a.call(ctx, http.MethodDelete, "/api/invites/"+url.PathEscape(id), nil, &out)
 	return out, err
 }
 
 // RevokeInvite disables an invite on the running server.
-func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, error) {
-	var out InviteInfo
+func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (invites.Info, error) {
+	var out invites.Info
 	err := a.call(ctx, http.MethodPost, "/api/invites/"+url.PathEscape(id)+"/revoke", nil, &out)
 	return out, err
 }

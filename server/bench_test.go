@@ -26,6 +26,7 @@ import (
 	"breakwater/ocr"
 	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -271,7 +272,7 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	invites, err := NewInvites(db)
+	codes, err := invites.NewCodes(db, invites.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -282,8 +283,8 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	srv, err := New(Config{}, Deps{
 		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
-		Operator: NewOperator(kr, invites, layers, db, plans.All, time.UTC),
-		Invites:  invites, InviteCodes: db,
+		Operator:    NewOperator(kr, codes, layers, db, plans.All, time.UTC),
+		InviteCodes: db,
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/server/defense"
+	"breakwater/server/invites"
 	"breakwater/server/keys"
 )
 
@@ -36,7 +37,7 @@ var ErrBackupOntoDatabase = errors.New("server: the backup target is the live da
 // while the server is stopped, so both paths do exactly the same.
 type Operator struct {
 	keys    *keys.Keyring
-	invites *Invites
+	invites *invites.Codes
 	layers  defense.Layers
 	store   OperatorStore
 	plans   func() map[string]budget.Plan
@@ -50,7 +51,7 @@ type Operator struct {
 // NewOperator returns the operator over the keyring, the layers' live
 // state and storage. plans returns the plans in force (they may be
 // reloaded).
-func NewOperator(keys *keys.Keyring, invites *Invites, layers defense.Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
+func NewOperator(keys *keys.Keyring, invites *invites.Codes, layers defense.Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
 	return &Operator{keys: keys, invites: invites, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
 }
 
@@ -68,20 +69,20 @@ func (o *Operator) RevokeKey(_ context.Context, id string) (keys.KeyInfo, error)
 }
 
 // CreateInvite makes a new invite code; see Invites.Create.
-func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error) {
+func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, invites.Info, error) {
 	return o.invites.Create(uses, ttl, note)
 }
 
 // ListInvites lists every invite without its code.
-func (o *Operator) ListInvites(context.Context) ([]InviteInfo, error) { return o.invites.List() }
+func (o *Operator) ListInvites(context.Context) ([]invites.Info, error) { return o.invites.List() }
 
 // RevokeInvite refuses the code from the next verification on.
-func (o *Operator) RevokeInvite(_ context.Context, id string) (InviteInfo, error) {
+func (o *Operator) RevokeInvite(_ context.Context, id string) (invites.Info, error) {
 	return o.invites.Revoke(id)
 }
 
 // DeleteInvite removes an invite and the e-mails that redeemed it.
-func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error) {
+func (o *Operator) DeleteInvite(_ context.Context, id string) (invites.Info, error) {
 	return o.invites.Delete(id)
 }
 

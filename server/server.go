@@ -14,6 +14,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 )
@@ -62,13 +63,12 @@ type Deps struct {
 	Price    ocr.Price // to bound each call's cost before it and price it after
 	Metrics  *Metrics  // nil: a fresh set
 	Operator *Operator // the admin API's commands
-	// Invites manages invite codes (admin API); InviteCodes looks them up
-	// and redeems them (POST /v1/invites/verify).
-	Invites     *Invites
+	// InviteCodes looks invite codes up and redeems them (POST
+	// /v1/invites/verify).
 	InviteCodes InviteRedeemer
 	// InviteGuard holds the invite protections' state; nil: a fresh one
 	// with the default InviteConfig.
-	InviteGuard *InviteGuard
+	InviteGuard *invites.Guard
 	// Alerts raises immediate alerts (detect.Alerter); nil: none.
 	Alerts Alerter
 	// DetectCounters feed the detection and alert metrics; nil: zeros.
@@ -88,7 +88,7 @@ type Server struct {
 	reqIDs   *requestIDs
 	clients  *clientIP
 	failOpen *failOpens
-	guard    *InviteGuard
+	guard    *invites.Guard
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar *budget.Calendar          // today's key for the refusal counts
 	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
@@ -113,11 +113,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
 		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
-		d.Invites == nil || d.InviteCodes == nil {
+		d.InviteCodes == nil {
 		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator and invites are all required")
 	}
 	if d.InviteGuard == nil {
-		g, err := NewInviteGuard(InviteConfig{})
+		g, err := invites.NewGuard(invites.Config{})
 		if err != nil {
 			return nil, err
 		}

@@ -33,6 +33,7 @@ import (
 	"breakwater/ocr"
 	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 	"breakwater/storage"
@@ -122,8 +123,8 @@ type env struct {
 	attempts *budget.Attempts
 	brake    *budget.Global
 	metrics  *Metrics
-	invites  *Invites
-	guard    *InviteGuard
+	invites  *invites.Codes
+	guard    *invites.Guard
 	plans    *keys.Plans
 	srv      *Server
 	events   *detect.Recorder
@@ -151,7 +152,7 @@ type envOptions struct {
 	clock      func() time.Time // the server's clock; default time.Now
 	ledger     budget.Ledger    // default the database
 	rate       RateLimiter      // default e.windows
-	invites    InviteConfig     // [invites]; zero: the defaults
+	invites    invites.Config   // [invites]; zero: the defaults
 	alerts     Alerter          // default none
 	counters   *detect.Counters // layer 4's metrics; default fresh
 	jwt        jwtauth.Config   // [auth.jwt]; JWKSURL empty: JWT sign-in off
@@ -226,10 +227,10 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
-	if e.invites, err = NewInvites(db); err != nil {
+	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock}); err != nil {
 		t.Fatal(err)
 	}
-	if e.guard, err = LoadInviteGuard(db, o.invites, e.now); err != nil {
+	if e.guard, err = invites.LoadGuard(db, o.invites, e.now); err != nil {
 		t.Fatal(err)
 	}
 	if o.jwt.Enabled() {
@@ -243,8 +244,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 	srv, err := New(cfg, Deps{
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
-		Operator: NewOperator(e.keys, e.invites, layers, db, e.plans.All, e.loc),
-		Invites:  e.invites, InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
+		Operator:    NewOperator(e.keys, e.invites, layers, db, e.plans.All, e.loc),
+		InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {

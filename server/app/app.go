@@ -22,6 +22,7 @@ import (
 	"breakwater/server"
 	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 	"breakwater/storage"
@@ -70,10 +71,10 @@ type App struct {
 
 	db       *storage.DB
 	layers   defense.Layers
-	guard    *server.InviteGuard
+	guard    *invites.Guard
 	plans    *keys.Plans
 	keys     *keys.Keyring
-	invites  *server.Invites
+	invites  *invites.Codes
 	detect   *detect.Runner
 	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
 	operator *server.Operator
@@ -174,7 +175,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.srv, err = server.New(cfg.Server, server.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
-		Invites: a.invites, InviteCodes: db, InviteGuard: a.guard,
+		InviteCodes: db, InviteGuard: a.guard,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
@@ -232,7 +233,7 @@ func (a *App) openState(cfg Config, timeout time.Duration) error {
 	if err := defense.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
-	if a.guard, err = server.LoadInviteGuard(db, cfg.Invites, now); err != nil {
+	if a.guard, err = invites.LoadGuard(db, cfg.Invites, now); err != nil {
 		return err
 	}
 	a.plans = keys.NewPlans(cfg.Plans)

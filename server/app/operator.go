@@ -9,6 +9,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server"
+	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -26,10 +27,10 @@ type Operator interface {
 	Budget(ctx context.Context) (server.BudgetInfo, error)
 	SetBrake(ctx context.Context, on bool) (server.BudgetInfo, error)
 	Backup(ctx context.Context, w io.Writer, target string) error
-	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
-	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
-	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
-	DeleteInvite(ctx context.Context, id string) (server.InviteInfo, error)
+	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, invites.Info, error)
+	ListInvites(ctx context.Context) ([]invites.Info, error)
+	RevokeInvite(ctx context.Context, id string) (invites.Info, error)
+	DeleteInvite(ctx context.Context, id string) (invites.Info, error)
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
 }
 
@@ -73,7 +74,7 @@ func OpenOperator(cfg Config, opts Options) (Operator, func(), error) {
 // daily detection and the operator's commands on them.
 func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 	var err error
-	if a.invites, err = server.NewInvites(a.db); err != nil {
+	if a.invites, err = invites.NewCodes(a.db, invites.Options{Now: a.opts.Now}); err != nil {
 		return err
 	}
 	if err := a.openDetection(cfg, counters); err != nil {
