@@ -29,9 +29,9 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
-	"breakwater/server"
 	"breakwater/server/app"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -454,7 +454,7 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 			}
 		})
 	case "budget", "brake":
-		var b server.BudgetInfo
+		var b operator.BudgetInfo
 		if name == "budget" {
 			b, err = op.Budget(ctx)
 		} else {
@@ -507,7 +507,7 @@ func cmdOperator(ctx context.Context, cmd string, args []string, getenv func(str
 // backupTo writes a consistent copy of the database to path: into a
 // temporary file beside it first, synced, then renamed, so path never holds
 // half a database.
-func backupTo(ctx context.Context, op app.Operator, path string, stdout io.Writer) error {
+func backupTo(ctx context.Context, op operator.Service, path string, stdout io.Writer) error {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)

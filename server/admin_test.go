@@ -16,6 +16,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -34,7 +35,7 @@ func TestAdminNeedsToken(t *testing.T) {
 func TestAdminClientManagesKeys(t *testing.T) {
 	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
 	ctx := context.Background()
-	ac := NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+	ac := operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
 
 	secret, info, err := ac.CreateKey(ctx, "carol", "pro")
 	if err != nil {
@@ -76,8 +77,8 @@ func TestAdminClientManagesKeys(t *testing.T) {
 	}
 }
 
-func adminClient(e *env) *AdminClient {
-	return NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+func adminClient(e *env) *operator.AdminClient {
+	return operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
 }
 
 func TestBanTakesEffectOnNextRequest(t *testing.T) {

@@ -28,6 +28,7 @@ import (
 	"breakwater/server/guard"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -283,7 +284,7 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	srv, err := New(Config{}, Deps{
 		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
-		Operator:    NewOperator(kr, codes, layers, db, plans.All, time.UTC),
+		Operator:    operator.New(kr, codes, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, plans.All, time.UTC, operator.Options{}),
 		InviteCodes: db,
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 )
 
 // Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
@@ -60,9 +61,9 @@ type Deps struct {
 	Reader   Reader
 	Usage    UsageRecorder
 	Events   EventRecorder
-	Price    ocr.Price // to bound each call's cost before it and price it after
-	Metrics  *Metrics  // nil: a fresh set
-	Operator *Operator // the admin API's commands
+	Price    ocr.Price          // to bound each call's cost before it and price it after
+	Metrics  *Metrics           // nil: a fresh set
+	Operator *operator.Operator // the admin API's commands and the dashboard's figures
 	// InviteCodes looks invite codes up and redeems them (POST
 	// /v1/invites/verify).
 	InviteCodes InviteRedeemer
@@ -148,7 +149,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		reqIDs:    newRequestIDs(),
 		clients:   &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
 		guard:     d.InviteGuard,
-		calendar:  budget.NewCalendar(d.Operator.loc),
+		calendar:  budget.NewCalendar(d.Operator.Location()),
 		bodies:    &bodyMemory{capacity: cfg.MaxBodyMemory},
 		inFlight:  &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
 		wallClock: time.Now,

@@ -36,6 +36,7 @@ import (
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -244,7 +245,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	srv, err := New(cfg, Deps{
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
-		Operator:    NewOperator(e.keys, e.invites, layers, db, e.plans.All, e.loc),
+		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
 		InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})

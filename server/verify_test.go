@@ -17,6 +17,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server/invites"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -466,7 +467,7 @@ func TestVerifyBadRequests(t *testing.T) {
 func TestAdminClientManagesInvites(t *testing.T) {
 	e := newEnv(t, envOptions{invites: loose(invites.Config{})})
 	ctx := context.Background()
-	ac := NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+	ac := operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
 	code, info, err := ac.CreateInvite(ctx, 2, 72*time.Hour, "for the beta")
 	if err != nil {
 		t.Fatal(err)

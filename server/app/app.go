@@ -25,6 +25,7 @@ import (
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -77,7 +78,7 @@ type App struct {
 	invites  *invites.Codes
 	detect   *detect.Runner
 	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
-	operator *server.Operator
+	operator *operator.Operator
 	srv      *server.Server
 
 	addr, adminAddr string

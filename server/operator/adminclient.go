@@ -1,4 +1,4 @@
-package server
+package operator
 
 import (
 	"bytes"
@@ -11,13 +11,12 @@ import (
 	"net/url"
 	"time"
 
-	"breakwater/server/invites"
-	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
 // AdminClient calls a running server's admin API: it is how the CLI manages
-// keys while the server holds the database open.
+// keys while the server holds the database open. It implements Service,
+// as Operator does on the database itself.
 type AdminClient struct {
 	base  string
 	token string
@@ -30,24 +29,24 @@ func NewAdminClient(addr, token string) *AdminClient {
 }
 
 // CreateKey asks the server for a new key.
-func (a *AdminClient) CreateKey(ctx context.Context, user, plan string) (secret string, info keys.KeyInfo, err error) {
-	var out createKeyResponse
-	if err := a.call(ctx, http.MethodPost, "/api/keys", createKeyRequest{User: user, Plan: plan}, &out); err != nil {
-		return "", keys.KeyInfo{}, err
+func (a *AdminClient) CreateKey(ctx context.Context, user, plan string) (secret string, info KeyInfo, err error) {
+	var out CreateKeyResponse
+	if err := a.call(ctx, http.MethodPost, "/api/keys", CreateKeyRequest{User: user, Plan: plan}, &out); err != nil {
+		return "", KeyInfo{}, err
 	}
 	return out.Key, out.KeyInfo, nil
 }
 
 // ListKeys lists every key without secrets.
-func (a *AdminClient) ListKeys(ctx context.Context) ([]keys.KeyInfo, error) {
-	var out []keys.KeyInfo
+func (a *AdminClient) ListKeys(ctx context.Context) ([]KeyInfo, error) {
+	var out []KeyInfo
 	err := a.call(ctx, http.MethodGet, "/api/keys", nil, &out)
 	return out, err
 }
 
 // RevokeKey disables a key on the running server.
-func (a *AdminClient) RevokeKey(ctx context.Context, id string) (keys.KeyInfo, error) {
-	var out keys.KeyInfo
+func (a *AdminClient) RevokeKey(ctx context.Context, id string) (KeyInfo, error) {
+	var out KeyInfo
 	err := a.call(ctx, http.MethodPost, "/api/keys/"+url.PathEscape(id)+"/revoke", nil, &out)
 	return out, err
 }
@@ -79,7 +78,7 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}
 	if resp.StatusCode >= 300 {
-		var p Problem
+		var p problem
 		if json.Unmarshal(data, &p) == nil && p.Code != "" {
 			if p.Status == http.StatusNotFound && p.Code == "not_found" {
 				return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
@@ -92,16 +91,16 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 }
 
 // SetBanned bans or unbans a user on the running server.
-func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (keys.UserInfo, error) {
-	var out keys.UserInfo
-	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Banned: &banned}, &out)
+func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error) {
+	var out UserInfo
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned}, &out)
 	return out, err
 }
 
 // SetPlan moves a user to another plan on the running server.
-func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (keys.UserInfo, error) {
-	var out keys.UserInfo
-	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Plan: plan}, &out)
+func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (UserInfo, error) {
+	var out UserInfo
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Plan: plan}, &out)
 	return out, err
 }
 
@@ -122,7 +121,7 @@ func (a *AdminClient) Budget(ctx context.Context) (BudgetInfo, error) {
 // SetBrake engages or releases the manual kill switch.
 func (a *AdminClient) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 	var out BudgetInfo
-	err := a.call(ctx, http.MethodPost, "/api/brake", brakeRequest{On: &on}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/brake", BrakeRequest{On: &on}, &out)
 	return out, err
 }
 
@@ -154,32 +153,32 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) er
 }
 
 // CreateInvite asks the server for a new invite code.
-func (a *AdminClient) CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (code string, info invites.Info, err error) {
-	var out createInviteResponse
-	req := createInviteRequest{Uses: uses, Expires: ttl.String(), Note: note}
+func (a *AdminClient) CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (code string, info InviteInfo, err error) {
+	var out CreateInviteResponse
+	req := CreateInviteRequest{Uses: uses, Expires: ttl.String(), Note: note}
 	if err := a.call(ctx, http.MethodPost, "/api/invites", req, &out); err != nil {
-		return "", invites.Info{}, err
+		return "", InviteInfo{}, err
 	}
-	return out.Code, out.Info, nil
+	return out.Code, out.InviteInfo, nil
 }
 
 // ListInvites lists every invite without codes.
-func (a *AdminClient) ListInvites(ctx context.Context) ([]invites.Info, error) {
-	var out []invites.Info
+func (a *AdminClient) ListInvites(ctx context.Context) ([]InviteInfo, error) {
+	var out []InviteInfo
 	err := a.call(ctx, http.MethodGet, "/api/invites", nil, &out)
 	return out, err
 }
 
 // DeleteInvite removes an invite and its redemptions on the running server.
-func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (invites.Info, error) {
-	var out invites.Info
+func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (InviteInfo, error) {
+	var out InviteInfo
 	err := a.call(ctx, http.MethodDelete, "/api/invites/"+url.PathEscape(id), nil, &out)
 	return out, err
 }
 
 // RevokeInvite disables an invite on the running server.
-func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (invites.Info, error) {
-	var out invites.Info
+func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, error) {
+	var out InviteInfo
 	err := a.call(ctx, http.MethodPost, "/api/invites/"+url.PathEscape(id)+"/revoke", nil, &out)
 	return out, err
 }

@@ -1,4 +1,9 @@
-package server
+// Package operator provides the operator's commands as one Service with
+// two implementations: Operator carries them out on the keyring, the
+// invites, the layers' live state and storage (the admin API calls it while
+// the server runs, the CLI while it is stopped), and AdminClient sends
+// them to a running server's admin API. It holds no policy of its own.
+package operator
 
 import (
 	"context"
@@ -13,13 +18,49 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/detect"
 	"breakwater/server/defense"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
 )
 
-// OperatorStore is what the operator's commands need from storage.
-type OperatorStore interface {
+// Service is the operator's commands, whichever way they reach the
+// service.
+type Service interface {
+	CreateKey(ctx context.Context, user, plan string) (string, KeyInfo, error)
+	ListKeys(ctx context.Context) ([]KeyInfo, error)
+	RevokeKey(ctx context.Context, id string) (KeyInfo, error)
+	SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error)
+	SetPlan(ctx context.Context, user, plan string) (UserInfo, error)
+	Usage(ctx context.Context, user string) ([]UsageInfo, error)
+	Budget(ctx context.Context) (BudgetInfo, error)
+	SetBrake(ctx context.Context, on bool) (BudgetInfo, error)
+	Backup(ctx context.Context, w io.Writer, target string) error
+	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error)
+	ListInvites(ctx context.Context) ([]InviteInfo, error)
+	RevokeInvite(ctx context.Context, id string) (InviteInfo, error)
+	DeleteInvite(ctx context.Context, id string) (InviteInfo, error)
+	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
+}
+
+var (
+	_ Service = (*Operator)(nil)
+	_ Service = (*AdminClient)(nil)
+)
+
+// The records of the service: a key and a user as the keyring describes
+// them, an invite as the invites do.
+type (
+	// KeyInfo describes an API key without its secret.
+	KeyInfo = keys.KeyInfo
+	// UserInfo describes a user.
+	UserInfo = keys.UserInfo
+	// InviteInfo describes an invite without its code.
+	InviteInfo = invites.Info
+)
+
+// Store is what the operator's commands need from storage.
+type Store interface {
 	SetFlag(name string, on bool) error
 	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
@@ -38,8 +79,8 @@ var ErrBackupOntoDatabase = errors.New("server: the backup target is the live da
 type Operator struct {
 	keys    *keys.Keyring
 	invites *invites.Codes
-	layers  defense.Layers
-	store   OperatorStore
+	layers  Layers
+	store   Store
 	plans   func() map[string]budget.Plan
 	loc     *time.Location
 	now     func() time.Time
@@ -48,51 +89,104 @@ type Operator struct {
 	brakeMu   sync.Mutex
 }
 
-// NewOperator returns the operator over the keyring, the layers' live
-// state and storage. plans returns the plans in force (they may be
+// Layers are what the operator reads and switches of the layers' live
+// state: budget.Attempts, budget.Quotas and budget.Global implement them.
+type Layers struct {
+	Attempts interface {
+		Count(user string, now time.Time) int64
+		Top(n int, now time.Time) []budget.UserCount
+	}
+	Quotas interface {
+		Used(user string, now time.Time) int64
+	}
+	Brake interface {
+		Status(now time.Time) budget.Status
+		SetManual(on bool)
+	}
+}
+
+// Options are the operator's optional dependencies.
+type Options struct {
+	// Now is the clock of usage days and budget figures. Nil: time.Now.
+	Now func() time.Time
+}
+
+// New returns the operator over the keyring, the invites, the layers'
+// live state and storage. plans returns the plans in force (they may be
 // reloaded).
-func NewOperator(keys *keys.Keyring, invites *invites.Codes, layers defense.Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
-	return &Operator{keys: keys, invites: invites, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
+func New(kr *keys.Keyring, codes *invites.Codes, layers Layers, store Store, plans func() map[string]budget.Plan, loc *time.Location, o Options) *Operator {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Operator{keys: kr, invites: codes, layers: layers, store: store, plans: plans, loc: loc, now: o.Now}
+}
+
+// Location is the time zone of days and months (budget.timezone).
+func (o *Operator) Location() *time.Location { return o.loc }
+
+// TopUsers describes the n users with the most attempts today, most
+// first, for the dashboard.
+func (o *Operator) TopUsers(n int, now time.Time) []UsageInfo {
+	plans := o.plans()
+	users := o.keys.Users()
+	var out []UsageInfo
+	for _, u := range o.layers.Attempts.Top(n, now) {
+		info := UsageInfo{User: u.User, AttemptsToday: u.Count, ReadsMonth: o.layers.Quotas.Used(u.User, now)}
+		for _, known := range users {
+			if known.ID == u.User {
+				info.Plan, info.Banned = known.Plan, known.Banned
+			}
+		}
+		p := plans[info.Plan]
+		info.DailyLine, info.MonthlyQuota = p.DailyAttempts, p.MonthlyQuota
+		out = append(out, info)
+	}
+	return out
+}
+
+// BudgetDays lists the ledger's days from from to to (YYYY-MM-DD).
+func (o *Operator) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
+	return o.store.BudgetDays(from, to)
 }
 
 // CreateKey makes a new API key; see keys.Keyring.Create.
-func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, keys.KeyInfo, error) {
+func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyInfo, error) {
 	return o.keys.Create(user, plan)
 }
 
 // ListKeys lists every key without secrets.
-func (o *Operator) ListKeys(context.Context) ([]keys.KeyInfo, error) { return o.keys.List(), nil }
+func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List(), nil }
 
 // RevokeKey disables a key on the next request.
-func (o *Operator) RevokeKey(_ context.Context, id string) (keys.KeyInfo, error) {
+func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) {
 	return o.keys.Revoke(id)
 }
 
 // CreateInvite makes a new invite code; see Invites.Create.
-func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, invites.Info, error) {
+func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error) {
 	return o.invites.Create(uses, ttl, note)
 }
 
 // ListInvites lists every invite without its code.
-func (o *Operator) ListInvites(context.Context) ([]invites.Info, error) { return o.invites.List() }
+func (o *Operator) ListInvites(context.Context) ([]InviteInfo, error) { return o.invites.List() }
 
 // RevokeInvite refuses the code from the next verification on.
-func (o *Operator) RevokeInvite(_ context.Context, id string) (invites.Info, error) {
+func (o *Operator) RevokeInvite(_ context.Context, id string) (InviteInfo, error) {
 	return o.invites.Revoke(id)
 }
 
 // DeleteInvite removes an invite and the e-mails that redeemed it.
-func (o *Operator) DeleteInvite(_ context.Context, id string) (invites.Info, error) {
+func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error) {
 	return o.invites.Delete(id)
 }
 
 // SetBanned bans or unbans a user; the next request sees it.
-func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (keys.UserInfo, error) {
+func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {
 	return o.keys.SetBanned(user, banned)
 }
 
 // SetPlan moves a user to another plan.
-func (o *Operator) SetPlan(_ context.Context, user, plan string) (keys.UserInfo, error) {
+func (o *Operator) SetPlan(_ context.Context, user, plan string) (UserInfo, error) {
 	return o.keys.SetPlan(user, plan)
 }
 
@@ -135,7 +229,7 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 		if err != nil {
 			return nil, err
 		}
-		users = slices.DeleteFunc(users, func(u keys.UserInfo) bool { return u.ID != id })
+		users = slices.DeleteFunc(users, func(u UserInfo) bool { return u.ID != id })
 	}
 	plans := o.plans()
 	out := make([]UsageInfo, 0, len(users))
@@ -200,7 +294,7 @@ func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 // target that is the database file itself, under any name, is refused
 // with ErrBackupOntoDatabase before anything is written.
 func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
-	if err := o.checkBackupTarget(target); err != nil {
+	if err := o.CheckBackupTarget(target); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp("", "breakwater-backup-*.db")
@@ -219,8 +313,8 @@ func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
 	return err
 }
 
-// checkBackupTarget refuses a backup target that is the database file.
-func (o *Operator) checkBackupTarget(target string) error {
+// CheckBackupTarget refuses a backup target that is the database file.
+func (o *Operator) CheckBackupTarget(target string) error {
 	if target != "" && sameFile(target, o.store.Path()) {
 		return fmt.Errorf("backup: %s is the live database; write the copy elsewhere: %w", target, ErrBackupOntoDatabase)
 	}
