@@ -55,7 +55,7 @@ type Deps struct {
 	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
 	Limiter  RateLimiter       // layer 1, keyed by user id
 	Attempts AttemptCounter    // layer 2
-	Quotas   *budget.Quotas    // layer 2b
+	Quotas   guard.Quotas      // layer 2b: budget.Quotas
 	Brake    Brake             // layer 3
 	Plans    *keys.Plans
 	Reader   Reader
