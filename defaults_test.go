@@ -15,6 +15,7 @@ import (
 	"breakwater/budget"
 	"breakwater/server"
 	"breakwater/server/app"
+	"breakwater/server/operator"
 )
 
 // A config that leaves every limit out must run with the documented
@@ -76,7 +77,7 @@ monthly_quota = 1000
 	if err := run(context.Background(), []string{"usage", "ann", "--json", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	var usage []server.UsageInfo
+	var usage []operator.UsageInfo
 	if err := json.Unmarshal(out.Bytes(), &usage); err != nil || len(usage) != 1 || usage[0].DailyLine != 500 {
 		t.Errorf("usage ann: %s %v, want daily line 500", out.String(), err)
 	}

@@ -31,9 +31,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"breakwater/detect"
-	"breakwater/server"
 	"breakwater/server/app"
 	"breakwater/server/cli"
+	"breakwater/server/invites"
 	"breakwater/storage"
 )
 
@@ -96,7 +96,7 @@ func TestShippedConfigIsValid(t *testing.T) {
 		t.Errorf("unexpected shipped config: %+v", c)
 	}
 	// The shipped [invites] spells out the defaults.
-	def := server.InviteConfig{}.WithDefaults()
+	def := invites.Config{}.WithDefaults()
 	if c.Invites.Rate != def.Rate || c.Invites.Window != def.Window || c.Invites.Burst != def.Burst ||
 		c.Invites.Fail() != def.Fail() {
 		t.Errorf("shipped [invites] %+v differs from the defaults %+v", c.Invites, def)

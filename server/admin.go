@@ -11,6 +11,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/server/invites"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -38,21 +41,8 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// createKeyRequest is the body of POST /api/keys.
-type createKeyRequest struct {
-	User string `json:"user"`
-	Plan string `json:"plan"`
-}
-
-// createKeyResponse is the answer: the key's description and, this once,
-// its secret.
-type createKeyResponse struct {
-	KeyInfo
-	Key string `json:"key"`
-}
-
 func (s *Server) handleCreateKey(c echo.Context) error {
-	var req createKeyRequest
+	var req operator.CreateKeyRequest
 	if err := c.Bind(&req); err != nil {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"user":"...","plan":"..."}.`)
 	}
@@ -64,7 +54,7 @@ func (s *Server) handleCreateKey(c echo.Context) error {
 		return err
 	}
 	s.log.Info("api key created", "key_id", info.ID, "user", info.UserID, "plan", info.Plan)
-	return c.JSON(http.StatusCreated, createKeyResponse{KeyInfo: info, Key: secret})
+	return c.JSON(http.StatusCreated, operator.CreateKeyResponse{KeyInfo: info, Key: secret})
 }
 
 func (s *Server) handleListKeys(c echo.Context) error {
@@ -91,24 +81,18 @@ func (s *Server) handleRevokeKey(c echo.Context) error {
 // user id breaking a rule, reserved or ambiguous; an unknown plan), which
 // the answer then explains.
 func badUserRequest(err error) bool {
-	return errors.Is(err, ErrBadUserID) || errors.Is(err, ErrReservedUserID) ||
-		errors.Is(err, ErrAmbiguousUserID) || errors.Is(err, ErrUnknownPlan)
-}
-
-// userRequest is the body of POST /api/users/:id (every field optional).
-type userRequest struct {
-	Banned *bool  `json:"banned"`
-	Plan   string `json:"plan"`
+	return errors.Is(err, keys.ErrBadUserID) || errors.Is(err, keys.ErrReservedUserID) ||
+		errors.Is(err, keys.ErrAmbiguousUserID) || errors.Is(err, keys.ErrUnknownPlan)
 }
 
 // handleUpdateUser bans, unbans or moves a user to another plan.
 func (s *Server) handleUpdateUser(c echo.Context) error {
-	var req userRequest
+	var req operator.UserRequest
 	if err := c.Bind(&req); err != nil || (req.Banned == nil && req.Plan == "") {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
 	}
 	ctx, user := c.Request().Context(), pathParam(c, "id")
-	var info UserInfo
+	var info operator.UserInfo
 	var err error
 	if req.Banned != nil {
 		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned)
@@ -149,13 +133,8 @@ func (s *Server) handleBudget(c echo.Context) error {
 	return c.JSON(http.StatusOK, info)
 }
 
-// brakeRequest is the body of POST /api/brake.
-type brakeRequest struct {
-	On *bool `json:"on"`
-}
-
 func (s *Server) handleBrake(c echo.Context) error {
-	var req brakeRequest
+	var req operator.BrakeRequest
 	if err := c.Bind(&req); err != nil || req.On == nil {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"on":true} or {"on":false}.`)
 	}
@@ -172,7 +151,7 @@ func (s *Server) handleBrake(c echo.Context) error {
 // is the database file itself (the CLI sends it: the server knows its own
 // file, whatever the CLI's config says).
 func (s *Server) handleBackup(c echo.Context) error {
-	if err := s.d.Operator.checkBackupTarget(c.QueryParam("target")); err != nil {
+	if err := s.d.Operator.CheckBackupTarget(c.QueryParam("target")); err != nil {
 		s.log.Warn("backup onto the live database refused", "target", c.QueryParam("target"))
 		return errBackupOntoDatabase
 	}
@@ -194,22 +173,8 @@ var errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_datab
 
 var errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 
-// createInviteRequest is the body of POST /api/invites.
-type createInviteRequest struct {
-	Uses int `json:"uses"`
-	// Expires is a Go duration such as "72h"; "" or "0" means never.
-	Expires string `json:"expires"`
-	Note    string `json:"note"`
-}
-
-// createInviteResponse is the answer: the invite and, this once, its code.
-type createInviteResponse struct {
-	InviteInfo
-	Code string `json:"code"`
-}
-
 func (s *Server) handleCreateInvite(c echo.Context) error {
-	var req createInviteRequest
+	var req operator.CreateInviteRequest
 	if err := c.Bind(&req); err != nil {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"uses":1,"expires":"72h","note":"..."}.`)
 	}
@@ -223,13 +188,13 @@ func (s *Server) handleCreateInvite(c echo.Context) error {
 	}
 	code, info, err := s.d.Operator.CreateInvite(c.Request().Context(), req.Uses, ttl, req.Note)
 	switch {
-	case errors.Is(err, ErrBadInvite):
+	case errors.Is(err, invites.ErrInvalid):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
 	case err != nil:
 		return err
 	}
 	s.log.Info("invite created", "invite_id", info.ID, "uses", info.MaxUses, "expires_at", info.ExpiresAt)
-	return c.JSON(http.StatusCreated, createInviteResponse{InviteInfo: info, Code: code})
+	return c.JSON(http.StatusCreated, operator.CreateInviteResponse{InviteInfo: info, Code: code})
 }
 
 func (s *Server) handleListInvites(c echo.Context) error {
@@ -250,7 +215,7 @@ func (s *Server) handleDeleteInvite(c echo.Context) error {
 
 // inviteAction applies act to the invite named in the path, logs done and
 // answers the invite as it was left.
-func (s *Server) inviteAction(c echo.Context, done string, act func(context.Context, string) (InviteInfo, error)) error {
+func (s *Server) inviteAction(c echo.Context, done string, act func(context.Context, string) (operator.InviteInfo, error)) error {
 	info, err := act(c.Request().Context(), pathParam(c, "id"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -33,7 +35,7 @@ func TestAdminNeedsToken(t *testing.T) {
 func TestAdminClientManagesKeys(t *testing.T) {
 	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
 	ctx := context.Background()
-	ac := NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+	ac := operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
 
 	secret, info, err := ac.CreateKey(ctx, "carol", "pro")
 	if err != nil {
@@ -75,97 +77,8 @@ func TestAdminClientManagesKeys(t *testing.T) {
 	}
 }
 
-func TestKeyringCreate(t *testing.T) {
-	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
-	cases := []struct {
-		name, user, plan string
-		wantPlan         string
-		wantErr          error
-	}{
-		{"new user gets free", "u1", "", "free", nil},
-		{"named plan", "u2", "pro", "pro", nil},
-		{"existing user keeps plan", "u2", "", "pro", nil},
-		{"unknown plan", "u3", "gold", "", ErrUnknownPlan},
-		{"empty id", "", "", "", ErrBadUserID},
-		{"control char", "a\nb", "", "", ErrBadUserID},
-		{"too long", strings.Repeat("x", 129), "", "", ErrBadUserID},
-		{"max length", strings.Repeat("x", 128), "", "free", nil},
-		{"unicode ok", "josé@example.com", "", "free", nil},
-		{"invalid utf8", "a\xffb", "", "", ErrBadUserID},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			secret, info, err := e.keys.Create(c.user, c.plan)
-			if !errors.Is(err, c.wantErr) {
-				t.Fatalf("err %v, want %v", err, c.wantErr)
-			}
-			if err != nil {
-				return
-			}
-			if info.Plan != c.wantPlan {
-				t.Errorf("plan %q, want %q", info.Plan, c.wantPlan)
-			}
-			if !validKeyShape(secret) {
-				t.Errorf("secret %q has the wrong shape", secret)
-			}
-			id, _, ok := e.keys.Authenticate(secret)
-			if !ok || id.UserID != c.user || id.Plan != c.wantPlan {
-				t.Errorf("authenticate: %+v %v", id, ok)
-			}
-		})
-	}
-}
-
-// TestKeyringSharedUser checks that every key of a user sees a change to
-// the user at once: the keys point at one record.
-func TestKeyringSharedUser(t *testing.T) {
-	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
-	first, _, err := e.keys.Create("u1", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, _, err := e.keys.Create("u1", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.keys.SetBanned("u1", true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.keys.SetPlan("u1", "pro"); err != nil {
-		t.Fatal(err)
-	}
-	for _, secret := range []string{first, second} {
-		id, banned, ok := e.keys.Authenticate(secret)
-		if !ok || id.UserID != "u1" || id.Plan != "pro" || !banned {
-			t.Errorf("authenticate: %+v banned %v ok %v, want u1 on pro, banned", id, banned, ok)
-		}
-	}
-	if _, banned, ok := e.keys.Authenticate(e.key); !ok || banned {
-		t.Errorf("another user's key: banned %v ok %v", banned, ok)
-	}
-}
-
-func TestIsBase62(t *testing.T) {
-	for b := range 256 {
-		if got, want := isBase62(byte(b)), strings.IndexByte(base62Letters, byte(b)) >= 0; got != want {
-			t.Errorf("isBase62(%q) = %v, want %v", byte(b), got, want)
-		}
-	}
-}
-
-func TestRandomBase62(t *testing.T) {
-	seen := map[string]bool{}
-	for range 1000 {
-		s := randomBase62(keySecretLen)
-		if len(s) != keySecretLen || seen[s] {
-			t.Fatalf("bad or repeated secret %q", s)
-		}
-		seen[s] = true
-	}
-}
-
-func adminClient(e *env) *AdminClient {
-	return NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+func adminClient(e *env) *operator.AdminClient {
+	return operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
 }
 
 func TestBanTakesEffectOnNextRequest(t *testing.T) {
@@ -212,7 +125,7 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 	if _, err := ac.SetBanned(ctx, "alice", true); err != nil {
 		t.Fatal(err)
 	}
-	kr, err := NewKeyring(e.db, e.plans.Has)
+	kr, err := keys.NewKeyring(e.db, e.plans.Has, keys.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,11 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -240,8 +244,8 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	plans := NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 1 << 40}})
-	kr, err := NewKeyring(db, plans.Has)
+	plans := keys.NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 1 << 40}})
+	kr, err := keys.NewKeyring(db, plans.Has, keys.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -269,19 +273,19 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	invites, err := NewInvites(db)
+	codes, err := invites.NewCodes(db, invites.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	layers := Layers{
+	layers := defense.Layers{
 		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
 	}
 	srv, err := New(Config{}, Deps{
 		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
-		Operator: NewOperator(kr, invites, layers, db, plans.All, time.UTC),
-		Invites:  invites, InviteCodes: db,
+		Operator:    operator.New(kr, codes, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, plans.All, time.UTC, operator.Options{}),
+		InviteCodes: db,
 	})
 	if err != nil {
 		b.Fatal(err)

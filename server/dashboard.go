@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/server/operator"
 )
 
 //go:embed web/dashboard.html
@@ -27,9 +28,9 @@ var dashboardPage = template.Must(template.New("dashboard.html").Funcs(template.
 type dashboardData struct {
 	Now      string
 	Zone     string
-	Budget   BudgetInfo
+	Budget   operator.BudgetInfo
 	Refusals []refusalCount
-	TopUsers []UsageInfo
+	TopUsers []operator.UsageInfo
 	Findings []string
 	Days     []budget.LedgerDay
 	Chart    template.HTML // inline SVG drawn here, from numbers only
@@ -79,34 +80,24 @@ func (d *dailyRefusals) list(day string) []refusalCount {
 // dashboard gathers the dashboard's figures.
 func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, error) {
 	op := s.d.Operator
+	loc := op.Location()
 	b, err := op.Budget(ctx)
 	if err != nil {
 		return dashboardData{}, err
 	}
 	d := dashboardData{
-		Now:      now.In(op.loc).Format("2006-01-02 15:04:05"),
-		Zone:     op.loc.String(),
+		Now:      now.In(loc).Format("2006-01-02 15:04:05"),
+		Zone:     loc.String(),
 		Budget:   b,
-		Refusals: s.refusalsToday.list(budget.DayKey(now, op.loc)),
+		Refusals: s.refusalsToday.list(budget.DayKey(now, loc)),
+		TopUsers: op.TopUsers(10, now),
 	}
-	plans := op.plans()
-	for _, u := range op.layers.Attempts.Top(10, now) {
-		info := UsageInfo{User: u.User, AttemptsToday: u.Count, ReadsMonth: op.layers.Quotas.Used(u.User, now)}
-		for _, known := range op.keys.Users() {
-			if known.ID == u.User {
-				info.Plan, info.Banned = known.Plan, known.Banned
-			}
-		}
-		p := plans[info.Plan]
-		info.DailyLine, info.MonthlyQuota = p.DailyAttempts, p.MonthlyQuota
-		d.TopUsers = append(d.TopUsers, info)
-	}
-	to := budget.DayKey(now, op.loc)
-	from := budget.DayKey(now.AddDate(0, 0, -29), op.loc)
-	if d.Days, err = op.store.BudgetDays(from, to); err != nil {
+	to := budget.DayKey(now, loc)
+	from := budget.DayKey(now.AddDate(0, 0, -29), loc)
+	if d.Days, err = op.BudgetDays(from, to); err != nil {
 		return dashboardData{}, err
 	}
-	d.Chart = chart(now, op.loc, d.Days)
+	d.Chart = chart(now, loc, d.Days)
 	d.Findings = s.dashboardFindings(now)
 	return d, nil
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/detect"
+	"breakwater/server/operator"
 )
 
 // Alerter raises an immediate alert without ever waiting: detect.Alerter.
@@ -32,55 +32,14 @@ type noAlerts struct{}
 
 func (noAlerts) Alert(string, string, map[string]string) {}
 
-// Detection runs the daily detection on demand and lists its findings:
-// detect.Runner.
-type Detection interface {
-	Run(ctx context.Context, day string, mail bool) (detect.Report, error)
-	Yesterday(now time.Time) string
-	Recent(from, to string) ([]detect.Finding, error)
-}
-
-var _ Detection = (*detect.Runner)(nil)
-
-// ErrBadDay means a day is not written YYYY-MM-DD.
-var ErrBadDay = errors.New("server: day must be YYYY-MM-DD")
-
-// errNoDetection means the operator has no detection to run.
-var errNoDetection = errors.New("server: detection is not set up")
-
-// SetDetection gives the operator the detection it runs on demand and
-// shows on the dashboard.
-func (o *Operator) SetDetection(d Detection) { o.detection = d }
-
-// DetectRun runs the daily detection for day ("" means yesterday in the
-// budget's time zone) and returns its findings; mail sends the digest.
-func (o *Operator) DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error) {
-	if o.detection == nil {
-		return detect.Report{}, errNoDetection
-	}
-	if day == "" {
-		day = o.detection.Yesterday(o.now())
-	}
-	if t, err := time.Parse("2006-01-02", day); err != nil || t.Format("2006-01-02") != day {
-		return detect.Report{}, fmt.Errorf("%w: got %q", ErrBadDay, day)
-	}
-	return o.detection.Run(ctx, day, mail)
-}
-
-// detectRunRequest is the body of POST /api/detect/run.
-type detectRunRequest struct {
-	Day    string `json:"day"`     // "" means yesterday
-	NoMail bool   `json:"no_mail"` // skip the digest
-}
-
 func (s *Server) handleDetectRun(c echo.Context) error {
-	var req detectRunRequest
+	var req operator.DetectRunRequest
 	if err := c.Bind(&req); err != nil {
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"day":"YYYY-MM-DD","no_mail":false}.`)
 	}
 	rep, err := s.d.Operator.DetectRun(c.Request().Context(), req.Day, !req.NoMail)
 	switch {
-	case errors.Is(err, ErrBadDay):
+	case errors.Is(err, operator.ErrBadDay):
 		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
 	case errors.Is(err, detect.ErrPruned):
 		return problem(http.StatusConflict, "pruned", "Conflict", err.Error())
@@ -89,13 +48,6 @@ func (s *Server) handleDetectRun(c echo.Context) error {
 	}
 	s.log.Info("detection run by the operator", "day", rep.Day, "findings", len(rep.Findings))
 	return c.JSON(http.StatusOK, rep)
-}
-
-// DetectRun asks the running server to run the daily detection.
-func (a *AdminClient) DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error) {
-	var out detect.Report
-	err := a.call(ctx, http.MethodPost, "/api/detect/run", detectRunRequest{Day: day, NoMail: !mail}, &out)
-	return out, err
 }
 
 // alert raises an immediate alert; it never waits.
@@ -109,16 +61,13 @@ func (s *Server) dashboardFindings(now time.Time) []string {
 	var out []string
 	if ra, ok := s.d.Alerts.(recentAlerts); ok {
 		for _, st := range ra.Recent() {
-			out = append(out, fmt.Sprintf("alert %s at %s: %s", st.Kind, st.SentAt.In(s.d.Operator.loc).Format("2006-01-02 15:04"), st.Summary))
+			out = append(out, fmt.Sprintf("alert %s at %s: %s", st.Kind, st.SentAt.In(s.d.Operator.Location()).Format("2006-01-02 15:04"), st.Summary))
 		}
 	}
-	det := s.d.Operator.detection
-	if det == nil {
-		return out
-	}
-	l := now.In(s.d.Operator.loc)
-	from := time.Date(l.Year(), l.Month(), l.Day()-7, 12, 0, 0, 0, s.d.Operator.loc).Format("2006-01-02")
-	findings, err := det.Recent(from, "")
+	loc := s.d.Operator.Location()
+	l := now.In(loc)
+	from := time.Date(l.Year(), l.Month(), l.Day()-7, 12, 0, 0, 0, loc).Format("2006-01-02")
+	findings, err := s.d.Operator.RecentFindings(from)
 	if err != nil {
 		s.log.Warn("findings not shown on the dashboard", "err", err)
 		return out

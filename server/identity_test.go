@@ -12,6 +12,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -34,13 +35,13 @@ func TestUserIDsNormalised(t *testing.T) {
 	}
 	for _, g := range groups {
 		t.Run(g.want, func(t *testing.T) {
-			keys := []string{}
+			secrets := []string{}
 			if g.want == "alice" {
-				keys = append(keys, e.key)
+				secrets = append(secrets, e.key)
 			}
 			for i, spelling := range g.spellings {
 				var secret string
-				var info KeyInfo
+				var info keys.KeyInfo
 				var err error
 				if i%2 == 0 { // both paths: the admin API and the keyring itself
 					secret, info, err = ac.CreateKey(ctx, spelling, "")
@@ -53,19 +54,19 @@ func TestUserIDsNormalised(t *testing.T) {
 				if info.UserID != g.want {
 					t.Errorf("key for %q belongs to %q, want %q", spelling, info.UserID, g.want)
 				}
-				keys = append(keys, secret)
+				secrets = append(secrets, secret)
 			}
-			for _, k := range keys {
+			for _, k := range secrets {
 				resp, data := e.post(k, "image/png", img)
 				decodeOK(t, resp, data)
 			}
-			if got, want := e.quotas.Used(g.want, e.now), int64(len(keys)); got != want {
+			if got, want := e.quotas.Used(g.want, e.now), int64(len(secrets)); got != want {
 				t.Errorf("quota of %q used %d, want %d (one user, one counter)", g.want, got, want)
 			}
 			for _, spelling := range g.spellings {
 				list, err := ac.Usage(ctx, spelling)
-				if err != nil || len(list) != 1 || list[0].User != g.want || list[0].ReadsMonth != int64(len(keys)) {
-					t.Errorf("usage %q: %+v, %v; want one row of %q with %d reads", spelling, list, err, g.want, len(keys))
+				if err != nil || len(list) != 1 || list[0].User != g.want || list[0].ReadsMonth != int64(len(secrets)) {
+					t.Errorf("usage %q: %+v, %v; want one row of %q with %d reads", spelling, list, err, g.want, len(secrets))
 				}
 			}
 		})
@@ -100,7 +101,7 @@ func TestUserIDInvisibleRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "invisible character") {
 			t.Errorf("create key for %q: %v; want a refusal naming the invisible character", id, err)
 		}
-		if _, _, err := e.keys.Create(id, ""); !errors.Is(err, ErrBadUserID) || !strings.Contains(err.Error(), "invisible character") {
+		if _, _, err := e.keys.Create(id, ""); !errors.Is(err, keys.ErrBadUserID) || !strings.Contains(err.Error(), "invisible character") {
 			t.Errorf("keyring create %q: %v", id, err)
 		}
 		if _, err := ac.SetBanned(ctx, id, true); err == nil || !strings.Contains(err.Error(), "invisible character") {
@@ -117,8 +118,8 @@ func TestUserIDInvisibleRefused(t *testing.T) {
 func TestAPIKeyIDsCannotEnterJWTNamespace(t *testing.T) {
 	e := newEnv(t, envOptions{plans: map[string]int64{"pro": 1000}})
 	for _, id := range []string{"jwt:alice", "JWT:alice", " jwt:user_2abc"} {
-		if _, _, err := e.keys.Create(id, ""); !errors.Is(err, ErrReservedUserID) {
-			t.Errorf("create key for %q: %v, want ErrReservedUserID", id, err)
+		if _, _, err := e.keys.Create(id, ""); !errors.Is(err, keys.ErrReservedUserID) {
+			t.Errorf("create key for %q: %v, want keys.ErrReservedUserID", id, err)
 		}
 	}
 	if _, _, err := adminClient(e).CreateKey(context.Background(), "jwt:alice", ""); err == nil || !strings.Contains(err.Error(), "reserved for sign-in (JWT) users") {
@@ -127,8 +128,8 @@ func TestAPIKeyIDsCannotEnterJWTNamespace(t *testing.T) {
 	if _, err := e.keys.SetBanned("jwt:alice", true); err != nil {
 		t.Fatalf("ban a JWT user: %v", err)
 	}
-	if _, err := e.keys.SetPlan("jwt:alice", "pro"); !errors.Is(err, ErrReservedUserID) {
-		t.Errorf("set-plan of a JWT user: %v, want ErrReservedUserID", err)
+	if _, err := e.keys.SetPlan("jwt:alice", "pro"); !errors.Is(err, keys.ErrReservedUserID) {
+		t.Errorf("set-plan of a JWT user: %v, want keys.ErrReservedUserID", err)
 	}
 }
 
@@ -189,8 +190,8 @@ func TestUnnormalisedStoredIDsKeepWorking(t *testing.T) {
 	at := time.Now().UTC()
 	old := map[string]string{} // user -> secret
 	for i, user := range []string{"Alice", "bob ", "Carol", "carol"} {
-		secret := keyPrefix + strings.Repeat(string(base62Letters[i]), keySecretLen)
-		k := storage.Key{ID: "key_old" + string(base62Letters[i]), UserID: user, CreatedAt: at}
+		secret := "bw_" + strings.Repeat(string(keys.Base62[i]), 32)
+		k := storage.Key{ID: "key_old" + string(keys.Base62[i]), UserID: user, CreatedAt: at}
 		k.Hash = sha256Sum(secret)
 		if err := db.CreateKey(k, storage.User{Plan: "free"}); err != nil {
 			t.Fatal(err)
@@ -230,7 +231,7 @@ func TestUnnormalisedStoredIDsKeepWorking(t *testing.T) {
 	if _, err := e.keys.SetBanned(" Carol", true); err != nil {
 		t.Errorf("ban ' Carol': %v", err)
 	}
-	if u, _ := e.keys.user("carol"); !u.Banned {
+	if !e.keys.Banned("carol") {
 		t.Error("' Carol' normalises to carol, which is stored: carol should be banned")
 	}
 }
@@ -245,7 +246,7 @@ func TestAmbiguousStoredIDs(t *testing.T) {
 	}
 	at := time.Now().UTC()
 	for i, user := range []string{"Dave", "DAVE"} {
-		k := storage.Key{ID: "key_" + user, UserID: user, CreatedAt: at, Hash: sha256Sum(keyPrefix + strings.Repeat(string(base62Letters[i]), keySecretLen))}
+		k := storage.Key{ID: "key_" + user, UserID: user, CreatedAt: at, Hash: sha256Sum("bw_" + strings.Repeat(string(keys.Base62[i]), 32))}
 		if err := db.CreateKey(k, storage.User{Plan: "free"}); err != nil {
 			t.Fatal(err)
 		}
@@ -254,8 +255,8 @@ func TestAmbiguousStoredIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, envOptions{dir: dir})
-	if _, err := e.keys.Resolve("dave"); !errors.Is(err, ErrAmbiguousUserID) || !strings.Contains(err.Error(), `"DAVE" "Dave"`) {
-		t.Errorf("Resolve(dave): %v, want ErrAmbiguousUserID naming both", err)
+	if _, err := e.keys.Resolve("dave"); !errors.Is(err, keys.ErrAmbiguousUserID) || !strings.Contains(err.Error(), `"DAVE" "Dave"`) {
+		t.Errorf("Resolve(dave): %v, want keys.ErrAmbiguousUserID naming both", err)
 	}
 	if _, err := adminClient(e).SetBanned(context.Background(), "dave", true); err == nil || !strings.Contains(err.Error(), "could be any of") {
 		t.Errorf("ban dave over the admin API: %v, want the ambiguity explained", err)

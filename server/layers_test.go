@@ -23,6 +23,7 @@ import (
 	"breakwater/budget"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/defense"
 	"breakwater/storage"
 )
 
@@ -367,7 +368,7 @@ func TestRestartKeepsDailyLineAndWindows(t *testing.T) {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		decodeOK(t, resp, data)
 	}
-	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.writeBehind(e.db).Flush()
 	key := e.key
 	e.http.Close()
 	e.events.Close(context.Background())
@@ -392,7 +393,7 @@ func TestRefusalsWriteNothing(t *testing.T) {
 	img := pngBytes(t, 16, 16)
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
-	wb := e.srv.NewWriteBehind(e.db, e.windows, e.attempts)
+	wb := e.writeBehind(e.db)
 	wb.Flush()
 	e.events.Close(context.Background()) // stop the statistics writer, flushing it
 	before := fileHash(t, e.db.Path())
@@ -520,7 +521,7 @@ func TestWriteBehindFailureFailsOpen(t *testing.T) {
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
 	fs := &failingState{}
-	wb := e.srv.NewWriteBehind(fs, e.windows, e.attempts)
+	wb := e.writeBehind(fs)
 	wb.Flush()
 	// Requests go on; the lost writes are counted per layer.
 	resp, data = e.post(e.key, "image/png", img)
@@ -591,12 +592,12 @@ func TestClockBehindLedgerKeepsTheDay(t *testing.T) {
 	}
 	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, time.UTC) }
 	// mallory's 50 attempts on the 10th, as the write-behind stores them.
-	if err := db.SaveState(AttemptsState("2026-03-10"), map[string][]byte{"mallory": binary.BigEndian.AppendUint64(nil, 50)}); err != nil {
+	if err := db.SaveState(defense.AttemptsState("2026-03-10"), map[string][]byte{"mallory": binary.BigEndian.AppendUint64(nil, 50)}); err != nil {
 		t.Fatal(err)
 	}
 
 	var logs bytes.Buffer
-	layers, err := LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyUSD: 10}, time.UTC,
+	layers, err := defense.LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyUSD: 10}, time.UTC,
 		at(9, 23, 45), slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -640,7 +641,7 @@ func TestFarFutureLedgerDayIsNotBelieved(t *testing.T) {
 	}
 	now := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
 	var logs bytes.Buffer
-	layers, err := LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyRequests: 3}, time.UTC,
+	layers, err := defense.LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyRequests: 3}, time.UTC,
 		now, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)

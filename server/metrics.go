@@ -166,3 +166,6 @@ func (m *Metrics) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
 		return err
 	}
 }
+
+// usd turns micro-dollars into dollars for metrics.
+func usd(micro int64) float64 { return float64(micro) / 1e6 }

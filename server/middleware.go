@@ -1,8 +1,6 @@
 package server
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,25 +9,27 @@ import (
 	"net/http"
 	"strconv"
 
+	"breakwater/server/keys"
 	"github.com/labstack/echo/v4"
 )
 
 var errTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
 	"The image is larger than this service accepts.")
 
-// requestIDs makes request ids: a random prefix per process and 64 random
-// bits per request (math/rand/v2's generator, seeded from the system: fast,
-// and not a counter, which would tell anyone who asks twice how much
-// traffic the service has). A client's own X-Request-ID is never taken, so
-// logs cannot be forged through it.
+// hexDigits is the alphabet of a request id's prefix.
+const hexDigits = "0123456789abcdef"
+
+// requestIDs makes request ids: a random prefix per process (12 hex digits
+// from crypto/rand) and 64 random bits per request (math/rand/v2's
+// generator, seeded from the system: fast, and not a counter, which would
+// tell anyone who asks twice how much traffic the service has). A client's
+// own X-Request-ID is never taken, so logs cannot be forged through it.
 type requestIDs struct {
 	prefix string
 }
 
 func newRequestIDs() *requestIDs {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
-	return &requestIDs{prefix: hex.EncodeToString(b)}
+	return &requestIDs{prefix: keys.RandomString(12, hexDigits)}
 }
 
 func (g *requestIDs) middleware(next echo.HandlerFunc) echo.HandlerFunc {

@@ -16,6 +16,8 @@ import (
 	"breakwater/ocr"
 	"breakwater/server/failpoint"
 	"breakwater/server/guard"
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
 )
 
 // multipartSlack is what multipart framing may add around the image.
@@ -72,34 +74,34 @@ type quotaResponse struct {
 // refused goes to the debug log and a metric, never to the client. It also
 // tells whether the user is banned: for an API key that comes with the
 // key's own lookup.
-func (s *Server) authenticate(c echo.Context) (id Identity, banned bool, err error) {
+func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, err error) {
 	// Two Authorization headers are refused, not resolved: a proxy and the
 	// server might each believe a different one.
 	auth := c.Request().Header.Values(echo.HeaderAuthorization)
 	if len(auth) != 1 {
-		return Identity{}, false, errUnauthorized
+		return keys.Identity{}, false, errUnauthorized
 	}
 	token, ok := bearer(auth[0])
 	if !ok {
-		return Identity{}, false, errUnauthorized
+		return keys.Identity{}, false, errUnauthorized
 	}
-	if s.d.JWT != nil && IsJWT(token) {
+	if s.d.JWT != nil && jwtauth.IsJWT(token) {
 		id, err := s.d.JWT.Verify(c.Request().Context(), token)
 		if err != nil {
 			reason := "other"
-			var r *JWTRefusal
+			var r *jwtauth.Refusal
 			if errors.As(err, &r) {
 				reason = r.Reason
 			}
 			s.d.Metrics.jwt.WithLabelValues(reason).Inc()
 			s.log.Debug("JWT refused", "reason", reason, "err", err, "request_id", requestID(c))
-			return Identity{}, false, errUnauthorized
+			return keys.Identity{}, false, errUnauthorized
 		}
 		return id, s.d.Keys.Banned(id.UserID), nil
 	}
 	id, banned, ok = s.d.Keys.Authenticate(token)
 	if !ok {
-		return Identity{}, false, errUnauthorized
+		return keys.Identity{}, false, errUnauthorized
 	}
 	return id, banned, nil
 }
@@ -252,21 +254,21 @@ func (s *Server) claimRetry(ctx context.Context, c echo.Context, t *guard.Ticket
 
 // identify is layer 0 with what follows from it: who is asking (401),
 // whether they are banned (403), and their plan (403 when it is gone).
-func (s *Server) identify(c echo.Context) (Identity, budget.Plan, error) {
+func (s *Server) identify(c echo.Context) (keys.Identity, budget.Plan, error) {
 	id, banned, err := s.authenticate(c)
 	if err != nil {
-		return Identity{}, budget.Plan{}, err
+		return keys.Identity{}, budget.Plan{}, err
 	}
 	if banned {
 		s.refused("auth", "banned")
-		return Identity{}, budget.Plan{}, errBanned
+		return keys.Identity{}, budget.Plan{}, errBanned
 	}
 	plan, ok := s.d.Plans.Get(id.Plan)
 	if !ok {
 		// Counted, not logged per request: a plan removed by a reload
 		// must not let its users flood the log. `usage` shows them.
 		s.refused("auth", "no_plan")
-		return Identity{}, budget.Plan{}, errNoPlan
+		return keys.Identity{}, budget.Plan{}, errNoPlan
 	}
 	return id, plan, nil
 }

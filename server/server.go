@@ -14,6 +14,10 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 )
 
 // Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
@@ -47,26 +51,25 @@ type EventRecorder interface {
 // Deps are the components a Server works with. All but JWT, Metrics,
 // InviteGuard, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
-	Keys     *Keyring
-	JWT      *Verifier      // nil: JWT sign-in is off, every bearer token is an API key
-	Limiter  RateLimiter    // layer 1, keyed by user id
-	Attempts AttemptCounter // layer 2
-	Quotas   *budget.Quotas // layer 2b
-	Brake    Brake          // layer 3
-	Plans    *Plans
+	Keys     *keys.Keyring
+	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
+	Limiter  RateLimiter       // layer 1, keyed by user id
+	Attempts AttemptCounter    // layer 2
+	Quotas   guard.Quotas      // layer 2b: budget.Quotas
+	Brake    Brake             // layer 3
+	Plans    *keys.Plans
 	Reader   Reader
 	Usage    UsageRecorder
 	Events   EventRecorder
-	Price    ocr.Price // to bound each call's cost before it and price it after
-	Metrics  *Metrics  // nil: a fresh set
-	Operator *Operator // the admin API's commands
-	// Invites manages invite codes (admin API); InviteCodes looks them up
-	// and redeems them (POST /v1/invites/verify).
-	Invites     *Invites
+	Price    ocr.Price          // to bound each call's cost before it and price it after
+	Metrics  *Metrics           // nil: a fresh set
+	Operator *operator.Operator // the admin API's commands and the dashboard's figures
+	// InviteCodes looks invite codes up and redeems them (POST
+	// /v1/invites/verify).
 	InviteCodes InviteRedeemer
 	// InviteGuard holds the invite protections' state; nil: a fresh one
 	// with the default InviteConfig.
-	InviteGuard *InviteGuard
+	InviteGuard *invites.Guard
 	// Alerts raises immediate alerts (detect.Alerter); nil: none.
 	Alerts Alerter
 	// DetectCounters feed the detection and alert metrics; nil: zeros.
@@ -86,7 +89,7 @@ type Server struct {
 	reqIDs   *requestIDs
 	clients  *clientIP
 	failOpen *failOpens
-	guard    *InviteGuard
+	guard    *invites.Guard
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar *budget.Calendar          // today's key for the refusal counts
 	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
@@ -111,11 +114,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
 		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
-		d.Invites == nil || d.InviteCodes == nil {
+		d.InviteCodes == nil {
 		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator and invites are all required")
 	}
 	if d.InviteGuard == nil {
-		g, err := NewInviteGuard(InviteConfig{})
+		g, err := invites.NewGuard(invites.Config{})
 		if err != nil {
 			return nil, err
 		}
@@ -146,7 +149,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		reqIDs:    newRequestIDs(),
 		clients:   &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
 		guard:     d.InviteGuard,
-		calendar:  budget.NewCalendar(d.Operator.loc),
+		calendar:  budget.NewCalendar(d.Operator.Location()),
 		bodies:    &bodyMemory{capacity: cfg.MaxBodyMemory},
 		inFlight:  &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
 		wallClock: time.Now,
@@ -172,6 +175,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.routes()
 	return s, nil
 }
+
+// FailedOpen counts a defense layer's machinery failing outside a request
+// (the write-behind's lost writes) as the layers' own faults are counted:
+// a metric, a rate-limited log line, an alert when they repeat.
+func (s *Server) FailedOpen(layer string, err error) { s.failOpen.note(layer, err) }
 
 // SetPrice applies new token prices to the calls that start from now on.
 func (s *Server) SetPrice(p ocr.Price) { s.price.Store(&p) }

@@ -31,7 +31,12 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/invites"
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -112,16 +117,16 @@ type env struct {
 	dir      string
 	db       *storage.DB
 	gemini   *fakeGemini
-	keys     *Keyring
-	verifier *Verifier // nil unless envOptions.jwt is on
+	keys     *keys.Keyring
+	verifier *jwtauth.Verifier // nil unless envOptions.jwt is on
 	quotas   *budget.Quotas
 	windows  *limiter.Limiter
 	attempts *budget.Attempts
 	brake    *budget.Global
 	metrics  *Metrics
-	invites  *Invites
-	guard    *InviteGuard
-	plans    *Plans
+	invites  *invites.Codes
+	guard    *invites.Guard
+	plans    *keys.Plans
 	srv      *Server
 	events   *detect.Recorder
 	http     *httptest.Server
@@ -148,10 +153,10 @@ type envOptions struct {
 	clock      func() time.Time // the server's clock; default time.Now
 	ledger     budget.Ledger    // default the database
 	rate       RateLimiter      // default e.windows
-	invites    InviteConfig     // [invites]; zero: the defaults
+	invites    invites.Config   // [invites]; zero: the defaults
 	alerts     Alerter          // default none
 	counters   *detect.Counters // layer 4's metrics; default fresh
-	jwt        JWTConfig        // [auth.jwt]; JWKSURL empty: JWT sign-in off
+	jwt        jwtauth.Config   // [auth.jwt]; JWKSURL empty: JWT sign-in off
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -193,16 +198,16 @@ func newEnv(t testing.TB, o envOptions) *env {
 	for name, q := range o.plans {
 		plans[name] = budget.Plan{MonthlyQuota: q}
 	}
-	e.plans = NewPlans(plans)
-	e.keys, err = NewKeyring(db, e.plans.Has)
+	e.plans = keys.NewPlans(plans)
+	e.keys, err = keys.NewKeyring(db, e.plans.Has, keys.Options{Now: o.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var store LayerStore = db
+	var store defense.LayerStore = db
 	if o.ledger != nil {
 		store = ledgerOverride{db, o.ledger}
 	}
-	layers, err := LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
+	layers, err := defense.LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,15 +228,15 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
-	if e.invites, err = NewInvites(db); err != nil {
+	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock}); err != nil {
 		t.Fatal(err)
 	}
-	if e.guard, err = LoadInviteGuard(db, o.invites, e.now); err != nil {
+	if e.guard, err = invites.LoadGuard(db, o.invites, e.now); err != nil {
 		t.Fatal(err)
 	}
 	if o.jwt.Enabled() {
-		e.verifier, err = NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
-			VerifierOptions{Logger: log, Now: o.clock})
+		e.verifier, err = jwtauth.NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
+			jwtauth.Options{Logger: log, Now: o.clock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,8 +245,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 	srv, err := New(cfg, Deps{
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
-		Operator: NewOperator(e.keys, e.invites, layers, db, e.plans.All, e.loc),
-		Invites:  e.invites, InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
+		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
+		InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {
@@ -975,4 +980,19 @@ func TestRequestIDs(t *testing.T) {
 	if ids[len(ids)-1]-ids[0] < 1<<40 { // 200 counter values would span 200
 		t.Errorf("ids span only %d: a counter", ids[len(ids)-1]-ids[0])
 	}
+}
+
+// writeBehind is the write-behind of e's defense state into store, with the
+// snapshots the App registers.
+func (e *env) writeBehind(store defense.StateStore) *defense.WriteBehind {
+	e.t.Helper()
+	snapshots := append([]defense.Snapshot{
+		defense.Windows(defense.StateUserWindows, guard.LayerRate, e.windows),
+		defense.Attempts(guard.LayerAttempts, e.attempts),
+	}, e.guard.Snapshots()...)
+	wb, err := defense.NewWriteBehind(store, snapshots, defense.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return wb
 }

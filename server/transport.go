@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"breakwater/server/keys"
 	"github.com/labstack/echo/v4"
 )
 
@@ -131,7 +132,7 @@ func (f *inFlight) leave(user string) {
 // when all are taken) and opens the request's body-memory lease. It runs
 // after authentication and before the body is read; the lease's close
 // gives both back when the handler returns.
-func (s *Server) enter(id Identity) (*lease, error) {
+func (s *Server) enter(id keys.Identity) (*lease, error) {
 	if !s.inFlight.enter(id.UserID) {
 		return nil, errTooManyInFlight.withRetryAfter(busyRetryAfter)
 	}

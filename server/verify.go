@@ -14,6 +14,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/limiter"
+	"breakwater/server/invites"
 	"breakwater/storage"
 )
 
@@ -23,9 +24,6 @@ const maxVerifyBody = 4 << 10
 
 // verifyRoute is the route as recorded in statistics events.
 const verifyRoute = "/v1/invites/verify"
-
-// layerInvites names the invite guard in fail-open metrics and logs.
-const layerInvites = "invites"
 
 // Reasons an invite verification is refused, as in logs, statistics
 // events and breakwater_invite_refusals_total{reason}. Besides these the
@@ -37,6 +35,14 @@ const (
 	reasonUsedUp  = "used_up"
 	reasonRevoked = "revoked"
 )
+
+// InviteRedeemer is what verification needs from storage: a read-only
+// check (InviteUnknown when no invite has the hash), then the binding
+// redemption.
+type InviteRedeemer interface {
+	CheckInvite(hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
+	RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
+}
 
 // The problems of POST /v1/invites/verify. errInviteRefused is the one face
 // of every refusal that concerns the code: it carries no reason, no figure
@@ -55,76 +61,6 @@ var (
 	errInvitesUnavailable = problem(http.StatusServiceUnavailable, "invites_unavailable", "Service unavailable",
 		"Invite codes cannot be checked right now. Try again shortly.")
 )
-
-// InviteGuard is the in-memory state of the invite protections: the
-// per-IP rate windows and the fail limit (per IP, per e-mail, and
-// service-wide).
-type InviteGuard struct {
-	Windows *limiter.Limiter
-	Fails   *limiter.FailLimiter
-}
-
-// State names under which the invite guard is written behind.
-const (
-	stateInviteWindows = "invites/windows"
-	stateInviteFails   = "invites/fails"
-	stateInviteGlobal  = "invites/global"
-	globalStateKey     = "hour"
-)
-
-// StateLoader reads written-behind defense state.
-type StateLoader interface {
-	LoadState(name string) (map[string][]byte, error)
-}
-
-// LoadInviteGuard builds the invite guard for cfg and restores its state
-// from store, so that a restart lifts no cooldown and resets no window.
-func LoadInviteGuard(store StateLoader, cfg InviteConfig, now time.Time) (*InviteGuard, error) {
-	g, err := NewInviteGuard(cfg)
-	if err != nil {
-		return nil, err
-	}
-	windows, err := store.LoadState(stateInviteWindows)
-	if err != nil {
-		return nil, err
-	}
-	g.Windows.Load(stateEntries(windows), now)
-	fails, err := store.LoadState(stateInviteFails)
-	if err != nil {
-		return nil, err
-	}
-	global, err := store.LoadState(stateInviteGlobal)
-	if err != nil {
-		return nil, err
-	}
-	g.Fails.Load(stateEntries(fails), global[globalStateKey])
-	return g, nil
-}
-
-// NewInviteGuard builds an empty invite guard for cfg.
-func NewInviteGuard(cfg InviteConfig) (*InviteGuard, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	w, err := limiter.New(cfg.Limits())
-	if err != nil {
-		return nil, err
-	}
-	f, err := limiter.NewFail(cfg.Fail())
-	if err != nil {
-		return nil, err
-	}
-	return &InviteGuard{Windows: w, Fails: f}, nil
-}
-
-func stateEntries(m map[string][]byte) []limiter.Entry {
-	out := make([]limiter.Entry, 0, len(m))
-	for k, v := range m {
-		out = append(out, limiter.Entry{Key: k, State: v})
-	}
-	return out
-}
 
 // verifyRequest is the body of POST /v1/invites/verify.
 type verifyRequest struct {
@@ -165,7 +101,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	ipKey := "ip:" + limiter.ClientKey(ip)
 
 	// 1. The IP rate limit and burst, in memory; fails open.
-	err := s.defend(layerInvites, func() error { return s.guard.Windows.Allow(ipKey, start) }, isRateRefusal)
+	err := s.defend(invites.Layer, func() error { return s.guard.Windows.Allow(ipKey, start) }, isRateRefusal)
 	var rl *limiter.Refusal
 	if errors.As(err, &rl) {
 		s.d.Metrics.inviteRefusals.WithLabelValues(rl.Reason).Inc()
@@ -178,17 +114,17 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	}
 	// The e-mail is judged before the code is looked at, so this answer
 	// depends on the e-mail alone and says nothing about the code.
-	email, ok := normaliseEmail(req.Email)
+	email, ok := invites.NormaliseEmail(req.Email)
 	if !ok {
 		return errInvalidEmail
 	}
-	code := normaliseCode(req.Code)
-	hash := hashInviteCode(code)
+	code := invites.NormaliseCode(req.Code)
+	hash := invites.Hash(code)
 
 	// 2 and 3. The fail limit per IP and per e-mail, and the service-wide
 	// net: checked and counted in one step.
 	var attempt *limiter.Attempt
-	err = s.defend(layerInvites, func() (err error) {
+	err = s.defend(invites.Layer, func() (err error) {
 		attempt, err = s.guard.Fails.Begin([]string{ipKey, "email:" + email}, start)
 		return err
 	}, isRateRefusal)
@@ -203,7 +139,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		s.log.Error("invite lookup failed", "request_id", requestID(c), "err", lookupErr)
 		return errInvitesUnavailable
 	}
-	if !wellFormedCode(code) {
+	if !invites.WellFormed(code) {
 		outcome = storage.InviteUnknown
 	}
 	if outcome == storage.InviteRedeemed {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"breakwater/server/invites"
 	"fmt"
 	"net/http"
 	"strings"
@@ -100,7 +101,7 @@ func TestVerifyOnlyANewRedemptionClearsTheRun(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{ResetOnSuccess: c.reset})})
+			e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(invites.Config{ResetOnSuccess: c.reset})})
 			code, _ := e.newInvite(100, 0)
 			var r refusedBody
 			users := 0

@@ -16,12 +16,14 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"breakwater/detect"
+	"breakwater/server/invites"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
 // loose is an [invites] config whose rate limit stays out of the way of
 // tests about the fail limit.
-func loose(c InviteConfig) InviteConfig {
+func loose(c invites.Config) invites.Config {
 	if c.Rate == 0 {
 		c.Rate = 10_000
 	}
@@ -59,7 +61,7 @@ func (e *env) verifyRaw(body []byte, headers ...string) (*http.Response, []byte)
 }
 
 // newInvite creates an invite and returns its code.
-func (e *env) newInvite(uses int, ttl time.Duration) (string, InviteInfo) {
+func (e *env) newInvite(uses int, ttl time.Duration) (string, invites.Info) {
 	e.t.Helper()
 	code, info, err := e.invites.Create(uses, ttl, "test")
 	if err != nil {
@@ -110,7 +112,7 @@ func (e *env) inviteRefusals(reason string) int {
 }
 
 func TestVerifyInviteRedeemsOncePerEmail(t *testing.T) {
-	e := newEnv(t, envOptions{invites: loose(InviteConfig{})})
+	e := newEnv(t, envOptions{invites: loose(invites.Config{})})
 	code, info := e.newInvite(2, 0)
 	if len(strings.ReplaceAll(code, "-", "")) < 10 {
 		t.Errorf("code %q is shorter than 10 characters", code)
@@ -142,9 +144,8 @@ func TestVerifyRefusalsLookAlike(t *testing.T) {
 	alerts := &recordingAlerter{}
 	e := newEnv(t, envOptions{
 		clock: clk.now, cfg: trustLoopback, alerts: alerts,
-		invites: loose(InviteConfig{FailLimit: 3, GlobalFailPerHour: 9}),
+		invites: loose(invites.Config{FailLimit: 3, GlobalFailPerHour: 9}),
 	})
-	e.invites.now = clk.now
 	expiring, _ := e.newInvite(1, time.Hour)
 	clk.add(2 * time.Hour)
 	good, _ := e.newInvite(5, 0)
@@ -239,7 +240,7 @@ const (
 func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	cfg := loose(InviteConfig{})
+	cfg := loose(invites.Config{})
 	e := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg})
 	code, _ := e.newInvite(3, 0)
 	var r refusedBody
@@ -250,7 +251,7 @@ func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
 	r.wantVerify(t, e, code, "someone-else@example.com") // the address is cooling down too
 
 	// Restart: the state is written behind and reloaded.
-	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.writeBehind(e.db).Flush()
 	e.http.Close()
 	e.events.Close(context.Background())
 	e.db.Close()
@@ -267,7 +268,7 @@ func TestVerifyCooldownHoldsTheRightCodeAcrossRestart(t *testing.T) {
 // brute-force detector reads.
 func TestVerifyRecordsCooldownStarts(t *testing.T) {
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	e := newEnv(t, envOptions{clock: clk.now, invites: loose(InviteConfig{})})
+	e := newEnv(t, envOptions{clock: clk.now, invites: loose(invites.Config{})})
 	var r refusedBody
 	for range 7 { // the fifth starts the cooldowns; the last two are refused during them
 		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
@@ -309,7 +310,7 @@ func TestVerifyParallelGuesses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+			e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(invites.Config{})})
 			var wg sync.WaitGroup
 			var other atomic.Int64
 			var r refusedBody
@@ -342,7 +343,7 @@ func TestVerifyParallelGuesses(t *testing.T) {
 }
 
 func TestVerifyParallelRedemptionOfOneUse(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{})})
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(invites.Config{})})
 	code, _ := e.newInvite(1, 0)
 	var ok, refused atomic.Int64
 	var wg sync.WaitGroup
@@ -363,7 +364,7 @@ func TestVerifyParallelRedemptionOfOneUse(t *testing.T) {
 	if ok.Load() != 1 || refused.Load() != 9 {
 		t.Errorf("%d ok and %d refused, want 1 and 9", ok.Load(), refused.Load())
 	}
-	inv, err := e.db.InviteByHash(hashInviteCode(normaliseCode(code)))
+	inv, err := e.db.InviteByHash(invites.Hash(invites.NormaliseCode(code)))
 	if err != nil || inv.Used != 1 {
 		t.Errorf("stored uses %d (%v), want 1", inv.Used, err)
 	}
@@ -373,7 +374,7 @@ func TestVerifyParallelRedemptionOfOneUse(t *testing.T) {
 // request is its TCP peer whatever headers it carries, so neither the fail
 // limit nor the rate limit can be walked around by forging them.
 func TestVerifyForgedHeadersFromUntrustedPeer(t *testing.T) {
-	e := newEnv(t, envOptions{invites: InviteConfig{Rate: 4, Burst: 100, FailLimit: 3}})
+	e := newEnv(t, envOptions{invites: invites.Config{Rate: 4, Burst: 100, FailLimit: 3}})
 	code, _ := e.newInvite(1, 0)
 	var r refusedBody
 	for i := range 3 {
@@ -396,7 +397,7 @@ func TestVerifyForgedHeadersFromUntrustedPeer(t *testing.T) {
 // clients behind the proxy are kept apart.
 func TestVerifyBehindTrustedProxy(t *testing.T) {
 	xff := func(c *Config) { c.TrustedProxies = []string{"127.0.0.1"}; c.ClientIPHeader = "x-forwarded-for" }
-	e := newEnv(t, envOptions{cfg: xff, invites: loose(InviteConfig{FailLimit: 3})})
+	e := newEnv(t, envOptions{cfg: xff, invites: loose(invites.Config{FailLimit: 3})})
 	code, _ := e.newInvite(2, 0)
 	var r refusedBody
 	for i := range 3 {
@@ -408,7 +409,7 @@ func TestVerifyBehindTrustedProxy(t *testing.T) {
 }
 
 func TestVerifyIPv6KeyedByPrefix(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(InviteConfig{FailLimit: 3})})
+	e := newEnv(t, envOptions{cfg: trustLoopback, invites: loose(invites.Config{FailLimit: 3})})
 	code, _ := e.newInvite(2, 0)
 	var r refusedBody
 	for i := range 3 {
@@ -435,7 +436,7 @@ func TestVerifyBurstIs429WithRetryAfter(t *testing.T) {
 }
 
 func TestVerifyBadRequests(t *testing.T) {
-	e := newEnv(t, envOptions{invites: loose(InviteConfig{FailLimit: 2})})
+	e := newEnv(t, envOptions{invites: loose(invites.Config{FailLimit: 2})})
 	code, _ := e.newInvite(1, 0)
 	cases := []struct {
 		name   string
@@ -464,9 +465,9 @@ func TestVerifyBadRequests(t *testing.T) {
 }
 
 func TestAdminClientManagesInvites(t *testing.T) {
-	e := newEnv(t, envOptions{invites: loose(InviteConfig{})})
+	e := newEnv(t, envOptions{invites: loose(invites.Config{})})
 	ctx := context.Background()
-	ac := NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+	ac := operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
 	code, info, err := ac.CreateInvite(ctx, 2, 72*time.Hour, "for the beta")
 	if err != nil {
 		t.Fatal(err)
@@ -502,7 +503,7 @@ func TestAdminClientManagesInvites(t *testing.T) {
 	if list, err := ac.ListInvites(ctx); err != nil || len(list) != 0 {
 		t.Errorf("list after delete %+v %v", list, err)
 	}
-	if left, err := e.db.Redemptions(hashInviteCode(normaliseCode(code))); !errors.Is(err, storage.ErrNotFound) {
+	if left, err := e.db.Redemptions(invites.Hash(invites.NormaliseCode(code))); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("redemptions after delete: %v, %v; want none (not found)", left, err)
 	}
 	r.wantVerify(t, e, code, "c@example.com")
@@ -514,12 +515,12 @@ func TestAdminClientManagesInvites(t *testing.T) {
 func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	cfg := InviteConfig{Rate: 2, Window: time.Minute, Burst: 100}
+	cfg := invites.Config{Rate: 2, Window: time.Minute, Burst: 100}
 	e := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg})
 	code, _ := e.newInvite(10, 0)
 	wantValid(t, e, code, "r1@example.com")
 	wantValid(t, e, code, "r2@example.com")
-	e.srv.NewWriteBehind(e.db, e.windows, e.attempts).Flush()
+	e.writeBehind(e.db).Flush()
 	e.http.Close()
 	e.events.Close(context.Background())
 	e.db.Close()
@@ -552,7 +553,7 @@ func TestVerifyRotatingTheUntrustedHeader(t *testing.T) {
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			proxy := func(c *Config) { c.TrustedProxies, c.ClientIPHeader = []string{"127.0.0.1"}, p.header }
-			e := newEnv(t, envOptions{cfg: proxy, invites: loose(InviteConfig{})})
+			e := newEnv(t, envOptions{cfg: proxy, invites: loose(invites.Config{})})
 			var r refusedBody
 			for i := range 30 {
 				resp, data := e.verify("WRONG-CODE-BBB", fmt.Sprintf("z%d@example.com", i),
@@ -573,7 +574,7 @@ func TestVerifyRotatingTheUntrustedHeader(t *testing.T) {
 func TestVerifyRefusalFloodIsBounded(t *testing.T) {
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
 	logs := &bytes.Buffer{}
-	e := newEnv(t, envOptions{clock: clk.now, cfg: trustLoopback, logTo: logs, invites: loose(InviteConfig{GlobalFailPerHour: 1_000_000})})
+	e := newEnv(t, envOptions{clock: clk.now, cfg: trustLoopback, logTo: logs, invites: loose(invites.Config{GlobalFailPerHour: 1_000_000})})
 	const flood, workers = 20_000, 8
 	var wg sync.WaitGroup
 	var unexpected atomic.Int64

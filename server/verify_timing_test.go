@@ -1,6 +1,7 @@
 package server
 
 import (
+	"breakwater/server/invites"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -31,8 +32,7 @@ func TestVerifyTimingDoesNotTellAnExistingCode(t *testing.T) {
 	}
 	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
 	e := newEnv(t, envOptions{clock: clk.now, cfg: trustLoopback,
-		invites: loose(InviteConfig{GlobalFailPerHour: 1 << 30})})
-	e.invites.now = clk.now
+		invites: loose(invites.Config{GlobalFailPerHour: 1 << 30})})
 	create := func(uses int, ttl time.Duration, note string) string {
 		code, _, err := e.invites.Create(uses, ttl, note)
 		if err != nil {
@@ -86,7 +86,7 @@ func TestVerifyTimingDoesNotTellAnExistingCode(t *testing.T) {
 	for round := 1; ; round++ {
 		var unknownT, existingT []float64
 		for i := range warmUp + pairs {
-			unknown, known := newInviteCode(), existing[i%len(existing)]
+			unknown, known := invites.NewCode(), existing[i%len(existing)]
 			var u, k float64
 			if rng.IntN(2) == 0 {
 				u, k = measure(unknown), measure(known)

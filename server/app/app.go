@@ -20,6 +20,12 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/defense"
+	"breakwater/server/guard"
+	"breakwater/server/invites"
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage"
 )
 
@@ -70,14 +76,14 @@ type App struct {
 	log  *slog.Logger
 
 	db       *storage.DB
-	layers   server.Layers
-	guard    *server.InviteGuard
-	plans    *server.Plans
-	keys     *server.Keyring
-	invites  *server.Invites
+	layers   defense.Layers
+	guard    *invites.Guard
+	plans    *keys.Plans
+	keys     *keys.Keyring
+	invites  *invites.Codes
 	detect   *detect.Runner
 	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
-	operator *server.Operator
+	operator *operator.Operator
 	srv      *server.Server
 
 	addr, adminAddr string
@@ -140,9 +146,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	// JWT sign-in: the verifier fetches the JWKS in the background until
 	// it is closed, after HTTP has stopped. An unreachable JWKS is logged,
 	// not fatal: API keys work meanwhile and JWTs are refused.
-	var verifier *server.Verifier
+	var verifier *jwtauth.Verifier
 	if cfg.Auth.JWT.Enabled() {
-		verifier, err = server.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, server.VerifierOptions{Logger: log})
+		verifier, err = jwtauth.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, jwtauth.Options{Now: opts.Now, Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -185,7 +191,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.srv, err = server.New(cfg.Server, server.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
-		Invites: a.invites, InviteCodes: db, InviteGuard: a.guard,
+		InviteCodes: db, InviteGuard: a.guard,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
@@ -194,8 +200,18 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	// Defense state is written behind every second; the last flush runs
 	// after HTTP has stopped and before the database closes.
-	wb := a.srv.NewWriteBehind(db, a.layers.Windows, a.layers.Attempts)
-	a.background(func(ctx context.Context) { wb.Run(ctx, server.DefaultWriteBehindInterval) })
+	// Each limiter registers its state here, one line each.
+	snapshots := append([]defense.Snapshot{
+		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
+		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
+	}, a.guard.Snapshots()...)
+	wb, err := defense.NewWriteBehind(db, snapshots, defense.Options{
+		FailedOpen: a.srv.FailedOpen, Logger: log.With("component", "defense"), Now: opts.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
 
 	// Close stops HTTP first: in-flight requests finish and are recorded
 	// before anything they need is stopped.
@@ -231,17 +247,17 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 	})
 	loc, _ := cfg.Budget.Location() // checked by Load
 	now := a.opts.Now()
-	if a.layers, err = server.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
+	if a.layers, err = defense.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
 		return err
 	}
-	if err := server.LoadBrake(a.layers.Brake, db.Flag); err != nil {
+	if err := defense.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
-	if a.guard, err = server.LoadInviteGuard(db, cfg.Invites, now); err != nil {
+	if a.guard, err = invites.LoadGuard(db, cfg.Invites, now); err != nil {
 		return err
 	}
-	a.plans = server.NewPlans(cfg.Plans)
-	a.keys, err = server.NewKeyring(db, a.plans.Has)
+	a.plans = keys.NewPlans(cfg.Plans)
+	a.keys, err = keys.NewKeyring(db, a.plans.Has, keys.Options{Now: a.opts.Now})
 	return err
 }
 
@@ -298,7 +314,7 @@ func (a *App) AdminAddr() string { return a.adminAddr }
 
 // Keys is the keyring, for commands that act on the running service (the
 // demo's key).
-func (a *App) Keys() *server.Keyring { return a.keys }
+func (a *App) Keys() *keys.Keyring { return a.keys }
 
 // Wait blocks until ctx ends or a listener stops by itself (its error).
 func (a *App) Wait(ctx context.Context) error {

@@ -24,6 +24,8 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server"
+	"breakwater/server/invites"
+	"breakwater/server/jwtauth"
 	"breakwater/server/routes"
 	"breakwater/storage"
 )
@@ -43,10 +45,10 @@ type Config struct {
 		User limiter.Config `koanf:"user"`
 	} `koanf:"limits"`
 	Auth struct {
-		JWT server.JWTConfig `koanf:"jwt"`
+		JWT jwtauth.Config `koanf:"jwt"`
 	} `koanf:"auth"`
-	Invites server.InviteConfig `koanf:"invites"`
-	Detect  detect.Config       `koanf:"detect"`
+	Invites invites.Config `koanf:"invites"`
+	Detect  detect.Config  `koanf:"detect"`
 	// Alerts is nil when config.toml has no [alerts] section: mail is off
 	// and alerts are only logged.
 	Alerts *detect.AlertsConfig `koanf:"alerts"`
@@ -520,7 +522,7 @@ func flatten(c Config) map[string]string {
 
 // keepFailLimit is next with the fail-limit settings of running, which
 // only a restart changes; its rate, window and burst apply live.
-func keepFailLimit(next, running server.InviteConfig) server.InviteConfig {
+func keepFailLimit(next, running invites.Config) invites.Config {
 	running.Rate, running.Window, running.Burst = next.Rate, next.Window, next.Burst
 	return running
 }

@@ -1,40 +1,14 @@
 package app
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"breakwater/detect"
-	"breakwater/server"
+	"breakwater/server/invites"
+	"breakwater/server/operator"
 	"breakwater/storage"
-)
-
-// Operator is what the operator's commands need: the running server's
-// admin API (server.AdminClient) or, while the server is stopped, the same
-// commands straight on the database (server.Operator).
-type Operator interface {
-	CreateKey(ctx context.Context, user, plan string) (string, server.KeyInfo, error)
-	ListKeys(ctx context.Context) ([]server.KeyInfo, error)
-	RevokeKey(ctx context.Context, id string) (server.KeyInfo, error)
-	SetBanned(ctx context.Context, user string, banned bool) (server.UserInfo, error)
-	SetPlan(ctx context.Context, user, plan string) (server.UserInfo, error)
-	Usage(ctx context.Context, user string) ([]server.UsageInfo, error)
-	Budget(ctx context.Context) (server.BudgetInfo, error)
-	SetBrake(ctx context.Context, on bool) (server.BudgetInfo, error)
-	Backup(ctx context.Context, w io.Writer, target string) error
-	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, server.InviteInfo, error)
-	ListInvites(ctx context.Context) ([]server.InviteInfo, error)
-	RevokeInvite(ctx context.Context, id string) (server.InviteInfo, error)
-	DeleteInvite(ctx context.Context, id string) (server.InviteInfo, error)
-	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
-}
-
-var (
-	_ Operator = (*server.Operator)(nil)
-	_ Operator = (*server.AdminClient)(nil)
 )
 
 // operatorLockTimeout is how long an operator command waits for the
@@ -46,7 +20,7 @@ const operatorLockTimeout = 300 * time.Millisecond
 // daily detection, if no server holds it; else the server's admin API.
 // The returned func delivers the mail a command queued (the digest of
 // detect run) and closes the database.
-func OpenOperator(cfg Config, opts Options) (Operator, func(), error) {
+func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 	opts = opts.withDefaults()
 	a := &App{opts: opts, log: opts.Logger, cfg: cfg}
 	err := a.openState(cfg, operatorLockTimeout, !opts.CreateDatabase)
@@ -56,7 +30,7 @@ func OpenOperator(cfg Config, opts Options) (Operator, func(), error) {
 		if token == "" {
 			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", cfg.Storage.Path, cfg.Server.AdminListen)
 		}
-		return server.NewAdminClient(cfg.Server.AdminListen, token), func() {}, nil
+		return operator.NewAdminClient(cfg.Server.AdminListen, token), func() {}, nil
 	}
 	if err == nil {
 		err = a.openOperator(cfg, &detect.Counters{})
@@ -72,14 +46,15 @@ func OpenOperator(cfg Config, opts Options) (Operator, func(), error) {
 // daily detection and the operator's commands on them.
 func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 	var err error
-	if a.invites, err = server.NewInvites(a.db); err != nil {
+	if a.invites, err = invites.NewCodes(a.db, invites.Options{Now: a.opts.Now}); err != nil {
 		return err
 	}
 	if err := a.openDetection(cfg, counters); err != nil {
 		return err
 	}
 	loc, _ := cfg.Budget.Location() // checked by Load
-	a.operator = server.NewOperator(a.keys, a.invites, a.layers, a.db, a.plans.All, loc)
+	layers := operator.Layers{Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake}
+	a.operator = operator.New(a.keys, a.invites, layers, a.db, a.plans.All, loc, operator.Options{Now: a.opts.Now})
 	a.operator.SetDetection(a.detect)
 	return nil
 }

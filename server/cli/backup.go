@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"context"
 	"fmt"
 	"io"
@@ -8,8 +9,6 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/cobra"
-
-	"breakwater/server/app"
 )
 
 func backupCmd(e *env) *cobra.Command {
@@ -21,7 +20,7 @@ streams through the admin API). The copy is written beside FILE and renamed,
 so FILE never holds half a copy. FILE may not be the live database.`,
 		Args: positional(1, "FILE"),
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				return backupTo(c.Context(), op, args[0], e.stdout)
 			})
 		},
@@ -31,7 +30,7 @@ so FILE never holds half a copy. FILE may not be the live database.`,
 // backupTo writes a consistent copy of the database to path: into a
 // temporary file beside it first, synced, then renamed, so path never holds
 // half a database.
-func backupTo(ctx context.Context, op app.Operator, path string, stdout io.Writer) error {
+func backupTo(ctx context.Context, op operator.Service, path string, stdout io.Writer) error {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)

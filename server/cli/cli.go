@@ -3,7 +3,7 @@
 // (serve, demo, keys, users, invites, usage and the budget, backup,
 // detect, config, version). It parses and prints; the work goes through
 // server/app, which owns the wiring: serve and demo open an app.App, the
-// operator's commands an app.Operator (the admin API while the server
+// operator's commands an operator.Service (the admin API while the server
 // runs, the database while it is stopped).
 //
 // It refuses to guess: an unknown command, flag or argument is a usage
@@ -12,6 +12,7 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"context"
 	"errors"
 	"fmt"
@@ -235,13 +236,13 @@ var noArgs = positional(0)
 // operate runs f on the service that --config names: through the admin
 // API while it serves, on the database while it is stopped. A database
 // that is not there is not made (see operateOrCreate).
-func (e *env) operate(f func(op app.Operator) error) error { return e.operateOn(false, f) }
+func (e *env) operate(f func(op operator.Service) error) error { return e.operateOn(false, f) }
 
 // operateOrCreate is operate for the one command that may start a fresh
 // install's database: keys create.
-func (e *env) operateOrCreate(f func(op app.Operator) error) error { return e.operateOn(true, f) }
+func (e *env) operateOrCreate(f func(op operator.Service) error) error { return e.operateOn(true, f) }
 
-func (e *env) operateOn(create bool, f func(op app.Operator) error) error {
+func (e *env) operateOn(create bool, f func(op operator.Service) error) error {
 	c, err := app.Load(e.config, e.getenv)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"breakwater/server/keys"
 	"fmt"
 	"image"
 	"image/color"
@@ -11,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/budget"
-	"breakwater/server"
 	"breakwater/server/app"
 )
 
@@ -44,7 +44,7 @@ func (e *env) demo(c *cobra.Command, _ []string) error {
 	cfg.OCR.Provider = "simulated"
 	cfg.Storage.Path = filepath.Join(dir, "breakwater.db")
 	cfg.Server.Listen = "127.0.0.1:0"
-	demoPlan := server.DefaultPlan
+	demoPlan := keys.DefaultPlan
 	if _, ok := cfg.Plans[demoPlan]; !ok {
 		cfg.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100, DailyAttempts: budget.DefaultDailyAttempts(100)}}
 	}

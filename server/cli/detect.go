@@ -1,13 +1,13 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"fmt"
 	"io"
 
 	"github.com/spf13/cobra"
 
 	"breakwater/detect"
-	"breakwater/server/app"
 )
 
 func detectCmd(e *env) *cobra.Command {
@@ -25,7 +25,7 @@ events are past storage.stats_retention_days is refused.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				rep, err := op.DetectRun(c.Context(), day, !noMail)
 				if err != nil {
 					return err

@@ -1,12 +1,11 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"breakwater/server/app"
 )
 
 func invitesCmd(e *env) *cobra.Command {
@@ -32,7 +31,7 @@ func invitesCreateCmd(e *env) *cobra.Command {
 			case expires < 0:
 				return usageErrorf(c, "--expires %v: use 0 for a code that never expires", expires)
 			}
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				code, info, err := op.CreateInvite(c.Context(), uses, expires, note)
 				if err != nil {
 					return err
@@ -60,7 +59,7 @@ func invitesListCmd(e *env) *cobra.Command {
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				list, err := op.ListInvites(c.Context())
 				if err != nil {
 					return err
@@ -84,7 +83,7 @@ func invitesRevokeCmd(e *env) *cobra.Command {
 		Args:              positional(1, "INVITE_ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				info, err := op.RevokeInvite(c.Context(), args[0])
 				if err != nil {
 					return err
@@ -103,7 +102,7 @@ func invitesDeleteCmd(e *env) *cobra.Command {
 		Args:              positional(1, "INVITE_ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				info, err := op.DeleteInvite(c.Context(), args[0])
 				if err != nil {
 					return err

@@ -1,12 +1,11 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"breakwater/server/app"
 )
 
 func keysCmd(e *env) *cobra.Command {
@@ -27,7 +26,7 @@ user gets "free"; with it, an existing user moves to that plan.`,
 			if user == "" {
 				return usageErrorf(c, "--user is required")
 			}
-			return e.operateOrCreate(func(op app.Operator) error {
+			return e.operateOrCreate(func(op operator.Service) error {
 				secret, info, err := op.CreateKey(c.Context(), user, plan)
 				if err != nil {
 					return err
@@ -50,7 +49,7 @@ func keysListCmd(e *env) *cobra.Command {
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				list, err := op.ListKeys(c.Context())
 				if err != nil {
 					return err
@@ -74,7 +73,7 @@ func keysRevokeCmd(e *env) *cobra.Command {
 		Args:              positional(1, "KEY_ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				info, err := op.RevokeKey(c.Context(), args[0])
 				if err != nil {
 					return err

@@ -1,13 +1,11 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"fmt"
 	"io"
 
 	"github.com/spf13/cobra"
-
-	"breakwater/server"
-	"breakwater/server/app"
 )
 
 func usageCmd(e *env) *cobra.Command {
@@ -24,7 +22,7 @@ func usageCmd(e *env) *cobra.Command {
 			if len(args) == 1 {
 				id = args[0]
 			}
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				list, err := op.Usage(c.Context(), id)
 				if err != nil {
 					return err
@@ -50,7 +48,7 @@ func budgetCmd(e *env) *cobra.Command {
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				b, err := op.Budget(c.Context())
 				if err != nil {
 					return err
@@ -82,7 +80,7 @@ Prints the budget as it is then.`,
 		},
 		ValidArgs: []string{"on", "off"},
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				b, err := op.SetBrake(c.Context(), args[0] == "on")
 				if err != nil {
 					return err
@@ -96,7 +94,7 @@ Prints the budget as it is then.`,
 }
 
 // printBudget prints the spend against each ceiling and the brake state.
-func printBudget(w io.Writer, asJSON bool, b server.BudgetInfo) error {
+func printBudget(w io.Writer, asJSON bool, b operator.BudgetInfo) error {
 	return printOut(w, asJSON, b, "CEILING\tSPENT\tLIMIT", func(row func(...any)) {
 		row("requests "+b.Day, b.Requests, limitText(b.DailyRequests))
 		row("usd "+b.Day, fmt.Sprintf("$%.6f", b.SpendUSD), usdText(b.DailyUSD))

@@ -1,11 +1,10 @@
 package cli
 
 import (
+	"breakwater/server/operator"
 	"fmt"
 
 	"github.com/spf13/cobra"
-
-	"breakwater/server/app"
 )
 
 func usersCmd(e *env) *cobra.Command {
@@ -24,7 +23,7 @@ func usersBanCmd(e *env, ban bool) *cobra.Command {
 		Args:              positional(1, "ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				info, err := op.SetBanned(c.Context(), args[0], ban)
 				if err != nil {
 					return err
@@ -43,7 +42,7 @@ func usersSetPlanCmd(e *env) *cobra.Command {
 		Args:              positional(2, "ID", "PLAN"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
-			return e.operate(func(op app.Operator) error {
+			return e.operate(func(op operator.Service) error {
 				info, err := op.SetPlan(c.Context(), args[0], args[1])
 				if err != nil {
 					return err

@@ -1,4 +1,4 @@
-package server
+package operator
 
 import (
 	"bytes"
@@ -15,7 +15,8 @@ import (
 )
 
 // AdminClient calls a running server's admin API: it is how the CLI manages
-// keys while the server holds the database open.
+// keys while the server holds the database open. It implements Service,
+// as Operator does on the database itself.
 type AdminClient struct {
 	base  string
 	token string
@@ -29,8 +30,8 @@ func NewAdminClient(addr, token string) *AdminClient {
 
 // CreateKey asks the server for a new key.
 func (a *AdminClient) CreateKey(ctx context.Context, user, plan string) (secret string, info KeyInfo, err error) {
-	var out createKeyResponse
-	if err := a.call(ctx, http.MethodPost, "/api/keys", createKeyRequest{User: user, Plan: plan}, &out); err != nil {
+	var out CreateKeyResponse
+	if err := a.call(ctx, http.MethodPost, "/api/keys", CreateKeyRequest{User: user, Plan: plan}, &out); err != nil {
 		return "", KeyInfo{}, err
 	}
 	return out.Key, out.KeyInfo, nil
@@ -77,7 +78,7 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}
 	if resp.StatusCode >= 300 {
-		var p Problem
+		var p problem
 		if json.Unmarshal(data, &p) == nil && p.Code != "" {
 			if p.Status == http.StatusNotFound && p.Code == "not_found" {
 				return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
@@ -92,14 +93,14 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 // SetBanned bans or unbans a user on the running server.
 func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error) {
 	var out UserInfo
-	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Banned: &banned}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned}, &out)
 	return out, err
 }
 
 // SetPlan moves a user to another plan on the running server.
 func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (UserInfo, error) {
 	var out UserInfo
-	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), userRequest{Plan: plan}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Plan: plan}, &out)
 	return out, err
 }
 
@@ -120,7 +121,7 @@ func (a *AdminClient) Budget(ctx context.Context) (BudgetInfo, error) {
 // SetBrake engages or releases the manual kill switch.
 func (a *AdminClient) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 	var out BudgetInfo
-	err := a.call(ctx, http.MethodPost, "/api/brake", brakeRequest{On: &on}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/brake", BrakeRequest{On: &on}, &out)
 	return out, err
 }
 
@@ -153,8 +154,8 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) er
 
 // CreateInvite asks the server for a new invite code.
 func (a *AdminClient) CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (code string, info InviteInfo, err error) {
-	var out createInviteResponse
-	req := createInviteRequest{Uses: uses, Expires: ttl.String(), Note: note}
+	var out CreateInviteResponse
+	req := CreateInviteRequest{Uses: uses, Expires: ttl.String(), Note: note}
 	if err := a.call(ctx, http.MethodPost, "/api/invites", req, &out); err != nil {
 		return "", InviteInfo{}, err
 	}

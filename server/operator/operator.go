@@ -1,4 +1,9 @@
-package server
+// Package operator provides the operator's commands as one Service with
+// two implementations: Operator carries them out on the keyring, the
+// invites, the layers' live state and storage (the admin API calls it while
+// the server runs, the CLI while it is stopped), and AdminClient sends
+// them to a running server's admin API. It holds no policy of its own.
+package operator
 
 import (
 	"context"
@@ -13,13 +18,49 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/server/defense"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
 )
 
-// flagBrake is the stored name of the operator's kill switch.
-const flagBrake = "brake"
+// Service is the operator's commands, whichever way they reach the
+// service.
+type Service interface {
+	CreateKey(ctx context.Context, user, plan string) (string, KeyInfo, error)
+	ListKeys(ctx context.Context) ([]KeyInfo, error)
+	RevokeKey(ctx context.Context, id string) (KeyInfo, error)
+	SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error)
+	SetPlan(ctx context.Context, user, plan string) (UserInfo, error)
+	Usage(ctx context.Context, user string) ([]UsageInfo, error)
+	Budget(ctx context.Context) (BudgetInfo, error)
+	SetBrake(ctx context.Context, on bool) (BudgetInfo, error)
+	Backup(ctx context.Context, w io.Writer, target string) error
+	CreateInvite(ctx context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error)
+	ListInvites(ctx context.Context) ([]InviteInfo, error)
+	RevokeInvite(ctx context.Context, id string) (InviteInfo, error)
+	DeleteInvite(ctx context.Context, id string) (InviteInfo, error)
+	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
+}
 
-// OperatorStore is what the operator's commands need from storage.
-type OperatorStore interface {
+var (
+	_ Service = (*Operator)(nil)
+	_ Service = (*AdminClient)(nil)
+)
+
+// The records of the service: a key and a user as the keyring describes
+// them, an invite as the invites do.
+type (
+	// KeyInfo describes an API key without its secret.
+	KeyInfo = keys.KeyInfo
+	// UserInfo describes a user.
+	UserInfo = keys.UserInfo
+	// InviteInfo describes an invite without its code.
+	InviteInfo = invites.Info
+)
+
+// Store is what the operator's commands need from storage.
+type Store interface {
 	SetFlag(name string, on bool) error
 	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
@@ -36,10 +77,10 @@ var ErrBackupOntoDatabase = errors.New("server: the backup target is the live da
 // while the server runs, and the CLI calls it directly on the database
 // while the server is stopped, so both paths do exactly the same.
 type Operator struct {
-	keys    *Keyring
-	invites *Invites
+	keys    *keys.Keyring
+	invites *invites.Codes
 	layers  Layers
-	store   OperatorStore
+	store   Store
 	plans   func() map[string]budget.Plan
 	loc     *time.Location
 	now     func() time.Time
@@ -48,24 +89,67 @@ type Operator struct {
 	brakeMu   sync.Mutex
 }
 
-// NewOperator returns the operator over the keyring, the layers' live
-// state and storage. plans returns the plans in force (they may be
-// reloaded).
-func NewOperator(keys *Keyring, invites *Invites, layers Layers, store OperatorStore, plans func() map[string]budget.Plan, loc *time.Location) *Operator {
-	return &Operator{keys: keys, invites: invites, layers: layers, store: store, plans: plans, loc: loc, now: time.Now}
-}
-
-// LoadBrake restores the operator's kill switch from storage at start.
-func LoadBrake(g *budget.Global, flag func(name string) (bool, error)) error {
-	on, err := flag(flagBrake)
-	if err != nil {
-		return err
+// Layers are what the operator reads and switches of the layers' live
+// state: budget.Attempts, budget.Quotas and budget.Global implement them.
+type Layers struct {
+	Attempts interface {
+		Count(user string, now time.Time) int64
+		Top(n int, now time.Time) []budget.UserCount
 	}
-	g.SetManual(on)
-	return nil
+	Quotas interface {
+		Used(user string, now time.Time) int64
+	}
+	Brake interface {
+		Status(now time.Time) budget.Status
+		SetManual(on bool)
+	}
 }
 
-// CreateKey makes a new API key; see Keyring.Create.
+// Options are the operator's optional dependencies.
+type Options struct {
+	// Now is the clock of usage days and budget figures. Nil: time.Now.
+	Now func() time.Time
+}
+
+// New returns the operator over the keyring, the invites, the layers'
+// live state and storage. plans returns the plans in force (they may be
+// reloaded).
+func New(kr *keys.Keyring, codes *invites.Codes, layers Layers, store Store, plans func() map[string]budget.Plan, loc *time.Location, o Options) *Operator {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Operator{keys: kr, invites: codes, layers: layers, store: store, plans: plans, loc: loc, now: o.Now}
+}
+
+// Location is the time zone of days and months (budget.timezone).
+func (o *Operator) Location() *time.Location { return o.loc }
+
+// TopUsers describes the n users with the most attempts today, most
+// first, for the dashboard.
+func (o *Operator) TopUsers(n int, now time.Time) []UsageInfo {
+	plans := o.plans()
+	users := o.keys.Users()
+	var out []UsageInfo
+	for _, u := range o.layers.Attempts.Top(n, now) {
+		info := UsageInfo{User: u.User, AttemptsToday: u.Count, ReadsMonth: o.layers.Quotas.Used(u.User, now)}
+		for _, known := range users {
+			if known.ID == u.User {
+				info.Plan, info.Banned = known.Plan, known.Banned
+			}
+		}
+		p := plans[info.Plan]
+		info.DailyLine, info.MonthlyQuota = p.DailyAttempts, p.MonthlyQuota
+		out = append(out, info)
+	}
+	return out
+}
+
+// BudgetDays lists the ledger's days from from to to (YYYY-MM-DD).
+func (o *Operator) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
+	return o.store.BudgetDays(from, to)
+}
+
+// CreateKey makes a new API key; see keys.Keyring.Create.
 func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyInfo, error) {
 	return o.keys.Create(user, plan)
 }
@@ -74,7 +158,9 @@ func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyI
 func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List(), nil }
 
 // RevokeKey disables a key on the next request.
-func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) { return o.keys.Revoke(id) }
+func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) {
+	return o.keys.Revoke(id)
+}
 
 // CreateInvite makes a new invite code; see Invites.Create.
 func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, note string) (string, InviteInfo, error) {
@@ -191,7 +277,7 @@ func (o *Operator) Budget(context.Context) (BudgetInfo, error) {
 func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 	o.brakeMu.Lock() // two switches at once must leave disk and memory agreeing
 	defer o.brakeMu.Unlock()
-	if err := o.store.SetFlag(flagBrake, on); err != nil {
+	if err := o.store.SetFlag(defense.BrakeFlag, on); err != nil {
 		return BudgetInfo{}, err
 	}
 	o.layers.Brake.SetManual(on)
@@ -208,7 +294,7 @@ func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 // target that is the database file itself, under any name, is refused
 // with ErrBackupOntoDatabase before anything is written.
 func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
-	if err := o.checkBackupTarget(target); err != nil {
+	if err := o.CheckBackupTarget(target); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp("", "breakwater-backup-*.db")
@@ -227,8 +313,8 @@ func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
 	return err
 }
 
-// checkBackupTarget refuses a backup target that is the database file.
-func (o *Operator) checkBackupTarget(target string) error {
+// CheckBackupTarget refuses a backup target that is the database file.
+func (o *Operator) CheckBackupTarget(target string) error {
 	if target != "" && sameFile(target, o.store.Path()) {
 		return fmt.Errorf("backup: %s is the live database; write the copy elsewhere: %w", target, ErrBackupOntoDatabase)
 	}

@@ -1,4 +1,10 @@
-package server
+// Package jwtauth verifies the session tokens of a hosted sign-in provider
+// (Clerk, Auth0, Supabase) against its JSON Web Key Set, which it fetches,
+// caches and refreshes in the background, and turns a valid token into the
+// identity of a JWT user ("jwt:" + sub). It accepts one asymmetric
+// algorithm per key type and nothing else; it knows no HTTP routes and
+// says why a token was refused only to its caller, never to the client.
+package jwtauth
 
 import (
 	"context"
@@ -24,19 +30,23 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/time/rate"
 
+	"breakwater/server/keys"
 	"breakwater/storage/userid"
 )
 
-// Defaults and bounds for JWTConfig and the Verifier.
+// KeyID is the Identity.KeyID of a JWT user, who has no API key.
+const KeyID = "jwt"
+
+// Defaults and bounds for Config and the Verifier.
 const (
-	// DefaultJWTLeeway is the clock skew allowed on exp, nbf and iat.
-	DefaultJWTLeeway = 5 * time.Second
-	// DefaultJWKSRefreshInterval is how often the JWKS is fetched again,
+	// DefaultLeeway is the clock skew allowed on exp, nbf and iat.
+	DefaultLeeway = 5 * time.Second
+	// DefaultRefreshInterval is how often the JWKS is fetched again,
 	// and the shortest time between two fetches caused by unknown kids.
-	DefaultJWKSRefreshInterval = 5 * time.Minute
-	// MaxJWTBytes is the longest bearer token the verifier looks at; a
+	DefaultRefreshInterval = 5 * time.Minute
+	// MaxTokenBytes is the longest bearer token the verifier looks at; a
 	// longer one is refused before any parsing.
-	MaxJWTBytes = 8 << 10
+	MaxTokenBytes = 8 << 10
 
 	maxJWTLeeway     = 5 * time.Minute
 	minJWKSRefresh   = time.Second
@@ -44,14 +54,13 @@ const (
 	maxJWKSBytes     = 1 << 20          // a JWKS is a few KiB; more is not a key set
 	jwksFetchTimeout = 10 * time.Second // one JWKS fetch, in the background or for an unknown kid
 	maxJWKSRedirects = 3
-	jwtKeyID         = "jwt" // Identity.KeyID of a JWT user
 	minRSAKeyBits    = 2048
 	jwtAlgRS256      = "RS256"
 	jwtAlgES256      = "ES256"
 	jwtAlgEdDSA      = "EdDSA"
 )
 
-// The reasons of a JWTRefusal, the values of the metric's reason label.
+// The reasons of a Refusal, the values of the metric's reason label.
 const (
 	refusalAlgorithm    = "algorithm"
 	refusalUnknownKID   = "unknown_kid"
@@ -78,11 +87,11 @@ const (
 // public JWKS.
 var jwtMethods = []string{jwtAlgRS256, jwtAlgES256, jwtAlgEdDSA}
 
-// JWTConfig is the [auth.jwt] section of config.toml: sign-in through a
+// Config is the [auth.jwt] section of config.toml: sign-in through a
 // hosted provider (Clerk, Auth0, Supabase) whose session tokens are
 // verified against its JWKS. With JWKSURL empty, JWT sign-in is off and
 // only API keys are accepted.
-type JWTConfig struct {
+type Config struct {
 	// JWKSURL is the provider's JSON Web Key Set, https (http only on a
 	// loopback host). Empty: JWT sign-in is off.
 	JWKSURL string `koanf:"jwks_url"`
@@ -110,25 +119,25 @@ type JWTConfig struct {
 }
 
 // Enabled tells whether JWT sign-in is on.
-func (c JWTConfig) Enabled() bool { return c.JWKSURL != "" }
+func (c Config) Enabled() bool { return c.JWKSURL != "" }
 
 // WithDefaults returns c with every zero field set to its documented default.
-func (c JWTConfig) WithDefaults() JWTConfig {
+func (c Config) WithDefaults() Config {
 	if c.DefaultPlan == "" {
-		c.DefaultPlan = DefaultPlan
+		c.DefaultPlan = keys.DefaultPlan
 	}
 	if c.Leeway == 0 {
-		c.Leeway = DefaultJWTLeeway
+		c.Leeway = DefaultLeeway
 	}
 	if c.RefreshInterval == 0 {
-		c.RefreshInterval = DefaultJWKSRefreshInterval
+		c.RefreshInterval = DefaultRefreshInterval
 	}
 	return c
 }
 
 // Validate reports the invalid settings, naming their keys. Whether
 // DefaultPlan exists is for the caller, who knows the plans.
-func (c JWTConfig) Validate() error {
+func (c Config) Validate() error {
 	if !c.Enabled() {
 		if c.Issuer != "" || c.Audience != "" || len(c.AuthorizedParties) > 0 || c.PlanClaim != "" {
 			return errors.New("auth.jwt.jwks_url: empty, so JWT sign-in is off, yet other auth.jwt keys are set: set jwks_url or remove them")
@@ -177,27 +186,27 @@ func checkJWKSURL(raw string) error {
 	return nil
 }
 
-// JWTRefusal is why a token was refused. Its Reason is a short, stable
+// Refusal is why a token was refused. Its Reason is a short, stable
 // label for logs and the breakwater_jwt_refusals_total metric; the client
 // never sees it.
-type JWTRefusal struct {
+type Refusal struct {
 	Reason string
 	Err    error // the underlying error, if any
 }
 
-func (r *JWTRefusal) Error() string {
+func (r *Refusal) Error() string {
 	if r.Err == nil {
 		return "jwt refused: " + r.Reason
 	}
 	return "jwt refused: " + r.Reason + ": " + r.Err.Error()
 }
 
-func (r *JWTRefusal) Unwrap() error { return r.Err }
+func (r *Refusal) Unwrap() error { return r.Err }
 
-func refuse(reason string, err error) *JWTRefusal { return &JWTRefusal{Reason: reason, Err: err} }
+func refuse(reason string, err error) *Refusal { return &Refusal{Reason: reason, Err: err} }
 
-// VerifierOptions are the Verifier's optional dependencies.
-type VerifierOptions struct {
+// Options are the Verifier's optional dependencies.
+type Options struct {
 	// Client fetches the JWKS. Default: a client of our own with a 10 s
 	// timeout. Its responses are held to 1 MiB either way.
 	Client *http.Client
@@ -213,7 +222,7 @@ type VerifierOptions struct {
 // may cause one fetch per refresh interval, no matter how many such tokens
 // arrive; the others are refused at once, never queued.
 type Verifier struct {
-	cfg       JWTConfig
+	cfg       Config
 	knownPlan func(string) bool
 	now       func() time.Time
 	log       *slog.Logger
@@ -232,19 +241,19 @@ type Verifier struct {
 // error: it is logged, JWTs are refused until keys arrive, and fetching
 // goes on in the background. knownPlan tells whether a plan exists. The
 // fetcher runs until ctx ends or Close is called.
-func NewVerifier(ctx context.Context, cfg JWTConfig, knownPlan func(string) bool, o VerifierOptions) (*Verifier, error) {
+func NewVerifier(ctx context.Context, cfg Config, knownPlan func(string) bool, o Options) (*Verifier, error) {
 	cfg = cfg.WithDefaults()
 	if !cfg.Enabled() {
-		return nil, errors.New("server: the verifier needs auth.jwt.jwks_url")
+		return nil, errors.New("jwtauth: the verifier needs auth.jwt.jwks_url")
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if knownPlan == nil {
-		return nil, errors.New("server: the verifier needs a plan check")
+		return nil, errors.New("jwtauth: the verifier needs a plan check")
 	}
 	if !knownPlan(cfg.DefaultPlan) {
-		return nil, fmt.Errorf("auth.jwt.default_plan: %w %q", ErrUnknownPlan, cfg.DefaultPlan)
+		return nil, fmt.Errorf("auth.jwt.default_plan: %w %q", keys.ErrUnknownPlan, cfg.DefaultPlan)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -320,7 +329,7 @@ func NewVerifier(ctx context.Context, cfg JWTConfig, knownPlan func(string) bool
 		return nil, fmt.Errorf("auth.jwt.jwks_url: %w", err)
 	}
 	v.keys = kf.Storage()
-	if n := v.keyCount(); n == 0 {
+	if n := v.KeyCount(); n == 0 {
 		v.log.Warn("no JWKS keys yet: JWTs are refused until they arrive", "url", cfg.JWKSURL, "refresh_interval", cfg.RefreshInterval)
 	} else {
 		v.log.Info("JWKS loaded", "url", cfg.JWKSURL, "keys", n)
@@ -335,7 +344,7 @@ func (v *Verifier) Close() { v.stop() }
 // keyring: three dot-separated base64url segments, or anything too long
 // to be an API key or an acceptable JWT.
 func IsJWT(token string) bool {
-	if len(token) > MaxJWTBytes {
+	if len(token) > MaxTokenBytes {
 		return true
 	}
 	return jwtShaped(token)
@@ -365,26 +374,26 @@ func jwtShaped(token string) bool {
 }
 
 // Verify checks token and returns the identity it carries. Every error is
-// a *JWTRefusal.
-func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
-	if len(token) > MaxJWTBytes {
-		return Identity{}, refuse(refusalTooLong, nil)
+// a *Refusal.
+func (v *Verifier) Verify(ctx context.Context, token string) (keys.Identity, error) {
+	if len(token) > MaxTokenBytes {
+		return keys.Identity{}, refuse(refusalTooLong, nil)
 	}
 	if !jwtShaped(token) {
-		return Identity{}, refuse(refusalMalformed, nil)
+		return keys.Identity{}, refuse(refusalMalformed, nil)
 	}
 	if v.ctx.Err() != nil {
-		return Identity{}, refuse(refusalVerifierGone, nil)
+		return keys.Identity{}, refuse(refusalVerifierGone, nil)
 	}
 	claims := jwt.MapClaims{}
 	tok, err := v.parser.ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) { return v.key(ctx, t) })
 	if err != nil {
-		return Identity{}, classify(tok, claims, err)
+		return keys.Identity{}, classify(tok, claims, err)
 	}
 	if len(v.cfg.AuthorizedParties) > 0 {
 		azp, _ := claims["azp"].(string)
 		if !slices.Contains(v.cfg.AuthorizedParties, azp) {
-			return Identity{}, refuse(refusalAuthorized, fmt.Errorf("azp %q", azp))
+			return keys.Identity{}, refuse(refusalAuthorized, fmt.Errorf("azp %q", azp))
 		}
 	}
 	// The user is "jwt:" + sub: a token never acts as an API-key user,
@@ -395,7 +404,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 		user, err = userid.JWT(sub)
 	}
 	if err != nil {
-		return Identity{}, refuse(refusalSubject, err)
+		return keys.Identity{}, refuse(refusalSubject, err)
 	}
 	plan := v.cfg.DefaultPlan
 	if v.cfg.PlanClaim != "" {
@@ -403,13 +412,13 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 			plan = p
 		}
 	}
-	return Identity{UserID: user, KeyID: jwtKeyID, Plan: plan}, nil
+	return keys.Identity{UserID: user, KeyID: KeyID, Plan: plan}, nil
 }
 
 // classify turns the parser's error into a refusal reason. Claim errors
 // come joined; the first matching reason in this order wins.
-func classify(tok *jwt.Token, claims jwt.MapClaims, err error) *JWTRefusal {
-	var r *JWTRefusal
+func classify(tok *jwt.Token, claims jwt.MapClaims, err error) *Refusal {
+	var r *Refusal
 	if errors.As(err, &r) {
 		return r // from key
 	}
@@ -482,7 +491,8 @@ func (v *Verifier) cached(kid string) (jwkset.JWK, bool) {
 	return jwkset.JWK{}, false
 }
 
-func (v *Verifier) keyCount() int {
+// KeyCount is how many keys the verifier holds from the JWKS.
+func (v *Verifier) KeyCount() int {
 	all, _ := v.keys.KeyReadAll(v.ctx)
 	return len(all)
 }
@@ -529,8 +539,8 @@ func (v *Verifier) fetchFor(ctx context.Context, kid string) (jwkset.JWK, error)
 	return jwk, nil
 }
 
-func (v *Verifier) unknown(kid string) *JWTRefusal {
-	if v.keyCount() == 0 {
+func (v *Verifier) unknown(kid string) *Refusal {
+	if v.KeyCount() == 0 {
 		return refuse(refusalNoKeys, nil)
 	}
 	return refuse(refusalUnknownKID, fmt.Errorf("kid %q", kid))
@@ -582,7 +592,7 @@ func (l limitedBodies) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-var errJWKSTooLarge = errors.New("server: JWKS response larger than 1 MiB")
+var errJWKSTooLarge = errors.New("jwtauth: JWKS response larger than 1 MiB")
 
 type cappedBody struct {
 	io.ReadCloser

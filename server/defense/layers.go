@@ -1,0 +1,113 @@
+// Package defense keeps the defense layers' in-memory state across
+// restarts: LoadLayers and LoadBrake rebuild the rate windows, the daily
+// attempt counts, the quotas and the global budget from storage at start,
+// and WriteBehind copies what changed back every second, from a list of
+// snapshots that each limiter registers. It decides nothing about a
+// request and knows neither HTTP nor the database file: storage implements
+// the small interfaces it declares.
+package defense
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+)
+
+// LayerStore is what LoadLayers reads: the written-behind defense state,
+// this month's quota counts and the budget ledger.
+type LayerStore interface {
+	LoadState(name string) (map[string][]byte, error)
+	QuotaUsed(month string) (map[string]int64, error)
+	Budget(day string) (budget.DayTotals, error)
+	BudgetMonth(month string) (int64, error)
+	LatestBudgetDay() (string, error)
+	budget.Ledger
+}
+
+// Layers are the in-memory state of layers 1 to 3, as LoadLayers rebuilds
+// it from storage.
+type Layers struct {
+	Windows  *limiter.Limiter // layer 1, per user
+	Attempts *budget.Attempts // layer 2
+	Quotas   *budget.Quotas   // layer 2b
+	Brake    *budget.Global   // layer 3
+}
+
+// LoadLayers rebuilds the layers' memory from storage at start: rate
+// windows and today's attempts (written behind), this month's quota
+// counts, and today's and this month's budget, in which every reservation
+// left unsettled by a crash counts at its worst case.
+//
+// If the ledger already holds the day after now's (the clock went back,
+// say a VM restored before its clock synced), the daily line and the
+// budget start on that day: days only move forward, so its spend and
+// attempts keep counting until the clock catches up, rather than being
+// zeroed by the rollover then. A ledger day further ahead is not believed
+// (one wrong clock reading must not pin the service to a far day); the
+// quotas always start on now's month, since they fail closed.
+func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc *time.Location, now time.Time, log *slog.Logger) (Layers, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	day, month := budget.DayKey(now, loc), budget.MonthKey(now, loc)
+	quotaMonth := month
+	var l Layers
+	latest, err := store.LatestBudgetDay()
+	if err != nil {
+		return l, fmt.Errorf("load budget: %w", err)
+	}
+	switch tomorrow := budget.DayKey(now.AddDate(0, 0, 1), loc); {
+	case latest > tomorrow:
+		log.Error("the budget ledger holds a day far after the clock's; counting from the clock's day: check the system clock",
+			"clock_day", day, "ledger_day", latest)
+	case latest > day:
+		log.Warn("the clock is behind the budget ledger: counting into the ledger's newest day until it catches up",
+			"clock_day", day, "ledger_day", latest)
+		day, month = latest, latest[:len("2006-01")]
+	}
+	if l.Windows, err = limiter.New(limits); err != nil {
+		return l, err
+	}
+	if err := LoadWindows(store, StateUserWindows, l.Windows, now); err != nil {
+		return l, err
+	}
+
+	counts, err := store.LoadState(AttemptsState(day))
+	if err != nil {
+		return l, err
+	}
+	l.Attempts = budget.NewAttempts(loc, day, budget.DecodeCounts(counts))
+
+	used, err := store.QuotaUsed(quotaMonth)
+	if err != nil {
+		return l, fmt.Errorf("load quotas: %w", err)
+	}
+	l.Quotas = budget.NewQuotas(loc, quotaMonth, used)
+
+	today, err := store.Budget(day)
+	if err != nil {
+		return l, fmt.Errorf("load budget: %w", err)
+	}
+	monthSpend, err := store.BudgetMonth(month)
+	if err != nil {
+		return l, fmt.Errorf("load budget: %w", err)
+	}
+	l.Brake, err = budget.NewGlobal(cfg, loc, store, budget.GlobalState{
+		Day: day, Requests: today.Requests, Spend: today.SpendMicroUSD, Month: month, MonthSpend: monthSpend,
+	})
+	return l, err
+}
+
+// LoadBrake restores the operator's kill switch (BrakeFlag) from storage
+// at start.
+func LoadBrake(b interface{ SetManual(on bool) }, flag func(name string) (bool, error)) error {
+	on, err := flag(BrakeFlag)
+	if err != nil {
+		return err
+	}
+	b.SetManual(on)
+	return nil
+}

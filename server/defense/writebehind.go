@@ -1,0 +1,254 @@
+package defense
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+)
+
+// State names under which the layers' memory is written behind, and the
+// stored name of the operator's kill switch.
+const (
+	StateUserWindows    = "windows/user"
+	stateAttemptsPrefix = "attempts/"
+	// BrakeFlag is the stored flag of the manual brake.
+	BrakeFlag = "brake"
+	// globalKey is the one entry of a fail limiter's service-wide state.
+	globalKey = "hour"
+)
+
+// AttemptsState names the stored attempt counts of day.
+func AttemptsState(day string) string { return stateAttemptsPrefix + day }
+
+// StateStore is what the write-behind needs from storage.
+type StateStore interface {
+	SaveState(name string, entries map[string][]byte) error
+	DropStates(prefix, keep string) error
+}
+
+// StateLoader reads written-behind state.
+type StateLoader interface {
+	LoadState(name string) (map[string][]byte, error)
+}
+
+// Change is what one named state gained since the last flush: entries to
+// write over the stored ones.
+type Change struct {
+	Name    string
+	Entries map[string][]byte
+}
+
+// Snapshot is one layer's in-memory state as the write-behind copies it.
+// A new limiter registers itself by adding its Snapshot to the list the
+// App gives NewWriteBehind; Windows, Fails and Attempts build the ones of
+// the limiters in this service.
+type Snapshot struct {
+	// Layer names the layer a failed write fails open, in metrics and
+	// logs.
+	Layer string
+	// Dirty returns what changed since its last call, state by state.
+	Dirty func(now time.Time) []Change
+	// Evict, if set, drops idle entries from memory; it is called at most
+	// every 30 s.
+	Evict func(now time.Time)
+	// Current, if set, names the one state under Prefix in use (today's
+	// attempt counts, say); whenever it changes the others under Prefix
+	// are dropped from storage.
+	Prefix  string
+	Current func() string
+}
+
+// Windows is the snapshot of a sliding-window limiter's entries, stored
+// under name.
+func Windows(name, layer string, l *limiter.Limiter) Snapshot {
+	return Snapshot{
+		Layer: layer,
+		Dirty: func(now time.Time) []Change { return entriesChange(name, l.Dirty(now)) },
+		Evict: func(now time.Time) { l.Evict(now) },
+	}
+}
+
+// Fails is the snapshot of a fail limiter: its keys under name, its
+// service-wide count under globalName.
+func Fails(name, globalName, layer string, f *limiter.FailLimiter) Snapshot {
+	return Snapshot{
+		Layer: layer,
+		Dirty: func(time.Time) []Change {
+			entries, global := f.Dirty()
+			out := entriesChange(name, entries)
+			if global != nil {
+				out = append(out, Change{Name: globalName, Entries: map[string][]byte{globalKey: global}})
+			}
+			return out
+		},
+		Evict: func(now time.Time) { f.Evict(now) },
+	}
+}
+
+// Attempts is the snapshot of the daily attempt counts: today's under
+// AttemptsState(day); older days are dropped once the day turns.
+func Attempts(layer string, a *budget.Attempts) Snapshot {
+	var day string
+	return Snapshot{
+		Layer: layer,
+		Dirty: func(time.Time) []Change {
+			var counts map[string][]byte
+			day, counts = a.Dirty()
+			if len(counts) == 0 {
+				return nil
+			}
+			return []Change{{Name: AttemptsState(day), Entries: counts}}
+		},
+		Prefix:  stateAttemptsPrefix,
+		Current: func() string { return AttemptsState(day) },
+	}
+}
+
+func entriesChange(name string, dirty []limiter.Entry) []Change {
+	if len(dirty) == 0 {
+		return nil
+	}
+	entries := make(map[string][]byte, len(dirty))
+	for _, e := range dirty {
+		entries[e.Key] = e.State
+	}
+	return []Change{{Name: name, Entries: entries}}
+}
+
+// LoadWindows restores a sliding-window limiter's entries stored under
+// name.
+func LoadWindows(store StateLoader, name string, l *limiter.Limiter, now time.Time) error {
+	m, err := store.LoadState(name)
+	if err != nil {
+		return err
+	}
+	l.Load(entries(m), now)
+	return nil
+}
+
+// LoadFails restores a fail limiter stored by its Fails snapshot.
+func LoadFails(store StateLoader, name, globalName string, f *limiter.FailLimiter) error {
+	m, err := store.LoadState(name)
+	if err != nil {
+		return err
+	}
+	global, err := store.LoadState(globalName)
+	if err != nil {
+		return err
+	}
+	f.Load(entries(m), global[globalKey])
+	return nil
+}
+
+func entries(m map[string][]byte) []limiter.Entry {
+	out := make([]limiter.Entry, 0, len(m))
+	for k, v := range m {
+		out = append(out, limiter.Entry{Key: k, State: v})
+	}
+	return out
+}
+
+// Options are the write-behind's optional dependencies.
+type Options struct {
+	// FailedOpen is told of every write that failed, with the layer of
+	// its snapshot. Nil: failures are only logged.
+	FailedOpen func(layer string, err error)
+	Logger     *slog.Logger
+	// Now is the clock of the limiters' windows. Nil: time.Now.
+	Now func() time.Time
+}
+
+// WriteBehind copies the defense layers' in-memory state (rate windows,
+// daily attempt counts, and the invite guard's windows and fail limits) to
+// storage every interval, so that a restart neither resets a daily line nor
+// lifts a rate limit or a cooldown. Only what changed is written, at most
+// once per interval: a request refused by the rate limits changes nothing,
+// and a failed invite guess only updates the fail limiter's entry for its
+// keys, so an attack costs at most one small write a second. A failed write
+// is a fail-open event of the layer.
+type WriteBehind struct {
+	store     StateStore
+	snapshots []Snapshot
+	failOpen  func(layer string, err error)
+	log       *slog.Logger
+	now       func() time.Time
+
+	current   []string // each snapshot's Current at the last flush
+	lastEvict time.Time
+}
+
+// DefaultWriteBehindInterval is how often defense state reaches the disk.
+const DefaultWriteBehindInterval = time.Second
+
+// evictEvery is how often idle rate-limit keys are dropped from memory.
+const evictEvery = 30 * time.Second
+
+// NewWriteBehind returns the writer of snapshots into store; they are
+// written in their order.
+func NewWriteBehind(store StateStore, snapshots []Snapshot, o Options) (*WriteBehind, error) {
+	if store == nil {
+		return nil, errors.New("defense: the write-behind needs a store")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.FailedOpen == nil {
+		log := o.Logger
+		o.FailedOpen = func(layer string, err error) { log.Error("defense state not written", "layer", layer, "err", err) }
+	}
+	return &WriteBehind{
+		store: store, snapshots: snapshots, failOpen: o.FailedOpen, log: o.Logger, now: o.Now,
+		current: make([]string, len(snapshots)),
+	}, nil
+}
+
+// Run flushes every interval until ctx ends, then once more.
+func (w *WriteBehind) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			w.Flush()
+			return
+		case <-t.C:
+			w.Flush()
+		}
+	}
+}
+
+// Flush writes what changed since the last flush.
+func (w *WriteBehind) Flush() {
+	now := w.now()
+	if now.Sub(w.lastEvict) >= evictEvery {
+		for _, s := range w.snapshots {
+			if s.Evict != nil {
+				s.Evict(now)
+			}
+		}
+		w.lastEvict = now
+	}
+	for i, s := range w.snapshots {
+		for _, c := range s.Dirty(now) {
+			if err := w.store.SaveState(c.Name, c.Entries); err != nil {
+				w.failOpen(s.Layer, err)
+			}
+		}
+		if s.Current == nil {
+			continue
+		}
+		if cur := s.Current(); cur != w.current[i] {
+			if err := w.store.DropStates(s.Prefix, cur); err != nil {
+				w.log.Warn("old defense state not pruned", "layer", s.Layer, "keep", cur, "err", err)
+			}
+			w.current[i] = cur
+		}
+	}
+}

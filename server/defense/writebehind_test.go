@@ -1,0 +1,121 @@
+package defense
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+	"breakwater/storage"
+)
+
+func mustOpen(t *testing.T) *storage.DB {
+	t.Helper()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "bw.db"), storage.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// TestWriteBehindSnapshots: each registered snapshot reaches storage, a
+// limiter restores from it, and the attempt counts of a day gone by are
+// dropped once the day turns.
+func TestWriteBehindSnapshots(t *testing.T) {
+	db := mustOpen(t)
+	now := time.Date(2026, 3, 10, 23, 59, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	windows, err := limiter.New(limiter.Config{Rate: 5, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts := budget.NewAttempts(time.UTC, "2026-03-10", nil)
+	wb, err := NewWriteBehind(db, []Snapshot{
+		Windows(StateUserWindows, "rate", windows),
+		Attempts("attempts", attempts),
+	}, Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := windows.Allow("alice", now); err != nil {
+			t.Fatal(err)
+		}
+		if err := attempts.Take("alice", 10, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wb.Flush()
+
+	restored, err := limiter.New(limiter.Config{Rate: 5, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadWindows(db, StateUserWindows, restored, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := restored.Len(), 1; got != want {
+		t.Errorf("%d windows restored, want %d", got, want)
+	}
+	counts, err := db.LoadState(AttemptsState("2026-03-10"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := budget.DecodeCounts(counts)["alice"], int64(2); got != want {
+		t.Errorf("stored attempts %d, want %d", got, want)
+	}
+
+	now = now.Add(2 * time.Minute) // the next day
+	if err := attempts.Take("alice", 10, now); err != nil {
+		t.Fatal(err)
+	}
+	wb.Flush()
+	if old, err := db.LoadState(AttemptsState("2026-03-10")); err != nil || len(old) != 0 {
+		t.Errorf("yesterday's counts still stored: %v, %v", old, err)
+	}
+	counts, err = db.LoadState(AttemptsState("2026-03-11"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := budget.DecodeCounts(counts)["alice"], int64(1); got != want {
+		t.Errorf("today's attempts %d, want %d", got, want)
+	}
+}
+
+// failingStore refuses every write.
+type failingStore struct{}
+
+func (failingStore) SaveState(string, map[string][]byte) error { return errors.New("read-only") }
+func (failingStore) DropStates(string, string) error           { return nil }
+
+// TestWriteBehindFailureNamesTheLayer: a lost write is a fail-open event
+// of the snapshot's layer, once per state that changed.
+func TestWriteBehindFailureNamesTheLayer(t *testing.T) {
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	fails, err := limiter.NewFail(limiter.FailConfig{}.WithDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := fails.Begin([]string{"ip:1"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Fail(now)
+	got := map[string]int{}
+	wb, err := NewWriteBehind(failingStore{}, []Snapshot{Fails("f", "g", "invites", fails)},
+		Options{Now: func() time.Time { return now }, FailedOpen: func(layer string, _ error) { got[layer]++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb.Flush()
+	if got["invites"] != 2 {
+		t.Errorf("fail-open events %v, want 2 of invites (the keys and the service-wide count)", got)
+	}
+	wb.Flush()
+	if got["invites"] != 2 {
+		t.Errorf("fail-open events %v after a flush with nothing new, want still 2", got)
+	}
+}

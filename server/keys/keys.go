@@ -1,0 +1,418 @@
+// Package keys provides the API keys and the users behind them: the
+// keyring that authenticates a bearer key from memory and writes key and
+// user changes through to storage, the identity a request acts for, the
+// plans in force, and the one random-string generator of the service
+// (key secrets and ids, invite codes, request ids). It knows neither HTTP
+// nor JWTs, and never decides whether a request may pass: that is the
+// guard's.
+package keys
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"breakwater/storage"
+	"breakwater/storage/userid"
+)
+
+// API keys are "bw_" and keySecretLen Base62 characters from crypto/rand:
+// about 190 bits, far past guessing.
+const (
+	keyPrefix    = "bw_"
+	keySecretLen = 32
+	// DefaultPlan is the plan a new user gets when keys create names none.
+	DefaultPlan = "free"
+)
+
+// Errors of key management.
+var (
+	// ErrBadUserID refuses a user id that is empty, longer than 128 bytes
+	// once normalised, not UTF-8, or holds control, invisible or
+	// non-printable characters; the error names the rule (see package
+	// userid).
+	ErrBadUserID = userid.ErrInvalid
+	// ErrReservedUserID refuses an API key for an id in the namespace of
+	// JWT users ("jwt:..."), and a plan change for a JWT user, whose plan
+	// comes from the token.
+	ErrReservedUserID = userid.ErrReserved
+	// ErrAmbiguousUserID refuses an id that, normalised, matches several
+	// users stored before ids were normalised ("Alice" and "alice"): name
+	// one exactly as stored.
+	ErrAmbiguousUserID = errors.New("server: user id matches several users")
+	// ErrUnknownPlan refuses a plan that config.toml does not define.
+	ErrUnknownPlan = errors.New("server: unknown plan")
+)
+
+// Identity is who a request acts for, once layer 0 has let it in.
+type Identity struct {
+	UserID string
+	KeyID  string
+	Plan   string
+}
+
+// KeyInfo describes an API key without its secret.
+type KeyInfo struct {
+	ID        string    `json:"id"`
+	UserID    string    `json:"user"`
+	Plan      string    `json:"plan"`
+	CreatedAt time.Time `json:"created_at"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
+}
+
+// KeyStore is what the keyring needs from storage.
+type KeyStore interface {
+	CreateKey(k storage.Key, u storage.User) error
+	RevokeKey(id string, at time.Time) (storage.Key, error)
+	Keys() ([]storage.Key, error)
+	Users() ([]storage.User, error)
+	PutUser(u storage.User) error
+}
+
+// UserInfo describes a user for operators.
+type UserInfo struct {
+	ID     string `json:"id"`
+	Plan   string `json:"plan"`
+	Banned bool   `json:"banned"`
+}
+
+// Options are the keyring's optional dependencies.
+type Options struct {
+	// Now is the clock of creation and revocation times. Nil: time.Now.
+	Now func() time.Time
+}
+
+// Keyring holds every active key's hash in memory, so that authenticating
+// a request costs one SHA-256 and a map lookup and never touches the disk,
+// and writes key changes through to storage before they take effect.
+type Keyring struct {
+	store     KeyStore
+	knownPlan func(string) bool
+	now       func() time.Time
+
+	write  sync.Mutex // serialises user updates (read, change, store)
+	mu     sync.RWMutex
+	active map[[sha256.Size]byte]activeKey // by hash; revoked keys are absent
+	keys   []storage.Key                   // every key, for listing
+	users  map[string]*storage.User        // changed in place, under mu
+}
+
+// activeKey is what authentication needs of a key. It points at its user's
+// one record, so that a single lookup yields the identity, the plan and the
+// ban: that lookup runs on every request.
+type activeKey struct {
+	id   string
+	user *storage.User
+}
+
+// NewKeyring loads every key and user from store. knownPlan tells whether a
+// plan name exists in config.
+func NewKeyring(store KeyStore, knownPlan func(string) bool, o Options) (*Keyring, error) {
+	if store == nil || knownPlan == nil {
+		return nil, errors.New("keys: keyring needs a store and a plan check")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	k := &Keyring{store: store, knownPlan: knownPlan, now: o.Now}
+	if err := k.load(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+func (k *Keyring) load() error {
+	keys, err := k.store.Keys()
+	if err != nil {
+		return fmt.Errorf("load keys: %w", err)
+	}
+	users, err := k.store.Users()
+	if err != nil {
+		return fmt.Errorf("load users: %w", err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.keys = keys
+	k.users = make(map[string]*storage.User, len(users))
+	for _, u := range users {
+		k.putUser(u)
+	}
+	k.active = make(map[[sha256.Size]byte]activeKey, len(keys))
+	for _, key := range keys {
+		if key.RevokedAt.IsZero() {
+			k.activate(key)
+		}
+	}
+	return nil
+}
+
+// putUser stores u in memory, in place if the user has a record, so that
+// the active keys pointing at it see the change; k.mu is held.
+func (k *Keyring) putUser(u storage.User) {
+	if p := k.users[u.ID]; p != nil {
+		*p = u
+		return
+	}
+	k.users[u.ID] = &u
+}
+
+// activate lets key in; k.mu is held. A key whose user has no record
+// (storage writes both at once, so only a damaged file has one) gets an
+// empty record, which has no plan: the key is refused with 403 no_plan.
+func (k *Keyring) activate(key storage.Key) {
+	u := k.users[key.UserID]
+	if u == nil {
+		u = &storage.User{ID: key.UserID}
+		k.users[key.UserID] = u
+	}
+	k.active[key.Hash] = activeKey{id: key.ID, user: u}
+}
+
+// Authenticate returns the identity behind a bearer token and whether its
+// user is banned, or ok false for a token that is no active key.
+func (k *Keyring) Authenticate(token string) (id Identity, banned, ok bool) {
+	if !ValidShape(token) {
+		return Identity{}, false, false // cheap: the shape is public, the secret is not
+	}
+	var buf [len(keyPrefix) + keySecretLen]byte // the shape is checked: no allocation
+	sum := sha256.Sum256(append(buf[:0], token...))
+	// The map is keyed by the hash, so the lookup's timing reveals
+	// nothing of the secret.
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	key, found := k.active[sum]
+	if !found {
+		return Identity{}, false, false
+	}
+	return Identity{UserID: key.user.ID, KeyID: key.id, Plan: key.user.Plan}, key.user.Banned, true
+}
+
+// Create makes a new key for userID and returns its secret, which is shown
+// once and never stored. The id is normalised (see resolve), so "Alice"
+// gets a key of user "alice"; an id of a JWT user ("jwt:...") is refused.
+// An empty plan keeps an existing user's plan, or gives a new user
+// DefaultPlan.
+func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err error) {
+	k.write.Lock()
+	defer k.write.Unlock()
+	userID, err = k.resolve(userID)
+	if err != nil {
+		return "", KeyInfo{}, err
+	}
+	if userid.IsJWT(userID) {
+		return "", KeyInfo{}, fmt.Errorf("%w: %q: ids starting with %q name users who sign in with a JWT and cannot have API keys; choose another id",
+			ErrReservedUserID, userID, userid.JWTPrefix)
+	}
+	existing, known := k.user(userID)
+	if plan == "" {
+		plan = DefaultPlan
+		if known {
+			plan = existing.Plan
+		}
+	}
+	if !k.knownPlan(plan) {
+		return "", KeyInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml or pass another --plan", ErrUnknownPlan, plan, plan)
+	}
+	secret = keyPrefix + RandomString(keySecretLen, Base62)
+	now := k.now().UTC()
+	key := storage.Key{ID: "key_" + RandomString(10, Base62), Hash: sha256.Sum256([]byte(secret)), UserID: userID, CreatedAt: now}
+	user := storage.User{ID: userID, Plan: plan, CreatedAt: now}
+	if known {
+		user.CreatedAt, user.Banned = existing.CreatedAt, existing.Banned
+	}
+	if err := k.store.CreateKey(key, user); err != nil {
+		return "", KeyInfo{}, fmt.Errorf("create key for %s: %w", userID, err)
+	}
+	k.mu.Lock()
+	k.putUser(user)
+	k.activate(key)
+	k.keys = append(k.keys, key)
+	info = k.info(key)
+	k.mu.Unlock()
+	return secret, info, nil
+}
+
+// Revoke disables a key at once: the next request with it gets 401.
+func (k *Keyring) Revoke(id string) (KeyInfo, error) {
+	key, err := k.store.RevokeKey(id, k.now().UTC())
+	if err != nil {
+		return KeyInfo{}, fmt.Errorf("revoke key %s: %w", id, err)
+	}
+	k.mu.Lock()
+	delete(k.active, key.Hash)
+	for i := range k.keys {
+		if k.keys[i].ID == id {
+			k.keys[i] = key
+		}
+	}
+	info := k.info(key)
+	k.mu.Unlock()
+	return info, nil
+}
+
+// List describes every key, oldest first, without secrets.
+func (k *Keyring) List() []KeyInfo {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([]KeyInfo, 0, len(k.keys))
+	for _, key := range k.keys {
+		out = append(out, k.info(key))
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+// Banned reports whether user is banned. It costs a map lookup.
+func (k *Keyring) Banned(user string) bool {
+	u, _ := k.user(user)
+	return u.Banned
+}
+
+// user returns a copy of the named user's record.
+func (k *Keyring) user(id string) (storage.User, bool) {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if u := k.users[id]; u != nil {
+		return *u, true
+	}
+	return storage.User{}, false
+}
+
+// SetBanned bans or unbans a user, named as resolve allows; the next
+// request sees it. A user that has no key yet (a JWT user, "jwt:SUB") gets
+// a record that holds the ban.
+func (k *Keyring) SetBanned(user string, banned bool) (UserInfo, error) {
+	return k.updateUser(user, false, func(u *storage.User) { u.Banned = banned })
+}
+
+// SetPlan moves an existing API-key user to another plan. A JWT user's
+// plan comes from the token, so it is refused with ErrReservedUserID.
+func (k *Keyring) SetPlan(user, plan string) (UserInfo, error) {
+	if !k.knownPlan(plan) {
+		return UserInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml", ErrUnknownPlan, plan, plan)
+	}
+	return k.updateUser(user, true, func(u *storage.User) { u.Plan = plan })
+}
+
+// Resolve returns the id under which the user an operator named is stored
+// (see resolve), or ErrNotFound.
+func (k *Keyring) Resolve(user string) (string, error) {
+	id, err := k.resolve(user)
+	if err != nil {
+		return "", err
+	}
+	if _, known := k.user(id); !known {
+		return "", fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
+	}
+	return id, nil
+}
+
+// resolve finds the id under which the user an operator named is stored.
+// An id stored exactly as given wins, so a database from before ids were
+// normalised keeps working ("Alice", "bob "); then the normalised id
+// (package userid); then the one stored id with that normal form (so
+// "alice" finds an old "Alice"), or ErrAmbiguousUserID if several have
+// it. An id that names no user comes back normalised, for a new user.
+func (k *Keyring) resolve(id string) (string, error) {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if k.users[id] != nil {
+		return id, nil
+	}
+	norm, err := userid.Normalize(id)
+	if err != nil {
+		return "", err
+	}
+	if k.users[norm] != nil {
+		return norm, nil
+	}
+	var found []string
+	for stored := range k.users { // operator commands only: a scan is fine
+		if n, err := userid.Normalize(stored); err == nil && n == norm {
+			found = append(found, stored)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return norm, nil
+	case 1:
+		return found[0], nil
+	}
+	sort.Strings(found)
+	return "", fmt.Errorf("%w: %q could be any of %q; give the id exactly as stored", ErrAmbiguousUserID, id, found)
+}
+
+// Users lists every user, sorted by id.
+func (k *Keyring) Users() []UserInfo {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([]UserInfo, 0, len(k.users))
+	for _, u := range k.users {
+		out = append(out, UserInfo{ID: u.ID, Plan: u.Plan, Banned: u.Banned})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// updateUser writes a changed user, named as resolve allows, through to
+// storage, then to memory. With mustExist, an unknown user is ErrNotFound
+// and a JWT user ErrReservedUserID. Writers are serialised so two changes
+// cannot overwrite each other.
+func (k *Keyring) updateUser(name string, mustExist bool, change func(*storage.User)) (UserInfo, error) {
+	k.write.Lock()
+	defer k.write.Unlock()
+	id, err := k.resolve(name)
+	if err != nil {
+		return UserInfo{}, err
+	}
+	u, known := k.user(id)
+	switch {
+	case mustExist && userid.IsJWT(id):
+		return UserInfo{}, fmt.Errorf("%w: the plan of %q comes from its token (auth.jwt.plan_claim, else auth.jwt.default_plan)", ErrReservedUserID, id)
+	case mustExist && !known:
+		return UserInfo{}, fmt.Errorf("user %q: %w", name, storage.ErrNotFound)
+	case !known:
+		u = storage.User{ID: id, CreatedAt: k.now().UTC()}
+	}
+	change(&u)
+	if err := k.store.PutUser(u); err != nil {
+		return UserInfo{}, fmt.Errorf("update user %s: %w", id, err)
+	}
+	k.mu.Lock()
+	k.putUser(u)
+	k.mu.Unlock()
+	return UserInfo{ID: u.ID, Plan: u.Plan, Banned: u.Banned}, nil
+}
+
+// info describes key with its user's plan; k.mu is held.
+func (k *Keyring) info(key storage.Key) KeyInfo {
+	var plan string
+	if u := k.users[key.UserID]; u != nil {
+		plan = u.Plan
+	}
+	return KeyInfo{ID: key.ID, UserID: key.UserID, Plan: plan, CreatedAt: key.CreatedAt, RevokedAt: key.RevokedAt}
+}
+
+// ValidShape is a cheap check that token could be one of our keys.
+func ValidShape(token string) bool {
+	if len(token) != len(keyPrefix)+keySecretLen || !strings.HasPrefix(token, keyPrefix) {
+		return false
+	}
+	for i := len(keyPrefix); i < len(token); i++ {
+		if !isBase62(token[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// isBase62 reports whether b is one of Base62. It compares ranges
+// rather than searching the alphabet: it runs on every request, and
+// comparisons touch no memory.
+func isBase62(b byte) bool {
+	return '0' <= b && b <= '9' || 'A' <= b && b <= 'Z' || 'a' <= b && b <= 'z'
+}
