@@ -11,13 +11,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"breakwater/server/invites"
-	"breakwater/server/keys"
 	"breakwater/server/operator"
 	"breakwater/storage"
 )
-
-var errKeyNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No key has that id.")
 
 // adminOnly lets a request through only with the admin token, sent as
 // "Authorization: Bearer TOKEN" (the CLI, scripts) or as the password of
@@ -34,8 +30,7 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 		got := sha256.Sum256([]byte(token))
 		if !ok || s.d.AdminToken == "" || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 			c.Response().Header().Set("WWW-Authenticate", `Basic realm="breakwater admin", charset="UTF-8"`)
-			return problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
-				"The admin API needs Authorization: Bearer $BREAKWATER_ADMIN_TOKEN (browsers: the token as the password).")
+			return errAdminUnauthorized
 		}
 		return next(c)
 	}
@@ -44,13 +39,10 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 func (s *Server) handleCreateKey(c echo.Context) error {
 	var req operator.CreateKeyRequest
 	if err := c.Bind(&req); err != nil {
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"user":"...","plan":"..."}.`)
+		return badRequest(`Send JSON {"user":"...","plan":"..."}.`)
 	}
 	secret, info, err := s.d.Operator.CreateKey(c.Request().Context(), req.User, req.Plan)
-	switch {
-	case badUserRequest(err):
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
-	case err != nil:
+	if err != nil {
 		return err
 	}
 	s.log.Info("api key created", "key_id", info.ID, "user", info.UserID, "plan", info.Plan)
@@ -77,19 +69,11 @@ func (s *Server) handleRevokeKey(c echo.Context) error {
 	return c.JSON(http.StatusOK, info)
 }
 
-// badUserRequest tells whether err refuses what the operator asked for (a
-// user id breaking a rule, reserved or ambiguous; an unknown plan), which
-// the answer then explains.
-func badUserRequest(err error) bool {
-	return errors.Is(err, keys.ErrBadUserID) || errors.Is(err, keys.ErrReservedUserID) ||
-		errors.Is(err, keys.ErrAmbiguousUserID) || errors.Is(err, keys.ErrUnknownPlan)
-}
-
 // handleUpdateUser bans, unbans or moves a user to another plan.
 func (s *Server) handleUpdateUser(c echo.Context) error {
 	var req operator.UserRequest
 	if err := c.Bind(&req); err != nil || (req.Banned == nil && req.Plan == "") {
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
+		return badRequest(`Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
 	}
 	ctx, user := c.Request().Context(), pathParam(c, "id")
 	var info operator.UserInfo
@@ -102,9 +86,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 	}
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
-	case badUserRequest(err):
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
+		return errUserNotFound
 	case err != nil:
 		return err
 	}
@@ -116,9 +98,7 @@ func (s *Server) handleUsage(c echo.Context) error {
 	list, err := s.d.Operator.Usage(c.Request().Context(), c.QueryParam("user"))
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
-	case badUserRequest(err):
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
+		return errUserNotFound
 	case err != nil:
 		return err
 	}
@@ -136,7 +116,7 @@ func (s *Server) handleBudget(c echo.Context) error {
 func (s *Server) handleBrake(c echo.Context) error {
 	var req operator.BrakeRequest
 	if err := c.Bind(&req); err != nil || req.On == nil {
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"on":true} or {"on":false}.`)
+		return badRequest(`Send JSON {"on":true} or {"on":false}.`)
 	}
 	info, err := s.d.Operator.SetBrake(c.Request().Context(), *req.On)
 	if err != nil {
@@ -168,29 +148,21 @@ func (s *Server) handleBackup(c echo.Context) error {
 	return nil
 }
 
-var errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_database", "Conflict",
-	"The backup target is the live database file; write the copy elsewhere.")
-
-var errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
-
 func (s *Server) handleCreateInvite(c echo.Context) error {
 	var req operator.CreateInviteRequest
 	if err := c.Bind(&req); err != nil {
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"uses":1,"expires":"72h","note":"..."}.`)
+		return badRequest(`Send JSON {"uses":1,"expires":"72h","note":"..."}.`)
 	}
 	var ttl time.Duration
 	if req.Expires != "" {
 		d, err := time.ParseDuration(req.Expires)
 		if err != nil {
-			return problem(http.StatusBadRequest, "bad_request", "Bad request", "expires must be a duration such as \"72h\".")
+			return badRequest("expires must be a duration such as \"72h\".")
 		}
 		ttl = d
 	}
 	code, info, err := s.d.Operator.CreateInvite(c.Request().Context(), req.Uses, ttl, req.Note)
-	switch {
-	case errors.Is(err, invites.ErrInvalid):
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
-	case err != nil:
+	if err != nil {
 		return err
 	}
 	s.log.Info("invite created", "invite_id", info.ID, "uses", info.MaxUses, "expires_at", info.ExpiresAt)

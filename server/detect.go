@@ -1,7 +1,6 @@
 package server
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -35,15 +34,10 @@ func (noAlerts) Alert(string, string, map[string]string) {}
 func (s *Server) handleDetectRun(c echo.Context) error {
 	var req operator.DetectRunRequest
 	if err := c.Bind(&req); err != nil {
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", `Send JSON {"day":"YYYY-MM-DD","no_mail":false}.`)
+		return badRequest(`Send JSON {"day":"YYYY-MM-DD","no_mail":false}.`)
 	}
 	rep, err := s.d.Operator.DetectRun(c.Request().Context(), req.Day, !req.NoMail)
-	switch {
-	case errors.Is(err, operator.ErrBadDay):
-		return problem(http.StatusBadRequest, "bad_request", "Bad request", err.Error())
-	case errors.Is(err, detect.ErrPruned):
-		return problem(http.StatusConflict, "pruned", "Conflict", err.Error())
-	case err != nil:
+	if err != nil {
 		return err
 	}
 	s.log.Info("detection run by the operator", "day", rep.Day, "findings", len(rep.Findings))

@@ -13,9 +13,6 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-var errTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
-	"The image is larger than this service accepts.")
-
 // hexDigits is the alphabet of a request id's prefix.
 const hexDigits = "0123456789abcdef"
 

@@ -23,37 +23,6 @@ import (
 // multipartSlack is what multipart framing may add around the image.
 const multipartSlack = 64 << 10
 
-var (
-	errMissingImage = problem(http.StatusBadRequest, "missing_image", "Bad request",
-		"Send the image as the request body with an image/* Content-Type, or as multipart/form-data in the field \"image\".")
-	errUnsupportedType = problem(http.StatusUnsupportedMediaType, "unsupported_media_type", "Unsupported media type",
-		"Send a PNG, JPEG or WebP image whose Content-Type matches its contents.")
-	errUndecodable = problem(http.StatusUnprocessableEntity, "undecodable_image", "Unprocessable image",
-		"The image could not be decoded.")
-	errTooManyPixels = problem(http.StatusUnprocessableEntity, "too_many_pixels", "Unprocessable image",
-		"The image has more pixels, or a longer side, than this service accepts; scale it down.")
-	// errClientGone is answered to nobody; its status (nginx's 499) keeps
-	// disconnects apart from server errors in logs and metrics.
-	errClientGone = problem(499, "client_closed_request", "Client closed request",
-		"The client went away before the read started.")
-	errBanned = problem(http.StatusForbidden, "banned", "Forbidden",
-		"This account is suspended. Contact the operator of this service.")
-	errNoPlan = problem(http.StatusForbidden, "no_plan", "Forbidden",
-		"Your account has no valid plan. Contact the operator of this service.")
-	errRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
-		"Too many requests in a short time. Wait for the time in Retry-After.")
-	errDailyLimit = problem(http.StatusTooManyRequests, "daily_limit", "Too many requests",
-		"Your account has made too many requests today. It resets at midnight.")
-	errQuotaExceeded = problem(http.StatusTooManyRequests, "quota_exceeded", "Too many requests",
-		"Your monthly quota is used up; it resets at the start of next month.")
-	errBudgetBusy = problem(http.StatusServiceUnavailable, "budget_busy", "Service busy",
-		"The service is busy with other reads right now. Try again after the time in Retry-After.")
-	errPausedByOperator = problem(http.StatusServiceUnavailable, "paused_by_operator", "Service paused",
-		"The operator has paused this service. Try again later.")
-	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
-		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
-)
-
 // ocrResponse is the body of a successful read.
 type ocrResponse struct {
 	Serials   []string      `json:"serials"`
@@ -480,8 +449,6 @@ func grow(buf []byte, n int64, mem *lease) ([]byte, error) {
 	copy(out, buf)
 	return out, nil
 }
-
-var errBadBody = problem(http.StatusBadRequest, "bad_body", "Bad request", "The request body could not be read.")
 
 // bodyError maps an error of reading the body to its problem, other for
 // any that is not the body limit, the upload rate or the body memory.

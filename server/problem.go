@@ -8,6 +8,11 @@ import (
 	"strconv"
 
 	"github.com/labstack/echo/v4"
+
+	"breakwater/detect"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
 )
 
 // Problem is an error answered as application/problem+json (RFC 9457).
@@ -29,19 +34,92 @@ func problem(status int, code, title, detail string) *Problem {
 	return &Problem{Status: status, Code: code, Title: title, Detail: detail, Type: "urn:breakwater:problem:" + code}
 }
 
-// The problems that need no per-request detail. Each is copied before use.
+// Every problem an endpoint answers with, in one place: this list is the
+// error table of README.md. Each is copied before it gets a Retry-After.
 var (
+	// Transport and every endpoint.
 	errUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
 		"A valid API key or sign-in token is required: send it as Authorization: Bearer <token>.")
+	errInternal = problem(http.StatusInternalServerError, "internal", "Internal server error",
+		"Something went wrong on our side.")
+	errTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
+		"The image is larger than this service accepts.")
+	errBadBody         = problem(http.StatusBadRequest, "bad_body", "Bad request", "The request body could not be read.")
+	errTooManyInFlight = problem(http.StatusTooManyRequests, "too_many_in_flight", "Too many requests",
+		"Too many of your requests are in progress at once. Wait for one to finish.")
+	errServerBusy = problem(http.StatusServiceUnavailable, "server_busy", "Service busy",
+		"The service is receiving too many uploads at once. Try again after the time in Retry-After.")
+	errUploadTooSlow = problem(http.StatusRequestTimeout, "upload_too_slow", "Request timeout",
+		"The upload arrived too slowly or stalled.")
+	errTooManyParts = problem(http.StatusBadRequest, "too_many_parts", "Bad request",
+		"The form has too many parts. Send the image in the field \"image\" with few other fields, or as the raw body.")
+
+	// POST /v1/ocr.
 	errUsageUnavailable = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
 		"The read could not be recorded, so no result is returned and nothing is counted. Try again shortly.")
 	errUsagePaused = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
 		"Reads cannot be recorded right now, so none are made and nothing is counted. Try again after the time in Retry-After.")
 	errUpstream = problem(http.StatusBadGateway, "upstream_failed", "Bad gateway",
 		"The OCR provider did not give a usable answer. Nothing was counted against your quota.")
-	errInternal = problem(http.StatusInternalServerError, "internal", "Internal server error",
-		"Something went wrong on our side.")
+	errMissingImage = problem(http.StatusBadRequest, "missing_image", "Bad request",
+		"Send the image as the request body with an image/* Content-Type, or as multipart/form-data in the field \"image\".")
+	errUnsupportedType = problem(http.StatusUnsupportedMediaType, "unsupported_media_type", "Unsupported media type",
+		"Send a PNG, JPEG or WebP image whose Content-Type matches its contents.")
+	errUndecodable = problem(http.StatusUnprocessableEntity, "undecodable_image", "Unprocessable image",
+		"The image could not be decoded.")
+	errTooManyPixels = problem(http.StatusUnprocessableEntity, "too_many_pixels", "Unprocessable image",
+		"The image has more pixels, or a longer side, than this service accepts; scale it down.")
+	// errClientGone is answered to nobody; its status (nginx's 499) keeps
+	// disconnects apart from server errors in logs and metrics.
+	errClientGone = problem(499, "client_closed_request", "Client closed request",
+		"The client went away before the read started.")
+	errBanned = problem(http.StatusForbidden, "banned", "Forbidden",
+		"This account is suspended. Contact the operator of this service.")
+	errNoPlan = problem(http.StatusForbidden, "no_plan", "Forbidden",
+		"Your account has no valid plan. Contact the operator of this service.")
+	errRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
+		"Too many requests in a short time. Wait for the time in Retry-After.")
+	errDailyLimit = problem(http.StatusTooManyRequests, "daily_limit", "Too many requests",
+		"Your account has made too many requests today. It resets at midnight.")
+	errQuotaExceeded = problem(http.StatusTooManyRequests, "quota_exceeded", "Too many requests",
+		"Your monthly quota is used up; it resets at the start of next month.")
+	errBudgetBusy = problem(http.StatusServiceUnavailable, "budget_busy", "Service busy",
+		"The service is busy with other reads right now. Try again after the time in Retry-After.")
+	errPausedByOperator = problem(http.StatusServiceUnavailable, "paused_by_operator", "Service paused",
+		"The operator has paused this service. Try again later.")
+	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
+		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
+
+	// POST /v1/invites/verify. errInviteRefused is the one face of every
+	// refusal that concerns the code: it carries no reason, no figure and
+	// no hint of how many tries are left.
+	errInviteRefused = problem(http.StatusForbidden, "invite_refused", "Forbidden",
+		"This invite code cannot be used. Check it, or try again later.")
+	errInviteRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
+		"Too many requests from your address in a short time. Wait for the time in Retry-After.")
+	errVerifyBody   = badRequest(`Send JSON {"code":"...","email":"..."}.`)
+	errInvalidEmail = problem(http.StatusBadRequest, "invalid_email", "Bad request",
+		"The e-mail address is not valid.")
+	errVerifyTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
+		"The request body is larger than this endpoint accepts.")
+	errInvitesUnavailable = problem(http.StatusServiceUnavailable, "invites_unavailable", "Service unavailable",
+		"Invite codes cannot be checked right now. Try again shortly.")
+
+	// The admin API.
+	errAdminUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
+		"The admin API needs Authorization: Bearer $BREAKWATER_ADMIN_TOKEN (browsers: the token as the password).")
+	errKeyNotFound        = problem(http.StatusNotFound, "not_found", "Not found", "No key has that id.")
+	errUserNotFound       = problem(http.StatusNotFound, "not_found", "Not found", "No user has that id.")
+	errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_database", "Conflict",
+		"The backup target is the live database file; write the copy elsewhere.")
+	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 )
+
+// badRequest is the 400 of a request body or parameter that could not be
+// understood; detail says what to send.
+func badRequest(detail string) *Problem {
+	return problem(http.StatusBadRequest, "bad_request", "Bad request", detail)
+}
 
 // withRetryAfter returns a copy of p that sends Retry-After: seconds.
 func (p *Problem) withRetryAfter(seconds int) *Problem {
@@ -101,11 +179,36 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 	}
 }
 
-// toProblem maps any error to the problem users see.
+// domainErrors map the errors of the packages below the transport that a
+// request can cause to the problem answered; the detail is the error's own
+// text, which says what was wrong and names no threshold.
+var domainErrors = []struct {
+	err    error
+	status int
+	code   string
+	title  string
+}{
+	{keys.ErrBadUserID, http.StatusBadRequest, "bad_request", "Bad request"},
+	{keys.ErrReservedUserID, http.StatusBadRequest, "bad_request", "Bad request"},
+	{keys.ErrAmbiguousUserID, http.StatusBadRequest, "bad_request", "Bad request"},
+	{keys.ErrUnknownPlan, http.StatusBadRequest, "bad_request", "Bad request"},
+	{invites.ErrInvalid, http.StatusBadRequest, "bad_request", "Bad request"},
+	{operator.ErrBadDay, http.StatusBadRequest, "bad_request", "Bad request"},
+	{operator.ErrBackupOntoDatabase, http.StatusConflict, "backup_target_is_database", "Conflict"},
+	{detect.ErrPruned, http.StatusConflict, "pruned", "Conflict"},
+}
+
+// toProblem maps any error to the problem users see: a *Problem as it is,
+// a domain error by domainErrors, Echo's own by status, anything else 500.
 func toProblem(err error) *Problem {
 	var p *Problem
 	if errors.As(err, &p) {
 		return p
+	}
+	for _, d := range domainErrors {
+		if errors.Is(err, d.err) {
+			return problem(d.status, d.code, d.title, err.Error())
+		}
 	}
 	var he *echo.HTTPError
 	if errors.As(err, &he) {

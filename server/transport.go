@@ -22,17 +22,6 @@ import (
 // layerTransport labels the transport's refusals in the metrics.
 const layerTransport = "transport"
 
-var (
-	errTooManyInFlight = problem(http.StatusTooManyRequests, "too_many_in_flight", "Too many requests",
-		"Too many of your requests are in progress at once. Wait for one to finish.")
-	errServerBusy = problem(http.StatusServiceUnavailable, "server_busy", "Service busy",
-		"The service is receiving too many uploads at once. Try again after the time in Retry-After.")
-	errUploadTooSlow = problem(http.StatusRequestTimeout, "upload_too_slow", "Request timeout",
-		"The upload arrived too slowly or stalled.")
-	errTooManyParts = problem(http.StatusBadRequest, "too_many_parts", "Bad request",
-		"The form has too many parts. Send the image in the field \"image\" with few other fields, or as the raw body.")
-)
-
 // errReadTooSlow is what a paced body returns once its read deadline has
 // passed.
 var errReadTooSlow = errors.New("server: upload slower than server.min_upload_bytes_per_second")

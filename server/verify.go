@@ -44,24 +44,6 @@ type InviteRedeemer interface {
 	RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
 }
 
-// The problems of POST /v1/invites/verify. errInviteRefused is the one face
-// of every refusal that concerns the code: it carries no reason, no figure
-// and no hint of how many tries are left.
-var (
-	errInviteRefused = problem(http.StatusForbidden, "invite_refused", "Forbidden",
-		"This invite code cannot be used. Check it, or try again later.")
-	errInviteRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
-		"Too many requests from your address in a short time. Wait for the time in Retry-After.")
-	errVerifyBody = problem(http.StatusBadRequest, "bad_request", "Bad request",
-		`Send JSON {"code":"...","email":"..."}.`)
-	errInvalidEmail = problem(http.StatusBadRequest, "invalid_email", "Bad request",
-		"The e-mail address is not valid.")
-	errVerifyTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
-		"The request body is larger than this endpoint accepts.")
-	errInvitesUnavailable = problem(http.StatusServiceUnavailable, "invites_unavailable", "Service unavailable",
-		"Invite codes cannot be checked right now. Try again shortly.")
-)
-
 // verifyRequest is the body of POST /v1/invites/verify.
 type verifyRequest struct {
 	Code  string `json:"code"`
