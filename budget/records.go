@@ -21,6 +21,31 @@ type UsageRecord struct {
 	ThoughtsTokens   int
 	CostMicroUSD     int64 // price of the call, in millionths of a US dollar
 	LatencyMS        int64 // upstream latency, in milliseconds
+
+	// Answer, when set, is kept in the same durable transaction as the
+	// record, so that a repeat of the request is answered again without a
+	// second call. It is not part of the usage row.
+	Answer *Answer `json:"-"`
+}
+
+// Answer is what a read's usage transaction keeps so that the same request
+// (by its idempotency key) or the same image (within the dedupe window)
+// is answered again without a second paid call, and never the one without
+// the other: a crash cannot leave a charged read without its answer.
+type Answer struct {
+	// Fingerprint is the SHA-256 of the declared media type and the image
+	// bytes.
+	Fingerprint [32]byte
+	// IdempotencyKey is the client's Idempotency-Key ("" if it sent none);
+	// with it, Status and Body are the answer as sent, to be replayed byte
+	// for byte.
+	IdempotencyKey string
+	Status         int
+	Body           []byte
+	// Serials, Rejected and Simulated are the read, for the dedupe window.
+	Serials   []string
+	Rejected  []string
+	Simulated bool
 }
 
 // Settlement replaces an open reservation's worst case by its actual cost.

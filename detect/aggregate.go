@@ -18,6 +18,11 @@ const (
 	// force detector counts these, not the refusals during a cooldown
 	// (an attacker who waits each cooldown out makes none of those).
 	OutcomeCooldownStarted = "cooldown_started"
+	// OutcomeCached marks a read answered from the dedupe window (the same
+	// image again), and OutcomeReplayed one answered from its idempotency
+	// key: neither reached the upstream.
+	OutcomeCached   = "cached"
+	OutcomeReplayed = "replayed"
 	// OutcomeRefused marks a row that sums the invite refusals of one IP
 	// (or of Other) or of one e-mail over a stretch of time, in Count. It
 	// counts for that key only; the service's checks are in rows with the
@@ -132,6 +137,17 @@ func NewAggregator(day string, lines Lines, maxKeys int) *Aggregator {
 func (a *Aggregator) Add(e Event) {
 	if e.Route == RouteInvite {
 		a.addInvite(e)
+		return
+	}
+	if e.Outcome == OutcomeCached || e.Outcome == OutcomeReplayed {
+		// Answered from storage: no attempt reached the upstream, but a
+		// user sending one image again and again shows here.
+		a.s.Service.Cached++
+		if e.UserID != "" {
+			u := a.s.Users[e.UserID]
+			u.Cached++
+			a.s.Users[e.UserID] = u
+		}
 		return
 	}
 	s := &a.s.Service

@@ -59,6 +59,9 @@ type UserDay struct {
 	// Line is the user's daily abuse line when the day was aggregated
 	// (0: none); the grey-zone detector compares Attempts with it.
 	Line int64 `json:"line"`
+	// Cached counts reads answered from storage (the same image again, or
+	// a repeated idempotency key): not attempts, no upstream call.
+	Cached int64 `json:"cached,omitempty"`
 }
 
 // IPDay is one client IP's figures for one day.
@@ -77,7 +80,8 @@ type ServiceDay struct {
 	Users        int64 `json:"users"`
 	IPs          int64 `json:"ips"`
 	CostMicroUSD int64 `json:"cost_micro_usd"`
-	Invites      int64 `json:"invites"` // invite checks, whatever their outcome
+	Invites      int64 `json:"invites"`          // invite checks, whatever their outcome
+	Cached       int64 `json:"cached,omitempty"` // reads answered from storage
 }
 
 // DayStats is the aggregate of one day's statistics events.

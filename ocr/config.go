@@ -56,9 +56,26 @@ type Config struct {
 	// SimulatedLatency is how long the simulated provider waits before it
 	// answers. Ignored by the gemini provider. Default 0 (no wait).
 	SimulatedLatency time.Duration `koanf:"simulated_latency"`
+	// IdempotencyTTL is how long a read made with an Idempotency-Key is
+	// answered again, from storage, to a repeat with that key. Default
+	// 24h.
+	IdempotencyTTL time.Duration `koanf:"idempotency_ttl"`
+	// DedupeWindow is how long a user who sends again an image of one of
+	// their successful reads gets that read back ("cached": true) without
+	// a new call. Left out: DefaultDedupeWindow (10m); an explicit "0s"
+	// switches it off.
+	DedupeWindow time.Duration `koanf:"dedupe_window"`
 	// Price is what the provider charges per token.
 	Price Price `koanf:"price"`
 }
+
+// Defaults of the answers kept with usage records.
+const (
+	DefaultIdempotencyTTL = 24 * time.Hour
+	DefaultDedupeWindow   = 10 * time.Minute
+	// MaxIdempotencyTTL bounds how long answers are kept.
+	MaxIdempotencyTTL = 30 * 24 * time.Hour
+)
 
 // Price is the "[ocr.price]" section of config.toml: the provider's list
 // prices, which move, so they live in config. A zero field means its
@@ -91,6 +108,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.SerialPattern == "" {
 		c.SerialPattern = DefaultSerialPattern
+	}
+	if c.IdempotencyTTL == 0 {
+		c.IdempotencyTTL = DefaultIdempotencyTTL
 	}
 	c.Price = c.Price.withDefaults()
 	return c
@@ -145,6 +165,12 @@ func (c Config) Validate() error {
 	}
 	if c.SimulatedLatency < 0 {
 		add("simulated_latency", "must not be negative")
+	}
+	if c.IdempotencyTTL < 0 || c.IdempotencyTTL > MaxIdempotencyTTL {
+		add("idempotency_ttl", fmt.Sprintf("must be between 1s and %s", MaxIdempotencyTTL))
+	}
+	if c.DedupeWindow < 0 || c.DedupeWindow > MaxIdempotencyTTL {
+		add("dedupe_window", fmt.Sprintf("must be between 0s (off) and %s", MaxIdempotencyTTL))
 	}
 	checkPrice := func(key string, v float64) {
 		switch {

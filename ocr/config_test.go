@@ -10,12 +10,13 @@ import (
 func TestWithDefaults(t *testing.T) {
 	got := Config{}.WithDefaults()
 	want := Config{
-		Provider:      "gemini",
-		Model:         "gemini-2.5-flash",
-		BaseURL:       "https://generativelanguage.googleapis.com",
-		Timeout:       30 * time.Second,
-		SerialPattern: `^[A-Z0-9][A-Z0-9./-]{3,39}$`,
-		Price:         Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, MaxOutputTokens: 256},
+		Provider:       "gemini",
+		Model:          "gemini-2.5-flash",
+		BaseURL:        "https://generativelanguage.googleapis.com",
+		Timeout:        30 * time.Second,
+		SerialPattern:  `^[A-Z0-9][A-Z0-9./-]{3,39}$`,
+		IdempotencyTTL: 24 * time.Hour,
+		Price:          Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, MaxOutputTokens: 256},
 	}
 	if got != want {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
@@ -23,7 +24,7 @@ func TestWithDefaults(t *testing.T) {
 
 	set := Config{
 		Provider: "simulated", Model: "m", BaseURL: "http://x", Timeout: time.Second,
-		SerialPattern: "[0-9]+", SimulatedLatency: time.Millisecond,
+		SerialPattern: "[0-9]+", SimulatedLatency: time.Millisecond, IdempotencyTTL: time.Hour,
 		Price: Price{InputUSDPerMillion: 0.1, OutputUSDPerMillion: 0.4, MaxOutputTokens: 64},
 	}
 	if got := set.WithDefaults(); got != set {

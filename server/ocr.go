@@ -29,6 +29,7 @@ type ocrResponse struct {
 	Rejected  []string      `json:"rejected"`
 	Quota     quotaResponse `json:"quota"`
 	Simulated bool          `json:"simulated,omitempty"`
+	Cached    bool          `json:"cached,omitempty"` // answered from the dedupe window, without a call
 }
 
 type quotaResponse struct {
@@ -78,43 +79,112 @@ func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, er
 // handleOCR reads serial numbers off one image. It walks the layer table
 // of README.md: nothing that costs money runs before every check has
 // passed, a refusal by layers 0-3 writes nothing to disk, and no result
-// leaves before its usage record is on disk.
+// leaves before its usage record is on disk. A repeat of an idempotent
+// request, or the same image again within the dedupe window, is answered
+// from what the first read's usage transaction kept, without a call.
 func (s *Server) handleOCR(c echo.Context) error {
 	start := s.now()
-	price := s.price.Load()
-	ctx := context.WithoutCancel(c.Request().Context()) // a paid call outlives its client
-
-	// Layer 0, then layers 1-3 from memory, before the body is read.
-	id, plan, err := s.identify(c)
+	id, plan, err := s.identify(c) // layer 0
 	if err != nil {
 		return err
 	}
-	t, refused := s.ocrGuard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, start)
+	req := guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}
+	key, err := idempotencyKey(c.Request().Header)
+	if err != nil {
+		return err
+	}
+	if key != "" {
+		return s.handleIdempotentOCR(c, start, id, plan, req, key)
+	}
+	// Layers 1-3 from memory, before the body is read.
+	t, refused := s.ocrGuard.Admit(req, start)
 	if refused != nil {
 		return s.refusal(refused)
 	}
-	defer t.Release()        // whatever happens from here on, a panic too
-	body, err := s.enter(id) // an in-flight slot and the body's memory
+	defer t.Release() // whatever happens from here on, a panic too
+	in, err := s.receive(c, id)
 	if err != nil {
 		return err
 	}
-	defer body.close()
-	admitted := s.now()
+	defer in.mem.close()
+	if a, ok := s.recentRead(id.UserID, in.fp); ok {
+		return s.answerCached(c, start, id, plan.MonthlyQuota, a)
+	}
+	return s.read(c, start, id, plan, t, in, "")
+}
 
-	// Cheap input validation: type sniffing and the image header.
-	data, img, err := readValidImage(c.Request(), s.cfg, body)
+// handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
+// only layer 1 is checked before the stored answer is looked up, since a
+// repeat uses nothing else; a first request goes on as any other.
+func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, key string) error {
+	if !s.pending.acquire(id.UserID, key) {
+		return errIdempotencyKeyInUse.withRetryAfter(1)
+	}
+	defer s.pending.release(id.UserID, key)
+	if refused := s.ocrGuard.Count(req, start); refused != nil {
+		return s.refusal(refused)
+	}
+	in, err := s.receive(c, id)
 	if err != nil {
 		return err
 	}
+	defer in.mem.close()
+	if a, ok := s.storedAnswer(id.UserID, key); ok {
+		if a.Fingerprint != in.fp {
+			return errIdempotencyKeyReused
+		}
+		return s.replay(c, start, id, a)
+	}
+	t, refused := s.ocrGuard.Look(req, s.now())
+	if refused != nil {
+		return s.refusal(refused)
+	}
+	defer t.Release()
+	if a, ok := s.recentRead(id.UserID, in.fp); ok {
+		return s.answerCached(c, start, id, plan.MonthlyQuota, a)
+	}
+	return s.read(c, start, id, plan, t, in, key)
+}
 
-	// Layers 2, 2b and 3 take their share; the claim goes to disk before
-	// the call, so that it still counts after a crash.
-	now := s.now() // the upload may have taken a while
-	worst := price.WorstCase(img.Width, img.Height)
+// received is a validated upload and what it took to receive it.
+type received struct {
+	data []byte
+	img  ocr.Image
+	fp   [32]byte
+	mem  *lease
+	at   time.Time // when the guard's checks before the body ended
+}
+
+// receive takes an in-flight slot and the body's memory, reads the upload
+// and checks it cheaply: type sniffing and the image header. The caller
+// closes mem.
+func (s *Server) receive(c echo.Context, id keys.Identity) (received, error) {
+	mem, err := s.enter(id)
+	if err != nil {
+		return received{}, err
+	}
+	in := received{mem: mem, at: s.now()}
+	in.data, in.img, err = readValidImage(c.Request(), s.cfg, mem)
+	if err != nil {
+		mem.close()
+		return received{}, err
+	}
+	in.fp = fingerprint(in.img)
+	return in, nil
+}
+
+// read makes the paid call for an admitted, validated upload: layers 2,
+// 2b and 3 take their share, the claim goes to disk before the call, and
+// the usage record (with what a repeat needs) before the answer.
+func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, t *guard.Ticket, in received, key string) error {
+	price := s.price.Load()
+	ctx := context.WithoutCancel(c.Request().Context()) // a paid call outlives its client
+	now := s.now()                                      // the upload may have taken a while
+	worst := price.WorstCase(in.img.Width, in.img.Height)
 	if refused := t.Reserve(worst, now); refused != nil {
 		return s.refusal(refused)
 	}
-	s.d.Metrics.guard.Observe((admitted.Sub(start) + s.now().Sub(now)).Seconds())
+	s.d.Metrics.guard.Observe((in.at.Sub(start) + s.now().Sub(now)).Seconds())
 	if refused := t.Commit(ctx, s.now()); refused != nil {
 		t.Cancel(ctx) // no call is made
 		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", id.UserID, "request_id", requestID(c),
@@ -131,14 +201,14 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 	// The expensive call, with its one retry claimed like the call.
 	callStart := s.now()
-	res, err := s.d.Reader.Read(ctx, img, func() bool { return s.claimRetry(ctx, c, t, worst) })
+	res, err := s.d.Reader.Read(ctx, in.img, func() bool { return s.claimRetry(ctx, c, t, worst) })
 	latency := s.now().Sub(callStart)
 	cost := s.callCost(c, price, res.Usage, err, worst)
 	s.countCall(latency, res.Usage, err)
 	s.d.Metrics.cost.Add(usd(cost))
 	event := detect.Event{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
-		Bytes: int64(len(data)), LatencyMS: latency.Milliseconds(),
+		Bytes: int64(len(in.data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
 		CostMicroUSD: cost,
 	}
@@ -159,16 +229,37 @@ func (s *Server) handleOCR(c echo.Context) error {
 		}
 		return errUpstream
 	}
+	return s.record(c, ctx, t, plan, id, event, s.usageRecord(c, start, id, res, in, cost, latency), res, in, key)
+}
 
-	// "$": the quota increment, the usage row and the settlement, in one
-	// durable transaction before the answer.
-	rec := budget.UsageRecord{
+// usageRecord is the row of a successful read.
+func (s *Server) usageRecord(c echo.Context, start time.Time, id keys.Identity, res ocr.Result, in received, cost int64, latency time.Duration) budget.UsageRecord {
+	return budget.UsageRecord{
 		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
-		Bytes: int64(len(data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
+		Bytes: int64(len(in.data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
 	}
+}
+
+// record is "$": the quota increment, the usage row, the settlement and
+// what a repeat needs, in one durable transaction before the answer. With
+// an idempotency key the answer is made first, so that what is kept is
+// what is sent.
+func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, plan budget.Plan, id keys.Identity,
+	event detect.Event, rec budget.UsageRecord, res ocr.Result, in received, key string) error {
+	var body []byte
+	if key != "" || s.d.DedupeWindow > 0 {
+		rec.Answer = &budget.Answer{Fingerprint: in.fp, Serials: res.Serials, Rejected: res.Rejected, Simulated: res.Simulated}
+	}
+	if key != "" {
+		var err error
+		if body, err = answerBody(res, plan.MonthlyQuota, s.ocrGuard.Used(id.UserID, s.now())+1); err != nil {
+			return err
+		}
+		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = key, http.StatusOK, body
+	}
 	commitStart := s.now()
-	used, err := t.Record(ctx, rec, cost, s.now())
+	used, err := t.Record(ctx, rec, event.CostMicroUSD, s.now())
 	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
 	if err != nil {
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
@@ -182,12 +273,12 @@ func (s *Server) handleOCR(c echo.Context) error {
 	failpoint.Hit(failpoint.Recorded) // crash tests only: a kill between the usage record and the answer
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
-	return c.JSON(http.StatusOK, ocrResponse{
-		Serials:   nonNil(res.Serials),
-		Rejected:  nonNil(res.Rejected),
-		Quota:     quotaResponse{Limit: plan.MonthlyQuota, Used: used, Remaining: max(plan.MonthlyQuota-used, 0)},
-		Simulated: res.Simulated,
-	})
+	if body == nil {
+		if body, err = answerBody(res, plan.MonthlyQuota, used); err != nil {
+			return err
+		}
+	}
+	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, body)
 }
 
 // callCost is what a call is billed: its reported tokens at the prices in

@@ -90,6 +90,14 @@ var (
 	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
 		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
 
+	// Idempotency-Key on POST /v1/ocr.
+	errIdempotencyKeyInvalid = problem(http.StatusBadRequest, "idempotency_key_invalid", "Bad request",
+		"Idempotency-Key must be 1 to 255 printable ASCII characters, once.")
+	errIdempotencyKeyReused = problem(http.StatusUnprocessableEntity, "idempotency_key_reused", "Unprocessable request",
+		"This Idempotency-Key was used with another image; use a new key for a new request.")
+	errIdempotencyKeyInUse = problem(http.StatusConflict, "idempotency_key_in_use", "Conflict",
+		"The first request with this Idempotency-Key is still in progress. Try again after the time in Retry-After.")
+
 	// POST /v1/invites/verify. errInviteRefused is the one face of every
 	// refusal that concerns the code: it carries no reason, no figure and
 	// no hint of how many tries are left.

@@ -43,6 +43,13 @@ type UsageRecorder interface {
 	RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error
 }
 
+// AnswerStore reads what usage transactions kept of earlier reads
+// (budget.UsageRecord.Answer): by idempotency key and by image.
+type AnswerStore interface {
+	StoredAnswer(user, key string) (a budget.Answer, at time.Time, found bool, err error)
+	RecentRead(user string, fingerprint [32]byte) (a budget.Answer, at time.Time, found bool, err error)
+}
+
 // EventRecorder takes a statistics event without ever waiting.
 type EventRecorder interface {
 	Record(e detect.Event)
@@ -61,9 +68,15 @@ type Deps struct {
 	Reader   Reader
 	Usage    UsageRecorder
 	Events   EventRecorder
-	Price    ocr.Price          // to bound each call's cost before it and price it after
-	Metrics  *Metrics           // nil: a fresh set
-	Operator *operator.Operator // the admin API's commands and the dashboard's figures
+	Price    ocr.Price // to bound each call's cost before it and price it after
+	// Answers keeps reads for Idempotency-Key repeats and the dedupe
+	// window; nil: both are off.
+	Answers AnswerStore
+	// IdempotencyTTL and DedupeWindow are ocr.idempotency_ttl and
+	// ocr.dedupe_window (0: the window is off).
+	IdempotencyTTL, DedupeWindow time.Duration
+	Metrics                      *Metrics           // nil: a fresh set
+	Operator                     *operator.Operator // the admin API's commands and the dashboard's figures
 	// InviteCodes looks invite codes up and redeems them (POST
 	// /v1/invites/verify).
 	InviteCodes InviteRedeemer
@@ -93,6 +106,7 @@ type Server struct {
 	price    atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar *budget.Calendar          // today's key for the refusal counts
 	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
+	pending  pendingKeys               // idempotency keys whose first request is in flight
 
 	// The transport bounds (transport.go).
 	bodies    *bodyMemory

@@ -200,11 +200,15 @@ var (
 	bucketDetectAttempts = []byte("detect_attempts") // "2006-01-02" -> runs started and not finished
 	bucketAlerts         = []byte("alerts")          // alert kind -> JSON detect.AlertState
 
+	bucketIdempotency = []byte("idempotency")  // user id, 0, key -> JSON storedAnswer
+	bucketRecentReads = []byte("recent_reads") // user id, 0, fingerprint -> JSON storedAnswer
+
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,
 		bucketQuota, bucketUsage, bucketEvents,
 		bucketBudgetDays, bucketReservations, bucketDefense, bucketInvites, bucketRedemptions,
 		bucketAggregates, bucketFindings, bucketDetectRuns, bucketDetectAttempts, bucketAlerts,
+		bucketIdempotency, bucketRecentReads,
 	}
 
 	keySchemaVersion = []byte("schema_version")

@@ -39,6 +39,9 @@ func (db *DB) RecordUsage(ctx context.Context, month string, rec budget.UsageRec
 		if err := recordUsage(tx, month, rec); err != nil {
 			return err
 		}
+		if err := keepAnswer(tx, rec); err != nil {
+			return err
+		}
 		return settle(tx, s)
 	})
 }

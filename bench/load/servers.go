@@ -285,6 +285,7 @@ path = %q
 [ocr]
 provider = "simulated"
 simulated_latency = %q
+dedupe_window = "0s" # the same image each time: measure reads, not cached answers
 
 [limits.user]
 rate = %d

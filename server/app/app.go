@@ -191,6 +191,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.srv, err = server.New(cfg.Server, server.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
+		Answers: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteGuard: a.guard,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
@@ -212,6 +213,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
+	a.background(func(ctx context.Context) { a.pruneAnswers(ctx, cfg.OCR) })
 
 	// Close stops HTTP first: in-flight requests finish and are recorded
 	// before anything they need is stopped.
@@ -259,6 +261,31 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 	a.plans = keys.NewPlans(cfg.Plans)
 	a.keys, err = keys.NewKeyring(db, a.plans.Has, keys.Options{Now: a.opts.Now})
 	return err
+}
+
+// pruneAnswersEvery is how often the answers kept for idempotency keys
+// and the dedupe window are pruned once past their time.
+const pruneAnswersEvery = time.Hour
+
+// pruneAnswers deletes kept answers older than ocr.idempotency_ttl (by
+// key) and ocr.dedupe_window (by image), at start and then every
+// pruneAnswersEvery, until ctx ends.
+func (a *App) pruneAnswers(ctx context.Context, c ocr.Config) {
+	t := time.NewTicker(pruneAnswersEvery)
+	defer t.Stop()
+	for {
+		now := a.opts.Now()
+		if n, err := a.db.PruneAnswers(now.Add(-c.IdempotencyTTL), now.Add(-c.DedupeWindow)); err != nil {
+			a.log.Warn("kept answers not pruned", "err", err)
+		} else if n > 0 {
+			a.log.Info("kept answers pruned", "answers", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // onClose adds a step to the reverse-order unwinding of Close.

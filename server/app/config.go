@@ -191,6 +191,7 @@ func defaults() Config {
 	var c Config
 	c.Budget = budget.DefaultConfig()
 	c.Limits.User = server.DefaultUserLimits()
+	c.OCR.DedupeWindow = ocr.DefaultDedupeWindow // "0s" is a setting: off
 	return c
 }
 

@@ -73,6 +73,7 @@ type (
 		Reserve(user string, limit int64, now time.Time) (budget.Slot, error)
 		Confirm(s budget.Slot) (used int64)
 		Release(s budget.Slot)
+		Used(user string, now time.Time) int64
 	}
 	// Brake is layer 3: budget.Global.
 	Brake interface {
@@ -142,17 +143,48 @@ type Request struct {
 // month, or a service whose brake is engaged, costs no upload. The ticket
 // it returns carries the request through the rest of the pipeline.
 func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
-	if wait := g.records.enter(now); wait > 0 {
-		// Usage records are failing: a read now would be paid for and
-		// withheld. Nothing is counted, not even a rate slot.
-		return nil, g.refuse(&Refusal{Layer: LayerUsage, Reason: "records_failing", RetryAfter: wait})
+	if r := g.paused(now); r != nil {
+		return nil, r
 	}
+	if r := g.Count(req, now); r != nil {
+		return nil, r
+	}
+	return g.look(req, now)
+}
+
+// Count is layer 1 alone: it counts the request against the rate and
+// burst limits. A request that may be answered from storage without a
+// call (the repeat of an idempotent one) needs only this; if it then needs
+// a call after all, Look follows.
+func (g *Guard) Count(req Request, now time.Time) *Refusal {
 	l := g.layers
 	if l.Rate != nil {
-		if r := g.open(LayerRate, func() error { return l.Rate.Allow(req.Key, now) }); r != nil {
-			return nil, r
-		}
+		return g.open(LayerRate, func() error { return l.Rate.Allow(req.Key, now) })
 	}
+	return nil
+}
+
+// Look is the rest of Admit after Count: the usage pause, and the looks
+// at layers 2, 2b and 3.
+func (g *Guard) Look(req Request, now time.Time) (*Ticket, *Refusal) {
+	if r := g.paused(now); r != nil {
+		return nil, r
+	}
+	return g.look(req, now)
+}
+
+// paused refuses while usage records are failing: a read now would be
+// paid for and withheld. Nothing is counted, not even a rate slot.
+func (g *Guard) paused(now time.Time) *Refusal {
+	if wait := g.records.enter(now); wait > 0 {
+		return g.refuse(&Refusal{Layer: LayerUsage, Reason: "records_failing", RetryAfter: wait})
+	}
+	return nil
+}
+
+// look is layers 2, 2b and 3 looked at, nothing taken.
+func (g *Guard) look(req Request, now time.Time) (*Ticket, *Refusal) {
+	l := g.layers
 	if l.Attempts != nil {
 		if r := g.open(LayerAttempts, func() error { return l.Attempts.Check(req.Key, req.DailyLine, now) }); r != nil {
 			return nil, r
@@ -223,6 +255,15 @@ func (g *Guard) failedOpen(layer string, err error) {
 	if g.hooks.FailedOpen != nil {
 		g.hooks.FailedOpen(layer, err)
 	}
+}
+
+// Used is key's confirmed reads of the quota this month; 0 without a
+// quota.
+func (g *Guard) Used(key string, now time.Time) int64 {
+	if g.layers.Quotas == nil {
+		return 0
+	}
+	return g.layers.Quotas.Used(key, now)
 }
 
 // refusalOf reads a layer's typed refusal; nil if err is none.

@@ -1,0 +1,137 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
+)
+
+// The answers kept with usage records (budget.Answer): by idempotency key,
+// to replay a request, and by image fingerprint, to answer the same image
+// again within the dedupe window. Both are keyed under the user, so one
+// user's answer is never another's.
+//
+//	idempotency:  user id, 0, key         -> JSON storedAnswer
+//	recent_reads: user id, 0, fingerprint -> JSON storedAnswer
+
+// storedAnswer is a budget.Answer with the time of its read.
+type storedAnswer struct {
+	At          time.Time `json:"at"`
+	Fingerprint []byte    `json:"fp"`
+	Status      int       `json:"status,omitempty"`
+	Body        []byte    `json:"body,omitempty"`
+	Serials     []string  `json:"serials,omitempty"`
+	Rejected    []string  `json:"rejected,omitempty"`
+	Simulated   bool      `json:"simulated,omitempty"`
+}
+
+func userKey(user string, rest []byte) []byte {
+	k := make([]byte, 0, len(user)+1+len(rest))
+	k = append(k, user...)
+	k = append(k, 0)
+	return append(k, rest...)
+}
+
+// keepAnswer writes rec's answer, if any, in the usage record's own
+// transaction.
+func keepAnswer(tx *bbolt.Tx, rec budget.UsageRecord) error {
+	a := rec.Answer
+	if a == nil {
+		return nil
+	}
+	if a.IdempotencyKey != "" {
+		v := storedAnswer{At: rec.Time, Fingerprint: a.Fingerprint[:], Status: a.Status, Body: a.Body}
+		if err := putJSON(tx.Bucket(bucketIdempotency), userKey(rec.UserID, []byte(a.IdempotencyKey)), v); err != nil {
+			return err
+		}
+	}
+	v := storedAnswer{At: rec.Time, Fingerprint: a.Fingerprint[:], Serials: a.Serials, Rejected: a.Rejected, Simulated: a.Simulated}
+	return putJSON(tx.Bucket(bucketRecentReads), userKey(rec.UserID, a.Fingerprint[:]), v)
+}
+
+// StoredAnswer returns user's answer kept under idempotency key, when its
+// read was made, and whether there is one.
+func (db *DB) StoredAnswer(user, key string) (budget.Answer, time.Time, bool, error) {
+	return db.answer(bucketIdempotency, userKey(user, []byte(key)), key)
+}
+
+// RecentRead returns user's read of the image with fingerprint fp, when it
+// was made, and whether there is one.
+func (db *DB) RecentRead(user string, fp [32]byte) (budget.Answer, time.Time, bool, error) {
+	return db.answer(bucketRecentReads, userKey(user, fp[:]), "")
+}
+
+func (db *DB) answer(bucket, key []byte, idemKey string) (budget.Answer, time.Time, bool, error) {
+	var v storedAnswer
+	var found bool
+	err := db.view(func(tx *bbolt.Tx) (err error) {
+		found, err = getJSON(tx.Bucket(bucket), key, &v)
+		return err
+	})
+	if err != nil || !found {
+		if err != nil {
+			err = fmt.Errorf("answer: %w", err)
+		}
+		return budget.Answer{}, time.Time{}, false, err
+	}
+	a := budget.Answer{IdempotencyKey: idemKey, Status: v.Status, Body: v.Body, Serials: v.Serials, Rejected: v.Rejected, Simulated: v.Simulated}
+	copy(a.Fingerprint[:], v.Fingerprint)
+	return a, v.At, true, nil
+}
+
+// PruneAnswers deletes the answers of reads made before idempotencyBefore
+// (by key) and dedupeBefore (by image), a bounded number per transaction,
+// and returns how many it deleted.
+func (db *DB) PruneAnswers(idempotencyBefore, dedupeBefore time.Time) (int, error) {
+	total := 0
+	for _, b := range []struct {
+		bucket []byte
+		before time.Time
+	}{{bucketIdempotency, idempotencyBefore}, {bucketRecentReads, dedupeBefore}} {
+		for {
+			n, err := db.pruneAnswers(b.bucket, b.before)
+			total += n
+			if err != nil {
+				return total, err
+			}
+			if n < pruneBatch {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+// pruneBatch is the most answers one pruning transaction deletes.
+const pruneBatch = 4096
+
+func (db *DB) pruneAnswers(bucket []byte, before time.Time) (int, error) {
+	n := 0
+	err := db.update(func(tx *bbolt.Tx) error {
+		n = 0
+		b := tx.Bucket(bucket)
+		var old [][]byte
+		c := b.Cursor()
+		for k, v := c.First(); k != nil && len(old) < pruneBatch; k, v = c.Next() {
+			var a struct {
+				At time.Time `json:"at"`
+			}
+			if json.Unmarshal(v, &a) != nil || a.At.Before(before) {
+				old = append(old, bytes.Clone(k))
+			}
+		}
+		for _, k := range old {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		n = len(old)
+		return nil
+	})
+	return n, err
+}
