@@ -57,10 +57,15 @@ type Ledger interface {
 
 // Reservation is one upstream call's claim on the global budget.
 type Reservation struct {
-	ID    uint64 // the ledger's id; 0 if the write failed (Settlement then adds the call whole)
+	ID    uint64 // the ledger's id; 0 if not written (Settlement then adds the call whole)
 	Day   string
 	Month string
 	Worst int64 // micro-dollars reserved
+	// Unbound marks a claim made while every ceiling was off: there is
+	// nothing to hold across a crash, so Commit writes nothing and the
+	// call reaches the ledger with its settlement (the usage record's own
+	// transaction), one write fewer per read.
+	Unbound bool
 }
 
 // GlobalState is what the global budget starts from, loaded from storage.
@@ -148,7 +153,7 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.monthSpend += worst
 	g.open += worst
 	g.monthOpen += worst
-	return Reservation{Day: g.day, Month: g.month, Worst: worst}, nil
+	return Reservation{Day: g.day, Month: g.month, Worst: worst, Unbound: g.limits == ceilings{} && !g.manual}, nil
 }
 
 // Check refuses, as Claim would for the cheapest call, when the brake is
@@ -197,9 +202,10 @@ func (g *Global) SetManual(on bool) {
 
 // Commit writes a claim to the ledger, durably, so that it still counts
 // after a crash; call it before the upstream call. If the write fails, the
-// claim still holds in memory and the error wraps ErrLedger.
+// claim still holds in memory and the error wraps ErrLedger. An Unbound
+// claim is not written.
 func (g *Global) Commit(ctx context.Context, r *Reservation) error {
-	if r.Day == "" {
+	if r.Day == "" || r.Unbound {
 		return nil
 	}
 	id, err := g.ledger.Reserve(ctx, r.Day, r.Worst)

@@ -187,14 +187,19 @@ func TestGlobalBudget(t *testing.T) {
 	if l.reserved != 2 {
 		t.Errorf("ledger got %d reservations, want 2 (refusals write nothing)", l.reserved)
 	}
-	// Off: no ceiling refuses, but the ledger still records the call.
+	// Off: no ceiling refuses, and with nothing to hold across a crash the
+	// claim is not written before the call; its settlement (the usage
+	// record's transaction) adds the call to the ledger whole.
 	off, _ := NewGlobal(Config{}, time.UTC, l, GlobalState{})
 	r, err = off.Claim(1e9, now)
 	if err == nil {
 		err = off.Commit(t.Context(), &r)
 	}
-	if err != nil || r.ID == 0 || l.reserved != 3 {
-		t.Errorf("off: %+v %v, ledger %d", r, err, l.reserved)
+	if err != nil || r.ID != 0 || !r.Unbound || l.reserved != 2 {
+		t.Errorf("off: %+v %v, ledger %d reservations, want none written", r, err, l.reserved)
+	}
+	if s := r.Settlement(5); s.ID != 0 || s.Day == "" || s.ActualMicroUSD != 5 {
+		t.Errorf("off: settlement %+v, want the call added to its day whole", s)
 	}
 	if st := off.Status(now); st.Requests != 1 || st.SpendMicroUSD != 1e9 || st.Engaged {
 		t.Errorf("off: status %+v", st)

@@ -666,3 +666,45 @@ func TestFarFutureLedgerDayIsNotBelieved(t *testing.T) {
 		}
 	}
 }
+
+// countingLedger counts the reservations written through it.
+type countingLedger struct {
+	budget.Ledger
+	reserves atomic.Int64
+}
+
+func (c *countingLedger) Reserve(ctx context.Context, day string, worst int64) (uint64, error) {
+	c.reserves.Add(1)
+	return c.Ledger.Reserve(ctx, day, worst)
+}
+
+// With every ceiling off there is nothing to hold across a crash: no
+// reservation is written before the call (one fsync fewer per read), and
+// the usage record's transaction adds each call to the ledger.
+func TestNoReservationWrittenWithTheCeilingsOff(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		budget budget.Config
+		writes int64
+	}{
+		{"off", budget.Config{}, 0},
+		{"on", budget.Config{DailyRequests: 100}, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ledger := &countingLedger{}
+			e := newEnv(t, envOptions{ledger: ledger, budget: tt.budget})
+			ledger.Ledger = e.db // what newEnv opened; used from the first request on
+			for range 3 {
+				resp, data := e.post(e.key, "image/png", pngBytes(t, 16+int(e.gemini.calls.Load()), 16))
+				decodeOK(t, resp, data)
+			}
+			if got := ledger.reserves.Load(); got != tt.writes {
+				t.Errorf("%d reservations written, want %d", got, tt.writes)
+			}
+			day, err := e.db.Budget(budget.DayKey(time.Now(), e.loc))
+			if err != nil || day.Requests != 3 {
+				t.Errorf("ledger %+v %v, want the 3 calls", day, err)
+			}
+		})
+	}
+}

@@ -199,6 +199,10 @@ func (t *Ticket) Fail(ctx context.Context, cost int64) {
 // it): its claims are settled at zero and its quota slot given back.
 func (t *Ticket) Cancel(ctx context.Context) {
 	for _, c := range t.claims() {
+		if c.ID == 0 && c.Unbound {
+			t.g.layers.Brake.Settled(c, 0) // never written: nothing to undo on disk
+			continue
+		}
 		t.settle(ctx, c, 0)
 	}
 	t.done = true
