@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -25,13 +26,26 @@ type Problem struct {
 	Detail     string `json:"detail,omitempty"`
 	Type       string `json:"type"`
 	retryAfter int    // seconds; sent as Retry-After when > 0
+	body       []byte // the encoded problem, made once when it is built
 }
 
 func (p *Problem) Error() string { return p.Code + ": " + p.Detail }
 
 // problem builds a Problem; its type URI is derived from the code.
 func problem(status int, code, title, detail string) *Problem {
-	return &Problem{Status: status, Code: code, Title: title, Detail: detail, Type: "urn:breakwater:problem:" + code}
+	p := &Problem{Status: status, Code: code, Title: title, Detail: detail, Type: "urn:breakwater:problem:" + code}
+	p.body = p.encode()
+	return p
+}
+
+// encode is p as the body of its answer. A refusal in a flood is then
+// written, not encoded again.
+func (p *Problem) encode() []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(p) // a struct of strings and an int: it cannot fail
+	return b.Bytes()
 }
 
 // Every problem an endpoint answers with, in one place: this list is the
@@ -181,9 +195,11 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		if c.Request().Method == http.MethodHead {
 			return
 		}
-		enc := json.NewEncoder(c.Response())
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(p)
+		body := p.body
+		if body == nil { // a Problem made without problem()
+			body = p.encode()
+		}
+		_, _ = c.Response().Write(body)
 	}
 }
 
