@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -99,6 +100,10 @@ type Keyring struct {
 	active map[[sha256.Size]byte]activeKey // by hash; revoked keys are absent
 	keys   []storage.Key                   // every key, for listing
 	users  map[string]*storage.User        // changed in place, under mu
+	// legacy indexes, by normal form, the stored ids that are not in
+	// their normal form (written by versions before ids were normalised),
+	// so that resolve finds "Alice" for "alice" without a scan.
+	legacy map[string][]string
 }
 
 // activeKey is what authentication needs of a key. It points at its user's
@@ -138,6 +143,7 @@ func (k *Keyring) load() error {
 	defer k.mu.Unlock()
 	k.keys = keys
 	k.users = make(map[string]*storage.User, len(users))
+	k.legacy = map[string][]string{}
 	for _, u := range users {
 		k.putUser(u)
 	}
@@ -158,6 +164,15 @@ func (k *Keyring) putUser(u storage.User) {
 		return
 	}
 	k.users[u.ID] = &u
+	k.index(u.ID)
+}
+
+// index adds a newly stored id to legacy if it is not in its normal form;
+// k.mu is held.
+func (k *Keyring) index(id string) {
+	if n, err := userid.Normalize(id); err == nil && n != id {
+		k.legacy[n] = append(k.legacy[n], id)
+	}
 }
 
 // activate lets key in; k.mu is held. A key whose user has no record
@@ -168,6 +183,7 @@ func (k *Keyring) activate(key storage.Key) {
 	if u == nil {
 		u = &storage.User{ID: key.UserID}
 		k.users[key.UserID] = u
+		k.index(key.UserID)
 	}
 	k.active[key.Hash] = activeKey{id: key.ID, user: u}
 }
@@ -330,12 +346,7 @@ func (k *Keyring) resolve(id string) (string, error) {
 	if k.users[norm] != nil {
 		return norm, nil
 	}
-	var found []string
-	for stored := range k.users { // operator commands only: a scan is fine
-		if n, err := userid.Normalize(stored); err == nil && n == norm {
-			found = append(found, stored)
-		}
-	}
+	found := slices.Clone(k.legacy[norm])
 	switch len(found) {
 	case 0:
 		return norm, nil
