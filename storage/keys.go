@@ -280,41 +280,11 @@ func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
 			continue
 		}
 		move := !owned[old]
-		if v := users.Get([]byte(old)); v != nil {
-			var u User
-			if err := json.Unmarshal(v, &u); err != nil {
-				return nil, fmt.Errorf("user %s: %w", old, err)
-			}
-			if users.Get([]byte(id)) == nil {
-				u.ID = id
-				if err := putJSON(users, []byte(id), u); err != nil {
-					return nil, err
-				}
-			}
-			if move {
-				if err := users.Delete([]byte(old)); err != nil {
-					return nil, fmt.Errorf("user %s: %w", old, err)
-				}
-			}
+		n, err := moveJWTUser(users, quota, months, old, id, move)
+		if err != nil {
+			return nil, err
 		}
-		for _, month := range months {
-			b := quota.Bucket(month)
-			v := b.Get([]byte(old))
-			if v == nil {
-				continue
-			}
-			if b.Get([]byte(id)) == nil {
-				if err := b.Put([]byte(id), append([]byte(nil), v...)); err != nil {
-					return nil, fmt.Errorf("quota %s of %s: %w", month, id, err)
-				}
-				counts++
-			}
-			if move {
-				if err := b.Delete([]byte(old)); err != nil {
-					return nil, fmt.Errorf("quota %s of %s: %w", month, old, err)
-				}
-			}
-		}
+		counts += n
 		if move {
 			moved++
 		} else {
@@ -322,6 +292,49 @@ func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
 		}
 	}
 	return []any{"jwt_users_moved", moved, "jwt_users_copied", copied, "quota_counts", counts, "skipped", skipped}, nil
+}
+
+// moveJWTUser copies the user record and every month's quota count of old
+// to id where id has none yet, and deletes old's when move is set; it
+// returns how many quota counts it copied. Part of migrateJWTUsers.
+func moveJWTUser(users, quota *bbolt.Bucket, months [][]byte, old, id string, move bool) (int, error) {
+	if v := users.Get([]byte(old)); v != nil {
+		var u User
+		if err := json.Unmarshal(v, &u); err != nil {
+			return 0, fmt.Errorf("user %s: %w", old, err)
+		}
+		if users.Get([]byte(id)) == nil {
+			u.ID = id
+			if err := putJSON(users, []byte(id), u); err != nil {
+				return 0, err
+			}
+		}
+		if move {
+			if err := users.Delete([]byte(old)); err != nil {
+				return 0, fmt.Errorf("user %s: %w", old, err)
+			}
+		}
+	}
+	counts := 0
+	for _, month := range months {
+		b := quota.Bucket(month)
+		v := b.Get([]byte(old))
+		if v == nil {
+			continue
+		}
+		if b.Get([]byte(id)) == nil {
+			if err := b.Put([]byte(id), append([]byte(nil), v...)); err != nil {
+				return 0, fmt.Errorf("quota %s of %s: %w", month, id, err)
+			}
+			counts++
+		}
+		if move {
+			if err := b.Delete([]byte(old)); err != nil {
+				return 0, fmt.Errorf("quota %s of %s: %w", month, old, err)
+			}
+		}
+	}
+	return counts, nil
 }
 
 // putJSON stores v under key in b, JSON-encoded.
