@@ -29,11 +29,17 @@ cooldown = "10m"
 UNIFORM
 `
 
-// referralApp answers 200 for the code "RIGHT" and 404 otherwise, with
-// headers and a body of its own.
+// referralApp answers the referral check with 200 for the code "RIGHT"
+// and 404 otherwise, with headers and a body of its own, and anything
+// else with 201.
 func referralApp(t *testing.T) *testApp {
 	up := newTestApp(t)
 	up.set(func(w http.ResponseWriter, r *http.Request, body string) {
+		if r.URL.Path != "/api/referral/check" {
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte("hello from the app"))
+			return
+		}
 		var req struct{ Code string }
 		_ = json.Unmarshal([]byte(body), &req)
 		w.Header().Set("Set-Cookie", "app=1")
