@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"strings"
 	"time"
 
 	"breakwater/limiter"
@@ -28,6 +29,10 @@ const (
 	// counts for that key only; the service's checks are in rows with the
 	// refusal reason as Outcome and neither IP nor UserID.
 	OutcomeRefused = "refused"
+	// RoutePrefix starts the Route of a guarded route of the app's
+	// ("route:checkout"): those events are stored for the operator but are
+	// not OCR attempts, so the daily figures and detectors leave them out.
+	RoutePrefix = "route:"
 )
 
 // DayBounds returns the first instant of day (a "2006-01-02" in loc) and
@@ -135,6 +140,9 @@ func NewAggregator(day string, lines Lines, maxKeys int) *Aggregator {
 
 // Add counts one event.
 func (a *Aggregator) Add(e Event) {
+	if strings.HasPrefix(e.Route, RoutePrefix) {
+		return
+	}
 	if e.Route == RouteInvite {
 		a.addInvite(e)
 		return

@@ -30,6 +30,8 @@ type Metrics struct {
 	commitLatency   prometheus.Histogram
 	jwt             *prometheus.CounterVec // reason
 	inviteRefusals  *prometheus.CounterVec // reason
+	shadowRefusals  *prometheus.CounterVec // layer, reason: routemetrics.go
+	routeFailures   *prometheus.CounterVec // route, reason: routemetrics.go
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -88,6 +90,7 @@ func NewMetrics() *Metrics {
 	}, []string{"reason"})
 	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt, m.inviteRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registerRoutes()
 	return m
 }
 

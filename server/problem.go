@@ -127,6 +127,23 @@ var (
 	errInvitesUnavailable = problem(http.StatusServiceUnavailable, "invites_unavailable", "Service unavailable",
 		"Invite codes cannot be checked right now. Try again shortly.")
 
+	// The app's guarded routes ([[routes]]): proxied, and forward auth.
+	// Their rate, burst and daily refusals are rate_limited and
+	// daily_limit, as above, with Retry-After.
+	errRouteTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
+		"The request body is larger than this route accepts.")
+	errRouteUpstream = problem(http.StatusBadGateway, "upstream_failed", "Bad gateway",
+		"The application behind this route did not answer. Try again shortly.")
+	errTooManyFailures = problem(http.StatusTooManyRequests, "too_many_failures", "Too many requests",
+		"Too many failed attempts in a row. Wait for the time in Retry-After.")
+	errUntrustedProxy = problem(http.StatusForbidden, "untrusted_proxy", "Forbidden",
+		"Forward-auth checks are answered only to the proxies listed in server.trusted_proxies.")
+	errNoRoute = problem(http.StatusForbidden, "no_route", "Forbidden",
+		"No guarded route matches this request, so it is refused.")
+	errBadForwardedURI = problem(http.StatusForbidden, "bad_forwarded_uri", "Forbidden",
+		"The original method and URI of this check are missing, unreadable or contradictory, so it is refused.")
+	errRouteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No guarded route has that name.")
+
 	// The admin API.
 	errAdminUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
 		"The admin API needs Authorization: Bearer $BREAKWATER_ADMIN_TOKEN (browsers: the token as the password).")
@@ -136,6 +153,15 @@ var (
 		"The backup target is the live database file; write the copy elsewhere.")
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 )
+
+// uniformProblem is the one answer of a route with
+// [routes.fail] uniform_status: every failure of the app's that the fail
+// limit counts, and every fail-limit refusal, with nothing that tells
+// them apart.
+func uniformProblem(status int) *Problem {
+	return problem(status, "request_refused", http.StatusText(status),
+		"This request cannot be completed. Check it, or try again later.")
+}
 
 // badRequest is the 400 of a request body or parameter that could not be
 // understood; detail says what to send.

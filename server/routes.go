@@ -16,6 +16,13 @@ func (s *Server) routes() {
 	// paces the body that limitBody has limited.
 	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack), s.boundUploads)
 	s.public.POST("/v1/invites/verify", s.handleVerifyInvite, limitBodyWith(maxVerifyBody, errVerifyTooLarge))
+	// The app's guarded routes: forward auth (any method), and the paths
+	// proxied to the app (routeguard.go, proxy.go, forwardauth.go).
+	s.public.Any("/v1/forward-auth", s.handleForwardAuth)
+	s.public.Any("/v1/forward-auth/:name", s.handleForwardAuth)
+	for _, pattern := range s.routePatterns() {
+		s.public.Any(pattern, s.handleRoute)
+	}
 
 	// Admin listener: every route needs the admin token.
 	a := s.admin.Group("", s.adminOnly)

@@ -18,6 +18,7 @@ import (
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 	"breakwater/server/operator"
+	"breakwater/server/routes"
 )
 
 // Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
@@ -83,6 +84,9 @@ type Deps struct {
 	// InviteGuard holds the invite protections' state; nil: a fresh one
 	// with the default InviteConfig.
 	InviteGuard *invites.Guard
+	// Routes are the app's guarded routes ([[routes]]) with their layers;
+	// none: only Breakwater's own endpoints.
+	Routes []Route
 	// Alerts raises immediate alerts (detect.Alerter); nil: none.
 	Alerts Alerter
 	// DetectCounters feed the detection and alert metrics; nil: zeros.
@@ -116,8 +120,14 @@ type Server struct {
 
 	refusalsToday dailyRefusals
 	refusalLog    logEvery // rate-limits the log lines of invite refusals
-	public        *echo.Echo
-	admin         *echo.Echo
+
+	// The app's guarded routes (routeguard.go).
+	guarded     map[string]*guardedRoute
+	allRoutes   *routes.Table // forward auth
+	proxyRoutes *routes.Table // the routes with an upstream
+	routeLog    logEvery
+	public      *echo.Echo
+	admin       *echo.Echo
 }
 
 // New builds the handlers. cfg is taken with its defaults applied.
@@ -176,6 +186,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.ocrGuard = g
+	if err := s.newRoutes(d.Routes); err != nil {
+		return nil, err
+	}
 	s.price.Store(&d.Price)
 	s.public = s.newEcho()
 	s.public.Use(d.Metrics.countRequests)

@@ -188,11 +188,15 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	a.background(scheduler.Run)
 
+	guarded, err := loadRoutes(db, cfg.Routes, loc, opts.Now()) // the app's [[routes]]
+	if err != nil {
+		return nil, err
+	}
 	a.srv, err = server.New(cfg.Server, server.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
 		Answers: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
-		InviteCodes: db, InviteGuard: a.guard,
+		InviteCodes: db, InviteGuard: a.guard, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
@@ -206,6 +210,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
 		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
 	}, a.guard.Snapshots()...)
+	snapshots = append(snapshots, routeSnapshots(guarded)...)
 	wb, err := defense.NewWriteBehind(db, snapshots, defense.Options{
 		FailedOpen: a.srv.FailedOpen, Logger: log.With("component", "defense"), Now: opts.Now,
 	})

@@ -462,12 +462,14 @@ func NeedsRestart(old, next Config) []string {
 			keys = append(keys, k)
 		}
 	}
-	return keys
+	return append(keys, routeRestartKeys(old.Routes, next.Routes)...)
 }
 
 // appliesLive reports whether Reload applies key without a restart.
 func appliesLive(key string) bool {
 	switch key {
+	case "routes": // routeRestartKeys names what of it needs a restart
+		return true
 	case "budget.timezone", "detect.run_at", "ocr.price.max_output_tokens":
 		return false
 	case "ocr.price.input_usd_per_million", "ocr.price.output_usd_per_million",

@@ -65,6 +65,7 @@ func (a *App) Reload(next Config, trigger string) {
 	a.guard.Windows.SetConfig(next.Invites.Limits())
 	a.layers.Brake.SetConfig(next.Budget)
 	a.plans.Set(next.Plans)
+	a.srv.SetRoutes(next.Routes)                            // limits live; routes added, removed or reshaped need a restart
 	if err := a.detect.SetConfig(next.Detect); err != nil { // validated by Load: not expected
 		a.log.Error("detect thresholds not reloaded", "err", err)
 	}
@@ -72,6 +73,7 @@ func (a *App) Reload(next Config, trigger string) {
 	// changed again.
 	next.Server, next.Storage, next.Budget.Timezone, next.Auth = cur.Server, cur.Storage, cur.Budget.Timezone, cur.Auth
 	next.Invites = keepFailLimit(next.Invites, cur.Invites)
+	next.Routes = keepRouteStructure(next.Routes, cur.Routes)
 	next.Detect.RunAt, next.Alerts = cur.Detect.RunAt, cur.Alerts
 	// Prices apply live; the output cap is sent by the OCR client made at
 	// start, so the worst case must keep using the cap it sends.

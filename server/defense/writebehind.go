@@ -92,6 +92,13 @@ func Fails(name, globalName, layer string, f *limiter.FailLimiter) Snapshot {
 // Attempts is the snapshot of the daily attempt counts: today's under
 // AttemptsState(day); older days are dropped once the day turns.
 func Attempts(layer string, a *budget.Attempts) Snapshot {
+	return AttemptsUnder(stateAttemptsPrefix, layer, a)
+}
+
+// AttemptsUnder is the snapshot of daily attempt counts stored under
+// prefix+day (a guarded route's, say); older days under prefix are
+// dropped once the day turns.
+func AttemptsUnder(prefix, layer string, a *budget.Attempts) Snapshot {
 	var day string
 	return Snapshot{
 		Layer: layer,
@@ -101,10 +108,10 @@ func Attempts(layer string, a *budget.Attempts) Snapshot {
 			if len(counts) == 0 {
 				return nil
 			}
-			return []Change{{Name: AttemptsState(day), Entries: counts}}
+			return []Change{{Name: prefix + day, Entries: counts}}
 		},
-		Prefix:  stateAttemptsPrefix,
-		Current: func() string { return AttemptsState(day) },
+		Prefix:  prefix,
+		Current: func() string { return prefix + day },
 	}
 }
 

@@ -1,0 +1,93 @@
+package app
+
+import (
+	"net/http"
+	"testing"
+)
+
+const forwardAuthRoutes = `
+[[routes]]
+name = "checkout"
+methods = ["POST"]
+path = "/api/checkout"
+identity = "user"
+rate = 1
+window = "1m"
+burst = 0
+
+[[routes]]
+name = "billing"
+path = "/api/billing/*"
+identity = "ip"
+rate = 100
+`
+
+// Forward auth with Caddy's, Traefik's and nginx's header conventions:
+// allowed with the identity headers, refused with the real status (as
+// 403 plus X-Breakwater-Status under nginx's), deny by default, and no
+// answer to an untrusted peer.
+func TestForwardAuth(t *testing.T) {
+	e := startRoutes(t, "", forwardAuthRoutes)
+	alice := e.key("alice")
+	caddy := func(method, uri string) http.Header {
+		return hdr("X-Forwarded-Method", method, "X-Forwarded-Uri", uri, "X-Forwarded-For", "203.0.113.7", "Authorization", "Bearer "+alice)
+	}
+	traefik := func(method, uri string) http.Header {
+		h := caddy(method, uri)
+		h.Set("X-Forwarded-Proto", "https")
+		h.Set("X-Forwarded-Host", "shop.example.com")
+		return h
+	}
+	nginx := func(method, uri string) http.Header {
+		return hdr("X-Original-Method", method, "X-Original-URI", uri, "X-Forwarded-For", "203.0.113.7", "Authorization", "Bearer "+alice)
+	}
+
+	for _, tc := range []struct {
+		name       string
+		header     http.Header
+		status     int
+		realStatus string // X-Breakwater-Status
+		retryAfter bool
+	}{
+		{"caddy allowed", caddy("POST", "/api/checkout?step=1"), 200, "", false},
+		{"caddy rate limited", caddy("POST", "/api/checkout"), 429, "429", true},
+		{"traefik rate limited", traefik("post", "/api/checkout"), 429, "429", true},
+		{"nginx rate limited", nginx("POST", "/api/checkout"), 403, "429", true},
+		{"dot segments resolved", caddy("POST", "/api/x/../checkout"), 429, "429", true},
+		{"unmatched uri refused", caddy("POST", "/api/other"), 403, "403", false},
+		{"unmatched method refused", caddy("GET", "/api/checkout"), 403, "403", false},
+		{"uri that does not parse", caddy("POST", "http://evil/api/checkout"), 403, "403", false},
+		{"no uri", hdr("X-Forwarded-Method", "POST"), 403, "403", false},
+		{"conventions that disagree", func() http.Header {
+			h := caddy("POST", "/api/billing/x")
+			h.Set("X-Original-URI", "/api/checkout")
+			return h
+		}(), 403, "403", false},
+		{"prefix route, nginx", nginx("GET", "/api/billing/invoices/7"), 200, "", false},
+		{"no credentials on a user route", hdr("X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/api/checkout"), 401, "401", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := e.do("GET", "/v1/forward-auth", "", tc.header, "")
+			if resp.StatusCode != tc.status || resp.Header.Get("X-Breakwater-Status") != tc.realStatus || (resp.Header.Get("Retry-After") != "") != tc.retryAfter {
+				t.Fatalf("%d X-Breakwater-Status %q Retry-After %q %s", resp.StatusCode, resp.Header.Get("X-Breakwater-Status"), resp.Header.Get("Retry-After"), body)
+			}
+			if tc.status == 200 && tc.header.Get("Authorization") != "" && tc.name == "caddy allowed" &&
+				(resp.Header.Get("X-Breakwater-User") != "alice" || resp.Header.Get("X-Breakwater-Plan") != "free") {
+				t.Errorf("identity headers %v", resp.Header)
+			}
+		})
+	}
+
+	// By name; an unknown name is 404.
+	if resp, _ := e.do("POST", "/v1/forward-auth/billing", "", hdr("X-Forwarded-For", "203.0.113.8"), ""); resp.StatusCode != 200 {
+		t.Errorf("by name: %d", resp.StatusCode)
+	}
+	if resp, _ := e.do("GET", "/v1/forward-auth/nope", "", nil, ""); resp.StatusCode != 404 {
+		t.Errorf("unknown name: %d", resp.StatusCode)
+	}
+	// From a peer that is not a trusted proxy: 403, whatever it says.
+	resp, body := e.do("GET", "/v1/forward-auth/billing", "", hdr("X-Forwarded-For", "203.0.113.9"), "127.0.0.2")
+	if resp.StatusCode != 403 || problemCode(t, body) != "untrusted_proxy" {
+		t.Errorf("untrusted peer: %d %s", resp.StatusCode, body)
+	}
+}
