@@ -104,12 +104,16 @@ func (a *Attempts) Dirty() (day string, entries map[string][]byte) {
 }
 
 // DecodeCounts turns stored counts back into numbers; malformed values are
-// skipped (the layer fails open).
+// skipped (the layer fails open). A negative count is malformed too: Dirty
+// never writes one, and believed it would grant attempts past the line.
 func DecodeCounts(entries map[string][]byte) map[string]int64 {
 	out := make(map[string]int64, len(entries))
 	for u, v := range entries {
-		if len(v) == 8 {
-			out[u] = int64(binary.BigEndian.Uint64(v))
+		if len(v) != 8 {
+			continue
+		}
+		if n := int64(binary.BigEndian.Uint64(v)); n >= 0 {
+			out[u] = n
 		}
 	}
 	return out
