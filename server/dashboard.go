@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -34,47 +32,6 @@ type dashboardData struct {
 	Findings []string
 	Days     []budget.LedgerDay
 	Chart    template.HTML // inline SVG drawn here, from numbers only
-}
-
-type refusalCount struct {
-	Layer, Reason string
-	Count         int64
-}
-
-// dailyRefusals counts refusals by layer and reason for the current day,
-// for the dashboard (the metrics count since start).
-type dailyRefusals struct {
-	mu     sync.Mutex
-	day    string
-	counts map[[2]string]int64
-}
-
-func (d *dailyRefusals) add(day, layer, reason string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if day != d.day {
-		d.day, d.counts = day, map[[2]string]int64{}
-	}
-	d.counts[[2]string{layer, reason}]++
-}
-
-func (d *dailyRefusals) list(day string) []refusalCount {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if day != d.day {
-		return nil
-	}
-	out := make([]refusalCount, 0, len(d.counts))
-	for k, n := range d.counts {
-		out = append(out, refusalCount{Layer: k[0], Reason: k[1], Count: n})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Layer != out[j].Layer {
-			return out[i].Layer < out[j].Layer
-		}
-		return out[i].Reason < out[j].Reason
-	})
-	return out
 }
 
 // dashboard gathers the dashboard's figures.

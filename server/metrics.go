@@ -30,6 +30,7 @@ type Metrics struct {
 	commitLatency   prometheus.Histogram
 	jwt             *prometheus.CounterVec // reason
 	inviteRefusals  *prometheus.CounterVec // reason
+	alertsRaised    *prometheus.CounterVec // kind
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -88,6 +89,7 @@ func NewMetrics() *Metrics {
 	}, []string{"reason"})
 	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt, m.inviteRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.startAtZero()
 	return m
 }
 

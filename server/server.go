@@ -163,9 +163,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.ocrGuard = g
 	s.price.Store(&d.Price)
-	s.public = s.newEcho()
+	s.public = s.newEcho(s.countRefusal)
 	s.public.Use(d.Metrics.countRequests)
-	s.admin = s.newEcho()
+	s.admin = s.newEcho(nil)
 	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
@@ -190,11 +190,13 @@ func (s *Server) Handler() http.Handler { return s.public }
 // AdminHandler is the admin API; serve it on a loopback address only.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-func (s *Server) newEcho() *echo.Echo {
+// newEcho is an Echo with the transport's error handler, which tells
+// answered of every problem it answers (nil: nobody).
+func (s *Server) newEcho(answered func(*Problem)) *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.IPExtractor = s.clients.extract
-	e.HTTPErrorHandler = errorHandler(s.log)
+	e.HTTPErrorHandler = errorHandler(s.log, answered)
 	e.Use(s.reqIDs.middleware, recoverPanics(s.log))
 	return e
 }
