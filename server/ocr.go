@@ -228,6 +228,7 @@ func (s *Server) identify(c echo.Context) (keys.Identity, budget.Plan, error) {
 	if err != nil {
 		return keys.Identity{}, budget.Plan{}, err
 	}
+	setUser(c, id.UserID) // for the access log
 	if banned {
 		return keys.Identity{}, budget.Plan{}, errBanned
 	}

@@ -165,6 +165,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.price.Store(&d.Price)
 	s.public = s.newEcho(s.countRefusal)
 	s.public.Use(d.Metrics.countRequests)
+	if cfg.AccessLog {
+		s.public.Use(s.accessLog(d.Logger.With("component", "access")))
+	}
 	s.admin = s.newEcho(nil)
 	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
