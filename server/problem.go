@@ -116,6 +116,8 @@ var (
 	errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_database", "Conflict",
 		"The backup target is the live database file; write the copy elsewhere.")
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
+	errFormToken      = problem(http.StatusForbidden, "form_refused", "Forbidden",
+		"The form did not come from this dashboard, or it is from before a restart: reload the dashboard and try again.")
 )
 
 // badRequest is the 400 of a request body or parameter that could not be

@@ -101,7 +101,8 @@ type Server struct {
 	wallClock func() time.Time // for connection deadlines, always real time
 
 	refusalsToday dailyRefusals
-	refusalLog    logEvery // rate-limits the log lines of invite refusals
+	csrf          formToken // the dashboard's brake form
+	refusalLog    logEvery  // rate-limits the log lines of invite refusals
 	public        *echo.Echo
 	admin         *echo.Echo
 }
@@ -153,6 +154,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		bodies:    &bodyMemory{capacity: cfg.MaxBodyMemory},
 		inFlight:  &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
 		wallClock: time.Now,
+		csrf:      newFormToken(d.AdminToken),
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
