@@ -97,6 +97,10 @@ type Config struct {
 	// IdleTimeout is how long a keep-alive connection may wait for its
 	// next request. Default 30s.
 	IdleTimeout time.Duration `koanf:"idle_timeout"`
+	// AccessLog logs one line per request of the public listener: method,
+	// route pattern, status, latency, user (once known), client IP and
+	// request id. Default false.
+	AccessLog bool `koanf:"access_log"`
 }
 
 // WithDefaults returns c with every zero field set to its documented default.

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
-	"fmt"
+	"flag"
+	"image/png"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +57,134 @@ func TestDashboardData(t *testing.T) {
 	}
 	if n := strings.Count(string(d.Chart), `class="bar"`); n != 30 {
 		t.Errorf("%d bars, want 30", n)
+	}
+	// One day of data: 4 calls, so the calls axis tops at 4 with 2 at
+	// half; the zero line, units and a dot for the one day that cost.
+	for _, want := range []string{`id="zero-line"`, ">calls per day<", ">cost per day (US$)<", ">day (month-day, UTC)<",
+		`class="axis-calls" x="58" y="32.0" text-anchor="end">4<`, `class="axis-calls" x="58" y="130.0" text-anchor="end">2<`,
+		`text-anchor="end">0<`, ">$0<", "<circle "} {
+		if !strings.Contains(string(d.Chart), want) {
+			t.Errorf("the chart lacks %s:\n%s", want, d.Chart)
+		}
+	}
+}
+
+func TestFormatUSD(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		want string
+	}{
+		{0, "$0.00"},
+		{0.5, "$0.50"},
+		{0.00015, "$0.00015"},
+		{0.000001, "$0.000001"},
+		{0.123456, "$0.123456"},
+		{0.99, "$0.99"},
+		{1, "$1.00"},
+		{12.345, "$12.35"},
+		{1234.5, "$1234.50"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			if got := formatUSD(c.v); got != c.want {
+				t.Errorf("formatUSD(%v) = %q, want %q", c.v, got, c.want)
+			}
+		})
+	}
+}
+
+func TestChartScales(t *testing.T) {
+	for _, c := range []struct{ n, even, nice int64 }{
+		{0, 2, 1}, {1, 2, 1}, {3, 4, 5}, {4, 4, 5}, {5, 10, 5}, {11, 20, 20}, {600, 1000, 1000}, {150, 200, 200},
+	} {
+		if got := evenCeil(c.n); got != c.even {
+			t.Errorf("evenCeil(%d) = %d, want %d", c.n, got, c.even)
+		}
+		if got := niceCeil(c.n); got != c.nice {
+			t.Errorf("niceCeil(%d) = %d, want %d", c.n, got, c.nice)
+		}
+	}
+}
+
+// formTokenIn reads the brake form's token off the dashboard.
+func formTokenIn(t *testing.T, e *env) string {
+	t.Helper()
+	resp, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("dashboard: %d", resp.StatusCode)
+	}
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no form token in the dashboard:\n%s", body)
+	}
+	return string(m[1])
+}
+
+// TestDashboardBrakeButton: the dashboard's brake form engages and
+// releases the manual brake only with the admin token, the page's form
+// token and no foreign origin.
+func TestDashboardBrakeButton(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	token := formTokenIn(t, e)
+	post := func(admin string, form url.Values, headers ...string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, e.admin.URL+"/brake", strings.NewReader(form.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if admin != "" {
+			req.SetBasicAuth("admin", admin)
+		}
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for _, c := range []struct {
+		name    string
+		admin   string
+		form    url.Values
+		headers []string
+		status  int
+	}{
+		{"no form token", testAdminToken, url.Values{"on": {"true"}}, nil, http.StatusForbidden},
+		{"wrong form token", testAdminToken, url.Values{"on": {"true"}, "csrf": {strings.Repeat("0", 64)}}, nil, http.StatusForbidden},
+		{"another origin", testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, []string{"Origin", "http://evil.example"}, http.StatusForbidden},
+		{"cross-site fetch", testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, []string{"Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
+		{"no admin token", "", url.Values{"on": {"true"}, "csrf": {token}}, nil, http.StatusUnauthorized},
+		{"wrong admin token", "wrong", url.Values{"on": {"true"}, "csrf": {token}}, nil, http.StatusUnauthorized},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if resp := post(c.admin, c.form, c.headers...); resp.StatusCode != c.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, c.status)
+			}
+			if st := e.brake.Status(time.Now()); st.Manual || st.Engaged {
+				t.Errorf("the brake moved: %+v", st)
+			}
+		})
+	}
+	origin := []string{"Origin", e.admin.URL, "Sec-Fetch-Site", "same-origin"}
+	resp := post(testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, origin...)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Fatalf("with the form token: %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if st := e.brake.Status(time.Now()); !st.Manual || !st.Engaged {
+		t.Fatalf("the brake is not engaged: %+v", st)
+	}
+	_, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
+	if !strings.Contains(string(body), "Release the manual brake") {
+		t.Error("the dashboard does not offer to release the brake")
+	}
+	if resp := post(testAdminToken, url.Values{"on": {"false"}, "csrf": {token}}); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("release: %d", resp.StatusCode)
+	}
+	if st := e.brake.Status(time.Now()); st.Manual {
+		t.Errorf("the brake is still on: %+v", st)
 	}
 }
 
@@ -111,7 +242,7 @@ func TestDashboardInChromium(t *testing.T) {
 	if got, want := text("requests-today"), strconv.FormatInt(day.Requests, 10); got != want {
 		t.Errorf("calls today shown %q, database %s", got, want)
 	}
-	if got, want := text("spend-today"), fmt.Sprintf("$%.4f", float64(day.SpendMicroUSD)/1e6); got != want {
+	if got, want := text("spend-today"), formatUSD(float64(day.SpendMicroUSD)/1e6); got != want {
 		t.Errorf("spend today shown %q, database %s", got, want)
 	}
 	if got := text("brake-state"); got != "released" {
@@ -127,4 +258,52 @@ func TestDashboardInChromium(t *testing.T) {
 	if !strings.Contains(dom, "<td>alice</td>") || !strings.Contains(dom, "<td>bob</td>") {
 		t.Error("the top users are missing")
 	}
+	if !strings.Contains(dom, `id="brake-button"`) || !strings.Contains(dom, "Engage the brake") {
+		t.Error("the brake button is missing")
+	}
+
+	// A screenshot, for a person to judge (-dashboard.screenshot=FILE
+	// keeps it); here only that Chromium drew a page of that size with
+	// the chart's colours in it.
+	shot := filepath.Join(t.TempDir(), "dashboard.png")
+	cmd = exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic", "--hide-scrollbars",
+		"--user-data-dir="+filepath.Join(t.TempDir(), "profile"), "--window-size=1024,1500", "--screenshot="+shot, url)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("chromium screenshot: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *screenshotTo != "" {
+		if err := os.WriteFile(*screenshotTo, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	img, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("the screenshot is no PNG: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() != 1024 || b.Dy() != 1500 {
+		t.Errorf("screenshot %v, want 1024×1500", b)
+	}
+	var bars, line int
+	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y++ {
+		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			switch [3]uint32{r >> 8, g >> 8, b >> 8} {
+			case [3]uint32{0x7a, 0xa2, 0xe3}:
+				bars++
+			case [3]uint32{0xd9, 0x53, 0x4f}:
+				line++
+			}
+		}
+	}
+	if bars < 100 || line < 20 {
+		t.Errorf("the screenshot shows %d pixels of bars and %d of the cost line: is the chart drawn?", bars, line)
+	}
 }
+
+var screenshotTo = flag.String("dashboard.screenshot", "", "write the dashboard's Chromium screenshot to this file")

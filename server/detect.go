@@ -44,8 +44,10 @@ func (s *Server) handleDetectRun(c echo.Context) error {
 	return c.JSON(http.StatusOK, rep)
 }
 
-// alert raises an immediate alert; it never waits.
+// alert raises an immediate alert, counted in
+// breakwater_alerts_raised_total; it never waits.
 func (s *Server) alert(kind, summary string, details map[string]string) {
+	s.d.Metrics.alertsRaised.WithLabelValues(kind).Inc()
 	s.d.Alerts.Alert(kind, summary, details)
 }
 

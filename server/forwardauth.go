@@ -69,7 +69,7 @@ func (s *Server) forwardAuth(c echo.Context, now time.Time) error {
 		return err
 	}
 	if refusal := s.admitRoute(rt, cfg, who.key, now); refusal != nil {
-		return s.refusal(refusal)
+		return s.routeRefusal(rt.layer, refusal)
 	}
 	h := c.Response().Header()
 	h.Set(headerUser, who.id.UserID)

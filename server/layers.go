@@ -88,6 +88,7 @@ func (f *failOpens) note(layer string, err error) {
 		recent = recent[1:]
 	}
 	if len(recent) >= failOpenAlertAfter {
+		f.metrics.alertsRaised.WithLabelValues(detect.KindFailOpen).Inc()
 		f.alerts.Alert(detect.KindFailOpen, "a defense layer is failing open repeatedly: requests are let through unchecked",
 			map[string]string{"layer": layer, "faults_last_minute": strconv.Itoa(len(recent)), "last_error": err.Error()})
 		recent = recent[:0]

@@ -387,13 +387,15 @@ func TestRestartKeepsDailyLineAndWindows(t *testing.T) {
 }
 
 // TestRefusalsWriteNothing sends refused requests and checks the database
-// file is byte for byte the same afterwards.
+// file is byte for byte the same afterwards; the write-behind then writes
+// today's refusal counts, one state in one write, and nothing else.
 func TestRefusalsWriteNothing(t *testing.T) {
 	e := newEnv(t, envOptions{limits: limiter.Config{Rate: 1, Window: time.Hour}})
 	img := pngBytes(t, 16, 16)
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
-	wb := e.writeBehind(e.db)
+	store := &savedStates{StateStore: e.db}
+	wb := e.writeBehind(store)
 	wb.Flush()
 	e.events.Close(context.Background()) // stop the statistics writer, flushing it
 	before := fileHash(t, e.db.Path())
@@ -404,9 +406,13 @@ func TestRefusalsWriteNothing(t *testing.T) {
 		resp, data = e.post("bw_"+strings.Repeat("x", 32), "image/png", img)
 		decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 	}
-	wb.Flush()
 	if after := fileHash(t, e.db.Path()); after != before {
 		t.Error("refused requests changed the database file")
+	}
+	store.names = nil
+	wb.Flush()
+	if got, want := strings.Join(store.names, " "), defense.RefusalsState(e.srv.calendar.Day(time.Now())); got != want {
+		t.Errorf("the write-behind wrote %q after the refusals, want only %q", got, want)
 	}
 	if got := e.gemini.calls.Load(); got != 1 {
 		t.Errorf("%d upstream calls, want 1", got)
@@ -707,4 +713,15 @@ func TestNoReservationWrittenWithTheCeilingsOff(t *testing.T) {
 			}
 		})
 	}
+}
+
+// savedStates is a state store that records the names it writes.
+type savedStates struct {
+	defense.StateStore
+	names []string
+}
+
+func (s *savedStates) SaveState(name string, entries map[string][]byte) error {
+	s.names = append(s.names, name)
+	return s.StateStore.SaveState(name, entries)
 }

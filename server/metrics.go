@@ -32,6 +32,7 @@ type Metrics struct {
 	inviteRefusals  *prometheus.CounterVec // reason
 	shadowRefusals  *prometheus.CounterVec // layer, reason: routemetrics.go
 	routeFailures   *prometheus.CounterVec // route, reason: routemetrics.go
+	alertsRaised    *prometheus.CounterVec // kind
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -91,6 +92,7 @@ func NewMetrics() *Metrics {
 	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt, m.inviteRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerRoutes()
+	m.startAtZero()
 	return m
 }
 

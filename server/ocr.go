@@ -319,15 +319,15 @@ func (s *Server) identify(c echo.Context) (keys.Identity, budget.Plan, error) {
 	if err != nil {
 		return keys.Identity{}, budget.Plan{}, err
 	}
+	setUser(c, id.UserID) // for the access log
 	if banned {
-		s.refused("auth", "banned")
 		return keys.Identity{}, budget.Plan{}, errBanned
 	}
 	plan, ok := s.d.Plans.Get(id.Plan)
 	if !ok {
-		// Counted, not logged per request: a plan removed by a reload
-		// must not let its users flood the log. `usage` shows them.
-		s.refused("auth", "no_plan")
+		// Counted as it is answered, not logged per request: a plan
+		// removed by a reload must not let its users flood the log.
+		// `usage` shows them.
 		return keys.Identity{}, budget.Plan{}, errNoPlan
 	}
 	return id, plan, nil
@@ -364,46 +364,6 @@ func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 	m.tokens.WithLabelValues("prompt").Add(float64(u.PromptTokens))
 	m.tokens.WithLabelValues("output").Add(float64(u.CandidatesTokens))
 	m.tokens.WithLabelValues("thoughts").Add(float64(u.ThoughtsTokens))
-}
-
-// refusal turns a refusal by layers 1-3 into the problem users see; the
-// guard has counted it (refusedBy). The problems carry no figure of any
-// threshold.
-func (s *Server) refusal(r *guard.Refusal) error {
-	retry := ceilSeconds(r.RetryAfter)
-	switch {
-	case r.Layer == guard.LayerRate:
-		return errRateLimited.withRetryAfter(retry)
-	case r.Layer == guard.LayerAttempts:
-		return errDailyLimit.withRetryAfter(retry)
-	case r.Layer == guard.LayerQuota:
-		return errQuotaExceeded.withRetryAfter(retry)
-	case r.Layer == guard.LayerUsage:
-		return errUsagePaused.withRetryAfter(retry)
-	case r.Busy:
-		// Only the worst cases of calls in flight block this one: the
-		// brake is not engaged, and a retry in seconds may fit.
-		return errBudgetBusy.withRetryAfter(retry)
-	case r.Reason == "manual":
-		return errPausedByOperator.withRetryAfter(retry)
-	}
-	return errBudgetPaused.withRetryAfter(retry)
-}
-
-// refusedBy counts a refusal of the guard, and raises the brake alert
-// when a budget ceiling or the operator's switch holds (for the switch,
-// the alert confirms that calls are really refused).
-func (s *Server) refusedBy(r *guard.Refusal) {
-	s.refused(r.Layer, r.Reason)
-	if r.Layer == guard.LayerBudget && !r.Busy {
-		s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
-			map[string]string{"ceiling": r.Reason, "retry_after": r.RetryAfter.Round(time.Second).String()})
-	}
-}
-
-func (s *Server) refused(layer, reason string) {
-	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
-	s.refusalsToday.add(s.calendar.Day(s.now()), layer, reason)
 }
 
 // readImage returns the uploaded image and its declared media type, from a

@@ -27,6 +27,9 @@ type Problem struct {
 	Type       string `json:"type"`
 	retryAfter int    // seconds; sent as Retry-After when > 0
 	body       []byte // the encoded problem, made once when it is built
+	// layer and reason count the problem as a refusal (refusalLabels);
+	// empty, a 4xx is counted as layer "input" with its code.
+	layer, reason string
 }
 
 func (p *Problem) Error() string { return p.Code + ": " + p.Detail }
@@ -53,20 +56,20 @@ func (p *Problem) encode() []byte {
 var (
 	// Transport and every endpoint.
 	errUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
-		"A valid API key or sign-in token is required: send it as Authorization: Bearer <token>.")
+		"A valid API key or sign-in token is required: send it as Authorization: Bearer <token>.").refusedIn(layerAuth)
 	errInternal = problem(http.StatusInternalServerError, "internal", "Internal server error",
 		"Something went wrong on our side.")
 	errTooLarge = problem(http.StatusRequestEntityTooLarge, "body_too_large", "Payload too large",
 		"The image is larger than this service accepts.")
 	errBadBody         = problem(http.StatusBadRequest, "bad_body", "Bad request", "The request body could not be read.")
 	errTooManyInFlight = problem(http.StatusTooManyRequests, "too_many_in_flight", "Too many requests",
-		"Too many of your requests are in progress at once. Wait for one to finish.")
+		"Too many of your requests are in progress at once. Wait for one to finish.").refusedIn(layerTransport)
 	errServerBusy = problem(http.StatusServiceUnavailable, "server_busy", "Service busy",
-		"The service is receiving too many uploads at once. Try again after the time in Retry-After.")
+		"The service is receiving too many uploads at once. Try again after the time in Retry-After.").refusedIn(layerTransport)
 	errUploadTooSlow = problem(http.StatusRequestTimeout, "upload_too_slow", "Request timeout",
-		"The upload arrived too slowly or stalled.")
+		"The upload arrived too slowly or stalled.").refusedIn(layerTransport)
 	errTooManyParts = problem(http.StatusBadRequest, "too_many_parts", "Bad request",
-		"The form has too many parts. Send the image in the field \"image\" with few other fields, or as the raw body.")
+		"The form has too many parts. Send the image in the field \"image\" with few other fields, or as the raw body.").refusedIn(layerTransport)
 
 	// POST /v1/ocr.
 	errUsageUnavailable = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
@@ -88,9 +91,9 @@ var (
 	errClientGone = problem(499, "client_closed_request", "Client closed request",
 		"The client went away before the read started.")
 	errBanned = problem(http.StatusForbidden, "banned", "Forbidden",
-		"This account is suspended. Contact the operator of this service.")
+		"This account is suspended. Contact the operator of this service.").refusedIn(layerAuth)
 	errNoPlan = problem(http.StatusForbidden, "no_plan", "Forbidden",
-		"Your account has no valid plan. Contact the operator of this service.")
+		"Your account has no valid plan. Contact the operator of this service.").refusedIn(layerAuth)
 	errRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
 		"Too many requests in a short time. Wait for the time in Retry-After.")
 	errDailyLimit = problem(http.StatusTooManyRequests, "daily_limit", "Too many requests",
@@ -116,9 +119,9 @@ var (
 	// refusal that concerns the code: it carries no reason, no figure and
 	// no hint of how many tries are left.
 	errInviteRefused = problem(http.StatusForbidden, "invite_refused", "Forbidden",
-		"This invite code cannot be used. Check it, or try again later.")
+		"This invite code cannot be used. Check it, or try again later.").refusedIn(layerInvites)
 	errInviteRateLimited = problem(http.StatusTooManyRequests, "rate_limited", "Too many requests",
-		"Too many requests from your address in a short time. Wait for the time in Retry-After.")
+		"Too many requests from your address in a short time. Wait for the time in Retry-After.").refusedIn(layerInvites)
 	errVerifyBody   = badRequest(`Send JSON {"code":"...","email":"..."}.`)
 	errInvalidEmail = problem(http.StatusBadRequest, "invalid_email", "Bad request",
 		"The e-mail address is not valid.")
@@ -152,6 +155,8 @@ var (
 	errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_database", "Conflict",
 		"The backup target is the live database file; write the copy elsewhere.")
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
+	errFormToken      = problem(http.StatusForbidden, "form_refused", "Forbidden",
+		"The form did not come from this dashboard, or it is from before a restart: reload the dashboard and try again.")
 )
 
 // uniformProblem is the one answer of a route with
@@ -193,8 +198,9 @@ func dontWaitForBody(c echo.Context) {
 
 // errorHandler returns Echo's HTTPErrorHandler: every error a handler or
 // middleware returns becomes one problem+json answer here, and is logged
-// once, here.
-func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
+// once, here. answered, if set, is told of each problem as it is answered
+// (the public listener counts its refusals there).
+func errorHandler(log *slog.Logger, answered func(*Problem)) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
@@ -218,6 +224,9 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			h.Set("WWW-Authenticate", `Bearer realm="breakwater"`)
 		}
 		c.Response().WriteHeader(p.Status)
+		if answered != nil {
+			answered(p)
+		}
 		if c.Request().Method == http.MethodHead {
 			return
 		}

@@ -102,7 +102,7 @@ func (s *Server) handleRoute(c echo.Context) error {
 		return err
 	}
 	if refusal := s.admitRoute(rt, cfg, who.key, start); refusal != nil {
-		return s.refusal(refusal)
+		return s.routeRefusal(rt.layer, refusal)
 	}
 	call := &routeCall{rt: rt, cfg: cfg, who: who, path: p, requestID: requestID(c)}
 	if rt.fails != nil {
@@ -157,10 +157,11 @@ func (s *Server) beginFails(c echo.Context, call *routeCall, now time.Time) (ref
 	}
 	s.d.Metrics.routeFailures.WithLabelValues(call.rt.name, rl.Reason).Inc()
 	if u := call.cfg.Fail.UniformStatus; u != 0 {
+		s.refused(call.rt.layer, rl.Reason) // answered here, not by the error handler
 		writeUniform(c.Response(), u)
 		return true, nil
 	}
-	return true, errTooManyFailures.withRetryAfter(rl.RetryAfterSeconds())
+	return true, errTooManyFailures.withRetryAfter(rl.RetryAfterSeconds()).countedAs(call.rt.layer, rl.Reason)
 }
 
 // failKeys are the fail limit's keys of a request: "ip:ADDRESS" and

@@ -146,9 +146,9 @@ func (s *Server) admitRoute(rt *guardedRoute, cfg *routes.Config, key string, no
 	return s.routeRefused(rt, cfg, r.Reason, r, now)
 }
 
-// routeRefused counts a refusal of a route (reason as in
-// breakwater_refusals_total), or in shadow mode logs it, counts it as a
-// shadow refusal and returns nil.
+// routeRefused returns a refusal of a route, to be answered (and counted
+// then, under the route's layer), or in shadow mode logs it, counts it as
+// a shadow refusal and returns nil.
 func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, reason string, r *guard.Refusal, now time.Time) *guard.Refusal {
 	if cfg.Mode == routes.ModeShadow {
 		s.d.Metrics.shadowRefusals.WithLabelValues(rt.layer, reason).Inc()
@@ -157,7 +157,6 @@ func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, reason strin
 		}
 		return nil
 	}
-	s.refused(rt.layer, reason)
 	return r
 }
 

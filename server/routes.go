@@ -27,6 +27,7 @@ func (s *Server) routes() {
 	// Admin listener: every route needs the admin token.
 	a := s.admin.Group("", s.adminOnly)
 	a.GET("/", s.handleDashboard)
+	a.POST("/brake", s.handleDashboardBrake, limitBody(64<<10)) // the dashboard's button
 	a.GET("/healthz", s.handleHealth)
 	a.GET("/metrics", echo.WrapHandler(s.d.Metrics.Handler()))
 	a.GET("/api/keys", s.handleListKeys)

@@ -119,7 +119,8 @@ type Server struct {
 	wallClock func() time.Time // for connection deadlines, always real time
 
 	refusalsToday dailyRefusals
-	refusalLog    logEvery // rate-limits the log lines of invite refusals
+	csrf          formToken // the dashboard's brake form
+	refusalLog    logEvery  // rate-limits the log lines of invite refusals
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute
@@ -177,6 +178,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		bodies:    &bodyMemory{capacity: cfg.MaxBodyMemory},
 		inFlight:  &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
 		wallClock: time.Now,
+		csrf:      newFormToken(d.AdminToken),
 	}
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
@@ -190,9 +192,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.price.Store(&d.Price)
-	s.public = s.newEcho()
+	s.public = s.newEcho(s.countRefusal)
 	s.public.Use(d.Metrics.countRequests)
-	s.admin = s.newEcho()
+	if cfg.AccessLog {
+		s.public.Use(s.accessLog(d.Logger.With("component", "access")))
+	}
+	s.admin = s.newEcho(nil)
 	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
@@ -217,11 +222,13 @@ func (s *Server) Handler() http.Handler { return s.public }
 // AdminHandler is the admin API; serve it on a loopback address only.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-func (s *Server) newEcho() *echo.Echo {
+// newEcho is an Echo with the transport's error handler, which tells
+// answered of every problem it answers (nil: nobody).
+func (s *Server) newEcho(answered func(*Problem)) *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.IPExtractor = s.clients.extract
-	e.HTTPErrorHandler = errorHandler(s.log)
+	e.HTTPErrorHandler = errorHandler(s.log, answered)
 	e.Use(s.reqIDs.middleware, recoverPanics(s.log))
 	return e
 }

@@ -989,6 +989,7 @@ func (e *env) writeBehind(store defense.StateStore) *defense.WriteBehind {
 	snapshots := append([]defense.Snapshot{
 		defense.Windows(defense.StateUserWindows, guard.LayerRate, e.windows),
 		defense.Attempts(guard.LayerAttempts, e.attempts),
+		defense.Refusals(RefusalCountsLayer, e.srv.DirtyRefusals),
 	}, e.guard.Snapshots()...)
 	wb, err := defense.NewWriteBehind(store, snapshots, defense.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
 	if err != nil {

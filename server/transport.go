@@ -19,9 +19,6 @@ import (
 // and always enforced: they guard resources, not money, and have no
 // machinery that could fail.
 
-// layerTransport labels the transport's refusals in the metrics.
-const layerTransport = "transport"
-
 // errReadTooSlow is what a paced body returns once its read deadline has
 // passed.
 var errReadTooSlow = errors.New("server: upload slower than server.min_upload_bytes_per_second")
@@ -147,10 +144,9 @@ func (a *arrivals) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// boundUploads is middleware for upload routes. It counts the transport's
-// refusals in breakwater_refusals_total{layer="transport"}, by code, and
-// holds a request's body to the minimum upload rate, as a leaky bucket:
-// from the first read the body may fall behind at most upload_grace, each
+// boundUploads is middleware for upload routes. It holds a request's body
+// to the minimum upload rate, as a leaky bucket: from the first read the
+// body may fall behind at most upload_grace, each
 // byte earning 1/min_upload_bytes_per_second of time and the credit
 // capped at upload_grace. So a stall longer than upload_grace is always
 // cut off, however fast the bytes before it came, while an upload that
@@ -162,23 +158,16 @@ func (a *arrivals) Read(p []byte) (int, error) {
 // call in progress. It goes after limitBody.
 func (s *Server) boundUploads(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		err := s.paced(c, next)
-		var p *Problem
-		if errors.As(err, &p) {
-			switch p.Code {
-			case errTooManyInFlight.Code, errServerBusy.Code, errUploadTooSlow.Code, errTooManyParts.Code:
-				s.refused(layerTransport, p.Code)
-			}
+		r := c.Request()
+		if r.ContentLength == 0 {
+			return next(c)
 		}
-		return err
+		return s.paced(c, next)
 	}
 }
 
 func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
 	r := c.Request()
-	if r.ContentLength == 0 {
-		return next(c)
-	}
 	b := &pacedBody{ReadCloser: r.Body, rc: http.NewResponseController(c.Response()), now: s.wallClock,
 		rate: s.cfg.MinUploadBytesPerSecond, grace: s.cfg.UploadGrace, end: s.wallClock().Add(readTimeout)}
 	// The body is put back before the answer goes out: Go's server

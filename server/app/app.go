@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
@@ -209,8 +210,17 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	snapshots := append([]defense.Snapshot{
 		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
 		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
+		defense.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
 	}, a.guard.Snapshots()...)
 	snapshots = append(snapshots, routeSnapshots(guarded)...)
+	// The dashboard's refusals of today, as written behind before a
+	// restart; without them it counts from zero.
+	today := budget.DayKey(opts.Now(), loc)
+	if counts, err := db.LoadState(defense.RefusalsState(today)); err != nil {
+		log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
+	} else {
+		a.srv.LoadRefusals(today, counts)
+	}
 	wb, err := defense.NewWriteBehind(db, snapshots, defense.Options{
 		FailedOpen: a.srv.FailedOpen, Logger: log.With("component", "defense"), Now: opts.Now,
 	})

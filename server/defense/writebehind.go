@@ -24,6 +24,14 @@ const (
 // AttemptsState names the stored attempt counts of day.
 func AttemptsState(day string) string { return stateAttemptsPrefix + day }
 
+// stateRefusalsPrefix begins the names of the transport's stored refusal
+// counts, one state per day.
+const stateRefusalsPrefix = "refusals/"
+
+// RefusalsState names the stored refusal counts of day (the dashboard's
+// "refusals today").
+func RefusalsState(day string) string { return stateRefusalsPrefix + day }
+
 // StateStore is what the write-behind needs from storage.
 type StateStore interface {
 	SaveState(name string, entries map[string][]byte) error
@@ -99,12 +107,26 @@ func Attempts(layer string, a *budget.Attempts) Snapshot {
 // prefix+day (a guarded route's, say); older days under prefix are
 // dropped once the day turns.
 func AttemptsUnder(prefix, layer string, a *budget.Attempts) Snapshot {
+	return daily(prefix, layer, a.Dirty)
+}
+
+// Refusals is the snapshot of the transport's refusal counts of today
+// (server.Server.DirtyRefusals): today's under RefusalsState(day); older
+// days are dropped once the day turns.
+func Refusals(layer string, dirty func() (day string, counts map[string][]byte)) Snapshot {
+	return daily(stateRefusalsPrefix, layer, dirty)
+}
+
+// daily is the snapshot of counts kept for one day at a time: dirty
+// returns the day and its counts that changed since its last call, stored
+// under prefix+day.
+func daily(prefix, layer string, dirty func() (string, map[string][]byte)) Snapshot {
 	var day string
 	return Snapshot{
 		Layer: layer,
 		Dirty: func(time.Time) []Change {
 			var counts map[string][]byte
-			day, counts = a.Dirty()
+			day, counts = dirty()
 			if len(counts) == 0 {
 				return nil
 			}
@@ -170,11 +192,12 @@ type Options struct {
 }
 
 // WriteBehind copies the defense layers' in-memory state (rate windows,
-// daily attempt counts, and the invite guard's windows and fail limits) to
-// storage every interval, so that a restart neither resets a daily line nor
-// lifts a rate limit or a cooldown. Only what changed is written, at most
-// once per interval: a request refused by the rate limits changes nothing,
-// and a failed invite guess only updates the fail limiter's entry for its
+// daily attempt counts, the invite guard's windows and fail limits, and
+// today's refusal counts) to storage every interval, so that a restart
+// neither resets a daily line nor lifts a rate limit or a cooldown. Only
+// what changed is written, at most once per interval: a request refused by
+// the rate limits changes only the refusal counts (a few dozen entries at
+// most), and a failed invite guess only updates the fail limiter's entry for its
 // keys, so an attack costs at most one small write a second. A failed write
 // is a fail-open event of the layer.
 type WriteBehind struct {
