@@ -243,7 +243,7 @@ func (e *env) operate(f func(op operator.Service) error) error { return e.operat
 func (e *env) operateOrCreate(f func(op operator.Service) error) error { return e.operateOn(true, f) }
 
 func (e *env) operateOn(create bool, f func(op operator.Service) error) error {
-	c, err := app.Load(e.config, e.getenv)
+	c, err := e.loadForOperator()
 	if err != nil {
 		return err
 	}
@@ -253,4 +253,15 @@ func (e *env) operateOn(create bool, f func(op operator.Service) error) error {
 	}
 	defer closeOp()
 	return f(op)
+}
+
+// loadForOperator reads --config for an operator's command: leniently, so
+// that a typo elsewhere in the file cannot lock the operator out of the
+// brake; each key left out is named on stderr.
+func (e *env) loadForOperator() (app.Config, error) {
+	c, warnings, err := app.LoadForOperator(e.config, e.getenv)
+	for _, w := range warnings {
+		fmt.Fprintln(e.stderr, "breakwater: warning:", w)
+	}
+	return c, err
 }
