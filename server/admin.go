@@ -79,7 +79,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 	var info operator.UserInfo
 	var err error
 	if req.Banned != nil {
-		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned)
+		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned, req.Create)
 	}
 	if err == nil && req.Plan != "" {
 		info, err = s.d.Operator.SetPlan(ctx, user, req.Plan)

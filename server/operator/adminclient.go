@@ -91,9 +91,9 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 }
 
 // SetBanned bans or unbans a user on the running server.
-func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error) {
+func (a *AdminClient) SetBanned(ctx context.Context, user string, banned, create bool) (UserInfo, error) {
 	var out UserInfo
-	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned, Create: create}, &out)
 	return out, err
 }
 

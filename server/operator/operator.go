@@ -30,7 +30,7 @@ type Service interface {
 	CreateKey(ctx context.Context, user, plan string) (string, KeyInfo, error)
 	ListKeys(ctx context.Context) ([]KeyInfo, error)
 	RevokeKey(ctx context.Context, id string) (KeyInfo, error)
-	SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error)
+	SetBanned(ctx context.Context, user string, banned, create bool) (UserInfo, error)
 	SetPlan(ctx context.Context, user, plan string) (UserInfo, error)
 	Usage(ctx context.Context, user string) ([]UsageInfo, error)
 	Budget(ctx context.Context) (BudgetInfo, error)
@@ -180,9 +180,10 @@ func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error
 	return o.invites.Delete(id)
 }
 
-// SetBanned bans or unbans a user; the next request sees it.
-func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {
-	return o.keys.SetBanned(user, banned)
+// SetBanned bans or unbans a user; the next request sees it. An id with
+// no record is ErrNotFound unless create (see keys.Keyring.SetBanned).
+func (o *Operator) SetBanned(_ context.Context, user string, banned, create bool) (UserInfo, error) {
+	return o.keys.SetBanned(user, banned, create)
 }
 
 // SetPlan moves a user to another plan.

@@ -20,6 +20,9 @@ type CreateKeyResponse struct {
 type UserRequest struct {
 	Banned *bool  `json:"banned"`
 	Plan   string `json:"plan"`
+	// Create lets a ban make the record of an id not seen yet (a sign-in
+	// user, jwt:SUB); without it an unknown id is 404.
+	Create bool `json:"create,omitempty"`
 }
 
 // BrakeRequest is the body of POST /api/brake.
