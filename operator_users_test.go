@@ -54,3 +54,20 @@ func TestUsersBanUnknownID(t *testing.T) {
 		})
 	}
 }
+
+// A wrong admin token names the server that refused it, not a generic
+// hint, for every kind of call (a JSON one and the backup stream).
+func TestWrongAdminTokenNamesTheServer(t *testing.T) {
+	adminAddr := freeAddr(t)
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n",
+		freeAddr(t), adminAddr, filepath.Join(t.TempDir(), "bw.db")))
+	startApp(t, path, envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "the-right-token"}))
+	wrong := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "a-wrong-token"})
+	want := "your BREAKWATER_ADMIN_TOKEN was refused by the server at " + adminAddr
+	for _, args := range [][]string{{"keys", "list"}, {"brake", "on"}, {"backup", filepath.Join(t.TempDir(), "copy.db")}} {
+		err := run(context.Background(), append(args, "--config", path), wrong, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v with a wrong token: %v, want %q", args, err, want)
+		}
+	}
+}

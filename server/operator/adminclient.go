@@ -18,14 +18,25 @@ import (
 // keys while the server holds the database open. It implements Service,
 // as Operator does on the database itself.
 type AdminClient struct {
+	addr  string
 	base  string
 	token string
 	hc    *http.Client
 }
 
+// ErrTokenRefused is the admin API's 401: the token the CLI sent is not
+// the server's.
+var ErrTokenRefused = errors.New("operator: the admin token was refused")
+
 // NewAdminClient talks to the admin API at addr (host:port) with token.
 func NewAdminClient(addr, token string) *AdminClient {
-	return &AdminClient{base: "http://" + addr, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+	return &AdminClient{addr: addr, base: "http://" + addr, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+}
+
+// refused is the error of a 401 answer: the token, not the command, is
+// wrong, and the operator must know which server refused it.
+func (a *AdminClient) refused() error {
+	return fmt.Errorf("your BREAKWATER_ADMIN_TOKEN was refused by the server at %s: set the token that server runs with: %w", a.addr, ErrTokenRefused)
 }
 
 // CreateKey asks the server for a new key.
@@ -76,6 +87,9 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		return a.refused()
 	}
 	if resp.StatusCode >= 300 {
 		var p problem
@@ -140,6 +154,9 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) er
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		return a.refused()
+	}
 	if resp.StatusCode == http.StatusConflict {
 		return fmt.Errorf("backup: %s is the live database of the running server; write the copy elsewhere: %w", target, ErrBackupOntoDatabase)
 	}
