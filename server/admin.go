@@ -32,6 +32,14 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 			c.Response().Header().Set("WWW-Authenticate", `Basic realm="breakwater admin", charset="UTF-8"`)
 			return errAdminUnauthorized
 		}
+		// A CLI names the database its config means; another instance's
+		// CLI must not act on this one's (a caller that names none, a
+		// script or a browser, is not checked).
+		if meant := c.Request().Header.Get(operator.DatabaseHeader); meant != "" && !s.d.Operator.IsDatabase(meant) {
+			held := s.d.Operator.Database()
+			c.Response().Header().Set(operator.DatabaseHeader, held)
+			return wrongDatabase(held, meant)
+		}
 		return next(c)
 	}
 }

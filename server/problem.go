@@ -115,6 +115,13 @@ var (
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 )
 
+// wrongDatabase is the admin API's 409 to a CLI whose config names
+// another database than the one this server holds.
+func wrongDatabase(held, meant string) *Problem {
+	return problem(http.StatusConflict, "wrong_database", "Conflict",
+		"This server holds "+held+", not "+meant+": check server.admin_listen and storage.path.")
+}
+
 // badRequest is the 400 of a request body or parameter that could not be
 // understood; detail says what to send.
 func badRequest(detail string) *Problem {

@@ -30,7 +30,7 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 		if token == "" {
 			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", cfg.Storage.Path, cfg.Server.AdminListen)
 		}
-		return operator.NewAdminClient(cfg.Server.AdminListen, token), func() {}, nil
+		return operator.NewAdminClient(cfg.Server.AdminListen, token).ForDatabase(cfg.Storage.Path), func() {}, nil
 	}
 	if err == nil {
 		err = a.openOperator(cfg, &detect.Counters{})

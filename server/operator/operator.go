@@ -314,6 +314,16 @@ func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
 	return err
 }
 
+// Database is the path of the database file the service holds.
+func (o *Operator) Database() string { return o.store.Path() }
+
+// IsDatabase reports whether path names the database file the service
+// holds, under any name (see sameFile). The CLI's config and the server
+// are on one machine (the CLI reaches the admin API only when the file's
+// lock is held there), so this is exact: two instances never share one
+// file, the lock sees to that.
+func (o *Operator) IsDatabase(path string) bool { return sameFile(path, o.store.Path()) }
+
 // CheckBackupTarget refuses a backup target that is the database file.
 func (o *Operator) CheckBackupTarget(target string) error {
 	if target != "" && sameFile(target, o.store.Path()) {
