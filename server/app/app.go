@@ -54,6 +54,10 @@ type Options struct {
 	// command refuses, naming the path it looked for. Open (serve)
 	// always may.
 	CreateDatabase bool
+	// NoCatchUp skips the daily detection's catch-up at start (the days
+	// missed while the server was down): for the demo's throwaway
+	// database, which has no yesterday.
+	NoCatchUp bool
 }
 
 func (o Options) withDefaults() Options {
@@ -182,7 +186,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			log.Warn("alerts not all handed to the mailer", "err", err)
 		}
 	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{Logger: log})
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: opts.NoCatchUp, Logger: log})
 	if err != nil {
 		return nil, err
 	}
