@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -64,6 +65,7 @@ type env struct {
 	getenv         func(string) string
 	stdout, stderr io.Writer
 	config         string
+	now            func() time.Time // names dated backups
 }
 
 // Run parses args (without the program's name) and runs the command they
@@ -72,7 +74,7 @@ type env struct {
 // an error that matches ErrUsage. Run never prints the error it returns:
 // the caller prints it once.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	root := newRoot(&env{getenv: getenv, stdout: stdout, stderr: stderr})
+	root := newRoot(&env{getenv: getenv, stdout: stdout, stderr: stderr, now: time.Now})
 	if args == nil {
 		args = []string{} // nil would make cobra read os.Args
 	}
