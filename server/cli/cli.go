@@ -28,6 +28,10 @@ import (
 // DefaultConfigPath is where --config looks when it is not given.
 const DefaultConfigPath = "config.toml"
 
+// ShippedConfig is the commented default config.toml, which config init
+// writes; main embeds it from the repository's config.toml.
+var ShippedConfig []byte
+
 // ErrUsage marks a command line that could not be understood: an unknown
 // command or flag, a missing or extra argument, a bad flag value. The
 // caller exits with status 2.
@@ -123,7 +127,7 @@ the bill run away. With no command it serves, as "breakwater serve".`,
 	}
 	add("service", serveCmd(e), demoCmd(e))
 	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e))
-	add("other", configCmd(e), versionCmd(e))
+	add("other", alertsCmd(e), configCmd(e), versionCmd(e))
 	root.SetHelpCommandGroupID("other")
 	root.SetCompletionCommandGroupID("other")
 	adoptDefaults(root)

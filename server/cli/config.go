@@ -22,7 +22,7 @@ BREAKWATER_ADMIN_TOKEN) is an error too.`,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE:              func(c *cobra.Command, _ []string) error { return e.configCheck() },
 	}
-	return group("config", "check the config file", check)
+	return group("config", "check the config file, or write the default one", check, configInitCmd(e))
 }
 
 func (e *env) configCheck() error {
