@@ -216,3 +216,29 @@ func pathParam(c echo.Context, name string) string {
 	}
 	return v
 }
+
+func (s *Server) handleCooldowns(c echo.Context) error {
+	list, err := s.d.Operator.Cooldowns(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, list)
+}
+
+// handleClearCooldown lifts one invite cooldown; the key is in the body,
+// as it holds ":" and "/".
+func (s *Server) handleClearCooldown(c echo.Context) error {
+	var req operator.ClearCooldownRequest
+	if err := c.Bind(&req); err != nil || req.Key == "" {
+		return badRequest(`Send JSON {"key":"ip:203.0.113.7"} or {"key":"email:ann@example.com"}.`)
+	}
+	info, err := s.d.Operator.ClearCooldown(c.Request().Context(), req.Key)
+	switch {
+	case errors.Is(err, operator.ErrNoCooldown):
+		return errNoCooldown
+	case err != nil:
+		return err
+	}
+	s.log.Warn("invite cooldown cleared by the operator", "key", info.Key, "until", info.Until)
+	return c.JSON(http.StatusOK, info)
+}

@@ -113,6 +113,7 @@ var (
 	errBackupOntoDatabase = problem(http.StatusConflict, "backup_target_is_database", "Conflict",
 		"The backup target is the live database file; write the copy elsewhere.")
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
+	errNoCooldown     = problem(http.StatusNotFound, "not_found", "Not found", "No cooldown is on that key.")
 )
 
 // wrongDatabase is the admin API's 409 to a CLI whose config names

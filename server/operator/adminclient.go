@@ -249,3 +249,17 @@ func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, 
 	err := a.call(ctx, http.MethodPost, "/api/invites/"+url.PathEscape(id)+"/revoke", nil, &out)
 	return out, err
 }
+
+// Cooldowns lists the running server's invite cooldowns.
+func (a *AdminClient) Cooldowns(ctx context.Context) ([]CooldownInfo, error) {
+	var out []CooldownInfo
+	err := a.call(ctx, http.MethodGet, "/api/cooldowns", nil, &out)
+	return out, err
+}
+
+// ClearCooldown lifts a cooldown on the running server.
+func (a *AdminClient) ClearCooldown(ctx context.Context, key string) (CooldownInfo, error) {
+	var out CooldownInfo
+	err := a.call(ctx, http.MethodPost, "/api/cooldowns/clear", ClearCooldownRequest{Key: key}, &out)
+	return out, err
+}

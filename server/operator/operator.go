@@ -19,6 +19,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/limiter"
 	"breakwater/server/defense"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
@@ -41,6 +42,8 @@ type Service interface {
 	RevokeInvite(ctx context.Context, id string) (InviteInfo, error)
 	DeleteInvite(ctx context.Context, id string) (InviteInfo, error)
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
+	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
+	ClearCooldown(ctx context.Context, key string) (CooldownInfo, error)
 }
 
 var (
@@ -86,6 +89,7 @@ type Operator struct {
 	now     func() time.Time
 
 	detection Detection // nil until SetDetection
+	cooldowns Cooldowns // nil until SetCooldowns: none to list
 	brakeMu   sync.Mutex
 }
 
@@ -344,6 +348,52 @@ func sameFile(a, b string) bool {
 	infoA, errA := os.Stat(a)
 	infoB, errB := os.Stat(b)
 	return errA == nil && errB == nil && os.SameFile(infoA, infoB)
+}
+
+// Cooldowns are the fail limits whose cooldowns the operator lists and
+// lifts: limiter.FailLimiter implements it.
+type Cooldowns interface {
+	Cooling(now time.Time) []limiter.Cooldown
+	Clear(key string) bool
+}
+
+// SetCooldowns gives the operator the invite guard's fail limit.
+func (o *Operator) SetCooldowns(c Cooldowns) { o.cooldowns = c }
+
+// CooldownInfo is a key in a cooldown ("ip:203.0.113.7",
+// "email:ann@example.com") and when it ends.
+type CooldownInfo struct {
+	Key         string    `json:"key"`
+	Until       time.Time `json:"until"`
+	LeftSeconds int64     `json:"left_seconds"`
+}
+
+// ErrNoCooldown refuses to clear a key that is in no cooldown.
+var ErrNoCooldown = errors.New("operator: no cooldown on that key")
+
+// Cooldowns lists the invite keys in a cooldown, with the time left.
+func (o *Operator) Cooldowns(context.Context) ([]CooldownInfo, error) {
+	out := []CooldownInfo{}
+	if o.cooldowns == nil {
+		return out, nil
+	}
+	now := o.now()
+	for _, c := range o.cooldowns.Cooling(now) {
+		out = append(out, CooldownInfo{Key: c.Key, Until: c.Until, LeftSeconds: int64(c.Until.Sub(now).Round(time.Second) / time.Second)})
+	}
+	return out, nil
+}
+
+// ClearCooldown lifts the cooldown of key at once and forgets its run of
+// failures; a key in no cooldown is ErrNoCooldown.
+func (o *Operator) ClearCooldown(ctx context.Context, key string) (CooldownInfo, error) {
+	list, _ := o.Cooldowns(ctx)
+	for _, c := range list {
+		if c.Key == key && o.cooldowns.Clear(key) {
+			return c, nil
+		}
+	}
+	return CooldownInfo{}, fmt.Errorf("%q: %w", key, ErrNoCooldown)
 }
 
 // usd turns micro-dollars into dollars for display.

@@ -50,6 +50,11 @@ type DetectRunRequest struct {
 	NoMail bool   `json:"no_mail"` // skip the digest
 }
 
+// ClearCooldownRequest is the body of POST /api/cooldowns/clear.
+type ClearCooldownRequest struct {
+	Key string `json:"key"`
+}
+
 // problem is what AdminClient reads of a problem+json answer.
 type problem struct {
 	Status int    `json:"status"`
