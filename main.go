@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,13 @@ import (
 
 	"breakwater/server/cli"
 )
+
+// shippedConfig is the commented default config, for config init.
+//
+//go:embed config.toml
+var shippedConfig []byte
+
+func init() { cli.ShippedConfig = shippedConfig }
 
 func main() {
 	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)

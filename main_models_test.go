@@ -24,7 +24,7 @@ func TestConfigCheckUnknownModel(t *testing.T) {
 
 	out.Reset()
 	path = writeConfig(t, minimalConfig+"\n[ocr]\nmodel = \"gemini-3-pro-preview\"\nallow_unknown_model = true\n")
-	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, &errOut); err != nil {
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(map[string]string{"GEMINI_API_KEY": "test-key"}), &out, &errOut); err != nil {
 		t.Fatalf("config check with the unknown model allowed: %v", err)
 	}
 	if !strings.Contains(out.String(), `warning: ocr.model "gemini-3-pro-preview" is not a known model`) {
@@ -33,7 +33,7 @@ func TestConfigCheckUnknownModel(t *testing.T) {
 
 	out.Reset()
 	path = writeConfig(t, minimalConfig+"\n[ocr]\nmodel = \"gemini-2.5-pro\"\n")
-	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, &errOut); err != nil {
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(map[string]string{"GEMINI_API_KEY": "test-key"}), &out, &errOut); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "warning: ocr.price.input_usd_per_million = 0.3 is below the list price of gemini-2.5-pro") {

@@ -222,11 +222,30 @@ func TestConfigCheckCommand(t *testing.T) {
 		t.Errorf("config check: %v", err)
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"config", "check", "--config", "config.toml"}, envFrom(nil), &out, &errOut); err != nil {
+	if err := run(context.Background(), []string{"config", "check", "--config", "config.toml"}, envFrom(map[string]string{"GEMINI_API_KEY": "test-key"}), &out, &errOut); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "OK") || !strings.Contains(out.String(), "GEMINI_API_KEY") {
+	if !strings.Contains(out.String(), "OK") {
 		t.Errorf("config check printed %q", out.String())
+	}
+
+	// Where serve would refuse to start, config check fails too (exit 1)
+	// and says why.
+	for _, tt := range []struct {
+		name, config string
+		env          map[string]string
+		want         string
+	}{
+		{"no Gemini key", "config.toml", nil, "GEMINI_API_KEY is not set"},
+		{"short token off loopback", writeConfig(t, "[server]\nadmin_listen = \"0.0.0.0:8081\"\n[ocr]\nprovider = \"simulated\"\n"+minimalConfig),
+			map[string]string{"BREAKWATER_ADMIN_TOKEN": "short"}, "at least 32 characters"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(context.Background(), []string{"config", "check", "--config", tt.config}, envFrom(tt.env), io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), "serve would refuse to start") || !strings.Contains(err.Error(), tt.want) || exitCode(err, io.Discard) != 1 {
+				t.Errorf("config check: %v, want exit 1 naming %q", err, tt.want)
+			}
+		})
 	}
 }
 

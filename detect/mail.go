@@ -137,7 +137,7 @@ func (m *Mailer) loop() {
 func (m *Mailer) deliver(msg message) {
 	wait := m.o.RetryBase
 	for attempt := 1; ; attempt++ {
-		err := m.sendOnce(msg)
+		_, err := m.sendOnce(msg)
 		if err == nil {
 			m.o.Counters.AlertsSent.Add(1)
 			m.log.Info("e-mail sent", "subject", msg.subject, "attempt", attempt)
@@ -154,7 +154,7 @@ func (m *Mailer) deliver(msg message) {
 		case <-timer.C:
 		case <-m.stop:
 			timer.Stop()
-			if err := m.sendOnce(msg); err == nil {
+			if _, err := m.sendOnce(msg); err == nil {
 				m.o.Counters.AlertsSent.Add(1)
 			} else {
 				m.o.Counters.AlertFailures.Add(1)
@@ -166,14 +166,23 @@ func (m *Mailer) deliver(msg message) {
 	}
 }
 
-// sendOnce makes one delivery attempt over a new connection.
-func (m *Mailer) sendOnce(msg message) error {
+// SendNow sends one message at once over a new connection, past the
+// queue and without retries, and returns what the SMTP server answered to
+// it ("250 2.0.0 Ok: queued as ..."); its error holds the server's
+// refusal. For breakwater alerts test, whose operator is waiting.
+func (m *Mailer) SendNow(subject, body string) (reply string, err error) {
+	return m.sendOnce(message{subject: subject, body: body})
+}
+
+// sendOnce makes one delivery attempt over a new connection, and returns
+// the server's answer to the message.
+func (m *Mailer) sendOnce(msg message) (string, error) {
 	mm := gomail.NewMsg()
 	if err := mm.From(m.cfg.From); err != nil {
-		return fmt.Errorf("from: %w", err)
+		return "", fmt.Errorf("from: %w", err)
 	}
 	if err := mm.To(m.cfg.To...); err != nil {
-		return fmt.Errorf("to: %w", err)
+		return "", fmt.Errorf("to: %w", err)
 	}
 	mm.Subject(subjectPrefix + Escape(msg.subject))
 	mm.SetDate()
@@ -198,12 +207,12 @@ func (m *Mailer) sendOnce(msg message) error {
 	}
 	c, err := gomail.NewClient(m.cfg.SMTPHost, opts...)
 	if err != nil {
-		return err
+		return "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.o.Timeout)
 	defer cancel()
 	if err := c.DialAndSendWithContext(ctx, mm); err != nil {
-		return errors.New(Escape(err.Error()))
+		return "", errors.New(Escape(err.Error()))
 	}
-	return nil
+	return Escape(mm.ServerResponse()), nil
 }

@@ -26,8 +26,12 @@ var _ DayRunner = (*Runner)(nil)
 // SchedulerOptions are the Scheduler's optional parts.
 type SchedulerOptions struct {
 	MaxCatchUp int // default DefaultMaxCatchUp
-	Logger     *slog.Logger
-	Now        func() time.Time
+	// NoCatchUp runs no day at start, only the days that come due while
+	// the scheduler runs: for a throwaway database, whose missed days are
+	// none.
+	NoCatchUp bool
+	Logger    *slog.Logger
+	Now       func() time.Time
 }
 
 // Scheduler runs the daily detection at [detect] run_at, in the budget's
@@ -66,8 +70,10 @@ func NewScheduler(r DayRunner, cfg Config, loc *time.Location, o SchedulerOption
 
 // Run catches up, then runs each day at run_at until ctx ends.
 func (s *Scheduler) Run(ctx context.Context) {
-	for {
-		s.runDue(ctx)
+	for first := true; ; first = false {
+		if !first || !s.o.NoCatchUp {
+			s.runDue(ctx)
+		}
 		now := s.o.Now()
 		timer := time.NewTimer(s.next(now).Sub(now))
 		select {

@@ -213,3 +213,30 @@ func TestSchedulerSkipsPrunedDays(t *testing.T) {
 		}
 	})
 }
+
+// NoCatchUp runs no day at start, however many are due, and still runs
+// the days that come due while it runs.
+func TestSchedulerNoCatchUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)
+		offset := start.Sub(time.Now())
+		now := func() time.Time { return time.Now().Add(offset) }
+		r := &fakeRunner{now: now}
+		s, err := NewScheduler(r, Config{RunAt: "00:15"}, time.UTC, SchedulerOptions{Now: now, NoCatchUp: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		synctest.Wait()
+		if got := r.ran(); len(got) != 0 {
+			t.Fatalf("ran %v at start with NoCatchUp", got)
+		}
+		sleepUntil(now, time.Date(2026, 3, 5, 0, 16, 0, 0, time.UTC))
+		if got, want := r.ran(), []string{"2026-03-04"}; !slices.Equal(got, want) {
+			t.Fatalf("ran %v, want %v", got, want)
+		}
+	})
+}

@@ -317,6 +317,42 @@ func (f *FailLimiter) CoolingDown(key string, now time.Time) (time.Time, bool) {
 	return st.until, true
 }
 
+// Cooldown is a key in a cooldown, and when the cooldown ends.
+type Cooldown struct {
+	Key   string
+	Until time.Time
+}
+
+// Cooling lists the keys in a cooldown at now, sorted by key.
+func (f *FailLimiter) Cooling(now time.Time) []Cooldown {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Cooldown
+	for k, st := range f.keys {
+		if now.Before(st.until) {
+			out = append(out, Cooldown{Key: k, Until: st.until})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// Clear lifts key's cooldown and forgets its run of failures and its
+// backoff, as for a key never seen, for an operator who knows the client
+// is legitimate; false if key has no state. Attempts in progress on key
+// still finish. The write-behind stores the change.
+func (f *FailLimiter) Clear(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.keys[key]
+	if st == nil {
+		return false
+	}
+	st.fails, st.until, st.length = 0, time.Time{}, 0
+	f.dirty[key] = struct{}{}
+	return true
+}
+
 // GlobalFailures returns the failures over every key in the last hour at
 // now, counted in whole minutes.
 func (f *FailLimiter) GlobalFailures(now time.Time) int {

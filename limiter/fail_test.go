@@ -370,3 +370,49 @@ func TestFailConfigValidate(t *testing.T) {
 		t.Errorf("max cooldown defaults to %v under a 48h cooldown", got)
 	}
 }
+
+// Cooling lists the keys in a cooldown with its end; Clear lifts one at
+// once, forgets its run, and is written behind.
+func TestFailLimiterCoolingAndClear(t *testing.T) {
+	f, err := limiter.NewFail(limiter.FailConfig{Limit: 2, Window: time.Minute, Cooldown: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	fail := func(key string, at time.Time) {
+		t.Helper()
+		a, err := f.Begin([]string{key}, at)
+		if err != nil {
+			t.Fatalf("begin %s: %v", key, err)
+		}
+		a.Fail(at)
+	}
+	fail("ip:a", t0)
+	fail("ip:a", t0.Add(time.Second))
+	fail("email:b", t0)
+	f.Dirty()
+	got := f.Cooling(t0.Add(time.Minute))
+	if len(got) != 1 || got[0].Key != "ip:a" || !got[0].Until.Equal(t0.Add(time.Second+10*time.Minute)) {
+		t.Fatalf("Cooling = %+v, want ip:a until 10 min after its second failure", got)
+	}
+	if f.Clear("ip:nobody") {
+		t.Error("Clear of a key never seen reported true")
+	}
+	if !f.Clear("ip:a") {
+		t.Fatal("Clear(ip:a) = false")
+	}
+	if got := f.Cooling(t0.Add(time.Minute)); len(got) != 0 {
+		t.Errorf("Cooling after Clear = %+v", got)
+	}
+	if _, cooling := f.CoolingDown("ip:a", t0.Add(time.Minute)); cooling {
+		t.Error("ip:a still cooling down after Clear")
+	}
+	// Its run is forgotten: one more failure starts no cooldown.
+	fail("ip:a", t0.Add(2*time.Minute))
+	if _, cooling := f.CoolingDown("ip:a", t0.Add(2*time.Minute)); cooling {
+		t.Error("one failure after Clear started a cooldown")
+	}
+	if entries, _ := f.Dirty(); len(entries) != 1 || entries[0].Key != "ip:a" {
+		t.Errorf("Dirty after Clear = %+v, want ip:a", entries)
+	}
+}

@@ -32,6 +32,14 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 			c.Response().Header().Set("WWW-Authenticate", `Basic realm="breakwater admin", charset="UTF-8"`)
 			return errAdminUnauthorized
 		}
+		// A CLI names the database its config means; another instance's
+		// CLI must not act on this one's (a caller that names none, a
+		// script or a browser, is not checked).
+		if meant := c.Request().Header.Get(operator.DatabaseHeader); meant != "" && !s.d.Operator.IsDatabase(meant) {
+			held := s.d.Operator.Database()
+			c.Response().Header().Set(operator.DatabaseHeader, held)
+			return wrongDatabase(held, meant)
+		}
 		return next(c)
 	}
 }
@@ -79,7 +87,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 	var info operator.UserInfo
 	var err error
 	if req.Banned != nil {
-		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned)
+		info, err = s.d.Operator.SetBanned(ctx, user, *req.Banned, req.Create)
 	}
 	if err == nil && req.Plan != "" {
 		info, err = s.d.Operator.SetPlan(ctx, user, req.Plan)
@@ -207,4 +215,30 @@ func pathParam(c echo.Context, name string) string {
 		return u
 	}
 	return v
+}
+
+func (s *Server) handleCooldowns(c echo.Context) error {
+	list, err := s.d.Operator.Cooldowns(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, list)
+}
+
+// handleClearCooldown lifts one invite cooldown; the key is in the body,
+// as it holds ":" and "/".
+func (s *Server) handleClearCooldown(c echo.Context) error {
+	var req operator.ClearCooldownRequest
+	if err := c.Bind(&req); err != nil || req.Key == "" {
+		return badRequest(`Send JSON {"key":"ip:203.0.113.7"} or {"key":"email:ann@example.com"}.`)
+	}
+	info, err := s.d.Operator.ClearCooldown(c.Request().Context(), req.Key)
+	switch {
+	case errors.Is(err, operator.ErrNoCooldown):
+		return errNoCooldown
+	case err != nil:
+		return err
+	}
+	s.log.Warn("invite cooldown cleared by the operator", "key", info.Key, "until", info.Until)
+	return c.JSON(http.StatusOK, info)
 }

@@ -89,7 +89,7 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
 
-	if _, err := ac.SetBanned(ctx, "alice", true); err != nil {
+	if _, err := ac.SetBanned(ctx, "alice", true, false); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(e.key, "image/png", img)
@@ -97,7 +97,7 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 	if got := e.gemini.calls.Load(); got != 1 {
 		t.Errorf("%d upstream calls, want 1", got)
 	}
-	if _, err := ac.SetBanned(ctx, "alice", false); err != nil {
+	if _, err := ac.SetBanned(ctx, "alice", false, false); err != nil {
 		t.Fatal(err)
 	}
 	if info, err := ac.SetPlan(ctx, "alice", "pro"); err != nil || info.Plan != "pro" {
@@ -122,7 +122,7 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 		t.Errorf("usage %+v", usage)
 	}
 	// The ban is stored: a fresh keyring over the same database sees it.
-	if _, err := ac.SetBanned(ctx, "alice", true); err != nil {
+	if _, err := ac.SetBanned(ctx, "alice", true, false); err != nil {
 		t.Fatal(err)
 	}
 	kr, err := keys.NewKeyring(e.db, e.plans.Has, keys.Options{})

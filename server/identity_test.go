@@ -82,7 +82,7 @@ func TestUserIDsNormalised(t *testing.T) {
 	}
 
 	// A ban given with another spelling reaches every key of the user.
-	if _, err := ac.SetBanned(ctx, " ALICE", true); err != nil {
+	if _, err := ac.SetBanned(ctx, " ALICE", true, false); err != nil {
 		t.Fatal(err)
 	}
 	resp, data := e.post(e.key, "image/png", img)
@@ -104,7 +104,7 @@ func TestUserIDInvisibleRefused(t *testing.T) {
 		if _, _, err := e.keys.Create(id, ""); !errors.Is(err, keys.ErrBadUserID) || !strings.Contains(err.Error(), "invisible character") {
 			t.Errorf("keyring create %q: %v", id, err)
 		}
-		if _, err := ac.SetBanned(ctx, id, true); err == nil || !strings.Contains(err.Error(), "invisible character") {
+		if _, err := ac.SetBanned(ctx, id, true, true); err == nil || !strings.Contains(err.Error(), "invisible character") {
 			t.Errorf("ban %q: %v", id, err)
 		}
 	}
@@ -125,7 +125,7 @@ func TestAPIKeyIDsCannotEnterJWTNamespace(t *testing.T) {
 	if _, _, err := adminClient(e).CreateKey(context.Background(), "jwt:alice", ""); err == nil || !strings.Contains(err.Error(), "reserved for sign-in (JWT) users") {
 		t.Errorf("admin create key for jwt:alice: %v, want the reservation explained", err)
 	}
-	if _, err := e.keys.SetBanned("jwt:alice", true); err != nil {
+	if _, err := e.keys.SetBanned("jwt:alice", true, true); err != nil {
 		t.Fatalf("ban a JWT user: %v", err)
 	}
 	if _, err := e.keys.SetPlan("jwt:alice", "pro"); !errors.Is(err, keys.ErrReservedUserID) {
@@ -169,7 +169,7 @@ func TestJWTSubDoesNotShareAPIKeyUser(t *testing.T) {
 		t.Errorf("jwt:alice's attempts %d, want %d", got, want)
 	}
 
-	if _, err := adminClient(e).SetBanned(context.Background(), "alice", true); err != nil {
+	if _, err := adminClient(e).SetBanned(context.Background(), "alice", true, false); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(token, "image/png", img)
@@ -228,7 +228,7 @@ func TestUnnormalisedStoredIDsKeepWorking(t *testing.T) {
 		// "carol" is stored exactly as CAROL normalises: that one.
 		t.Errorf("Resolve(CAROL): %v", err)
 	}
-	if _, err := e.keys.SetBanned(" Carol", true); err != nil {
+	if _, err := e.keys.SetBanned(" Carol", true, false); err != nil {
 		t.Errorf("ban ' Carol': %v", err)
 	}
 	if !e.keys.Banned("carol") {
@@ -258,7 +258,7 @@ func TestAmbiguousStoredIDs(t *testing.T) {
 	if _, err := e.keys.Resolve("dave"); !errors.Is(err, keys.ErrAmbiguousUserID) || !strings.Contains(err.Error(), `"DAVE" "Dave"`) {
 		t.Errorf("Resolve(dave): %v, want keys.ErrAmbiguousUserID naming both", err)
 	}
-	if _, err := adminClient(e).SetBanned(context.Background(), "dave", true); err == nil || !strings.Contains(err.Error(), "could be any of") {
+	if _, err := adminClient(e).SetBanned(context.Background(), "dave", true, false); err == nil || !strings.Contains(err.Error(), "could be any of") {
 		t.Errorf("ban dave over the admin API: %v, want the ambiguity explained", err)
 	}
 	if got, err := e.keys.Resolve("Dave"); err != nil || got != "Dave" {

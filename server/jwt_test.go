@@ -608,12 +608,12 @@ func TestJWTUserBan(t *testing.T) {
 	token := rs.sign(t, with(claimsAt(clk.now()), jwt.MapClaims{"sub": "user_jwt_ban"}))
 	resp, data := e.post(token, "image/png", img)
 	decodeOK(t, resp, data)
-	if _, err := adminClient(e).SetBanned(context.Background(), "jwt:user_jwt_ban", true); err != nil {
+	if _, err := adminClient(e).SetBanned(context.Background(), "jwt:user_jwt_ban", true, true); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(token, "image/png", img)
 	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
-	if _, err := adminClient(e).SetBanned(context.Background(), "JWT:user_jwt_ban", false); err != nil {
+	if _, err := adminClient(e).SetBanned(context.Background(), "JWT:user_jwt_ban", false, false); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(token, "image/png", img)

@@ -157,7 +157,15 @@ var (
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 	errFormToken      = problem(http.StatusForbidden, "form_refused", "Forbidden",
 		"The form did not come from this dashboard, or it is from before a restart: reload the dashboard and try again.")
+	errNoCooldown = problem(http.StatusNotFound, "not_found", "Not found", "No cooldown is on that key.")
 )
+
+// wrongDatabase is the admin API's 409 to a CLI whose config names
+// another database than the one this server holds.
+func wrongDatabase(held, meant string) *Problem {
+	return problem(http.StatusConflict, "wrong_database", "Conflict",
+		"This server holds "+held+", not "+meant+": check server.admin_listen and storage.path.")
+}
 
 // uniformProblem is the one answer of a route with
 // [routes.fail] uniform_status: every failure of the app's that the fail

@@ -48,7 +48,7 @@ func TestEveryRefusalCountedOnce(t *testing.T) {
 		cfg: func(c *Config) { c.MaxImageBytes = 4096; c.MaxImagePixels = 10_000 }})
 	carol := e.newKey("carol", "")
 	dave := e.newKey("dave", "")
-	if _, err := e.keys.SetBanned("dave", true); err != nil {
+	if _, err := e.keys.SetBanned("dave", true, true); err != nil {
 		t.Fatal(err)
 	}
 	img := pngBytes(t, 20, 20)

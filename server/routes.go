@@ -43,6 +43,8 @@ func (s *Server) routes() {
 	a.POST("/api/brake", s.handleBrake, limitBody(64<<10))
 	a.GET("/api/backup", s.handleBackup)
 	a.POST("/api/detect/run", s.handleDetectRun, limitBody(64<<10))
+	a.GET("/api/cooldowns", s.handleCooldowns)
+	a.POST("/api/cooldowns/clear", s.handleClearCooldown, limitBody(64<<10))
 }
 
 func (s *Server) handleHealth(c echo.Context) error {

@@ -55,6 +55,10 @@ type Options struct {
 	// command refuses, naming the path it looked for. Open (serve)
 	// always may.
 	CreateDatabase bool
+	// NoCatchUp skips the daily detection's catch-up at start (the days
+	// missed while the server was down): for the demo's throwaway
+	// database, which has no yesterday.
+	NoCatchUp bool
 }
 
 func (o Options) withDefaults() Options {
@@ -183,7 +187,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			log.Warn("alerts not all handed to the mailer", "err", err)
 		}
 	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{Logger: log})
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: opts.NoCatchUp, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -459,6 +463,22 @@ func CheckAdminListen(addr, token string) error {
 	return nil
 }
 
+// errNoGeminiKey stops the start of a service that would call Gemini
+// without a key.
+var errNoGeminiKey = errors.New("GEMINI_API_KEY is not set: put your Gemini API key in the environment, or set ocr.provider = \"simulated\" to try the service without one")
+
+// CheckStart reports what in the environment would make Open refuse to
+// start with cfg, a config that passed Load: for config check, which must
+// fail where serve would.
+func CheckStart(cfg Config, getenv func(string) string) error {
+	var errs []error
+	if cfg.OCR.Provider != "simulated" && getenv("GEMINI_API_KEY") == "" {
+		errs = append(errs, errNoGeminiKey)
+	}
+	errs = append(errs, CheckAdminListen(cfg.Server.AdminListen, getenv("BREAKWATER_ADMIN_TOKEN")))
+	return errors.Join(errs...)
+}
+
 // NewReader makes the upstream client ocr.provider names.
 func NewReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, error) {
 	if c.Provider == "simulated" {
@@ -466,7 +486,7 @@ func NewReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, er
 		return ocr.NewSimulated(c)
 	}
 	if apiKey == "" {
-		return nil, errors.New("GEMINI_API_KEY is not set: put your Gemini API key in the environment, or set ocr.provider = \"simulated\" to try the service without one")
+		return nil, errNoGeminiKey
 	}
 	for _, warning := range c.Warnings() {
 		log.Warn(warning)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -88,6 +89,21 @@ func Load(path string, getenv func(string) string) (Config, error) {
 // defaults applied, without validating values. A missing file is an error
 // unless optional.
 func Read(path string, getenv func(string) string, optional bool) (Config, error) {
+	return read(path, getenv, optional, nil)
+}
+
+// read is Read. With lenient set, what Read refuses in a single key (an
+// unknown key, a value that does not decode, an override that names no
+// key) is left out instead, and *lenient says which and why.
+func read(path string, getenv func(string) string, optional bool, lenient *[]string) (Config, error) {
+	// refuse is an error, or with lenient a warning that key is left out.
+	refuse := func(err error) error {
+		if lenient == nil {
+			return err
+		}
+		*lenient = append(*lenient, err.Error()+": left out")
+		return nil
+	}
 	k := koanf.New(".")
 	// A relative storage.path is taken from the config file's folder, so
 	// an operator command run from elsewhere finds the same database.
@@ -107,7 +123,10 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 			continue // an empty section such as [alerts]; the decoder refuses an unknown one
 		}
 		if _, ok := known[key]; !ok {
-			return Config{}, fmt.Errorf("config %s: unknown key %q", path, key)
+			if err := refuse(fmt.Errorf("config %s: unknown key %q", path, key)); err != nil {
+				return Config{}, err
+			}
+			k.Delete(key)
 		}
 	}
 	byEnv := make(map[string]string, len(known))
@@ -120,7 +139,10 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 		}
 		val, err := envValue(v, kind)
 		if err != nil {
-			return Config{}, fmt.Errorf("environment %s (%s): %w", name, key, err)
+			if err := refuse(fmt.Errorf("environment %s (%s): %w", name, key, err)); err != nil {
+				return Config{}, err
+			}
+			continue
 		}
 		if err := k.Set(key, val); err != nil {
 			return Config{}, fmt.Errorf("environment %s: %w", name, err)
@@ -137,7 +159,10 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 			continue
 		}
 		if _, ok := byEnv[name]; !ok && strings.Contains(name, "__") {
-			return Config{}, fmt.Errorf("environment %s: names no key of config.toml", name)
+			if err := refuse(fmt.Errorf("environment %s: names no key of config.toml", name)); err != nil {
+				return Config{}, err
+			}
+			continue
 		}
 		if !strings.Contains(name, "__") {
 			hint := ""
@@ -147,17 +172,26 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 			warnings = append(warnings, fmt.Sprintf("environment %s is not read: an override separates section and key with two underscores, BREAKWATER_SECTION__KEY%s", name, hint))
 		}
 	}
+	if lenient != nil {
+		// Each value on its own: one that does not decode is left out,
+		// so the rest of the file still applies.
+		for _, key := range k.Keys() {
+			one := koanf.New(".")
+			if err := one.Set(key, k.Get(key)); err != nil {
+				continue
+			}
+			probe := defaults()
+			if err := decode(one, &probe); err != nil {
+				refuse(fmt.Errorf("config %s: %s", path, cleanDecodeError(err)))
+				k.Delete(key)
+			}
+		}
+	}
 
 	// Decoded over the defaults: a key left out keeps its documented
 	// default, and only an explicit 0 switches a limit off.
 	c := defaults()
-	err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:  strictValues,
-		ErrorUnused: true,
-		TagName:     "koanf",
-		Result:      &c,
-	}})
-	if err != nil {
+	if err := decode(k, &c); err != nil {
 		return Config{}, fmt.Errorf("config %s: %s", path, cleanDecodeError(err))
 	}
 	for name, p := range c.Plans {
@@ -169,6 +203,7 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 	c.warnings = warnings
 	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
 	if !filepath.IsAbs(c.Storage.Path) {
+		var err error
 		if c.Storage.Path, err = filepath.Abs(filepath.Join(base, c.Storage.Path)); err != nil {
 			return Config{}, fmt.Errorf("config %s: storage.path: %w", path, err)
 		}
@@ -182,6 +217,114 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 		c.Alerts = &a
 	}
 	return c, nil
+}
+
+// decode decodes k over c strictly: every key must land in a field, and
+// strictValues refuses what mapstructure would quietly bend.
+func decode(k *koanf.Koanf, c *Config) error {
+	return k.UnmarshalWithConf("", c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
+		DecodeHook:  strictValues,
+		ErrorUnused: true,
+		TagName:     "koanf",
+		Result:      c,
+	}})
+}
+
+// LoadForOperator is Load for the operator's commands (brake, keys,
+// users, usage, budget, invites, backup, detect, ...), which must work
+// when a typo elsewhere in the file would stop serve: the emergency brake
+// cannot wait for the file to be fixed. It is Load when the file is
+// valid. Otherwise each key that Load refuses is left out (a bad value
+// keeps its default, a section that fails its check takes its defaults),
+// and the warnings name every key left out. It fails only when what the
+// commands themselves need is wrong: storage.path, server.admin_listen
+// and budget.timezone. A plan that fails its check is left out.
+func LoadForOperator(path string, getenv func(string) string) (Config, []string, error) {
+	c, err := Load(path, getenv)
+	if err == nil {
+		return c, nil, nil
+	}
+	var warnings []string
+	c, rerr := read(path, getenv, false, &warnings)
+	if rerr != nil {
+		return Config{}, nil, err // the file itself cannot be read
+	}
+	// Each section that fails its check takes its defaults, which pass.
+	if err := c.relax(&warnings); err != nil {
+		return Config{}, nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	warnings = append(warnings, fmt.Sprintf("serve and config check refuse %s until it is fixed", path))
+	return c, warnings, nil
+}
+
+// relax replaces each section that fails its check with its defaults,
+// saying so in *warnings, except for what the operator's commands need:
+// then it is an error.
+func (c *Config) relax(warnings *[]string) error {
+	fallback := func(err error, what string) {
+		*warnings = append(*warnings, fmt.Sprintf("%v: %s", err, what))
+	}
+	if err := c.Server.Validate(); err != nil {
+		admin := c.Server.AdminListen
+		if _, _, aerr := net.SplitHostPort(admin); aerr != nil {
+			return fmt.Errorf("server.admin_listen: %q is not host:port", admin)
+		}
+		c.Server = server.Config{AdminListen: admin}.WithDefaults()
+		fallback(err, "[server] takes its defaults, but for admin_listen")
+	}
+	if err := c.Storage.Validate(); err != nil {
+		c.Storage = storage.Config{Path: c.Storage.Path}.WithDefaults()
+		fallback(err, "[storage] takes its defaults, but for path")
+	}
+	if err := c.OCR.Validate(); err != nil {
+		c.OCR = ocr.Config{}.WithDefaults()
+		fallback(err, "[ocr] takes its defaults")
+	}
+	if err := c.Budget.Validate(); err != nil {
+		if _, lerr := c.Budget.Location(); lerr != nil {
+			return lerr
+		}
+		tz := c.Budget.Timezone
+		c.Budget = budget.DefaultConfig().WithDefaults()
+		c.Budget.Timezone = tz
+		fallback(err, "[budget] takes its defaults, but for timezone")
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Plans)) {
+		if err := budget.ValidatePlans(map[string]budget.Plan{name: c.Plans[name]}); err != nil {
+			delete(c.Plans, name)
+			*warnings = append(*warnings, fmt.Sprintf("%v: plan %s is left out", err, name))
+		}
+	}
+	if len(c.Plans) == 0 {
+		c.Plans = map[string]budget.Plan{} // the brake and the listings need none
+	}
+	if err := c.Limits.User.Validate("limits.user"); err != nil {
+		c.Limits.User = server.DefaultUserLimits().WithDefaults()
+		fallback(err, "[limits.user] takes its defaults")
+	}
+	if err := errors.Join(c.Auth.JWT.Validate(), c.jwtPlan()); err != nil {
+		c.Auth.JWT = jwtauth.Config{}.WithDefaults()
+		*warnings = append(*warnings, fmt.Sprintf("%v: JWT sign-in is left off", err))
+	}
+	if err := c.Invites.Validate(); err != nil {
+		c.Invites = invites.Config{}.WithDefaults()
+		fallback(err, "[invites] takes its defaults")
+	}
+	if err := c.Detect.Validate(); err != nil {
+		c.Detect = detect.Config{}.WithDefaults()
+		fallback(err, "[detect] takes its defaults")
+	}
+	if c.Alerts != nil {
+		if err := c.Alerts.Validate(); err != nil {
+			c.Alerts = nil
+			*warnings = append(*warnings, fmt.Sprintf("%v: mail is off", err))
+		}
+	}
+	if err := routes.Validate(c.Routes); err != nil {
+		c.Routes = nil
+		*warnings = append(*warnings, fmt.Sprintf("%v: [[routes]] are left out", err))
+	}
+	return nil
 }
 
 // defaults is what a config.toml without any key means, for the

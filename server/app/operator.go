@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"breakwater/detect"
+	"breakwater/server/defense"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
 	"breakwater/storage"
@@ -30,10 +31,19 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 		if token == "" {
 			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", cfg.Storage.Path, cfg.Server.AdminListen)
 		}
-		return operator.NewAdminClient(cfg.Server.AdminListen, token), func() {}, nil
+		return operator.NewAdminClient(cfg.Server.AdminListen, token).ForDatabase(cfg.Storage.Path), func() {}, nil
 	}
 	if err == nil {
 		err = a.openOperator(cfg, &detect.Counters{})
+	}
+	if err == nil {
+		// What a command changes in the invite guard (a lifted cooldown)
+		// is written before the database closes, as the server's
+		// write-behind would.
+		var wb *defense.WriteBehind
+		if wb, err = defense.NewWriteBehind(a.db, a.guard.Snapshots(), defense.Options{Logger: a.log, Now: opts.Now}); err == nil {
+			a.onClose(wb.Flush)
+		}
 	}
 	if err != nil {
 		a.Close()
@@ -56,5 +66,6 @@ func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 	layers := operator.Layers{Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake}
 	a.operator = operator.New(a.keys, a.invites, layers, a.db, a.plans.All, loc, operator.Options{Now: a.opts.Now})
 	a.operator.SetDetection(a.detect)
+	a.operator.SetCooldowns(a.guard.Fails)
 	return nil
 }

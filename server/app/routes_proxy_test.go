@@ -121,7 +121,7 @@ func TestRouteProxyPerUser(t *testing.T) {
 	if n := len(up.requests()); n != 4 {
 		t.Errorf("the app got %d requests, want still 4", n)
 	}
-	if _, err := e.app.Keys().SetBanned("alice", true); err != nil {
+	if _, err := e.app.Keys().SetBanned("alice", true, true); err != nil {
 		t.Fatal(err)
 	}
 	if resp, body = e.do("POST", "/api/checkout", "{}", auth, ""); resp.StatusCode != http.StatusForbidden || problemCode(t, body) != "banned" {

@@ -1,30 +1,109 @@
 package cli
 
 import (
-	"breakwater/server/operator"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"time"
+
+	"breakwater/server/operator"
 
 	"github.com/spf13/cobra"
 )
 
 func backupCmd(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "backup FILE",
+	var (
+		dir  string
+		keep int
+	)
+	c := &cobra.Command{
+		Use:   "backup FILE | --dir DIR [--keep N]",
 		Short: "a consistent copy of the database, also while serving",
 		Long: `Write a consistent copy of the database to FILE, also while serving (then it
 streams through the admin API). The copy is written beside FILE and renamed,
-so FILE never holds half a copy. FILE may not be the live database.`,
-		Args: positional(1, "FILE"),
+so FILE never holds half a copy. FILE may not be the live database.
+
+With --dir instead of FILE the copy is DIR/breakwater-2026-12-01T0315Z.db,
+named for the time it was taken (UTC, to the minute; a second copy in the
+same minute replaces the first). DIR is made (mode 0700) if it is missing.
+--keep N then deletes the oldest copies beyond the newest N; only files
+named as this command names them are counted or deleted, never any other
+file in DIR. --keep 0 (the default) keeps every copy.`,
+		Args: func(c *cobra.Command, args []string) error {
+			switch {
+			case dir == "" && len(args) == 0:
+				return usageErrorf(c, "missing FILE (or --dir DIR)")
+			case dir != "" && len(args) > 0:
+				return usageErrorf(c, "give FILE or --dir DIR, not both")
+			case dir == "" && c.Flags().Changed("keep"):
+				return usageErrorf(c, "--keep needs --dir")
+			case keep < 0:
+				return usageErrorf(c, "--keep %d: must not be negative", keep)
+			}
+			return positional(0, "FILE")(c, args)
+		},
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {
-				return backupTo(c.Context(), op, args[0], e.stdout)
+				if dir == "" {
+					return backupTo(c.Context(), op, args[0], e.stdout)
+				}
+				return backupToDir(c.Context(), op, dir, keep, e.now(), e.stdout)
 			})
 		},
 	}
+	c.Flags().StringVar(&dir, "dir", "", "write a dated copy into `DIR` (made if missing)")
+	c.Flags().IntVar(&keep, "keep", 0, "with --dir, keep the newest `N` dated copies and delete older ones (0: keep all)")
+	return c
+}
+
+// backupLayout is the time in a dated copy's name: UTC, to the minute.
+const backupLayout = "2006-01-02T1504Z"
+
+// backupNameRE matches the names backupName gives and nothing else, so
+// pruning never touches a file this command did not write.
+var backupNameRE = regexp.MustCompile(`^breakwater-\d{4}-\d{2}-\d{2}T\d{4}Z\.db$`)
+
+// backupName is the name of a copy taken at now.
+func backupName(now time.Time) string {
+	return "breakwater-" + now.UTC().Format(backupLayout) + ".db"
+}
+
+// backupToDir writes a dated copy into dir (made with mode 0700 if
+// missing), then keeps the newest keep dated copies (0: all).
+func backupToDir(ctx context.Context, op operator.Service, dir string, keep int, now time.Time, stdout io.Writer) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	if err := backupTo(ctx, op, filepath.Join(dir, backupName(now)), stdout); err != nil {
+		return err
+	}
+	if keep == 0 {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("backup: prune: %w", err)
+	}
+	var copies []string // names sort by the time in them
+	for _, ent := range entries {
+		if ent.Type().IsRegular() && backupNameRE.MatchString(ent.Name()) {
+			copies = append(copies, ent.Name())
+		}
+	}
+	slices.Sort(copies)
+	for len(copies) > keep {
+		old := filepath.Join(dir, copies[0])
+		if err := os.Remove(old); err != nil {
+			return fmt.Errorf("backup: prune: %w", err)
+		}
+		fmt.Fprintf(stdout, "removed old backup %s\n", old)
+		copies = copies[1:]
+	}
+	return nil
 }
 
 // backupTo writes a consistent copy of the database to path: into a

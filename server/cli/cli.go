@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -26,6 +27,10 @@ import (
 
 // DefaultConfigPath is where --config looks when it is not given.
 const DefaultConfigPath = "config.toml"
+
+// ShippedConfig is the commented default config.toml, which config init
+// writes; main embeds it from the repository's config.toml.
+var ShippedConfig []byte
 
 // ErrUsage marks a command line that could not be understood: an unknown
 // command or flag, a missing or extra argument, a bad flag value. The
@@ -64,6 +69,7 @@ type env struct {
 	getenv         func(string) string
 	stdout, stderr io.Writer
 	config         string
+	now            func() time.Time // names dated backups
 }
 
 // Run parses args (without the program's name) and runs the command they
@@ -72,7 +78,7 @@ type env struct {
 // an error that matches ErrUsage. Run never prints the error it returns:
 // the caller prints it once.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	root := newRoot(&env{getenv: getenv, stdout: stdout, stderr: stderr})
+	root := newRoot(&env{getenv: getenv, stdout: stdout, stderr: stderr, now: time.Now})
 	if args == nil {
 		args = []string{} // nil would make cobra read os.Args
 	}
@@ -120,8 +126,8 @@ the bill run away. With no command it serves, as "breakwater serve".`,
 		}
 	}
 	add("service", serveCmd(e), demoCmd(e))
-	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e))
-	add("other", configCmd(e), versionCmd(e))
+	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e), cooldownsCmd(e))
+	add("other", alertsCmd(e), configCmd(e), versionCmd(e))
 	root.SetHelpCommandGroupID("other")
 	root.SetCompletionCommandGroupID("other")
 	adoptDefaults(root)
@@ -243,7 +249,7 @@ func (e *env) operate(f func(op operator.Service) error) error { return e.operat
 func (e *env) operateOrCreate(f func(op operator.Service) error) error { return e.operateOn(true, f) }
 
 func (e *env) operateOn(create bool, f func(op operator.Service) error) error {
-	c, err := app.Load(e.config, e.getenv)
+	c, err := e.loadForOperator()
 	if err != nil {
 		return err
 	}
@@ -253,4 +259,15 @@ func (e *env) operateOn(create bool, f func(op operator.Service) error) error {
 	}
 	defer closeOp()
 	return f(op)
+}
+
+// loadForOperator reads --config for an operator's command: leniently, so
+// that a typo elsewhere in the file cannot lock the operator out of the
+// brake; each key left out is named on stderr.
+func (e *env) loadForOperator() (app.Config, error) {
+	c, warnings, err := app.LoadForOperator(e.config, e.getenv)
+	for _, w := range warnings {
+		fmt.Fprintln(e.stderr, "breakwater: warning:", w)
+	}
+	return c, err
 }

@@ -15,12 +15,14 @@ func configCmd(e *env) *cobra.Command {
 		Short: "validate the config and say what is missing from the environment",
 		Long: `Validate the config file as serve would (an unknown key, a bad value or a
 missing plan is an error, exit 1), then say what the environment lacks and
-which limits are off.`,
+which limits are off. What would make serve refuse to start (GEMINI_API_KEY
+unset with ocr.provider "gemini", an admin_listen off loopback with a short
+BREAKWATER_ADMIN_TOKEN) is an error too.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE:              func(c *cobra.Command, _ []string) error { return e.configCheck() },
 	}
-	return group("config", "check the config file", check)
+	return group("config", "check the config file, or write the default one", check, configInitCmd(e))
 }
 
 func (e *env) configCheck() error {
@@ -30,11 +32,8 @@ func (e *env) configCheck() error {
 	}
 	out, getenv := e.stdout, e.getenv
 	fmt.Fprintf(out, "%s: OK\n", e.config)
-	switch {
-	case c.OCR.Provider == "simulated":
+	if c.OCR.Provider == "simulated" {
 		fmt.Fprintln(out, "note: ocr.provider is \"simulated\": no real reads are made")
-	case getenv("GEMINI_API_KEY") == "":
-		fmt.Fprintln(out, "note: GEMINI_API_KEY is not set: serve will refuse to start")
 	}
 	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
 		fmt.Fprintln(out, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
@@ -58,6 +57,10 @@ func (e *env) configCheck() error {
 	}
 	for _, w := range c.Warnings() {
 		fmt.Fprintln(out, "warning:", w)
+	}
+	// The file is valid, but serve would still refuse to start: exit 1.
+	if err := app.CheckStart(c, getenv); err != nil {
+		return fmt.Errorf("serve would refuse to start: %w", err)
 	}
 	return nil
 }

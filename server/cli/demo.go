@@ -20,9 +20,9 @@ func demoCmd(e *env) *cobra.Command {
 		Use:   "demo",
 		Short: "run it with a simulated upstream and a throwaway database",
 		Long: `Run the service with the simulated upstream and a throwaway database on a
-free loopback port, and print an API key and a curl line that works. The
-config file is optional; its limits apply. Ctrl+C stops it and deletes
-the database.`,
+free loopback port, and print an API key and a curl line that works, and
+the dashboard's address with a throwaway admin token. The config file is
+optional; its limits apply. Ctrl+C stops it and deletes the database.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE:              e.demo,
@@ -44,6 +44,7 @@ func (e *env) demo(c *cobra.Command, _ []string) error {
 	cfg.OCR.Provider = "simulated"
 	cfg.Storage.Path = filepath.Join(dir, "breakwater.db")
 	cfg.Server.Listen = "127.0.0.1:0"
+	cfg.Server.AdminListen = "127.0.0.1:0"
 	demoPlan := keys.DefaultPlan
 	if _, ok := cfg.Plans[demoPlan]; !ok {
 		cfg.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100, DailyAttempts: budget.DefaultDailyAttempts(100)}}
@@ -55,13 +56,21 @@ func (e *env) demo(c *cobra.Command, _ []string) error {
 	if err := writeSampleImage(sample); err != nil {
 		return err
 	}
-	noAdmin := func(key string) string {
-		if key == "BREAKWATER_ADMIN_TOKEN" || key == "GEMINI_API_KEY" {
-			return "" // the demo never exposes an admin API nor spends real money
+	// A throwaway admin token, for the dashboard on loopback only: the
+	// operator's own token never reaches the demo, nor does the Gemini key
+	// (the demo never spends real money).
+	adminToken := keys.RandomString(32, keys.Base62)
+	demoEnv := func(key string) string {
+		switch key {
+		case "BREAKWATER_ADMIN_TOKEN":
+			return adminToken
+		case "GEMINI_API_KEY":
+			return ""
 		}
 		return e.getenv(key)
 	}
-	a, err := app.Open(ctx, cfg, app.Options{Getenv: noAdmin, Logger: newLogger(e.stderr)})
+	// A throwaway database has no missed days: no detection for yesterday.
+	a, err := app.Open(ctx, cfg, app.Options{Getenv: demoEnv, Logger: newLogger(e.stderr), NoCatchUp: true})
 	if err != nil {
 		return err
 	}
@@ -75,6 +84,7 @@ func (e *env) demo(c *cobra.Command, _ []string) error {
 	fmt.Fprintf(out, "API key for user demo-user (plan %s):\n%s\n", demoPlan, secret)
 	fmt.Fprintf(out, "Try it:\n")
 	fmt.Fprintf(out, "curl -sS -H 'Authorization: Bearer %s' -H 'Content-Type: image/png' --data-binary @%s http://%s/v1/ocr\n", secret, sample, a.Addr())
+	fmt.Fprintf(out, "Dashboard: http://%s/ (any user name; the password is this throwaway admin token):\n%s\n", a.AdminAddr(), adminToken)
 	fmt.Fprintf(out, "Press Ctrl+C to stop.\n")
 	return a.Wait(ctx)
 }

@@ -1,8 +1,11 @@
 package cli
 
 import (
-	"breakwater/server/operator"
+	"errors"
 	"fmt"
+
+	"breakwater/server/operator"
+	"breakwater/storage"
 
 	"github.com/spf13/cobra"
 )
@@ -11,20 +14,34 @@ func usersCmd(e *env) *cobra.Command {
 	return group("users", "ban, unban and move users between plans", usersBanCmd(e, true), usersBanCmd(e, false), usersSetPlanCmd(e))
 }
 
-// usersBanCmd is "users ban ID", or "users unban ID" when ban is false.
+// usersBanCmd is "users ban ID [--create]", or "users unban ID" when ban
+// is false.
 func usersBanCmd(e *env, ban bool) *cobra.Command {
-	use, short := "ban ID", "the user's next request gets 403 banned"
+	var create bool
+	use, short := "ban ID [--create]", "the user's next request gets 403 banned"
+	long := `Ban a user: their next request gets 403 banned. An id that names no user
+is refused, so a typo cannot ban a phantom; --create bans it anyway, for a
+user the service has not seen yet. Sign-in users have no record until they
+are banned, so banning one takes --create: users ban --create jwt:SUB.`
 	if !ban {
-		use, short = "unban ID", "the user's requests work again"
+		use, short, long = "unban ID", "the user's requests work again", ""
 	}
-	return &cobra.Command{
+	c := &cobra.Command{
 		Use:               use,
 		Short:             short,
+		Long:              long,
 		Args:              positional(1, "ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {
-				info, err := op.SetBanned(c.Context(), args[0], ban)
+				info, err := op.SetBanned(c.Context(), args[0], ban, create)
+				if errors.Is(err, storage.ErrNotFound) {
+					hint := ""
+					if ban {
+						hint = "; to ban an id not seen yet, such as a sign-in user (jwt:SUB), add --create"
+					}
+					return fmt.Errorf("%s %s: no user has that id%s", name(c), args[0], hint)
+				}
 				if err != nil {
 					return err
 				}
@@ -33,6 +50,10 @@ func usersBanCmd(e *env, ban bool) *cobra.Command {
 			})
 		},
 	}
+	if ban {
+		c.Flags().BoolVar(&create, "create", false, "ban an id that names no user yet (a sign-in user: jwt:SUB)")
+	}
+	return c
 }
 
 func usersSetPlanCmd(e *env) *cobra.Command {

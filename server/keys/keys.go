@@ -299,10 +299,12 @@ func (k *Keyring) user(id string) (storage.User, bool) {
 }
 
 // SetBanned bans or unbans a user, named as resolve allows; the next
-// request sees it. A user that has no key yet (a JWT user, "jwt:SUB") gets
-// a record that holds the ban.
-func (k *Keyring) SetBanned(user string, banned bool) (UserInfo, error) {
-	return k.updateUser(user, false, func(u *storage.User) { u.Banned = banned })
+// request sees it. An id with no record is refused with ErrNotFound (a
+// typo must not ban a phantom), unless create: then it gets a record that
+// holds the ban. That is how a user with no key (a JWT user, "jwt:SUB",
+// has no record until banned) is banned.
+func (k *Keyring) SetBanned(user string, banned, create bool) (UserInfo, error) {
+	return k.updateUser(user, !create, false, func(u *storage.User) { u.Banned = banned })
 }
 
 // SetPlan moves an existing API-key user to another plan. A JWT user's
@@ -311,7 +313,7 @@ func (k *Keyring) SetPlan(user, plan string) (UserInfo, error) {
 	if !k.knownPlan(plan) {
 		return UserInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml", ErrUnknownPlan, plan, plan)
 	}
-	return k.updateUser(user, true, func(u *storage.User) { u.Plan = plan })
+	return k.updateUser(user, true, true, func(u *storage.User) { u.Plan = plan })
 }
 
 // Resolve returns the id under which the user an operator named is stored
@@ -370,10 +372,10 @@ func (k *Keyring) Users() []UserInfo {
 }
 
 // updateUser writes a changed user, named as resolve allows, through to
-// storage, then to memory. With mustExist, an unknown user is ErrNotFound
-// and a JWT user ErrReservedUserID. Writers are serialised so two changes
-// cannot overwrite each other.
-func (k *Keyring) updateUser(name string, mustExist bool, change func(*storage.User)) (UserInfo, error) {
+// storage, then to memory. With mustExist, an unknown user is
+// ErrNotFound; with setsPlan, a JWT user is ErrReservedUserID. Writers are
+// serialised so two changes cannot overwrite each other.
+func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(*storage.User)) (UserInfo, error) {
 	k.write.Lock()
 	defer k.write.Unlock()
 	id, err := k.resolve(name)
@@ -382,7 +384,7 @@ func (k *Keyring) updateUser(name string, mustExist bool, change func(*storage.U
 	}
 	u, known := k.user(id)
 	switch {
-	case mustExist && userid.IsJWT(id):
+	case setsPlan && userid.IsJWT(id):
 		return UserInfo{}, fmt.Errorf("%w: the plan of %q comes from its token (auth.jwt.plan_claim, else auth.jwt.default_plan)", ErrReservedUserID, id)
 	case mustExist && !known:
 		return UserInfo{}, fmt.Errorf("user %q: %w", name, storage.ErrNotFound)

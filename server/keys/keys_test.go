@@ -84,7 +84,7 @@ func TestKeyringSharedUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.SetBanned("u1", true); err != nil {
+	if _, err := k.SetBanned("u1", true, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := k.SetPlan("u1", "pro"); err != nil {

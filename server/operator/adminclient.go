@@ -18,14 +18,72 @@ import (
 // keys while the server holds the database open. It implements Service,
 // as Operator does on the database itself.
 type AdminClient struct {
-	base  string
-	token string
-	hc    *http.Client
+	addr     string
+	base     string
+	token    string
+	database string // sent as DatabaseHeader; "" sends none
+	hc       *http.Client
 }
+
+// DatabaseHeader carries, on each admin API call, the absolute path of the
+// database the CLI's config names. The server refuses a call meant for
+// another database with 409 wrong_database and its own path in this same
+// header, so a second instance on the machine can never answer for the
+// first.
+const DatabaseHeader = "X-Breakwater-Database"
+
+// ErrWrongDatabase is the admin API's 409 wrong_database: the server at
+// the admin address holds another database than the one the CLI meant.
+var ErrWrongDatabase = errors.New("operator: the server holds another database")
+
+// ErrTokenRefused is the admin API's 401: the token the CLI sent is not
+// the server's.
+var ErrTokenRefused = errors.New("operator: the admin token was refused")
 
 // NewAdminClient talks to the admin API at addr (host:port) with token.
 func NewAdminClient(addr, token string) *AdminClient {
-	return &AdminClient{base: "http://" + addr, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+	return &AdminClient{addr: addr, base: "http://" + addr, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+}
+
+// ForDatabase makes every call name path, the database the caller means
+// (see DatabaseHeader), and returns a.
+func (a *AdminClient) ForDatabase(path string) *AdminClient {
+	a.database = path
+	return a
+}
+
+// newRequest is a request to the admin API with the token and the
+// database it is meant for.
+func (a *AdminClient) newRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	if a.database != "" {
+		req.Header.Set(DatabaseHeader, a.database)
+	}
+	return req, nil
+}
+
+// refusal is the error of an answer that refuses the caller rather than
+// the command: a wrong token (401), another database (409
+// wrong_database); nil for any other answer.
+func (a *AdminClient) refusal(resp *http.Response, p problem) error {
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized:
+		return a.refused()
+	case resp.StatusCode == http.StatusConflict && p.Code == "wrong_database":
+		return fmt.Errorf("the server at %s holds %s, not %s: check server.admin_listen and storage.path: %w",
+			a.addr, resp.Header.Get(DatabaseHeader), a.database, ErrWrongDatabase)
+	}
+	return nil
+}
+
+// refused is the error of a 401 answer: the token, not the command, is
+// wrong, and the operator must know which server refused it.
+func (a *AdminClient) refused() error {
+	return fmt.Errorf("your BREAKWATER_ADMIN_TOKEN was refused by the server at %s: set the token that server runs with: %w", a.addr, ErrTokenRefused)
 }
 
 // CreateKey asks the server for a new key.
@@ -60,11 +118,10 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
+	req, err := a.newRequest(ctx, method, path, body)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -79,7 +136,11 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 	}
 	if resp.StatusCode >= 300 {
 		var p problem
-		if json.Unmarshal(data, &p) == nil && p.Code != "" {
+		json.Unmarshal(data, &p) // a body that is no problem leaves p empty
+		if err := a.refusal(resp, p); err != nil {
+			return err
+		}
+		if p.Code != "" {
 			if p.Status == http.StatusNotFound && p.Code == "not_found" {
 				return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
 			}
@@ -91,9 +152,9 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 }
 
 // SetBanned bans or unbans a user on the running server.
-func (a *AdminClient) SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error) {
+func (a *AdminClient) SetBanned(ctx context.Context, user string, banned, create bool) (UserInfo, error) {
 	var out UserInfo
-	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned, Create: create}, &out)
 	return out, err
 }
 
@@ -128,11 +189,10 @@ func (a *AdminClient) SetBrake(ctx context.Context, on bool) (BudgetInfo, error)
 // Backup streams a consistent copy of the running server's database to w.
 // target, where the copy goes, lets the server refuse its own file.
 func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/api/backup?target="+url.QueryEscape(target), nil)
+	req, err := a.newRequest(ctx, http.MethodGet, "/api/backup?target="+url.QueryEscape(target), nil)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
 	hc := *a.hc
 	hc.Timeout = 0 // a large database takes its time; ctx bounds it
 	resp, err := hc.Do(req)
@@ -140,6 +200,13 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) er
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var p problem
+		json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&p) // a body that is no problem leaves p empty
+		if err := a.refusal(resp, p); err != nil {
+			return err
+		}
+	}
 	if resp.StatusCode == http.StatusConflict {
 		return fmt.Errorf("backup: %s is the live database of the running server; write the copy elsewhere: %w", target, ErrBackupOntoDatabase)
 	}
@@ -180,5 +247,19 @@ func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (InviteInfo, 
 func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, error) {
 	var out InviteInfo
 	err := a.call(ctx, http.MethodPost, "/api/invites/"+url.PathEscape(id)+"/revoke", nil, &out)
+	return out, err
+}
+
+// Cooldowns lists the running server's invite cooldowns.
+func (a *AdminClient) Cooldowns(ctx context.Context) ([]CooldownInfo, error) {
+	var out []CooldownInfo
+	err := a.call(ctx, http.MethodGet, "/api/cooldowns", nil, &out)
+	return out, err
+}
+
+// ClearCooldown lifts a cooldown on the running server.
+func (a *AdminClient) ClearCooldown(ctx context.Context, key string) (CooldownInfo, error) {
+	var out CooldownInfo
+	err := a.call(ctx, http.MethodPost, "/api/cooldowns/clear", ClearCooldownRequest{Key: key}, &out)
 	return out, err
 }

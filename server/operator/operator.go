@@ -19,6 +19,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/limiter"
 	"breakwater/server/defense"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
@@ -30,7 +31,7 @@ type Service interface {
 	CreateKey(ctx context.Context, user, plan string) (string, KeyInfo, error)
 	ListKeys(ctx context.Context) ([]KeyInfo, error)
 	RevokeKey(ctx context.Context, id string) (KeyInfo, error)
-	SetBanned(ctx context.Context, user string, banned bool) (UserInfo, error)
+	SetBanned(ctx context.Context, user string, banned, create bool) (UserInfo, error)
 	SetPlan(ctx context.Context, user, plan string) (UserInfo, error)
 	Usage(ctx context.Context, user string) ([]UsageInfo, error)
 	Budget(ctx context.Context) (BudgetInfo, error)
@@ -41,6 +42,8 @@ type Service interface {
 	RevokeInvite(ctx context.Context, id string) (InviteInfo, error)
 	DeleteInvite(ctx context.Context, id string) (InviteInfo, error)
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
+	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
+	ClearCooldown(ctx context.Context, key string) (CooldownInfo, error)
 }
 
 var (
@@ -86,6 +89,7 @@ type Operator struct {
 	now     func() time.Time
 
 	detection Detection // nil until SetDetection
+	cooldowns Cooldowns // nil until SetCooldowns: none to list
 	brakeMu   sync.Mutex
 }
 
@@ -180,9 +184,10 @@ func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error
 	return o.invites.Delete(id)
 }
 
-// SetBanned bans or unbans a user; the next request sees it.
-func (o *Operator) SetBanned(_ context.Context, user string, banned bool) (UserInfo, error) {
-	return o.keys.SetBanned(user, banned)
+// SetBanned bans or unbans a user; the next request sees it. An id with
+// no record is ErrNotFound unless create (see keys.Keyring.SetBanned).
+func (o *Operator) SetBanned(_ context.Context, user string, banned, create bool) (UserInfo, error) {
+	return o.keys.SetBanned(user, banned, create)
 }
 
 // SetPlan moves a user to another plan.
@@ -313,6 +318,16 @@ func (o *Operator) Backup(_ context.Context, w io.Writer, target string) error {
 	return err
 }
 
+// Database is the path of the database file the service holds.
+func (o *Operator) Database() string { return o.store.Path() }
+
+// IsDatabase reports whether path names the database file the service
+// holds, under any name (see sameFile). The CLI's config and the server
+// are on one machine (the CLI reaches the admin API only when the file's
+// lock is held there), so this is exact: two instances never share one
+// file, the lock sees to that.
+func (o *Operator) IsDatabase(path string) bool { return sameFile(path, o.store.Path()) }
+
 // CheckBackupTarget refuses a backup target that is the database file.
 func (o *Operator) CheckBackupTarget(target string) error {
 	if target != "" && sameFile(target, o.store.Path()) {
@@ -333,6 +348,52 @@ func sameFile(a, b string) bool {
 	infoA, errA := os.Stat(a)
 	infoB, errB := os.Stat(b)
 	return errA == nil && errB == nil && os.SameFile(infoA, infoB)
+}
+
+// Cooldowns are the fail limits whose cooldowns the operator lists and
+// lifts: limiter.FailLimiter implements it.
+type Cooldowns interface {
+	Cooling(now time.Time) []limiter.Cooldown
+	Clear(key string) bool
+}
+
+// SetCooldowns gives the operator the invite guard's fail limit.
+func (o *Operator) SetCooldowns(c Cooldowns) { o.cooldowns = c }
+
+// CooldownInfo is a key in a cooldown ("ip:203.0.113.7",
+// "email:ann@example.com") and when it ends.
+type CooldownInfo struct {
+	Key         string    `json:"key"`
+	Until       time.Time `json:"until"`
+	LeftSeconds int64     `json:"left_seconds"`
+}
+
+// ErrNoCooldown refuses to clear a key that is in no cooldown.
+var ErrNoCooldown = errors.New("operator: no cooldown on that key")
+
+// Cooldowns lists the invite keys in a cooldown, with the time left.
+func (o *Operator) Cooldowns(context.Context) ([]CooldownInfo, error) {
+	out := []CooldownInfo{}
+	if o.cooldowns == nil {
+		return out, nil
+	}
+	now := o.now()
+	for _, c := range o.cooldowns.Cooling(now) {
+		out = append(out, CooldownInfo{Key: c.Key, Until: c.Until, LeftSeconds: int64(c.Until.Sub(now).Round(time.Second) / time.Second)})
+	}
+	return out, nil
+}
+
+// ClearCooldown lifts the cooldown of key at once and forgets its run of
+// failures; a key in no cooldown is ErrNoCooldown.
+func (o *Operator) ClearCooldown(ctx context.Context, key string) (CooldownInfo, error) {
+	list, _ := o.Cooldowns(ctx)
+	for _, c := range list {
+		if c.Key == key && o.cooldowns.Clear(key) {
+			return c, nil
+		}
+	}
+	return CooldownInfo{}, fmt.Errorf("%q: %w", key, ErrNoCooldown)
 }
 
 // usd turns micro-dollars into dollars for display.

@@ -20,6 +20,9 @@ type CreateKeyResponse struct {
 type UserRequest struct {
 	Banned *bool  `json:"banned"`
 	Plan   string `json:"plan"`
+	// Create lets a ban make the record of an id not seen yet (a sign-in
+	// user, jwt:SUB); without it an unknown id is 404.
+	Create bool `json:"create,omitempty"`
 }
 
 // BrakeRequest is the body of POST /api/brake.
@@ -45,6 +48,11 @@ type CreateInviteResponse struct {
 type DetectRunRequest struct {
 	Day    string `json:"day"`     // "" means yesterday
 	NoMail bool   `json:"no_mail"` // skip the digest
+}
+
+// ClearCooldownRequest is the body of POST /api/cooldowns/clear.
+type ClearCooldownRequest struct {
+	Key string `json:"key"`
 }
 
 // problem is what AdminClient reads of a problem+json answer.

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/detect/smtptest"
+)
+
+// config init writes the shipped, commented config.toml, byte for byte,
+// and never replaces a file without --force.
+func TestConfigInit(t *testing.T) {
+	shipped, err := os.ReadFile("config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	cmd := func(args ...string) error {
+		return run(context.Background(), args, envFrom(nil), io.Discard, io.Discard)
+	}
+	if err := cmd("config", "init", path); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, shipped) {
+		t.Error("config init did not write the shipped config.toml")
+	}
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(map[string]string{"GEMINI_API_KEY": "k"}), io.Discard, io.Discard); err != nil {
+		t.Errorf("config check of what config init wrote: %v", err)
+	}
+	os.WriteFile(path, []byte("# mine\n"), 0o600)
+	if err := cmd("config", "init", path); err == nil || !strings.Contains(err.Error(), "exists") || exitCode(err, io.Discard) != 1 {
+		t.Errorf("config init over a file: %v, want a refusal", err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "# mine\n" {
+		t.Error("config init replaced a file without --force")
+	}
+	if err := cmd("config", "init", "--force", path); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, shipped) {
+		t.Error("config init --force did not replace the file")
+	}
+	// Without FILE it writes the --config file.
+	other := filepath.Join(dir, "other.toml")
+	if err := cmd("config", "init", "--config", other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("config init --config: %v", err)
+	}
+}
+
+// alerts test sends one mail now through [alerts] and prints the SMTP
+// server's answer; a refusal is the error, with the server's words.
+func TestAlertsTest(t *testing.T) {
+	config := func(addr string) string {
+		host, port, _ := net.SplitHostPort(addr)
+		p, _ := strconv.Atoi(port)
+		return writeConfig(t, fmt.Sprintf("[storage]\npath = %q\n[plans.free]\nmonthly_quota = 10\n[alerts]\nsmtp_host = %q\nsmtp_port = %d\ntls = \"none\"\nfrom = \"bw@example.com\"\nto = [\"ops@example.com\"]\n",
+			filepath.Join(t.TempDir(), "bw.db"), host, p))
+	}
+	smtp := smtptest.Start(t, "127.0.0.1:0")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"alerts", "test", "--config", config(smtp.Addr)}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	msgs := smtp.WaitFor(t, 1, 5*time.Second)
+	if len(msgs) != 1 || !strings.Contains(msgs[0].Headers(), "ops@example.com") {
+		t.Errorf("the server got %+v", msgs)
+	}
+	if !strings.Contains(out.String(), "test mail to ops@example.com sent through 127.0.0.1") || !strings.Contains(out.String(), "the server said: 2.0.0 OK: queued") {
+		t.Errorf("alerts test printed %q, want the server's answer", out.String())
+	}
+
+	// A server that wants a login refuses the mail: its words are the error.
+	strict := smtptest.StartWith(t, "127.0.0.1:0", smtptest.Options{TLS: smtptest.NoTLS, Username: "u", Password: "p"})
+	err := run(context.Background(), []string{"alerts", "test", "--config", config(strict.Addr)}, envFrom(nil), io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "refused the mail") || !strings.Contains(err.Error(), "Please authenticate first") {
+		t.Errorf("alerts test against a refusing server: %v", err)
+	}
+	if err := run(context.Background(), []string{"alerts", "test", "--config", writeConfig(t, minimalConfig)}, envFrom(nil), io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "no [alerts] section") {
+		t.Errorf("alerts test without [alerts]: %v", err)
+	}
+}
