@@ -44,10 +44,11 @@ type serverConfig struct {
 	Rate           int    // limits.user rate per Window
 	Window         string // limits.user window
 	Burst          int    // limits.user burst
+	InviteNet      int    // invites.global_fail_per_hour; 0: its default
 }
 
 // defaults is a server with the limits out of the way of the load.
-var defaults = serverConfig{MaxConnections: 1024, InFlight: 64, Rate: 100_000, Window: "1m", Burst: 100_000}
+var defaults = serverConfig{MaxConnections: 1024, InFlight: 64, Rate: 100_000, Window: "1m", Burst: 100_000, InviteNet: 100_000_000}
 
 func writeConfig(path, db, geminiURL string, c serverConfig) error {
 	body := fmt.Sprintf(`[server]
@@ -84,8 +85,10 @@ daily_attempts = 0
 [invites]
 rate = 1000
 burst = 1000
-global_fail_per_hour = 100000000
 `, c.MaxConnections, c.InFlight, db, harness.Model, geminiURL, c.Rate, c.Window, c.Burst, plan)
+	if c.InviteNet != 0 {
+		body += fmt.Sprintf("global_fail_per_hour = %d\n", c.InviteNet)
+	}
 	return os.WriteFile(path, []byte(body), 0o600)
 }
 
@@ -512,13 +515,14 @@ func (p *probe) percentile(q float64) time.Duration {
 
 // Bounds on the legitimate client, the same in every scenario. On an idle
 // 2-core VM a read takes 3 to 15 ms here (the fake Gemini answers in 1 ms;
-// the rest is the usage commit's fsync); under the floods below, with the
-// load generator built with -race on the same two cores, p99 stays under
-// 150 ms. 750 ms leaves room for a noisy neighbour and still fails on what
-// a regression looks like: a request that waits for a 5 s header timeout
-// or a 30 s idle timeout, or one that gets no answer at all.
+// the rest is the usage commit's fsync); under the floods, with the flood
+// in its own process, p99 stayed under 300 ms, and under 700 ms with the
+// VM shared with other builds (load average 20). 1 s leaves room for such
+// a neighbour and still fails on what a regression looks like: a read
+// that waits for a 5 s header timeout or a 30 s idle timeout, or one that
+// gets no answer at all.
 const (
-	maxP99     = 750 * time.Millisecond
+	maxP99     = time.Second
 	minAnswers = 0.98 // share of the probe's requests that must get a 200
 )
 
