@@ -192,6 +192,9 @@ func Start(bin, config, logPath string, env ...string) (*Process, error) {
 	return nil, fmt.Errorf("%w within 20s; log:\n%s", ErrNotListening, Tail(logPath))
 }
 
+// PID is the server's process id, for reading its /proc entries.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Done is closed once the process has exited.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
