@@ -115,20 +115,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}()
 	log, getenv := a.log, opts.Getenv
 	adminToken := getenv("BREAKWATER_ADMIN_TOKEN")
-	admin := cfg.Server.AdminListen
-	if adminToken == "" {
-		admin = "off (BREAKWATER_ADMIN_TOKEN unset)"
-	}
-	// What it runs with, so an override from the environment can be
-	// confirmed; never a secret.
-	log.Info("starting breakwater", "storage", cfg.Storage.Path, "provider", cfg.OCR.Provider, "model", cfg.OCR.Model,
-		"base_url", cfg.OCR.BaseURL, "listen", cfg.Server.Listen, "admin_listen", admin, "layers", cfg.LayersText())
-	for _, w := range cfg.OffSwitches() {
-		log.Warn("LIMIT OFF: " + w)
-	}
-	for _, w := range cfg.Warnings() {
-		log.Warn(w)
-	}
+	a.logStart(cfg, adminToken)
 	if err := CheckAdminListen(cfg.Server.AdminListen, adminToken); err != nil {
 		return nil, err
 	}
@@ -148,20 +135,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	db := a.db
 	loc, _ := cfg.Budget.Location() // checked by Load
-	// JWT sign-in: the verifier fetches the JWKS in the background until
-	// it is closed, after HTTP has stopped. An unreachable JWKS is logged,
-	// not fatal: API keys work meanwhile and JWTs are refused.
-	var verifier *jwtauth.Verifier
-	if cfg.Auth.JWT.Enabled() {
-		verifier, err = jwtauth.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, jwtauth.Options{Now: opts.Now, Logger: log})
-		if err != nil {
-			return nil, err
-		}
-		a.onClose(func() { verifier.Close() })
-		log.Info("JWT sign-in on", "issuer", cfg.Auth.JWT.Issuer, "jwks_url", cfg.Auth.JWT.JWKSURL)
-		if warning := cfg.JWTAudienceWarning(); warning != "" {
-			log.Warn(warning)
-		}
+	verifier, err := a.openVerifier(ctx, cfg)
+	if err != nil {
+		return nil, err
 	}
 	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log, Now: opts.Now})
 	a.onClose(func() {
@@ -172,27 +148,10 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		}
 	})
 
-	// Alerts and the daily schedule: stopped after HTTP, before the
-	// statistics writer and the database.
-	alerter, err := detect.NewAlerter(db, detect.AlerterOptions{
-		MinInterval: alertInterval(cfg), Location: loc, Mail: a.mail, Counters: counters, Logger: log,
-	})
+	alerter, err := a.openAlerts(cfg, counters)
 	if err != nil {
 		return nil, err
 	}
-	a.onClose(func() {
-		actx, cancel := context.WithTimeout(context.Background(), flushTimeout)
-		defer cancel()
-		if err := alerter.Close(actx); err != nil {
-			log.Warn("alerts not all handed to the mailer", "err", err)
-		}
-	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: opts.NoCatchUp, Logger: log})
-	if err != nil {
-		return nil, err
-	}
-	a.background(scheduler.Run)
-
 	guarded, err := loadRoutes(db, cfg.Routes, loc, opts.Now()) // the app's [[routes]]
 	if err != nil {
 		return nil, err
@@ -208,30 +167,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Defense state is written behind every second; the last flush runs
-	// after HTTP has stopped and before the database closes.
-	// Each limiter registers its state here, one line each.
-	snapshots := append([]defense.Snapshot{
-		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
-		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
-		defense.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
-	}, a.guard.Snapshots()...)
-	snapshots = append(snapshots, routeSnapshots(guarded)...)
-	// The dashboard's refusals of today, as written behind before a
-	// restart; without them it counts from zero.
-	today := budget.DayKey(opts.Now(), loc)
-	if counts, err := db.LoadState(defense.RefusalsState(today)); err != nil {
-		log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
-	} else {
-		a.srv.LoadRefusals(today, counts)
-	}
-	wb, err := defense.NewWriteBehind(db, snapshots, defense.Options{
-		FailedOpen: a.srv.FailedOpen, Logger: log.With("component", "defense"), Now: opts.Now,
-	})
-	if err != nil {
+	if err := a.startWriteBehind(guarded); err != nil {
 		return nil, err
 	}
-	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
 	a.background(func(ctx context.Context) { a.pruneAnswers(ctx, cfg.OCR) })
 
 	// Close stops HTTP first: in-flight requests finish and are recorded
@@ -246,6 +184,101 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// logStart says what the service runs with, so that an override from
+// the environment can be confirmed; never a secret.
+func (a *App) logStart(cfg Config, adminToken string) {
+	admin := cfg.Server.AdminListen
+	if adminToken == "" {
+		admin = "off (BREAKWATER_ADMIN_TOKEN unset)"
+	}
+	a.log.Info("starting breakwater", "storage", cfg.Storage.Path, "provider", cfg.OCR.Provider, "model", cfg.OCR.Model,
+		"base_url", cfg.OCR.BaseURL, "listen", cfg.Server.Listen, "admin_listen", admin, "layers", cfg.LayersText())
+	for _, w := range cfg.OffSwitches() {
+		a.log.Warn("LIMIT OFF: " + w)
+	}
+	for _, w := range cfg.Warnings() {
+		a.log.Warn(w)
+	}
+}
+
+// openVerifier starts JWT sign-in when [auth.jwt] is set (nil when not).
+func (a *App) openVerifier(ctx context.Context, cfg Config) (*jwtauth.Verifier, error) {
+	// JWT sign-in: the verifier fetches the JWKS in the background until
+	// it is closed, after HTTP has stopped. An unreachable JWKS is logged,
+	// not fatal: API keys work meanwhile and JWTs are refused.
+	if !cfg.Auth.JWT.Enabled() {
+		return nil, nil
+	}
+	verifier, err := jwtauth.NewVerifier(context.WithoutCancel(ctx), cfg.Auth.JWT, a.plans.Has, jwtauth.Options{Now: a.opts.Now, Logger: a.log})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() { verifier.Close() })
+	a.log.Info("JWT sign-in on", "issuer", cfg.Auth.JWT.Issuer, "jwks_url", cfg.Auth.JWT.JWKSURL)
+	if warning := cfg.JWTAudienceWarning(); warning != "" {
+		a.log.Warn(warning)
+	}
+	return verifier, nil
+}
+
+// openAlerts starts the immediate alerts and the daily detection's
+// schedule; both stop after HTTP, before the statistics writer and the
+// database.
+func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter, error) {
+	loc, _ := cfg.Budget.Location() // checked by Load
+	alerter, err := detect.NewAlerter(a.db, detect.AlerterOptions{
+		MinInterval: alertInterval(cfg), Location: loc, Mail: a.mail, Counters: counters, Logger: a.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() {
+		actx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if err := alerter.Close(actx); err != nil {
+			a.log.Warn("alerts not all handed to the mailer", "err", err)
+		}
+	})
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log})
+	if err != nil {
+		return nil, err
+	}
+	a.background(scheduler.Run)
+	return alerter, nil
+}
+
+// startWriteBehind copies the defense layers' memory to the database
+// every second, until Close; the last flush runs after HTTP has stopped
+// and before the database closes. It first restores the dashboard's
+// refusal counts of today.
+func (a *App) startWriteBehind(guarded []server.Route) error {
+	// Each limiter registers its state here, one line each.
+	snapshots := append([]defense.Snapshot{
+		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
+		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
+		defense.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
+	}, a.guard.Snapshots()...)
+	snapshots = append(snapshots, routeSnapshots(guarded)...)
+	// The dashboard's refusals of today, as written behind before a
+	// restart; without them it counts from zero.
+	loc, _ := a.cfg.Budget.Location() // checked by Load
+	today := budget.DayKey(a.opts.Now(), loc)
+	if counts, err := a.db.LoadState(defense.RefusalsState(today)); err != nil {
+		a.log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
+	} else {
+		a.srv.LoadRefusals(today, counts)
+	}
+	wb, err := defense.NewWriteBehind(a.db, snapshots, defense.Options{
+		FailedOpen: a.srv.FailedOpen, Logger: a.log.With("component", "defense"), Now: a.opts.Now,
+	})
+	if err != nil {
+		return err
+	}
+	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
+	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
+	return nil
 }
 
 // openState opens the database and loads what the layers keep in memory:
