@@ -129,48 +129,9 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 			k.Delete(key)
 		}
 	}
-	byEnv := make(map[string]string, len(known))
-	for key, kind := range known {
-		name := envName(key)
-		byEnv[name] = key
-		v := getenv(name)
-		if v == "" {
-			continue
-		}
-		val, err := envValue(v, kind)
-		if err != nil {
-			if err := refuse(fmt.Errorf("environment %s (%s): %w", name, key, err)); err != nil {
-				return Config{}, err
-			}
-			continue
-		}
-		if err := k.Set(key, val); err != nil {
-			return Config{}, fmt.Errorf("environment %s: %w", name, err)
-		}
-	}
-	// A BREAKWATER_SECTION__KEY that names no key is a typo, refused like
-	// one in the file.
-	// A BREAKWATER_X_Y with single underscores looks like an override but
-	// is none: said, since the operator surely meant one.
-	var warnings []string
-	for _, kv := range environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, envPrefix) || getenv(name) == "" || secretVars[name] {
-			continue
-		}
-		if _, ok := byEnv[name]; !ok && strings.Contains(name, "__") {
-			if err := refuse(fmt.Errorf("environment %s: names no key of config.toml", name)); err != nil {
-				return Config{}, err
-			}
-			continue
-		}
-		if !strings.Contains(name, "__") {
-			hint := ""
-			if key := lookAlike(name, byEnv); key != "" {
-				hint = fmt.Sprintf(" (for %s write %s)", key, envName(key))
-			}
-			warnings = append(warnings, fmt.Sprintf("environment %s is not read: an override separates section and key with two underscores, BREAKWATER_SECTION__KEY%s", name, hint))
-		}
+	warnings, err := readEnv(k, known, path, getenv, refuse)
+	if err != nil {
+		return Config{}, err
 	}
 	if lenient != nil {
 		// Each value on its own: one that does not decode is left out,
@@ -201,20 +162,8 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 		}
 	}
 	c.warnings = warnings
-	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
-	if !filepath.IsAbs(c.Storage.Path) {
-		var err error
-		if c.Storage.Path, err = filepath.Abs(filepath.Join(base, c.Storage.Path)); err != nil {
-			return Config{}, fmt.Errorf("config %s: storage.path: %w", path, err)
-		}
-	}
-	c.Limits.User = c.Limits.User.WithDefaults()
-	c.Auth.JWT = c.Auth.JWT.WithDefaults()
-	c.Invites = c.Invites.WithDefaults()
-	c.Detect = c.Detect.WithDefaults()
-	if c.Alerts != nil {
-		a := c.Alerts.WithDefaults()
-		c.Alerts = &a
+	if err := c.finish(path, base); err != nil {
+		return Config{}, err
 	}
 	return c, nil
 }
@@ -482,6 +431,77 @@ var environ = os.Environ
 // "ocr.price.max_output_tokens" is BREAKWATER_OCR__PRICE__MAX_OUTPUT_TOKENS.
 func envName(key string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+}
+
+// finish applies each section's WithDefaults, and takes a relative
+// storage.path from base, the config file's folder.
+func (c *Config) finish(path, base string) error {
+	c.Server, c.Storage, c.OCR, c.Budget = c.Server.WithDefaults(), c.Storage.WithDefaults(), c.OCR.WithDefaults(), c.Budget.WithDefaults()
+	if !filepath.IsAbs(c.Storage.Path) {
+		var err error
+		if c.Storage.Path, err = filepath.Abs(filepath.Join(base, c.Storage.Path)); err != nil {
+			return fmt.Errorf("config %s: storage.path: %w", path, err)
+		}
+	}
+	c.Limits.User = c.Limits.User.WithDefaults()
+	c.Auth.JWT = c.Auth.JWT.WithDefaults()
+	c.Invites = c.Invites.WithDefaults()
+	c.Detect = c.Detect.WithDefaults()
+	if c.Alerts != nil {
+		a := c.Alerts.WithDefaults()
+		c.Alerts = &a
+	}
+	return nil
+}
+
+// readEnv applies the BREAKWATER_SECTION__KEY overrides to k, refusing
+// (through refuse) one that names no key or does not parse, and returns
+// the warnings about look-alikes: a BREAKWATER_X_Y with single
+// underscores looks like an override but is none, and the operator surely
+// meant one.
+func readEnv(k *koanf.Koanf, known map[string]reflect.Kind, path string, getenv func(string) string, refuse func(error) error) ([]string, error) {
+	byEnv := make(map[string]string, len(known))
+	for key, kind := range known {
+		name := envName(key)
+		byEnv[name] = key
+		v := getenv(name)
+		if v == "" {
+			continue
+		}
+		val, err := envValue(v, kind)
+		if err != nil {
+			if err := refuse(fmt.Errorf("environment %s (%s): %w", name, key, err)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := k.Set(key, val); err != nil {
+			return nil, fmt.Errorf("environment %s: %w", name, err)
+		}
+	}
+	// A BREAKWATER_SECTION__KEY that names no key is a typo, refused like
+	// one in the file.
+	var warnings []string
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, envPrefix) || getenv(name) == "" || secretVars[name] {
+			continue
+		}
+		if _, ok := byEnv[name]; !ok && strings.Contains(name, "__") {
+			if err := refuse(fmt.Errorf("environment %s: names no key of config.toml", name)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if !strings.Contains(name, "__") {
+			hint := ""
+			if key := lookAlike(name, byEnv); key != "" {
+				hint = fmt.Sprintf(" (for %s write %s)", key, envName(key))
+			}
+			warnings = append(warnings, fmt.Sprintf("environment %s is not read: an override separates section and key with two underscores, BREAKWATER_SECTION__KEY%s", name, hint))
+		}
+	}
+	return warnings, nil
 }
 
 // lookAlike is the key whose override name is name with its double
