@@ -28,6 +28,17 @@ const (
 	// counts for that key only; the service's checks are in rows with the
 	// refusal reason as Outcome and neither IP nor UserID.
 	OutcomeRefused = "refused"
+	// OutcomeLayerRefused marks a row that sums the requests of one key
+	// (user or client key, route, layer) that a layer refused before the
+	// upstream call, over one minute, in Count; OutcomeShadowRefused one
+	// that sums the refusals a layer in shadow mode would have made (those
+	// requests went on and have events of their own). Neither is an
+	// attempt: the daily aggregate skips them.
+	OutcomeLayerRefused  = "layer_refused"
+	OutcomeShadowRefused = "shadow_refused"
+	// OutcomeDropped marks a row whose Count is the statistics events lost
+	// (a full queue or a failed write) since the previous such row.
+	OutcomeDropped = "dropped"
 )
 
 // DayBounds returns the first instant of day (a "2006-01-02" in loc) and
@@ -135,6 +146,9 @@ func NewAggregator(day string, lines Lines, maxKeys int) *Aggregator {
 
 // Add counts one event.
 func (a *Aggregator) Add(e Event) {
+	if e.Layer != "" || e.Outcome == OutcomeDropped {
+		return // refusals before the call, shadow counts, losses: no attempt
+	}
 	if e.Route == RouteInvite {
 		a.addInvite(e)
 		return

@@ -30,6 +30,7 @@ type Metrics struct {
 	commitLatency   prometheus.Histogram
 	jwt             *prometheus.CounterVec // reason
 	inviteRefusals  *prometheus.CounterVec // reason
+	shadowRefusals  *prometheus.CounterVec // layer, reason
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -86,6 +87,11 @@ func NewMetrics() *Metrics {
 		Name: "breakwater_invite_refusals_total",
 		Help: "Invite verifications refused, by reason: rate, burst, invalid, expired, used_up, revoked, cooldown, in_flight, global.",
 	}, []string{"reason"})
+	m.shadowRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_shadow_refusals_total",
+		Help: "Requests a layer in shadow mode would have refused and let through, by layer and reason.",
+	}, []string{"layer", "reason"})
+	m.reg.MustRegister(m.shadowRefusals)
 	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt, m.inviteRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

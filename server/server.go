@@ -115,7 +115,8 @@ type Server struct {
 	wallClock func() time.Time // for connection deadlines, always real time
 
 	refusalsToday dailyRefusals
-	refusalLog    logEvery // rate-limits the log lines of invite refusals
+	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
+	refusalLog    logEvery      // rate-limits the log lines of invite refusals
 	public        *echo.Echo
 	admin         *echo.Echo
 }
@@ -171,7 +172,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
 	g, err := guard.New(guard.Layers{Rate: d.Limiter, Attempts: d.Attempts, Quotas: d.Quotas, Brake: d.Brake, Usage: d.Usage},
-		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note})
+		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note, Shadowed: s.shadowedBy})
 	if err != nil {
 		return nil, err
 	}

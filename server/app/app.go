@@ -199,6 +199,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.srv.SetShadow(cfg.Limits.User.Shadow())
 	// Defense state is written behind every second; the last flush runs
 	// after HTTP has stopped and before the database closes.
 	// Each limiter registers its state here, one line each.

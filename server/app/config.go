@@ -102,6 +102,9 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 	}
 
 	known := configKeys(reflect.TypeFor[Config](), "", k)
+	if err := moneyModes(k.Keys()); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
 	for _, key := range k.Keys() {
 		if m, ok := k.Get(key).(map[string]any); ok && len(m) == 0 {
 			continue // an empty section such as [alerts]; the decoder refuses an unknown one
@@ -182,6 +185,25 @@ func Read(path string, getenv func(string) string, optional bool) (Config, error
 		c.Alerts = &a
 	}
 	return c, nil
+}
+
+// moneyModes refuses a mode on the layers that cannot be shadowed, and
+// says why: a plain "unknown key" would leave the operator guessing.
+func moneyModes(keys []string) error {
+	for _, key := range keys {
+		parts := strings.Split(key, ".")
+		last := parts[len(parts)-1]
+		if last != "mode" && !strings.HasSuffix(last, "_mode") {
+			continue
+		}
+		switch {
+		case parts[0] == "budget":
+			return fmt.Errorf("%s: the global budget cannot be shadowed: it is money, and a brake that only counts would let the bill run; shadow limits.user.mode, invites.mode or plans.NAME.daily_mode instead", key)
+		case parts[0] == "plans" && len(parts) == 3 && last != "daily_mode":
+			return fmt.Errorf("%s: a plan's monthly quota cannot be shadowed: it is what the user paid for; only its daily line can, with plans.%s.daily_mode", key, parts[1])
+		}
+	}
+	return nil
 }
 
 // defaults is what a config.toml without any key means, for the
@@ -471,7 +493,7 @@ func appliesLive(key string) bool {
 	case "budget.timezone", "detect.run_at", "ocr.price.max_output_tokens":
 		return false
 	case "ocr.price.input_usd_per_million", "ocr.price.output_usd_per_million",
-		"invites.rate", "invites.window", "invites.burst":
+		"invites.rate", "invites.window", "invites.burst", "invites.mode":
 		return true
 	}
 	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect."} {
@@ -522,8 +544,8 @@ func flatten(c Config) map[string]string {
 }
 
 // keepFailLimit is next with the fail-limit settings of running, which
-// only a restart changes; its rate, window and burst apply live.
+// only a restart changes; its rate, window, burst and mode apply live.
 func keepFailLimit(next, running invites.Config) invites.Config {
-	running.Rate, running.Window, running.Burst = next.Rate, next.Window, next.Burst
+	running.Rate, running.Window, running.Burst, running.Mode = next.Rate, next.Window, next.Burst, next.Mode
 	return running
 }
