@@ -35,6 +35,7 @@ func (s *Server) routes() {
 	a.POST("/api/brake", s.handleBrake, limitBody(64<<10))
 	a.GET("/api/backup", s.handleBackup)
 	a.POST("/api/detect/run", s.handleDetectRun, limitBody(64<<10))
+	a.GET("/api/recorded", s.handleRecorded)
 }
 
 func (s *Server) handleHealth(c echo.Context) error {

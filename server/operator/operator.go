@@ -41,6 +41,7 @@ type Service interface {
 	RevokeInvite(ctx context.Context, id string) (InviteInfo, error)
 	DeleteInvite(ctx context.Context, id string) (InviteInfo, error)
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
+	Recorded(ctx context.Context, from, to time.Time) (Recorded, error)
 }
 
 var (
@@ -65,7 +66,7 @@ type Store interface {
 	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
 	BudgetDays(from, to string) ([]budget.LedgerDay, error)
-	EachEvent(from, to time.Time, fn func(detect.Event) error) error
+	RecordStore
 	Path() string
 }
 
