@@ -241,3 +241,54 @@ func TestReplayMatchesAnEnforcingRun(t *testing.T) {
 		t.Errorf("while serving, the replay refuses %v, want %v", got, enforced)
 	}
 }
+
+// thresholds reads the recorded traffic as the layers count it, writes
+// nothing, and suggests lines above every unflagged key's peak.
+func TestThresholdsCommand(t *testing.T) {
+	recorded := t.TempDir()
+	current := replayConfig(t, recorded, 100, 1000, freeAddr(t))
+	sendTraffic(t, current, "token")
+	db := filepath.Join(recorded, "bw.db")
+	before := fileSum(t, db)
+	var out bytes.Buffer
+	args := []string{"thresholds", "--config", current, "--days", "1", "--to", replayDay.Format("2006-01-02"), "--json"}
+	if err := run(context.Background(), args, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if fileSum(t, db) != before {
+		t.Error("thresholds changed the database file")
+	}
+	var rep struct {
+		Layers []struct {
+			Layer     string `json:"layer"`
+			Unflagged struct {
+				Keys int   `json:"keys"`
+				Max  int64 `json:"max"`
+			} `json:"unflagged"`
+			Suggested int64 `json:"suggested"`
+		} `json:"layers"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("--json does not parse: %v\n%s", err, out.String())
+	}
+	byLayer := map[string]int64{}
+	for _, l := range rep.Layers {
+		byLayer[l.Layer] = l.Suggested
+		if l.Layer == "rate" || l.Layer == "daily" {
+			if l.Unflagged.Keys != 3 || l.Suggested <= l.Unflagged.Max {
+				t.Errorf("%s: %+v, want 3 users and a line above their peak", l.Layer, l)
+			}
+		}
+	}
+	// carol sent 44 of the 90 requests, all on that day.
+	if got := byLayer["daily"]; got != 66 {
+		t.Errorf("suggested daily line %d, want 66 (44 and half as much again)", got)
+	}
+	out.Reset()
+	if err := run(context.Background(), args[:len(args)-1], envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "requests per user in any 1m0s") {
+		t.Errorf("the table lacks the rate measure:\n%s", out.String())
+	}
+}
