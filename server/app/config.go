@@ -263,9 +263,19 @@ func (c Config) LayersText() string {
 		"rate " + onOff(int64(u.Rate), fmt.Sprintf("%d/%s", u.Rate, u.Window)),
 		"burst " + onOff(int64(u.Burst), fmt.Sprintf("%d/s", u.Burst)),
 	}
+	if u.Shadow() {
+		parts = append(parts, "limits.user in SHADOW mode (counts, refuses nothing)")
+	}
+	if c.Invites.Shadow() {
+		parts = append(parts, "invites in SHADOW mode (counts, refuses nothing)")
+	}
 	for _, name := range slices.Sorted(maps.Keys(c.Plans)) {
 		p := c.Plans[name]
-		parts = append(parts, fmt.Sprintf("plan %s: quota %d/month, daily line %s", name, p.MonthlyQuota, onOff(p.DailyAttempts, strconv.FormatInt(p.DailyAttempts, 10))))
+		line := onOff(p.DailyAttempts, strconv.FormatInt(p.DailyAttempts, 10))
+		if p.ShadowDaily() && p.DailyAttempts > 0 {
+			line += " (shadow)"
+		}
+		parts = append(parts, fmt.Sprintf("plan %s: quota %d/month, daily line %s", name, p.MonthlyQuota, line))
 	}
 	parts = append(parts,
 		"budget: "+onOff(b.DailyRequests, fmt.Sprintf("%d calls", b.DailyRequests))+"/day, "+

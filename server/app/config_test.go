@@ -132,6 +132,11 @@ func TestModes(t *testing.T) {
 	if !c.Limits.User.Shadow() || !c.Invites.Shadow() || !c.Plans["free"].ShadowDaily() {
 		t.Errorf("modes not read: %+v %+v %+v", c.Limits.User, c.Invites, c.Plans["free"])
 	}
+	for _, want := range []string{"limits.user in SHADOW mode", "invites in SHADOW mode", "daily line 10 (shadow)"} {
+		if !strings.Contains(c.LayersText(), want) {
+			t.Errorf("the start line %q lacks %q", c.LayersText(), want)
+		}
+	}
 	d, err := Load(writeConfig(t, minimal), env(nil))
 	if err != nil {
 		t.Fatal(err)
