@@ -115,7 +115,14 @@ type Plan struct {
 	// out of config.toml it is [DefaultDailyAttempts] of MonthlyQuota; an
 	// explicit 0 means no line.
 	DailyAttempts int64 `koanf:"daily_attempts"`
+	// DailyMode is "enforce" (the default) or "shadow": a request over the
+	// daily line is counted as a would-be refusal and goes on. The
+	// monthly quota has no mode: it is what the user paid for.
+	DailyMode string `koanf:"daily_mode"`
 }
+
+// ShadowDaily reports whether the plan's daily line is in shadow mode.
+func (p Plan) ShadowDaily() bool { return p.DailyMode == "shadow" }
 
 // ValidatePlans reports the first invalid plan, naming its key. At least one
 // plan must exist, since every API key belongs to a plan.
@@ -132,6 +139,9 @@ func ValidatePlans(plans map[string]Plan) error {
 		}
 		if p.DailyAttempts < 0 {
 			return fmt.Errorf("plans.%s.daily_attempts: must not be negative, got %d", name, p.DailyAttempts)
+		}
+		if m := p.DailyMode; m != "" && m != "enforce" && m != "shadow" {
+			return fmt.Errorf("plans.%s.daily_mode: must be \"enforce\" or \"shadow\", got %q", name, m)
 		}
 	}
 	return nil

@@ -33,6 +33,17 @@ const (
 	// ("route:checkout"): those events are stored for the operator but are
 	// not OCR attempts, so the daily figures and detectors leave them out.
 	RoutePrefix = "route:"
+	// OutcomeLayerRefused marks a row that sums the requests of one key
+	// (user or client key, route, layer) that a layer refused before the
+	// upstream call, over one minute, in Count; OutcomeShadowRefused one
+	// that sums the refusals a layer in shadow mode would have made (those
+	// requests went on and have events of their own). Neither is an
+	// attempt: the daily aggregate skips them.
+	OutcomeLayerRefused  = "layer_refused"
+	OutcomeShadowRefused = "shadow_refused"
+	// OutcomeDropped marks a row whose Count is the statistics events lost
+	// (a full queue or a failed write) since the previous such row.
+	OutcomeDropped = "dropped"
 )
 
 // DayBounds returns the first instant of day (a "2006-01-02" in loc) and
@@ -140,8 +151,8 @@ func NewAggregator(day string, lines Lines, maxKeys int) *Aggregator {
 
 // Add counts one event.
 func (a *Aggregator) Add(e Event) {
-	if strings.HasPrefix(e.Route, RoutePrefix) {
-		return
+	if strings.HasPrefix(e.Route, RoutePrefix) || e.Layer != "" || e.Outcome == OutcomeDropped {
+		return // a guarded route's; refusals before the call, shadow counts, losses: no attempt
 	}
 	if e.Route == RouteInvite {
 		a.addInvite(e)

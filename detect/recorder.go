@@ -30,6 +30,10 @@ type RecorderOptions struct {
 	// a row of their own per window (default DefaultTallyKeys).
 	TallyWindow time.Duration
 	TallyKeys   int
+	// RefusalKeys is the most keys per minute whose refusals by a layer
+	// (OutcomeLayerRefused, OutcomeShadowRefused) get a row of their own
+	// (default DefaultRefusalKeys); the rest share the row of Other.
+	RefusalKeys int
 	Logger      *slog.Logger
 	Now         func() time.Time // when a tally window has ended; default time.Now
 }
@@ -39,7 +43,11 @@ type RecorderOptions struct {
 // them without end, so the writer counts them per window of TallyWindow
 // and then writes one row per IP and per e-mail (bounded by TallyKeys,
 // the rest under Other) and one per refusal reason, each with its Count.
-// A crash loses the counts of the window under way.
+// Refusals by a layer before the upstream call, real or in shadow mode,
+// are counted the same way per minute (RefusalWindow) and per key, route
+// and layer (bounded by RefusalKeys). Events lost to a full queue or a
+// failed write are counted in a row of OutcomeDropped. A crash loses the
+// counts of the window under way.
 type Recorder struct {
 	w     EventWriter
 	opts  RecorderOptions
@@ -50,6 +58,8 @@ type Recorder struct {
 	written atomic.Uint64
 	lost    atomic.Uint64 // events of batches whose write failed
 	failed  atomic.Uint64
+	// reported is Dropped as of the last OutcomeDropped row.
+	reported atomic.Uint64
 }
 
 // NewRecorder starts the batched writer. Call Close to flush and stop it.
@@ -68,6 +78,9 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 	}
 	if opts.TallyKeys <= 0 {
 		opts.TallyKeys = DefaultTallyKeys
+	}
+	if opts.RefusalKeys <= 0 {
+		opts.RefusalKeys = DefaultRefusalKeys
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -113,16 +126,22 @@ func (r *Recorder) loop() {
 	defer close(r.done)
 	batch := make([]Event, 0, r.opts.BatchSize)
 	t := newTally(r.opts.TallyWindow, r.opts.TallyKeys)
+	rt := newRefusalTally(r.opts.RefusalKeys)
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
 	for {
 		select {
 		case e, ok := <-r.queue.Items():
 			if !ok {
-				r.flush(t.drain(batch))
+				r.flush(r.dropped(rt.drain(t.drain(batch))))
 				return
 			}
-			if tallied(e) {
+			if layerTallied(e) {
+				if !rt.start.IsZero() && e.Time.Truncate(RefusalWindow).After(rt.start) {
+					batch = rt.drain(batch)
+				}
+				rt.add(e)
+			} else if tallied(e) {
 				if !t.start.IsZero() && t.windowOf(e.Time).After(t.start) {
 					batch = t.drain(batch)
 				}
@@ -134,13 +153,29 @@ func (r *Recorder) loop() {
 				batch = r.flush(batch)
 			}
 		case <-timer.C:
-			if t.due(r.opts.Now()) {
+			now := r.opts.Now()
+			if t.due(now) {
 				batch = t.drain(batch)
 			}
-			batch = r.flush(batch)
+			if rt.due(now) {
+				batch = rt.drain(batch)
+			}
+			batch = r.flush(r.dropped(batch))
 			timer.Reset(r.opts.FlushInterval)
 		}
 	}
+}
+
+// dropped appends a row of OutcomeDropped counting the events lost since
+// the last such row, if any were, so that a replay of the stored events
+// knows what it misses. A row that is lost itself is counted again.
+func (r *Recorder) dropped(batch []Event) []Event {
+	lost := r.Dropped()
+	if n := lost - r.reported.Load(); n > 0 {
+		r.reported.Store(lost)
+		batch = append(batch, Event{Time: r.opts.Now(), Outcome: OutcomeDropped, Count: int64(n)})
+	}
+	return batch
 }
 
 // flush writes batch and returns it emptied for reuse.
@@ -148,13 +183,23 @@ func (r *Recorder) flush(batch []Event) []Event {
 	if len(batch) == 0 {
 		return batch
 	}
+	// A row of OutcomeDropped is no event of its own: it is not counted
+	// as written or lost, and a lost one is reported again.
+	events, losses := uint64(len(batch)), uint64(0)
+	for _, e := range batch {
+		if e.Outcome == OutcomeDropped && e.Route == "" {
+			events--
+			losses += uint64(e.Count)
+		}
+	}
 	if err := r.w.AppendEvents(batch); err != nil {
-		r.lost.Add(uint64(len(batch)))
+		r.reported.Add(-losses)
+		r.lost.Add(events)
 		if r.failed.Add(1) == 1 || r.failed.Load()%100 == 0 {
 			r.log.Warn("statistics events dropped", "events", len(batch), "failures", r.failed.Load(), "err", err)
 		}
 	} else {
-		r.written.Add(uint64(len(batch)))
+		r.written.Add(events)
 	}
 	return batch[:0]
 }

@@ -46,6 +46,7 @@ type blockingWriter struct {
 	mu      sync.Mutex
 	n       int
 	fail    bool
+	lost    int64 // the counts of the rows of OutcomeDropped written
 }
 
 func (w *blockingWriter) AppendEvents(events []detect.Event) error {
@@ -55,7 +56,13 @@ func (w *blockingWriter) AppendEvents(events []detect.Event) error {
 	if w.fail {
 		return errors.New("disk full")
 	}
-	w.n += len(events)
+	for _, e := range events {
+		if e.Outcome == detect.OutcomeDropped {
+			w.lost += e.Count
+		} else {
+			w.n++
+		}
+	}
 	return nil
 }
 
@@ -83,6 +90,9 @@ func TestRecorderDropsWhenFullWithoutBlocking(t *testing.T) {
 	}
 	if r.Dropped() < 900 {
 		t.Errorf("dropped only %d of 1000 with a queue of 10", r.Dropped())
+	}
+	if got, want := w.lost, int64(r.Dropped()); got != want {
+		t.Errorf("rows of dropped events say %d, want %d", got, want)
 	}
 }
 

@@ -19,12 +19,16 @@ var ErrNoRun = errors.New("detect: detection never ran")
 // Event is one statistics event (layer 4), kept apart from billing: it
 // records an attempt whatever its outcome, for detection and dashboards.
 type Event struct {
-	Time         time.Time // when the request finished; required
-	UserID       string    // the user; on invite checks, the normalised e-mail submitted
-	KeyID        string
-	Plan         string `json:",omitempty"` // the plan of the request; empty on invite checks and in older events
-	IP           string // client IP as resolved by server
-	Route        string
+	Time   time.Time // when the request finished; required
+	UserID string    // the user; on invite checks, the normalised e-mail submitted
+	KeyID  string
+	Plan   string `json:",omitempty"` // the plan of the request; empty on invite checks and in older events
+	IP     string // client IP as resolved by server
+	Route  string
+	// Layer is the layer that refused the request, or would have in
+	// shadow mode, on rows of OutcomeLayerRefused and
+	// OutcomeShadowRefused; empty on every other event.
+	Layer        string `json:",omitempty"`
 	Outcome      string
 	Status       int   // HTTP status returned
 	Bytes        int64 // request body bytes

@@ -25,7 +25,77 @@ const (
 // without limit. Invite checks that pass ("ok") and OCR attempts are
 // stored one by one.
 func tallied(e Event) bool {
-	return e.Route == RouteInvite && e.Outcome != "ok" && e.Outcome != OutcomeRefused && e.Count == 0
+	return e.Route == RouteInvite && e.Layer == "" && e.Outcome != "ok" && e.Outcome != OutcomeRefused && e.Count == 0
+}
+
+// DefaultRefusalKeys is the most keys per minute whose refusals before
+// the upstream call get a row of their own; the rest share the row of
+// Other.
+const DefaultRefusalKeys = 256
+
+// RefusalWindow is the time resolution of the refusal rows
+// (OutcomeLayerRefused, OutcomeShadowRefused): one row per key, route,
+// layer and outcome per minute.
+const RefusalWindow = time.Minute
+
+// layerTallied reports whether the Recorder counts e into the per-minute
+// tally of refusals by a layer.
+func layerTallied(e Event) bool {
+	return e.Layer != "" && e.Count == 0 && (e.Outcome == OutcomeLayerRefused || e.Outcome == OutcomeShadowRefused)
+}
+
+// refusalKey is what a refusal row keeps of a request: who (user, client
+// key), where (route, plan), and which layer refused it, for real or in
+// shadow.
+type refusalKey struct{ user, ip, plan, route, layer, outcome string }
+
+// refusalTally counts one minute of refusals by a layer per refusalKey,
+// at most keys rows (the rest summed under Other): however many requests
+// a flood sends, a minute writes at most keys+1 rows per outcome and
+// layer.
+type refusalTally struct {
+	keys   int
+	start  time.Time
+	counts map[refusalKey]int64
+	other  map[refusalKey]int64 // keyed by route, layer and outcome only
+}
+
+func newRefusalTally(keys int) *refusalTally {
+	return &refusalTally{keys: keys, counts: map[refusalKey]int64{}, other: map[refusalKey]int64{}}
+}
+
+func (t *refusalTally) add(e Event) {
+	if t.start.IsZero() {
+		t.start = e.Time.Truncate(RefusalWindow)
+	}
+	k := refusalKey{user: e.UserID, ip: limiter.ClientKey(e.IP), plan: e.Plan, route: e.Route, layer: e.Layer, outcome: e.Outcome}
+	if _, ok := t.counts[k]; ok || len(t.counts) < t.keys {
+		t.counts[k]++
+		return
+	}
+	t.other[refusalKey{route: k.route, layer: k.layer, outcome: k.outcome}]++
+}
+
+// due reports whether the minute counted has ended by now.
+func (t *refusalTally) due(now time.Time) bool {
+	return !t.start.IsZero() && !now.Before(t.start.Add(RefusalWindow))
+}
+
+// drain appends the minute's rows to batch and empties the tally.
+func (t *refusalTally) drain(batch []Event) []Event {
+	if t.start.IsZero() {
+		return batch
+	}
+	for k, n := range t.counts {
+		batch = append(batch, Event{Time: t.start, UserID: k.user, IP: k.ip, Plan: k.plan, Route: k.route, Layer: k.layer, Outcome: k.outcome, Count: n})
+	}
+	for k, n := range t.other {
+		batch = append(batch, Event{Time: t.start, UserID: Other, Route: k.route, Layer: k.layer, Outcome: k.outcome, Count: n})
+	}
+	t.start = time.Time{}
+	clear(t.counts)
+	clear(t.other)
+	return batch
 }
 
 // inviteCount is one key's figures in a tally window.

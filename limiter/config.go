@@ -25,6 +25,16 @@ const (
 	Resolution = time.Microsecond
 )
 
+// Modes of a limit, as in [Config.Mode]. The limiter itself always
+// decides; the mode tells its caller what to do with a refusal.
+const (
+	// ModeEnforce refuses what the limit refuses: the default.
+	ModeEnforce = "enforce"
+	// ModeShadow lets a request the limit refuses pass, and counts the
+	// would-be refusal. A refusal records nothing in either mode.
+	ModeShadow = "shadow"
+)
+
 // ErrInvalidConfig is wrapped by every error that [Config.Validate] returns.
 var ErrInvalidConfig = errors.New("limiter: invalid config")
 
@@ -41,12 +51,30 @@ type Config struct {
 	// Burst is the most requests admitted in any one-second interval, per
 	// key. 0 switches the burst limit off. At most MaxRate.
 	Burst int `koanf:"burst"`
+	// Mode is ModeEnforce or ModeShadow (a refusal is counted and the
+	// request passes). Empty means ModeEnforce. The limiter ignores it:
+	// its caller applies it.
+	Mode string `koanf:"mode"`
+}
+
+// Shadow reports whether c is in shadow mode.
+func (c Config) Shadow() bool { return c.Mode == ModeShadow }
+
+// ValidMode checks a mode value of key: "", ModeEnforce or ModeShadow.
+func ValidMode(key, mode string) error {
+	if mode == "" || mode == ModeEnforce || mode == ModeShadow {
+		return nil
+	}
+	return fmt.Errorf("%w: %s must be %q or %q, got %q", ErrInvalidConfig, key, ModeEnforce, ModeShadow, mode)
 }
 
 // WithDefaults returns c with every zero field that has a default set to it.
 func (c Config) WithDefaults() Config {
 	if c.Window == 0 {
 		c.Window = DefaultWindow
+	}
+	if c.Mode == "" {
+		c.Mode = ModeEnforce
 	}
 	return c
 }
@@ -86,6 +114,9 @@ func (c Config) Validate(prefix string) error {
 		bad("window", "must be at most %s, got %s", MaxWindow, w)
 	case c.Rate > 0 && w < MinWindow:
 		bad("window", "must be at least %s when rate is set, got %s", MinWindow, w)
+	}
+	if err := ValidMode(name("mode"), c.Mode); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -113,6 +113,25 @@ func (s *Server) handleUsage(c echo.Context) error {
 	return c.JSON(http.StatusOK, list)
 }
 
+// errBadRange refuses a statistics range that is not two RFC 3339 times
+// in order.
+var errBadRange = badRequest("Send from and to as RFC 3339 times, from before to.")
+
+// handleRecorded returns the statistics events and findings of [from,
+// to) (RFC 3339 times), for replay and thresholds while serving.
+func (s *Server) handleRecorded(c echo.Context) error {
+	from, err1 := time.Parse(time.RFC3339Nano, c.QueryParam("from"))
+	to, err2 := time.Parse(time.RFC3339Nano, c.QueryParam("to"))
+	if err1 != nil || err2 != nil || !from.Before(to) {
+		return errBadRange
+	}
+	r, err := s.d.Operator.Recorded(c.Request().Context(), from, to)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, r)
+}
+
 func (s *Server) handleBudget(c echo.Context) error {
 	info, err := s.d.Operator.Budget(c.Request().Context())
 	if err != nil {

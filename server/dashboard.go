@@ -12,6 +12,8 @@ import (
 	"html/template"
 	"math"
 	"net/http"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -58,6 +60,27 @@ type dashboardData struct {
 	CSRF     string        // the brake form's token
 }
 
+// withShadow lists real and shadow refusals side by side, one row per
+// layer and reason.
+func withShadow(real, shadow []refusalCount) []refusalCount {
+	out := append([]refusalCount(nil), real...)
+	for _, sh := range shadow {
+		i := slices.IndexFunc(out, func(r refusalCount) bool { return r.Layer == sh.Layer && r.Reason == sh.Reason })
+		if i < 0 {
+			out = append(out, refusalCount{Layer: sh.Layer, Reason: sh.Reason})
+			i = len(out) - 1
+		}
+		out[i].Shadow = sh.Count
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Layer != out[j].Layer {
+			return out[i].Layer < out[j].Layer
+		}
+		return out[i].Reason < out[j].Reason
+	})
+	return out
+}
+
 // dashboard gathers the dashboard's figures.
 func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, error) {
 	op := s.d.Operator
@@ -70,7 +93,7 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 		Now:      now.In(loc).Format("2006-01-02 15:04:05"),
 		Zone:     loc.String(),
 		Budget:   b,
-		Refusals: s.refusalsToday.list(budget.DayKey(now, loc)),
+		Refusals: withShadow(s.refusalsToday.list(budget.DayKey(now, loc)), s.shadowToday.list(budget.DayKey(now, loc))),
 		TopUsers: op.TopUsers(10, now),
 		CSRF:     s.csrf.token,
 	}

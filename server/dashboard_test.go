@@ -188,6 +188,22 @@ func TestDashboardBrakeButton(t *testing.T) {
 	}
 }
 
+// Shadow refusals show beside the real ones, per layer and reason.
+func TestDashboardShowsShadowRefusals(t *testing.T) {
+	e := newEnv(t, envOptions{attempts: 10, limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	e.srv.SetShadow(true)
+	for range 3 {
+		e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	}
+	d, err := e.srv.dashboard(context.Background(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Refusals) != 1 || d.Refusals[0] != (refusalCount{Layer: "rate", Reason: "rate", Shadow: 2}) {
+		t.Errorf("refusals %+v, want 2 in shadow mode and none refused", d.Refusals)
+	}
+}
+
 func TestDashboardNeedsToken(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	resp, _ := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", ""))

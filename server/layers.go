@@ -30,7 +30,7 @@ const (
 // DefaultUserLimits is [limits.user] when config.toml leaves every key out.
 // Decode config.toml over it, so that an absent key keeps its default.
 func DefaultUserLimits() limiter.Config {
-	return limiter.Config{Rate: DefaultUserRate, Window: DefaultUserWindow, Burst: DefaultUserBurst}
+	return limiter.Config{Rate: DefaultUserRate, Window: DefaultUserWindow, Burst: DefaultUserBurst, Mode: limiter.ModeEnforce}
 }
 
 // RateLimiter is layer 1: limiter.Limiter keyed by user id.

@@ -13,6 +13,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server/failpoint"
 	"breakwater/server/guard"
@@ -88,7 +89,8 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	req := guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}
+	req := guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota,
+		ShadowDaily: plan.ShadowDaily(), Client: limiter.ClientKey(c.RealIP()), Route: ocrRoute, Plan: id.Plan}
 	key, err := idempotencyKey(c.Request().Header)
 	if err != nil {
 		return err
@@ -99,7 +101,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	// Layers 1-3 from memory, before the body is read.
 	t, refused := s.ocrGuard.Admit(req, start)
 	if refused != nil {
-		return s.refusal(refused)
+		return s.refusalOf(req, start, refused)
 	}
 	defer t.Release() // whatever happens from here on, a panic too
 	in, err := s.receive(c, id)
@@ -110,7 +112,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if a, ok := s.recentRead(id.UserID, in.fp); ok {
 		return s.answerCached(c, start, id, plan.MonthlyQuota, a)
 	}
-	return s.read(c, start, id, plan, t, in, "")
+	return s.read(c, start, id, plan, req, t, in, "")
 }
 
 // handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
@@ -122,7 +124,7 @@ func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Id
 	}
 	defer s.pending.release(id.UserID, key)
 	if refused := s.ocrGuard.Count(req, start); refused != nil {
-		return s.refusal(refused)
+		return s.refusalOf(req, start, refused)
 	}
 	in, err := s.receive(c, id)
 	if err != nil {
@@ -137,13 +139,13 @@ func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Id
 	}
 	t, refused := s.ocrGuard.Look(req, s.now())
 	if refused != nil {
-		return s.refusal(refused)
+		return s.refusalOf(req, s.now(), refused)
 	}
 	defer t.Release()
 	if a, ok := s.recentRead(id.UserID, in.fp); ok {
 		return s.answerCached(c, start, id, plan.MonthlyQuota, a)
 	}
-	return s.read(c, start, id, plan, t, in, key)
+	return s.read(c, start, id, plan, req, t, in, key)
 }
 
 // received is a validated upload and what it took to receive it.
@@ -176,13 +178,13 @@ func (s *Server) receive(c echo.Context, id keys.Identity) (received, error) {
 // read makes the paid call for an admitted, validated upload: layers 2,
 // 2b and 3 take their share, the claim goes to disk before the call, and
 // the usage record (with what a repeat needs) before the answer.
-func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, t *guard.Ticket, in received, key string) error {
+func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, t *guard.Ticket, in received, key string) error {
 	price := s.price.Load()
 	ctx := context.WithoutCancel(c.Request().Context()) // a paid call outlives its client
 	now := s.now()                                      // the upload may have taken a while
 	worst := price.WorstCase(in.img.Width, in.img.Height)
 	if refused := t.Reserve(worst, now); refused != nil {
-		return s.refusal(refused)
+		return s.refusalOf(req, now, refused)
 	}
 	s.d.Metrics.guard.Observe((in.at.Sub(start) + s.now().Sub(now)).Seconds())
 	if refused := t.Commit(ctx, s.now()); refused != nil {
@@ -191,7 +193,7 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 			"pause", guard.UsagePause)
 		s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
 			map[string]string{"user": id.UserID, "request_id": requestID(c)})
-		return s.refusal(refused)
+		return s.refusalOf(req, now, refused)
 	}
 	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
 	if c.Request().Context().Err() != nil {
@@ -207,7 +209,7 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 	s.countCall(latency, res.Usage, err)
 	s.d.Metrics.cost.Add(usd(cost))
 	event := detect.Event{
-		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
+		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: ocrRoute,
 		Bytes: int64(len(in.data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
 		CostMicroUSD: cost,
@@ -364,6 +366,43 @@ func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 	m.tokens.WithLabelValues("prompt").Add(float64(u.PromptTokens))
 	m.tokens.WithLabelValues("output").Add(float64(u.CandidatesTokens))
 	m.tokens.WithLabelValues("thoughts").Add(float64(u.ThoughtsTokens))
+}
+
+// ocrRoute is the route as recorded in statistics events.
+const ocrRoute = "/v1/ocr"
+
+// refusalOf records a refusal of req by the guard at now (counted per
+// minute and key by the recorder, for a replay) and turns it into the
+// problem users see.
+func (s *Server) refusalOf(req guard.Request, now time.Time, r *guard.Refusal) error {
+	s.d.Events.Record(detect.Event{Time: now, UserID: req.Key, IP: req.Client, Plan: req.Plan, Route: req.Route,
+		Layer: r.Layer, Outcome: detect.OutcomeLayerRefused})
+	return s.refusal(r)
+}
+
+// shadowedBy counts and records a refusal that a layer in shadow mode
+// would have made; the request goes on.
+func (s *Server) shadowedBy(req guard.Request, r *guard.Refusal) {
+	now := s.now()
+	s.shadowed(now, r.Layer, r.Reason)
+	s.d.Events.Record(detect.Event{Time: now, UserID: req.Key, IP: req.Client, Plan: req.Plan, Route: req.Route,
+		Layer: r.Layer, Outcome: detect.OutcomeShadowRefused})
+}
+
+func (s *Server) shadowed(now time.Time, layer, reason string) {
+	s.d.Metrics.shadowRefusals.WithLabelValues(layer, reason).Inc()
+	s.shadowToday.add(s.calendar.Day(now), layer, reason)
+}
+
+// SetShadow switches the OCR route's rate limit (limits.user.mode) to
+// shadow mode, or to enforce mode, live; a plan's daily line follows the
+// plan's daily_mode.
+func (s *Server) SetShadow(rate bool) {
+	var layers []string
+	if rate {
+		layers = append(layers, guard.LayerRate)
+	}
+	_ = s.ocrGuard.SetShadow(layers...) // the rate layer is always shadowable
 }
 
 // readImage returns the uploaded image and its declared media type, from a

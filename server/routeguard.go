@@ -151,7 +151,7 @@ func (s *Server) admitRoute(rt *guardedRoute, cfg *routes.Config, key string, no
 // a shadow refusal and returns nil.
 func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, reason string, r *guard.Refusal, now time.Time) *guard.Refusal {
 	if cfg.Mode == routes.ModeShadow {
-		s.d.Metrics.shadowRefusals.WithLabelValues(rt.layer, reason).Inc()
+		s.shadowed(now, rt.layer, reason)
 		if ok, held := s.routeLog.allow(now, refusalLogInterval); ok {
 			s.log.Info("shadow mode: a refusal let through", "route", rt.name, "reason", reason, "unlogged_since_last", held)
 		}

@@ -45,6 +45,7 @@ func (s *Server) routes() {
 	a.POST("/api/detect/run", s.handleDetectRun, limitBody(64<<10))
 	a.GET("/api/cooldowns", s.handleCooldowns)
 	a.POST("/api/cooldowns/clear", s.handleClearCooldown, limitBody(64<<10))
+	a.GET("/api/recorded", s.handleRecorded)
 }
 
 func (s *Server) handleHealth(c echo.Context) error {

@@ -119,8 +119,9 @@ type Server struct {
 	wallClock func() time.Time // for connection deadlines, always real time
 
 	refusalsToday dailyRefusals
-	csrf          formToken // the dashboard's brake form
-	refusalLog    logEvery  // rate-limits the log lines of invite refusals
+	csrf          formToken     // the dashboard's brake form
+	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
+	refusalLog    logEvery      // rate-limits the log lines of invite refusals
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute
@@ -183,7 +184,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
 	g, err := guard.New(guard.Layers{Rate: d.Limiter, Attempts: d.Attempts, Quotas: d.Quotas, Brake: d.Brake, Usage: d.Usage},
-		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note})
+		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note, Shadowed: s.shadowedBy})
 	if err != nil {
 		return nil, err
 	}

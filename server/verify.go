@@ -86,8 +86,13 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	err := s.defend(invites.Layer, func() error { return s.guard.Windows.Allow(ipKey, start) }, isRateRefusal)
 	var rl *limiter.Refusal
 	if errors.As(err, &rl) {
-		s.d.Metrics.inviteRefusals.WithLabelValues(rl.Reason).Inc()
-		return errInviteRateLimited.withRetryAfter(rl.RetryAfterSeconds())
+		if s.inviteShadowed(start, ip, "", rl.Reason) {
+			rl = nil
+		} else {
+			s.recordInviteLayer(start, ip, "", detect.OutcomeLayerRefused)
+			s.d.Metrics.inviteRefusals.WithLabelValues(rl.Reason).Inc()
+			return errInviteRateLimited.withRetryAfter(rl.RetryAfterSeconds())
+		}
 	}
 
 	req, err := decodeVerifyRequest(c.Request().Body)
@@ -114,7 +119,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 
 	// The lookup runs whatever the guard said, for comparable work.
 	outcome, lookupErr := s.d.InviteCodes.CheckInvite(hash, email, start)
-	if errors.As(err, &rl) {
+	if errors.As(err, &rl) && !s.inviteShadowed(start, ip, email, rl.Reason) {
 		return s.inviteRefusal(c, start, rl.Reason, email)
 	}
 	if lookupErr != nil {
@@ -173,6 +178,24 @@ func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email st
 		s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c), "held_back", held)
 	}
 	return errInviteRefused
+}
+
+// inviteShadowed reports whether the invite protections are in shadow
+// mode, and if so counts and records the refusal they would have made:
+// the verification goes on, and a refused check counted nothing.
+func (s *Server) inviteShadowed(start time.Time, ip, email, reason string) bool {
+	if !s.guard.Shadow() {
+		return false
+	}
+	s.shadowed(start, invites.Layer, reason)
+	s.recordInviteLayer(start, ip, email, detect.OutcomeShadowRefused)
+	return true
+}
+
+// recordInviteLayer records a verification the IP rate limit refused, or
+// a would-be refusal in shadow mode, for the recorder's per-minute tally.
+func (s *Server) recordInviteLayer(start time.Time, ip, email, outcome string) {
+	s.d.Events.Record(detect.Event{Time: start, UserID: email, IP: ip, Route: verifyRoute, Layer: invites.Layer, Outcome: outcome})
 }
 
 // recordCooldownStart records that a failure started a cooldown on a fail

@@ -86,6 +86,9 @@ var (
 	// ErrLocked means another process (or another DB in this process) holds
 	// the database file.
 	ErrLocked = errors.New("storage: database is locked by another breakwater process")
+	// ErrOldSchema means a read-only open met a database that needs a
+	// migration first.
+	ErrOldSchema = errors.New("storage: the database needs a migration")
 
 	// ErrNotFound means the requested user or key does not exist.
 	ErrNotFound = errors.New("storage: not found")
@@ -172,6 +175,13 @@ type Options struct {
 	// MustExist refuses, with ErrNoDatabase, to create a database that is
 	// not there yet (nor its folder).
 	MustExist bool
+
+	// ReadOnly opens an existing database for reading only: nothing is
+	// written to the file, not even at open (no bucket is created and no
+	// migration runs, so a database of an older schema is refused with
+	// ErrOldSchema), and other read-only opens may share it. Every write
+	// fails.
+	ReadOnly bool
 
 	// NoSync skips fsync after each commit. For benchmarks and throwaway
 	// databases only: a crash can lose or corrupt committed data.
@@ -263,7 +273,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if opts.MustExist {
+	if opts.MustExist || opts.ReadOnly {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("open %s: %w", path, ErrNoDatabase)
 		}
@@ -280,8 +290,9 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	bdb, err := openBolt(path, &bbolt.Options{
-		Timeout: opts.Timeout,
-		NoSync:  opts.NoSync,
+		Timeout:  opts.Timeout,
+		NoSync:   opts.NoSync,
+		ReadOnly: opts.ReadOnly,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, openError(err, size, isBolt))
@@ -290,7 +301,17 @@ func Open(path string, opts Options) (*DB, error) {
 	var version uint64
 	err = guard("reading the database", func() error {
 		var err error
-		if version, err = prepare(bdb, opts.Logger.With("component", "storage")); err != nil {
+		if opts.ReadOnly {
+			version, err = schemaVersion(bdb)
+			if err == nil && version > SchemaVersion {
+				err = fmt.Errorf("%w: schema version %d, this build knows up to %d", ErrNewerSchema, version, SchemaVersion)
+			} else if err == nil && version != SchemaVersion {
+				err = fmt.Errorf("%w: schema version %d, this build reads %d only after migrating it (start the server once)", ErrOldSchema, version, SchemaVersion)
+			}
+			if err != nil {
+				return err
+			}
+		} else if version, err = prepare(bdb, opts.Logger.With("component", "storage")); err != nil {
 			return err
 		}
 		if opts.Check {
@@ -313,6 +334,25 @@ func Open(path string, opts Options) (*DB, error) {
 	go db.writer()
 	db.logger.Info("database opened", "path", path, "schema_version", version)
 	return db, nil
+}
+
+// schemaVersion reads the stored schema version of a database opened read
+// only.
+func schemaVersion(bdb *bbolt.DB) (uint64, error) {
+	var version uint64
+	err := bdb.View(func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("%w: no %s bucket", ErrNotDatabase, bucketMeta)
+		}
+		v := meta.Get(keySchemaVersion)
+		if len(v) != 8 {
+			return fmt.Errorf("%w: no schema version", ErrNotDatabase)
+		}
+		version = binary.BigEndian.Uint64(v)
+		return nil
+	})
+	return version, err
 }
 
 // prepare checks that bdb holds a Breakwater database (or nothing), then in

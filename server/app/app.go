@@ -167,6 +167,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.srv.SetShadow(cfg.Limits.User.Shadow())
 	if err := a.startWriteBehind(guarded); err != nil {
 		return nil, err
 	}

@@ -118,6 +118,9 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 	}
 
 	known := configKeys(reflect.TypeFor[Config](), "", k)
+	if err := moneyModes(k.Keys()); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
 	for _, key := range k.Keys() {
 		if m, ok := k.Get(key).(map[string]any); ok && len(m) == 0 {
 			continue // an empty section such as [alerts]; the decoder refuses an unknown one
@@ -276,6 +279,25 @@ func (c *Config) relax(warnings *[]string) error {
 	return nil
 }
 
+// moneyModes refuses a mode on the layers that cannot be shadowed, and
+// says why: a plain "unknown key" would leave the operator guessing.
+func moneyModes(keys []string) error {
+	for _, key := range keys {
+		parts := strings.Split(key, ".")
+		last := parts[len(parts)-1]
+		if last != "mode" && !strings.HasSuffix(last, "_mode") {
+			continue
+		}
+		switch {
+		case parts[0] == "budget":
+			return fmt.Errorf("%s: the global budget cannot be shadowed: it is money, and a brake that only counts would let the bill run; shadow limits.user.mode, invites.mode or plans.NAME.daily_mode instead", key)
+		case parts[0] == "plans" && len(parts) == 3 && last != "daily_mode":
+			return fmt.Errorf("%s: a plan's monthly quota cannot be shadowed: it is what the user paid for; only its daily line can, with plans.%s.daily_mode", key, parts[1])
+		}
+	}
+	return nil
+}
+
 // defaults is what a config.toml without any key means, for the
 // sections whose zero values are settings (0 switches a limit off). The
 // other sections fill their zero fields in WithDefaults.
@@ -333,9 +355,19 @@ func (c Config) LayersText() string {
 		"rate " + onOff(int64(u.Rate), fmt.Sprintf("%d/%s", u.Rate, u.Window)),
 		"burst " + onOff(int64(u.Burst), fmt.Sprintf("%d/s", u.Burst)),
 	}
+	if u.Shadow() {
+		parts = append(parts, "limits.user in SHADOW mode (counts, refuses nothing)")
+	}
+	if c.Invites.Shadow() {
+		parts = append(parts, "invites in SHADOW mode (counts, refuses nothing)")
+	}
 	for _, name := range slices.Sorted(maps.Keys(c.Plans)) {
 		p := c.Plans[name]
-		parts = append(parts, fmt.Sprintf("plan %s: quota %d/month, daily line %s", name, p.MonthlyQuota, onOff(p.DailyAttempts, strconv.FormatInt(p.DailyAttempts, 10))))
+		line := onOff(p.DailyAttempts, strconv.FormatInt(p.DailyAttempts, 10))
+		if p.ShadowDaily() && p.DailyAttempts > 0 {
+			line += " (shadow)"
+		}
+		parts = append(parts, fmt.Sprintf("plan %s: quota %d/month, daily line %s", name, p.MonthlyQuota, line))
 	}
 	parts = append(parts,
 		"budget: "+onOff(b.DailyRequests, fmt.Sprintf("%d calls", b.DailyRequests))+"/day, "+
@@ -636,7 +668,7 @@ func appliesLive(key string) bool {
 	case "budget.timezone", "detect.run_at", "ocr.price.max_output_tokens":
 		return false
 	case "ocr.price.input_usd_per_million", "ocr.price.output_usd_per_million",
-		"invites.rate", "invites.window", "invites.burst":
+		"invites.rate", "invites.window", "invites.burst", "invites.mode":
 		return true
 	}
 	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect."} {
@@ -687,8 +719,8 @@ func flatten(c Config) map[string]string {
 }
 
 // keepFailLimit is next with the fail-limit settings of running, which
-// only a restart changes; its rate, window and burst apply live.
+// only a restart changes; its rate, window, burst and mode apply live.
 func keepFailLimit(next, running invites.Config) invites.Config {
-	running.Rate, running.Window, running.Burst = next.Rate, next.Window, next.Burst
+	running.Rate, running.Window, running.Burst, running.Mode = next.Rate, next.Window, next.Burst, next.Mode
 	return running
 }

@@ -121,3 +121,47 @@ uniform_status = 403
 		}
 	}
 }
+
+// The rate limit, the invite protections and a plan's daily line take a
+// mode; the quota and the budget refuse one and say why.
+func TestModes(t *testing.T) {
+	c, err := Load(writeConfig(t, "[limits.user]\nmode = \"shadow\"\n[invites]\nmode = \"shadow\"\n[plans.free]\nmonthly_quota = 10\ndaily_mode = \"shadow\"\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Limits.User.Shadow() || !c.Invites.Shadow() || !c.Plans["free"].ShadowDaily() {
+		t.Errorf("modes not read: %+v %+v %+v", c.Limits.User, c.Invites, c.Plans["free"])
+	}
+	for _, want := range []string{"limits.user in SHADOW mode", "invites in SHADOW mode", "daily line 10 (shadow)"} {
+		if !strings.Contains(c.LayersText(), want) {
+			t.Errorf("the start line %q lacks %q", c.LayersText(), want)
+		}
+	}
+	d, err := Load(writeConfig(t, minimal), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Limits.User.Shadow() || d.Invites.Shadow() || d.Plans["free"].ShadowDaily() {
+		t.Error("a mode left out is not enforce")
+	}
+	for _, tc := range []struct{ name, body, want string }{
+		{"budget", "[budget]\nmode = \"shadow\"\n" + minimal, "budget.mode: the global budget cannot be shadowed: it is money"},
+		{"quota", "[plans.free]\nmonthly_quota = 10\nmode = \"shadow\"\n", "plans.free.mode: a plan's monthly quota cannot be shadowed: it is what the user paid for"},
+		{"quota_mode", "[plans.free]\nmonthly_quota = 10\nquota_mode = \"shadow\"\n", "plans.free.quota_mode: a plan's monthly quota cannot be shadowed"},
+		{"bad value", "[limits.user]\nmode = \"dry\"\n" + minimal, `limits.user.mode must be "enforce" or "shadow"`},
+		{"bad invites", "[invites]\nmode = \"off\"\n" + minimal, `invites.mode must be "enforce" or "shadow"`},
+		{"bad daily", "[plans.free]\nmonthly_quota = 10\ndaily_mode = \"x\"\n", `plans.free.daily_mode: must be "enforce" or "shadow"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(writeConfig(t, tc.body), env(nil))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	for _, key := range []string{"limits.user.mode", "invites.mode", "plans.free.daily_mode"} {
+		if !appliesLive(key) {
+			t.Errorf("%s does not apply live", key)
+		}
+	}
+}

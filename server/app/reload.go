@@ -63,6 +63,8 @@ func (a *App) Reload(next Config, trigger string) {
 	}
 	a.layers.Windows.SetConfig(next.Limits.User)
 	a.guard.Windows.SetConfig(next.Invites.Limits())
+	a.srv.SetShadow(next.Limits.User.Shadow())
+	a.guard.SetShadow(next.Invites.Shadow())
 	a.layers.Brake.SetConfig(next.Budget)
 	a.plans.Set(next.Plans)
 	a.srv.SetRoutes(next.Routes)                            // limits live; routes added, removed or reshaped need a restart

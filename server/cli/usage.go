@@ -1,9 +1,13 @@
 package cli
 
 import (
-	"breakwater/server/operator"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
+
+	"breakwater/server/operator"
 
 	"github.com/spf13/cobra"
 )
@@ -14,7 +18,9 @@ func usageCmd(e *env) *cobra.Command {
 		Use:   "usage [ID] [--json]",
 		Short: "today's attempts, this month's reads, quota and cost, per user",
 		Long: `Per user (or for one): attempts today against the daily line, reads
-(successes) today and this month against the quota, cost today and this month.`,
+(successes) today and this month against the quota, cost today and this month,
+and the requests today that a layer in shadow mode would have refused, per
+layer (recorded per minute: while serving, up to a minute behind).`,
 		Args:              positional(0, "ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
@@ -27,10 +33,10 @@ func usageCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printOut(e.stdout, asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS TODAY\tREADS THIS MONTH\tQUOTA\tCOST TODAY\tCOST THIS MONTH", func(row func(...any)) {
+				return printOut(e.stdout, asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS TODAY\tREADS THIS MONTH\tQUOTA\tCOST TODAY\tCOST THIS MONTH\tSHADOW REFUSALS TODAY", func(row func(...any)) {
 					for _, u := range list {
 						row(u.User, u.Plan, u.Banned, u.AttemptsToday, limitText(u.DailyLine), u.ReadsToday, u.ReadsMonth, u.MonthlyQuota,
-							fmt.Sprintf("$%.6f", u.CostTodayUSD), fmt.Sprintf("$%.6f", u.CostMonthUSD))
+							fmt.Sprintf("$%.6f", u.CostTodayUSD), fmt.Sprintf("$%.6f", u.CostMonthUSD), shadowText(u.ShadowToday))
 					}
 				})
 			})
@@ -38,6 +44,19 @@ func usageCmd(e *env) *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	return c
+}
+
+// shadowText lists would-be refusals per layer, "rate 8, attempts 2";
+// "-" for none.
+func shadowText(byLayer map[string]int64) string {
+	if len(byLayer) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, layer := range slices.Sorted(maps.Keys(byLayer)) {
+		parts = append(parts, fmt.Sprintf("%s %d", layer, byLayer[layer]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func budgetCmd(e *env) *cobra.Command {

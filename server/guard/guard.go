@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"breakwater/budget"
@@ -35,6 +36,22 @@ const (
 	LayerBudget   = "budget"
 	LayerUsage    = "usage"
 )
+
+// Modes of a layer that may be shadowed.
+const (
+	// ModeEnforce refuses what the layer refuses: the default.
+	ModeEnforce = "enforce"
+	// ModeShadow lets a request the layer would refuse pass, and reports
+	// the would-be refusal (Hooks.Shadowed). The layer's state advances
+	// exactly as when enforcing: a refusal counts nothing, shadowed or
+	// not, so switching to enforce refuses what the shadow predicted.
+	ModeShadow = "shadow"
+)
+
+// ErrNotShadowable refuses shadow mode for a layer that holds money: the
+// plan quota (what the user paid for), the global budget and the usage
+// record.
+var ErrNotShadowable = errors.New("guard: only the rate limit and the daily line can be shadowed; the quota and the budget are money")
 
 // Refusal says that a request may not pass, and why. It carries no
 // threshold, so it is safe to turn into a response.
@@ -110,6 +127,9 @@ type Hooks struct {
 	// FailedOpen is called when a layer's machinery failed and the
 	// request was let through.
 	FailedOpen func(layer string, err error)
+	// Shadowed is called once per request and layer for a refusal that a
+	// layer in shadow mode would have made; the request went on.
+	Shadowed func(req Request, r *Refusal)
 }
 
 // Guard runs the layers for one kind of protected request. It is safe for
@@ -120,6 +140,8 @@ type Guard struct {
 	// records pauses paid calls after a usage record failed: a failing
 	// disk would otherwise have every read paid for and withheld.
 	records pause
+	// shadow holds the layers in shadow mode for every request.
+	shadow atomic.Pointer[map[string]bool]
 }
 
 // New returns a guard over layers.
@@ -130,11 +152,44 @@ func New(layers Layers, hooks Hooks) (*Guard, error) {
 	return &Guard{layers: layers, hooks: hooks}, nil
 }
 
+// SetShadow puts layers (LayerRate, LayerAttempts) in shadow mode for
+// every request, and every other layer in enforce mode; none: all
+// enforce. It may be called while requests are served (a hot reload); it
+// refuses a layer that holds money with ErrNotShadowable.
+func (g *Guard) SetShadow(layers ...string) error {
+	set := make(map[string]bool, len(layers))
+	for _, l := range layers {
+		if l != LayerRate && l != LayerAttempts {
+			return fmt.Errorf("%w: %q", ErrNotShadowable, l)
+		}
+		set[l] = true
+	}
+	g.shadow.Store(&set)
+	return nil
+}
+
+// shadowed reports whether layer is in shadow mode for req.
+func (g *Guard) shadowed(layer string, req Request) bool {
+	if layer == LayerAttempts && req.ShadowDaily {
+		return true
+	}
+	if set := g.shadow.Load(); set != nil {
+		return (*set)[layer]
+	}
+	return false
+}
+
 // Request is who asks, with the lines their plan or route sets.
 type Request struct {
 	Key          string // the user id, or the client key of an anonymous route
 	DailyLine    int64  // layer 2's line; 0: none
 	MonthlyQuota int64  // layer 2b's quota
+	// ShadowDaily puts layer 2 in shadow mode for this request (the
+	// plan's daily_mode).
+	ShadowDaily bool
+	// Client, Route and Plan say where the request came from, for the
+	// hooks (statistics); no layer reads them.
+	Client, Route, Plan string
 }
 
 // Admit runs what is checked before the request body is read, all from
@@ -159,7 +214,7 @@ func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
 func (g *Guard) Count(req Request, now time.Time) *Refusal {
 	l := g.layers
 	if l.Rate != nil {
-		return g.open(LayerRate, func() error { return l.Rate.Allow(req.Key, now) })
+		return g.open(LayerRate, req, nil, func() error { return l.Rate.Allow(req.Key, now) })
 	}
 	return nil
 }
@@ -185,8 +240,9 @@ func (g *Guard) paused(now time.Time) *Refusal {
 // look is layers 2, 2b and 3 looked at, nothing taken.
 func (g *Guard) look(req Request, now time.Time) (*Ticket, *Refusal) {
 	l := g.layers
+	t := &Ticket{g: g, req: req}
 	if l.Attempts != nil {
-		if r := g.open(LayerAttempts, func() error { return l.Attempts.Check(req.Key, req.DailyLine, now) }); r != nil {
+		if r := g.open(LayerAttempts, req, &t.shadowed, func() error { return l.Attempts.Check(req.Key, req.DailyLine, now) }); r != nil {
 			return nil, r
 		}
 	}
@@ -196,21 +252,49 @@ func (g *Guard) look(req Request, now time.Time) (*Ticket, *Refusal) {
 		}
 	}
 	if l.Brake != nil {
-		if r := g.open(LayerBudget, func() error { return l.Brake.Check(now) }); r != nil {
+		if r := g.open(LayerBudget, req, nil, func() error { return l.Brake.Check(now) }); r != nil {
 			return nil, r
 		}
 	}
-	return &Ticket{g: g, req: req}, nil
+	return t, nil
 }
 
 // open runs one fail-open layer's check: a refusal is returned (and
 // reported); anything else that goes wrong, a panic included, is reported
-// and let through.
-func (g *Guard) open(layer string, check func() error) *Refusal {
-	if r := g.try(layer, check); r != nil {
+// and let through. A refusal of a layer in shadow mode is reported as
+// shadowed, once per request (reported notes the layers reported so far;
+// nil for a layer met once), and let through.
+func (g *Guard) open(layer string, req Request, reported *shadows, check func() error) *Refusal {
+	r := g.try(layer, check)
+	switch {
+	case r == nil:
+		return nil
+	case !g.shadowed(layer, req):
 		return g.refuse(r)
+	case reported != nil && reported.has(layer):
+		return nil
+	}
+	if reported != nil {
+		reported.add(layer)
+	}
+	if g.hooks.Shadowed != nil {
+		g.hooks.Shadowed(req, r)
 	}
 	return nil
+}
+
+// shadows are the layers whose shadowed refusal of one request has been
+// reported.
+type shadows uint8
+
+func (s *shadows) add(layer string)     { *s |= shadowBit(layer) }
+func (s shadows) has(layer string) bool { return s&shadowBit(layer) != 0 }
+
+func shadowBit(layer string) shadows {
+	if layer == LayerAttempts {
+		return 1
+	}
+	return 2
 }
 
 // try is open without reporting the refusal.

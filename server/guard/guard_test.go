@@ -62,6 +62,7 @@ type fixture struct {
 	usage    *usage
 	refused  []*Refusal
 	failOpen []string
+	shadowed []*Refusal
 }
 
 func newFixture(t *testing.T, rate limiter.Config, cfg budget.Config) *fixture {
@@ -81,6 +82,7 @@ func newFixture(t *testing.T, rate limiter.Config, cfg budget.Config) *fixture {
 	}, Hooks{
 		Refused:    func(r *Refusal) { f.refused = append(f.refused, r) },
 		FailedOpen: func(layer string, err error) { f.failOpen = append(f.failOpen, layer) },
+		Shadowed:   func(_ Request, r *Refusal) { f.shadowed = append(f.shadowed, r) },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -297,5 +299,82 @@ func TestLedgerFailureRefusesTheCall(t *testing.T) {
 	}
 	if len(f.failOpen) != 0 {
 		t.Errorf("reported as failing open: %v", f.failOpen)
+	}
+}
+
+// In shadow mode a request the rate limit would refuse passes, the
+// would-be refusal is reported once, and the window advances exactly as
+// when enforcing (a refusal counts nothing): switching to enforce then
+// refuses at once, as the shadow predicted.
+func TestShadowRate(t *testing.T) {
+	f := newFixture(t, limiter.Config{Rate: 2, Window: time.Minute}, budget.Config{})
+	if err := f.g.SetShadow(LayerRate); err != nil {
+		t.Fatal(err)
+	}
+	req := Request{Key: "alice", MonthlyQuota: 100}
+	for i := range 10 {
+		tk, r := f.g.Admit(req, now.Add(time.Duration(i)*time.Second))
+		if r != nil {
+			t.Fatalf("request %d refused in shadow mode: %+v", i, r)
+		}
+		tk.Release()
+	}
+	if got, want := len(f.shadowed), 8; got != want {
+		t.Fatalf("shadowed refusals = %d, want %d", got, want)
+	}
+	if len(f.refused) != 0 {
+		t.Fatalf("refused = %v, want none", f.refused)
+	}
+	for _, r := range f.shadowed {
+		if r.Layer != LayerRate || r.Reason != limiter.ReasonRate {
+			t.Fatalf("shadowed %+v, want layer rate, reason rate", r)
+		}
+	}
+	if err := f.g.SetShadow(); err != nil {
+		t.Fatal(err)
+	}
+	if _, r := f.g.Admit(req, now.Add(10*time.Second)); r == nil || r.Layer != LayerRate {
+		t.Fatalf("after switching to enforce: %+v, want a rate refusal", r)
+	}
+	// The window held only the two admitted requests: a minute after the
+	// first, one slot is free again.
+	tk, r := f.g.Admit(req, now.Add(time.Minute))
+	if r != nil {
+		t.Fatalf("a minute after the first request: %+v, want admitted", r)
+	}
+	tk.Release()
+}
+
+// A plan's daily line in shadow mode reports a would-be refusal once per
+// request though Admit looks and Reserve takes, and counts nothing more
+// than enforcing would.
+func TestShadowDailyLine(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{})
+	req := Request{Key: "bob", DailyLine: 2, MonthlyQuota: 100, ShadowDaily: true}
+	for i := range 5 {
+		tk, r := f.g.Admit(req, now)
+		if r != nil {
+			t.Fatalf("request %d: Admit refused %+v", i, r)
+		}
+		if r := tk.Reserve(0, now); r != nil {
+			t.Fatalf("request %d: Reserve refused %+v", i, r)
+		}
+		tk.Cancel(t.Context())
+	}
+	if got, want := len(f.shadowed), 3; got != want {
+		t.Fatalf("shadowed = %d, want %d (one per request over the line)", got, want)
+	}
+	req.ShadowDaily = false
+	if _, r := f.g.Admit(req, now); r == nil || r.Layer != LayerAttempts {
+		t.Fatalf("enforcing: %+v, want the daily line", r)
+	}
+}
+
+func TestShadowRefusesMoney(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{})
+	for _, layer := range []string{LayerQuota, LayerBudget, LayerUsage} {
+		if err := f.g.SetShadow(layer); !errors.Is(err, ErrNotShadowable) {
+			t.Errorf("SetShadow(%s) = %v, want ErrNotShadowable", layer, err)
+		}
 	}
 }

@@ -29,6 +29,8 @@ type Ticket struct {
 	n       int
 	reserve bool // Reserve took a slot and a claim
 	done    bool // Record, Fail or Cancel settled everything
+	// shadowed are the layers whose shadowed refusal was reported.
+	shadowed shadows
 }
 
 // claims are the budget claims taken so far.
@@ -48,7 +50,7 @@ func (t *Ticket) addClaim(claim budget.Reservation) {
 func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	g, l, req := t.g, t.g.layers, t.req
 	if l.Attempts != nil {
-		if r := g.open(LayerAttempts, func() error { return l.Attempts.Take(req.Key, req.DailyLine, now) }); r != nil {
+		if r := g.open(LayerAttempts, req, &t.shadowed, func() error { return l.Attempts.Take(req.Key, req.DailyLine, now) }); r != nil {
 			return r
 		}
 	}
@@ -61,7 +63,7 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	}
 	if l.Brake != nil {
 		var claim budget.Reservation
-		r := g.open(LayerBudget, func() (err error) {
+		r := g.open(LayerBudget, req, nil, func() (err error) {
 			claim, err = l.Brake.Claim(worst, now)
 			return err
 		})

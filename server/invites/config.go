@@ -52,7 +52,15 @@ type Config struct {
 	// (counted in whole minutes); past it every verification is refused
 	// and an alert is raised. Default 1000.
 	GlobalFailPerHour int `koanf:"global_fail_per_hour"`
+	// Mode is "enforce" (the default) or "shadow": every protection above
+	// decides as usual, but a verification it would refuse is counted
+	// (breakwater_shadow_refusals_total{layer="invites"}) and goes on. A
+	// refusal counts nothing in either mode.
+	Mode string `koanf:"mode"`
 }
+
+// Shadow reports whether the protections are in shadow mode.
+func (c Config) Shadow() bool { return c.Mode == limiter.ModeShadow }
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -71,6 +79,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.GlobalFailPerHour == 0 {
 		c.GlobalFailPerHour = DefaultGlobalFailPerHour
+	}
+	if c.Mode == "" {
+		c.Mode = limiter.ModeEnforce
 	}
 	f := c.Fail()
 	c.FailLimit, c.FailWindow, c.Cooldown, c.MaxCooldown = f.Limit, f.Window, f.Cooldown, f.MaxCooldown
@@ -107,6 +118,9 @@ func (c Config) Validate() error {
 	neg("cooldown", c.Cooldown < 0)
 	neg("max_cooldown", c.MaxCooldown < 0)
 	neg("global_fail_per_hour", c.GlobalFailPerHour < 0)
+	if err := limiter.ValidMode("invites.mode", c.Mode); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) == 0 {
 		if f := c.Fail(); f.MaxCooldown < f.Cooldown {
 			errs = append(errs, fmt.Errorf("invites.max_cooldown: %s is shorter than invites.cooldown %s", f.MaxCooldown, f.Cooldown))

@@ -1,6 +1,7 @@
 package invites
 
 import (
+	"sync/atomic"
 	"time"
 
 	"breakwater/limiter"
@@ -13,7 +14,16 @@ import (
 type Guard struct {
 	Windows *limiter.Limiter
 	Fails   *limiter.FailLimiter
+	shadow  atomic.Bool // invites.mode = "shadow"
 }
+
+// SetShadow switches the protections to shadow mode (on) or to enforce
+// mode, live.
+func (g *Guard) SetShadow(on bool) { g.shadow.Store(on) }
+
+// Shadow reports whether the protections are in shadow mode: a
+// verification they refuse is counted and goes on.
+func (g *Guard) Shadow() bool { return g.shadow.Load() }
 
 // Layer names the invite guard in fail-open metrics and logs.
 const Layer = "invites"
@@ -63,5 +73,7 @@ func NewGuard(cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Guard{Windows: w, Fails: f}, nil
+	g := &Guard{Windows: w, Fails: f}
+	g.SetShadow(cfg.Shadow())
+	return g, nil
 }

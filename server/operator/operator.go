@@ -44,6 +44,7 @@ type Service interface {
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
 	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
 	ClearCooldown(ctx context.Context, key string) (CooldownInfo, error)
+	Recorded(ctx context.Context, from, to time.Time) (Recorded, error)
 }
 
 var (
@@ -68,6 +69,7 @@ type Store interface {
 	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
 	BudgetDays(from, to string) ([]budget.LedgerDay, error)
+	RecordStore
 	Path() string
 }
 
@@ -207,6 +209,10 @@ type UsageInfo struct {
 	MonthlyQuota  int64   `json:"monthly_quota"`
 	CostTodayUSD  float64 `json:"cost_today_usd"`
 	CostMonthUSD  float64 `json:"cost_month_usd"`
+	// ShadowToday counts, per layer, the requests of today that a layer
+	// in shadow mode would have refused (they went on), as recorded: while
+	// the server runs, up to a minute behind.
+	ShadowToday map[string]int64 `json:"shadow_today,omitempty"`
 }
 
 // Usage reports today's attempts and this month's reads, quota and cost,
@@ -228,6 +234,23 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 			costToday[r.UserID] += r.CostMicroUSD
 		}
 	}
+	shadow := map[string]map[string]int64{}
+	dayStart, dayEnd, err := detect.DayBounds(today, o.loc)
+	if err != nil {
+		return nil, err
+	}
+	err = o.store.EachEvent(dayStart, dayEnd, func(e detect.Event) error {
+		if e.Outcome == detect.OutcomeShadowRefused && e.Route != detect.RouteInvite && e.UserID != "" {
+			if shadow[e.UserID] == nil {
+				shadow[e.UserID] = map[string]int64{}
+			}
+			shadow[e.UserID][e.Layer] += e.N()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
 	users := o.keys.Users()
 	if user != "" {
 		id, err := o.keys.Resolve(user)
@@ -244,7 +267,7 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 			User: u.ID, Plan: u.Plan, Banned: u.Banned,
 			AttemptsToday: o.layers.Attempts.Count(u.ID, now), DailyLine: p.DailyAttempts,
 			ReadsToday: readsToday[u.ID], ReadsMonth: o.layers.Quotas.Used(u.ID, now), MonthlyQuota: p.MonthlyQuota,
-			CostTodayUSD: usd(costToday[u.ID]), CostMonthUSD: usd(cost[u.ID]),
+			CostTodayUSD: usd(costToday[u.ID]), CostMonthUSD: usd(cost[u.ID]), ShadowToday: shadow[u.ID],
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })

@@ -163,7 +163,7 @@ func TestFlood401(t *testing.T) {
 
 	// The flood alone writes nothing per request: only the write-behind's
 	// copy of today's refusal counts, at most one small transaction a
-	// second. The warm-up's writes behind settle first; after the flood,
+	// second, and the statistics' tallied rows. The warm-up's writes behind settle first; after the flood,
 	// wait past the write-behind's interval before reading the txid again.
 	tx0 := e.settledTxID()
 	s := e.flood("-mode", "badkeys", "-workers", workers, "-duration", dur.String()).wait()
@@ -176,8 +176,10 @@ func TestFlood401(t *testing.T) {
 	if s.Requests < 100 {
 		t.Errorf("only %d requests in the flood: the load did not run", s.Requests)
 	}
-	if most := uint64(dur/time.Second) + 2; tx1-tx0 > most {
-		t.Errorf("the 401 flood committed %d write transactions in %v, want at most %d (one write-behind a second)", tx1-tx0, dur, most)
+	// At most one write-behind a second, and a few statistics rows (the
+	// per-minute tallies): bounded by time, never by the flood's size.
+	if most := uint64(dur/time.Second) + 4; tx1-tx0 > most {
+		t.Errorf("the 401 flood committed %d write transactions in %v, want at most %d (one write-behind a second and the statistics' tallies)", tx1-tx0, dur, most)
 	}
 	if got := e.metric(`breakwater_http_requests_total{route="/v1/ocr",status="401"}`); got < float64(s.Requests) {
 		t.Errorf("breakwater_http_requests_total counted %.0f 401s, want at least %d", got, s.Requests)

@@ -1,0 +1,64 @@
+package detect_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"breakwater/detect"
+)
+
+// Refusals by a layer are stored as one row per minute and key, at most
+// RefusalKeys keys a minute (the rest under Other), and still sum to
+// every refusal; the daily aggregate counts none of them as attempts.
+func TestRecorderTalliesLayerRefusalsPerMinute(t *testing.T) {
+	w := &blockingWriter{release: make(chan struct{})}
+	close(w.release)
+	var rows []detect.Event
+	capture := writerFunc(func(events []detect.Event) error {
+		rows = append(rows, events...)
+		return w.AppendEvents(events)
+	})
+	r := detect.NewRecorder(capture, detect.RecorderOptions{RefusalKeys: 10, QueueSize: 20_000})
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for i := range 3000 {
+		user := "u" + string(rune('a'+i%100)) // 100 users
+		at := t0.Add(time.Duration(i) * 30 * time.Millisecond)
+		r.Record(detect.Event{Time: at, UserID: user, IP: "2001:db8::1", Route: "/v1/ocr", Layer: "rate", Outcome: detect.OutcomeLayerRefused})
+	}
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	minutes := map[time.Time]int{}
+	agg := detect.NewAggregator("2026-12-01", detect.Lines{}, 0)
+	for _, e := range rows {
+		agg.Add(e)
+		if e.Outcome != detect.OutcomeLayerRefused {
+			continue
+		}
+		sum += e.N()
+		minutes[e.Time]++
+		if e.UserID != detect.Other && e.IP != "2001:db8::/64" {
+			t.Errorf("row %+v keeps the IP, not its /64", e)
+		}
+	}
+	if sum != 3000 {
+		t.Errorf("rows sum to %d, want 3000", sum)
+	}
+	if len(minutes) != 2 { // 3000 * 30ms = 90s: two minutes
+		t.Errorf("rows in %d minutes, want 2", len(minutes))
+	}
+	for m, n := range minutes {
+		if n > 11 {
+			t.Errorf("minute %s has %d rows, want at most 10 keys + other", m, n)
+		}
+	}
+	if s := agg.Done(); s.Service.Attempts != 0 {
+		t.Errorf("the aggregate counts %d attempts from refusal rows, want 0", s.Service.Attempts)
+	}
+}
+
+type writerFunc func([]detect.Event) error
+
+func (f writerFunc) AppendEvents(events []detect.Event) error { return f(events) }

@@ -1,0 +1,47 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+
+	"breakwater/replay"
+	"breakwater/server/operator"
+	"breakwater/storage"
+)
+
+// ReplayLimits are c's limits as a replay applies them: layer 1, each
+// plan's daily line and the invite IP rate limit.
+func (c Config) ReplayLimits() replay.Limits {
+	lines := make(map[string]int64, len(c.Plans))
+	for name, p := range c.Plans {
+		lines[name] = p.DailyAttempts
+	}
+	return replay.Limits{User: c.Limits.User, Lines: lines, Invites: c.Invites.Limits()}
+}
+
+// OpenRecorded reaches the statistics for a replay or the threshold
+// figures without writing anything: the database opened read only if no
+// server holds it, else the server's admin API. The returned func closes
+// the database.
+func OpenRecorded(cfg Config, opts Options) (operator.RecordReader, func(), error) {
+	opts = opts.withDefaults()
+	loc, _ := cfg.Budget.Location() // checked by Load
+	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: operatorLockTimeout, Logger: opts.Logger, ReadOnly: true})
+	switch {
+	case errors.Is(err, storage.ErrLocked):
+		token := opts.Getenv("BREAKWATER_ADMIN_TOKEN")
+		if token == "" {
+			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", cfg.Storage.Path, cfg.Server.AdminListen)
+		}
+		return operator.NewAdminClient(cfg.Server.AdminListen, token), func() {}, nil
+	case errors.Is(err, storage.ErrNoDatabase):
+		return nil, nil, fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder)", cfg.Storage.Path)
+	case err != nil:
+		return nil, nil, err
+	}
+	return operator.Stored{Store: db, Loc: loc}, func() {
+		if err := db.Close(); err != nil {
+			opts.Logger.Error("close database", "err", err)
+		}
+	}, nil
+}
