@@ -343,6 +343,15 @@ func (a *App) AdminAddr() string { return a.adminAddr }
 // demo's key).
 func (a *App) Keys() *keys.Keyring { return a.keys }
 
+// Invites are the invite codes, for commands that make one on the running
+// service (selftest's fail-limit check).
+func (a *App) Invites() *invites.Codes { return a.invites }
+
+// Handler is the public API's handler, the one Addr serves, for driving
+// the service in-process (the soak test's simulated days in a synctest
+// bubble, where no real network I/O may happen).
+func (a *App) Handler() http.Handler { return a.srv.Handler() }
+
 // Wait blocks until ctx ends or a listener stops by itself (its error).
 func (a *App) Wait(ctx context.Context) error {
 	select {

@@ -119,7 +119,7 @@ the bill run away. With no command it serves, as "breakwater serve".`,
 			root.AddCommand(c)
 		}
 	}
-	add("service", serveCmd(e), demoCmd(e))
+	add("service", serveCmd(e), demoCmd(e), selftestCmd(e))
 	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e))
 	add("other", configCmd(e), versionCmd(e))
 	root.SetHelpCommandGroupID("other")
