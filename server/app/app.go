@@ -75,16 +75,17 @@ type App struct {
 	opts Options
 	log  *slog.Logger
 
-	db       *storage.DB
-	layers   defense.Layers
-	guard    *invites.Guard
-	plans    *keys.Plans
-	keys     *keys.Keyring
-	invites  *invites.Codes
-	detect   *detect.Runner
-	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
-	operator *operator.Operator
-	srv      *server.Server
+	db        *storage.DB
+	layers    defense.Layers
+	guard     *invites.Guard
+	plans     *keys.Plans
+	keys      *keys.Keyring
+	invites   *invites.Codes
+	inviteKey *invites.Key // keys the stored hashes of invite codes
+	detect    *detect.Runner
+	mail      detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
+	operator  *operator.Operator
+	srv       *server.Server
 
 	addr, adminAddr string
 	servers         []*http.Server
@@ -192,7 +193,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
 		Answers: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
-		InviteCodes: db, InviteGuard: a.guard,
+		InviteCodes: db, InviteKey: a.inviteKey, InviteGuard: a.guard,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
