@@ -49,6 +49,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of every time-based part. Nil: time.Now.
 	Now func() time.Time
+	// Listen opens the listeners. Nil: net.Listen. A test that runs the
+	// App in a synctest bubble, where real network I/O would stop its
+	// clock, hands it an in-memory listener and drives Handler.
+	Listen func(network, address string) (net.Listener, error)
 	// CreateDatabase lets OpenOperator create the database when there is
 	// none yet (keys create on a fresh install). Without it an operator
 	// command refuses, naming the path it looked for. Open (serve)
@@ -65,6 +69,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Listen == nil {
+		o.Listen = net.Listen
 	}
 	return o
 }
@@ -183,7 +190,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			log.Warn("alerts not all handed to the mailer", "err", err)
 		}
 	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{Logger: log})
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{Logger: log, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +310,7 @@ func (a *App) background(f func(ctx context.Context)) {
 
 // listen starts serving h on addr and returns the address it got.
 func (a *App) listen(name, addr string, h http.Handler) (string, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := a.opts.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("%s listener: %w", name, err)
 	}
