@@ -28,6 +28,15 @@ type Sender interface {
 	Send(subject, body string) bool
 }
 
+// PersonalPruner is what a storage backend may also offer the Runner:
+// deleting, past retention, the personal data kept outside the raw
+// events (client IPs and e-mails in aggregates and findings, e-mails of
+// invites that can no longer be redeemed). Days before beforeDay and
+// redemptions before before go; now says which invites are spent.
+type PersonalPruner interface {
+	PrunePersonal(beforeDay string, before, now time.Time) (int, error)
+}
+
 // Store is what the Runner needs from a storage backend.
 type Store interface {
 	// EachEvent streams the events with from <= Time < to, in time order.
@@ -315,6 +324,15 @@ func (r *Runner) detect(ctx context.Context, day string, from, to time.Time, mai
 	if cut := r.retentionCut(); !cut.IsZero() {
 		if rep.Pruned, err = r.store.PruneEvents(cut); err != nil {
 			return Report{}, err
+		}
+		if p, ok := r.store.(PersonalPruner); ok {
+			n, err := p.PrunePersonal(cut.Format("2006-01-02"), cut, r.o.Now())
+			if err != nil {
+				return Report{}, err
+			}
+			if n > 0 {
+				r.log.Info("personal data past retention deleted", "before", cut.Format("2006-01-02"), "records", n)
+			}
 		}
 	}
 	run := RunRecord{Day: day, RanAt: r.o.Now(), Findings: len(findings), Pruned: rep.Pruned}

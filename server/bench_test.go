@@ -273,7 +273,11 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	codes, err := invites.NewCodes(db, invites.Options{})
+	key, err := invites.NewKey([]byte("a server secret for the benchmark"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	codes, err := invites.NewCodes(db, invites.Options{Key: key})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -285,7 +289,7 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
 		Operator:    operator.New(kr, codes, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, plans.All, time.UTC, operator.Options{}),
-		InviteCodes: db,
+		InviteCodes: db, InviteKey: key,
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -81,6 +81,9 @@ type Deps struct {
 	// InviteCodes looks invite codes up and redeems them (POST
 	// /v1/invites/verify).
 	InviteCodes InviteRedeemer
+	// InviteKey hashes submitted codes as they are stored (keyed with the
+	// server's secret).
+	InviteKey *invites.Key
 	// InviteGuard holds the invite protections' state; nil: a fresh one
 	// with the default InviteConfig.
 	InviteGuard *invites.Guard
@@ -140,8 +143,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
 		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
-		d.InviteCodes == nil {
-		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator and invites are all required")
+		d.InviteCodes == nil || d.InviteKey == nil {
+		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator, invites and their key are all required")
 	}
 	if d.InviteGuard == nil {
 		g, err := invites.NewGuard(invites.Config{})

@@ -113,28 +113,29 @@ func writeUpstreamError(w http.ResponseWriter, code int, status string) {
 // env is one service under test: real storage, real HTTP on loopback, a
 // fake Gemini.
 type env struct {
-	t        testing.TB
-	dir      string
-	db       *storage.DB
-	gemini   *fakeGemini
-	keys     *keys.Keyring
-	verifier *jwtauth.Verifier // nil unless envOptions.jwt is on
-	quotas   *budget.Quotas
-	windows  *limiter.Limiter
-	attempts *budget.Attempts
-	brake    *budget.Global
-	metrics  *Metrics
-	invites  *invites.Codes
-	guard    *invites.Guard
-	plans    *keys.Plans
-	srv      *Server
-	events   *detect.Recorder
-	http     *httptest.Server
-	admin    *httptest.Server
-	key      string // an API key of user "alice"
-	now      time.Time
-	loc      *time.Location
-	logs     *bytes.Buffer
+	t         testing.TB
+	dir       string
+	db        *storage.DB
+	gemini    *fakeGemini
+	keys      *keys.Keyring
+	verifier  *jwtauth.Verifier // nil unless envOptions.jwt is on
+	quotas    *budget.Quotas
+	windows   *limiter.Limiter
+	attempts  *budget.Attempts
+	brake     *budget.Global
+	metrics   *Metrics
+	invites   *invites.Codes
+	inviteKey *invites.Key
+	guard     *invites.Guard
+	plans     *keys.Plans
+	srv       *Server
+	events    *detect.Recorder
+	http      *httptest.Server
+	admin     *httptest.Server
+	key       string // an API key of user "alice"
+	now       time.Time
+	loc       *time.Location
+	logs      *bytes.Buffer
 }
 
 type envOptions struct {
@@ -228,7 +229,10 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
-	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock}); err != nil {
+	if e.inviteKey, err = invites.NewKey([]byte("a server secret for the tests")); err != nil {
+		t.Fatal(err)
+	}
+	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock, Key: e.inviteKey}); err != nil {
 		t.Fatal(err)
 	}
 	if e.guard, err = invites.LoadGuard(db, o.invites, e.now); err != nil {
@@ -246,7 +250,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
-		InviteCodes: db, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
+		InviteCodes: db, InviteKey: e.inviteKey, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {

@@ -106,7 +106,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		return errInvalidEmail
 	}
 	code := invites.NormaliseCode(req.Code)
-	hash := invites.Hash(code)
+	hash := s.d.InviteKey.Hash(code)
 
 	// 2 and 3. The fail limit per IP and per e-mail, and the service-wide
 	// net: checked and counted in one step.

@@ -364,7 +364,7 @@ func TestVerifyParallelRedemptionOfOneUse(t *testing.T) {
 	if ok.Load() != 1 || refused.Load() != 9 {
 		t.Errorf("%d ok and %d refused, want 1 and 9", ok.Load(), refused.Load())
 	}
-	inv, err := e.db.InviteByHash(invites.Hash(invites.NormaliseCode(code)))
+	inv, err := e.db.InviteByHash(e.inviteKey.Hash(invites.NormaliseCode(code)))
 	if err != nil || inv.Used != 1 {
 		t.Errorf("stored uses %d (%v), want 1", inv.Used, err)
 	}
@@ -503,7 +503,7 @@ func TestAdminClientManagesInvites(t *testing.T) {
 	if list, err := ac.ListInvites(ctx); err != nil || len(list) != 0 {
 		t.Errorf("list after delete %+v %v", list, err)
 	}
-	if left, err := e.db.Redemptions(invites.Hash(invites.NormaliseCode(code))); !errors.Is(err, storage.ErrNotFound) {
+	if left, err := e.db.Redemptions(e.inviteKey.Hash(invites.NormaliseCode(code))); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("redemptions after delete: %v, %v; want none (not found)", left, err)
 	}
 	r.wantVerify(t, e, code, "c@example.com")

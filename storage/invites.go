@@ -14,8 +14,9 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
-// Invite is one invite code. Only the SHA-256 hash of the normalised code
-// is stored; it is the record's key.
+// Invite is one invite code. Only a hash of the normalised code is
+// stored, keyed with the server's secret (HMAC; see RekeyInvites); it is
+// the record's key.
 //
 // The e-mails that redeemed it are not in the record: each is one key of
 // the invite's own bucket under invite_redemptions (named by Hash), so a
@@ -481,4 +482,89 @@ func migrateInviteRedemptions(tx *bbolt.Tx) ([]any, error) {
 		}
 	}
 	return []any{"invites", len(records), "redemptions_moved", moved}, nil
+}
+
+// keyInviteKey is the meta key of the mark of the secret the invites are
+// keyed with (see RekeyInvites).
+var keyInviteKey = []byte("invite_key")
+
+// ErrInviteKeyChanged is returned by RekeyInvites when the invites were
+// keyed with another secret than the one given: codes made before do not
+// verify until that secret is back.
+var ErrInviteKeyChanged = errors.New("storage: invite codes were keyed with another server secret")
+
+// RekeyInvites makes sure every invite is stored under its keyed hash for
+// the secret mark names. The first time (no mark in meta: invites stored
+// under their unkeyed digest, as before the key), it moves every invite
+// and its redemptions bucket from key k to rekey(k) and stores mark, in
+// one transaction, so it happens entirely or not at all; it returns how
+// many it moved. With mark stored, it does nothing; with another mark
+// stored, nothing either, and ErrInviteKeyChanged.
+func (db *DB) RekeyInvites(mark []byte, rekey func(digest [32]byte) [32]byte) (int, error) {
+	if len(mark) == 0 {
+		return 0, fmt.Errorf("rekey invites: %w: empty mark", ErrInvalid)
+	}
+	moved := 0
+	err := db.update(func(tx *bbolt.Tx) error {
+		moved = 0
+		meta := tx.Bucket(bucketMeta)
+		if old := meta.Get(keyInviteKey); old != nil {
+			if !bytes.Equal(old, mark) {
+				return ErrInviteKeyChanged
+			}
+			return nil
+		}
+		invites, all := tx.Bucket(bucketInvites), tx.Bucket(bucketRedemptions)
+		var digests [][32]byte
+		err := invites.ForEach(func(k, _ []byte) error {
+			if len(k) != 32 {
+				return fmt.Errorf("invite %x: key is not a hash", k)
+			}
+			digests = append(digests, [32]byte(k))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, d := range digests { // the bucket is not changed during ForEach
+			var inv Invite
+			if _, err := getJSON(invites, d[:], &inv); err != nil {
+				return err
+			}
+			keyed := rekey(d)
+			inv.Hash = keyed
+			if err := putJSON(invites, keyed[:], inv); err != nil {
+				return err
+			}
+			if err := invites.Delete(d[:]); err != nil {
+				return err
+			}
+			if err := moveBucket(all, d[:], keyed[:]); err != nil {
+				return fmt.Errorf("invite %s: redemptions: %w", inv.ID, err)
+			}
+			moved++
+		}
+		return meta.Put(keyInviteKey, mark)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("rekey invites: %w", err)
+	}
+	return moved, nil
+}
+
+// moveBucket moves parent's sub-bucket from to a new sub-bucket to (flat:
+// redemptions hold no buckets). A missing from leaves an empty to.
+func moveBucket(parent *bbolt.Bucket, from, to []byte) error {
+	dst, err := parent.CreateBucket(to)
+	if err != nil {
+		return err
+	}
+	src := parent.Bucket(from)
+	if src == nil {
+		return nil
+	}
+	if err := src.ForEach(func(k, v []byte) error { return dst.Put(k, v) }); err != nil {
+		return err
+	}
+	return parent.DeleteBucket(from)
 }

@@ -130,7 +130,8 @@ type Config struct {
 	Path string `koanf:"path"`
 
 	// StatsRetentionDays is how many days of raw statistics events are kept
-	// before the daily aggregation deletes them. Default
+	// before the daily aggregation deletes them; the same run deletes,
+	// past it, the other personal data (see DB.PrunePersonal). Default
 	// DefaultStatsRetentionDays (30); negative is an error.
 	StatsRetentionDays int `koanf:"stats_retention_days"`
 }

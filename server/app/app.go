@@ -50,6 +50,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of every time-based part. Nil: time.Now.
 	Now func() time.Time
+	// Listen opens the listeners. Nil: net.Listen. A test that runs the
+	// App in a synctest bubble, where real network I/O would stop its
+	// clock, hands it an in-memory listener and drives Handler.
+	Listen func(network, address string) (net.Listener, error)
 	// CreateDatabase lets OpenOperator create the database when there is
 	// none yet (keys create on a fresh install). Without it an operator
 	// command refuses, naming the path it looked for. Open (serve)
@@ -71,6 +75,9 @@ func (o Options) withDefaults() Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Listen == nil {
+		o.Listen = net.Listen
+	}
 	return o
 }
 
@@ -80,16 +87,17 @@ type App struct {
 	opts Options
 	log  *slog.Logger
 
-	db       *storage.DB
-	layers   defense.Layers
-	guard    *invites.Guard
-	plans    *keys.Plans
-	keys     *keys.Keyring
-	invites  *invites.Codes
-	detect   *detect.Runner
-	mail     detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
-	operator *operator.Operator
-	srv      *server.Server
+	db        *storage.DB
+	layers    defense.Layers
+	guard     *invites.Guard
+	plans     *keys.Plans
+	keys      *keys.Keyring
+	invites   *invites.Codes
+	inviteKey *invites.Key // keys the stored hashes of invite codes
+	detect    *detect.Runner
+	mail      detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
+	operator  *operator.Operator
+	srv       *server.Server
 
 	addr, adminAddr string
 	servers         []*http.Server
@@ -160,7 +168,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
 		Answers: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
-		InviteCodes: db, InviteGuard: a.guard, Routes: guarded,
+		InviteCodes: db, InviteKey: a.inviteKey, InviteGuard: a.guard, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
@@ -242,7 +250,7 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 			a.log.Warn("alerts not all handed to the mailer", "err", err)
 		}
 	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log})
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log, Now: a.opts.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +363,7 @@ func (a *App) background(f func(ctx context.Context)) {
 
 // listen starts serving h on addr and returns the address it got.
 func (a *App) listen(name, addr string, h http.Handler) (string, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := a.opts.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("%s listener: %w", name, err)
 	}
@@ -395,6 +403,15 @@ func (a *App) AdminAddr() string { return a.adminAddr }
 // Keys is the keyring, for commands that act on the running service (the
 // demo's key).
 func (a *App) Keys() *keys.Keyring { return a.keys }
+
+// Invites are the invite codes, for commands that make one on the running
+// service (selftest's fail-limit check).
+func (a *App) Invites() *invites.Codes { return a.invites }
+
+// Handler is the public API's handler, the one Addr serves, for driving
+// the service in-process (the soak test's simulated days in a synctest
+// bubble, where no real network I/O may happen).
+func (a *App) Handler() http.Handler { return a.srv.Handler() }
 
 // Wait blocks until ctx ends or a listener stops by itself (its error).
 func (a *App) Wait(ctx context.Context) error {

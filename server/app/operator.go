@@ -56,7 +56,10 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 // daily detection and the operator's commands on them.
 func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 	var err error
-	if a.invites, err = invites.NewCodes(a.db, invites.Options{Now: a.opts.Now}); err != nil {
+	if err := a.openInviteKey(cfg); err != nil {
+		return err
+	}
+	if a.invites, err = invites.NewCodes(a.db, invites.Options{Now: a.opts.Now, Key: a.inviteKey}); err != nil {
 		return err
 	}
 	if err := a.openDetection(cfg, counters); err != nil {

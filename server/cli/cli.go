@@ -125,7 +125,7 @@ the bill run away. With no command it serves, as "breakwater serve".`,
 			root.AddCommand(c)
 		}
 	}
-	add("service", serveCmd(e), demoCmd(e))
+	add("service", serveCmd(e), demoCmd(e), selftestCmd(e))
 	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e), cooldownsCmd(e),
 		replayCmd(e), thresholdsCmd(e))
 	add("other", alertsCmd(e), configCmd(e), versionCmd(e))

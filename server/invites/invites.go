@@ -1,6 +1,6 @@
 // Package invites provides invite codes and the protections of their
 // verification: Codes creates, lists, revokes and deletes invites in
-// storage (a code is shown once and only its hash is kept), Guard holds
+// storage (a code is shown once and only its keyed hash is kept, see Key), Guard holds
 // the per-IP rate windows and the fail limits in memory, and the
 // normalisation every submitted code and e-mail goes through before it is
 // hashed or counted. It knows no HTTP: the transport's handler walks the
@@ -8,7 +8,6 @@
 package invites
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -65,12 +64,15 @@ type Options struct {
 	// Now is the clock of creation, expiry and revocation times. Nil:
 	// time.Now.
 	Now func() time.Time
+	// Key hashes the codes for storage. Required.
+	Key *Key
 }
 
 // Codes creates, lists and revokes invite codes in storage. Unlike the
 // keyring it keeps nothing in memory: every verification reads storage.
 type Codes struct {
 	store Store
+	key   *Key
 	now   func() time.Time
 }
 
@@ -79,10 +81,13 @@ func NewCodes(store Store, o Options) (*Codes, error) {
 	if store == nil {
 		return nil, errors.New("invites: codes need a store")
 	}
+	if o.Key == nil {
+		return nil, errors.New("invites: codes need a key")
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Codes{store: store, now: o.Now}, nil
+	return &Codes{store: store, key: o.Key, now: o.Now}, nil
 }
 
 // Create makes an invite for uses different e-mails (0 means 1), valid for
@@ -98,7 +103,7 @@ func (iv *Codes) Create(uses int, ttl time.Duration, note string) (code string, 
 	code = NewCode()
 	now := iv.now().UTC()
 	inv := storage.Invite{
-		ID: "inv_" + keys.RandomString(10, keys.Base62), Hash: Hash(NormaliseCode(code)),
+		ID: "inv_" + keys.RandomString(10, keys.Base62), Hash: iv.key.Hash(NormaliseCode(code)),
 		MaxUses: uses, Note: note, CreatedAt: now,
 	}
 	if ttl > 0 {
@@ -195,9 +200,6 @@ func WellFormed(code string) bool {
 	}
 	return true
 }
-
-// Hash is the storage key of a normalised code.
-func Hash(code string) [32]byte { return sha256.Sum256([]byte(code)) }
 
 // NormaliseEmail trims and lower-cases an e-mail address and checks it
 // loosely: valid UTF-8 of at most 254 bytes, exactly one "@" with
