@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"breakwater/replay"
+	"breakwater/detect/replay"
 	"breakwater/server/operator"
 	"breakwater/storage"
 )

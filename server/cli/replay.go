@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"breakwater/replay"
+	"breakwater/detect/replay"
 	"breakwater/server/app"
 	"breakwater/server/operator"
 )

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"breakwater/replay"
+	"breakwater/detect/replay"
 	"breakwater/server/app"
 )
 
