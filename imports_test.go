@@ -101,7 +101,7 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 		walk(pkg, []string{pkg})
 		return chains
 	}
-	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard"} {
+	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard", "breakwater/detect/replay"} {
 		t.Run(pkg, func(t *testing.T) {
 			chains := deps(pkg)
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {
