@@ -377,7 +377,7 @@ func TestRestartKeepsDailyLineAndWindows(t *testing.T) {
 	e2 := newEnv(t, opts)
 	resp, data := e2.post(key, "image/png", pngBytes(t, 16, 16))
 	decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
-	if got := e2.windows.Len(); got != 1 {
+	if got := e2.windows.(*limiter.Limiter).Len(); got != 1 {
 		t.Errorf("%d rate windows after restart, want 1", got)
 	}
 	// The fourth request used the last rate slot of the hour; a fifth

@@ -119,10 +119,10 @@ type env struct {
 	gemini    *fakeGemini
 	keys      *keys.Keyring
 	verifier  *jwtauth.Verifier // nil unless envOptions.jwt is on
-	quotas    *budget.Quotas
-	windows   *limiter.Limiter
-	attempts  *budget.Attempts
-	brake     *budget.Global
+	quotas    guard.Quotas
+	windows   defense.RateWindows
+	attempts  defense.AttemptCounter
+	brake     defense.Brake
 	metrics   *Metrics
 	invites   *invites.Codes
 	inviteKey *invites.Key

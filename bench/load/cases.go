@@ -153,7 +153,22 @@ func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, err
 	if b.bin, err = buildBreakwater(root, dir); err != nil {
 		return b, err
 	}
+	oneUser, manyUsers, err := b.startBreakwaters()
+	if err != nil {
+		return b, err
+	}
+	echoAddr, peerAddr, err := b.startPeers(redisBin)
+	if err != nil {
+		return b, err
+	}
+	b.cases = b.buildCases(testPNG(), oneUser, manyUsers, echoAddr, peerAddr)
+	return b, b.primeRejecting()
+}
 
+// startBreakwaters starts the three breakwater instances (ceilings on,
+// ceilings off, rejecting) and returns, per instance, the key of its one
+// user and, for the first two, the keys of its many users.
+func (b *bench) startBreakwaters() (map[*breakwater]string, map[*breakwater][]string, error) {
 	// The accepted path: limits on but far above what one user sends here,
 	// enough requests in flight per user for every client, and the budget
 	// ceilings on (very high) or off (explicit 0s).
@@ -164,7 +179,6 @@ func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, err
 	// after the first is over the rate limit.
 	reject := bwConfig{rate: 1, window: "1h", burst: 1, inFlightPerUser: 1024, maxConnections: 8192, ceilings: true}
 
-	img := testPNG()
 	var oneUser = map[*breakwater]string{}
 	var manyUsers = map[*breakwater][]string{}
 	for _, inst := range []struct {
@@ -173,41 +187,53 @@ func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, err
 		cfg  bwConfig
 		many bool
 	}{{&b.on, "ceilings-on", on, true}, {&b.off, "ceilings-off", off, true}, {&b.reject, "rejecting", reject, false}} {
-		bw, err := newBreakwater(inst.name, b.bin, filepath.Join(dir, inst.name), inst.cfg)
+		bw, err := newBreakwater(inst.name, b.bin, filepath.Join(b.dir, inst.name), inst.cfg)
 		if err != nil {
-			return b, err
+			return nil, nil, err
 		}
 		key, err := bw.createKeyStopped("bench-one")
 		if err != nil {
-			return b, err
+			return nil, nil, err
 		}
-		progress("starting breakwater (%s) on %s", inst.name, bw.addr)
+		b.progress("starting breakwater (%s) on %s", inst.name, bw.addr)
 		if err := bw.start(); err != nil {
-			return b, err
+			return nil, nil, err
 		}
 		*inst.bw = bw
 		oneUser[bw] = key
 		if inst.many {
-			keys, err := bw.createKeys(userIDs("bench-many-", p.users))
+			keys, err := bw.createKeys(userIDs("bench-many-", b.plan.users))
 			if err != nil {
-				return b, err
+				return nil, nil, err
 			}
 			manyUsers[bw] = keys
 		}
 	}
+	return oneUser, manyUsers, nil
+}
 
-	progress("starting bare Echo, redis-server and the redis_rate peer")
-	var echoAddr, redisAddr, peerAddr string
-	if b.echo, echoAddr, err = startChild("echo", dir); err != nil {
-		return b, err
+// startPeers starts the servers breakwater is compared with: bare Echo,
+// redis-server and the redis_rate peer in front of it. It returns the
+// addresses of bare Echo and of the peer.
+func (b *bench) startPeers(redisBin string) (echoAddr, peerAddr string, err error) {
+	b.progress("starting bare Echo, redis-server and the redis_rate peer")
+	var redisAddr string
+	if b.echo, echoAddr, err = startChild("echo", b.dir); err != nil {
+		return "", "", err
 	}
-	if b.redis, redisAddr, err = startRedis(redisBin, dir); err != nil {
-		return b, err
+	if b.redis, redisAddr, err = startRedis(redisBin, b.dir); err != nil {
+		return "", "", err
 	}
-	if b.peer, peerAddr, err = startChild("peer", dir, childRedisEnv+"="+redisAddr); err != nil {
-		return b, err
+	if b.peer, peerAddr, err = startChild("peer", b.dir, childRedisEnv+"="+redisAddr); err != nil {
+		return "", "", err
 	}
+	return echoAddr, peerAddr, nil
+}
 
+// buildCases builds the throughput cases over the started servers: what
+// each sends, to which address, the processes whose CPU time it counts and
+// the status every answer should have.
+func (b *bench) buildCases(img []byte, oneUser map[*breakwater]string, manyUsers map[*breakwater][]string, echoAddr, peerAddr string) []tcase {
 	many := func(bw *breakwater) [][]byte {
 		reqs := make([][]byte, len(manyUsers[bw]))
 		for i, k := range manyUsers[bw] {
@@ -225,8 +251,8 @@ func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, err
 		}
 	}
 	bwPids := func(bw *breakwater) func() []int { return func() []int { return []int{bw.proc.pid()} } }
-	users := thousands(float64(p.users))
-	b.cases = []tcase{
+	users := thousands(float64(b.plan.users))
+	return []tcase{
 		{id: "echo", label: "bare Echo", addr: echoAddr, pids: pids(b.echo),
 			request: oneOf(ocrRequest(echoAddr, oneUser[b.on], img)), expect: http.StatusOK},
 		{id: "acc1on", label: "accepted, 1 user, ceilings on", addr: b.on.addr, pids: bwPids(b.on),
@@ -244,12 +270,16 @@ func setup(p plan, root, dir string, progress func(string, ...any)) (*bench, err
 		{id: "peer", label: "redis_rate peer, 3 decisions/request", addr: peerAddr, pids: pids(b.peer, b.redis),
 			request: oneOf(ocrRequest(peerAddr, oneUser[b.on], img)), expect: http.StatusOK},
 	}
-	// The rejecting instance's one request an hour goes now, so that every
-	// request of the flood is over the rate.
+}
+
+// primeRejecting sends the rejecting instance's one request an hour now,
+// so that every request of the flood is over the rate, and checks that it
+// was accepted.
+func (b *bench) primeRejecting() error {
 	if out := generate(load{addr: b.reject.addr, clients: 1, total: 1, request: b.cases[5].request}); out.statuses[http.StatusOK] != 1 {
-		return b, fmt.Errorf("rejecting instance: the first request got %v (errors %d: %v), want one 200", out.statuses, out.errors, out.firstErr)
+		return fmt.Errorf("rejecting instance: the first request got %v (errors %d: %v), want one 200", out.statuses, out.errors, out.firstErr)
 	}
-	return b, nil
+	return nil
 }
 
 // close stops every server the run started.

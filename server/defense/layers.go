@@ -14,6 +14,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/guard"
 )
 
 // LayerStore is what LoadLayers reads: the written-behind defense state,
@@ -28,12 +29,40 @@ type LayerStore interface {
 }
 
 // Layers are the in-memory state of layers 1 to 3, as LoadLayers rebuilds
-// it from storage.
+// it from storage. Its fields are what the guard, the operator, the reload
+// and the write-behind call, so that another backend's layers could stand
+// in for the in-memory ones.
 type Layers struct {
-	Windows  *limiter.Limiter // layer 1, per user
-	Attempts *budget.Attempts // layer 2
-	Quotas   *budget.Quotas   // layer 2b
-	Brake    *budget.Global   // layer 3
+	Windows  RateWindows    // layer 1, per user: limiter.Limiter
+	Attempts AttemptCounter // layer 2: budget.Attempts
+	Quotas   guard.Quotas   // layer 2b: budget.Quotas
+	Brake    Brake          // layer 3: budget.Global
+}
+
+// RateWindows is layer 1 as Layers holds it: the guard's check, the
+// reload's config swap and the write-behind's snapshot.
+type RateWindows interface {
+	guard.RateLimiter
+	SetConfig(cfg limiter.Config)
+	WindowSource
+}
+
+// AttemptCounter is layer 2 as Layers holds it: the guard's check and
+// count, the operator's figures and the write-behind's snapshot.
+type AttemptCounter interface {
+	guard.AttemptCounter
+	Count(user string, now time.Time) int64
+	Top(n int, now time.Time) []budget.UserCount
+	DailySource
+}
+
+// Brake is layer 3 as Layers holds it: the guard's claims, and the status,
+// the operator's manual switch and the reload's config swap.
+type Brake interface {
+	guard.Brake
+	Status(now time.Time) budget.Status
+	SetManual(on bool)
+	SetConfig(cfg budget.Config)
 }
 
 // LoadLayers rebuilds the layers' memory from storage at start: rate
@@ -68,12 +97,14 @@ func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc 
 			"clock_day", day, "ledger_day", latest)
 		day, month = latest, latest[:len("2006-01")]
 	}
-	if l.Windows, err = limiter.New(limits); err != nil {
+	windows, err := limiter.New(limits)
+	if err != nil {
 		return l, err
 	}
-	if err := LoadWindows(store, StateUserWindows, l.Windows, now); err != nil {
+	if err := LoadWindows(store, StateUserWindows, windows, now); err != nil {
 		return l, err
 	}
+	l.Windows = windows
 
 	counts, err := store.LoadState(AttemptsState(day))
 	if err != nil {
@@ -95,10 +126,14 @@ func LoadLayers(store LayerStore, limits limiter.Config, cfg budget.Config, loc 
 	if err != nil {
 		return l, fmt.Errorf("load budget: %w", err)
 	}
-	l.Brake, err = budget.NewGlobal(cfg, loc, store, budget.GlobalState{
+	brake, err := budget.NewGlobal(cfg, loc, store, budget.GlobalState{
 		Day: day, Requests: today.Requests, Spend: today.SpendMicroUSD, Month: month, MonthSpend: monthSpend,
 	})
-	return l, err
+	if err != nil {
+		return l, err
+	}
+	l.Brake = brake
+	return l, nil
 }
 
 // LoadBrake restores the operator's kill switch (BrakeFlag) from storage

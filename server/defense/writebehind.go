@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"breakwater/budget"
 	"breakwater/limiter"
 )
 
@@ -70,9 +69,23 @@ type Snapshot struct {
 	Current func() string
 }
 
+// WindowSource is what the snapshot of a sliding-window limiter reads:
+// limiter.Limiter's entries changed since the last call, and its eviction
+// of idle entries.
+type WindowSource interface {
+	Dirty(now time.Time) []limiter.Entry
+	Evict(now time.Time) int
+}
+
+// DailySource is what the snapshot of daily counts reads: budget.Attempts'
+// day and the counts that changed since the last call.
+type DailySource interface {
+	Dirty() (day string, entries map[string][]byte)
+}
+
 // Windows is the snapshot of a sliding-window limiter's entries, stored
 // under name.
-func Windows(name, layer string, l *limiter.Limiter) Snapshot {
+func Windows(name, layer string, l WindowSource) Snapshot {
 	return Snapshot{
 		Layer: layer,
 		Dirty: func(now time.Time) []Change { return entriesChange(name, l.Dirty(now)) },
@@ -99,14 +112,14 @@ func Fails(name, globalName, layer string, f *limiter.FailLimiter) Snapshot {
 
 // Attempts is the snapshot of the daily attempt counts: today's under
 // AttemptsState(day); older days are dropped once the day turns.
-func Attempts(layer string, a *budget.Attempts) Snapshot {
+func Attempts(layer string, a DailySource) Snapshot {
 	return AttemptsUnder(stateAttemptsPrefix, layer, a)
 }
 
 // AttemptsUnder is the snapshot of daily attempt counts stored under
 // prefix+day (a guarded route's, say); older days under prefix are
 // dropped once the day turns.
-func AttemptsUnder(prefix, layer string, a *budget.Attempts) Snapshot {
+func AttemptsUnder(prefix, layer string, a DailySource) Snapshot {
 	return daily(prefix, layer, a.Dirty)
 }
 

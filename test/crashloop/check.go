@@ -25,46 +25,83 @@ func (l *loop) check(round int) error {
 		return fmt.Errorf("database: %w", err)
 	}
 	defer db.Close()
-	bad := func(format string, args ...any) {
-		// Checks are cumulative: a broken promise is reported in the
-		// round it is first seen, not again in every round after.
+	bad := l.reporter(round)
+
+	u, err := l.readUsage(db, bad)
+	if err != nil {
+		return err
+	}
+	okByUser := l.checkAnswered(u, bad)
+	l.checkKept(u, bad)
+	if err := l.checkQuota(db, u, okByUser, bad); err != nil {
+		return err
+	}
+	if err := l.checkBudget(db, u, bad); err != nil {
+		return err
+	}
+	return db.Close()
+}
+
+// usage is the usage rows of the database, as the checks read them.
+type usage struct {
+	rows       []budget.UsageRecord
+	byID       map[string]budget.UsageRecord
+	rowsByUser map[string]int64
+	first      time.Time // the earliest row's time, or now
+}
+
+// reporter returns the function the checks report a broken promise with.
+// Checks are cumulative: a broken promise is reported in the round it is
+// first seen, not again in every round after.
+func (l *loop) reporter(round int) func(format string, args ...any) {
+	return func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		if !l.reported[msg] {
 			l.reported[msg] = true
 			l.violate("round %d: %s", round, msg)
 		}
 	}
+}
 
+// readUsage reads every usage row and checks that no request has two.
+func (l *loop) readUsage(db *storage.DB, bad func(string, ...any)) (usage, error) {
 	rows, err := db.Usage(time.Time{}, time.Time{})
 	if err != nil {
-		return err
+		return usage{}, err
 	}
-	byID := make(map[string]budget.UsageRecord, len(rows))
-	rowsByUser := map[string]int64{}
-	first := time.Now()
+	u := usage{
+		rows:       rows,
+		byID:       make(map[string]budget.UsageRecord, len(rows)),
+		rowsByUser: map[string]int64{},
+		first:      time.Now(),
+	}
 	for _, r := range rows {
-		if _, dup := byID[r.RequestID]; dup {
+		if _, dup := u.byID[r.RequestID]; dup {
 			bad("request %s has two usage rows", r.RequestID)
 		}
-		byID[r.RequestID] = r
-		rowsByUser[r.UserID]++
-		first = minTime(first, r.Time)
+		u.byID[r.RequestID] = r
+		u.rowsByUser[r.UserID]++
+		u.first = minTime(u.first, r.Time)
 	}
 	l.rep.UsageRows = len(rows)
+	return u, nil
+}
 
-	// Every 200 has its usage row, under its user.
+// checkAnswered checks that every 200 has its usage row, under its user.
+// It returns the 200s received per user.
+func (l *loop) checkAnswered(u usage, bad func(string, ...any)) map[string]int64 {
 	l.mu.Lock()
 	ok := make(map[string]string, len(l.ok))
 	for id, user := range l.ok {
 		ok[id] = user
 	}
 	okByUser := make(map[string]int64, len(l.okByUser))
-	for u, n := range l.okByUser {
-		okByUser[u] = n
+	for user, n := range l.okByUser {
+		okByUser[user] = n
 	}
 	l.mu.Unlock()
 	for _, id := range sortedKeys(ok) {
-		r, found := byID[id]
+		r, found := u.byID[id]
 		switch {
 		case !found:
 			bad("a 200 without a usage row: request %s of %s", id, ok[id])
@@ -72,40 +109,52 @@ func (l *loop) check(round int) error {
 			bad("request %s: usage row of %s, answered to %s", id, r.UserID, ok[id])
 		}
 	}
+	return okByUser
+}
 
-	// Nothing committed is lost.
+// checkKept checks that nothing committed is lost: every usage row seen
+// after an earlier round is still there.
+func (l *loop) checkKept(u usage, bad func(string, ...any)) {
 	for id := range l.rowsSeen {
-		if _, found := byID[id]; !found {
+		if _, found := u.byID[id]; !found {
 			bad("usage row of request %s, seen after an earlier round, is gone", id)
 		}
 	}
-	for id := range byID {
+	for id := range u.byID {
 		l.rowsSeen[id] = true
 	}
+}
 
-	// Quota used: exactly the usage rows, at least the 200s, per user
-	// (summed over the months the run touched: a read's quota month is the
-	// month it was reserved in, its row's time when it started).
+// checkQuota checks the quota used: exactly the usage rows, at least the
+// 200s, per user (summed over the months the run touched: a read's quota
+// month is the month it was reserved in, its row's time when it started).
+func (l *loop) checkQuota(db *storage.DB, u usage, okByUser map[string]int64, bad func(string, ...any)) error {
 	quota := map[string]int64{}
-	for m := first.UTC(); !m.After(time.Now().UTC().AddDate(0, 1, 0)); m = m.AddDate(0, 1, 0) {
+	for m := u.first.UTC(); !m.After(time.Now().UTC().AddDate(0, 1, 0)); m = m.AddDate(0, 1, 0) {
 		used, err := db.QuotaUsed(m.Format("2006-01"))
 		if err != nil {
 			return err
 		}
-		for u, n := range used {
-			quota[u] += n
+		for user, n := range used {
+			quota[user] += n
 		}
 	}
-	for _, u := range sortedKeys(union(quota, rowsByUser, okByUser)) {
-		if quota[u] != rowsByUser[u] {
-			bad("user %s: quota used %d, usage rows %d", u, quota[u], rowsByUser[u])
+	for _, user := range sortedKeys(union(quota, u.rowsByUser, okByUser)) {
+		if quota[user] != u.rowsByUser[user] {
+			bad("user %s: quota used %d, usage rows %d", user, quota[user], u.rowsByUser[user])
 		}
-		if quota[u] < okByUser[u] {
-			bad("user %s: quota used %d, below the %d 200s received", u, quota[u], okByUser[u])
+		if quota[user] < okByUser[user] {
+			bad("user %s: quota used %d, below the %d 200s received", user, quota[user], okByUser[user])
 		}
 	}
+	return nil
+}
 
-	// The budget: the fake's count is what the provider would bill.
+// checkBudget checks the budget against the fake's count, which is what
+// the provider would bill: the calls are in the wire format, no day is
+// over daily_requests in the ledger or upstream, and every call made is in
+// the ledger. It records the figures in the report.
+func (l *loop) checkBudget(db *storage.DB, u usage, bad func(string, ...any)) error {
 	callsByDay, calls := l.gemini.Calls()
 	if n := l.gemini.Bad(); n > l.badSeen {
 		bad("%d calls at the fake Gemini were not in the wire format", n-l.badSeen)
@@ -115,7 +164,7 @@ func (l *loop) check(round int) error {
 	for d := range callsByDay {
 		days[d] = true
 	}
-	for _, r := range rows {
+	for _, r := range u.rows {
 		days[r.Time.UTC().Format("2006-01-02")] = true
 	}
 	var ledger int64
@@ -143,8 +192,8 @@ func (l *loop) check(round int) error {
 	if ledger < calls {
 		bad("the upstream received %d calls, the ledger holds %d: a reservation was lost", calls, ledger)
 	}
-	if int64(len(rows)) > calls {
-		bad("%d usage rows for %d upstream calls", len(rows), calls)
+	if int64(len(u.rows)) > calls {
+		bad("%d usage rows for %d upstream calls", len(u.rows), calls)
 	}
 	open, err := db.OpenReservations()
 	if err != nil {
@@ -156,7 +205,7 @@ func (l *loop) check(round int) error {
 			l.rep.CeilingReached = true
 		}
 	}
-	return db.Close()
+	return nil
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -245,12 +245,7 @@ func (l *loop) tearDown() {
 
 // round starts the server, loads it, kills it, and checks the database.
 func (l *loop) round(ctx context.Context, n int) error {
-	mode := []string{killReserved, killRecorded, killRandom}[(n-1)%3]
-	if n > 2 && n > l.o.Rounds-l.o.Rounds/10-2 {
-		// The last rounds load until the ceiling refuses calls, so that
-		// every run reaches daily_requests, and then restart on it.
-		mode = killCeiling
-	}
+	mode := l.roundMode(n)
 	env := []string{"GEMINI_API_KEY=crashloop-not-a-key"}
 	if mode == killReserved || mode == killRecorded {
 		p := 0.05 + 0.2*l.rng.Float64() // fires after about 4 to 20 hits
@@ -263,18 +258,68 @@ func (l *loop) round(ctx context.Context, n int) error {
 	}
 	_, callsBefore := l.gemini.Calls()
 
+	ld := l.startLoad(ctx, proc.Addr, n)
+	cause := l.kill(n, mode, proc, logPath, ld.paused)
+	<-proc.Done()
+	l.rep.Kills[cause]++
+	ld.stop()
+
+	if l.disk != nil {
+		if err := l.disk.cut(ctx); err != nil {
+			return err
+		}
+		l.rep.PowerCuts++
+	}
+	_, callsAfter := l.gemini.Calls()
+	if err := l.check(n); err != nil {
+		return err
+	}
+	l.o.Log("round %2d: %-8s upstream calls %4d (+%d), 200s %5d, usage rows %5d, ledger %4d, open %d, violations %d",
+		n, cause, callsAfter, callsAfter-callsBefore, l.rep.OK, l.rep.UsageRows, l.rep.Ledger, l.rep.Open, len(l.rep.Violations))
+	return nil
+}
+
+// roundMode is how round n ends: failpoints and random kills in turn, and
+// in the last rounds a load until the ceiling refuses calls, so that every
+// run reaches daily_requests, and then a restart on it.
+func (l *loop) roundMode(n int) string {
+	mode := []string{killReserved, killRecorded, killRandom}[(n-1)%3]
+	if n > 2 && n > l.o.Rounds-l.o.Rounds/10-2 {
+		mode = killCeiling
+	}
+	return mode
+}
+
+// roundClients is the clients of one round, running until stopped.
+type roundClients struct {
+	paused    <-chan struct{} // closed at the first 503 budget_paused
+	cancel    context.CancelFunc
+	wg        *sync.WaitGroup
+	transport *http.Transport
+}
+
+// stop stops the clients and waits for them.
+func (r roundClients) stop() {
+	r.cancel()
+	r.wg.Wait()
+	r.transport.CloseIdleConnections()
+}
+
+// startLoad starts the round's clients against addr: each sends reads with
+// a random key and records what it saw, until stopped.
+func (l *loop) startLoad(ctx context.Context, addr string, n int) roundClients {
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	paused := make(chan struct{})
 	var pausedOnce sync.Once
 	transport := &http.Transport{MaxIdleConnsPerHost: l.o.Workers}
 	client := &http.Client{Transport: transport, Timeout: 15 * time.Second}
-	var wg sync.WaitGroup
+	wg := &sync.WaitGroup{}
 	for w := range l.o.Workers {
 		rng := rand.New(rand.NewPCG(uint64(l.o.Seed), uint64(n*1000+w+1)))
 		wg.Go(func() {
 			for loadCtx.Err() == nil {
 				k := l.keys[rng.IntN(len(l.keys))]
-				a := harness.Post(loadCtx, client, proc.Addr, k.key, l.img)
+				a := harness.Post(loadCtx, client, addr, k.key, l.img)
 				if loadCtx.Err() != nil && a.Status == 0 {
 					return // our own stop, not the server's answer
 				}
@@ -288,7 +333,13 @@ func (l *loop) round(ctx context.Context, n int) error {
 			}
 		})
 	}
+	return roundClients{paused: paused, cancel: stopLoad, wg: wg, transport: transport}
+}
 
+// kill ends the server of round n the way mode says, and returns the kill
+// cause to count. A server that exits by itself, or dies but not at the
+// failpoint it was given, is a violation.
+func (l *loop) kill(n int, mode string, proc *harness.Process, logPath string, paused <-chan struct{}) string {
 	cause := mode
 	switch mode {
 	case killCeiling:
@@ -335,25 +386,7 @@ func (l *loop) round(ctx context.Context, n int) error {
 			}
 		}
 	}
-	<-proc.Done()
-	l.rep.Kills[cause]++
-	stopLoad()
-	wg.Wait()
-	transport.CloseIdleConnections()
-
-	if l.disk != nil {
-		if err := l.disk.cut(ctx); err != nil {
-			return err
-		}
-		l.rep.PowerCuts++
-	}
-	_, callsAfter := l.gemini.Calls()
-	if err := l.check(n); err != nil {
-		return err
-	}
-	l.o.Log("round %2d: %-8s upstream calls %4d (+%d), 200s %5d, usage rows %5d, ledger %4d, open %d, violations %d",
-		n, cause, callsAfter, callsAfter-callsBefore, l.rep.OK, l.rep.UsageRows, l.rep.Ledger, l.rep.Open, len(l.rep.Violations))
-	return nil
+	return cause
 }
 
 // answer records what a client saw.
