@@ -287,7 +287,6 @@ func (a *App) startWriteBehind(guarded []server.Route) error {
 		return err
 	}
 	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
-	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
 	return nil
 }
 
