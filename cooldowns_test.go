@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -76,4 +79,128 @@ func TestCooldownsListAndClear(t *testing.T) {
 	if got := verify(code, "ann@example.com"); got != http.StatusOK {
 		t.Errorf("the right code after both cooldowns were lifted: %d, want 200", got)
 	}
+}
+
+// A guarded route's fail limit is listed and lifted with the invite
+// guard's: five wrong answers from the app put the client's IP in a
+// cooldown that cooldowns list shows under route:referral, a bare key
+// still means the invite guard, and clear --source route:referral lets
+// the next request reach the app; while serving and while stopped.
+func TestCooldownsListAndClearRoute(t *testing.T) {
+	var reached atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), "RIGHT") {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	t.Cleanup(up.Close)
+	dir := t.TempDir()
+	path := writeConfig(t, fmt.Sprintf(`[server]
+listen = "127.0.0.1:0"
+admin_listen = %q
+[storage]
+path = %q
+[ocr]
+provider = "simulated"
+[plans.free]
+monthly_quota = 10
+
+[[routes]]
+name = "referral"
+methods = ["POST"]
+path = "/api/referral/check"
+upstream = %q
+identity = "ip"
+rate = 0
+burst = 0
+
+[routes.fail]
+statuses = [404]
+by = ["ip"]
+limit = 5
+window = "10m"
+cooldown = "10m"
+`, freeAddr(t), filepath.Join(dir, "bw.db"), up.URL))
+	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "cooldowns-test-token"})
+	cmd := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append(args, "--config", path), env, &out, io.Discard)
+		return out.String(), err
+	}
+	if _, err := cmd("keys", "create", "--user", "ann"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(addr, code string) int {
+		t.Helper()
+		resp, err := http.Post("http://"+addr+"/api/referral/check", "application/json", strings.NewReader(fmt.Sprintf(`{"code":%q}`, code)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// coolDown makes five failures and checks that the right code is now
+	// refused without reaching the app.
+	coolDown := func(addr string) {
+		t.Helper()
+		for i := range 5 {
+			if got := check(addr, "WRONG"); got != http.StatusNotFound {
+				t.Fatalf("wrong code %d: %d, want the app's 404", i+1, got)
+			}
+		}
+		before := reached.Load()
+		if got := check(addr, "RIGHT"); got == http.StatusOK || reached.Load() != before {
+			t.Fatalf("the right code during the cooldown: %d, reached the app: %v", got, reached.Load() != before)
+		}
+	}
+	lifted := func(addr string) {
+		t.Helper()
+		before := reached.Load()
+		if got := check(addr, "RIGHT"); got != http.StatusOK || reached.Load() != before+1 {
+			t.Fatalf("the right code after the cooldown was lifted: %d, reached the app: %v", got, reached.Load() != before)
+		}
+	}
+	noBareKey := func() {
+		t.Helper()
+		if _, err := cmd("cooldowns", "clear", "ip:127.0.0.1"); err == nil || !strings.Contains(err.Error(), "no cooldown is on") {
+			t.Errorf("a bare key is the invite guard's, which has no cooldown on it: %v", err)
+		}
+	}
+
+	a, _, stop := startApp(t, path, env)
+	coolDown(a.Addr())
+	out, err := cmd("cooldowns", "list")
+	if err != nil || !regexp.MustCompile(`route:referral\s+ip:127\.0\.0\.1\s`).MatchString(out) {
+		t.Fatalf("cooldowns list while serving: %v\n%s", err, out)
+	}
+	noBareKey()
+	if out, err := cmd("cooldowns", "clear", "ip:127.0.0.1", "--source", "route:nosuch"); err == nil {
+		t.Errorf("clear on a route that does not exist: %q", out)
+	}
+	if out, err := cmd("cooldowns", "clear", "ip:127.0.0.1", "--source", "route:referral"); err != nil || !strings.Contains(out, "lifted") {
+		t.Fatalf("cooldowns clear --source route:referral while serving: %q %v", out, err)
+	}
+	if out, _ := cmd("cooldowns", "list"); strings.Contains(out, "route:referral") {
+		t.Errorf("cleared key still listed:\n%s", out)
+	}
+	lifted(a.Addr())
+
+	// Stopped: the cooldown was written behind; it is listed and lifted on
+	// the database, and the next start does not bring it back.
+	coolDown(a.Addr())
+	stop()
+	out, err = cmd("cooldowns", "list", "--json")
+	if err != nil || !strings.Contains(out, `"source": "route:referral"`) || !strings.Contains(out, `"key": "ip:127.0.0.1"`) {
+		t.Fatalf("cooldowns list stopped: %v\n%s", err, out)
+	}
+	noBareKey()
+	if out, err := cmd("cooldowns", "clear", "ip:127.0.0.1", "--source", "route:referral"); err != nil || !strings.Contains(out, "lifted") {
+		t.Fatalf("cooldowns clear --source route:referral stopped: %q %v", out, err)
+	}
+	a, _, _ = startApp(t, path, env)
+	lifted(a.Addr())
 }

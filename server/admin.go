@@ -244,20 +244,20 @@ func (s *Server) handleCooldowns(c echo.Context) error {
 	return c.JSON(http.StatusOK, list)
 }
 
-// handleClearCooldown lifts one invite cooldown; the key is in the body,
-// as it holds ":" and "/".
+// handleClearCooldown lifts one cooldown; the key and its source (empty:
+// the invite guard) are in the body, as they hold ":" and "/".
 func (s *Server) handleClearCooldown(c echo.Context) error {
 	var req operator.ClearCooldownRequest
 	if err := c.Bind(&req); err != nil || req.Key == "" {
-		return badRequest(`Send JSON {"key":"ip:203.0.113.7"} or {"key":"email:ann@example.com"}.`)
+		return badRequest(`Send JSON {"key":"email:ann@example.com"} (the invite guard) or {"source":"route:NAME","key":"ip:203.0.113.7"}.`)
 	}
-	info, err := s.d.Operator.ClearCooldown(c.Request().Context(), req.Key)
+	info, err := s.d.Operator.ClearCooldown(c.Request().Context(), req.Source, req.Key)
 	switch {
 	case errors.Is(err, operator.ErrNoCooldown):
 		return errNoCooldown
 	case err != nil:
 		return err
 	}
-	s.log.Warn("invite cooldown cleared by the operator", "key", info.Key, "until", info.Until)
+	s.log.Warn("cooldown cleared by the operator", "source", info.Source, "key", info.Key, "until", info.Until)
 	return c.JSON(http.StatusOK, info)
 }

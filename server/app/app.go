@@ -164,6 +164,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.setCooldowns(guarded)
 	a.srv, err = server.New(cfg.Server, server.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"breakwater/detect"
+	"breakwater/server"
 	"breakwater/server/defense"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
@@ -36,12 +37,20 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 	if err == nil {
 		err = a.openOperator(cfg, &detect.Counters{})
 	}
+	var guarded []server.Route
 	if err == nil {
-		// What a command changes in the invite guard (a lifted cooldown)
-		// is written before the database closes, as the server's
-		// write-behind would.
+		loc, _ := cfg.Budget.Location() // checked by Load
+		if guarded, err = loadRoutes(a.db, cfg.Routes, loc, opts.Now()); err == nil {
+			a.setCooldowns(guarded)
+		}
+	}
+	if err == nil {
+		// What a command changes in the invite guard and the routes' fail
+		// limits (a lifted cooldown) is written before the database
+		// closes, as the server's write-behind would.
 		var wb *defense.WriteBehind
-		if wb, err = defense.NewWriteBehind(a.db, a.guard.Snapshots(), defense.Options{Logger: a.log, Now: opts.Now}); err == nil {
+		snapshots := append(a.guard.Snapshots(), routeFailSnapshots(guarded)...)
+		if wb, err = defense.NewWriteBehind(a.db, snapshots, defense.Options{Logger: a.log, Now: opts.Now}); err == nil {
 			a.onClose(wb.Flush)
 		}
 	}
@@ -69,6 +78,18 @@ func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 	layers := operator.Layers{Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake}
 	a.operator = operator.New(a.keys, a.invites, layers, a.db, a.plans.All, loc, operator.Options{Now: a.opts.Now})
 	a.operator.SetDetection(a.detect)
-	a.operator.SetCooldowns(a.guard.Fails)
+	a.setCooldowns(nil)
 	return nil
+}
+
+// setCooldowns gives the operator the fail limits whose cooldowns it
+// lists and lifts: the invite guard's, then each guarded route's.
+func (a *App) setCooldowns(guarded []server.Route) {
+	sources := []operator.CooldownSource{{Name: operator.SourceInvites, Fails: a.guard.Fails}}
+	for _, r := range guarded {
+		if r.Fails != nil {
+			sources = append(sources, operator.CooldownSource{Name: operator.RouteSource(r.Config.Name), Fails: r.Fails})
+		}
+	}
+	a.operator.SetCooldowns(sources...)
 }

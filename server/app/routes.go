@@ -69,6 +69,18 @@ func routeSnapshots(rs []server.Route) []defense.Snapshot {
 	return out
 }
 
+// routeFailSnapshots register only the routes' fail limits, for an
+// operator command that changes nothing else of them.
+func routeFailSnapshots(rs []server.Route) []defense.Snapshot {
+	var out []defense.Snapshot
+	for _, r := range rs {
+		if r.Fails != nil {
+			out = append(out, defense.Fails(routeFailsState(r.Config.Name), routeGlobalState(r.Config.Name), "route:"+r.Config.Name, r.Fails))
+		}
+	}
+	return out
+}
+
 // routeRestartKeys names what only a restart changes between two
 // [[routes]] lists: a route added or removed ("routes.NAME"), or any key
 // but its limits ("routes.NAME.upstream"). Rate, window, burst, daily,

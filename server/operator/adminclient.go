@@ -250,7 +250,8 @@ func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, 
 	return out, err
 }
 
-// Cooldowns lists the running server's invite cooldowns.
+// Cooldowns lists the running server's cooldowns: the invite guard's and
+// the guarded routes'.
 func (a *AdminClient) Cooldowns(ctx context.Context) ([]CooldownInfo, error) {
 	var out []CooldownInfo
 	err := a.call(ctx, http.MethodGet, "/api/cooldowns", nil, &out)
@@ -258,8 +259,8 @@ func (a *AdminClient) Cooldowns(ctx context.Context) ([]CooldownInfo, error) {
 }
 
 // ClearCooldown lifts a cooldown on the running server.
-func (a *AdminClient) ClearCooldown(ctx context.Context, key string) (CooldownInfo, error) {
+func (a *AdminClient) ClearCooldown(ctx context.Context, source, key string) (CooldownInfo, error) {
 	var out CooldownInfo
-	err := a.call(ctx, http.MethodPost, "/api/cooldowns/clear", ClearCooldownRequest{Key: key}, &out)
+	err := a.call(ctx, http.MethodPost, "/api/cooldowns/clear", ClearCooldownRequest{Source: source, Key: key}, &out)
 	return out, err
 }

@@ -43,7 +43,7 @@ type Service interface {
 	DeleteInvite(ctx context.Context, id string) (InviteInfo, error)
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
 	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
-	ClearCooldown(ctx context.Context, key string) (CooldownInfo, error)
+	ClearCooldown(ctx context.Context, source, key string) (CooldownInfo, error)
 	Recorded(ctx context.Context, from, to time.Time) (Recorded, error)
 }
 
@@ -90,8 +90,8 @@ type Operator struct {
 	loc     *time.Location
 	now     func() time.Time
 
-	detection Detection // nil until SetDetection
-	cooldowns Cooldowns // nil until SetCooldowns: none to list
+	detection Detection        // nil until SetDetection
+	cooldowns []CooldownSource // empty until SetCooldowns: none to list
 	brakeMu   sync.Mutex
 }
 
@@ -380,43 +380,75 @@ type Cooldowns interface {
 	Clear(key string) bool
 }
 
-// SetCooldowns gives the operator the invite guard's fail limit.
-func (o *Operator) SetCooldowns(c Cooldowns) { o.cooldowns = c }
+// SourceInvites is the source of the invite guard's cooldowns; a guarded
+// route's is RouteSource(name).
+const SourceInvites = "invites"
+
+// RouteSource names the source of the [[routes]] entry name's cooldowns.
+func RouteSource(name string) string { return "route:" + name }
+
+// CooldownSource is one fail limit and the name it is listed under:
+// SourceInvites or RouteSource(name).
+type CooldownSource struct {
+	Name  string
+	Fails Cooldowns
+}
+
+// SetCooldowns gives the operator the fail limits whose cooldowns it
+// lists and lifts, in the order it lists them; it replaces any given
+// before.
+func (o *Operator) SetCooldowns(sources ...CooldownSource) {
+	o.cooldowns = slices.Clone(sources)
+}
 
 // CooldownInfo is a key in a cooldown ("ip:203.0.113.7",
-// "email:ann@example.com") and when it ends.
+// "email:ann@example.com"), the fail limit that holds it ("invites",
+// "route:referral") and when it ends.
 type CooldownInfo struct {
+	Source      string    `json:"source"`
 	Key         string    `json:"key"`
 	Until       time.Time `json:"until"`
 	LeftSeconds int64     `json:"left_seconds"`
 }
 
-// ErrNoCooldown refuses to clear a key that is in no cooldown.
+// ErrNoCooldown refuses to clear a key that is in no cooldown, or a
+// source that is no fail limit.
 var ErrNoCooldown = errors.New("operator: no cooldown on that key")
 
-// Cooldowns lists the invite keys in a cooldown, with the time left.
+// Cooldowns lists the keys in a cooldown, source by source, with the
+// time left.
 func (o *Operator) Cooldowns(context.Context) ([]CooldownInfo, error) {
 	out := []CooldownInfo{}
-	if o.cooldowns == nil {
-		return out, nil
-	}
 	now := o.now()
-	for _, c := range o.cooldowns.Cooling(now) {
-		out = append(out, CooldownInfo{Key: c.Key, Until: c.Until, LeftSeconds: int64(c.Until.Sub(now).Round(time.Second) / time.Second)})
+	for _, src := range o.cooldowns {
+		for _, c := range src.Fails.Cooling(now) {
+			out = append(out, CooldownInfo{Source: src.Name, Key: c.Key, Until: c.Until,
+				LeftSeconds: int64(c.Until.Sub(now).Round(time.Second) / time.Second)})
+		}
 	}
 	return out, nil
 }
 
-// ClearCooldown lifts the cooldown of key at once and forgets its run of
-// failures; a key in no cooldown is ErrNoCooldown.
-func (o *Operator) ClearCooldown(ctx context.Context, key string) (CooldownInfo, error) {
-	list, _ := o.Cooldowns(ctx)
-	for _, c := range list {
-		if c.Key == key && o.cooldowns.Clear(key) {
-			return c, nil
+// ClearCooldown lifts the cooldown of key in source ("" is
+// SourceInvites) at once and forgets its run of failures; a key in no
+// cooldown there is ErrNoCooldown.
+func (o *Operator) ClearCooldown(_ context.Context, source, key string) (CooldownInfo, error) {
+	if source == "" {
+		source = SourceInvites
+	}
+	now := o.now()
+	for _, src := range o.cooldowns {
+		if src.Name != source {
+			continue
+		}
+		for _, c := range src.Fails.Cooling(now) {
+			if c.Key == key && src.Fails.Clear(key) {
+				return CooldownInfo{Source: src.Name, Key: c.Key, Until: c.Until,
+					LeftSeconds: int64(c.Until.Sub(now).Round(time.Second) / time.Second)}, nil
+			}
 		}
 	}
-	return CooldownInfo{}, fmt.Errorf("%q: %w", key, ErrNoCooldown)
+	return CooldownInfo{}, fmt.Errorf("%s %q: %w", source, key, ErrNoCooldown)
 }
 
 // usd turns micro-dollars into dollars for display.

@@ -51,8 +51,10 @@ type DetectRunRequest struct {
 }
 
 // ClearCooldownRequest is the body of POST /api/cooldowns/clear.
+// Source is "invites" (also when empty) or "route:NAME".
 type ClearCooldownRequest struct {
-	Key string `json:"key"`
+	Source string `json:"source,omitempty"`
+	Key    string `json:"key"`
 }
 
 // problem is what AdminClient reads of a problem+json answer.
