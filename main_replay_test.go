@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -290,5 +291,155 @@ func TestThresholdsCommand(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "requests per user in any 1m0s") {
 		t.Errorf("the table lacks the rate measure:\n%s", out.String())
+	}
+}
+
+// routeReplayConfig is replayConfig with two guarded routes proxied to
+// upstream: "checkout" per user at rate per minute and a daily line, and
+// "contact" per client IP at contactRate per minute.
+func routeReplayConfig(t *testing.T, dir, upstream string, rate, daily, contactRate int) string {
+	t.Helper()
+	path := replayConfig(t, dir, 100, 1000, freeAddr(t))
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, err = fmt.Fprintf(f, `
+[[routes]]
+name = "checkout"
+methods = ["POST"]
+path = "/api/checkout"
+upstream = %q
+identity = "user"
+rate = %d
+window = "1m"
+burst = 0
+daily = %d
+
+[[routes]]
+name = "contact"
+methods = ["POST"]
+path = "/contact"
+upstream = %q
+identity = "ip"
+rate = %d
+window = "1m"
+burst = 0
+`, upstream, rate, daily, upstream, contactRate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// sendRouteTraffic starts the service of the config at path on a clock it
+// steps and sends the same requests to the guarded routes (three users on
+// checkout, one every 5 seconds, the third twice as often; every fourth
+// step also a contact form), and returns the refusals it answered,
+// "route:NAME key" -> count.
+func sendRouteTraffic(t *testing.T, path string) refusalsByKey {
+	t.Helper()
+	keys := map[string]string{}
+	for _, u := range []string{"alice", "bob", "carol"} {
+		keys[u] = createKey(t, path, u)
+	}
+	cfg, err := app.Load(path, envFrom(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	clock.Store(replayDay.UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+	a, err := app.Open(context.Background(), cfg, app.Options{Getenv: envFrom(nil), Now: now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	post := func(p, key string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, "http://"+a.Addr()+p, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	got := refusalsByKey{}
+	note := func(i int, layer, key string, status int, body string) {
+		switch {
+		case status == http.StatusOK:
+		case status == http.StatusTooManyRequests && strings.Contains(body, "rate_limited"):
+			got[layer+" "+key]++
+			got["why rate"]++
+		case status == http.StatusTooManyRequests && strings.Contains(body, "daily_limit"):
+			got[layer+" "+key]++
+			got["why daily"]++
+		default:
+			t.Fatalf("request %d to %s: %d %s", i, layer, status, body)
+		}
+	}
+	at := replayDay
+	for i := range 80 {
+		at = at.Add(5 * time.Second)
+		clock.Store(at.UnixNano())
+		user := []string{"alice", "bob", "carol", "carol"}[i%4]
+		status, body := post("/api/checkout", keys[user])
+		note(i, "route:checkout", user, status, body)
+		if i%4 == 0 {
+			status, body := post("/contact", "")
+			note(i, "route:contact", "ip:127.0.0.1", status, body)
+		}
+	}
+	return got
+}
+
+// A replay of route traffic recorded under loose limits through a
+// candidate with tight route limits reports, per route, exactly the
+// refusals that enforcing the candidate answers to the same requests.
+func TestReplayRoutesMatchAnEnforcingRun(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer up.Close()
+	recorded := t.TempDir()
+	current := routeReplayConfig(t, recorded, up.URL, 1000, 0, 1000)
+	tight := routeReplayConfig(t, t.TempDir(), up.URL, 4, 15, 2)
+
+	if got := sendRouteTraffic(t, current); len(got) != 0 {
+		t.Fatalf("the loose run refused %v", got)
+	}
+	enforced := sendRouteTraffic(t, tight)
+	if enforced["why rate"] == 0 || enforced["why daily"] == 0 || enforced["route:contact ip:127.0.0.1"] == 0 {
+		t.Fatalf("enforced refusals %v: want some at a route's rate, some at its daily line, some on the IP route", enforced)
+	}
+	delete(enforced, "why rate")
+	delete(enforced, "why daily")
+
+	rep, text := runReplay(t, current, tight, nil)
+	t.Logf("replay:\n%s", text)
+	if got := candidateRefusals(rep); fmt.Sprint(got) != fmt.Sprint(enforced) {
+		t.Errorf("replay of the tight candidate refuses %v, the enforcing run %v", got, enforced)
+	}
+	seen := map[string]int64{}
+	for _, l := range rep.Layers {
+		seen[l.Layer] = l.Candidate.Requests
+		if l.Current.Refused != 0 {
+			t.Errorf("layer %s: the current config refuses %d on replay, want 0", l.Layer, l.Current.Refused)
+		}
+	}
+	if seen["route:checkout"] != 80 || seen["route:contact"] != 20 {
+		t.Errorf("requests seen per layer %v, want 80 on checkout and 20 on contact", seen)
+	}
+	if !strings.Contains(text, "route:checkout: the candidate would have refused") || !strings.Contains(text, "invites fail limit: not replayed") {
+		t.Errorf("the text report lacks the route's differences or the note on the fail limit:\n%s", text)
 	}
 }

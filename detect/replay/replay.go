@@ -34,6 +34,13 @@ const (
 	LayerInvites = "invites"  // the [invites] IP rate limit, per client key
 )
 
+// RouteLayer is the layer of a guarded route in a report, as in metrics:
+// "route:NAME".
+func RouteLayer(name string) string { return detect.RoutePrefix + name }
+
+// NoteInviteFails says why the invite fail limit is not replayed.
+const NoteInviteFails = "invites fail limit: not replayed: failed invite checks are stored as 15-minute tallies per IP and per e-mail that lose the order of failures and successes (and mix in refusals during a cooldown), so a run of consecutive failures cannot be rebuilt from them"
+
 // ocrRoute is the route of the paid endpoint in events.
 const ocrRoute = "/v1/ocr"
 
@@ -44,6 +51,18 @@ type Limits struct {
 	User    limiter.Config   // [limits.user]
 	Lines   map[string]int64 // daily line by plan name; 0 or missing: none
 	Invites limiter.Config   // [invites] rate, window and burst
+	// Routes are the [[routes]] entries' limits, by route name.
+	Routes map[string]RouteLimits
+}
+
+// RouteLimits are one guarded route's layers 1 and 2: its rate, window
+// and burst, and its daily line (0: none), per user id or, with ByIP, per
+// client key ("ip:" and the address, an IPv6 client by its /64), as the
+// route counts them.
+type RouteLimits struct {
+	ByIP   bool
+	Limits limiter.Config
+	Daily  int64
 }
 
 // Report is what Run found.
@@ -55,6 +74,8 @@ type Report struct {
 	// Differences say in words what the candidate refuses that the
 	// current config does not, and the reverse.
 	Differences []string `json:"differences"`
+	// Notes say what the replay could not judge from the recorded events.
+	Notes []string `json:"notes"`
 }
 
 // LayerReport is one layer under both configs.
@@ -84,6 +105,7 @@ type KeyCount struct {
 type arrival struct {
 	at    time.Time
 	key   string // user id, or client key for invites
+	ip    string // client key, on a guarded route
 	plan  string
 	route string
 	// attempt marks an OCR request that would go on to the daily line
@@ -116,6 +138,17 @@ func arrivals(events []detect.Event) (out []arrival, dropped int64) {
 			case e.Count == 0 && e.IP != "" && e.Outcome != detect.OutcomeCooldownStarted:
 				out = append(out, arrival{at: e.Time, key: limiter.ClientKey(e.IP), route: e.Route})
 			}
+		case strings.HasPrefix(e.Route, detect.RoutePrefix):
+			a := arrival{key: e.UserID, ip: limiter.ClientKey(e.IP), route: e.Route}
+			switch e.Outcome {
+			case detect.OutcomeLayerRefused:
+				spread(e, detect.RefusalWindow, a)
+			case detect.OutcomeShadowRefused, detect.OutcomeCooldownStarted:
+				// Not a request of its own.
+			default:
+				a.at = e.Time
+				out = append(out, a)
+			}
 		case e.Route == ocrRoute && e.UserID != "":
 			a := arrival{key: e.UserID, plan: e.Plan, route: e.Route}
 			switch e.Outcome {
@@ -140,7 +173,7 @@ func arrivals(events []detect.Event) (out []arrival, dropped int64) {
 
 // simulate runs arrivals through one config's limits on a simulated
 // clock, with the real limiter and counter types.
-func simulate(in []arrival, l Limits, loc *time.Location) (map[string]*Outcome, error) {
+func simulate(in []arrival, l Limits, layers []string, loc *time.Location) (map[string]*Outcome, error) {
 	rate, err := limiter.New(l.User)
 	if err != nil {
 		return nil, fmt.Errorf("limits.user: %w", err)
@@ -149,8 +182,21 @@ func simulate(in []arrival, l Limits, loc *time.Location) (map[string]*Outcome, 
 	if err != nil {
 		return nil, fmt.Errorf("invites: %w", err)
 	}
+	type routeState struct {
+		RouteLimits
+		windows  *limiter.Limiter
+		attempts *budget.Attempts
+	}
+	guarded := make(map[string]*routeState, len(l.Routes))
+	for name, rl := range l.Routes {
+		w, err := limiter.New(rl.Limits)
+		if err != nil {
+			return nil, fmt.Errorf("routes %q: %w", name, err)
+		}
+		guarded[RouteLayer(name)] = &routeState{RouteLimits: rl, windows: w}
+	}
 	out := map[string]*Outcome{}
-	for _, layer := range []string{LayerRate, LayerDaily, LayerInvites} {
+	for _, layer := range layers {
 		out[layer] = &Outcome{byKey: map[string]int64{}}
 	}
 	note := func(layer, key string, err error) bool {
@@ -170,6 +216,31 @@ func simulate(in []arrival, l Limits, loc *time.Location) (map[string]*Outcome, 
 		}
 		if a.route == detect.RouteInvite {
 			note(LayerInvites, a.key, inv.Allow("ip:"+a.key, a.at))
+			continue
+		}
+		if strings.HasPrefix(a.route, detect.RoutePrefix) {
+			// As the route admits: the rate and burst, then the daily
+			// line, taken once admitted. A route this config lacks
+			// sees nothing.
+			rt := guarded[a.route]
+			if rt == nil {
+				continue
+			}
+			key := a.key
+			if rt.ByIP {
+				key = "ip:" + a.ip
+			}
+			if key == "" {
+				continue
+			}
+			if rt.attempts == nil {
+				rt.attempts = budget.NewAttempts(loc, budget.DayKey(a.at, loc), nil)
+			}
+			err := rt.windows.Allow(key, a.at)
+			if err == nil {
+				err = rt.attempts.Take(key, rt.Daily, a.at)
+			}
+			note(a.route, key, err)
 			continue
 		}
 		if !note(LayerRate, a.key, rate.Allow(a.key, a.at)) || !a.attempt {
@@ -203,16 +274,23 @@ func top(byKey map[string]int64, n int) []KeyCount {
 // current and the candidate limits and compares what each refuses.
 func Run(events []detect.Event, current, candidate Limits, from, to string, loc *time.Location) (Report, error) {
 	in, dropped := arrivals(events)
-	cur, err := simulate(in, current, loc)
+	layers := []string{LayerRate, LayerDaily, LayerInvites}
+	var routeLayers []string
+	for name := range union(current.Routes, candidate.Routes) {
+		routeLayers = append(routeLayers, RouteLayer(name))
+	}
+	slices.Sort(routeLayers)
+	layers = append(layers, routeLayers...)
+	cur, err := simulate(in, current, layers, loc)
 	if err != nil {
 		return Report{}, fmt.Errorf("current config: %w", err)
 	}
-	cand, err := simulate(in, candidate, loc)
+	cand, err := simulate(in, candidate, layers, loc)
 	if err != nil {
 		return Report{}, fmt.Errorf("candidate: %w", err)
 	}
-	rep := Report{From: from, To: to, DroppedEvents: dropped, Differences: []string{}}
-	for _, layer := range []string{LayerRate, LayerDaily, LayerInvites} {
+	rep := Report{From: from, To: to, DroppedEvents: dropped, Differences: []string{}, Notes: []string{NoteInviteFails}}
+	for _, layer := range layers {
 		c, d := cur[layer], cand[layer]
 		rep.Layers = append(rep.Layers, LayerReport{Layer: layer, Current: *c, Candidate: *d})
 		rep.Differences = append(rep.Differences, differences(layer, c.byKey, d.byKey)...)
@@ -259,8 +337,8 @@ func differences(layer string, cur, cand map[string]int64) []string {
 	return out
 }
 
-func union(a, b map[string]int64) map[string]int64 {
-	out := make(map[string]int64, len(a)+len(b))
+func union[V any](a, b map[string]V) map[string]V {
+	out := make(map[string]V, len(a)+len(b))
 	maps.Copy(out, a)
 	maps.Copy(out, b)
 	return out

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -54,5 +55,70 @@ func TestRunReadsEveryKindOfRow(t *testing.T) {
 	}
 	if len(rep.Differences) != 3 {
 		t.Errorf("differences %q, want one per layer", rep.Differences)
+	}
+}
+
+// A guarded route's requests go through that route's limits alone, keyed
+// as the route counts them (user id, or "ip:" and the client key); its
+// refusal rows are spread like the others and its cooldown starts are no
+// requests. A route only the candidate has sees nothing under the
+// current config.
+func TestRunReplaysGuardedRoutes(t *testing.T) {
+	checkout, contact := RouteLayer("checkout"), RouteLayer("contact")
+	var events []detect.Event
+	for i := range 6 {
+		at := t0.Add(time.Duration(i) * time.Second)
+		events = append(events,
+			detect.Event{Time: at, UserID: "alice", IP: "192.0.2.1", Route: checkout, Outcome: "ok"},
+			detect.Event{Time: at, IP: "2001:db8::1", Route: contact, Outcome: "failure"},
+		)
+	}
+	events = append(events,
+		detect.Event{Time: t0, UserID: "alice", IP: "192.0.2.1", Route: checkout, Outcome: detect.OutcomeCooldownStarted},
+		detect.Event{Time: t0, IP: "2001:db8::2", Route: contact, Layer: "rate", Outcome: detect.OutcomeLayerRefused, Count: 4},
+	)
+	loose := Limits{User: limiter.Config{Rate: 1000, Window: time.Minute}, Invites: limiter.Config{Rate: 1000, Window: time.Minute},
+		Routes: map[string]RouteLimits{"checkout": {Limits: limiter.Config{Rate: 1000, Window: time.Minute}}}}
+	tight := loose
+	tight.Routes = map[string]RouteLimits{
+		"checkout": {Limits: limiter.Config{Rate: 1000, Window: time.Minute}, Daily: 2},
+		"contact":  {ByIP: true, Limits: limiter.Config{Rate: 3, Window: time.Hour}},
+	}
+	rep, err := Run(events, loose, tight, "2026-11-20", "2026-11-20", time.UTC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, l := range rep.Layers {
+		got[l.Layer] = fmt.Sprintf("%d/%d %d/%d %v", l.Current.Requests, l.Current.Refused, l.Candidate.Requests, l.Candidate.Refused, l.Candidate.Top)
+	}
+	want := map[string]string{
+		LayerRate:    "0/0 0/0 []",
+		LayerDaily:   "0/0 0/0 []",
+		LayerInvites: "0/0 0/0 []",
+		checkout:     "6/0 6/4 [{alice 4}]",
+		// The /64 is one client: 10 requests, 3 an hour pass.
+		contact: "0/0 10/7 [{ip:2001:db8::/64 7}]",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("layers\n got %v\nwant %v", got, want)
+	}
+	if len(rep.Notes) != 1 || rep.Notes[0] != NoteInviteFails {
+		t.Errorf("notes %q, want the one on the invite fail limit", rep.Notes)
+	}
+}
+
+// Thresholds measure OCR requests only: a guarded route's requests are
+// not a user's OCR rate.
+func TestThresholdsLeaveRoutesOut(t *testing.T) {
+	var events []detect.Event
+	for i := range 50 {
+		events = append(events, detect.Event{Time: t0.Add(time.Duration(i) * time.Second), UserID: "alice", Route: RouteLayer("checkout"), Outcome: "ok"})
+	}
+	rep := Thresholds(events, nil, Windows{User: time.Minute, Invites: time.Minute}, "2026-11-20", "2026-11-20", time.UTC)
+	for _, l := range rep.Layers {
+		if l.Unflagged.Keys != 0 {
+			t.Errorf("%s: %d keys measured from route traffic, want none", l.Layer, l.Unflagged.Keys)
+		}
 	}
 }

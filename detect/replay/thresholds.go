@@ -3,6 +3,7 @@ package replay
 import (
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"breakwater/budget"
@@ -109,6 +110,9 @@ func Thresholds(events []detect.Event, findings []detect.Finding, w Windows, fro
 	users, ips := map[string][]time.Time{}, map[string][]time.Time{}
 	daily := map[string]map[string]int64{}
 	for _, a := range in {
+		if strings.HasPrefix(a.route, detect.RoutePrefix) {
+			continue // a guarded route's request is no OCR request
+		}
 		if a.route == detect.RouteInvite {
 			ips[a.key] = append(ips[a.key], a.at)
 			continue

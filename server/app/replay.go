@@ -6,17 +6,24 @@ import (
 
 	"breakwater/detect/replay"
 	"breakwater/server/operator"
+	"breakwater/server/routes"
 	"breakwater/storage"
 )
 
 // ReplayLimits are c's limits as a replay applies them: layer 1, each
-// plan's daily line and the invite IP rate limit.
+// plan's daily line, the invite IP rate limit and each guarded route's
+// rate, burst and daily line.
 func (c Config) ReplayLimits() replay.Limits {
 	lines := make(map[string]int64, len(c.Plans))
 	for name, p := range c.Plans {
 		lines[name] = p.DailyAttempts
 	}
-	return replay.Limits{User: c.Limits.User, Lines: lines, Invites: c.Invites.Limits()}
+	rs := make(map[string]replay.RouteLimits, len(c.Routes))
+	for _, r := range c.Routes {
+		r = r.WithDefaults()
+		rs[r.Name] = replay.RouteLimits{ByIP: r.Identity == routes.IdentityIP, Limits: r.Limits(), Daily: r.Daily}
+	}
+	return replay.Limits{User: c.Limits.User, Lines: lines, Invites: c.Invites.Limits(), Routes: rs}
 }
 
 // OpenRecorded reaches the statistics for a replay or the threshold

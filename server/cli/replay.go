@@ -29,7 +29,8 @@ func replayCmd(e *env) *cobra.Command {
 (default: the last 7 days, today included, in budget.timezone) in time order
 on a simulated clock through the limits of the config in force (--config)
 and of the candidate (--candidate): layer 1 ([limits.user]), each plan's
-daily line and the [invites] IP rate limit. Prints per layer the requests
+daily line, the [invites] IP rate limit and each [[routes]] entry's rate,
+burst and daily line (a layer "route:NAME" each). Prints per layer the requests
 seen, refused, distinct keys refused and the ten keys refused most, under
 each config, then the differences. Modes are ignored: a replay says what
 each layer would refuse. Writes nothing: with the server stopped it reads
@@ -138,6 +139,9 @@ func printReplay(w io.Writer, rep replay.Report) error {
 	}
 	for _, d := range rep.Differences {
 		fmt.Fprintln(w, d)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, "note: "+n)
 	}
 	return nil
 }
