@@ -424,6 +424,16 @@ func TestReplayRoutesMatchAnEnforcingRun(t *testing.T) {
 	delete(enforced, "why rate")
 	delete(enforced, "why daily")
 
+	// The enforcing run's own database holds its refused requests too:
+	// a replay of it sees every request that reached a route.
+	own, _ := runReplay(t, tight, tight, nil)
+	for _, l := range own.Layers {
+		want := map[string]int64{"route:checkout": 80, "route:contact": 20}[l.Layer]
+		if l.Current.Requests != want {
+			t.Errorf("replay of the enforcing run's database: %s saw %d requests, want %d (refused ones included)", l.Layer, l.Current.Requests, want)
+		}
+	}
+
 	rep, text := runReplay(t, current, tight, nil)
 	t.Logf("replay:\n%s", text)
 	if got := candidateRefusals(rep); fmt.Sprint(got) != fmt.Sprint(enforced) {

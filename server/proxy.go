@@ -102,6 +102,9 @@ func (s *Server) handleRoute(c echo.Context) error {
 		return err
 	}
 	if refusal := s.admitRoute(rt, cfg, who.key, start); refusal != nil {
+		// Counted per minute and key by the recorder, for a replay.
+		s.d.Events.Record(detect.Event{Time: start, UserID: who.id.UserID, IP: c.RealIP(), Route: detect.RoutePrefix + rt.name,
+			Layer: refusal.Layer, Outcome: detect.OutcomeLayerRefused})
 		return s.routeRefusal(rt.layer, refusal)
 	}
 	call := &routeCall{rt: rt, cfg: cfg, who: who, path: p, requestID: requestID(c)}
