@@ -17,11 +17,11 @@ import (
 func TestCLIRefusesAServerWithAnotherDatabase(t *testing.T) {
 	dir := t.TempDir()
 	dbA, dbB := filepath.Join(dir, "a", "bw.db"), filepath.Join(dir, "b", "bw.db")
-	adminA, adminB := freeAddr(t), freeAddr(t)
 	config := func(db, admin string) string {
 		return writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n", admin, db))
 	}
-	pathA, pathB, mixed := config(dbA, adminA), config(dbB, adminB), config(dbA, adminB)
+	// The servers take free ports; the CLI's configs then name them.
+	pathA, pathB := config(dbA, "127.0.0.1:0"), config(dbB, "127.0.0.1:0")
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "one-token-for-both-instances"})
 	cmd := func(path string, args ...string) (string, error) {
 		var out bytes.Buffer
@@ -33,8 +33,11 @@ func TestCLIRefusesAServerWithAnotherDatabase(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	startApp(t, pathA, env)
-	startApp(t, pathB, env)
+	appA, _, _ := startApp(t, pathA, env)
+	appB, _, _ := startApp(t, pathB, env)
+	adminB := appB.AdminAddr()
+	pathA, pathB = config(dbA, appA.AdminAddr()), config(dbB, adminB)
+	mixed := config(dbA, adminB)
 
 	// Each config reaches its own server.
 	if out, err := cmd(pathA, "keys", "list"); err != nil || !strings.Contains(out, "ann") || strings.Contains(out, "bob") {
