@@ -343,37 +343,27 @@ func (r *runner) userRate() (Result, error) {
 // from one user of that plan, with its daily line and the other limits
 // off: exactly the quota passes, and the rest gets 429 quota_exceeded.
 func (r *runner) quota(plan string) (Result, error) {
-	p := r.cfg.Plans[plan]
-	q, note := scaled(p.MonthlyQuota, r.scale)
-	s, _, err := r.service(func(c *app.Config) {
-		noCeilings(c)
-		c.Limits.User = limiter.Config{}
-		c.Plans[plan] = budget.Plan{MonthlyQuota: q}
-	})
-	if err != nil {
-		return Result{}, err
-	}
-	defer r.close(s)
-	keys, err := makeKeys(s, 1, plan)
-	if err != nil {
-		return Result{}, err
-	}
-	sent := q + max(q/2, 10)
-	reads, tail := r.reach(s, keys, sent, q, answer{http.StatusTooManyRequests, "quota_exceeded"})
-	line := fmt.Sprintf("plans.%s monthly_quota %s%s: %s parallel requests, %s reads, then %s",
-		plan, thousands(p.MonthlyQuota), note, thousands(sent), thousands(reads), tail)
-	return Result{Limit: "plans." + plan + ".monthly_quota", Line: line, Held: reads == q && tail.held}, nil
+	return r.planLimit(plan, "monthly_quota", r.cfg.Plans[plan].MonthlyQuota, "reads", "quota_exceeded",
+		func(n int64) budget.Plan { return budget.Plan{MonthlyQuota: n} })
 }
 
 // dailyAttempts is quota's check for a plan's daily line, with the quota
 // out of reach.
 func (r *runner) dailyAttempts(plan string) (Result, error) {
-	p := r.cfg.Plans[plan]
-	d, note := scaled(p.DailyAttempts, r.scale)
+	return r.planLimit(plan, "daily_attempts", r.cfg.Plans[plan].DailyAttempts, "upstream calls", "daily_limit",
+		func(n int64) budget.Plan { return budget.Plan{MonthlyQuota: 1 << 40, DailyAttempts: n} })
+}
+
+// planLimit checks one of a plan's limits, key, configured at limit: on a
+// service where only that limit can refuse (the plan made by withLimit at
+// the scaled figure), one user's parallel requests get exactly that many
+// answers (counted as counted), then 429 code.
+func (r *runner) planLimit(plan, key string, limit int64, counted, code string, withLimit func(int64) budget.Plan) (Result, error) {
+	n, note := scaled(limit, r.scale)
 	s, _, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		c.Limits.User = limiter.Config{}
-		c.Plans[plan] = budget.Plan{MonthlyQuota: 1 << 40, DailyAttempts: d}
+		c.Plans[plan] = withLimit(n)
 	})
 	if err != nil {
 		return Result{}, err
@@ -383,11 +373,11 @@ func (r *runner) dailyAttempts(plan string) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	sent := d + max(d/2, 10)
-	calls, tail := r.reach(s, keys, sent, d, answer{http.StatusTooManyRequests, "daily_limit"})
-	line := fmt.Sprintf("plans.%s daily_attempts %s%s: %s parallel requests, %s upstream calls, then %s",
-		plan, thousands(p.DailyAttempts), note, thousands(sent), thousands(calls), tail)
-	return Result{Limit: "plans." + plan + ".daily_attempts", Line: line, Held: calls == d && tail.held}, nil
+	sent := n + max(n/2, 10)
+	got, tail := r.reach(s, keys, sent, n, answer{http.StatusTooManyRequests, code})
+	line := fmt.Sprintf("plans.%s %s %s%s: %s parallel requests, %s %s, then %s",
+		plan, key, thousands(limit), note, thousands(sent), thousands(got), counted, tail)
+	return Result{Limit: "plans." + plan + "." + key, Line: line, Held: got == n && tail.held}, nil
 }
 
 // failLimit checks the invite fail limit from two client addresses and
