@@ -22,17 +22,7 @@ import (
 // defaults, never with the limits off: the review's minimal config passed
 // config check and let one key make 6,000 calls in six seconds.
 func TestMinimalConfigKeepsTheDocumentedLimits(t *testing.T) {
-	dir := t.TempDir()
-	path := writeConfig(t, fmt.Sprintf(`
-[server]
-listen = "127.0.0.1:0"
-[storage]
-path = %q
-[ocr]
-provider = "simulated"
-[plans.free]
-monthly_quota = 1000
-`, filepath.Join(dir, "bw.db")))
+	path := simulatedConfig(t, "[plans.free]\nmonthly_quota = 1000\n")
 	c, err := app.Load(path, envFrom(nil))
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -60,16 +59,7 @@ monthly_quota = 100
 rate = 2
 window = "1h"
 `, adminAddr, filepath.Join(dir, "bw.db"))
-	write := func(body string) {
-		t.Helper()
-		tmp := path + ".swp"
-		if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(body string) { t.Helper(); saveAsEditor(t, path, body) }
 	write(base + "mode = \"shadow\"\n")
 	key := createKey(t, path, "sam")
 	const token = "admin-token-for-the-test"

@@ -774,17 +774,7 @@ provider = "simulated"
 [plans.free]
 monthly_quota = 100
 `, filepath.Join(dir, "bw.db"))
-	write := func(body string) {
-		t.Helper()
-		// Written beside and renamed over, as many editors save.
-		tmp := path + ".swp"
-		if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(body string) { t.Helper(); saveAsEditor(t, path, body) }
 	write(base + "[limits.user]\nrate = 1\nwindow = \"1h\"\n")
 
 	var out bytes.Buffer
@@ -1160,4 +1150,25 @@ func TestNoCommandServes(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("serve returned %v", err)
 	}
+}
+
+// saveAsEditor writes body to path as many editors save: beside it, then
+// renamed over it.
+func saveAsEditor(t *testing.T, path, body string) {
+	t.Helper()
+	tmp := path + ".swp"
+	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// simulatedConfig writes a config for a test server with the simulated
+// upstream, loopback listeners and its own database, followed by extra.
+func simulatedConfig(t *testing.T, extra string) string {
+	t.Helper()
+	return writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n",
+		filepath.Join(t.TempDir(), "bw.db"))+extra)
 }
