@@ -37,21 +37,50 @@ func userKey(user string, rest []byte) []byte {
 	return append(k, rest...)
 }
 
-// keepAnswer writes rec's answer, if any, in the usage record's own
-// transaction.
-func keepAnswer(tx *bbolt.Tx, rec budget.UsageRecord) error {
+// answerRows are the rows that keep rec's answer (budget.Answer), encoded
+// before the write reaches the writer.
+type answerRows struct {
+	byKey, byKeyRow   []byte // idempotency; nil without a key
+	byImage, imageRow []byte // recent_reads; nil without an answer
+}
+
+// encodeAnswers encodes rec's answer, if any, for the usage record's own
+// transaction: by idempotency key when it has one, and by image.
+func encodeAnswers(rec budget.UsageRecord) (answerRows, error) {
 	a := rec.Answer
 	if a == nil {
-		return nil
+		return answerRows{}, nil
 	}
+	var rows answerRows
+	var err error
 	if a.IdempotencyKey != "" {
 		v := storedAnswer{At: rec.Time, Fingerprint: a.Fingerprint[:], Status: a.Status, Body: a.Body}
-		if err := putJSON(tx.Bucket(bucketIdempotency), userKey(rec.UserID, []byte(a.IdempotencyKey)), v); err != nil {
-			return err
+		rows.byKey = userKey(rec.UserID, []byte(a.IdempotencyKey))
+		if rows.byKeyRow, err = json.Marshal(v); err != nil {
+			return answerRows{}, fmt.Errorf("encode answer of %s: %w", rec.UserID, err)
 		}
 	}
 	v := storedAnswer{At: rec.Time, Fingerprint: a.Fingerprint[:], Serials: a.Serials, Rejected: a.Rejected, Simulated: a.Simulated}
-	return putJSON(tx.Bucket(bucketRecentReads), userKey(rec.UserID, a.Fingerprint[:]), v)
+	rows.byImage = userKey(rec.UserID, a.Fingerprint[:])
+	if rows.imageRow, err = json.Marshal(v); err != nil {
+		return answerRows{}, fmt.Errorf("encode answer of %s: %w", rec.UserID, err)
+	}
+	return rows, nil
+}
+
+// put writes the rows in tx.
+func (r answerRows) put(tx *bbolt.Tx) error {
+	if r.byKey != nil {
+		if err := tx.Bucket(bucketIdempotency).Put(r.byKey, r.byKeyRow); err != nil {
+			return fmt.Errorf("put answer %s: %w", r.byKey, err)
+		}
+	}
+	if r.byImage != nil {
+		if err := tx.Bucket(bucketRecentReads).Put(r.byImage, r.imageRow); err != nil {
+			return fmt.Errorf("put answer %x: %w", r.byImage, err)
+		}
+	}
+	return nil
 }
 
 // StoredAnswer returns user's answer kept under idempotency key, when its

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 
 	"go.etcd.io/bbolt"
@@ -19,11 +20,43 @@ import (
 // budget hold across a crash.
 //
 //	budget_days:  "2006-01-02" -> 16 bytes: requests, spend (uint64 each)
-//	reservations: 8-byte id    -> JSON openReservation
+//	reservations: 8-byte id    -> 18 bytes: "2006-01-02", worst case (uint64)
+//
+// Reservation rows written before the binary form are JSON
+// ({"day":…,"worst":…}); a database may still hold such a row from a call
+// that was under way when the old binary stopped, so both are read.
 
 type openReservation struct {
 	Day   string `json:"day"`
 	Worst int64  `json:"worst"`
+}
+
+// reservationLen is the size of a binary reservation row.
+const reservationLen = len(dayLayout) + 8
+
+// encodeReservation is the row of an open reservation. It is made on the
+// caller's goroutine, before the write reaches the writer.
+func encodeReservation(day string, worst int64) []byte {
+	v := make([]byte, reservationLen)
+	copy(v, day)
+	binary.BigEndian.PutUint64(v[len(dayLayout):], uint64(worst))
+	return v
+}
+
+// decodeReservation reads a reservation row in either form.
+func decodeReservation(v []byte) (openReservation, error) {
+	if len(v) == reservationLen && v[0] != '{' {
+		r := openReservation{Day: string(v[:len(dayLayout)]), Worst: int64(binary.BigEndian.Uint64(v[len(dayLayout):]))}
+		if err := checkDay(r.Day); err != nil || r.Worst < 0 {
+			return openReservation{}, fmt.Errorf("reservation row %x: not a reservation", v)
+		}
+		return r, nil
+	}
+	var r openReservation
+	if err := json.Unmarshal(v, &r); err != nil {
+		return openReservation{}, fmt.Errorf("reservation row: %w", err)
+	}
+	return r, nil
 }
 
 // Reserve durably adds one request and worstMicroUSD to day ("2006-01-02")
@@ -36,14 +69,15 @@ func (db *DB) Reserve(ctx context.Context, day string, worstMicroUSD int64) (uin
 		return 0, fmt.Errorf("%w: negative reservation", ErrInvalid)
 	}
 	var id uint64
+	row := encodeReservation(day, worstMicroUSD)
 	err := db.commit(ctx, func(tx *bbolt.Tx) error {
 		open := tx.Bucket(bucketReservations)
 		seq, err := open.NextSequence()
 		if err != nil {
 			return fmt.Errorf("reservation sequence: %w", err)
 		}
-		if err := putJSON(open, encodeUint64(seq), openReservation{Day: day, Worst: worstMicroUSD}); err != nil {
-			return err
+		if err := open.Put(encodeUint64(seq), row); err != nil {
+			return fmt.Errorf("reservation %d: %w", seq, err)
 		}
 		d := readBudgetDay(tx, day)
 		d.Requests++
@@ -88,9 +122,13 @@ func settle(tx *bbolt.Tx, s budget.Settlement) error {
 		return writeBudgetDay(tx, s.Day, d)
 	}
 	open := tx.Bucket(bucketReservations)
-	var r openReservation
-	found, err := getJSON(open, encodeUint64(s.ID), &r)
-	if err != nil || !found {
+	id := encodeUint64(s.ID)
+	v := open.Get(id)
+	if v == nil {
+		return nil
+	}
+	r, err := decodeReservation(v)
+	if err != nil {
 		return err
 	}
 	d := readBudgetDay(tx, r.Day)
@@ -98,7 +136,7 @@ func settle(tx *bbolt.Tx, s budget.Settlement) error {
 	if err := writeBudgetDay(tx, r.Day, d); err != nil {
 		return err
 	}
-	return open.Delete(encodeUint64(s.ID))
+	return open.Delete(id)
 }
 
 // Budget returns day's totals ("2006-01-02"); a day without calls is zero.

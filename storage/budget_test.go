@@ -1,12 +1,15 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/bbolt"
 
 	"breakwater/budget"
 )
@@ -173,4 +176,77 @@ func TestSettleUnreservedCall(t *testing.T) {
 	if err := db.Settle(ctx, budget.Settlement{ActualMicroUSD: 5}); err == nil {
 		t.Error("a cost with neither a reservation nor a day was accepted")
 	}
+}
+
+// TestSettleReadsBothReservationForms settles a reservation row in the
+// binary form and one in the JSON form of earlier versions (a database may
+// hold one from a call under way when the old binary stopped): each moves
+// its day from the worst case to the actual cost and is removed; a row that
+// is neither is refused, not guessed at.
+func TestSettleReadsBothReservationForms(t *testing.T) {
+	db := mustOpen(t)
+	ctx := t.Context()
+	const day = "2026-11-30"
+	id, err := db.Reserve(ctx, day, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []byte
+	if err := db.view(func(tx *bbolt.Tx) error {
+		raw = bytes.Clone(tx.Bucket(bucketReservations).Get(encodeUint64(id)))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := append([]byte(day), 0, 0, 0, 0, 0, 0, 0x03, 0xe8); !bytes.Equal(raw, want) {
+		t.Errorf("reservation row %x, want %x", raw, want)
+	}
+	// A JSON row as the old binary wrote it, with the day's total at its
+	// worst case as Reserve left it.
+	const oldID = 1 << 40
+	err = db.commit(ctx, func(tx *bbolt.Tx) error {
+		if err := tx.Bucket(bucketReservations).Put(encodeUint64(oldID), []byte(`{"day":"2026-11-30","worst":500}`)); err != nil {
+			return err
+		}
+		d := readBudgetDay(tx, day)
+		d.Requests++
+		d.SpendMicroUSD += 500
+		return writeBudgetDay(tx, day, d)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []budget.Settlement{{ID: id, ActualMicroUSD: 30}, {ID: oldID, ActualMicroUSD: 7}} {
+		if err := db.Settle(ctx, s); err != nil {
+			t.Fatalf("settle %d: %v", s.ID, err)
+		}
+	}
+	if got, want := mustBudget(t, db, day), (budget.DayTotals{Requests: 2, SpendMicroUSD: 37}); got != want {
+		t.Errorf("day %+v, want %+v", got, want)
+	}
+	if n, _ := db.OpenReservations(); n != 0 {
+		t.Errorf("%d open reservations, want 0", n)
+	}
+
+	for _, bad := range [][]byte{[]byte("2026-13-45\x00\x00\x00\x00\x00\x00\x00\x01"), []byte("junk")} {
+		err := db.commit(ctx, func(tx *bbolt.Tx) error { return tx.Bucket(bucketReservations).Put(encodeUint64(7), bad) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Settle(ctx, budget.Settlement{ID: 7, ActualMicroUSD: 1}); err == nil {
+			t.Errorf("settling row %q: no error", bad)
+		}
+	}
+	if got, want := mustBudget(t, db, day), (budget.DayTotals{Requests: 2, SpendMicroUSD: 37}); got != want {
+		t.Errorf("after the bad rows: day %+v, want %+v", got, want)
+	}
+}
+
+func mustBudget(t *testing.T, db *DB, day string) budget.DayTotals {
+	t.Helper()
+	d, err := db.Budget(day)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -11,28 +12,36 @@ import (
 	"breakwater/detect"
 )
 
-// AppendEvents writes events in one plain transaction (not group commit; the
-// caller batches). Each event gets its own key, so events with equal times
-// never overwrite each other and are read back in the order written. If
-// one event is invalid, none is written.
+// AppendEvents writes events in one durable write that shares its
+// transaction and fsync with concurrent writes (group commit; the caller
+// batches). The events are encoded first, so the writer only puts bytes.
+// Each event gets its own key, so events with equal times never overwrite
+// each other and are read back in the order written. If one event is
+// invalid, none is written.
 func (db *DB) AppendEvents(events []detect.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
+	rows := make([][]byte, len(events))
 	for i, e := range events {
 		if err := checkKeyTime(e.Time); err != nil {
 			return fmt.Errorf("append events: event %d: %w", i, err)
 		}
+		row, err := json.Marshal(e)
+		if err != nil {
+			return fmt.Errorf("append events: encode event %d: %w", i, err)
+		}
+		rows[i] = row
 	}
-	err := db.update(func(tx *bbolt.Tx) error {
+	err := db.commit(context.Background(), func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketEvents)
-		for _, e := range events {
+		for i, e := range events {
 			seq, err := b.NextSequence()
 			if err != nil {
 				return fmt.Errorf("event sequence: %w", err)
 			}
-			if err := putJSON(b, timeKey(e.Time, seq), e); err != nil {
-				return err
+			if err := b.Put(timeKey(e.Time, seq), rows[i]); err != nil {
+				return fmt.Errorf("event %d: %w", i, err)
 			}
 		}
 		return nil

@@ -35,38 +35,64 @@ func validUsage(r budget.UsageRecord) error {
 // the outcome, because the caller must know the record's fate. After Close
 // it returns ErrClosed.
 func (db *DB) RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error {
+	row, err := encodeUsage(month, rec)
+	if err != nil {
+		return err
+	}
+	answers, err := encodeAnswers(rec)
+	if err != nil {
+		return err
+	}
 	return db.commit(ctx, func(tx *bbolt.Tx) error {
-		if err := recordUsage(tx, month, rec); err != nil {
+		if err := putUsage(tx, month, rec.UserID, rec.Time, row); err != nil {
 			return err
 		}
-		if err := keepAnswer(tx, rec); err != nil {
+		if err := answers.put(tx); err != nil {
 			return err
 		}
 		return settle(tx, s)
 	})
 }
 
-// recordUsage is RecordUsage's transaction function. It is pure with respect
-// to tx, as commit requires.
-func recordUsage(tx *bbolt.Tx, month string, rec budget.UsageRecord) error {
+// encodeUsage checks rec and encodes its usage row. Encoding is done on
+// the caller's goroutine: the writer, which every durable write waits for,
+// only puts bytes.
+func encodeUsage(month string, rec budget.UsageRecord) ([]byte, error) {
 	if err := checkMonth(month); err != nil {
-		return err
+		return nil, err
 	}
 	if err := validUsage(rec); err != nil {
+		return nil, err
+	}
+	row, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("encode usage row of %s: %w", rec.UserID, err)
+	}
+	return row, nil
+}
+
+// recordUsage is the quota increment and usage row of rec, in tx.
+func recordUsage(tx *bbolt.Tx, month string, rec budget.UsageRecord) error {
+	row, err := encodeUsage(month, rec)
+	if err != nil {
 		return err
 	}
+	return putUsage(tx, month, rec.UserID, rec.Time, row)
+}
 
+// putUsage adds one to user's quota of month and appends the usage row
+// made at t. It is pure with respect to tx, as commit requires.
+func putUsage(tx *bbolt.Tx, month, user string, t time.Time, row []byte) error {
 	quota, err := tx.Bucket(bucketQuota).CreateBucketIfNotExists([]byte(month))
 	if err != nil {
 		return fmt.Errorf("quota %s: %w", month, err)
 	}
-	user := []byte(rec.UserID)
 	var used uint64
-	if v := quota.Get(user); len(v) == 8 {
+	if v := quota.Get([]byte(user)); len(v) == 8 {
 		used = binary.BigEndian.Uint64(v)
 	}
-	if err := quota.Put(user, encodeUint64(used+1)); err != nil {
-		return fmt.Errorf("quota %s of %s: %w", month, rec.UserID, err)
+	if err := quota.Put([]byte(user), encodeUint64(used+1)); err != nil {
+		return fmt.Errorf("quota %s of %s: %w", month, user, err)
 	}
 
 	usage := tx.Bucket(bucketUsage)
@@ -74,7 +100,10 @@ func recordUsage(tx *bbolt.Tx, month string, rec budget.UsageRecord) error {
 	if err != nil {
 		return fmt.Errorf("usage sequence: %w", err)
 	}
-	return putJSON(usage, timeKey(rec.Time, seq), rec)
+	if err := usage.Put(timeKey(t, seq), row); err != nil {
+		return fmt.Errorf("usage row of %s: %w", user, err)
+	}
+	return nil
 }
 
 // QuotaUsed returns, for month ("2006-01"), each user's count of successful
