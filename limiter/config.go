@@ -23,6 +23,10 @@ const (
 	// Resolution is the granularity of stored timestamps; they are rounded
 	// up to it, so a slot may free up to this much later than exact.
 	Resolution = time.Microsecond
+	// DefaultMaxKeys is the most keys a Limiter holds when Config.MaxKeys
+	// is zero: about 25 MB for keys of one request each, up to 4 bytes
+	// more a key per request its window holds.
+	DefaultMaxKeys = 250_000
 )
 
 // Modes of a limit, as in [Config.Mode]. The limiter itself always
@@ -55,6 +59,16 @@ type Config struct {
 	// request passes). Empty means ModeEnforce. The limiter ignores it:
 	// its caller applies it.
 	Mode string `koanf:"mode"`
+	// MaxKeys bounds the keys held at once (users, or client IPs where
+	// there is no user), so that a flood of distinct clients cannot grow
+	// memory without end. 0 means DefaultMaxKeys (250,000). The bound
+	// holds per shard (MaxKeys/64 each): a new key in a full shard
+	// displaces an idle key if one of a few it samples is, else the
+	// sampled key whose newest request is oldest. A displaced key that
+	// comes back starts a fresh window: the limit fails open for the
+	// longest quiet of the keys, as a defense layer does, rather than
+	// refuse every newcomer.
+	MaxKeys int `koanf:"max_keys"`
 }
 
 // Shadow reports whether c is in shadow mode.
@@ -114,6 +128,9 @@ func (c Config) Validate(prefix string) error {
 		bad("window", "must be at most %s, got %s", MaxWindow, w)
 	case c.Rate > 0 && w < MinWindow:
 		bad("window", "must be at least %s when rate is set, got %s", MinWindow, w)
+	}
+	if c.MaxKeys < 0 {
+		bad("max_keys", "must not be negative, got %d", c.MaxKeys)
 	}
 	if err := ValidMode(name("mode"), c.Mode); err != nil {
 		errs = append(errs, err)

@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,6 +23,11 @@ const (
 	// ReasonGlobal means the service-wide count of failures in the last
 	// hour is past FailConfig.GlobalPerHour.
 	ReasonGlobal = "global"
+	// ReasonCapacity means the limiter already tracks FailConfig.MaxKeys
+	// keys, none of them idle, and the attempt names a key it does not
+	// track: it fails closed for new keys rather than forget a run or a
+	// cooldown.
+	ReasonCapacity = "capacity"
 )
 
 // Defaults of a [FailConfig].
@@ -28,6 +36,13 @@ const (
 	DefaultFailWindow  = 10 * time.Minute
 	DefaultCooldown    = 10 * time.Minute
 	DefaultMaxCooldown = 24 * time.Hour
+	// DefaultFailMaxKeys is the most keys a FailLimiter holds when
+	// FailConfig.MaxKeys is zero: at about 150 bytes a key, 75 MB at
+	// most. An invite attempt names two keys, its IP and its e-mail.
+	DefaultFailMaxKeys = 500_000
+	// MaxFailLimit is the largest FailConfig.Limit: runs are counted in
+	// 32 bits.
+	MaxFailLimit = math.MaxInt32
 	// BackoffMemory is how soon after the end of a cooldown the next one
 	// must start to be doubled, when FailConfig.Backoff is set.
 	BackoffMemory = 24 * time.Hour
@@ -58,6 +73,12 @@ type FailConfig struct {
 	// GlobalPerHour is the most failures, over every key, in the last hour
 	// (counted in whole minutes) before every attempt is refused. 0 is off.
 	GlobalPerHour int
+	// MaxKeys is the most keys held at once. Default DefaultFailMaxKeys
+	// (500,000). Once it is reached, and no key is idle, an attempt on a
+	// key not held is refused (ReasonCapacity): forgetting a key would
+	// lift its cooldown or reset its run, which is what a guesser with
+	// many addresses wants.
+	MaxKeys int
 }
 
 // WithDefaults returns c with every zero field that has a default set.
@@ -74,6 +95,9 @@ func (c FailConfig) WithDefaults() FailConfig {
 	if c.MaxCooldown == 0 {
 		c.MaxCooldown = max(DefaultMaxCooldown, c.Cooldown)
 	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = DefaultFailMaxKeys
+	}
 	return c
 }
 
@@ -85,8 +109,11 @@ func (c FailConfig) Validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
 	}
-	if c.Limit < 0 {
-		bad("fail limit must not be negative, got %d", c.Limit)
+	if c.Limit < 0 || c.Limit > MaxFailLimit {
+		bad("fail limit must be 0 to %d, got %d", MaxFailLimit, c.Limit)
+	}
+	if c.MaxKeys < 0 {
+		bad("the most keys held must not be negative, got %d", c.MaxKeys)
 	}
 	if c.Window < 0 || c.Cooldown < 0 || c.MaxCooldown < 0 {
 		bad("fail window, cooldown and max cooldown must not be negative")
@@ -100,14 +127,21 @@ func (c FailConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// failKey is one key's run of failures and its cooldown.
+// failKey is one key's run of failures and its cooldown: 32 bytes, held
+// by pointer so that the map's slots stay small. Times are the limiter's
+// clock (see FailLimiter.since): Unix nanoseconds, 0 for none.
 type failKey struct {
-	fails   int           // consecutive failures in the current run
-	pending int           // attempts begun and not yet finished
-	last    time.Time     // the last evaluated attempt
-	until   time.Time     // end of the latest cooldown, kept after it passes
-	length  time.Duration // length of the latest cooldown
+	last    int64  // the last evaluated attempt
+	until   int64  // end of the latest cooldown, kept after it passes
+	length  int64  // ns; length of the latest cooldown, 0 for none
+	fails   int32  // consecutive failures in the current run
+	pending uint16 // attempts begun and not yet finished
+	dirty   bool   // changed since the last Dirty, and listed in dirtyKeys
 }
+
+// maxPending is the most attempts in progress at once on one key; more
+// are refused as ReasonInFlight.
+const maxPending = math.MaxUint16
 
 // FailLimiter is a fail limit for pre-auth endpoints: Limit consecutive
 // failures on a key, each within Window of the previous evaluated attempt,
@@ -128,12 +162,22 @@ type failKey struct {
 type FailLimiter struct {
 	cfg FailConfig
 
-	mu          sync.Mutex
-	keys        map[string]*failKey
-	dirty       map[string]struct{} // keys changed or dropped since the last Dirty
-	buckets     [globalSpan]bucket  // failures per minute, by minute mod 60
+	mu   sync.Mutex
+	keys map[string]*failKey
+	// dirtyKeys lists the keys changed (their dirty flag set) or dropped
+	// since the last Dirty; a key may be listed more than once.
+	dirtyKeys   []string
+	buckets     [globalSpan]bucket // failures per minute, by minute mod 60
 	globalDirty bool
 	lastTrip    time.Time // when the global net last tripped
+	lastSweep   time.Time // when Begin last evicted idle keys at MaxKeys
+
+	// The clock: the first now seen, and its Unix nanoseconds. Later
+	// times are counted from it on the monotonic clock, so that a step
+	// of the wall clock neither lifts nor stretches a cooldown in
+	// progress.
+	epoch     time.Time
+	epochWall int64
 }
 
 // bucket counts failures in one minute, since the Unix epoch.
@@ -147,8 +191,21 @@ func NewFail(cfg FailConfig) (*FailLimiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &FailLimiter{cfg: cfg.WithDefaults(), keys: map[string]*failKey{}, dirty: map[string]struct{}{}}, nil
+	return &FailLimiter{cfg: cfg.WithDefaults(), keys: map[string]*failKey{}}, nil
 }
+
+// since returns now on the limiter's clock: Unix nanoseconds, as of the
+// first now seen plus the (monotonic, when both carry it) time elapsed
+// since. f.mu is held.
+func (f *FailLimiter) since(now time.Time) int64 {
+	if f.epochWall == 0 {
+		f.epoch, f.epochWall = now, max(now.UnixNano(), 1)
+	}
+	return min(max(f.epochWall+int64(now.Sub(f.epoch)), -maxT), maxT)
+}
+
+// wallTime turns a time on the limiter's clock back into a time.Time.
+func wallTime(t int64) time.Time { return time.Unix(0, t) }
 
 // Config returns the config in force, with defaults applied.
 func (f *FailLimiter) Config() FailConfig { return f.cfg }
@@ -174,36 +231,58 @@ func (f *FailLimiter) Begin(keys []string, now time.Time) (*Attempt, error) {
 	if g := f.cfg.GlobalPerHour; g > 0 && f.globalCount(now) >= g {
 		return nil, &Refusal{RetryAfter: time.Minute, Reason: ReasonGlobal}
 	}
+	t := f.since(now)
+	added := 0
 	for _, k := range keys {
 		st := f.keys[k]
 		if st == nil {
+			added++
 			continue
 		}
-		if now.Before(st.until) {
-			return nil, &Refusal{RetryAfter: st.until.Sub(now), Reason: ReasonCooldown}
+		if t < st.until {
+			return nil, &Refusal{RetryAfter: time.Duration(st.until - t), Reason: ReasonCooldown}
 		}
-		if f.run(st, now)+st.pending >= f.cfg.Limit {
+		if f.run(st, t)+int(st.pending) >= f.cfg.Limit || st.pending == maxPending {
 			return nil, &Refusal{RetryAfter: time.Second, Reason: ReasonInFlight}
+		}
+	}
+	if added > 0 && len(f.keys)+added > f.cfg.MaxKeys {
+		// Full: drop what is idle, at most once a second (a sweep
+		// visits every key), before refusing a newcomer.
+		if now.Sub(f.lastSweep) >= time.Second || now.Before(f.lastSweep) {
+			f.lastSweep = now
+			f.evict(t)
+		}
+		if len(f.keys)+added > f.cfg.MaxKeys {
+			return nil, &Refusal{RetryAfter: time.Minute, Reason: ReasonCapacity}
 		}
 	}
 	for _, k := range keys {
 		st := f.keys[k]
 		if st == nil {
 			st = &failKey{}
-			f.keys[k] = st
+			f.keys[strings.Clone(k)] = st // do not pin the caller's buffer
 		}
 		st.pending++
 	}
 	return &Attempt{f: f, keys: append([]string(nil), keys...)}, nil
 }
 
-// run returns st's failures that still count at now: none once Window has
+// run returns st's failures that still count at t: none once Window has
 // passed since the last evaluated attempt.
-func (f *FailLimiter) run(st *failKey, now time.Time) int {
-	if st.fails > 0 && now.Sub(st.last) > f.cfg.Window {
+func (f *FailLimiter) run(st *failKey, t int64) int {
+	if st.fails > 0 && t-st.last > int64(f.cfg.Window) {
 		return 0
 	}
-	return st.fails
+	return int(st.fails)
+}
+
+// markDirty lists k for the next Dirty; f.mu is held.
+func (f *FailLimiter) markDirty(k string, st *failKey) {
+	if !st.dirty {
+		st.dirty = true
+		f.dirtyKeys = append(f.dirtyKeys, k)
+	}
 }
 
 // Fail records the attempt as a failure at now on each of its keys,
@@ -218,16 +297,17 @@ func (a *Attempt) Fail(now time.Time) (tripped bool) {
 	f := a.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	t := f.since(now)
 	for _, k := range a.keys {
 		st := f.keys[k]
 		st.pending--
-		st.fails = f.run(st, now) + 1
-		st.last = now
-		if st.fails >= f.cfg.Limit {
-			f.startCooldown(st, now)
+		st.fails = int32(f.run(st, t) + 1)
+		st.last = t
+		if int(st.fails) >= f.cfg.Limit {
+			f.startCooldown(st, t)
 			a.started = append(a.started, k)
 		}
-		f.dirty[k] = struct{}{}
+		f.markDirty(k, st)
 	}
 	f.addGlobal(now)
 	if g := f.cfg.GlobalPerHour; g > 0 && f.globalCount(now) >= g &&
@@ -238,13 +318,13 @@ func (a *Attempt) Fail(now time.Time) (tripped bool) {
 	return false
 }
 
-// startCooldown puts st in a cooldown from now and starts a new run.
-func (f *FailLimiter) startCooldown(st *failKey, now time.Time) {
-	length := f.cfg.Cooldown
-	if f.cfg.Backoff && !st.until.IsZero() && now.Sub(st.until) < BackoffMemory {
-		length = min(2*st.length, f.cfg.MaxCooldown)
+// startCooldown puts st in a cooldown from t and starts a new run.
+func (f *FailLimiter) startCooldown(st *failKey, t int64) {
+	length := int64(f.cfg.Cooldown)
+	if f.cfg.Backoff && st.length > 0 && t-st.until < int64(BackoffMemory) {
+		length = min(2*st.length, int64(f.cfg.MaxCooldown))
 	}
-	st.until, st.length, st.fails = now.Add(length), length, 0
+	st.until, st.length, st.fails = min(t+length, maxT), length, 0
 }
 
 // Succeed records the attempt as a success at now: each key's run is reset
@@ -257,17 +337,18 @@ func (a *Attempt) Succeed(now time.Time) {
 	f := a.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	t := f.since(now)
 	for _, k := range a.keys {
 		st := f.keys[k]
 		st.pending--
-		st.fails = f.run(st, now)
+		st.fails = int32(f.run(st, t))
 		if f.cfg.Decay {
 			st.fails = max(st.fails-1, 0)
 		} else {
 			st.fails = 0
 		}
-		st.last = now
-		f.dirty[k] = struct{}{}
+		st.last = t
+		f.markDirty(k, st)
 	}
 }
 
@@ -311,10 +392,10 @@ func (f *FailLimiter) CoolingDown(key string, now time.Time) (time.Time, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := f.keys[key]
-	if st == nil || !now.Before(st.until) {
+	if st == nil || f.since(now) >= st.until {
 		return time.Time{}, false
 	}
-	return st.until, true
+	return wallTime(st.until), true
 }
 
 // Cooldown is a key in a cooldown, and when the cooldown ends.
@@ -327,10 +408,11 @@ type Cooldown struct {
 func (f *FailLimiter) Cooling(now time.Time) []Cooldown {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	t := f.since(now)
 	var out []Cooldown
 	for k, st := range f.keys {
-		if now.Before(st.until) {
-			out = append(out, Cooldown{Key: k, Until: st.until})
+		if t < st.until {
+			out = append(out, Cooldown{Key: k, Until: wallTime(st.until)})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
@@ -348,8 +430,8 @@ func (f *FailLimiter) Clear(key string) bool {
 	if st == nil {
 		return false
 	}
-	st.fails, st.until, st.length = 0, time.Time{}, 0
-	f.dirty[key] = struct{}{}
+	st.fails, st.until, st.length = 0, 0, 0
+	f.markDirty(key, st)
 	return true
 }
 
@@ -383,13 +465,13 @@ func (f *FailLimiter) addGlobal(now time.Time) {
 	f.globalDirty = true
 }
 
-// idle reports whether st no longer affects any decision at now.
-func (f *FailLimiter) idle(st *failKey, now time.Time) bool {
-	if st.pending > 0 || f.run(st, now) > 0 {
+// idle reports whether st no longer affects any decision at t.
+func (f *FailLimiter) idle(st *failKey, t int64) bool {
+	if st.pending > 0 || f.run(st, t) > 0 {
 		return false
 	}
-	return st.until.IsZero() || !now.Before(st.until.Add(BackoffMemory)) ||
-		(!f.cfg.Backoff && !now.Before(st.until))
+	return st.length == 0 || t >= st.until+int64(BackoffMemory) ||
+		(!f.cfg.Backoff && t >= st.until)
 }
 
 // Evict drops every key whose state no longer affects any decision at now,
@@ -397,11 +479,15 @@ func (f *FailLimiter) idle(st *failKey, now time.Time) bool {
 func (f *FailLimiter) Evict(now time.Time) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.evict(f.since(now))
+}
+
+func (f *FailLimiter) evict(t int64) int {
 	n := 0
 	for k, st := range f.keys {
-		if f.idle(st, now) {
+		if f.idle(st, t) {
 			delete(f.keys, k)
-			f.dirty[k] = struct{}{}
+			f.dirtyKeys = append(f.dirtyKeys, k)
 			n++
 		}
 	}
@@ -425,19 +511,31 @@ const failVersion = 1
 func (f *FailLimiter) Dirty() (entries []Entry, global []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	keys := make([]string, 0, len(f.dirty))
-	for k := range f.dirty {
-		keys = append(keys, k)
+	keys := f.dirtyKeys
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	if len(keys) > 0 {
+		entries = make([]Entry, 0, len(keys))
 	}
-	sort.Strings(keys)
+	// One buffer holds every encoding: a write-behind of many keys
+	// allocates once, not once a key.
+	buf := make([]byte, 0, len(keys)*failEncodedLen)
 	for _, k := range keys {
 		e := Entry{Key: k}
 		if st := f.keys[k]; st != nil {
-			e.State = encodeFail(st)
+			st.dirty = false
+			n := len(buf)
+			buf = f.encodeFail(buf, st)
+			e.State = buf[n:len(buf):len(buf)]
 		}
 		entries = append(entries, e)
 	}
-	clear(f.dirty)
+	clear(keys)
+	if cap(f.dirtyKeys) > maxIdleDirty {
+		f.dirtyKeys = nil // let a burst's list go
+	} else {
+		f.dirtyKeys = f.dirtyKeys[:0]
+	}
 	if f.globalDirty {
 		global = f.encodeGlobal()
 		f.globalDirty = false
@@ -463,65 +561,73 @@ func (f *FailLimiter) Load(entries []Entry, global []byte) {
 			continue
 		}
 		if old := f.keys[e.Key]; old != nil {
-			st.pending = old.pending
+			st.pending, st.dirty = old.pending, old.dirty
+			*old = st
+			continue
 		}
-		f.keys[e.Key] = st
+		f.keys[strings.Clone(e.Key)] = &st
 	}
 	if global != nil {
 		f.decodeGlobal(global)
 	}
 }
 
-// unixNano encodes t, with the zero time as 0.
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
+// failEncodedLen is the usual length of an encoded fail state: a version
+// byte, a run of up to 127 and three varints of Unix nanoseconds.
+const failEncodedLen = 2 + 3*9
 
-func fromUnixNano(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
-}
+// maxIdleDirty is the capacity of a dirty list kept between calls to
+// Dirty; a longer one, left by a burst, is dropped.
+const maxIdleDirty = 1024
 
-// encodeFail writes a version byte, then the run length as a uvarint and
-// the last attempt, the cooldown's end and its length as varints (Unix
-// nanoseconds and nanoseconds; 0 for none).
-func encodeFail(st *failKey) []byte {
-	b := make([]byte, 0, 1+4*binary.MaxVarintLen64)
+// encodeFail appends to b a version byte, then the run length as a uvarint
+// and the last attempt, the cooldown's end and its length as varints (Unix
+// nanoseconds and nanoseconds; 0 for none). f.mu is held.
+func (f *FailLimiter) encodeFail(b []byte, st *failKey) []byte {
 	b = append(b, failVersion)
 	b = binary.AppendUvarint(b, uint64(st.fails))
-	b = binary.AppendVarint(b, unixNano(st.last))
-	b = binary.AppendVarint(b, unixNano(st.until))
-	b = binary.AppendVarint(b, int64(st.length))
+	b = binary.AppendVarint(b, st.last)
+	until := st.until
+	if st.length == 0 {
+		until = 0 // none
+	}
+	b = binary.AppendVarint(b, until)
+	b = binary.AppendVarint(b, st.length)
 	return b
 }
 
-func decodeFail(b []byte) (*failKey, bool) {
+func decodeFail(b []byte) (failKey, bool) {
 	if len(b) == 0 || b[0] != failVersion {
-		return nil, false
+		return failKey{}, false
 	}
 	b = b[1:]
 	fails, k := binary.Uvarint(b)
 	if k <= 0 || fails > 1<<20 {
-		return nil, false
+		return failKey{}, false
 	}
 	b = b[k:]
 	var v [3]int64
 	for i := range v {
 		v[i], k = binary.Varint(b)
-		if k <= 0 {
-			return nil, false
+		if k <= 0 || v[i] < -maxT || v[i] > maxT {
+			return failKey{}, false
 		}
 		b = b[k:]
 	}
 	if len(b) != 0 || v[2] < 0 {
-		return nil, false
+		return failKey{}, false
 	}
-	return &failKey{fails: int(fails), last: fromUnixNano(v[0]), until: fromUnixNano(v[1]), length: time.Duration(v[2])}, true
+	st := failKey{fails: int32(fails), last: v[0], until: v[1], length: v[2]}
+	if st.until == 0 {
+		// No cooldown yet. A length without an end, which no version
+		// writes, is dropped with it: it would only double the next.
+		st.length = 0
+	} else if st.length == 0 {
+		// An end without a length: a cooldown all the same, and
+		// remembered for the backoff, as the time.Time form held it.
+		st.length = 1
+	}
+	return st, true
 }
 
 // encodeGlobal writes a version byte and, for each non-empty minute, its

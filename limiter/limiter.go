@@ -71,6 +71,7 @@ type settings struct {
 	window   int64 // ns
 	horizon  int64 // ns; entries at or before now-horizon count for nothing
 	capacity int   // entries kept per key; 0 = limiter off
+	perShard int   // keys held per shard at most
 }
 
 func newSettings(c Config) *settings {
@@ -81,6 +82,11 @@ func newSettings(c Config) *settings {
 		window:  int64(c.Window),
 		horizon: int64(max(c.Window, BurstWindow)),
 	}
+	maxKeys := c.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	s.perShard = max(1, (maxKeys+numShards-1)/numShards)
 	s.capacity = max(c.Rate, c.Burst)
 	if c.Rate > 0 {
 		// Burst > Rate is implied by the rate limit (1s <= Window), so
@@ -116,6 +122,8 @@ type Limiter struct {
 	started atomic.Bool
 	startMu sync.Mutex
 	epoch   time.Time // the first now seen; written once, before started
+
+	displaced atomic.Int64 // keys dropped to make room, see Config.MaxKeys
 
 	shards [numShards]shard
 }
@@ -166,6 +174,9 @@ func (l *Limiter) Allow(key string, now time.Time) error {
 	sh.mu.Lock()
 	w := sh.keys[key]
 	if w == nil {
+		if len(sh.keys) >= s.perShard && sh.displace(t-s.horizon) {
+			l.displaced.Add(1)
+		}
 		key = strings.Clone(key) // do not pin the caller's buffer
 		w = new(window)
 		sh.keys[key] = w
@@ -207,6 +218,45 @@ func (l *Limiter) Evict(now time.Time) int {
 	}
 	return dropped
 }
+
+// displaceSample is how many keys a full shard looks at to find one to
+// drop.
+const displaceSample = 8
+
+// displace drops one key to make room for another: the first of a few
+// sampled (map order is random) whose history counts for nothing after
+// cutoff, else the sampled key whose newest request is oldest. sh.mu is
+// held. It reports whether it dropped a key that still counted.
+func (sh *shard) displace(cutoff int64) (live bool) {
+	var (
+		victim string
+		oldest int64
+		seen   int
+	)
+	for key, w := range sh.keys {
+		newest := int64(-maxT - 1)
+		if w.n > 0 {
+			newest = w.newest()
+		}
+		if seen == 0 || newest < oldest {
+			victim, oldest = key, newest
+		}
+		if seen++; newest <= cutoff || seen == displaceSample {
+			break
+		}
+	}
+	w := sh.keys[victim]
+	delete(sh.keys, victim)
+	if sh.tracking && !w.dirty {
+		sh.dirty = append(sh.dirty, victim)
+	}
+	return oldest > cutoff
+}
+
+// Displaced returns how many keys were dropped while their history still
+// counted, to make room within Config.MaxKeys: each such key's window
+// started afresh when it came back.
+func (l *Limiter) Displaced() int64 { return l.displaced.Load() }
 
 // Len returns the number of keys held.
 func (l *Limiter) Len() int {

@@ -59,7 +59,11 @@ func (l *Limiter) Dirty(now time.Time) []Entry {
 				out = append(out, e)
 			}
 			clear(sh.dirty)
-			sh.dirty = sh.dirty[:0]
+			if cap(sh.dirty) > maxIdleDirty/numShards {
+				sh.dirty = nil // let a burst's list go
+			} else {
+				sh.dirty = sh.dirty[:0]
+			}
 		}
 		sh.mu.Unlock()
 	}
@@ -114,9 +118,9 @@ func encode(w *window, cutoff, wall int64) []byte {
 	b = append(b, stateVersion)
 	b = binary.AppendVarint(b, wall+w.at(first))
 	b = binary.AppendUvarint(b, uint64(live))
-	prev := w.ring[w.index(first)]
+	prev := w.off(first)
 	for i := first + 1; i < int(w.n); i++ {
-		off := w.ring[w.index(i)]
+		off := w.off(i)
 		b = binary.AppendUvarint(b, uint64(off-prev))
 		prev = off
 	}
@@ -173,10 +177,13 @@ func decode(b []byte, cutoff, wall int64, capacity int) (*window, bool) {
 		return w, true
 	}
 	w.base = times[0]
+	w.n = uint32(len(times))
+	if len(times) == 1 {
+		return w, true // one entry, at base: no ring
+	}
 	w.ring = make([]uint32, len(times))
 	for i, t := range times {
 		w.ring[i] = uint32((t - w.base) / tick)
 	}
-	w.n = uint32(len(times))
 	return w, true
 }

@@ -13,7 +13,9 @@ const maxSpan = int64(math.MaxUint32) * tick
 // oldest first, in a ring. Times are nanoseconds since the Limiter's epoch.
 // Stored time i is base + ring[(head+i) mod len(ring)]*tick; stored times are
 // non-decreasing from oldest to newest and never earlier than the request
-// they record. A window is guarded by its shard's mutex.
+// they record. A key with one request has no ring: its time is base (most
+// keys a flood brings, one request from each of many addresses, stay so).
+// A window is guarded by its shard's mutex.
 type window struct {
 	base  int64
 	ring  []uint32
@@ -24,7 +26,15 @@ type window struct {
 
 // at returns the stored time of the i-th oldest entry, 0 <= i < n.
 func (w *window) at(i int) int64 {
-	return w.base + int64(w.ring[w.index(i)])*tick
+	return w.base + int64(w.off(i))*tick
+}
+
+// off returns the offset from base, in ticks, of the i-th oldest entry.
+func (w *window) off(i int) uint32 {
+	if len(w.ring) == 0 {
+		return 0 // the one entry, at base
+	}
+	return w.ring[w.index(i)]
 }
 
 // newest returns the stored time of the newest entry; n must be > 0.
@@ -45,11 +55,14 @@ func (w *window) wait(k int, span, t int64) int64 {
 
 // dropOldest removes the oldest entry; n must be > 0.
 func (w *window) dropOldest() {
+	w.n--
+	if len(w.ring) == 0 {
+		return
+	}
 	w.head++
 	if int(w.head) == len(w.ring) {
 		w.head = 0
 	}
-	w.n--
 }
 
 // push records a request admitted at t, keeping at most capacity entries.
@@ -59,22 +72,31 @@ func (w *window) push(t int64, capacity int, horizon int64) {
 	if w.n > 0 && t-w.base > maxSpan {
 		w.rebase(t, horizon)
 	}
-	var off uint32
 	if w.n == 0 {
-		w.base, w.head = t, 0
-	} else {
-		var o int64
-		if d := t - w.base; d > 0 {
-			o = (d + tick - 1) / tick // round up: never earlier than t
+		w.base, w.head, w.n = t, 0, 1
+		if len(w.ring) > 0 {
+			w.ring[0] = 0
 		}
-		// A clock that went backwards records no earlier than the newest.
-		if last := int64(w.ring[w.index(int(w.n)-1)]); o < last {
-			o = last
-		}
-		off = uint32(o)
+		return
+	}
+	var o int64
+	if d := t - w.base; d > 0 {
+		o = (d + tick - 1) / tick // round up: never earlier than t
+	}
+	// A clock that went backwards records no earlier than the newest.
+	if last := int64(w.off(int(w.n) - 1)); o < last {
+		o = last
+	}
+	for w.n > 0 && int(w.n) >= capacity {
+		w.dropOldest()
+	}
+	if w.n == 0 && len(w.ring) == 0 {
+		// Capacity 1: the one entry, still ringless, moves.
+		w.base, w.n = w.base+o*tick, 1
+		return
 	}
 	w.fit(capacity)
-	w.ring[w.index(int(w.n))] = off
+	w.ring[w.index(int(w.n))] = uint32(o)
 	w.n++
 }
 
@@ -96,8 +118,8 @@ func (w *window) rebase(t, horizon int64) {
 	for w.n > 0 && w.at(0) <= cutoff {
 		w.dropOldest()
 	}
-	if w.n == 0 {
-		return
+	if w.n == 0 || len(w.ring) == 0 {
+		return // none left, or the one at base
 	}
 	shift := w.ring[w.head]
 	for i := range int(w.n) {
@@ -106,13 +128,10 @@ func (w *window) rebase(t, horizon int64) {
 	w.base += int64(shift) * tick
 }
 
-// fit makes room for one more entry within capacity: it drops the oldest
-// entries beyond it and grows (geometrically, up to capacity) or shrinks
-// the ring.
+// fit makes room for one more entry, n being below capacity: it grows the
+// ring (geometrically, up to capacity), or shrinks one left larger than
+// capacity by an earlier config.
 func (w *window) fit(capacity int) {
-	for w.n > 0 && int(w.n) >= capacity {
-		w.dropOldest()
-	}
 	if int(w.n) < len(w.ring) && len(w.ring) <= capacity {
 		return
 	}
@@ -122,7 +141,7 @@ func (w *window) fit(capacity int) {
 	}
 	ring := make([]uint32, size)
 	for i := range int(w.n) {
-		ring[i] = w.ring[w.index(i)]
+		ring[i] = w.off(i)
 	}
 	w.ring, w.head = ring, 0
 }

@@ -24,7 +24,7 @@ var alertKinds = []string{detect.KindBrakeEngaged, detect.KindUsageCommitFailed,
 
 // inviteReasons are the reasons of breakwater_invite_refusals_total.
 var inviteReasons = []string{reasonInvalid, reasonExpired, reasonUsedUp, reasonRevoked,
-	"rate", "burst", "cooldown", "in_flight", "global"}
+	"rate", "burst", "cooldown", "in_flight", "global", "capacity"}
 
 // startAtZero creates every known label set of the counters at zero, so
 // that each series exists from start and an alert rule on it needs no

@@ -28,7 +28,7 @@ const verifyRoute = "/v1/invites/verify"
 // Reasons an invite verification is refused, as in logs, statistics
 // events and breakwater_invite_refusals_total{reason}. Besides these the
 // metric counts the limiter's "rate" and "burst" (429), and the fail
-// limiter's "cooldown", "in_flight" and "global".
+// limiter's "cooldown", "in_flight", "global" and "capacity".
 const (
 	reasonInvalid = "invalid" // no invite has that code (malformed codes too)
 	reasonExpired = "expired"
