@@ -101,6 +101,12 @@ type Config struct {
 	// route pattern, status, latency, user (once known), client IP and
 	// request id. Default false.
 	AccessLog bool `koanf:"access_log"`
+	// AdminPprof serves Go's profiler (net/http/pprof) on the admin
+	// listener under /debug/pprof/, behind the admin token like every
+	// admin route. A profile shows the request path's internals and a CPU
+	// profile costs CPU while it runs, so it stays off in normal running;
+	// it is read at start only. Default false.
+	AdminPprof bool `koanf:"admin_pprof"`
 }
 
 // WithDefaults returns c with every zero field set to its documented default.

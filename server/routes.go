@@ -46,6 +46,9 @@ func (s *Server) routes() {
 	a.GET("/api/cooldowns", s.handleCooldowns)
 	a.POST("/api/cooldowns/clear", s.handleClearCooldown, limitBody(64<<10))
 	a.GET("/api/recorded", s.handleRecorded)
+	if s.cfg.AdminPprof {
+		pprofRoutes(a) // off by default: a profile shows request internals
+	}
 }
 
 func (s *Server) handleHealth(c echo.Context) error {

@@ -30,6 +30,7 @@ type plan struct {
 	inFlight         int           // memory: upstream calls in flight at once
 	inFlightLatency  time.Duration // memory: how long each of them takes
 	settle           time.Duration // memory: wait before reading RSS (the write-behind runs every second)
+	profile          string        // a folder for CPU profiles of the first round's Breakwater cases ("": none)
 }
 
 var (
@@ -48,6 +49,7 @@ type tcase struct {
 	id      string // names the case in ratios
 	label   string
 	addr    string
+	bw      *breakwater  // the instance that serves it; nil for the peers
 	pids    func() []int // the processes that serve it, for their CPU time
 	request func(buf []byte, seq int64, s *clientScratch) []byte
 	expect  int // the status every answer should have
@@ -74,6 +76,9 @@ type bench struct {
 	echo, peer, redis *process
 	on, off, reject   *breakwater
 	cases             []tcase
+
+	profiles   []string // the CPU profiles written (plan.profile)
+	profileErr error    // the profiles that could not be
 }
 
 // testPNG is the 64×32 image every OCR request sends.
@@ -178,6 +183,8 @@ func (b *bench) startBreakwaters() (map[*breakwater]string, map[*breakwater][]st
 	// The rejected path: one request an hour, so every request of the flood
 	// after the first is over the rate limit.
 	reject := bwConfig{rate: 1, window: "1h", burst: 1, inFlightPerUser: 1024, maxConnections: 8192, ceilings: true}
+	// -profile: Go's profiler on the admin listener, for the CPU profiles.
+	on.pprof, off.pprof, reject.pprof = b.plan.profile != "", b.plan.profile != "", b.plan.profile != ""
 
 	var oneUser = map[*breakwater]string{}
 	var manyUsers = map[*breakwater][]string{}
@@ -255,17 +262,17 @@ func (b *bench) buildCases(img []byte, oneUser map[*breakwater]string, manyUsers
 	return []tcase{
 		{id: "echo", label: "bare Echo", addr: echoAddr, pids: pids(b.echo),
 			request: oneOf(ocrRequest(echoAddr, oneUser[b.on], img)), expect: http.StatusOK},
-		{id: "acc1on", label: "accepted, 1 user, ceilings on", addr: b.on.addr, pids: bwPids(b.on),
+		{id: "acc1on", label: "accepted, 1 user, ceilings on", addr: b.on.addr, bw: b.on, pids: bwPids(b.on),
 			request: oneOf(ocrRequest(b.on.addr, oneUser[b.on], img)), expect: http.StatusOK},
-		{id: "accNon", label: "accepted, " + users + " users, ceilings on", addr: b.on.addr, pids: bwPids(b.on),
+		{id: "accNon", label: "accepted, " + users + " users, ceilings on", addr: b.on.addr, bw: b.on, pids: bwPids(b.on),
 			request: oneOf(many(b.on)...), expect: http.StatusOK},
-		{id: "acc1off", label: "accepted, 1 user, ceilings off", addr: b.off.addr, pids: bwPids(b.off),
+		{id: "acc1off", label: "accepted, 1 user, ceilings off", addr: b.off.addr, bw: b.off, pids: bwPids(b.off),
 			request: oneOf(ocrRequest(b.off.addr, oneUser[b.off], img)), expect: http.StatusOK},
-		{id: "accNoff", label: "accepted, " + users + " users, ceilings off", addr: b.off.addr, pids: bwPids(b.off),
+		{id: "accNoff", label: "accepted, " + users + " users, ceilings off", addr: b.off.addr, bw: b.off, pids: bwPids(b.off),
 			request: oneOf(many(b.off)...), expect: http.StatusOK},
-		{id: "rej429", label: "rejected, 1 key over its rate (429)", addr: b.reject.addr, pids: bwPids(b.reject),
+		{id: "rej429", label: "rejected, 1 key over its rate (429)", addr: b.reject.addr, bw: b.reject, pids: bwPids(b.reject),
 			request: oneOf(ocrRequest(b.reject.addr, oneUser[b.reject], img)), expect: http.StatusTooManyRequests},
-		{id: "rej401", label: "rejected, random keys (401)", addr: b.reject.addr, pids: bwPids(b.reject),
+		{id: "rej401", label: "rejected, random keys (401)", addr: b.reject.addr, bw: b.reject, pids: bwPids(b.reject),
 			request: randomKeys(b.reject.addr, img), expect: http.StatusUnauthorized},
 		{id: "peer", label: "redis_rate peer, 3 decisions/request", addr: peerAddr, pids: pids(b.peer, b.redis),
 			request: oneOf(ocrRequest(peerAddr, oneUser[b.on], img)), expect: http.StatusOK},
@@ -294,8 +301,9 @@ func (b *bench) close() {
 	b.echo.stop()
 }
 
-// measure runs one case once.
-func (b *bench) measure(c tcase) sample {
+// measure runs one case once; with profile, it also writes a CPU profile
+// of the serving instance over the measured time (see profileCase).
+func (b *bench) measure(c tcase, profile bool) sample {
 	pids := c.pids()
 	self := os.Getpid()
 	cpu := func() (srv, gen time.Duration) {
@@ -319,8 +327,19 @@ func (b *bench) measure(c tcase) sample {
 		t1 = time.Now()
 		srv1, gen1 = cpu()
 	}()
+	profiled := make(chan struct{})
+	if profile {
+		go func() {
+			defer close(profiled)
+			time.Sleep(l.warmup)
+			b.profileCase(c, l.duration)
+		}()
+	} else {
+		close(profiled)
+	}
 	out := generate(l)
 	<-done
+	<-profiled // the next case may profile the same instance: one profile at a time
 	wall := t1.Sub(t0).Seconds()
 	return sample{
 		rps: out.rps(), p50: out.percentile(0.50), p99: out.percentile(0.99),
@@ -337,7 +356,7 @@ func (b *bench) rounds() map[string][]sample {
 	for r := range b.plan.rounds {
 		for i := range n {
 			c := b.cases[(r+i)%n]
-			s := b.measure(c)
+			s := b.measure(c, r == 0 && b.plan.profile != "" && c.bw != nil)
 			results[c.id] = append(results[c.id], s)
 			b.progress("round %d/%d  %-40s %9.0f req/s  p50 %-8s p99 %-8s %s", r+1, b.plan.rounds, c.label,
 				s.rps, roundDuration(s.p50), roundDuration(s.p99), statusSummary(s))

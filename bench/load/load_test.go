@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,16 +34,22 @@ var smokePlan = plan{
 // starts every server (redis-server too: the test fails if it cannot be
 // found or installed), runs every case and memory figure once, and checks
 // that each answered as its case says and that the report names them all.
-// It judges no timing: shared CI machines are too noisy for that.
+// It runs with -profile (the profiles overlap the measured second, so they
+// cost the test almost nothing) and checks that every Breakwater case
+// wrote one. It judges no timing: shared CI machines are too noisy for
+// that.
 func TestSmoke(t *testing.T) {
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := benchmark(smokePlan, root, t.TempDir(), t.Logf)
+	p := smokePlan
+	p.profile = t.TempDir()
+	r, err := benchmark(p, root, t.TempDir(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkProfiles(t, r, p.profile)
 	r.form = "smoke test"
 	var out bytes.Buffer
 	r.print(&out)
@@ -85,5 +93,72 @@ func TestSmoke(t *testing.T) {
 	}
 	if !strings.Contains(text, "calls in flight") {
 		t.Error("the report does not show the calls in flight")
+	}
+}
+
+// checkProfiles checks that each Breakwater case of r wrote a CPU profile
+// to dir, named for its case, in pprof's gzipped format, and that the
+// peers wrote none.
+func checkProfiles(t *testing.T, r *report, dir string) {
+	t.Helper()
+	var want []string
+	for _, c := range r.cases {
+		if c.bw != nil {
+			want = append(want, filepath.Join(dir, slug(c.label)+".pprof"))
+		}
+	}
+	if got := slices.Sorted(slices.Values(r.profiles)); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+		t.Errorf("profiles %q, want %q", got, want)
+	}
+	for _, path := range want {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b {
+			t.Errorf("%s: %d bytes, not a gzipped profile", path, len(data))
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(want) {
+		t.Errorf("%d files in the profile folder, want %d", len(entries), len(want))
+	}
+	var out bytes.Buffer
+	printProfiles(&out, r.profiles, time.Second)
+	if text := out.String(); !strings.Contains(text, "go tool pprof") || !strings.Contains(text, want[0]) {
+		t.Errorf("the profiles are not printed with the command that reads them:\n%s", text)
+	}
+}
+
+func TestSlug(t *testing.T) {
+	for _, tt := range []struct{ label, want string }{
+		{"accepted, 1,000 users, ceilings on", "accepted-1000-users-ceilings-on"},
+		{"rejected, 1 key over its rate (429)", "rejected-1-key-over-its-rate-429"},
+		{"rejected, random keys (401)", "rejected-random-keys-401"},
+	} {
+		t.Run(tt.label, func(t *testing.T) {
+			if got := slug(tt.label); got != tt.want {
+				t.Errorf("slug(%q) = %q, want %q", tt.label, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestProfileSeconds(t *testing.T) {
+	for _, tt := range []struct {
+		measured time.Duration
+		want     int
+	}{
+		{4 * time.Second, 4}, {1500 * time.Millisecond, 2}, {200 * time.Millisecond, 1}, {0, 1},
+	} {
+		t.Run(tt.measured.String(), func(t *testing.T) {
+			if got := profileSeconds(tt.measured); got != tt.want {
+				t.Errorf("profileSeconds(%s) = %d, want %d", tt.measured, got, tt.want)
+			}
+		})
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -56,6 +57,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	clients := fs.Int("clients", 0, "concurrent keep-alive connections (default 64)")
 	root := fs.String("root", "", "the breakwater module to build (default: the module of the current directory)")
 	keep := fs.Bool("keep", false, "keep the temporary directory (configs, databases, server logs) and print its path")
+	profile := fs.String("profile", "", "write a CPU profile of each Breakwater case, over its measured time in the first round, to `DIR`/CASE.pprof")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -82,6 +84,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *clients > 0 {
 		p.clients = *clients
+	}
+	if *profile != "" {
+		abs, err := filepath.Abs(*profile)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return err
+		}
+		p.profile = abs
 	}
 	if *root == "" {
 		r, err := moduleRoot()
@@ -117,6 +129,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if r != nil {
 		r.form = form
 		r.print(stdout)
+		printProfiles(stderr, r.profiles, p.duration)
 	}
 	if err != nil {
 		return err
@@ -133,8 +146,9 @@ func benchmark(p plan, root, dir string, progress func(string, ...any)) (*report
 		return nil, err
 	}
 	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, samples: b.rounds()}
+	r.profiles = b.profiles
 	r.memory, err = b.memory()
-	return r, err
+	return r, errors.Join(err, b.profileErr)
 }
 
 // report is what one run measured.
@@ -145,6 +159,8 @@ type report struct {
 	cases   []tcase
 	samples map[string][]sample
 	memory  memoryFigures
+	// profiles are the CPU profiles written (-profile).
+	profiles []string
 }
 
 // figure is one case's medians across the rounds.

@@ -230,6 +230,7 @@ type bwConfig struct {
 	inFlightPerUser int           // server.max_in_flight_per_user
 	maxConnections  int           // server.max_connections
 	trustLoopback   bool          // trust X-Forwarded-For from 127.0.0.1
+	pprof           bool          // server.admin_pprof (-profile)
 }
 
 // breakwater is one instance of the real binary with its own config and
@@ -271,6 +272,10 @@ func newBreakwater(name, bin, dir string, c bwConfig) (*breakwater, error) {
 	if c.trustLoopback {
 		trusted = `["127.0.0.1"]`
 	}
+	profiler := ""
+	if c.pprof {
+		profiler = "admin_pprof = true # -profile: CPU profiles over the admin listener\n"
+	}
 	cfg := fmt.Sprintf(`# Written by bench/load for one benchmark run.
 [server]
 listen = %q
@@ -278,7 +283,7 @@ admin_listen = %q
 trusted_proxies = %s
 max_in_flight_per_user = %d
 max_connections = %d
-
+%s
 [storage]
 path = %q
 
@@ -302,7 +307,7 @@ global_fail_per_hour = 1000000000
 [plans.free]
 monthly_quota = 1000000000
 daily_attempts = 1000000000
-`, b.addr, b.admin, trusted, c.inFlightPerUser, c.maxConnections,
+`, b.addr, b.admin, trusted, c.inFlightPerUser, c.maxConnections, profiler,
 		filepath.Join(dir, "data", "breakwater.db"), c.latency.String(),
 		c.rate, c.window, c.burst, budget)
 	return b, os.WriteFile(b.config, []byte(cfg), 0o644)
