@@ -286,7 +286,7 @@ func TestMemoryPerUser(t *testing.T) {
 		// Keys are created one durable write at a time, 50 to 500 a
 		// second here, slower as the database grows: that sets the short
 		// form's sizes.
-		measure(t, e, "users", pick([]int{300, 1_200}, []int{2_000, 20_000}), maxPerUser)
+		measure(t, e, "users", pick([]int{300, 1_200, 3_000}, []int{2_000, 20_000}), maxPerUser)
 	})
 	// Each IP's wrong code counts towards its fail limit and its e-mail's,
 	// with the service-wide net out of the way: the most an IP costs.
