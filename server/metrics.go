@@ -154,22 +154,19 @@ func (m *Metrics) observeTransport(bodyBytes, conns func() int64) {
 	}, func() float64 { return float64(conns()) }))
 }
 
-// countRequests is middleware that counts every answer by route pattern
-// (never the raw path, which a client controls) and status.
-func (m *Metrics) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		err := next(c)
-		status := c.Response().Status
-		if err != nil {
-			status = toProblem(err).Status
-		}
-		route := c.Path()
-		if route == "" {
-			route = "unmatched"
-		}
-		m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
-		return err
+// countRequest counts an answer by route pattern (never the raw path,
+// which a client controls) and status; front calls it for every request
+// of the public listener.
+func (m *Metrics) countRequest(c echo.Context, err error) {
+	status := c.Response().Status
+	if err != nil {
+		status = toProblem(err).Status
 	}
+	route := c.Path()
+	if route == "" {
+		route = "unmatched"
+	}
+	m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
 }
 
 // usd turns micro-dollars into dollars for metrics.
