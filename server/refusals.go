@@ -92,7 +92,7 @@ func (s *Server) countRefusal(p *Problem) {
 
 // refused counts one refusal in the metrics and today's counts.
 func (s *Server) refused(layer, reason string) {
-	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
+	s.d.Metrics.refusalsBy.get([2]string{layer, reason}).Inc()
 	s.refusalsToday.add(s.calendar.Day(s.now()), layer, reason)
 }
 
