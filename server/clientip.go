@@ -13,6 +13,9 @@ import (
 const (
 	headerXFF    = "X-Forwarded-For"
 	headerRealIP = "X-Real-IP"
+	// keyRealIP is X-Real-IP as a header map holds it; looked up so,
+	// it is not canonicalised again on every request.
+	keyRealIP = "X-Real-Ip"
 )
 
 // clientIPHeader returns the canonical spelling of a configured header
@@ -53,16 +56,16 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	if !ci.isTrusted(peer) {
-		if len(ci.trusted) == 0 && ci.log != nil && (r.Header.Get(headerXFF) != "" || r.Header.Get(headerRealIP) != "") {
+		if len(ci.trusted) == 0 && ci.log != nil && (r.Header.Get(headerXFF) != "" || r.Header.Get(keyRealIP) != "") {
 			ci.warn.Do(func() {
 				ci.log.Warn("requests carry X-Forwarded-For or X-Real-IP but server.trusted_proxies is empty: " +
 					"the headers are ignored and every client is its TCP peer; behind a reverse proxy, list its address in trusted_proxies")
 			})
 		}
-		return peer.String()
+		return addrString(peer, r.RemoteAddr)
 	}
 	forwarded := ci.rightmostUntrusted(r.Header.Values(headerXFF))
-	real := lastRealIP(r.Header.Values(headerRealIP))
+	real := lastRealIP(r.Header.Values(keyRealIP))
 	client, other := forwarded, real
 	if ci.header == headerRealIP {
 		client, other = real, forwarded
@@ -78,6 +81,19 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return client.String()
 	}
 	return peer.String()
+}
+
+// addrString is a as a string: s's own host part, without a copy, when it
+// already spells a so (as a TCP peer's address from Go's server does).
+func addrString(a netip.Addr, s string) string {
+	if host, _, err := net.SplitHostPort(s); err == nil {
+		s = host
+	}
+	var buf [64]byte
+	if string(a.AppendTo(buf[:0])) == s {
+		return s
+	}
+	return a.String()
 }
 
 // lastRealIP is the address in the last X-Real-IP header: a proxy that adds
