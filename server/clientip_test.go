@@ -140,13 +140,13 @@ func TestAddrString(t *testing.T) {
 		"[::ffff:192.0.2.1]:80", "[fe80::1%eth0]:80", "192.0.2.1",
 	} {
 		t.Run(remote, func(t *testing.T) {
-			a := parseAddr(remote)
-			if got, want := addrString(a, remote), a.String(); got != want {
-				t.Errorf("addrString(%v, %q) = %q, want %q", a, remote, got, want)
+			a, host := parseAddrHost(remote)
+			if got, want := addrString(a, host), a.String(); got != want {
+				t.Errorf("addrString(%v, %q) = %q, want %q", a, host, got, want)
 			}
 		})
 	}
-	if allocs := testing.AllocsPerRun(100, func() { addrString(parseAddr("127.0.0.1:5000"), "127.0.0.1:5000") }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(100, func() { addrString(parseAddrHost("127.0.0.1:5000")) }); allocs != 0 {
 		t.Errorf("a peer already spelled so: %v allocations, want 0", allocs)
 	}
 }
