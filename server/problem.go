@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -21,13 +22,14 @@ import (
 // Code is the stable, machine-readable name that clients script against;
 // Detail never holds a secret threshold.
 type Problem struct {
-	Status     int    `json:"status"`
-	Code       string `json:"code"`
-	Title      string `json:"title"`
-	Detail     string `json:"detail,omitempty"`
-	Type       string `json:"type"`
-	retryAfter int    // seconds; sent as Retry-After when > 0
-	body       []byte // the encoded problem, made once when it is built
+	Status     int       `json:"status"`
+	Code       string    `json:"code"`
+	Title      string    `json:"title"`
+	Detail     string    `json:"detail,omitempty"`
+	Type       string    `json:"type"`
+	retryAfter int       // seconds; sent as Retry-After when > 0
+	body       []byte    // the encoded problem, made once when it is built
+	at         time.Time // when a refusal was decided, for the day it is counted in; zero: when answered
 	// layer and reason count the problem as a refusal (refusalLabels);
 	// empty, a 4xx is counted as layer "input" with its code.
 	layer, reason string
@@ -266,7 +268,7 @@ func errorHandler(log *slog.Logger, answered func(*Problem)) echo.HTTPErrorHandl
 		dontWaitForBody(c)
 		h[echo.HeaderContentType] = problemContentType
 		h[headerCacheControl] = noStore
-		if p.Status == http.StatusUnauthorized && h.Get(headerWWWAuthenticate) == "" {
+		if p.Status == http.StatusUnauthorized && firstValue(h, headerWWWAuthenticate) == "" {
 			h[headerWWWAuthenticate] = bearerChallenge
 		}
 		c.Response().WriteHeader(p.Status)
