@@ -49,7 +49,7 @@ func (g *requestIDs) next() string {
 func (s *Server) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) (err error) {
-			c.Response().Header().Set(echo.HeaderXRequestID, s.reqIDs.next())
+			c.Response().Header()[echo.HeaderXRequestID] = []string{s.reqIDs.next()} // canonical already
 			defer func() {
 				if r := recover(); r != nil {
 					if r == http.ErrAbortHandler {

@@ -12,12 +12,27 @@ import (
 
 // BenchmarkRefusal is the cost of one refusal through the real public
 // handler, without sockets: a 429 to a key over its rate and a 401 to a
-// random well-formed key, with their allocations. The request and the
+// random well-formed key, with their allocations, beside bare Echo's
+// answer to the same request. The request and the
 // response writer are reused, so what is counted is the server's work.
 //
 //	go test -run '^$' -bench Refusal -benchmem ./server/
 func BenchmarkRefusal(b *testing.B) {
 	img := pngBytes(b, 64, 32)
+	b.Run("bare", func(b *testing.B) { // the reference: bare Echo's 200
+		h := bareEcho()
+		w := &discardWriter{h: http.Header{}}
+		req, body := refusalRequest(img)
+		b.ReportAllocs()
+		for b.Loop() {
+			w.reset()
+			body.Reset(img)
+			h.ServeHTTP(w, req)
+			if w.status != http.StatusOK {
+				b.Fatalf("status %d, want 200", w.status)
+			}
+		}
+	})
 	b.Run("429", func(b *testing.B) {
 		srv, secrets := newBenchService(b, limiter.Config{Rate: 1, Window: time.Hour})
 		h := srv.Handler()
