@@ -12,6 +12,9 @@ func ClientKey(ip string) string {
 	if err != nil {
 		return ip
 	}
+	if a.Is4() {
+		return ip // netip reads an IPv4 address in one spelling only, its own: no copy
+	}
 	a = a.Unmap()
 	if a.Is4() {
 		return a.String()

@@ -16,3 +16,11 @@ func TestClientKey(t *testing.T) {
 		}
 	}
 }
+
+// TestClientKeyIPv4NoCopy: an IPv4 address is its own key, returned
+// without being formatted again (this runs on every refusal).
+func TestClientKeyIPv4NoCopy(t *testing.T) {
+	if allocs := testing.AllocsPerRun(100, func() { ClientKey("203.0.113.9") }); allocs != 0 {
+		t.Errorf("ClientKey of an IPv4 address: %v allocations, want 0", allocs)
+	}
+}

@@ -2,40 +2,40 @@ package server
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
 
-// userKey is where a request's user id is kept once layer 0 knows it.
+// userKey is where the access log leaves a slot (a *string) for the
+// request's user id, which setUser fills once layer 0 knows it. Without
+// the access log there is no slot, and naming the user costs nothing.
 const userKey = "breakwater.user"
 
-// setUser records who is asking, for the access log.
-func setUser(c echo.Context, user string) { c.Set(userKey, user) }
-
-// accessLog is middleware that logs one line per request (server.access_log):
-// the route pattern, never the raw path, which a client controls; the user
-// once layer 0 has named one; the status the client gets, a problem's
-// included; the latency in real time.
-func (s *Server) accessLog(log *slog.Logger) echo.MiddlewareFunc {
-	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			start := s.wallClock()
-			err := next(c)
-			status := c.Response().Status
-			if err != nil {
-				status = toProblem(err).Status
-			}
-			route := c.Path()
-			if route == "" {
-				route = "unmatched"
-			}
-			attrs := []any{"method", c.Request().Method, "route", route, "status", status,
-				"latency", s.wallClock().Sub(start), "ip", c.RealIP(), "request_id", requestID(c)}
-			if user, ok := c.Get(userKey).(string); ok {
-				attrs = append(attrs, "user", user)
-			}
-			log.Info("request", attrs...)
-			return err
-		}
+// setUser records who is asking, for the access log if it is on.
+func setUser(c echo.Context, user string) {
+	if slot, ok := c.Get(userKey).(*string); ok {
+		*slot = user
 	}
+}
+
+// logAccess logs one line for a request answered (server.access_log): the
+// route pattern, never the raw path, which a client controls; the user
+// once layer 0 has named one; the status the client gets, a problem's
+// included; the latency in real time since start. front calls it.
+func (s *Server) logAccess(log *slog.Logger, c echo.Context, start time.Time, err error) {
+	status := c.Response().Status
+	if err != nil {
+		status = toProblem(err).Status
+	}
+	route := c.Path()
+	if route == "" {
+		route = "unmatched"
+	}
+	attrs := []any{"method", c.Request().Method, "route", route, "status", status,
+		"latency", s.wallClock().Sub(start), "ip", c.RealIP(), "request_id", requestID(c)}
+	if user, ok := c.Get(userKey).(*string); ok && *user != "" {
+		attrs = append(attrs, "user", *user)
+	}
+	log.Info("request", attrs...)
 }

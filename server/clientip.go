@@ -13,6 +13,9 @@ import (
 const (
 	headerXFF    = "X-Forwarded-For"
 	headerRealIP = "X-Real-IP"
+	// keyRealIP is X-Real-IP as a header map holds it; looked up so,
+	// it is not canonicalised again on every request.
+	keyRealIP = "X-Real-Ip"
 )
 
 // clientIPHeader returns the canonical spelling of a configured header
@@ -48,21 +51,21 @@ type clientIP struct {
 // being first. X-Real-IP must hold one address. If the header names no
 // client, the proxy itself is the client.
 func (ci *clientIP) extract(r *http.Request) string {
-	peer := parseAddr(r.RemoteAddr)
+	peer, host := parseAddrHost(r.RemoteAddr)
 	if !peer.IsValid() {
 		return r.RemoteAddr
 	}
 	if !ci.isTrusted(peer) {
-		if len(ci.trusted) == 0 && ci.log != nil && (r.Header.Get(headerXFF) != "" || r.Header.Get(headerRealIP) != "") {
+		if len(ci.trusted) == 0 && ci.log != nil && (firstValue(r.Header, headerXFF) != "" || firstValue(r.Header, keyRealIP) != "") {
 			ci.warn.Do(func() {
 				ci.log.Warn("requests carry X-Forwarded-For or X-Real-IP but server.trusted_proxies is empty: " +
 					"the headers are ignored and every client is its TCP peer; behind a reverse proxy, list its address in trusted_proxies")
 			})
 		}
-		return peer.String()
+		return addrString(peer, host)
 	}
-	forwarded := ci.rightmostUntrusted(r.Header.Values(headerXFF))
-	real := lastRealIP(r.Header.Values(headerRealIP))
+	forwarded := ci.rightmostUntrusted(r.Header[headerXFF])
+	real := lastRealIP(r.Header[keyRealIP])
 	client, other := forwarded, real
 	if ci.header == headerRealIP {
 		client, other = real, forwarded
@@ -78,6 +81,26 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return client.String()
 	}
 	return peer.String()
+}
+
+// addrString is a as a string: host itself, without a copy, when it
+// already spells a so (as a TCP peer's address from Go's server does).
+func addrString(a netip.Addr, host string) string {
+	var buf [64]byte
+	if string(a.AppendTo(buf[:0])) == host {
+		return host
+	}
+	return a.String()
+}
+
+// firstValue is h.Get(key) for a key in its canonical spelling, which
+// Go's server gives every header it reads: looked up as it is, not
+// checked and canonicalised again.
+func firstValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // lastRealIP is the address in the last X-Real-IP header: a proxy that adds
@@ -131,15 +154,21 @@ func forwardedFor(lines []string) []string {
 // IPv4-mapped IPv6 addresses unmapped and zones dropped. It returns the zero
 // Addr for anything else.
 func parseAddr(s string) netip.Addr {
+	a, _ := parseAddrHost(s)
+	return a
+}
+
+// parseAddrHost is parseAddr that also returns the host part of s it read.
+func parseAddrHost(s string) (netip.Addr, string) {
 	if s == "" {
-		return netip.Addr{}
+		return netip.Addr{}, ""
 	}
 	if host, _, err := net.SplitHostPort(s); err == nil {
 		s = host
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
-		return netip.Addr{}
+		return netip.Addr{}, s
 	}
-	return a.Unmap().WithZone("")
+	return a.Unmap().WithZone(""), s
 }

@@ -131,3 +131,22 @@ func TestClientIPTwoRealIPHeaders(t *testing.T) {
 		t.Errorf("client %q, want the last X-Real-IP 198.51.100.7", got)
 	}
 }
+
+// TestAddrString: the client address is always the address's own
+// spelling, taken from the peer's without a copy only when it matches.
+func TestAddrString(t *testing.T) {
+	for _, remote := range []string{
+		"127.0.0.1:5000", "203.0.113.7:1", "[::1]:5000", "[2001:db8::1]:443", "[2001:DB8:0:0::1]:443",
+		"[::ffff:192.0.2.1]:80", "[fe80::1%eth0]:80", "192.0.2.1",
+	} {
+		t.Run(remote, func(t *testing.T) {
+			a, host := parseAddrHost(remote)
+			if got, want := addrString(a, host), a.String(); got != want {
+				t.Errorf("addrString(%v, %q) = %q, want %q", a, host, got, want)
+			}
+		})
+	}
+	if allocs := testing.AllocsPerRun(100, func() { addrString(parseAddrHost("127.0.0.1:5000")) }); allocs != 0 {
+		t.Errorf("a peer already spelled so: %v allocations, want 0", allocs)
+	}
+}

@@ -23,7 +23,9 @@ type Metrics struct {
 	guard    prometheus.Histogram   // layers 0-3 of an admitted request, without waits
 
 	requests        *prometheus.CounterVec // route, status
-	upstreamCalls   *prometheus.CounterVec // outcome
+	requestsBy      *counterTable[routeStatus]
+	refusalsBy      *counterTable[[2]string] // refusals by layer, reason
+	upstreamCalls   *prometheus.CounterVec   // outcome
 	upstreamLatency prometheus.Histogram
 	tokens          *prometheus.CounterVec // kind
 	cost            prometheus.Counter     // US dollars
@@ -84,6 +86,10 @@ func NewMetrics() *Metrics {
 		Help:    "Time to commit a usage record durably (group commit wait included).",
 		Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
 	})
+	m.requestsBy = newCounterTable(m.requests, func(k routeStatus) []string {
+		return []string{k.route, strconv.Itoa(k.status)}
+	})
+	m.refusalsBy = newCounterTable(m.refusals, func(k [2]string) []string { return k[:] })
 	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency)
 	m.inviteRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "breakwater_invite_refusals_total",
@@ -154,22 +160,25 @@ func (m *Metrics) observeTransport(bodyBytes, conns func() int64) {
 	}, func() float64 { return float64(conns()) }))
 }
 
-// countRequests is middleware that counts every answer by route pattern
-// (never the raw path, which a client controls) and status.
-func (m *Metrics) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		err := next(c)
-		status := c.Response().Status
-		if err != nil {
-			status = toProblem(err).Status
-		}
-		route := c.Path()
-		if route == "" {
-			route = "unmatched"
-		}
-		m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
-		return err
+// countRequest counts an answer by route pattern (never the raw path,
+// which a client controls) and status; front calls it for every request
+// of the public listener.
+func (m *Metrics) countRequest(c echo.Context, err error) {
+	status := c.Response().Status
+	if err != nil {
+		status = toProblem(err).Status
 	}
+	route := c.Path()
+	if route == "" {
+		route = "unmatched"
+	}
+	m.requestsBy.get(routeStatus{route, status}).Inc()
+}
+
+// routeStatus is a label set of breakwater_http_requests_total.
+type routeStatus struct {
+	route  string
+	status int
 }
 
 // usd turns micro-dollars into dollars for metrics.

@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"strconv"
+	"time"
 
 	"breakwater/server/keys"
 	"github.com/labstack/echo/v4"
@@ -29,32 +30,60 @@ func newRequestIDs() *requestIDs {
 	return &requestIDs{prefix: keys.RandomString(12, hexDigits)}
 }
 
-func (g *requestIDs) middleware(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		id := g.prefix + "-" + strconv.FormatUint(mrand.Uint64(), 36)
-		c.Response().Header().Set(echo.HeaderXRequestID, id)
-		return next(c)
-	}
+// next returns a fresh request id: the prefix, "-", the random part in
+// base 36, made in one allocation.
+func (g *requestIDs) next() string {
+	var b [40]byte // 12 + 1 + at most 13 digits
+	n := copy(b[:], g.prefix)
+	b[n] = '-'
+	return string(strconv.AppendUint(b[:n+1], mrand.Uint64(), 36))
 }
 
-// recoverPanics turns a panic in a handler into a 500 problem and a log
-// line with the request id, and keeps the process alive.
-func recoverPanics(log *slog.Logger) echo.MiddlewareFunc {
+// front is a listener's one global middleware: it gives the request its
+// id (X-Request-ID), turns a panic in a handler into a 500 problem and a
+// log line with the request id, keeping the process alive, and, where they
+// are set, counts the answer in metrics and logs it to access. Echo
+// applies its global middleware anew on every request, one closure per
+// step, so the steps are one function here: one closure a request. A
+// panic is neither counted nor access-logged.
+func (s *Server) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) (err error) {
+			c.Response().Header()[echo.HeaderXRequestID] = []string{s.reqIDs.next()} // canonical already
 			defer func() {
 				if r := recover(); r != nil {
 					if r == http.ErrAbortHandler {
 						panic(r)
 					}
-					log.Error("panic in handler", "panic", fmt.Sprint(r), "path", c.Path(),
-						"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+					s.log.Error("panic in handler", "panic", fmt.Sprint(r), "path", c.Path(),
+						"request_id", requestID(c))
 					err = errInternal
 				}
 			}()
-			return next(c)
+			var start time.Time
+			if access != nil {
+				start = s.wallClock()
+				c.Set(userKey, new(string)) // filled by setUser
+			}
+			err = next(c)
+			if metrics != nil {
+				metrics.countRequest(c, err)
+			}
+			if access != nil {
+				s.logAccess(access, c, start, err)
+			}
+			return err
 		}
 	}
+}
+
+// chain is h behind the route middleware mw, the first outermost, made
+// once: Echo would apply a route's middleware anew on every request.
+func chain(h echo.HandlerFunc, mw ...echo.MiddlewareFunc) echo.HandlerFunc {
+	for i := len(mw) - 1; i >= 0; i-- {
+		h = mw[i](h)
+	}
+	return h
 }
 
 // limitBody refuses a body whose declared length exceeds max before reading

@@ -48,7 +48,7 @@ type quotaResponse struct {
 func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, err error) {
 	// Two Authorization headers are refused, not resolved: a proxy and the
 	// server might each believe a different one.
-	auth := c.Request().Header.Values(echo.HeaderAuthorization)
+	auth := c.Request().Header[echo.HeaderAuthorization] // canonical already: not checked again
 	if len(auth) != 1 {
 		return keys.Identity{}, false, errUnauthorized
 	}
@@ -377,7 +377,7 @@ const ocrRoute = "/v1/ocr"
 func (s *Server) refusalOf(req guard.Request, now time.Time, r *guard.Refusal) error {
 	s.d.Events.Record(detect.Event{Time: now, UserID: req.Key, IP: req.Client, Plan: req.Plan, Route: req.Route,
 		Layer: r.Layer, Outcome: detect.OutcomeLayerRefused})
-	return s.refusal(r)
+	return s.refusal(r, now)
 }
 
 // shadowedBy counts and records a refusal that a layer in shadow mode

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -20,13 +22,14 @@ import (
 // Code is the stable, machine-readable name that clients script against;
 // Detail never holds a secret threshold.
 type Problem struct {
-	Status     int    `json:"status"`
-	Code       string `json:"code"`
-	Title      string `json:"title"`
-	Detail     string `json:"detail,omitempty"`
-	Type       string `json:"type"`
-	retryAfter int    // seconds; sent as Retry-After when > 0
-	body       []byte // the encoded problem, made once when it is built
+	Status     int       `json:"status"`
+	Code       string    `json:"code"`
+	Title      string    `json:"title"`
+	Detail     string    `json:"detail,omitempty"`
+	Type       string    `json:"type"`
+	retryAfter int       // seconds; sent as Retry-After when > 0
+	body       []byte    // the encoded problem, made once when it is built
+	at         time.Time // when a refusal was decided, for the day it is counted in; zero: when answered
 	// layer and reason count the problem as a refusal (refusalLabels);
 	// empty, a 4xx is counted as layer "input" with its code.
 	layer, reason string
@@ -204,6 +207,43 @@ func dontWaitForBody(c echo.Context) {
 	}
 }
 
+// The headers of every problem, in their canonical spelling, so that they
+// can be put in the header map as they are.
+const (
+	headerRetryAfter      = "Retry-After"
+	headerCacheControl    = "Cache-Control"
+	headerWWWAuthenticate = "Www-Authenticate" // WWW-Authenticate
+)
+
+// The values of the problems' fixed headers, shared by every answer
+// rather than made for each: a header map's values are only read, or
+// replaced, never written in place, and each holds one value at full
+// capacity, so that an Add copies it before it appends.
+var (
+	problemContentType = []string{"application/problem+json"}
+	noStore            = []string{"no-store"}
+	bearerChallenge    = []string{`Bearer realm="breakwater"`}
+)
+
+// retryAfterValues are the Retry-After values of up to an hour, each made
+// the first time it is answered and shared from then on: a flood of
+// refusals counts down through the same few.
+var retryAfterValues [3601]atomic.Pointer[[]string]
+
+// retryAfterValue is the Retry-After header value of seconds, shared as
+// the fixed ones are.
+func retryAfterValue(seconds int) []string {
+	if seconds < 0 || seconds >= len(retryAfterValues) {
+		return []string{strconv.Itoa(seconds)}
+	}
+	if v := retryAfterValues[seconds].Load(); v != nil {
+		return *v
+	}
+	v := []string{strconv.Itoa(seconds)}
+	retryAfterValues[seconds].Store(&v)
+	return v
+}
+
 // errorHandler returns Echo's HTTPErrorHandler: every error a handler or
 // middleware returns becomes one problem+json answer here, and is logged
 // once, here. answered, if set, is told of each problem as it is answered
@@ -223,13 +263,13 @@ func errorHandler(log *slog.Logger, answered func(*Problem)) echo.HTTPErrorHandl
 		}
 		h := c.Response().Header()
 		if p.retryAfter > 0 {
-			h.Set("Retry-After", strconv.Itoa(p.retryAfter))
+			h[headerRetryAfter] = retryAfterValue(p.retryAfter)
 		}
 		dontWaitForBody(c)
-		h.Set(echo.HeaderContentType, "application/problem+json")
-		h.Set("Cache-Control", "no-store")
-		if p.Status == http.StatusUnauthorized && h.Get("WWW-Authenticate") == "" {
-			h.Set("WWW-Authenticate", `Bearer realm="breakwater"`)
+		h[echo.HeaderContentType] = problemContentType
+		h[headerCacheControl] = noStore
+		if p.Status == http.StatusUnauthorized && firstValue(h, headerWWWAuthenticate) == "" {
+			h[headerWWWAuthenticate] = bearerChallenge
 		}
 		c.Response().WriteHeader(p.Status)
 		if answered != nil {
@@ -268,6 +308,14 @@ var domainErrors = []struct {
 // toProblem maps any error to the problem users see: a *Problem as it is,
 // a domain error by domainErrors, Echo's own by status, anything else 500.
 func toProblem(err error) *Problem {
+	if p, ok := err.(*Problem); ok { // most are, unwrapped
+		return p
+	}
+	return toProblemWrapped(err)
+}
+
+// toProblemWrapped is toProblem for an error that is not a bare *Problem.
+func toProblemWrapped(err error) *Problem {
 	var p *Problem
 	if errors.As(err, &p) {
 		return p

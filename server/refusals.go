@@ -86,22 +86,29 @@ func refusalLabels(p *Problem) (layer, reason string, ok bool) {
 // listener's error handler calls it once per answer.
 func (s *Server) countRefusal(p *Problem) {
 	if layer, reason, ok := refusalLabels(p); ok {
-		s.refused(layer, reason)
+		at := p.at
+		if at.IsZero() {
+			at = s.now()
+		}
+		s.refusedAt(at, layer, reason)
 	}
 }
 
 // refused counts one refusal in the metrics and today's counts.
-func (s *Server) refused(layer, reason string) {
-	s.d.Metrics.refusals.WithLabelValues(layer, reason).Inc()
-	s.refusalsToday.add(s.calendar.Day(s.now()), layer, reason)
+func (s *Server) refused(layer, reason string) { s.refusedAt(s.now(), layer, reason) }
+
+// refusedAt is refused for a refusal decided at now.
+func (s *Server) refusedAt(now time.Time, layer, reason string) {
+	s.d.Metrics.refusalsBy.get([2]string{layer, reason}).Inc()
+	s.refusalsToday.add(s.calendar.Day(now), layer, reason)
 }
 
-// refusal turns a refusal by layers 1-3 into the problem users see,
-// counted under the guard's layer and reason when it is answered. The
-// problems carry no figure of any threshold.
-func (s *Server) refusal(r *guard.Refusal) error {
+// refusal turns a refusal by layers 1-3 at now into the problem users
+// see, counted under the guard's layer and reason, in now's day, when it
+// is answered. The problems carry no figure of any threshold.
+func (s *Server) refusal(r *guard.Refusal, now time.Time) error {
 	p := refusalProblem(r)
-	p.layer, p.reason = r.Layer, r.Reason
+	p.layer, p.reason, p.at = r.Layer, r.Reason, now
 	return p
 }
 
@@ -152,8 +159,15 @@ type refusalCount struct {
 type dailyRefusals struct {
 	mu     sync.Mutex
 	day    string
-	counts map[[2]string]int64
-	dirty  map[[2]string]bool
+	counts map[[2]string]*dayCount
+	dirty  int // how many counts are dirty
+}
+
+// dayCount is one layer and reason's count of the day; dirty until the
+// write-behind has taken it.
+type dayCount struct {
+	n     int64
+	dirty bool
 }
 
 func (d *dailyRefusals) add(day, layer, reason string) {
@@ -161,14 +175,22 @@ func (d *dailyRefusals) add(day, layer, reason string) {
 	defer d.mu.Unlock()
 	d.turn(day)
 	k := [2]string{layer, reason}
-	d.counts[k]++
-	d.dirty[k] = true
+	c := d.counts[k]
+	if c == nil {
+		c = &dayCount{}
+		d.counts[k] = c
+	}
+	c.n++
+	if !c.dirty {
+		c.dirty = true
+		d.dirty++
+	}
 }
 
 // turn starts day's counts if they are not the ones held; d.mu is held.
 func (d *dailyRefusals) turn(day string) {
 	if day != d.day || d.counts == nil {
-		d.day, d.counts, d.dirty = day, map[[2]string]int64{}, map[[2]string]bool{}
+		d.day, d.counts, d.dirty = day, map[[2]string]*dayCount{}, 0
 	}
 }
 
@@ -179,8 +201,8 @@ func (d *dailyRefusals) list(day string) []refusalCount {
 		return nil
 	}
 	out := make([]refusalCount, 0, len(d.counts))
-	for k, n := range d.counts {
-		out = append(out, refusalCount{Layer: k[0], Reason: k[1], Count: n})
+	for k, c := range d.counts {
+		out = append(out, refusalCount{Layer: k[0], Reason: k[1], Count: c.n})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Layer != out[j].Layer {
@@ -203,14 +225,17 @@ func (s *Server) DirtyRefusals() (day string, counts map[string][]byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.turn(s.calendar.Day(s.now())) // the day turns even without a refusal
-	if len(d.dirty) == 0 {
+	if d.dirty == 0 {
 		return d.day, nil
 	}
-	counts = make(map[string][]byte, len(d.dirty))
-	for k := range d.dirty {
-		counts[refusalKey(k)] = binary.BigEndian.AppendUint64(nil, uint64(d.counts[k]))
+	counts = make(map[string][]byte, d.dirty)
+	for k, c := range d.counts {
+		if c.dirty {
+			counts[refusalKey(k)] = binary.BigEndian.AppendUint64(nil, uint64(c.n))
+			c.dirty = false
+		}
 	}
-	clear(d.dirty)
+	d.dirty = 0
 	return d.day, counts
 }
 
@@ -230,6 +255,12 @@ func (s *Server) LoadRefusals(day string, counts map[string][]byte) {
 		if !ok || len(v) != 8 {
 			continue
 		}
-		d.counts[[2]string{layer, reason}] += int64(binary.BigEndian.Uint64(v))
+		k := [2]string{layer, reason}
+		c := d.counts[k]
+		if c == nil {
+			c = &dayCount{}
+			d.counts[k] = c
+		}
+		c.n += int64(binary.BigEndian.Uint64(v)) // stored already: not dirty
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -210,3 +211,96 @@ func TestAlertRuleMetricsExist(t *testing.T) {
 }
 
 var _ defense.StateLoader = (*storage.DB)(nil)
+
+// TestRefusalAnswers: a 429 to a key over its rate and a 401 to an
+// unknown key are answered in full, each with its own headers only: the
+// shared header values of one answer never show up in another.
+func TestRefusalAnswers(t *testing.T) {
+	e := newEnv(t, envOptions{limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	img := pngBytes(t, 16, 16)
+	if resp, data := e.post(e.key, "image/png", img); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: %d %s", resp.StatusCode, data)
+	}
+	check := func(resp *http.Response, data []byte, status int, want *Problem, retry bool) {
+		t.Helper()
+		if resp.StatusCode != status || string(data) != string(want.body) {
+			t.Errorf("%d %s, want %d %s", resp.StatusCode, data, status, want.body)
+		}
+		for name, value := range map[string]string{"Content-Type": "application/problem+json", "Cache-Control": "no-store"} {
+			if got := resp.Header.Values(name); len(got) != 1 || got[0] != value {
+				t.Errorf("%d: %s %q, want %q", status, name, got, value)
+			}
+		}
+		if id := resp.Header.Values("X-Request-ID"); len(id) != 1 || !strings.Contains(id[0], "-") {
+			t.Errorf("%d: X-Request-ID %q", status, id)
+		}
+		ra := resp.Header.Values("Retry-After")
+		if !retry {
+			if len(ra) != 0 {
+				t.Errorf("%d: Retry-After %q, want none", status, ra)
+			}
+			return
+		}
+		if n, err := strconv.Atoi(strings.Join(ra, ",")); err != nil || n < 1 || n > 3600 {
+			t.Errorf("%d: Retry-After %q, want 1 to 3600 seconds", status, ra)
+		}
+	}
+	unknown := "bw_" + strings.Repeat("A", 32)
+	for range 3 {
+		resp, data := e.post(e.key, "image/png", img)
+		check(resp, data, http.StatusTooManyRequests, errRateLimited, true)
+		resp, data = e.post(unknown, "image/png", img)
+		check(resp, data, http.StatusUnauthorized, errUnauthorized, false)
+		if got := resp.Header.Values("WWW-Authenticate"); len(got) != 1 || got[0] != `Bearer realm="breakwater"` {
+			t.Errorf("401: WWW-Authenticate %q", got)
+		}
+	}
+	if n := problemContentType[0] + noStore[0] + bearerChallenge[0]; n != `application/problem+jsonno-storeBearer realm="breakwater"` {
+		t.Errorf("a shared header value was written over: %q", n)
+	}
+}
+
+// TestRefusalAllocations: a refusal through the public handler allocates
+// little (BenchmarkRefusal follows the figures): at most 7 allocations
+// for a 429 to a key over its rate, 4 for a 401 to an unknown key (2 more
+// under the race detector); the middleware chain, the problem's headers,
+// the metrics' labels and the client address once took 31 and 18.
+func TestRefusalAllocations(t *testing.T) {
+	e := newEnv(t, envOptions{limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	img := pngBytes(t, 16, 16)
+	h := e.srv.Handler()
+	w := &discardWriter{h: http.Header{}}
+	req, body := refusalRequest(img)
+	for _, tc := range []struct {
+		name   string
+		key    string
+		status int
+		most   float64
+	}{
+		{"429", e.key, http.StatusTooManyRequests, 7},
+		{"401", "bw_" + strings.Repeat("A", 32), http.StatusUnauthorized, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req.Header["Authorization"] = []string{"Bearer " + tc.key}
+			serve := func() {
+				w.reset()
+				body.Reset(img)
+				h.ServeHTTP(w, req)
+			}
+			serve() // the key's one request an hour, or a 401 already
+			allocs := testing.AllocsPerRun(200, func() {
+				serve()
+				if w.status != tc.status {
+					t.Fatalf("status %d, want %d", w.status, tc.status)
+				}
+			})
+			most := tc.most
+			if raceEnabled {
+				most += 2 // the detector's own
+			}
+			if allocs > most {
+				t.Errorf("%v allocations per refusal, want at most %v", allocs, most)
+			}
+		})
+	}
+}

@@ -14,8 +14,9 @@ func (s *Server) routes() {
 	s.public.HEAD("/healthz", s.handleHealth) // for monitors that only ask HEAD
 	// boundUploads (the upload rate, the transport's refusal counts)
 	// paces the body that limitBody has limited.
-	s.public.POST("/v1/ocr", s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack), s.boundUploads)
-	s.public.POST("/v1/invites/verify", s.handleVerifyInvite, limitBodyWith(maxVerifyBody, errVerifyTooLarge))
+	// Their middleware is chained once, not by Echo on every request.
+	s.public.POST("/v1/ocr", chain(s.handleOCR, limitBody(s.cfg.MaxImageBytes+multipartSlack), s.boundUploads))
+	s.public.POST("/v1/invites/verify", chain(s.handleVerifyInvite, limitBodyWith(maxVerifyBody, errVerifyTooLarge)))
 	// The app's guarded routes: forward auth (any method), and the paths
 	// proxied to the app (routeguard.go, proxy.go, forwardauth.go).
 	s.public.Any("/v1/forward-auth", s.handleForwardAuth)

@@ -196,12 +196,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.price.Store(&d.Price)
-	s.public = s.newEcho(s.countRefusal)
-	s.public.Use(d.Metrics.countRequests)
+	var access *slog.Logger
 	if cfg.AccessLog {
-		s.public.Use(s.accessLog(d.Logger.With("component", "access")))
+		access = d.Logger.With("component", "access")
 	}
-	s.admin = s.newEcho(nil)
+	s.public = s.newEcho(s.countRefusal, s.front(d.Metrics, access))
+	s.admin = s.newEcho(nil, s.front(nil, nil))
 	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
@@ -227,12 +227,13 @@ func (s *Server) Handler() http.Handler { return s.public }
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
 // newEcho is an Echo with the transport's error handler, which tells
-// answered of every problem it answers (nil: nobody).
-func (s *Server) newEcho(answered func(*Problem)) *echo.Echo {
+// answered of every problem it answers (nil: nobody), and front as its one
+// global middleware.
+func (s *Server) newEcho(answered func(*Problem), front echo.MiddlewareFunc) *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.IPExtractor = s.clients.extract
 	e.HTTPErrorHandler = errorHandler(s.log, answered)
-	e.Use(s.reqIDs.middleware, recoverPanics(s.log))
+	e.Use(front)
 	return e
 }

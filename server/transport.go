@@ -168,8 +168,8 @@ func (s *Server) boundUploads(next echo.HandlerFunc) echo.HandlerFunc {
 
 func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
 	r := c.Request()
-	b := &pacedBody{ReadCloser: r.Body, rc: http.NewResponseController(c.Response()), now: s.wallClock,
-		rate: s.cfg.MinUploadBytesPerSecond, grace: s.cfg.UploadGrace, end: s.wallClock().Add(readTimeout)}
+	b := &pacedBody{ReadCloser: r.Body, rc: *http.NewResponseController(c.Response()), now: s.wallClock,
+		rate: s.cfg.MinUploadBytesPerSecond, grace: s.cfg.UploadGrace}
 	// The body is put back before the answer goes out: Go's server
 	// looks at its own type to judge whether the unread rest is worth
 	// draining, and dontWaitForBody at limitBody's.
@@ -186,11 +186,11 @@ func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
 // pacedBody is a request body read under boundUploads' deadlines.
 type pacedBody struct {
 	io.ReadCloser
-	rc       *http.ResponseController
+	rc       http.ResponseController // a value: one allocation less per request
 	now      func() time.Time
 	rate     int64         // bytes per second
 	grace    time.Duration // the most the body may fall behind
-	end      time.Time     // the server's read timeout
+	end      time.Time     // the server's read timeout, from the first read: a refusal never reads the clock here
 	deadline time.Time     // zero until the first read
 	over     bool          // the body has ended: no more deadlines
 	slow     bool          // a deadline passed
@@ -201,7 +201,8 @@ func (b *pacedBody) Read(p []byte) (int, error) {
 		return b.ReadCloser.Read(p)
 	}
 	if b.deadline.IsZero() {
-		b.deadline = b.now().Add(b.grace)
+		now := b.now()
+		b.deadline, b.end = now.Add(b.grace), now.Add(readTimeout)
 		b.set()
 	}
 	n, err := b.ReadCloser.Read(p)

@@ -352,6 +352,15 @@ func (g *Guard) Used(key string, now time.Time) int64 {
 
 // refusalOf reads a layer's typed refusal; nil if err is none.
 func refusalOf(err error) *Refusal {
+	if rl, ok := err.(*limiter.Refusal); ok { // a flood's refusal, unwrapped
+		return &Refusal{Layer: LayerRate, Reason: rl.Reason, RetryAfter: rl.RetryAfter}
+	}
+	return wrappedRefusalOf(err)
+}
+
+// wrappedRefusalOf is refusalOf for any other error: its targets escape
+// to errors.As, one allocation each.
+func wrappedRefusalOf(err error) *Refusal {
 	var (
 		rl *limiter.Refusal
 		le *budget.LineError

@@ -1,0 +1,102 @@
+package server
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"breakwater/limiter"
+	"breakwater/server/keys"
+)
+
+// BenchmarkRefusal is the cost of one refusal through the real public
+// handler, without sockets: a 429 to a key over its rate and a 401 to a
+// random well-formed key, with their allocations, beside bare Echo's
+// answer to the same request. The request and the
+// response writer are reused, so what is counted is the server's work.
+//
+//	go test -run '^$' -bench Refusal -benchmem ./server/
+func BenchmarkRefusal(b *testing.B) {
+	img := pngBytes(b, 64, 32)
+	b.Run("bare", func(b *testing.B) { // the reference: bare Echo's 200
+		h := bareEcho()
+		w := &discardWriter{h: http.Header{}}
+		req, body := refusalRequest(img)
+		b.ReportAllocs()
+		for b.Loop() {
+			w.reset()
+			body.Reset(img)
+			h.ServeHTTP(w, req)
+			if w.status != http.StatusOK {
+				b.Fatalf("status %d, want 200", w.status)
+			}
+		}
+	})
+	b.Run("429", func(b *testing.B) {
+		srv, secrets := newBenchService(b, limiter.Config{Rate: 1, Window: time.Hour})
+		h := srv.Handler()
+		w := &discardWriter{h: http.Header{}}
+		req, body := refusalRequest(img)
+		auth := []string{"Bearer " + secrets[0]}
+		req.Header["Authorization"] = auth
+		h.ServeHTTP(w, req) // the one request the limit allows
+		if w.status != http.StatusOK {
+			b.Fatalf("first request: status %d, want 200", w.status)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			w.reset()
+			body.Reset(img)
+			h.ServeHTTP(w, req)
+			if w.status != http.StatusTooManyRequests {
+				b.Fatalf("status %d, want 429", w.status)
+			}
+		}
+	})
+	b.Run("401", func(b *testing.B) {
+		srv, _ := newBenchService(b, limiter.Config{Rate: 1, Window: time.Hour})
+		h := srv.Handler()
+		w := &discardWriter{h: http.Header{}}
+		req, body := refusalRequest(img)
+		auths := make([][]string, 1024) // made beforehand: a fresh key's cost is the client's
+		for i := range auths {
+			auths[i] = []string{"Bearer bw_" + keys.RandomString(32, keys.Base62)}
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			w.reset()
+			body.Reset(img)
+			req.Header["Authorization"] = auths[i%len(auths)]
+			h.ServeHTTP(w, req)
+			if w.status != http.StatusUnauthorized {
+				b.Fatalf("status %d, want 401", w.status)
+			}
+		}
+	})
+}
+
+// refusalRequest is a reusable POST /v1/ocr of img; reset its body with
+// the reader returned before each use.
+func refusalRequest(img []byte) (*http.Request, *bytes.Reader) {
+	body := bytes.NewReader(img)
+	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1/v1/ocr", body)
+	req.Header.Set("Content-Type", "image/png")
+	req.ContentLength = int64(len(img))
+	req.RemoteAddr = "127.0.0.1:40000"
+	return req, body
+}
+
+// discardWriter is an http.ResponseWriter that keeps the status and
+// forgets the body, and whose header map is reused.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(status int)      { w.status = status }
+func (w *discardWriter) reset()                      { clear(w.h); w.status = 0 }
