@@ -569,6 +569,8 @@ func TestMetricsExposeTheService(t *testing.T) {
 		`breakwater_budget_spent_today_usd 0.00015`,
 		`breakwater_budget_brake_engaged 0`,
 		`breakwater_usage_commit_seconds_count 1`,
+		`breakwater_reservation_commit_seconds_count 1`,
+		`breakwater_guard_overhead_seconds_count 1`,
 		`breakwater_stats_events_dropped_total 0`,
 		`go_goroutines`,
 	} {

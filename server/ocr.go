@@ -186,8 +186,13 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 	if refused := t.Reserve(worst, now); refused != nil {
 		return s.refusalOf(req, now, refused)
 	}
-	s.d.Metrics.guard.Observe((in.at.Sub(start) + s.now().Sub(now)).Seconds())
-	if refused := t.Commit(ctx, s.now()); refused != nil {
+	checked := s.now()
+	s.d.Metrics.guard.Observe((in.at.Sub(start) + checked.Sub(now)).Seconds())
+	refused := t.Commit(ctx, checked)
+	committed := s.now()
+	s.d.Metrics.reserveLatency.Observe(committed.Sub(checked).Seconds())
+	s.d.Metrics.guardOverhead.Observe((in.at.Sub(start) + committed.Sub(now)).Seconds())
+	if refused != nil {
 		t.Cancel(ctx) // no call is made
 		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", id.UserID, "request_id", requestID(c),
 			"pause", guard.UsagePause)

@@ -94,6 +94,18 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(text, "calls in flight") {
 		t.Error("the report does not show the calls in flight")
 	}
+	o := r.overhead
+	for _, s := range overheadSeries {
+		if h := o.series[s.name]; h.count() <= 0 || h.quantile(0.5) <= 0 || h.quantile(0.5) > h.quantile(0.99) {
+			t.Errorf("half load, %s: %.0f observations, p50 %v, p99 %v", s.name, h.count(), h.quantile(0.5), h.quantile(0.99))
+		}
+		if !strings.Contains(text, s.label) {
+			t.Errorf("the report does not show %q", s.label)
+		}
+	}
+	if o.achieved <= 0 || o.achieved > 1.2*o.rate {
+		t.Errorf("half load: %.0f answers a second for %.0f asked: the pacing does not hold", o.achieved, o.rate)
+	}
 }
 
 // checkProfiles checks that each Breakwater case of r wrote a CPU profile

@@ -41,6 +41,11 @@ type load struct {
 	// onRequest, if set, is called with +1 when a request is written and
 	// -1 when its answer is read (or it failed).
 	onRequest func(delta int)
+	// pace, if set, is each client's interval between the starts of its
+	// requests: clients × 1/pace requests per second in all, as long as
+	// answers come faster than pace. A client that falls behind starts
+	// its next request at once, without catching up.
+	pace time.Duration
 }
 
 // clientScratch is per-client state a request builder may use.
@@ -165,7 +170,14 @@ func runClient(l load, id int, seq *atomic.Int64, measureFrom, end time.Time) cl
 		}
 	}
 	var buf []byte
+	next := time.Now().Add(time.Duration(id) * l.pace / time.Duration(max(l.clients, 1))) // spread the clients' starts
 	for {
+		if l.pace > 0 {
+			if d := time.Until(next); d > 0 {
+				time.Sleep(d)
+			}
+			next = later(next, time.Now()).Add(l.pace)
+		}
 		var n int64
 		if l.total > 0 {
 			if n = seq.Add(1) - 1; n >= l.total {
@@ -218,6 +230,14 @@ func runClient(l load, id int, seq *atomic.Int64, measureFrom, end time.Time) cl
 			conn = nil
 		}
 	}
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 var errBadResponse = errors.New("loadgen: malformed HTTP response")

@@ -147,6 +147,11 @@ func benchmark(p plan, root, dir string, progress func(string, ...any)) (*report
 	}
 	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, samples: b.rounds()}
 	r.profiles = b.profiles
+	progress("guard overhead at half load")
+	r.overhead, err = b.halfLoad(b.cases[1], r.figure(b.cases[1].id).rps)
+	if err != nil {
+		return r, err
+	}
 	r.memory, err = b.memory()
 	return r, errors.Join(err, b.profileErr)
 }
@@ -159,6 +164,8 @@ type report struct {
 	cases   []tcase
 	samples map[string][]sample
 	memory  memoryFigures
+	// overhead is the guard's overhead at half load.
+	overhead overheadFigures
 	// profiles are the CPU profiles written (-profile).
 	profiles []string
 }
@@ -251,6 +258,8 @@ func (r *report) print(w io.Writer) {
 	for _, q := range r.ratios() {
 		fmt.Fprintf(w, "%-50s %7.2f %8s  %s\n", q.label, q.value, "≥ "+strconv.FormatFloat(q.target, 'f', 2, 64), metLabel(q.value >= q.target))
 	}
+	fmt.Fprintln(w)
+	r.overhead.print(w)
 
 	m := r.memory
 	if len(m.activeKeys) == 0 {
@@ -313,6 +322,10 @@ func (r *report) problems() error {
 			errs = append(errs, fmt.Errorf("case %q: %.1f%% of answers were %d (%s), first error %v",
 				c.label, 100*f.expected, c.expect, statusSummary(sample{statuses: f.statuses, errors: f.errors, expected: f.expected}), f.firstErr))
 		}
+	}
+	if o := r.overhead; o.series != nil && (o.expected < 0.99 || o.series[overheadSeries[0].name].count() == 0) {
+		errs = append(errs, fmt.Errorf("half load: %.1f%% of answers were 200, %.0f guard observations", 100*o.expected,
+			o.series[overheadSeries[0].name].count()))
 	}
 	for _, pt := range append(r.memory.activeKeys, r.memory.clientIPs...) {
 		if pt.expected < 0.99 {
