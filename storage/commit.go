@@ -82,6 +82,10 @@ func (db *DB) writer() {
 	}
 }
 
+// Transactions is how many group-commit transactions the writer has run,
+// rolled-back tries included: beside the writes made, what a batch holds.
+func (db *DB) Transactions() int64 { return db.txs.Load() }
+
 // runBatch commits batch in one transaction and answers every request. A
 // request whose function fails is answered with its error and the rest is
 // re-run without it.

@@ -94,6 +94,14 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(text, "calls in flight") {
 		t.Error("the report does not show the calls in flight")
 	}
+	if len(r.controls) != 2 || !strings.Contains(text, "the disk alone") {
+		t.Errorf("disk controls %+v, or not in the report", r.controls)
+	}
+	for _, c := range r.controls {
+		if c.rps <= 0 || c.txs <= 0 || c.txs > c.rps*2 {
+			t.Errorf("disk control %q: %.0f reads/s in %.0f transactions/s", c.label, c.rps, c.txs)
+		}
+	}
 	o := r.overhead
 	for _, s := range overheadSeries {
 		if h := o.series[s.name]; h.count() <= 0 || h.quantile(0.5) <= 0 || h.quantile(0.5) > h.quantile(0.99) {

@@ -147,6 +147,10 @@ func benchmark(p plan, root, dir string, progress func(string, ...any)) (*report
 	}
 	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, samples: b.rounds()}
 	r.profiles = b.profiles
+	progress("the disk alone (control)")
+	if r.controls, err = b.diskControls(); err != nil {
+		return r, err
+	}
 	progress("guard overhead at half load")
 	r.overhead, err = b.halfLoad(b.cases[1], r.figure(b.cases[1].id).rps)
 	if err != nil {
@@ -164,6 +168,8 @@ type report struct {
 	cases   []tcase
 	samples map[string][]sample
 	memory  memoryFigures
+	// controls are the disk's own limit (diskControls).
+	controls []diskControl
 	// overhead is the guard's overhead at half load.
 	overhead overheadFigures
 	// profiles are the CPU profiles written (-profile).
@@ -259,6 +265,7 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "%-50s %7.2f %8s  %s\n", q.label, q.value, "≥ "+strconv.FormatFloat(q.target, 'f', 2, 64), metLabel(q.value >= q.target))
 	}
 	fmt.Fprintln(w)
+	r.printControls(w)
 	r.overhead.print(w)
 
 	m := r.memory
