@@ -300,6 +300,22 @@ func (e *env) newKey(user, plan string) string {
 	return secret
 }
 
+// keyOf returns the id of user's one key.
+func (e *env) keyOf(user string) string {
+	e.t.Helper()
+	list, err := e.keys.List()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, k := range list {
+		if k.UserID == user {
+			return k.ID
+		}
+	}
+	e.t.Fatalf("no key of %s in %+v", user, list)
+	return ""
+}
+
 // post sends body to /v1/ocr with the given content type and key.
 func (e *env) post(key, contentType string, body []byte) (*http.Response, []byte) {
 	e.t.Helper()
@@ -451,7 +467,7 @@ func TestUnauthorizedBodiesIdentical(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	img := pngBytes(t, 8, 8)
 	revoked := e.newKey("bob", "")
-	if _, err := e.keys.Revoke(e.keys.List()[1].ID); err != nil {
+	if _, err := e.keys.Revoke(e.keyOf("bob")); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct{ name, header string }{
@@ -485,7 +501,7 @@ func TestUnauthorizedBodiesIdentical(t *testing.T) {
 	// The good key still works, and revoking it takes effect on the next request.
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
-	if _, err := e.keys.Revoke(e.keys.List()[0].ID); err != nil {
+	if _, err := e.keys.Revoke(e.keyOf("alice")); err != nil {
 		t.Fatal(err)
 	}
 	resp, data = e.post(e.key, "image/png", img)

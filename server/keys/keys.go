@@ -65,12 +65,15 @@ type KeyInfo struct {
 	RevokedAt time.Time `json:"revoked_at,omitzero"`
 }
 
-// KeyStore is what the keyring needs from storage.
+// KeyStore is what the keyring needs from storage. Keys and Users are
+// read whole at load, and Keys again for a listing; User is read before a
+// change to one user.
 type KeyStore interface {
 	CreateKey(k storage.Key, u storage.User) error
 	RevokeKey(id string, at time.Time) (storage.Key, error)
 	Keys() ([]storage.Key, error)
 	Users() ([]storage.User, error)
+	User(id string) (storage.User, error)
 	PutUser(u storage.User) error
 }
 
@@ -89,7 +92,11 @@ type Options struct {
 
 // Keyring holds every active key's hash in memory, so that authenticating
 // a request costs one SHA-256 and a map lookup and never touches the disk,
-// and writes key changes through to storage before they take effect.
+// and writes key and user changes through to storage before they take
+// effect. It keeps in memory only what authentication and the ban and
+// plan checks need: per active key its id and its user, per user the id,
+// the plan (an index into one table of plan names) and the ban. Listing
+// keys reads them from storage.
 type Keyring struct {
 	store     KeyStore
 	knownPlan func(string) bool
@@ -98,8 +105,13 @@ type Keyring struct {
 	write  sync.Mutex // serialises user updates (read, change, store)
 	mu     sync.RWMutex
 	active map[[sha256.Size]byte]activeKey // by hash; revoked keys are absent
-	keys   []storage.Key                   // every key, for listing
-	users  map[string]*storage.User        // changed in place, under mu
+	users  map[string]*user                // changed in place, under mu
+	// plans holds each plan name a user has once, so that a user record
+	// carries a small index and not a string; planIndex finds a name's
+	// index. Both only grow (a plan dropped from config keeps its slot:
+	// there are a handful).
+	plans     []string
+	planIndex map[string]uint32
 	// legacy indexes, by normal form, the stored ids that are not in
 	// their normal form (written by versions before ids were normalised),
 	// so that resolve finds "Alice" for "alice" without a scan.
@@ -111,7 +123,15 @@ type Keyring struct {
 // ban: that lookup runs on every request.
 type activeKey struct {
 	id   string
-	user *storage.User
+	user *user
+}
+
+// user is the part of a stored user that requests need; every key of the
+// user points at one record, which changes in place.
+type user struct {
+	id     string
+	plan   uint32 // index into Keyring.plans
+	banned bool
 }
 
 // NewKeyring loads every key and user from store. knownPlan tells whether a
@@ -141,8 +161,8 @@ func (k *Keyring) load() error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.keys = keys
-	k.users = make(map[string]*storage.User, len(users))
+	k.users = make(map[string]*user, len(users))
+	k.plans, k.planIndex = []string{""}, map[string]uint32{"": 0}
 	k.legacy = map[string][]string{}
 	for _, u := range users {
 		k.putUser(u)
@@ -159,12 +179,25 @@ func (k *Keyring) load() error {
 // putUser stores u in memory, in place if the user has a record, so that
 // the active keys pointing at it see the change; k.mu is held.
 func (k *Keyring) putUser(u storage.User) {
+	plan := k.intern(u.Plan)
 	if p := k.users[u.ID]; p != nil {
-		*p = u
+		p.plan, p.banned = plan, u.Banned
 		return
 	}
-	k.users[u.ID] = &u
+	k.users[u.ID] = &user{id: u.ID, plan: plan, banned: u.Banned}
 	k.index(u.ID)
+}
+
+// intern returns the index of plan in k.plans, adding it if it is new;
+// k.mu is held.
+func (k *Keyring) intern(plan string) uint32 {
+	i, ok := k.planIndex[plan]
+	if !ok {
+		i = uint32(len(k.plans))
+		k.plans = append(k.plans, plan)
+		k.planIndex[plan] = i
+	}
+	return i
 }
 
 // index adds a newly stored id to legacy if it is not in its normal form;
@@ -181,7 +214,7 @@ func (k *Keyring) index(id string) {
 func (k *Keyring) activate(key storage.Key) {
 	u := k.users[key.UserID]
 	if u == nil {
-		u = &storage.User{ID: key.UserID}
+		u = &user{id: key.UserID}
 		k.users[key.UserID] = u
 		k.index(key.UserID)
 	}
@@ -204,7 +237,7 @@ func (k *Keyring) Authenticate(token string) (id Identity, banned, ok bool) {
 	if !found {
 		return Identity{}, false, false
 	}
-	return Identity{UserID: key.user.ID, KeyID: key.id, Plan: key.user.Plan}, key.user.Banned, true
+	return Identity{UserID: key.user.id, KeyID: key.id, Plan: k.plans[key.user.plan]}, key.user.banned, true
 }
 
 // Create makes a new key for userID and returns its secret, which is shown
@@ -236,17 +269,13 @@ func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err 
 	secret = keyPrefix + RandomString(keySecretLen, Base62)
 	now := k.now().UTC()
 	key := storage.Key{ID: "key_" + RandomString(10, Base62), Hash: sha256.Sum256([]byte(secret)), UserID: userID, CreatedAt: now}
-	user := storage.User{ID: userID, Plan: plan, CreatedAt: now}
-	if known {
-		user.CreatedAt, user.Banned = existing.CreatedAt, existing.Banned
-	}
-	if err := k.store.CreateKey(key, user); err != nil {
+	// Storage keeps an existing user's creation time and ban.
+	if err := k.store.CreateKey(key, storage.User{ID: userID, Plan: plan, CreatedAt: now}); err != nil {
 		return "", KeyInfo{}, fmt.Errorf("create key for %s: %w", userID, err)
 	}
 	k.mu.Lock()
-	k.putUser(user)
+	k.putUser(storage.User{ID: userID, Plan: plan, Banned: existing.Banned})
 	k.activate(key)
-	k.keys = append(k.keys, key)
 	info = k.info(key)
 	k.mu.Unlock()
 	return secret, info, nil
@@ -260,26 +289,27 @@ func (k *Keyring) Revoke(id string) (KeyInfo, error) {
 	}
 	k.mu.Lock()
 	delete(k.active, key.Hash)
-	for i := range k.keys {
-		if k.keys[i].ID == id {
-			k.keys[i] = key
-		}
-	}
 	info := k.info(key)
 	k.mu.Unlock()
 	return info, nil
 }
 
-// List describes every key, oldest first, without secrets.
-func (k *Keyring) List() []KeyInfo {
+// List describes every key, oldest first (keys created at the same time
+// by id), without secrets. It reads the keys from storage, which every
+// change reaches before memory: listing is rare, and the keyring keeps in
+// memory only what requests need.
+func (k *Keyring) List() ([]KeyInfo, error) {
+	stored, err := k.store.Keys()
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	out := make([]KeyInfo, 0, len(stored))
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	out := make([]KeyInfo, 0, len(k.keys))
-	for _, key := range k.keys {
+	for _, key := range stored {
 		out = append(out, k.info(key))
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out
+	return out, nil
 }
 
 // Banned reports whether user is banned. It costs a map lookup.
@@ -288,14 +318,19 @@ func (k *Keyring) Banned(user string) bool {
 	return u.Banned
 }
 
-// user returns a copy of the named user's record.
-func (k *Keyring) user(id string) (storage.User, bool) {
+// user returns what memory holds of the named user: its id, plan and ban.
+func (k *Keyring) user(id string) (UserInfo, bool) {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	if u := k.users[id]; u != nil {
-		return *u, true
+		return k.userInfo(u), true
 	}
-	return storage.User{}, false
+	return UserInfo{}, false
+}
+
+// userInfo describes u; k.mu is held.
+func (k *Keyring) userInfo(u *user) UserInfo {
+	return UserInfo{ID: u.id, Plan: k.plans[u.plan], Banned: u.banned}
 }
 
 // SetBanned bans or unbans a user, named as resolve allows; the next
@@ -365,7 +400,7 @@ func (k *Keyring) Users() []UserInfo {
 	defer k.mu.RUnlock()
 	out := make([]UserInfo, 0, len(k.users))
 	for _, u := range k.users {
-		out = append(out, UserInfo{ID: u.ID, Plan: u.Plan, Banned: u.Banned})
+		out = append(out, k.userInfo(u))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -382,14 +417,22 @@ func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(
 	if err != nil {
 		return UserInfo{}, err
 	}
-	u, known := k.user(id)
+	_, known := k.user(id)
 	switch {
 	case setsPlan && userid.IsJWT(id):
 		return UserInfo{}, fmt.Errorf("%w: the plan of %q comes from its token (auth.jwt.plan_claim, else auth.jwt.default_plan)", ErrReservedUserID, id)
 	case mustExist && !known:
 		return UserInfo{}, fmt.Errorf("user %q: %w", name, storage.ErrNotFound)
-	case !known:
+	}
+	// The stored record is the whole user (memory lacks its creation
+	// time). A user known in memory with no record is one whose key
+	// outlived it in a damaged file: it gets a record now.
+	u, err := k.store.User(id)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
 		u = storage.User{ID: id, CreatedAt: k.now().UTC()}
+	case err != nil:
+		return UserInfo{}, fmt.Errorf("update user %s: %w", id, err)
 	}
 	change(&u)
 	if err := k.store.PutUser(u); err != nil {
@@ -405,7 +448,7 @@ func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(
 func (k *Keyring) info(key storage.Key) KeyInfo {
 	var plan string
 	if u := k.users[key.UserID]; u != nil {
-		plan = u.Plan
+		plan = k.plans[u.plan]
 	}
 	return KeyInfo{ID: key.ID, UserID: key.UserID, Plan: plan, CreatedAt: key.CreatedAt, RevokedAt: key.RevokedAt}
 }

@@ -161,7 +161,7 @@ func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyI
 }
 
 // ListKeys lists every key without secrets.
-func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List(), nil }
+func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List() }
 
 // RevokeKey disables a key on the next request.
 func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) {
