@@ -238,8 +238,15 @@ func bareEcho() *echo.Echo {
 // reservations, statistics.
 func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	b.Helper()
+	return newBenchServiceOn(b, limits, storage.Options{})
+}
+
+// newBenchServiceOn is newBenchService on a database opened with opts.
+func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options) (*Server, []string) {
+	b.Helper()
 	log := slog.New(slog.DiscardHandler)
-	db, err := storage.Open(filepath.Join(b.TempDir(), "bench.db"), storage.Options{Logger: log})
+	opts.Logger = log
+	db, err := storage.Open(filepath.Join(b.TempDir(), "bench.db"), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
