@@ -165,8 +165,8 @@ func TestLeaseWritesOncePerBlock(t *testing.T) {
 	if got, most := l.writes(), (100+LeaseCalls-1)/LeaseCalls+1; got > most {
 		t.Errorf("%d ledger writes for 100 calls, want at most %d", got, most)
 	}
-	if got, want := l.day(leaseDay), (DayTotals{Requests: 128, SpendMicroUSD: 100*400 + 28*1000}); got != want {
-		t.Errorf("before Close the ledger holds %+v, want %+v (the lease's rest of 28 calls counted)", got, want)
+	if got, want := l.day(leaseDay), (DayTotals{Requests: LeaseCalls, SpendMicroUSD: 100*400 + (LeaseCalls-100)*1000}); got != want {
+		t.Errorf("before Close the ledger holds %+v, want %+v (the lease's rest counted)", got, want)
 	}
 	if err := g.Close(t.Context()); err != nil {
 		t.Fatal(err)
@@ -201,7 +201,7 @@ func TestLeaseSize(t *testing.T) {
 		worst       int64
 		calls, cost int64 // the top-up written
 	}{
-		{"generous", Config{DailyRequests: 1 << 40, DailyUSD: 1e9, MonthlyUSD: 1e9}, GlobalState{}, 1000, 32, 32_000},
+		{"generous", Config{DailyRequests: 1 << 40, DailyUSD: 1e9, MonthlyUSD: 1e9}, GlobalState{}, 1000, LeaseCalls, LeaseCalls * 1000},
 		{"1% of daily_requests", Config{DailyRequests: 1000}, GlobalState{}, 1000, 10, 10_000},
 		{"small daily_requests", Config{DailyRequests: 30}, GlobalState{}, 1000, 1, 1000},
 		{"requests left", Config{DailyRequests: 1000}, GlobalState{Requests: 997}, 1000, 3, 3000},
@@ -210,8 +210,8 @@ func TestLeaseSize(t *testing.T) {
 		{"less than a call in 1%", Config{DailyUSD: 0.002}, GlobalState{}, 808, 1, 808},
 		{"the last call of the day", Config{DailyUSD: 1}, GlobalState{Spend: 999_000}, 1000, 1, 1000},
 		{"ceilings near, the smallest wins", Config{DailyRequests: 100_000, DailyUSD: 100, MonthlyUSD: 100}, GlobalState{MonthSpend: 99_990_000}, 500, 1, 500},
-		{"money off", Config{DailyRequests: 5000}, GlobalState{}, 2000, 32, 64_000},
-		{"free claims", Config{DailyRequests: 5000, DailyUSD: 1}, GlobalState{}, 0, 32, 0},
+		{"money off", Config{DailyRequests: 5000}, GlobalState{}, 2000, 50, 100_000},
+		{"free claims", Config{DailyRequests: 5000, DailyUSD: 1}, GlobalState{}, 0, 50, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newBook(tt.cfg)
@@ -362,8 +362,11 @@ func TestLeaseSharedTopUp(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := l.writes(); got != 2 {
-		t.Errorf("%d writes for 64 concurrent commits, want 2 (LeaseCalls %d each)", got, LeaseCalls)
+	if got, want := l.writes(), (64+LeaseCalls-1)/LeaseCalls; got != want {
+		t.Errorf("%d writes for 64 concurrent commits, want %d (LeaseCalls %d each)", got, want, LeaseCalls)
+	}
+	if err := g.Close(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 	if got, want := l.day(leaseDay), (DayTotals{Requests: 64, SpendMicroUSD: 64_000}); got != want {
 		t.Errorf("ledger %+v, want %+v", got, want)
@@ -457,7 +460,7 @@ func TestLeaseRollover(t *testing.T) {
 	tomorrow := leaseNoon.Add(24 * time.Hour)
 	const next = "2026-12-01"
 	call(t, g, l, 2000, 100, tomorrow)
-	if got, want := l.lastGive, []LedgerDay{{Day: leaseDay, DayTotals: DayTotals{Requests: 27, SpendMicroUSD: 27_000}}}; fmt.Sprint(got) != fmt.Sprint(want) {
+	if got, want := l.lastGive, []LedgerDay{{Day: leaseDay, DayTotals: DayTotals{Requests: 45, SpendMicroUSD: 45_000}}}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("the new day's first write gave back %v, want %v", got, want)
 	}
 	if got, want := l.day(leaseDay), (DayTotals{Requests: 5, SpendMicroUSD: 1500}); got != want {
@@ -494,8 +497,8 @@ func TestLeaseGivenBackWhenCeilingsChange(t *testing.T) {
 	for range 3 {
 		call(t, g, l, 10, 10, leaseNoon)
 	}
-	if got := l.day(leaseDay).Requests; got != 32 {
-		t.Fatalf("ledger %d calls, want a lease of 32", got)
+	if got := l.day(leaseDay).Requests; got != 100 {
+		t.Fatalf("ledger %d calls, want a lease of 100 (1%% of daily_requests)", got)
 	}
 	lower := Config{DailyRequests: 10}
 	g.SetConfig(lower)
@@ -520,8 +523,8 @@ func TestLeaseCloseFails(t *testing.T) {
 	if err := g.Close(t.Context()); !errors.Is(err, ErrLedger) {
 		t.Errorf("Close on a failing ledger: %v, want ErrLedger", err)
 	}
-	if got := l.day(leaseDay).Requests; got != 32 {
-		t.Errorf("ledger %d calls, want the lease of 32 still counted", got)
+	if got := l.day(leaseDay).Requests; got != 100 {
+		t.Errorf("ledger %d calls, want the lease of 100 still counted", got)
 	}
 	l.fail = nil
 	if err := g.Close(t.Context()); err != nil {
