@@ -49,18 +49,33 @@ func (e *PausedError) Error() string {
 func (e *PausedError) Unwrap() error { return ErrPaused }
 
 // Ledger is what the global budget needs from a storage backend: durable
-// reservations, committed before the upstream call.
+// day totals, written before the upstream calls they cover, and the
+// settlement of each call.
 type Ledger interface {
-	Reserve(ctx context.Context, day string, worstMicroUSD int64) (uint64, error)
+	// Lease adds calls and microUSD to day's totals durably, and in the
+	// same transaction subtracts each giveBack from its own day (the
+	// unused rest of earlier leases). day may be "" when calls and
+	// microUSD are 0.
+	Lease(ctx context.Context, day string, calls, microUSD int64, giveBack ...LedgerDay) error
 	Settle(ctx context.Context, s Settlement) error
 }
 
 // Reservation is one upstream call's claim on the global budget.
 type Reservation struct {
-	ID    uint64 // the ledger's id; 0 if not written (Settlement then adds the call whole)
+	// ID is the ledger's id of a reservation row, as versions before
+	// leases wrote them; 0 for every claim made now.
+	ID    uint64
 	Day   string
 	Month string
 	Worst int64 // micro-dollars reserved
+	// Leased marks a claim that Commit covered from the durable lease:
+	// the call is in the ledger's day totals, and LeasedMicroUSD of its
+	// cost (its worst case, unless the top-up it needed failed and the
+	// lease's rest covered only part). Its settlement moves the day from
+	// that to the actual cost. A claim with neither was not written (its
+	// Commit failed, or it is Unbound): its settlement adds the call whole.
+	Leased         bool
+	LeasedMicroUSD int64
 	// Unbound marks a claim made while every ceiling was off: there is
 	// nothing to hold across a crash, so Commit writes nothing and the
 	// call reaches the ledger with its settlement (the usage record's own
@@ -71,17 +86,17 @@ type Reservation struct {
 // GlobalState is what the global budget starts from, loaded from storage.
 type GlobalState struct {
 	Day        string // "2006-01-02"
-	Requests   int64  // calls reserved that day
-	Spend      int64  // micro-dollars that day, open reservations at worst case
+	Requests   int64  // calls in the ledger that day (a lease's rest left by a crash included)
+	Spend      int64  // micro-dollars that day, open claims and a lease's rest at worst case
 	Month      string // "2006-01"
 	MonthSpend int64  // micro-dollars that month
 }
 
 // Global is layer 3, the emergency brake: a service-wide ceiling on
 // upstream calls and money per day, and on money per month. Check and
-// reserve are one atomic step in memory, and the reservation is written
-// durably before the call, so the ceilings hold under concurrency and
-// across a crash.
+// reserve are one atomic step in memory, and the claim is covered by
+// durable budget before the call (a lease, see Commit), so the ceilings
+// hold under concurrency and across a crash.
 type Global struct {
 	loc    *time.Location
 	cal    *Calendar
@@ -100,6 +115,20 @@ type Global struct {
 	// flight hold. Claims left open by a crash are not among them; they
 	// count as spent.
 	open, monthOpen int64
+
+	// The lease: headroom of today that is already in the ledger's
+	// totals and not claimed by any call (see Commit). The ledger holds
+	// at most the claims in memory plus the lease plus giveBack.
+	lease DayTotals
+	// giveBack is headroom of earlier leases no longer used (a past day,
+	// or ceilings changed by SetConfig), to subtract from the ledger with
+	// the next write.
+	giveBack []LedgerDay
+	closed   bool // Close ran: leases are one call each from now on
+
+	// topUp serialises lease writes, so that committers that need more
+	// headroom at once share one write. It is never held under mu.
+	topUp sync.Mutex
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -129,11 +158,18 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 	}, nil
 }
 
-// SetConfig applies new ceilings at once; what was spent is kept.
+// SetConfig applies new ceilings at once; what was spent is kept. A lease
+// sized under other ceilings is given back with the next ledger write (a
+// commit that needs headroom, or Close), so that the ledger does not count
+// headroom a lowered ceiling no longer allows.
 func (g *Global) SetConfig(cfg Config) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.limits = ceilingsOf(cfg)
+	next := ceilingsOf(cfg)
+	if next != g.limits {
+		g.returnLease()
+	}
+	g.limits = next
 }
 
 // Claim takes one upstream call and worst micro-dollars in memory, or
@@ -200,39 +236,60 @@ func (g *Global) SetManual(on bool) {
 	g.manual = on
 }
 
-// Commit writes a claim to the ledger, durably, so that it still counts
-// after a crash; call it before the upstream call. If the write fails, the
-// claim still holds in memory and the error wraps ErrLedger. An Unbound
-// claim is not written.
+// Commit covers a claim with durable budget, so that it still counts
+// after a crash; call it once per claim, before the upstream call. It takes the claim from
+// the lease when the lease holds a call and the claim's worst case, with
+// no write; otherwise it tops the lease up with one durable write (shared
+// by the committers waiting for it) and takes the claim from that. If the
+// write fails, the claim still holds in memory, nothing more is leased,
+// and the error wraps ErrLedger; the lease's rest, too small for the claim,
+// is then taken by it, so that its settlement, which adds what the lease
+// did not hold, cannot push the ledger past a ceiling. An Unbound claim is
+// not written.
 func (g *Global) Commit(ctx context.Context, r *Reservation) error {
-	if r.Day == "" || r.Unbound {
+	if r.Day == "" || r.Unbound || r.Committed() {
 		return nil
 	}
-	id, err := g.ledger.Reserve(ctx, r.Day, r.Worst)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrLedger, err)
+	if g.take(r) {
+		return nil
 	}
-	r.ID = id
-	return nil
+	g.topUp.Lock()
+	defer g.topUp.Unlock()
+	if g.take(r) { // another committer's top-up had room for this claim too
+		return nil
+	}
+	return g.topUpFor(ctx, r)
 }
 
-// Settle replaces r's worst case by the actual cost, in memory and in the
-// ledger. Use it when no usage record carries the settlement (the call
+// Settle replaces r's worst case by the actual cost, in the ledger and in
+// memory. Use it when no usage record carries the settlement (the call
 // failed); a failed call whose cost is unknown should be settled at
-// r.Worst. A claim whose Commit failed is added to the ledger whole.
+// r.Worst. A claim whose Commit failed is added to the ledger whole. If
+// the ledger write fails, memory keeps the claim at its worst case too, as
+// the ledger does, and the error is returned.
 func (g *Global) Settle(ctx context.Context, r Reservation, actual int64) error {
-	g.Settled(r, actual)
 	if r.Day == "" {
 		return nil
 	}
-	return g.ledger.Settle(ctx, r.Settlement(actual))
+	if err := g.ledger.Settle(ctx, r.Settlement(actual)); err != nil {
+		g.Settled(r, r.Worst)
+		return err
+	}
+	g.Settled(r, actual)
+	return nil
+}
+
+// Committed reports whether the claim is in the ledger at its worst case
+// (leased, or a reservation row of an earlier version).
+func (r Reservation) Committed() bool {
+	return r.ID != 0 || (r.Leased && r.LeasedMicroUSD == r.Worst)
 }
 
 // Settlement is what settles r at actual in the ledger, for a transaction
 // that carries it (the usage record's). For a claim whose Commit failed it
 // adds the call to its day whole.
 func (r Reservation) Settlement(actual int64) Settlement {
-	return Settlement{ID: r.ID, Day: r.Day, ActualMicroUSD: actual}
+	return Settlement{ID: r.ID, Day: r.Day, ActualMicroUSD: actual, Leased: r.Leased, LeasedMicroUSD: r.LeasedMicroUSD}
 }
 
 // Settled updates memory for a reservation whose settlement the caller has
@@ -288,11 +345,13 @@ func (g *Global) Status(now time.Time) Status {
 }
 
 // rollover starts a new day or month. Nothing of yesterday carries into
-// today; reservations still in flight settle against their own day. Days
+// today: the rest of its lease is given back to it with the next write;
+// reservations still in flight settle against their own day. Days
 // only move forward, so a late request with an older clock reading counts
 // in the current day and never wipes it.
 func (g *Global) rollover(day, month string) {
 	if day > g.day {
+		g.returnLease() // the old day's rest, to its own day
 		g.day, g.requests, g.spend, g.open = day, 0, 0, 0
 	}
 	if month > g.month {

@@ -161,7 +161,7 @@ func TestGlobalBudget(t *testing.T) {
 	if err == nil {
 		err = g.Commit(t.Context(), &r)
 	}
-	if err != nil || r.ID == 0 {
+	if err != nil || !r.Leased {
 		t.Fatalf("reserve %+v %v", r, err)
 	}
 	_, err = g.Claim(200, now) // 900 + 200 > 1000
@@ -195,7 +195,7 @@ func TestGlobalBudget(t *testing.T) {
 	if err == nil {
 		err = off.Commit(t.Context(), &r)
 	}
-	if err != nil || r.ID != 0 || !r.Unbound || l.reserved != 2 {
+	if err != nil || r.Committed() || !r.Unbound || l.reserved != 2 {
 		t.Errorf("off: %+v %v, ledger %d reservations, want none written", r, err, l.reserved)
 	}
 	if s := r.Settlement(5); s.ID != 0 || s.Day == "" || s.ActualMicroUSD != 5 {
@@ -211,11 +211,11 @@ type memLedger struct {
 	reserved int
 }
 
-func (m *memLedger) Reserve(context.Context, string, int64) (uint64, error) {
+func (m *memLedger) Lease(context.Context, string, int64, int64, ...LedgerDay) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.reserved++
-	return uint64(m.reserved), nil
+	return nil
 }
 
 func (m *memLedger) Settle(context.Context, Settlement) error { return nil }

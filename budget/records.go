@@ -48,20 +48,27 @@ type Answer struct {
 	Simulated bool
 }
 
-// Settlement replaces an open reservation's worst case by its actual cost.
-// A call whose reservation could not be written (ID 0: layer 3 failed
-// open) is added to Day whole, one request and its actual cost, so the
-// ledger still learns of it. A zero Settlement settles nothing.
+// Settlement replaces a claim's worst case by its actual cost in the
+// ledger. Without an ID it moves Day: the call is added to Day's requests
+// unless Leased (a lease already counted it), and Day's spend moves from
+// LeasedMicroUSD (the part of its cost a lease already counted: its worst
+// case, or 0 for a call whose claim was never written) to ActualMicroUSD.
+// A call whose claim was never written (layer 3 failed open, or its
+// ceilings were off) is thus added to Day whole, so the ledger still
+// learns of it. ID is an open reservation row of an earlier version,
+// settled the same way and removed. A zero Settlement settles nothing.
 type Settlement struct {
 	ID             uint64
 	Day            string // the claim's day ("2006-01-02"), used when ID is 0
 	ActualMicroUSD int64
+	Leased         bool
+	LeasedMicroUSD int64
 }
 
 // DayTotals is one day's totals of the global budget's ledger.
 type DayTotals struct {
-	Requests      int64 // upstream calls reserved that day
-	SpendMicroUSD int64 // settled costs plus open reservations at worst case
+	Requests      int64 // upstream calls claimed that day, plus the unused rest of leases
+	SpendMicroUSD int64 // settled costs, open claims at worst case, and the unused rest of leases
 }
 
 // LedgerDay is one day of the ledger with its totals, for charts.

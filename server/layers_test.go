@@ -211,6 +211,9 @@ func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 	e2.gemini.set(func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 500, "INTERNAL") })
 	resp, data := e2.post(e2.key, "image/png", pngBytes(t, 16, 16))
 	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	if err := e2.brake.Close(t.Context()); err != nil { // the lease's unused calls given back
+		t.Fatal(err)
+	}
 	day, _ = e2.db.Budget(budget.DayKey(e2.now, e2.loc))
 	if day.SpendMicroUSD != 808 {
 		t.Errorf("failed call spend %d, want the worst case 808", day.SpendMicroUSD)
@@ -234,6 +237,9 @@ func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 		})
 		resp, data := e3.post(e3.key, "image/png", pngBytes(t, 16, 16))
 		decodeOK(t, resp, data)
+		if err := e3.brake.Close(t.Context()); err != nil {
+			t.Fatal(err)
+		}
 		day, _ = e3.db.Budget(budget.DayKey(e3.now, e3.loc))
 		if day.SpendMicroUSD != 808 || e3.brake.Status(e3.now).SpendMicroUSD != 808 {
 			t.Errorf("usage %v: ledger %d µ$, memory %d µ$; want the worst case 808", usage, day.SpendMicroUSD, e3.brake.Status(e3.now).SpendMicroUSD)
@@ -272,12 +278,12 @@ func TestMidnightRollover(t *testing.T) {
 	}
 }
 
-// failingLedger refuses every durable reservation.
+// failingLedger refuses every durable lease.
 type failingLedger struct{ calls atomic.Int64 }
 
-func (f *failingLedger) Reserve(context.Context, string, int64) (uint64, error) {
+func (f *failingLedger) Lease(context.Context, string, int64, int64, ...budget.LedgerDay) error {
 	f.calls.Add(1)
-	return 0, errors.New("disk on fire")
+	return errors.New("disk on fire")
 }
 
 func (f *failingLedger) Settle(context.Context, budget.Settlement) error { return nil }
@@ -591,11 +597,7 @@ func TestClockBehindLedgerKeepsTheDay(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	id, err := db.Reserve(ctx, "2026-03-10", 9_000_000) // $9 spent on the 10th
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Settle(ctx, budget.Settlement{ID: id, ActualMicroUSD: 9_000_000}); err != nil {
+	if err := db.Lease(ctx, "2026-03-10", 1, 9_000_000); err != nil { // $9 spent on the 10th
 		t.Fatal(err)
 	}
 	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, time.UTC) }
@@ -644,7 +646,7 @@ func TestFarFutureLedgerDayIsNotBelieved(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Reserve(context.Background(), "2036-02-07", 5); err != nil {
+	if err := db.Lease(context.Background(), "2036-02-07", 1, 5); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
@@ -675,15 +677,15 @@ func TestFarFutureLedgerDayIsNotBelieved(t *testing.T) {
 	}
 }
 
-// countingLedger counts the reservations written through it.
+// countingLedger counts the leases written through it.
 type countingLedger struct {
 	budget.Ledger
 	reserves atomic.Int64
 }
 
-func (c *countingLedger) Reserve(ctx context.Context, day string, worst int64) (uint64, error) {
+func (c *countingLedger) Lease(ctx context.Context, day string, calls, microUSD int64, giveBack ...budget.LedgerDay) error {
 	c.reserves.Add(1)
-	return c.Ledger.Reserve(ctx, day, worst)
+	return c.Ledger.Lease(ctx, day, calls, microUSD, giveBack...)
 }
 
 // With every ceiling off there is nothing to hold across a crash: no

@@ -271,8 +271,8 @@ type ledgerOverride struct {
 	budget.Ledger
 }
 
-func (l ledgerOverride) Reserve(ctx context.Context, day string, worst int64) (uint64, error) {
-	return l.Ledger.Reserve(ctx, day, worst)
+func (l ledgerOverride) Lease(ctx context.Context, day string, calls, microUSD int64, giveBack ...budget.LedgerDay) error {
+	return l.Ledger.Lease(ctx, day, calls, microUSD, giveBack...)
 }
 
 func (l ledgerOverride) Settle(ctx context.Context, s budget.Settlement) error {

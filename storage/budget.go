@@ -12,19 +12,22 @@ import (
 )
 
 // The global budget's ledger. Each day holds two running totals: upstream
-// calls reserved, and money committed in micro-dollars. A reservation adds
-// its worst-case cost to the day at once and keeps an open row; settling
-// replaces the worst case by the actual cost and removes the row. A
-// reservation that is never settled (the process died during the call)
-// therefore keeps counting at its worst case, which is what makes the
-// budget hold across a crash.
+// calls, and money committed in micro-dollars. A lease (Lease) adds a
+// block of headroom to the day before the calls it covers are made; each
+// call's settlement replaces its worst case by its actual cost; the rest
+// of a lease that no call used is given back by a later write. A call
+// that is never settled (the process died during it), and a lease's rest
+// that is never given back (the process died), therefore keep counting,
+// which is what makes the budget hold across a crash.
 //
 //	budget_days:  "2006-01-02" -> 16 bytes: requests, spend (uint64 each)
 //	reservations: 8-byte id    -> 18 bytes: "2006-01-02", worst case (uint64)
 //
-// Reservation rows written before the binary form are JSON
-// ({"day":…,"worst":…}); a database may still hold such a row from a call
-// that was under way when the old binary stopped, so both are read.
+// Leases keep no row: the day totals carry the money. The reservations
+// bucket holds only the open rows of earlier versions, which wrote one per
+// call (binary, and before that JSON: {"day":…,"worst":…}); a database may
+// still hold such a row from a call that was under way when the old binary
+// stopped, so both forms are read and settled.
 
 type openReservation struct {
 	Day   string `json:"day"`
@@ -33,15 +36,6 @@ type openReservation struct {
 
 // reservationLen is the size of a binary reservation row.
 const reservationLen = len(dayLayout) + 8
-
-// encodeReservation is the row of an open reservation. It is made on the
-// caller's goroutine, before the write reaches the writer.
-func encodeReservation(day string, worst int64) []byte {
-	v := make([]byte, reservationLen)
-	copy(v, day)
-	binary.BigEndian.PutUint64(v[len(dayLayout):], uint64(worst))
-	return v
-}
 
 // decodeReservation reads a reservation row in either form.
 func decodeReservation(v []byte) (openReservation, error) {
@@ -59,41 +53,55 @@ func decodeReservation(v []byte) (openReservation, error) {
 	return r, nil
 }
 
-// Reserve durably adds one request and worstMicroUSD to day ("2006-01-02")
-// through group commit, and returns the reservation's id for Settle.
-func (db *DB) Reserve(ctx context.Context, day string, worstMicroUSD int64) (uint64, error) {
-	if err := checkDay(day); err != nil {
-		return 0, err
+// Lease durably adds calls and microUSD to day ("2006-01-02"), and
+// subtracts each giveBack from its own day (never below zero), in one
+// transaction through group commit. day may be "" when calls and microUSD
+// are 0 (a write that only gives back).
+func (db *DB) Lease(ctx context.Context, day string, calls, microUSD int64, giveBack ...budget.LedgerDay) error {
+	if calls < 0 || microUSD < 0 {
+		return fmt.Errorf("%w: negative lease", ErrInvalid)
 	}
-	if worstMicroUSD < 0 {
-		return 0, fmt.Errorf("%w: negative reservation", ErrInvalid)
+	if calls != 0 || microUSD != 0 {
+		if err := checkDay(day); err != nil {
+			return err
+		}
 	}
-	var id uint64
-	row := encodeReservation(day, worstMicroUSD)
+	for _, b := range giveBack {
+		if err := checkDay(b.Day); err != nil {
+			return err
+		}
+		if b.Requests < 0 || b.SpendMicroUSD < 0 {
+			return fmt.Errorf("%w: negative lease given back", ErrInvalid)
+		}
+	}
 	err := db.commit(ctx, func(tx *bbolt.Tx) error {
-		open := tx.Bucket(bucketReservations)
-		seq, err := open.NextSequence()
-		if err != nil {
-			return fmt.Errorf("reservation sequence: %w", err)
+		if calls != 0 || microUSD != 0 {
+			d := readBudgetDay(tx, day)
+			d.Requests += calls
+			d.SpendMicroUSD += microUSD
+			if err := writeBudgetDay(tx, day, d); err != nil {
+				return err
+			}
 		}
-		if err := open.Put(encodeUint64(seq), row); err != nil {
-			return fmt.Errorf("reservation %d: %w", seq, err)
+		for _, b := range giveBack {
+			d := readBudgetDay(tx, b.Day)
+			d.Requests = max(d.Requests-b.Requests, 0)
+			d.SpendMicroUSD = max(d.SpendMicroUSD-b.SpendMicroUSD, 0)
+			if err := writeBudgetDay(tx, b.Day, d); err != nil {
+				return err
+			}
 		}
-		d := readBudgetDay(tx, day)
-		d.Requests++
-		d.SpendMicroUSD += worstMicroUSD
-		id = seq // the last run is the one that commits
-		return writeBudgetDay(tx, day, d)
+		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("reserve budget on %s: %w", day, err)
+		return fmt.Errorf("lease budget on %s: %w", day, err)
 	}
-	return id, nil
+	return nil
 }
 
-// Settle closes a reservation at its actual cost through group commit. An
-// unknown or already settled id changes nothing; see budget.Settlement for
-// ID 0.
+// Settle settles one call at its actual cost through group commit (see
+// budget.Settlement for its kinds). An unknown or already settled
+// reservation id changes nothing.
 func (db *DB) Settle(ctx context.Context, s budget.Settlement) error {
 	if s == (budget.Settlement{}) {
 		return nil
@@ -103,7 +111,7 @@ func (db *DB) Settle(ctx context.Context, s budget.Settlement) error {
 
 // settle is the transaction part of Settle, shared with RecordUsage.
 func settle(tx *bbolt.Tx, s budget.Settlement) error {
-	if s.ActualMicroUSD < 0 {
+	if s.ActualMicroUSD < 0 || s.LeasedMicroUSD < 0 {
 		return fmt.Errorf("%w: negative cost", ErrInvalid)
 	}
 	if s.ID == 0 {
@@ -116,9 +124,13 @@ func settle(tx *bbolt.Tx, s budget.Settlement) error {
 		if err := checkDay(s.Day); err != nil {
 			return err
 		}
+		// A leased call is in the day's requests already, and the part
+		// of its cost the lease counted in its spend.
 		d := readBudgetDay(tx, s.Day)
-		d.Requests++
-		d.SpendMicroUSD += s.ActualMicroUSD
+		if !s.Leased {
+			d.Requests++
+		}
+		d.SpendMicroUSD += s.ActualMicroUSD - s.LeasedMicroUSD
 		return writeBudgetDay(tx, s.Day, d)
 	}
 	open := tx.Bucket(bucketReservations)
@@ -186,7 +198,8 @@ func (db *DB) LatestBudgetDay() (string, error) {
 	return day, err
 }
 
-// OpenReservations counts reservations not yet settled.
+// OpenReservations counts the reservation rows of earlier versions not
+// yet settled (leases keep no row).
 func (db *DB) OpenReservations() (int, error) {
 	var n int
 	err := db.view(func(tx *bbolt.Tx) error {

@@ -26,8 +26,9 @@ type diskControl struct {
 	txs   float64 // transactions (each with its fsyncs) per second
 }
 
-// diskControls measures the control with the ceilings on (a reservation
-// before the call, the usage record after it) and off (the usage record
+// diskControls measures the control with the ceilings on (the budget's
+// own ledger writes before the call, made by a budget.Global as the server
+// makes them, and the usage record after it) and off (the usage record
 // only), each for the plan's measured time.
 func (b *bench) diskControls() ([]diskControl, error) {
 	var out []diskControl
@@ -44,7 +45,7 @@ func (b *bench) diskControls() ([]diskControl, error) {
 func (b *bench) diskControl(reserve bool) (diskControl, error) {
 	label := "usage record per read (ceilings off)"
 	if reserve {
-		label = "reservation + usage record per read (ceilings on)"
+		label = "budget ledger + usage record per read (ceilings on)"
 	}
 	path := filepath.Join(b.dir, fmt.Sprintf("control-%t.db", reserve))
 	db, err := storage.Open(path, storage.Options{})
@@ -55,6 +56,15 @@ func (b *bench) diskControl(reserve bool) (diskControl, error) {
 	ctx := context.Background()
 	now := time.Now().UTC()
 	day, month := budget.DayKey(now, time.UTC), budget.MonthKey(now, time.UTC)
+	var brake *budget.Global
+	if reserve {
+		brake, err = budget.NewGlobal(budget.Config{DailyRequests: 1e9, DailyUSD: 1e9, MonthlyUSD: 1e9}, time.UTC, db,
+			budget.GlobalState{Day: day, Month: month})
+		if err != nil {
+			return diskControl{}, fmt.Errorf("disk control: %w", err)
+		}
+		defer brake.Close(ctx)
+	}
 	var reads atomic.Int64
 	var firstErr error
 	var errOnce sync.Once
@@ -66,19 +76,26 @@ func (b *bench) diskControl(reserve bool) (diskControl, error) {
 			user := fmt.Sprintf("control-%d", i%2) // one user's rows, as the 1-user case
 			for time.Now().Before(stop) {
 				s := budget.Settlement{Day: day, ActualMicroUSD: 150}
-				if reserve {
-					id, err := db.Reserve(ctx, day, 1000)
+				var claim budget.Reservation
+				if brake != nil {
+					var err error
+					if claim, err = brake.Claim(1000, time.Now()); err == nil {
+						err = brake.Commit(ctx, &claim)
+					}
 					if err != nil {
 						errOnce.Do(func() { firstErr = err })
 						return
 					}
-					s = budget.Settlement{ID: id, Day: day, ActualMicroUSD: 150}
+					s = claim.Settlement(150)
 				}
 				rec := budget.UsageRecord{Time: time.Now(), UserID: user, KeyID: "k", RequestID: "r", Model: "m", Outcome: "ok",
 					Bytes: 1000, PromptTokens: 298, CandidatesTokens: 24, CostMicroUSD: 150}
 				if err := db.RecordUsage(ctx, month, rec, s); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
+				}
+				if brake != nil {
+					brake.Settled(claim, 150)
 				}
 				if t := time.Now(); !t.Before(measureFrom) && t.Before(stop) {
 					reads.Add(1)

@@ -313,6 +313,17 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 	if a.layers, err = defense.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
 		return err
 	}
+	// The budget's lease is given back after HTTP has stopped (no call is
+	// in flight) and before the database closes, so that a clean stop
+	// leaves each day's ledger at exactly the calls made.
+	brake := a.layers.Brake
+	a.onClose(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if err := brake.Close(ctx); err != nil {
+			a.log.Warn("budget lease not given back: today's ledger counts its unused calls as made", "err", err, "max_calls", budget.MaxLease(cfg.Budget))
+		}
+	})
 	if err := defense.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}

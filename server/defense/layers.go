@@ -8,6 +8,7 @@
 package defense
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -57,12 +58,14 @@ type AttemptCounter interface {
 }
 
 // Brake is layer 3 as Layers holds it: the guard's claims, and the status,
-// the operator's manual switch and the reload's config swap.
+// the operator's manual switch, the reload's config swap, and Close, which
+// gives the unused budget lease back at shutdown.
 type Brake interface {
 	guard.Brake
 	Status(now time.Time) budget.Status
 	SetManual(on bool)
 	SetConfig(cfg budget.Config)
+	Close(ctx context.Context) error
 }
 
 // LoadLayers rebuilds the layers' memory from storage at start: rate

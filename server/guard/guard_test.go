@@ -16,19 +16,19 @@ var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 // ledger is a budget.Ledger in memory that counts its writes.
 type ledger struct {
 	mu       sync.Mutex
-	reserved int
+	reserved int // lease writes
 	settled  []budget.Settlement
-	err      error // what Reserve answers; nil: success
+	err      error // what Lease answers; nil: success
 }
 
-func (l *ledger) Reserve(context.Context, string, int64) (uint64, error) {
+func (l *ledger) Lease(context.Context, string, int64, int64, ...budget.LedgerDay) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
-		return 0, l.err
+		return l.err
 	}
 	l.reserved++
-	return uint64(l.reserved), nil
+	return nil
 }
 
 func (l *ledger) Settle(_ context.Context, s budget.Settlement) error {
@@ -109,7 +109,7 @@ func TestTicketRecords(t *testing.T) {
 	if err != nil || used != 1 {
 		t.Fatalf("Record = %d, %v; want 1 read", used, err)
 	}
-	if got, want := f.usage.last, (budget.Settlement{ID: 1, Day: "2026-11-30", ActualMicroUSD: 40}); got != want {
+	if got, want := f.usage.last, (budget.Settlement{Day: "2026-11-30", ActualMicroUSD: 40, Leased: true, LeasedMicroUSD: 1000}); got != want {
 		t.Errorf("settlement %+v, want %+v", got, want)
 	}
 	if st := f.brake.Status(now); st.SpendMicroUSD != 40 || st.Requests != 1 {
@@ -244,7 +244,10 @@ func TestClaimRetry(t *testing.T) {
 		t.Errorf("ledger has %d reservations, want the call and its retry", f.ledger.reserved)
 	}
 	tk.Fail(t.Context(), 7)
-	want := []budget.Settlement{{ID: 1, Day: "2026-11-30", ActualMicroUSD: 100}, {ID: 2, Day: "2026-11-30", ActualMicroUSD: 7}}
+	want := []budget.Settlement{
+		{Day: "2026-11-30", ActualMicroUSD: 100, Leased: true, LeasedMicroUSD: 100},
+		{Day: "2026-11-30", ActualMicroUSD: 7, Leased: true, LeasedMicroUSD: 100},
+	}
 	if len(f.ledger.settled) != 2 || f.ledger.settled[0] != want[0] || f.ledger.settled[1] != want[1] {
 		t.Errorf("settled %+v, want %+v", f.ledger.settled, want)
 	}
@@ -262,14 +265,27 @@ func TestClaimRetry(t *testing.T) {
 	}
 }
 
-// A client gone before the call spends nothing.
+// A client gone before the call spends nothing: its claim, covered by the
+// lease, is settled at zero through the ledger as a committed claim is.
 func TestCancelSpendsNothing(t *testing.T) {
 	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
-	tk, _ := f.g.Admit(alice, now)
-	tk.Reserve(5000, now)
-	tk.Commit(t.Context(), now)
-	tk.Cancel(t.Context())
-	tk.Release()
+	for range 2 { // the first call leases headroom, the second takes from it
+		tk, _ := f.g.Admit(alice, now)
+		tk.Reserve(5000, now)
+		if r := tk.Commit(t.Context(), now); r != nil {
+			t.Fatal(r)
+		}
+		tk.Commit(t.Context(), now) // once committed, nothing more is written
+		tk.Cancel(t.Context())
+		tk.Release()
+	}
+	if f.ledger.reserved != 1 {
+		t.Errorf("%d lease writes for two calls, want 1", f.ledger.reserved)
+	}
+	want := budget.Settlement{Day: "2026-11-30", Leased: true, LeasedMicroUSD: 5000}
+	if len(f.ledger.settled) != 2 || f.ledger.settled[0] != want || f.ledger.settled[1] != want {
+		t.Errorf("settled %+v, want twice %+v", f.ledger.settled, want)
+	}
 	if st := f.brake.Status(now); st.SpendMicroUSD != 0 {
 		t.Errorf("spend %d after a cancelled request, want 0", st.SpendMicroUSD)
 	}

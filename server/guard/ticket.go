@@ -81,15 +81,16 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	return nil
 }
 
-// Commit writes the claims durably, so that they still count after a
-// crash; call it before the upstream call. A claim the ledger cannot take
+// Commit covers the claims with durable budget (the brake's lease, which
+// writes about once per budget.LeaseCalls calls), so that they still count
+// after a crash; call it before the upstream call. A claim the ledger cannot take
 // refuses the call (layer "usage", reason "ledger_failing") and pauses
 // paid calls as a failed usage record does: the ledger and the usage
 // records share one database, so the read would be paid for and then
 // withheld. The caller then Cancels the ticket.
 func (t *Ticket) Commit(ctx context.Context, now time.Time) *Refusal {
 	for i := range t.claims() {
-		if t.claimed[i].ID == 0 {
+		if !t.claimed[i].Committed() {
 			if err := t.commit(ctx, &t.claimed[i]); err != nil {
 				t.g.records.start(now)
 				return t.g.refuse(&Refusal{Layer: LayerUsage, Reason: "ledger_failing", RetryAfter: UsagePause})
@@ -201,7 +202,7 @@ func (t *Ticket) Fail(ctx context.Context, cost int64) {
 // it): its claims are settled at zero and its quota slot given back.
 func (t *Ticket) Cancel(ctx context.Context) {
 	for _, c := range t.claims() {
-		if c.ID == 0 && c.Unbound {
+		if c.Unbound {
 			t.g.layers.Brake.Settled(c, 0) // never written: nothing to undo on disk
 			continue
 		}

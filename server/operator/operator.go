@@ -150,9 +150,22 @@ func (o *Operator) TopUsers(n int, now time.Time) []UsageInfo {
 	return out
 }
 
-// BudgetDays lists the ledger's days from from to to (YYYY-MM-DD).
+// BudgetDays lists the ledger's days from from to to (YYYY-MM-DD). The
+// brake's current day is shown as the brake counts it: the ledger's
+// total for it also holds the unused rest of the brake's lease, headroom
+// written ahead of calls not yet made.
 func (o *Operator) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
-	return o.store.BudgetDays(from, to)
+	days, err := o.store.BudgetDays(from, to)
+	if err != nil || o.layers.Brake == nil {
+		return days, err
+	}
+	st := o.layers.Brake.Status(o.now())
+	for i := range days {
+		if days[i].Day == st.Day {
+			days[i].DayTotals = budget.DayTotals{Requests: st.Requests, SpendMicroUSD: st.SpendMicroUSD}
+		}
+	}
+	return days, nil
 }
 
 // CreateKey makes a new API key; see keys.Keyring.Create.

@@ -195,11 +195,24 @@ func (l *loop) checkBudget(db *storage.DB, u usage, bad func(string, ...any)) er
 	if int64(len(u.rows)) > calls {
 		bad("%d usage rows for %d upstream calls", len(u.rows), calls)
 	}
+	// The ledger counts more than the calls made by what the kills left:
+	// the unused rest of the budget lease, and the calls in flight whose
+	// headroom was committed and that never reached the fake. Each kill
+	// adds at most one lease and one call per client.
+	excess := ledger - calls
+	lease := budget.MaxLease(budget.Config{DailyRequests: l.o.DailyRequests})
+	if bound := lease + int64(l.o.Workers); excess-l.rep.Excess > bound {
+		bad("the ledger's excess over the calls made grew by %d in one round, over the bound of %d (a lease of %d and %d clients)",
+			excess-l.rep.Excess, bound, lease, l.o.Workers)
+	}
 	open, err := db.OpenReservations()
 	if err != nil {
 		return err
 	}
 	l.rep.Calls, l.rep.Ledger, l.rep.Open = calls, ledger, open
+	l.rep.MaxLease = lease
+	l.rep.MostExcess = max(l.rep.MostExcess, excess-l.rep.Excess)
+	l.rep.Excess = max(excess, l.rep.Excess)
 	for _, n := range ledgerByDay {
 		if n == l.o.DailyRequests {
 			l.rep.CeilingReached = true

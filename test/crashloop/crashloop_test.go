@@ -78,6 +78,11 @@ func TestCheckFindsViolations(t *testing.T) {
 				call(t, l.gemini)
 			}
 		}, "the upstream received 3 calls, over daily_requests 2"},
+		{"ledger far over the calls", func(t *testing.T, l *loop, db *storage.DB) {
+			if err := db.Lease(t.Context(), time.Now().UTC().Format("2006-01-02"), 2, 20); err != nil {
+				t.Fatal(err)
+			}
+		}, "the ledger's excess over the calls made grew by 2 in one round, over the bound of 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,26 +117,27 @@ func TestCheckFindsViolations(t *testing.T) {
 	}
 }
 
-// record commits one read as the server does: its reservation, then its
-// usage row with the settlement.
+// record commits one read as the server does: a lease of its call, then
+// its usage row with the settlement.
 func record(t *testing.T, db *storage.DB, user, requestID string) {
 	t.Helper()
 	now := time.Now().UTC()
-	id := reserve(t, db)
+	day := reserve(t, db)
 	rec := budget.UsageRecord{Time: now, UserID: user, KeyID: "k", RequestID: requestID, Outcome: "ok"}
-	err := db.RecordUsage(context.Background(), now.Format("2006-01"), rec, budget.Settlement{ID: id, ActualMicroUSD: 1})
+	err := db.RecordUsage(context.Background(), now.Format("2006-01"), rec, budget.Settlement{Day: day, ActualMicroUSD: 1, Leased: true, LeasedMicroUSD: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
-func reserve(t *testing.T, db *storage.DB) uint64 {
+// reserve leases one call at 10 µ$ today, and returns today.
+func reserve(t *testing.T, db *storage.DB) string {
 	t.Helper()
-	id, err := db.Reserve(context.Background(), time.Now().UTC().Format("2006-01-02"), 10)
-	if err != nil {
+	day := time.Now().UTC().Format("2006-01-02")
+	if err := db.Lease(context.Background(), day, 1, 10); err != nil {
 		t.Fatal(err)
 	}
-	return id
+	return day
 }
 
 // call sends the fake Gemini one call, as the server would.
@@ -150,5 +156,89 @@ func call(t *testing.T, g *harness.Gemini) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("fake Gemini: %s", resp.Status)
+	}
+}
+
+// TestKillWithALeaseOpen kills the real server (SIGKILL) while its budget
+// lease has headroom no call used: after the kill the ledger covers every
+// call made, and counts at most one lease more. After a restart and a
+// clean stop (SIGTERM), the lease of the second run is given back: the
+// ledger is then the calls made plus only what the kill left.
+func TestKillWithALeaseOpen(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	root, err := harness.ModuleRoot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin, err := harness.Build(ctx, root, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := harness.NewGemini(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	const dailyRequests = 3200 // a lease of budget.LeaseCalls
+	lease := budget.MaxLease(budget.Config{DailyRequests: dailyRequests})
+	if lease != budget.LeaseCalls {
+		t.Fatalf("MaxLease %d, want %d", lease, budget.LeaseCalls)
+	}
+	dbPath := filepath.Join(dir, "bw.db")
+	config := filepath.Join(dir, "config.toml")
+	if err := harness.WriteConfig(config, harness.Config{DBPath: dbPath, GeminiURL: g.URL, DailyRequests: dailyRequests, Plan: "crash"}); err != nil {
+		t.Fatal(err)
+	}
+	key, err := harness.CreateKey(ctx, bin, config, "lease-user", "crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 15 * time.Second}
+	img := harness.PNG()
+	serve := func(run string, reads int) *harness.Process {
+		t.Helper()
+		proc, err := harness.Start(bin, config, filepath.Join(dir, run+".log"), "GEMINI_API_KEY=k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range reads {
+			if a := harness.Post(ctx, client, proc.Addr, key, img); a.Status != http.StatusOK {
+				proc.Kill()
+				t.Fatalf("%s: %d %s %v", run, a.Status, a.Code, a.Err)
+			}
+		}
+		return proc
+	}
+	ledger := func() int64 {
+		t.Helper()
+		db, err := storage.Open(dbPath, storage.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		day, err := db.Budget(time.Now().UTC().Format("2006-01-02"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return day.Requests
+	}
+
+	serve("killed", 5).Kill()
+	_, calls := g.Calls()
+	killed := ledger()
+	if killed < calls || killed-calls > lease {
+		t.Fatalf("after the kill the ledger holds %d calls for %d made; want at least the calls and at most %d more", killed, calls, lease)
+	}
+	if killed == calls {
+		t.Errorf("the ledger holds exactly the %d calls: no lease was open at the kill", calls)
+	}
+	left := killed - calls
+
+	serve("stopped", 3).Stop(20 * time.Second)
+	_, calls = g.Calls()
+	if got, want := ledger(), calls+left; got != want {
+		t.Errorf("after a clean stop the ledger holds %d calls; want the %d made plus the %d the kill left", got, calls, left)
 	}
 }

@@ -61,7 +61,10 @@ type Report struct {
 	Ledger         int64            // requests in the budget ledger
 	DailyRequests  int64
 	UsageRows      int
-	Open           int // reservations left open (calls killed before settling)
+	Open           int   // reservation rows of earlier versions left open (leases keep none)
+	Excess         int64 // ledger requests over the calls made: what the kills left counted
+	MostExcess     int64 // the most Excess grew by in one round
+	MaxLease       int64 // budget.MaxLease of the run's daily_requests
 	CeilingReached bool
 	Violations     []string
 	Elapsed        time.Duration
@@ -83,8 +86,10 @@ func (r *Report) Summary() string {
 		parts = append(parts, fmt.Sprintf("%s: %d", k, r.Answers[k]))
 	}
 	fmt.Fprintf(&b, "answers: %s\n", strings.Join(parts, ", "))
-	fmt.Fprintf(&b, "upstream calls: %d (daily_requests %d, reached: %v); ledger requests: %d; usage rows: %d; open reservations: %d\n",
+	fmt.Fprintf(&b, "upstream calls: %d (daily_requests %d, reached: %v); ledger requests: %d; usage rows: %d; open reservation rows: %d\n",
 		r.Calls, r.DailyRequests, r.CeilingReached, r.Ledger, r.UsageRows, r.Open)
+	fmt.Fprintf(&b, "ledger over calls: %d, at most %d in one round (bound: a lease of %d + one call per client)\n",
+		r.Excess, r.MostExcess, r.MaxLease)
 	fmt.Fprintf(&b, "violations: %d\n", len(r.Violations))
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "  %s\n", v)
@@ -274,8 +279,8 @@ func (l *loop) round(ctx context.Context, n int) error {
 	if err := l.check(n); err != nil {
 		return err
 	}
-	l.o.Log("round %2d: %-8s upstream calls %4d (+%d), 200s %5d, usage rows %5d, ledger %4d, open %d, violations %d",
-		n, cause, callsAfter, callsAfter-callsBefore, l.rep.OK, l.rep.UsageRows, l.rep.Ledger, l.rep.Open, len(l.rep.Violations))
+	l.o.Log("round %2d: %-8s upstream calls %4d (+%d), 200s %5d, usage rows %5d, ledger %4d, over calls %d, violations %d",
+		n, cause, callsAfter, callsAfter-callsBefore, l.rep.OK, l.rep.UsageRows, l.rep.Ledger, l.rep.Excess, len(l.rep.Violations))
 	return nil
 }
 
