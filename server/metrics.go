@@ -95,7 +95,7 @@ func NewMetrics() *Metrics {
 	})
 	m.reserveLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "breakwater_reservation_commit_seconds",
-		Help:    "Time to commit the budget reservation before an upstream call (group commit wait included; about zero when every ceiling is off and nothing is written).",
+		Help:    "Time to cover an upstream call with durable budget before it is made: a lease top-up's group commit when the lease is empty, about zero when the call is taken from the lease or every ceiling is off.",
 		Buckets: waitBuckets,
 	})
 	m.guardOverhead = prometheus.NewHistogram(prometheus.HistogramOpts{
