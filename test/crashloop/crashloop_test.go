@@ -181,7 +181,7 @@ func TestKillWithALeaseOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	const dailyRequests = 3200 // a lease of budget.LeaseCalls
+	const dailyRequests = budget.LeaseCalls * budget.LeaseShare // a lease of budget.LeaseCalls
 	lease := budget.MaxLease(budget.Config{DailyRequests: dailyRequests})
 	if lease != budget.LeaseCalls {
 		t.Fatalf("MaxLease %d, want %d", lease, budget.LeaseCalls)
