@@ -99,9 +99,18 @@ func (a *Attempts) Dirty() (day string, entries map[string][]byte) {
 	for u := range a.dirty {
 		entries[u] = binary.BigEndian.AppendUint64(nil, uint64(a.count[u]))
 	}
-	clear(a.dirty)
+	// A Go map keeps its table after clear: one burst of many users would
+	// hold its peak until the day ends. A large one is dropped instead.
+	if len(a.dirty) > dirtyKeep {
+		a.dirty = map[string]bool{}
+	} else {
+		clear(a.dirty)
+	}
 	return a.day, entries
 }
+
+// dirtyKeep is the most changed users whose map Dirty clears for reuse.
+const dirtyKeep = 1024
 
 // DecodeCounts turns stored counts back into numbers; malformed values are
 // skipped (the layer fails open). A negative count is malformed too: Dirty
