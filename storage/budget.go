@@ -21,31 +21,20 @@ import (
 // which is what makes the budget hold across a crash.
 //
 //	budget_days:  "2006-01-02" -> 16 bytes: requests, spend (uint64 each)
-//	reservations: 8-byte id    -> 18 bytes: "2006-01-02", worst case (uint64)
+//	reservations: 8-byte id    -> JSON {"day":…,"worst":…} (earlier versions)
 //
 // Leases keep no row: the day totals carry the money. The reservations
 // bucket holds only the open rows of earlier versions, which wrote one per
-// call (binary, and before that JSON: {"day":…,"worst":…}); a database may
-// still hold such a row from a call that was under way when the old binary
-// stopped, so both forms are read and settled.
+// call; a database may still hold such a row from a call that was under
+// way when the old binary stopped, so they are still read and settled.
 
 type openReservation struct {
 	Day   string `json:"day"`
 	Worst int64  `json:"worst"`
 }
 
-// reservationLen is the size of a binary reservation row.
-const reservationLen = len(dayLayout) + 8
-
-// decodeReservation reads a reservation row in either form.
+// decodeReservation reads a reservation row of an earlier version.
 func decodeReservation(v []byte) (openReservation, error) {
-	if len(v) == reservationLen && v[0] != '{' {
-		r := openReservation{Day: string(v[:len(dayLayout)]), Worst: int64(binary.BigEndian.Uint64(v[len(dayLayout):]))}
-		if err := checkDay(r.Day); err != nil || r.Worst < 0 {
-			return openReservation{}, fmt.Errorf("reservation row %x: not a reservation", v)
-		}
-		return r, nil
-	}
 	var r openReservation
 	if err := json.Unmarshal(v, &r); err != nil {
 		return openReservation{}, fmt.Errorf("reservation row: %w", err)

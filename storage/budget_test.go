@@ -3,7 +3,7 @@ package storage
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"path/filepath"
 	"sync"
@@ -118,16 +118,17 @@ func TestBudgetLeaseConcurrent(t *testing.T) {
 	}
 }
 
-// putReservation writes an open reservation row in the binary form of
-// earlier versions, with its day's totals as their Reserve left them, and
-// returns its id.
+// putReservation writes an open reservation row as earlier versions did
+// (JSON), with its day's totals as their Reserve left them, and returns
+// its id.
 func putReservation(t *testing.T, db *DB, day string, worst int64) uint64 {
 	t.Helper()
 	var id uint64
-	row := make([]byte, reservationLen)
-	copy(row, day)
-	binary.BigEndian.PutUint64(row[len(dayLayout):], uint64(worst))
-	err := db.commit(t.Context(), func(tx *bbolt.Tx) error {
+	row, err := json.Marshal(openReservation{Day: day, Worst: worst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.commit(t.Context(), func(tx *bbolt.Tx) error {
 		open := tx.Bucket(bucketReservations)
 		seq, err := open.NextSequence()
 		if err != nil {
@@ -270,12 +271,12 @@ func TestSettleUnreservedCall(t *testing.T) {
 	}
 }
 
-// TestSettleReadsBothReservationForms settles a reservation row in the
-// binary form and one in the JSON form of earlier versions (a database may
-// hold one from a call under way when the old binary stopped): each moves
-// its day from the worst case to the actual cost and is removed; a row that
-// is neither is refused, not guessed at.
-func TestSettleReadsBothReservationForms(t *testing.T) {
+// TestSettleReadsOldReservationRows settles reservation rows as earlier
+// versions wrote them (a database may hold one from a call under way when
+// the old binary stopped): each moves its day from the worst case to the
+// actual cost and is removed; a row that is not one is refused, not
+// guessed at.
+func TestSettleReadsOldReservationRows(t *testing.T) {
 	db := mustOpen(t)
 	ctx := t.Context()
 	const day = "2026-11-30"
@@ -287,7 +288,7 @@ func TestSettleReadsBothReservationForms(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if want := append([]byte(day), 0, 0, 0, 0, 0, 0, 0x03, 0xe8); !bytes.Equal(raw, want) {
+	if want := `{"day":"2026-11-30","worst":1000}`; string(raw) != want {
 		t.Errorf("reservation row %x, want %x", raw, want)
 	}
 	// A JSON row as the old binary wrote it, with the day's total at its
