@@ -23,15 +23,7 @@ func BenchmarkRefusal(b *testing.B) {
 		h := bareEcho()
 		w := &discardWriter{h: http.Header{}}
 		req, body := refusalRequest(img)
-		b.ReportAllocs()
-		for b.Loop() {
-			w.reset()
-			body.Reset(img)
-			h.ServeHTTP(w, req)
-			if w.status != http.StatusOK {
-				b.Fatalf("status %d, want 200", w.status)
-			}
-		}
+		serveEach(b, h, w, req, body, img, http.StatusOK, nil)
 	})
 	b.Run("429", func(b *testing.B) {
 		srv, secrets := newBenchService(b, limiter.Config{Rate: 1, Window: time.Hour})
@@ -44,15 +36,7 @@ func BenchmarkRefusal(b *testing.B) {
 		if w.status != http.StatusOK {
 			b.Fatalf("first request: status %d, want 200", w.status)
 		}
-		b.ReportAllocs()
-		for b.Loop() {
-			w.reset()
-			body.Reset(img)
-			h.ServeHTTP(w, req)
-			if w.status != http.StatusTooManyRequests {
-				b.Fatalf("status %d, want 429", w.status)
-			}
-		}
+		serveEach(b, h, w, req, body, img, http.StatusTooManyRequests, nil)
 	})
 	b.Run("401", func(b *testing.B) {
 		srv, _ := newBenchService(b, limiter.Config{Rate: 1, Window: time.Hour})
@@ -63,19 +47,31 @@ func BenchmarkRefusal(b *testing.B) {
 		for i := range auths {
 			auths[i] = []string{"Bearer bw_" + keys.RandomString(32, keys.Base62)}
 		}
-		b.ReportAllocs()
 		i := 0
-		for b.Loop() {
+		serveEach(b, h, w, req, body, img, http.StatusUnauthorized, func() {
 			i++
-			w.reset()
-			body.Reset(img)
 			req.Header["Authorization"] = auths[i%len(auths)]
-			h.ServeHTTP(w, req)
-			if w.status != http.StatusUnauthorized {
-				b.Fatalf("status %d, want 401", w.status)
-			}
-		}
+		})
 	})
+}
+
+// serveEach sends req (its body reset to img) through h once per
+// iteration, reporting allocations, and fails on any status but want;
+// before, if set, runs ahead of each request.
+func serveEach(b *testing.B, h http.Handler, w *discardWriter, req *http.Request, body *bytes.Reader, img []byte, want int, before func()) {
+	b.Helper()
+	b.ReportAllocs()
+	for b.Loop() {
+		if before != nil {
+			before()
+		}
+		w.reset()
+		body.Reset(img)
+		h.ServeHTTP(w, req)
+		if w.status != want {
+			b.Fatalf("status %d, want %d", w.status, want)
+		}
+	}
 }
 
 // refusalRequest is a reusable POST /v1/ocr of img; reset its body with
