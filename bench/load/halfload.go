@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -47,10 +48,8 @@ func (h histogram) quantile(q float64) float64 {
 			return b
 		}
 	}
-	return inf
+	return math.Inf(1)
 }
-
-var inf = 1e308
 
 func (h histogram) count() float64 {
 	if len(h.counts) == 0 {
@@ -196,7 +195,7 @@ func bound(s float64) string {
 	switch {
 	case s == 0:
 		return "–"
-	case s >= inf:
+	case math.IsInf(s, 1):
 		return "> 1s"
 	}
 	return "≤ " + roundDuration(time.Duration(s*float64(time.Second)))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -24,7 +25,7 @@ breakwater_other_bucket{le="1"} 5
 	for _, tt := range []struct {
 		q    float64
 		want float64
-	}{{0.05, 0.001}, {0.5, 0.002}, {0.99, 0.005}, {1, inf}} {
+	}{{0.05, 0.001}, {0.5, 0.002}, {0.99, 0.005}, {1, math.Inf(1)}} {
 		if got := h.quantile(tt.q); got != tt.want {
 			t.Errorf("quantile(%v) = %v, want %v", tt.q, got, tt.want)
 		}
