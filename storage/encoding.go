@@ -34,6 +34,12 @@ func encodeUint64(v uint64) []byte {
 	return b
 }
 
+// appendOnlyFill is the FillPercent of buckets keyed by timeKey: they grow
+// at their end, so a page split there keeps the old page nine-tenths full
+// instead of bbolt's default half, and the file grows (and the writer
+// writes pages) about half as fast.
+const appendOnlyFill = 0.9
+
 // timeKey returns the 16-byte key for t and a bucket sequence number. The
 // flipped sign bit keeps times before 1970 in order.
 func timeKey(t time.Time, seq uint64) []byte {

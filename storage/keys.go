@@ -228,8 +228,8 @@ func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
 	}
 	jwtUsers := map[string]bool{}
 	err = tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
-		var r struct{ UserID, KeyID string }
-		if err := json.Unmarshal(v, &r); err != nil {
+		r, err := decodeUsageRow(v)
+		if err != nil {
 			return fmt.Errorf("usage row %x: %w", k, err)
 		}
 		if r.UserID != "" && (r.KeyID == legacyJWTKeyID || r.KeyID == "") {

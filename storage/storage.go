@@ -62,7 +62,10 @@ const DefaultTimeout = time.Second
 //	   and a use count in the invite record, instead of a list in the record
 //	3: users who sign in with a JWT under their own ids, "jwt:" + sub,
 //	   instead of the sub alone (their user records and quota counts moved)
-const SchemaVersion uint64 = 3
+//	4: usage rows written in a binary form (older JSON rows are still read
+//	   as they are; an older build, which could not read the new rows,
+//	   refuses the file instead)
+const SchemaVersion uint64 = 4
 
 // migration brings a database from schema version to-1 up to version to.
 // run is called inside prepare's one transaction, after every bucket of
@@ -78,6 +81,7 @@ type migration struct {
 var migrations = []migration{
 	{to: 2, what: "invite redemptions into a bucket per invite", run: migrateInviteRedemptions},
 	{to: 3, what: "JWT users under jwt:SUB", run: migrateJWTUsers},
+	{to: 4, what: "binary usage rows from now on", run: func(*bbolt.Tx) ([]any, error) { return nil, nil }},
 }
 
 // Errors returned by storage. Callers test them with errors.Is; most are
@@ -196,7 +200,7 @@ var (
 	bucketKeys      = []byte("keys")       // key id -> JSON Key
 	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
 	bucketQuota     = []byte("quota")      // "2006-01" -> bucket of user id -> uint64
-	bucketUsage     = []byte("usage")      // timeKey -> JSON budget.UsageRecord
+	bucketUsage     = []byte("usage")      // timeKey -> budget.UsageRecord (binary; JSON before schema 4)
 	bucketEvents    = []byte("events")     // timeKey -> JSON detect.Event
 
 	bucketBudgetDays   = []byte("budget_days")        // "2006-01-02" -> requests, spend

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -64,11 +63,7 @@ func encodeUsage(month string, rec budget.UsageRecord) ([]byte, error) {
 	if err := validUsage(rec); err != nil {
 		return nil, err
 	}
-	row, err := json.Marshal(rec)
-	if err != nil {
-		return nil, fmt.Errorf("encode usage row of %s: %w", rec.UserID, err)
-	}
-	return row, nil
+	return appendUsageRow(make([]byte, 0, 64+len(rec.UserID)+len(rec.KeyID)+len(rec.RequestID)+len(rec.Model)), rec), nil
 }
 
 // recordUsage is the quota increment and usage row of rec, in tx.
@@ -96,6 +91,7 @@ func putUsage(tx *bbolt.Tx, month, user string, t time.Time, row []byte) error {
 	}
 
 	usage := tx.Bucket(bucketUsage)
+	usage.FillPercent = appendOnlyFill
 	seq, err := usage.NextSequence()
 	if err != nil {
 		return fmt.Errorf("usage sequence: %w", err)
@@ -139,8 +135,8 @@ func (db *DB) Usage(from, to time.Time) ([]budget.UsageRecord, error) {
 	var recs []budget.UsageRecord
 	err := db.view(func(tx *bbolt.Tx) error {
 		return scanRange(tx.Bucket(bucketUsage), from, to, func(k, v []byte) error {
-			var r budget.UsageRecord
-			if err := json.Unmarshal(v, &r); err != nil {
+			r, err := decodeUsageRow(v)
+			if err != nil {
 				return fmt.Errorf("usage row %x: %w", k, err)
 			}
 			recs = append(recs, r)

@@ -1,0 +1,171 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"breakwater/budget"
+)
+
+// randomUsage is a usage record with every field set from rng, strings of
+// any bytes (not only UTF-8) and numbers up to their extremes.
+func randomUsage(rng *rand.Rand) budget.UsageRecord {
+	text := func() string {
+		b := make([]byte, rng.IntN(40))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		return string(b)
+	}
+	num := func() int64 {
+		switch rng.IntN(4) {
+		case 0:
+			return math.MaxInt64
+		case 1:
+			return math.MinInt64
+		default:
+			return rng.Int64N(1<<40) - 1<<39
+		}
+	}
+	return budget.UsageRecord{
+		Time: time.Unix(0, num()).UTC(), UserID: "u" + text(), KeyID: text(), RequestID: text(),
+		Model: text(), Outcome: text(), Bytes: num(), PromptTokens: int(num()), CandidatesTokens: int(num()),
+		ThoughtsTokens: int(num()), CostMicroUSD: num(), LatencyMS: num(),
+	}
+}
+
+func TestUsageRowRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 2000; i++ {
+		want := randomUsage(rng)
+		got, err := decodeUsageRow(appendUsageRow(nil, want))
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("record %d: decoded %+v, want %+v", i, got, want)
+		}
+	}
+}
+
+// TestUsageRowSmaller: the reason for the binary form.
+func TestUsageRowSmaller(t *testing.T) {
+	rec := usageAt("user-1", t0)
+	js, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := appendUsageRow(nil, rec)
+	if len(bin)*2 > len(js) {
+		t.Errorf("binary row %d bytes, JSON %d: want under half", len(bin), len(js))
+	}
+}
+
+func TestUsageRowMalformed(t *testing.T) {
+	row := appendUsageRow(nil, usageAt("user-1", t0))
+	for n := 0; n < len(row); n++ {
+		if _, err := decodeUsageRow(row[:n]); err == nil {
+			t.Errorf("row cut to %d of %d bytes decoded", n, len(row))
+		}
+	}
+	cases := map[string][]byte{
+		"trailing byte": append(bytes.Clone(row), 0),
+		"unknown form":  append([]byte{0x02}, row[1:]...),
+		"bad JSON":      []byte(`{"UserID":`),
+	}
+	for name, b := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, err := decodeUsageRow(b); err == nil {
+				t.Errorf("%q decoded", b)
+			}
+		})
+	}
+	if _, err := decodeUsageRow(row[:len(row)-1]); !errors.Is(err, errUsageRow) {
+		t.Errorf("truncated row: %v, want errUsageRow", err)
+	}
+}
+
+// TestUsageReadsBothForms: a database from before schema 4 has JSON usage
+// rows; after the upgrade new rows are binary, and Usage returns both in
+// time order.
+func TestUsageReadsBothForms(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "breakwater.db")
+	db, err := Open(path, Options{Logger: quietLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := usageAt("old-user", t0)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bbolt.Tx) error {
+		js, err := json.Marshal(old)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketUsage).Put(timeKey(old.Time, 1), js); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, encodeUint64(3))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db = mustOpenPath(t, path, Options{})
+	fresh := usageAt("new-user", t0.Add(time.Second))
+	if err := db.RecordUsage(t.Context(), month, fresh, budget.Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	err = db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
+			if user := "new-user"; bytes.Contains(v, []byte(user)) && v[0] != usageRowV1 {
+				t.Errorf("new row %q is not in the binary form", v)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Usage(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got[0].Time.Equal(old.Time) || got[0].UserID != old.UserID || got[0].RequestID != old.RequestID ||
+		!reflect.DeepEqual(got[1], fresh) {
+		t.Errorf("Usage = %+v, want the JSON row then the binary one", got)
+	}
+}
+
+func FuzzUsageRow(f *testing.F) {
+	f.Add(appendUsageRow(nil, usageAt("user-1", t0)))
+	js, _ := json.Marshal(usageAt("user-2", t0))
+	f.Add(js)
+	f.Fuzz(func(t *testing.T, row []byte) {
+		r, err := decodeUsageRow(row)
+		if err != nil || row[0] == '{' {
+			return
+		}
+		again, err := decodeUsageRow(appendUsageRow(nil, r))
+		if err != nil || !reflect.DeepEqual(again, r) {
+			t.Fatalf("re-encoded %+v decodes as %+v, %v", r, again, err)
+		}
+	})
+}
