@@ -83,10 +83,13 @@ func rangeKeys(from, to time.Time) (lo, hi []byte) {
 	return lo, hi
 }
 
-// checkMonth reports whether month is a "2006-01" month.
+// checkMonth reports whether month is a "2006-01" month. It is checked on
+// every paid read, so by hand rather than with time.Parse.
 func checkMonth(month string) error {
-	t, err := time.Parse(monthLayout, month)
-	if err != nil || t.Format(monthLayout) != month {
+	if len(month) != len(monthLayout) || month[4] != '-' || digits(month[:4]) < 0 {
+		return fmt.Errorf("%w: month %q is not YYYY-MM", ErrInvalid, month)
+	}
+	if m := digits(month[5:]); m < 1 || m > 12 {
 		return fmt.Errorf("%w: month %q is not YYYY-MM", ErrInvalid, month)
 	}
 	return nil
@@ -94,9 +97,29 @@ func checkMonth(month string) error {
 
 // checkDay reports whether day is a valid "2006-01-02".
 func checkDay(day string) error {
-	t, err := time.Parse(dayLayout, day)
-	if err != nil || t.Format(dayLayout) != day {
+	if len(day) != len(dayLayout) || day[7] != '-' || checkMonth(day[:7]) != nil {
+		return fmt.Errorf("%w: day %q is not YYYY-MM-DD", ErrInvalid, day)
+	}
+	y, m, d := digits(day[:4]), digits(day[5:7]), digits(day[8:])
+	if d < 1 || d > time.Date(y, time.Month(m)+1, 0, 0, 0, 0, 0, time.UTC).Day() {
 		return fmt.Errorf("%w: day %q is not YYYY-MM-DD", ErrInvalid, day)
 	}
 	return nil
+}
+
+// digits returns the decimal number s spells, or -1 if s is empty or has
+// anything but ASCII digits.
+func digits(s string) int {
+	if s == "" {
+		return -1
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return -1
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -168,4 +169,36 @@ func FuzzUsageRow(f *testing.F) {
 			t.Fatalf("re-encoded %+v decodes as %+v, %v", r, again, err)
 		}
 	})
+}
+
+// TestCheckMonthAndDayAgreeWithTimeParse: the hand-written checks accept
+// exactly what time.Parse accepts and formats back the same.
+func TestCheckMonthAndDayAgreeWithTimeParse(t *testing.T) {
+	byParse := func(layout, s string) bool {
+		v, err := time.Parse(layout, s)
+		return err == nil && v.Format(layout) == s
+	}
+	months := []string{"2026-01", "2026-12", "0000-01", "9999-12", "2026-00", "2026-13", "2026-1", "2026/01",
+		"202a-01", "2026-0a", "-026-01", "2026-01 ", "", "20260-1", "+026-01", "2026-+1"}
+	days := []string{"2026-01-01", "2026-02-28", "2026-02-29", "2024-02-29", "1900-02-29", "2000-02-29", "2026-04-31",
+		"2026-12-31", "2026-12-32", "2026-12-00", "2026-13-01", "2026-1-01", "2026-01-1", "2026-01-01x", "2026-01/01", "0000-02-29"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		b := []byte(fmt.Sprintf("%04d-%02d-%02d", rng.IntN(10000), rng.IntN(14), rng.IntN(33)))
+		if rng.IntN(4) == 0 {
+			b[rng.IntN(len(b))] = "0123456789-+ x"[rng.IntN(14)]
+		}
+		days = append(days, string(b))
+		months = append(months, string(b[:7]))
+	}
+	for _, m := range months {
+		if got, want := checkMonth(m) == nil, byParse(monthLayout, m); got != want {
+			t.Errorf("checkMonth(%q) accepts: %v, time.Parse: %v", m, got, want)
+		}
+	}
+	for _, d := range days {
+		if got, want := checkDay(d) == nil, byParse(dayLayout, d); got != want {
+			t.Errorf("checkDay(%q) accepts: %v, time.Parse: %v", d, got, want)
+		}
+	}
 }
