@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -16,8 +17,12 @@ import (
 // again within the dedupe window. Both are keyed under the user, so one
 // user's answer is never another's.
 //
-//	idempotency:  user id, 0, key         -> JSON storedAnswer
-//	recent_reads: user id, 0, fingerprint -> JSON storedAnswer
+//	idempotency:  user id, 0, key         -> storedAnswer
+//	recent_reads: user id, 0, fingerprint -> storedAnswer
+//
+// Since schema version 4 a stored answer is binary (answerRowV1 and the
+// fields in appendAnswerRow's order); rows written before are JSON, start
+// with '{', and are still read.
 
 // storedAnswer is a budget.Answer with the time of its read.
 type storedAnswer struct {
@@ -52,19 +57,14 @@ func encodeAnswers(rec budget.UsageRecord) (answerRows, error) {
 		return answerRows{}, nil
 	}
 	var rows answerRows
-	var err error
 	if a.IdempotencyKey != "" {
 		v := storedAnswer{At: rec.Time, Fingerprint: a.Fingerprint[:], Status: a.Status, Body: a.Body}
 		rows.byKey = userKey(rec.UserID, []byte(a.IdempotencyKey))
-		if rows.byKeyRow, err = json.Marshal(v); err != nil {
-			return answerRows{}, fmt.Errorf("encode answer of %s: %w", rec.UserID, err)
-		}
+		rows.byKeyRow = appendAnswerRow(nil, v)
 	}
 	v := storedAnswer{At: rec.Time, Fingerprint: a.Fingerprint[:], Serials: a.Serials, Rejected: a.Rejected, Simulated: a.Simulated}
 	rows.byImage = userKey(rec.UserID, a.Fingerprint[:])
-	if rows.imageRow, err = json.Marshal(v); err != nil {
-		return answerRows{}, fmt.Errorf("encode answer of %s: %w", rec.UserID, err)
-	}
+	rows.imageRow = appendAnswerRow(nil, v)
 	return rows, nil
 }
 
@@ -99,7 +99,10 @@ func (db *DB) answer(bucket, key []byte, idemKey string) (budget.Answer, time.Ti
 	var v storedAnswer
 	var found bool
 	err := db.view(func(tx *bbolt.Tx) (err error) {
-		found, err = getJSON(tx.Bucket(bucket), key, &v)
+		row := tx.Bucket(bucket).Get(key)
+		if found = row != nil; found {
+			v, err = decodeAnswerRow(row)
+		}
 		return err
 	})
 	if err != nil || !found {
@@ -147,10 +150,7 @@ func (db *DB) pruneAnswers(bucket []byte, before time.Time) (int, error) {
 		var old [][]byte
 		c := b.Cursor()
 		for k, v := c.First(); k != nil && len(old) < pruneBatch; k, v = c.Next() {
-			var a struct {
-				At time.Time `json:"at"`
-			}
-			if json.Unmarshal(v, &a) != nil || a.At.Before(before) {
+			if at, err := answerTime(v); err != nil || at.Before(before) {
 				old = append(old, bytes.Clone(k))
 			}
 		}
@@ -163,4 +163,75 @@ func (db *DB) pruneAnswers(bucket []byte, before time.Time) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// answerRowV1 is the format byte of a binary stored answer.
+const answerRowV1 = 0x01
+
+// appendAnswerRow appends a's binary row to b: At (varint UnixNano), the
+// 32-byte fingerprint, Status (uvarint), Body, then Serials and Rejected
+// (a uvarint count and each string), then Simulated (one byte).
+func appendAnswerRow(b []byte, a storedAnswer) []byte {
+	b = append(b, answerRowV1)
+	b = binary.AppendVarint(b, a.At.UnixNano())
+	b = append(b, a.Fingerprint...)
+	b = binary.AppendUvarint(b, uint64(a.Status))
+	b = appendText(b, a.Body)
+	for _, list := range [...][]string{a.Serials, a.Rejected} {
+		b = binary.AppendUvarint(b, uint64(len(list)))
+		for _, s := range list {
+			b = appendText(b, s)
+		}
+	}
+	if a.Simulated {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+// decodeAnswerRow decodes a stored answer of either form.
+func decodeAnswerRow(row []byte) (storedAnswer, error) {
+	var a storedAnswer
+	if len(row) > 0 && row[0] == '{' {
+		err := json.Unmarshal(row, &a)
+		return a, err
+	}
+	if len(row) == 0 || row[0] != answerRowV1 {
+		return storedAnswer{}, fmt.Errorf("%w: unknown form", errStoredRow)
+	}
+	d := rowDecoder{rest: row[1:]}
+	a.At = time.Unix(0, d.varint()).UTC()
+	a.Fingerprint = d.fixed(32)
+	if st := d.uvarint(); st > 999 {
+		d.fail("status %d", st)
+	} else {
+		a.Status = int(st)
+	}
+	if body := d.string(); body != "" {
+		a.Body = []byte(body)
+	}
+	a.Serials, a.Rejected = d.strings(), d.strings()
+	switch flag := d.fixed(1); {
+	case flag == nil:
+	case flag[0] <= 1:
+		a.Simulated = flag[0] == 1
+	default:
+		d.fail("simulated flag %d", flag[0])
+	}
+	if err := d.end(); err != nil {
+		return storedAnswer{}, err
+	}
+	return a, nil
+}
+
+// answerTime is the time of a stored answer's read, without decoding the
+// rest of a binary row.
+func answerTime(row []byte) (time.Time, error) {
+	if len(row) > 0 && row[0] == answerRowV1 {
+		d := rowDecoder{rest: row[1:]}
+		at := time.Unix(0, d.varint())
+		return at, d.err
+	}
+	a, err := decodeAnswerRow(row)
+	return a.At, err
 }

@@ -62,9 +62,9 @@ const DefaultTimeout = time.Second
 //	   and a use count in the invite record, instead of a list in the record
 //	3: users who sign in with a JWT under their own ids, "jwt:" + sub,
 //	   instead of the sub alone (their user records and quota counts moved)
-//	4: usage rows written in a binary form (older JSON rows are still read
-//	   as they are; an older build, which could not read the new rows,
-//	   refuses the file instead)
+//	4: usage rows and stored answers written in a binary form (older JSON
+//	   rows are still read as they are; an older build, which could not
+//	   read the new rows, refuses the file instead)
 const SchemaVersion uint64 = 4
 
 // migration brings a database from schema version to-1 up to version to.
@@ -81,7 +81,7 @@ type migration struct {
 var migrations = []migration{
 	{to: 2, what: "invite redemptions into a bucket per invite", run: migrateInviteRedemptions},
 	{to: 3, what: "JWT users under jwt:SUB", run: migrateJWTUsers},
-	{to: 4, what: "binary usage rows from now on", run: func(*bbolt.Tx) ([]any, error) { return nil, nil }},
+	{to: 4, what: "binary usage rows and answers from now on", run: func(*bbolt.Tx) ([]any, error) { return nil, nil }},
 }
 
 // Errors returned by storage. Callers test them with errors.Is; most are
@@ -215,8 +215,8 @@ var (
 	bucketDetectAttempts = []byte("detect_attempts") // "2006-01-02" -> runs started and not finished
 	bucketAlerts         = []byte("alerts")          // alert kind -> JSON detect.AlertState
 
-	bucketIdempotency = []byte("idempotency")  // user id, 0, key -> JSON storedAnswer
-	bucketRecentReads = []byte("recent_reads") // user id, 0, fingerprint -> JSON storedAnswer
+	bucketIdempotency = []byte("idempotency")  // user id, 0, key -> storedAnswer (binary; JSON before schema 4)
+	bucketRecentReads = []byte("recent_reads") // user id, 0, fingerprint -> storedAnswer (binary; JSON before schema 4)
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketUsers, bucketKeys, bucketKeyHashes,

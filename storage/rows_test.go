@@ -90,8 +90,8 @@ func TestUsageRowMalformed(t *testing.T) {
 			}
 		})
 	}
-	if _, err := decodeUsageRow(row[:len(row)-1]); !errors.Is(err, errUsageRow) {
-		t.Errorf("truncated row: %v, want errUsageRow", err)
+	if _, err := decodeUsageRow(row[:len(row)-1]); !errors.Is(err, errStoredRow) {
+		t.Errorf("truncated row: %v, want errStoredRow", err)
 	}
 }
 
@@ -155,18 +155,24 @@ func TestUsageReadsBothForms(t *testing.T) {
 	}
 }
 
-func FuzzUsageRow(f *testing.F) {
+// FuzzDecodeRows: any bytes as a usage row or a stored answer decode or
+// are refused, never panic, and what decodes from a binary row encodes
+// back to the same bytes.
+func FuzzDecodeRows(f *testing.F) {
 	f.Add(appendUsageRow(nil, usageAt("user-1", t0)))
 	js, _ := json.Marshal(usageAt("user-2", t0))
 	f.Add(js)
+	f.Add(appendAnswerRow(nil, randomAnswer(rand.New(rand.NewPCG(7, 8)))))
 	f.Fuzz(func(t *testing.T, row []byte) {
-		r, err := decodeUsageRow(row)
-		if err != nil || row[0] == '{' {
-			return
+		if r, err := decodeUsageRow(row); err == nil && row[0] != '{' {
+			if again := appendUsageRow(nil, r); !bytes.Equal(again, row) {
+				t.Fatalf("usage row %x decodes as %+v, which encodes as %x", row, r, again)
+			}
 		}
-		again, err := decodeUsageRow(appendUsageRow(nil, r))
-		if err != nil || !reflect.DeepEqual(again, r) {
-			t.Fatalf("re-encoded %+v decodes as %+v, %v", r, again, err)
+		if a, err := decodeAnswerRow(row); err == nil && row[0] != '{' {
+			if again := appendAnswerRow(nil, a); !bytes.Equal(again, row) {
+				t.Fatalf("answer row %x decodes as %+v, which encodes as %x", row, a, again)
+			}
 		}
 	})
 }
@@ -200,5 +206,105 @@ func TestCheckMonthAndDayAgreeWithTimeParse(t *testing.T) {
 		if got, want := checkDay(d) == nil, byParse(dayLayout, d); got != want {
 			t.Errorf("checkDay(%q) accepts: %v, time.Parse: %v", d, got, want)
 		}
+	}
+}
+
+// randomAnswer is a stored answer with every field drawn from rng.
+func randomAnswer(rng *rand.Rand) storedAnswer {
+	list := func() []string {
+		var l []string
+		for range rng.IntN(4) {
+			l = append(l, randomUsage(rng).KeyID)
+		}
+		return l
+	}
+	a := storedAnswer{At: time.Unix(0, rng.Int64()-rng.Int64()).UTC(), Fingerprint: make([]byte, 32),
+		Status: rng.IntN(600), Serials: list(), Rejected: list(), Simulated: rng.IntN(2) == 1}
+	for i := range a.Fingerprint {
+		a.Fingerprint[i] = byte(rng.IntN(256))
+	}
+	if rng.IntN(2) == 0 {
+		a.Body = []byte(randomUsage(rng).RequestID + "x")
+	}
+	return a
+}
+
+func TestAnswerRowRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i < 2000; i++ {
+		want := randomAnswer(rng)
+		row := appendAnswerRow(nil, want)
+		got, err := decodeAnswerRow(row)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("answer %d: decoded %+v, want %+v", i, got, want)
+		}
+		if at, err := answerTime(row); err != nil || !at.Equal(want.At) {
+			t.Fatalf("answer %d: answerTime = %v, %v; want %v", i, at, err, want.At)
+		}
+		for n := 0; n < len(row); n++ {
+			if _, err := decodeAnswerRow(row[:n]); err == nil {
+				t.Fatalf("answer %d cut to %d of %d bytes decoded", i, n, len(row))
+			}
+		}
+	}
+	bad := appendAnswerRow(nil, storedAnswer{At: t0, Fingerprint: make([]byte, 32)})
+	bad[len(bad)-1] = 2
+	if _, err := decodeAnswerRow(bad); !errors.Is(err, errStoredRow) {
+		t.Errorf("simulated flag 2: %v, want errStoredRow", err)
+	}
+}
+
+// TestAnswersReadBothForms: answers kept as JSON before schema 4 are still
+// found, replayed and pruned; new ones are binary.
+func TestAnswersReadBothForms(t *testing.T) {
+	db := mustOpen(t)
+	old := storedAnswer{At: t0, Fingerprint: bytes.Repeat([]byte{7}, 32), Status: 200, Body: []byte(`{"serials":["A1"]}`)}
+	js, err := json.Marshal(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketIdempotency).Put(userKey("u1", []byte("old-key")), js)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := usageAt("u1", t0.Add(time.Hour))
+	rec.Answer = &budget.Answer{IdempotencyKey: "new-key", Status: 200, Body: []byte(`{"serials":["B2"]}`), Serials: []string{"B2"}}
+	rec.Answer.Fingerprint[0] = 9
+	if err := db.RecordUsage(t.Context(), month, rec, budget.Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"old-key": `{"serials":["A1"]}`, "new-key": `{"serials":["B2"]}`} {
+		a, _, found, err := db.StoredAnswer("u1", key)
+		if err != nil || !found || string(a.Body) != want {
+			t.Errorf("StoredAnswer(%s) = %q, %v, %v; want %s", key, a.Body, found, err, want)
+		}
+	}
+	a, at, found, err := db.RecentRead("u1", rec.Answer.Fingerprint)
+	if err != nil || !found || !at.Equal(rec.Time) || !reflect.DeepEqual(a.Serials, []string{"B2"}) {
+		t.Errorf("RecentRead = %+v at %v, %v, %v", a, at, found, err)
+	}
+	err = db.view(func(tx *bbolt.Tx) error {
+		if v := tx.Bucket(bucketIdempotency).Get(userKey("u1", []byte("new-key"))); len(v) == 0 || v[0] != answerRowV1 {
+			t.Errorf("new answer row %q is not binary", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pruning before a time between the two drops the old JSON row only.
+	if n, err := db.PruneAnswers(t0.Add(time.Minute), time.Time{}); err != nil || n != 1 {
+		t.Fatalf("PruneAnswers = %d, %v; want 1", n, err)
+	}
+	if _, _, found, _ := db.StoredAnswer("u1", "old-key"); found {
+		t.Error("the old answer outlived its pruning")
+	}
+	if _, _, found, _ := db.StoredAnswer("u1", "new-key"); !found {
+		t.Error("the new answer was pruned")
 	}
 }
