@@ -379,17 +379,24 @@ func median[T int64 | float64 | time.Duration](vs []T) T {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// memPoint is RSS after n things became active, against a base.
+// memPoint is the memory after n things became active, against a base.
 type memPoint struct {
 	n         int
-	base, rss int64 // bytes
+	base, now memSample
 	expected  float64
 	statuses  map[int]int64
 	errors    int64
 }
 
 // per10k is the RSS growth per 10,000.
-func (m memPoint) per10k() float64 { return float64(m.rss-m.base) / float64(m.n) * 10_000 }
+func (m memPoint) per10k() float64 { return float64(m.now.rss-m.base.rss) / float64(m.n) * 10_000 }
+
+// anonPer10k is the growth of anonymous memory per 10,000. It differs
+// from per10k by the database file's mapped pages, which RSS counts once
+// touched and drops when bbolt maps a grown file anew.
+func (m memPoint) anonPer10k() float64 {
+	return float64(m.now.anon-m.base.anon) / float64(m.n) * 10_000
+}
 
 // inFlightResult is the figure of calls held in flight at once.
 type inFlightResult struct {
@@ -415,9 +422,9 @@ type memoryFigures struct {
 
 // settledRSS waits for the write-behind and the garbage collector to catch
 // up, then reads the server's RSS.
-func (b *bench) settledRSS(bw *breakwater) (int64, error) {
+func (b *bench) settledRSS(bw *breakwater) (memSample, error) {
 	time.Sleep(b.plan.settle)
-	return rss(bw.proc.pid())
+	return memOf(bw.proc.pid())
 }
 
 // memoryDefaults is the config of the memory figures: production limits
@@ -494,9 +501,10 @@ func (b *bench) activeKeys(n int, img []byte) (atRest, active memPoint, err erro
 	if err != nil {
 		return atRest, active, err
 	}
-	b.progress("memory: %d keys: RSS %s empty, %s at rest, %s active", n, mib(empty), mib(idle), mib(now))
-	atRest = memPoint{n: n, base: empty, rss: idle, expected: 1}
-	active = memPoint{n: n, base: idle, rss: now, expected: out.share(http.StatusOK), statuses: out.statuses, errors: out.errors}
+	b.progress("memory: %d keys: RSS %s empty, %s at rest, %s active (anonymous %s, %s, %s)", n,
+		mib(empty.rss), mib(idle.rss), mib(now.rss), mib(empty.anon), mib(idle.anon), mib(now.anon))
+	atRest = memPoint{n: n, base: empty, now: idle, expected: 1}
+	active = memPoint{n: n, base: idle, now: now, expected: out.share(http.StatusOK), statuses: out.statuses, errors: out.errors}
 	return atRest, active, nil
 }
 
@@ -522,8 +530,8 @@ func (b *bench) clientIPs(n int) (memPoint, error) {
 	if err != nil {
 		return memPoint{}, err
 	}
-	b.progress("memory: %d client IPs: RSS %s, %s before", n, mib(now), mib(base))
-	return memPoint{n: n, base: base, rss: now, expected: out.share(http.StatusForbidden), statuses: out.statuses, errors: out.errors}, nil
+	b.progress("memory: %d client IPs: RSS %s, %s before (anonymous %s, %s)", n, mib(now.rss), mib(base.rss), mib(now.anon), mib(base.anon))
+	return memPoint{n: n, base: base, now: now, expected: out.share(http.StatusForbidden), statuses: out.statuses, errors: out.errors}, nil
 }
 
 // callsInFlight holds plan.inFlight calls to a slow simulated upstream at
@@ -551,10 +559,11 @@ func (b *bench) callsInFlight(img []byte) (inFlightResult, error) {
 	for i, k := range keys {
 		reqs[i] = ocrRequest(bw.addr, k, img)
 	}
-	base, err := b.settledRSS(bw)
+	settled, err := b.settledRSS(bw)
 	if err != nil {
 		return inFlightResult{}, err
 	}
+	base := settled.rss
 	var inFlight, maxInFlight atomic.Int64
 	peak := base
 	stopSampling := make(chan struct{})

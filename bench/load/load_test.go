@@ -83,8 +83,9 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("%d client-IP figures, want %d", got, want)
 	}
 	for _, pt := range append(append(m.keysAtRest, m.activeKeys...), m.clientIPs...) {
-		if pt.base <= 0 || pt.rss <= 0 {
-			t.Errorf("memory figure for %d: RSS %d against a base of %d", pt.n, pt.rss, pt.base)
+		if pt.base.rss <= 0 || pt.now.rss <= 0 || pt.base.anon <= 0 || pt.now.anon <= 0 ||
+			pt.now.anon > pt.now.rss || pt.base.anon > pt.base.rss {
+			t.Errorf("memory figure for %d: %+v against a base of %+v", pt.n, pt.now, pt.base)
 		}
 	}
 	if f := m.inFlight; f.completed != f.n || f.peak < f.base || f.base <= 0 {

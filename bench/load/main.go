@@ -274,14 +274,18 @@ func (r *report) print(w io.Writer) {
 		return
 	}
 	const perKeyTarget = 1024.0 // bytes: 1 KiB per active user key or client IP
-	fmt.Fprintf(w, "\n%-50s %14s %12s %14s  %s\n", "memory (server RSS, VmRSS)", "per 10,000", "per one", "target", "")
+	fmt.Fprintf(w, "\n%-50s %12s %10s %12s %14s  %s\n", "memory (server RSS, VmRSS; anonymous, RssAnon)", "RSS /10,000", "RSS /one", "anon /one", "target", "")
 	line := func(what string, pt memPoint, target bool) {
-		per := pt.per10k() / 10_000
+		per, anon := pt.per10k()/10_000, pt.anonPer10k()/10_000
 		if !target {
-			fmt.Fprintf(w, "%-50s %14s %12s %14s\n", what, mib(int64(pt.per10k())), kib(per), "–")
+			fmt.Fprintf(w, "%-50s %12s %10s %12s %14s\n", what, mib(int64(pt.per10k())), kib(per), kib(anon), "–")
 			return
 		}
-		fmt.Fprintf(w, "%-50s %14s %12s %14s  %s\n", what, mib(int64(pt.per10k())), kib(per), "≤ 1.00 KiB", metLabel(per <= perKeyTarget))
+		// The larger of the two is held to the target: RSS also drops
+		// the database's mapped pages when bbolt maps a grown file anew,
+		// which can hide the heap's growth.
+		fmt.Fprintf(w, "%-50s %12s %10s %12s %14s  %s\n", what, mib(int64(pt.per10k())), kib(per), kib(anon), "≤ 1.00 KiB",
+			metLabel(max(per, anon) <= perKeyTarget))
 	}
 	for i, pt := range m.activeKeys {
 		line(fmt.Sprintf("%s user keys at rest (loaded, none used)", thousands(float64(pt.n))), m.keysAtRest[i], false)

@@ -109,17 +109,44 @@ func (p *process) logTail() string {
 
 // rss returns the resident set size of process pid in bytes (VmRSS).
 func rss(pid int) (int64, error) {
+	m, err := memOf(pid)
+	return m.rss, err
+}
+
+// memSample is a process's resident memory: all of it (VmRSS) and its
+// anonymous part (RssAnon: the heap and stacks, without mapped files such
+// as the database).
+type memSample struct{ rss, anon int64 }
+
+// memOf reads pid's memSample from /proc/PID/status.
+func memOf(pid int) (memSample, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return memSample{}, err
 	}
+	var m memSample
+	found := 0
 	for line := range strings.Lines(string(data)) {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10, err
+		field, dst := "", (*int64)(nil)
+		switch {
+		case strings.HasPrefix(line, "VmRSS:"):
+			field, dst = "VmRSS:", &m.rss
+		case strings.HasPrefix(line, "RssAnon:"):
+			field, dst = "RssAnon:", &m.anon
+		default:
+			continue
 		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(line[len(field):]), " kB"), 10, 64)
+		if err != nil {
+			return memSample{}, fmt.Errorf("/proc/%d/status: %s %w", pid, field, err)
+		}
+		*dst = kb << 10
+		found++
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	if found != 2 {
+		return memSample{}, fmt.Errorf("no VmRSS and RssAnon in /proc/%d/status", pid)
+	}
+	return m, nil
 }
 
 // cpuTime returns the CPU time (user + system) process pid has used.
