@@ -259,10 +259,7 @@ func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, pl
 		rec.Answer = &budget.Answer{Fingerprint: in.fp, Serials: res.Serials, Rejected: res.Rejected, Simulated: res.Simulated}
 	}
 	if key != "" {
-		var err error
-		if body, err = answerBody(res, plan.MonthlyQuota, s.ocrGuard.Used(id.UserID, s.now())+1); err != nil {
-			return err
-		}
+		body = answerBody(res, plan.MonthlyQuota, s.ocrGuard.Used(id.UserID, s.now())+1)
 		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = key, http.StatusOK, body
 	}
 	commitStart := s.now()
@@ -281,11 +278,9 @@ func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, pl
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
 	if body == nil {
-		if body, err = answerBody(res, plan.MonthlyQuota, used); err != nil {
-			return err
-		}
+		body = answerBody(res, plan.MonthlyQuota, used)
 	}
-	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, body)
+	return writeJSON(c, http.StatusOK, body)
 }
 
 // callCost is what a call is billed: its reported tokens at the prices in
