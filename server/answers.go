@@ -2,11 +2,12 @@ package server
 
 import (
 	"crypto/sha256"
-	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -146,8 +147,8 @@ func (s *Server) recentRead(user string, fp [32]byte) (budget.Answer, bool) {
 // byte for byte; nothing is counted but layers 0 and 1.
 func (s *Server) replay(c echo.Context, start time.Time, id keys.Identity, a budget.Answer) error {
 	s.recordAnswered(c, start, id, detect.OutcomeReplayed)
-	c.Response().Header().Set("Idempotent-Replayed", "true")
-	return c.Blob(a.Status, echo.MIMEApplicationJSON, a.Body)
+	c.Response().Header()[headerReplayed] = replayedTrue
+	return writeJSON(c, a.Status, a.Body)
 }
 
 // answerCached answers the same image again with its earlier read; it
@@ -170,13 +171,118 @@ func (s *Server) recordAnswered(c echo.Context, start time.Time, id keys.Identit
 	})
 }
 
+// The header of a replayed answer, as the problems' headers are kept.
+const headerReplayed = "Idempotent-Replayed"
+
+var (
+	replayedTrue    = []string{"true"}
+	jsonContentType = []string{echo.MIMEApplicationJSON}
+)
+
+// writeJSON answers status with body as application/json: echo's Blob,
+// with the header value shared rather than made for each answer.
+func writeJSON(c echo.Context, status int, body []byte) error {
+	h := c.Response().Header()
+	if firstValue(h, echo.HeaderContentType) == "" {
+		h[echo.HeaderContentType] = jsonContentType
+	}
+	c.Response().WriteHeader(status)
+	_, err := c.Response().Write(body)
+	return err
+}
+
 // answerBody is the body of a successful read, as sent and as kept for a
-// repeat of its idempotency key.
-func answerBody(res ocr.Result, quota, used int64) ([]byte, error) {
-	b, err := json.Marshal(ocrResponse{
-		Serials: nonNil(res.Serials), Rejected: nonNil(res.Rejected),
-		Quota:     quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},
-		Simulated: res.Simulated,
-	})
-	return append(b, '\n'), err
+// repeat of its idempotency key: the bytes json.Marshal makes of
+// ocrResponse, and a newline, written by hand into one buffer, since the
+// shape is fixed (TestAnswerBodyIsJSON holds the two to the same bytes).
+func answerBody(res ocr.Result, quota, used int64) []byte {
+	n := len(`{"serials":[],"rejected":[],"quota":{"limit":,"used":,"remaining":},"simulated":true}`) + 1 + 3*20
+	for _, s := range res.Serials {
+		n += len(s) + 3
+	}
+	for _, s := range res.Rejected {
+		n += len(s) + 3
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"serials":`...)
+	b = appendJSONStrings(b, res.Serials)
+	b = append(b, `,"rejected":`...)
+	b = appendJSONStrings(b, res.Rejected)
+	b = append(b, `,"quota":{"limit":`...)
+	b = strconv.AppendInt(b, quota, 10)
+	b = append(b, `,"used":`...)
+	b = strconv.AppendInt(b, used, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, max(quota-used, 0), 10)
+	b = append(b, '}')
+	if res.Simulated {
+		b = append(b, `,"simulated":true`...)
+	}
+	return append(b, '}', '\n')
+}
+
+// appendJSONStrings appends ss as a JSON array, [] when it is nil.
+func appendJSONStrings(b []byte, ss []string) []byte {
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, s)
+	}
+	return append(b, ']')
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it: the quote, the backslash and the control characters, <, > and & (as \u003c and
+// so on), U+2028 and U+2029, and each byte of invalid UTF-8 as \ufffd.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

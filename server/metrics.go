@@ -33,15 +33,18 @@ type Metrics struct {
 	upstreamCalls   *prometheus.CounterVec   // outcome
 	upstreamLatency prometheus.Histogram
 	tokens          *prometheus.CounterVec // kind
-	cost            prometheus.Counter     // US dollars
-	commitLatency   prometheus.Histogram   // the usage record's commit wait
-	reserveLatency  prometheus.Histogram   // the budget reservation's commit wait
-	guardOverhead   prometheus.Histogram   // layers 0-3 with the reservation's commit wait
-	jwt             *prometheus.CounterVec // reason
-	inviteRefusals  *prometheus.CounterVec // reason
-	shadowRefusals  *prometheus.CounterVec // layer, reason: routemetrics.go
-	routeFailures   *prometheus.CounterVec // route, reason: routemetrics.go
-	alertsRaised    *prometheus.CounterVec // kind
+	// A call's counters, resolved once: a call counts in all four.
+	callsOK, callsFailed                       prometheus.Counter
+	promptTokens, outputTokens, thoughtsTokens prometheus.Counter
+	cost                                       prometheus.Counter     // US dollars
+	commitLatency                              prometheus.Histogram   // the usage record's commit wait
+	reserveLatency                             prometheus.Histogram   // the budget reservation's commit wait
+	guardOverhead                              prometheus.Histogram   // layers 0-3 with the reservation's commit wait
+	jwt                                        *prometheus.CounterVec // reason
+	inviteRefusals                             *prometheus.CounterVec // reason
+	shadowRefusals                             *prometheus.CounterVec // layer, reason: routemetrics.go
+	routeFailures                              *prometheus.CounterVec // route, reason: routemetrics.go
+	alertsRaised                               *prometheus.CounterVec // kind
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -107,6 +110,9 @@ func NewMetrics() *Metrics {
 		return []string{k.route, strconv.Itoa(k.status)}
 	})
 	m.refusalsBy = newCounterTable(m.refusals, func(k [2]string) []string { return k[:] })
+	m.callsOK, m.callsFailed = m.upstreamCalls.WithLabelValues("ok"), m.upstreamCalls.WithLabelValues("failed")
+	m.promptTokens, m.outputTokens = m.tokens.WithLabelValues("prompt"), m.tokens.WithLabelValues("output")
+	m.thoughtsTokens = m.tokens.WithLabelValues("thoughts")
 	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency,
 		m.reserveLatency, m.guardOverhead)
 	m.inviteRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -7,7 +7,9 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -206,10 +208,10 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 		return errClientGone
 	}
 
-	// The expensive call, with its one retry claimed like the call.
-	callStart := s.now()
+	// The expensive call, with its one retry claimed like the call. It
+	// starts when the reservation is committed: only a check lies between.
 	res, err := s.d.Reader.Read(ctx, in.img, func() bool { return s.claimRetry(ctx, c, t, worst) })
-	latency := s.now().Sub(callStart)
+	latency := s.now().Sub(committed)
 	cost := s.callCost(c, price, res.Usage, err, worst)
 	s.countCall(latency, res.Usage, err)
 	s.d.Metrics.cost.Add(usd(cost))
@@ -221,8 +223,7 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 	}
 	// The read is paid for, so what follows is written even if the client
 	// has gone.
-	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
-	defer cancel()
+	ctx = s.recordCtx.get()
 	if err != nil {
 		t.Fail(ctx, cost)
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
@@ -259,14 +260,11 @@ func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, pl
 		rec.Answer = &budget.Answer{Fingerprint: in.fp, Serials: res.Serials, Rejected: res.Rejected, Simulated: res.Simulated}
 	}
 	if key != "" {
-		var err error
-		if body, err = answerBody(res, plan.MonthlyQuota, s.ocrGuard.Used(id.UserID, s.now())+1); err != nil {
-			return err
-		}
+		body = answerBody(res, plan.MonthlyQuota, s.ocrGuard.Used(id.UserID, s.now())+1)
 		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = key, http.StatusOK, body
 	}
 	commitStart := s.now()
-	used, err := t.Record(ctx, rec, event.CostMicroUSD, s.now())
+	used, err := t.Record(ctx, rec, event.CostMicroUSD, commitStart)
 	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
 	if err != nil {
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
@@ -281,11 +279,9 @@ func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, pl
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
 	if body == nil {
-		if body, err = answerBody(res, plan.MonthlyQuota, used); err != nil {
-			return err
-		}
+		body = answerBody(res, plan.MonthlyQuota, used)
 	}
-	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, body)
+	return writeJSON(c, http.StatusOK, body)
 }
 
 // callCost is what a call is billed: its reported tokens at the prices in
@@ -315,7 +311,7 @@ func (s *Server) claimRetry(ctx context.Context, c echo.Context, t *guard.Ticket
 		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID(c))
 		return false
 	}
-	s.d.Metrics.upstreamCalls.WithLabelValues("failed").Inc() // the busy first call
+	s.d.Metrics.callsFailed.Inc() // the busy first call
 	return true
 }
 
@@ -362,15 +358,15 @@ func readValidImage(r *http.Request, cfg Config, mem *lease) ([]byte, ocr.Image,
 // countCall feeds one upstream call into the metrics.
 func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 	m := s.d.Metrics
-	outcome := "ok"
+	calls := m.callsOK
 	if err != nil {
-		outcome = "failed"
+		calls = m.callsFailed
 	}
-	m.upstreamCalls.WithLabelValues(outcome).Inc()
+	calls.Inc()
 	m.upstreamLatency.Observe(d.Seconds())
-	m.tokens.WithLabelValues("prompt").Add(float64(u.PromptTokens))
-	m.tokens.WithLabelValues("output").Add(float64(u.CandidatesTokens))
-	m.tokens.WithLabelValues("thoughts").Add(float64(u.ThoughtsTokens))
+	m.promptTokens.Add(float64(u.PromptTokens))
+	m.outputTokens.Add(float64(u.CandidatesTokens))
+	m.thoughtsTokens.Add(float64(u.ThoughtsTokens))
 }
 
 // ocrRoute is the route as recorded in statistics events.
@@ -418,8 +414,13 @@ func (s *Server) SetShadow(rate bool) {
 // bytes arrive.
 func readImage(r *http.Request, max int64, maxParts int, mem *lease) (data []byte, declared string, err error) {
 	ct := r.Header.Get(echo.HeaderContentType)
-	mt, params, _ := mime.ParseMediaType(ct)
-	multi := mt == "multipart/form-data"
+	var params map[string]string
+	multi := false
+	if maybeForm(ct) { // a plain upload's type is not parsed, which allocates
+		var mt string
+		mt, params, _ = mime.ParseMediaType(ct)
+		multi = mt == formType
+	}
 	if !multi && r.ContentLength > max {
 		return nil, "", errTooLarge
 	}
@@ -439,6 +440,27 @@ func readImage(r *http.Request, max int64, maxParts int, mem *lease) (data []byt
 		return nil, "", err
 	}
 	return data, ct, nil
+}
+
+// formType is the media type of a form.
+const formType = "multipart/form-data"
+
+// maybeForm reports whether mime.ParseMediaType may read ct as formType:
+// false only when it cannot, for an ASCII ct that does not hold the name
+// in any case. A ct with other bytes is left to mime, whose lower-casing
+// maps some of them to ASCII letters.
+func maybeForm(ct string) bool {
+	for i := range len(ct) {
+		if ct[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for i := 0; i+len(formType) <= len(ct); i++ {
+		if strings.EqualFold(ct[i:i+len(formType)], formType) {
+			return true
+		}
+	}
+	return false
 }
 
 // readMultipartImage reads the field "image" of a form of at most maxParts

@@ -54,7 +54,7 @@ func FuzzReadImage(f *testing.F) {
 		if declared {
 			r.ContentLength = int64(len(body))
 		}
-		mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, leave: func() {}}
+		mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, inFlight: &inFlight{n: map[string]int{}}}
 		data, gotType, err := readImage(r, max, maxParts, mem)
 		if mem.held > max {
 			t.Fatalf("held %d bytes of body memory for max %d", mem.held, max)

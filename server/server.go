@@ -114,6 +114,8 @@ type Server struct {
 	calendar *budget.Calendar          // today's key for the refusal counts
 	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
 	pending  pendingKeys               // idempotency keys whose first request is in flight
+	// recordCtx bounds a paid read's wait to be recorded.
+	recordCtx recordContexts
 
 	// The transport bounds (transport.go).
 	bodies    *bodyMemory
@@ -184,6 +186,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		wallClock: time.Now,
 		csrf:      newFormToken(d.AdminToken),
 	}
+	s.recordCtx.now = s.wallClock
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
 	g, err := guard.New(guard.Layers{Rate: d.Limiter, Attempts: d.Attempts, Quotas: d.Quotas, Brake: d.Brake, Usage: d.Usage},

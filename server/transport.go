@@ -65,9 +65,10 @@ func (m *bodyMemory) inUse() (used, peak int64) {
 // lease is one request's share of bodyMemory and of its user's in-flight
 // slots, held by the handler's goroutine alone; close gives both back.
 type lease struct {
-	mem   *bodyMemory
-	held  int64
-	leave func() // gives the in-flight slot back
+	mem      *bodyMemory
+	held     int64
+	inFlight *inFlight // where user's slot is given back
+	user     string
 }
 
 // need makes the lease hold at least n bytes, or refuses with server_busy.
@@ -85,7 +86,7 @@ func (l *lease) need(n int64) error {
 func (l *lease) close() {
 	l.mem.give(l.held)
 	l.held = 0
-	l.leave()
+	l.inFlight.leave(l.user)
 }
 
 // inFlight counts each user's requests in progress. Safe for concurrent
@@ -122,7 +123,7 @@ func (s *Server) enter(id keys.Identity) (*lease, error) {
 	if !s.inFlight.enter(id.UserID) {
 		return nil, errTooManyInFlight.withRetryAfter(busyRetryAfter)
 	}
-	return &lease{mem: s.bodies, leave: func() { s.inFlight.leave(id.UserID) }}, nil
+	return &lease{mem: s.bodies, inFlight: s.inFlight, user: id.UserID}, nil
 }
 
 // arrivals makes a body of unknown length take memory from its lease as
@@ -166,13 +167,20 @@ func (s *Server) boundUploads(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
+// pacedBodies are pacedBody values for reuse: one is held by one request
+// at a time, from paced's start until the body is put back.
+var pacedBodies = sync.Pool{New: func() any { return new(pacedBody) }}
+
 func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
 	r := c.Request()
-	b := &pacedBody{ReadCloser: r.Body, rc: *http.NewResponseController(c.Response()), now: s.wallClock,
+	b := pacedBodies.Get().(*pacedBody)
+	*b = pacedBody{ReadCloser: r.Body, rc: *http.NewResponseController(c.Response()), now: s.wallClock,
 		rate: s.cfg.MinUploadBytesPerSecond, grace: s.cfg.UploadGrace}
 	// The body is put back before the answer goes out: Go's server
 	// looks at its own type to judge whether the unread rest is worth
-	// draining, and dontWaitForBody at limitBody's.
+	// draining, and dontWaitForBody at limitBody's. Nothing reads b
+	// after the handler has returned, so it is reused then (after a
+	// panic it is not).
 	outer := r.Body
 	r.Body = b
 	err := next(c)
@@ -180,6 +188,8 @@ func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
 	if b.slow {
 		c.Response().Header().Set("Connection", "close")
 	}
+	*b = pacedBody{}
+	pacedBodies.Put(b)
 	return err
 }
 
@@ -206,7 +216,7 @@ func (b *pacedBody) Read(p []byte) (int, error) {
 		b.set()
 	}
 	n, err := b.ReadCloser.Read(p)
-	if n > 0 {
+	if n > 0 && err != io.EOF { // the body's last bytes come with io.EOF: no deadline to move
 		earned := time.Duration(n) * time.Second / time.Duration(b.rate)
 		b.deadline = minTime(b.deadline.Add(earned), b.now().Add(b.grace))
 		b.set()

@@ -360,7 +360,7 @@ func TestManyMultipartPartsRefused(t *testing.T) {
 
 	t.Run("read no further than the cap", func(t *testing.T) {
 		cb := &countingBytes{r: bytes.NewReader(body)}
-		mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, leave: func() {}}
+		mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, inFlight: &inFlight{n: map[string]int{}}}
 		_, _, err := readMultipartImage(cb, "B", 10<<20, int64(len(body)), DefaultMaxMultipartParts, mem)
 		if !errors.Is(err, errTooManyParts) {
 			t.Fatalf("err %v, want too_many_parts", err)
