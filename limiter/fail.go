@@ -505,22 +505,42 @@ func (f *FailLimiter) Len() int {
 const failVersion = 1
 
 // Dirty returns, for write-behind, the keys changed or dropped since the
-// previous call (a dropped key has a nil State) and the service-wide
-// counts if they changed (else nil). Pending attempts are not part of the
-// state: after a restart nothing is in flight.
+// previous call (a dropped key has a nil State), in key order, and the
+// service-wide counts if they changed (else nil). Pending attempts are not
+// part of the state: after a restart nothing is in flight.
 func (f *FailLimiter) Dirty() (entries []Entry, global []byte) {
+	entries, global, _ = f.DirtyAtMost(0)
+	return entries, global
+}
+
+// DirtyAtMost is Dirty in parts: it returns at most limit of the keys
+// changed or dropped (0: every one), the first in key order, and leaves
+// the rest listed for the next call; rest is how many remain listed (a
+// key may be counted twice). A write-behind that takes a flood's changes
+// a part at a time never holds all their encodings at once.
+func (f *FailLimiter) DirtyAtMost(limit int) (entries []Entry, global []byte, rest int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keys := f.dirtyKeys
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	if len(keys) > 0 {
-		entries = make([]Entry, 0, len(keys))
+	take := keys
+	if limit > 0 && len(take) > limit {
+		take = keys[:limit]
+	}
+	if len(take) > 0 {
+		entries = make([]Entry, 0, len(take))
 	}
 	// One buffer holds every encoding: a write-behind of many keys
 	// allocates once, not once a key.
-	buf := make([]byte, 0, len(keys)*failEncodedLen)
-	for _, k := range keys {
+	size := 0
+	for _, k := range take {
+		if st := f.keys[k]; st != nil {
+			size += f.encodedLen(st)
+		}
+	}
+	buf := make([]byte, 0, size)
+	for _, k := range take {
 		e := Entry{Key: k}
 		if st := f.keys[k]; st != nil {
 			st.dirty = false
@@ -530,17 +550,18 @@ func (f *FailLimiter) Dirty() (entries []Entry, global []byte) {
 		}
 		entries = append(entries, e)
 	}
-	clear(keys)
-	if cap(f.dirtyKeys) > maxIdleDirty {
+	left := copy(f.dirtyKeys, keys[len(take):])
+	clear(f.dirtyKeys[left:])
+	if left == 0 && cap(f.dirtyKeys) > maxIdleDirty {
 		f.dirtyKeys = nil // let a burst's list go
 	} else {
-		f.dirtyKeys = f.dirtyKeys[:0]
+		f.dirtyKeys = f.dirtyKeys[:left]
 	}
 	if f.globalDirty {
 		global = f.encodeGlobal()
 		f.globalDirty = false
 	}
-	return entries, global
+	return entries, global, left
 }
 
 // Load restores state as returned by Dirty, for example from disk at start.
@@ -572,10 +593,6 @@ func (f *FailLimiter) Load(entries []Entry, global []byte) {
 	}
 }
 
-// failEncodedLen is the usual length of an encoded fail state: a version
-// byte, a run of up to 127 and three varints of Unix nanoseconds.
-const failEncodedLen = 2 + 3*9
-
 // maxIdleDirty is the capacity of a dirty list kept between calls to
 // Dirty; a longer one, left by a burst, is dropped.
 const maxIdleDirty = 1024
@@ -594,6 +611,29 @@ func (f *FailLimiter) encodeFail(b []byte, st *failKey) []byte {
 	b = binary.AppendVarint(b, until)
 	b = binary.AppendVarint(b, st.length)
 	return b
+}
+
+// encodedLen is the length of st's encoding by encodeFail.
+func (f *FailLimiter) encodedLen(st *failKey) int {
+	until := st.until
+	if st.length == 0 {
+		until = 0
+	}
+	return 1 + uvarintLen(uint64(st.fails)) + varintLen(st.last) + varintLen(until) + varintLen(st.length)
+}
+
+// uvarintLen is the length of x as a uvarint.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
+// varintLen is the length of x as a varint (zig-zag encoded).
+func varintLen(x int64) int {
+	return uvarintLen(uint64(x<<1) ^ uint64(x>>63))
 }
 
 func decodeFail(b []byte) (failKey, bool) {

@@ -58,6 +58,9 @@ type Change struct {
 	// new copy it writes, in memory until the commit), and no map of
 	// every entry is built to hand them over.
 	Sorted []limiter.Entry
+	// Next, if set, returns the entries that follow Sorted, a part at a
+	// time, until it returns none; each part is written as Sorted is.
+	Next func() []limiter.Entry
 }
 
 // MaxChunk is the most entries of a Change's Sorted list written in one
@@ -114,8 +117,21 @@ func Fails(name, globalName, layer string, f *limiter.FailLimiter) Snapshot {
 	return Snapshot{
 		Layer: layer,
 		Dirty: func(time.Time) []Change {
-			entries, global := f.Dirty()
+			entries, global, rest := f.DirtyAtMost(MaxChunk)
 			out := entriesChange(name, entries)
+			if len(out) > 0 && rest > 0 {
+				// The parts after the first are taken while they are
+				// written, up to as many keys as were listed now: keys
+				// that change meanwhile wait for the next flush.
+				out[0].Next = func() []limiter.Entry {
+					if rest <= 0 {
+						return nil
+					}
+					part, _, _ := f.DirtyAtMost(min(rest, MaxChunk))
+					rest -= len(part)
+					return part
+				}
+			}
 			if global != nil {
 				out = append(out, Change{Name: globalName, Entries: map[string][]byte{globalKey: global}})
 			}
@@ -319,24 +335,31 @@ func (w *WriteBehind) Flush() {
 // chunks of at most MaxChunk. After a chunk fails the rest of c is not
 // tried: the write-behind fails open, and one event per state is enough.
 func (w *WriteBehind) save(c Change) error {
-	if c.Sorted == nil {
+	if c.Sorted == nil && c.Next == nil {
 		return w.store.SaveState(c.Name, c.Entries)
 	}
 	if w.chunk == nil {
 		w.chunk = make(map[string][]byte, MaxChunk)
 	}
 	defer clear(w.chunk) // hold no state between flushes
-	for rest := c.Sorted; len(rest) > 0; {
-		n := min(len(rest), MaxChunk)
-		clear(w.chunk)
-		for _, e := range rest[:n] {
-			w.chunk[e.Key] = e.State
+	for part := c.Sorted; ; {
+		for len(part) > 0 {
+			n := min(len(part), MaxChunk)
+			clear(w.chunk)
+			for _, e := range part[:n] {
+				w.chunk[e.Key] = e.State
+			}
+			if err := w.store.SaveState(c.Name, w.chunk); err != nil {
+				return err
+			}
+			clear(part[:n]) // let the written states go before the next chunk
+			part = part[n:]
 		}
-		if err := w.store.SaveState(c.Name, w.chunk); err != nil {
-			return err
+		if c.Next == nil {
+			return nil
 		}
-		clear(rest[:n]) // let the written states go before the next chunk
-		rest = rest[n:]
+		if part = c.Next(); len(part) == 0 {
+			return nil
+		}
 	}
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -245,4 +246,66 @@ func TestWriteBehindChunkFailureOncePerState(t *testing.T) {
 	if got["invites"] != 2 {
 		t.Errorf("fail-open events %v, want 2 of invites (the keys and the service-wide count)", got)
 	}
+}
+
+// heapStore passes writes on to a real store and records the most live
+// heap seen as a write begins.
+type heapStore struct {
+	StateStore
+	peak int64
+}
+
+func (s *heapStore) SaveState(name string, entries map[string][]byte) error {
+	s.peak = max(s.peak, liveHeap())
+	return s.StateStore.SaveState(name, entries)
+}
+
+func liveHeap() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// flushBudget is the most live heap a flush may hold over the state
+// itself, per dirty fail key, as each chunk is written: a flood's second
+// (10,000 client IPs are 20,000 fail keys) must not cost the collector a
+// copy of every changed key's encoding at once.
+const flushBudget = 24
+
+// TestWriteBehindFlushHeap: flushing 20,000 changed fail keys holds at
+// most flushBudget bytes of live heap per key besides the limiter.
+func TestWriteBehindFlushHeap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20,000 keys")
+	}
+	db := mustOpen(t)
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	fails, err := limiter.NewFail(limiter.FailConfig{}.WithDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &heapStore{StateStore: db}
+	wb, err := NewWriteBehind(store, []Snapshot{Fails("f", "g", "invites", fails)}, Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb.Flush() // the reused chunk map exists from here on
+	const ips = 10_000
+	for i := range ips {
+		a, err := fails.Begin([]string{fmt.Sprintf("ip:10.%d.%d.%d", i>>16&255, i>>8&255, i&255), fmt.Sprintf("email:guess%d@example.com", i)}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Fail(now)
+	}
+	before := liveHeap()
+	store.peak = 0
+	wb.Flush()
+	per := float64(store.peak-before) / (2 * ips)
+	t.Logf("flush of %d fail keys: %.1f bytes of live heap each at its peak", 2*ips, per)
+	if per > flushBudget {
+		t.Errorf("a flush holds %.1f bytes of live heap per changed key, want at most %d", per, flushBudget)
+	}
+	runtime.KeepAlive(fails)
 }
