@@ -37,8 +37,9 @@ const (
 	DefaultCooldown    = 10 * time.Minute
 	DefaultMaxCooldown = 24 * time.Hour
 	// DefaultFailMaxKeys is the most keys a FailLimiter holds when
-	// FailConfig.MaxKeys is zero: at about 150 bytes a key, 75 MB at
-	// most. An invite attempt names two keys, its IP and its e-mail.
+	// FailConfig.MaxKeys is zero: at about 130 bytes a key (more for
+	// a key in a cooldown), 65 MB at most. An invite attempt names two
+	// keys, its IP and its e-mail.
 	DefaultFailMaxKeys = 500_000
 	// MaxFailLimit is the largest FailConfig.Limit: runs are counted in
 	// 32 bits.

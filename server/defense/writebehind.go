@@ -245,8 +245,9 @@ type Options struct {
 // what changed is written, at most once per interval: a request refused by
 // the rate limits changes only the refusal counts (a few dozen entries at
 // most), and a failed invite guess only updates the fail limiter's entry for its
-// keys, so an attack costs at most one small write a second. A failed write
-// is a fail-open event of the layer.
+// keys, so an attack costs at most one write a second for each 1,024 keys
+// it changed (MaxChunk), in key order. A failed write is a fail-open event
+// of the layer.
 type WriteBehind struct {
 	store     StateStore
 	snapshots []Snapshot
