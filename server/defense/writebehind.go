@@ -65,7 +65,7 @@ type Change struct {
 
 // MaxChunk is the most entries of a Change's Sorted list written in one
 // transaction.
-const MaxChunk = 1024
+const MaxChunk = 4096
 
 // Snapshot is one layer's in-memory state as the write-behind copies it.
 // A new limiter registers itself by adding its Snapshot to the list the
@@ -245,7 +245,7 @@ type Options struct {
 // what changed is written, at most once per interval: a request refused by
 // the rate limits changes only the refusal counts (a few dozen entries at
 // most), and a failed invite guess only updates the fail limiter's entry for its
-// keys, so an attack costs at most one write a second for each 1,024 keys
+// keys, so an attack costs at most one write a second for each 4,096 keys
 // it changed (MaxChunk), in key order. A failed write is a fail-open event
 // of the layer.
 type WriteBehind struct {

@@ -269,15 +269,15 @@ func liveHeap() int64 {
 
 // flushBudget is the most live heap a flush may hold over the state
 // itself, per dirty fail key, as each chunk is written: a flood's second
-// (10,000 client IPs are 20,000 fail keys) must not cost the collector a
+// (50,000 client IPs are 100,000 fail keys) must not cost the collector a
 // copy of every changed key's encoding at once.
-const flushBudget = 24
+const flushBudget = 16
 
-// TestWriteBehindFlushHeap: flushing 20,000 changed fail keys holds at
+// TestWriteBehindFlushHeap: flushing 100,000 changed fail keys holds at
 // most flushBudget bytes of live heap per key besides the limiter.
 func TestWriteBehindFlushHeap(t *testing.T) {
 	if testing.Short() {
-		t.Skip("20,000 keys")
+		t.Skip("100,000 keys")
 	}
 	db := mustOpen(t)
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
@@ -291,7 +291,7 @@ func TestWriteBehindFlushHeap(t *testing.T) {
 		t.Fatal(err)
 	}
 	wb.Flush() // the reused chunk map exists from here on
-	const ips = 10_000
+	const ips = 50_000
 	for i := range ips {
 		a, err := fails.Begin([]string{fmt.Sprintf("ip:10.%d.%d.%d", i>>16&255, i>>8&255, i&255), fmt.Sprintf("email:guess%d@example.com", i)}, now)
 		if err != nil {
