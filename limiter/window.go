@@ -50,10 +50,18 @@ func (w *window) at(i int) int64 {
 
 // off returns the offset from base, in ticks, of the i-th oldest entry.
 func (w *window) off(i int) uint32 {
-	if len(w.slots()) == 0 {
+	if w.ring == nil {
 		return 0 // the one entry, at base
 	}
-	return w.slots()[w.index(i)]
+	r := *w.ring
+	if len(r) == 0 {
+		return 0
+	}
+	j := int(w.head) + i
+	if j >= len(r) {
+		j -= len(r)
+	}
+	return r[j]
 }
 
 // newest returns the stored time of the newest entry; n must be > 0.
