@@ -37,8 +37,9 @@ const (
 	DefaultCooldown    = 10 * time.Minute
 	DefaultMaxCooldown = 24 * time.Hour
 	// DefaultFailMaxKeys is the most keys a FailLimiter holds when
-	// FailConfig.MaxKeys is zero: at about 150 bytes a key, 75 MB at
-	// most. An invite attempt names two keys, its IP and its e-mail.
+	// FailConfig.MaxKeys is zero: at about 130 bytes a key (more for
+	// a key in a cooldown), 65 MB at most. An invite attempt names two
+	// keys, its IP and its e-mail.
 	DefaultFailMaxKeys = 500_000
 	// MaxFailLimit is the largest FailConfig.Limit: runs are counted in
 	// 32 bits.
@@ -127,16 +128,24 @@ func (c FailConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// failKey is one key's run of failures and its cooldown: 32 bytes, held
-// by pointer so that the map's slots stay small. Times are the limiter's
-// clock (see FailLimiter.since): Unix nanoseconds, 0 for none.
+// failKey is one key's run of failures: 16 bytes, held by pointer so
+// that the map's slots stay small. Its cooldown, which most keys never
+// have (a flood's addresses fail once each), is kept apart in
+// FailLimiter.cool. Times are the limiter's clock (see
+// FailLimiter.since): Unix nanoseconds, 0 for none.
 type failKey struct {
 	last    int64  // the last evaluated attempt
-	until   int64  // end of the latest cooldown, kept after it passes
-	length  int64  // ns; length of the latest cooldown, 0 for none
 	fails   int32  // consecutive failures in the current run
 	pending uint16 // attempts begun and not yet finished
 	dirty   bool   // changed since the last Dirty, and listed in dirtyKeys
+	cooled  bool   // the key has an entry in FailLimiter.cool
+}
+
+// cooldown is a key's latest cooldown, kept after it passes for the
+// backoff.
+type cooldown struct {
+	until  int64 // end of the latest cooldown
+	length int64 // ns; length of the latest cooldown, 0 for none
 }
 
 // maxPending is the most attempts in progress at once on one key; more
@@ -164,6 +173,8 @@ type FailLimiter struct {
 
 	mu   sync.Mutex
 	keys map[string]*failKey
+	// cool holds the cooldowns of the keys whose cooled flag is set.
+	cool map[string]cooldown
 	// dirtyKeys lists the keys changed (their dirty flag set) or dropped
 	// since the last Dirty; a key may be listed more than once.
 	dirtyKeys   []string
@@ -191,7 +202,7 @@ func NewFail(cfg FailConfig) (*FailLimiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &FailLimiter{cfg: cfg.WithDefaults(), keys: map[string]*failKey{}}, nil
+	return &FailLimiter{cfg: cfg.WithDefaults(), keys: map[string]*failKey{}, cool: map[string]cooldown{}}, nil
 }
 
 // since returns now on the limiter's clock: Unix nanoseconds, as of the
@@ -239,8 +250,8 @@ func (f *FailLimiter) Begin(keys []string, now time.Time) (*Attempt, error) {
 			added++
 			continue
 		}
-		if t < st.until {
-			return nil, &Refusal{RetryAfter: time.Duration(st.until - t), Reason: ReasonCooldown}
+		if c := f.cooldownOf(k, st); t < c.until {
+			return nil, &Refusal{RetryAfter: time.Duration(c.until - t), Reason: ReasonCooldown}
 		}
 		if f.run(st, t)+int(st.pending) >= f.cfg.Limit || st.pending == maxPending {
 			return nil, &Refusal{RetryAfter: time.Second, Reason: ReasonInFlight}
@@ -277,6 +288,28 @@ func (f *FailLimiter) run(st *failKey, t int64) int {
 	return int(st.fails)
 }
 
+// cooldownOf returns k's cooldown (zero for none); f.mu is held.
+func (f *FailLimiter) cooldownOf(k string, st *failKey) cooldown {
+	if !st.cooled {
+		return cooldown{}
+	}
+	return f.cool[k]
+}
+
+// setCooldown makes c k's cooldown, none if c is zero; f.mu is held. The
+// key is cloned: k may be the caller's.
+func (f *FailLimiter) setCooldown(k string, st *failKey, c cooldown) {
+	if c == (cooldown{}) {
+		if st.cooled {
+			delete(f.cool, k)
+			st.cooled = false
+		}
+		return
+	}
+	f.cool[strings.Clone(k)] = c
+	st.cooled = true
+}
+
 // markDirty lists k for the next Dirty; f.mu is held.
 func (f *FailLimiter) markDirty(k string, st *failKey) {
 	if !st.dirty {
@@ -304,7 +337,7 @@ func (a *Attempt) Fail(now time.Time) (tripped bool) {
 		st.fails = int32(f.run(st, t) + 1)
 		st.last = t
 		if int(st.fails) >= f.cfg.Limit {
-			f.startCooldown(st, t)
+			f.startCooldown(k, st, t)
 			a.started = append(a.started, k)
 		}
 		f.markDirty(k, st)
@@ -318,13 +351,14 @@ func (a *Attempt) Fail(now time.Time) (tripped bool) {
 	return false
 }
 
-// startCooldown puts st in a cooldown from t and starts a new run.
-func (f *FailLimiter) startCooldown(st *failKey, t int64) {
+// startCooldown puts key k in a cooldown from t and starts a new run.
+func (f *FailLimiter) startCooldown(k string, st *failKey, t int64) {
 	length := int64(f.cfg.Cooldown)
-	if f.cfg.Backoff && st.length > 0 && t-st.until < int64(BackoffMemory) {
-		length = min(2*st.length, int64(f.cfg.MaxCooldown))
+	if c := f.cooldownOf(k, st); f.cfg.Backoff && c.length > 0 && t-c.until < int64(BackoffMemory) {
+		length = min(2*c.length, int64(f.cfg.MaxCooldown))
 	}
-	st.until, st.length, st.fails = min(t+length, maxT), length, 0
+	f.setCooldown(k, st, cooldown{until: min(t+length, maxT), length: length})
+	st.fails = 0
 }
 
 // Succeed records the attempt as a success at now: each key's run is reset
@@ -392,10 +426,14 @@ func (f *FailLimiter) CoolingDown(key string, now time.Time) (time.Time, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := f.keys[key]
-	if st == nil || f.since(now) >= st.until {
+	if st == nil {
 		return time.Time{}, false
 	}
-	return wallTime(st.until), true
+	c := f.cooldownOf(key, st)
+	if f.since(now) >= c.until {
+		return time.Time{}, false
+	}
+	return wallTime(c.until), true
 }
 
 // Cooldown is a key in a cooldown, and when the cooldown ends.
@@ -410,9 +448,9 @@ func (f *FailLimiter) Cooling(now time.Time) []Cooldown {
 	defer f.mu.Unlock()
 	t := f.since(now)
 	var out []Cooldown
-	for k, st := range f.keys {
-		if t < st.until {
-			out = append(out, Cooldown{Key: k, Until: wallTime(st.until)})
+	for k, c := range f.cool {
+		if t < c.until {
+			out = append(out, Cooldown{Key: k, Until: wallTime(c.until)})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
@@ -430,7 +468,8 @@ func (f *FailLimiter) Clear(key string) bool {
 	if st == nil {
 		return false
 	}
-	st.fails, st.until, st.length = 0, 0, 0
+	st.fails = 0
+	f.setCooldown(key, st, cooldown{})
 	f.markDirty(key, st)
 	return true
 }
@@ -465,13 +504,22 @@ func (f *FailLimiter) addGlobal(now time.Time) {
 	f.globalDirty = true
 }
 
-// idle reports whether st no longer affects any decision at t.
-func (f *FailLimiter) idle(st *failKey, t int64) bool {
+// idle reports whether key k no longer affects any decision at t.
+func (f *FailLimiter) idle(k string, st *failKey, t int64) bool {
 	if st.pending > 0 || f.run(st, t) > 0 {
 		return false
 	}
-	return st.length == 0 || t >= st.until+int64(BackoffMemory) ||
-		(!f.cfg.Backoff && t >= st.until)
+	c := f.cooldownOf(k, st)
+	return c.length == 0 || t >= c.until+int64(BackoffMemory) ||
+		(!f.cfg.Backoff && t >= c.until)
+}
+
+// drop forgets key k; f.mu is held.
+func (f *FailLimiter) drop(k string, st *failKey) {
+	if st.cooled {
+		delete(f.cool, k)
+	}
+	delete(f.keys, k)
 }
 
 // Evict drops every key whose state no longer affects any decision at now,
@@ -485,8 +533,8 @@ func (f *FailLimiter) Evict(now time.Time) int {
 func (f *FailLimiter) evict(t int64) int {
 	n := 0
 	for k, st := range f.keys {
-		if f.idle(st, t) {
-			delete(f.keys, k)
+		if f.idle(k, st, t) {
+			f.drop(k, st)
 			f.dirtyKeys = append(f.dirtyKeys, k)
 			n++
 		}
@@ -505,42 +553,63 @@ func (f *FailLimiter) Len() int {
 const failVersion = 1
 
 // Dirty returns, for write-behind, the keys changed or dropped since the
-// previous call (a dropped key has a nil State) and the service-wide
-// counts if they changed (else nil). Pending attempts are not part of the
-// state: after a restart nothing is in flight.
+// previous call (a dropped key has a nil State), in key order, and the
+// service-wide counts if they changed (else nil). Pending attempts are not
+// part of the state: after a restart nothing is in flight.
 func (f *FailLimiter) Dirty() (entries []Entry, global []byte) {
+	entries, global, _ = f.DirtyAtMost(0)
+	return entries, global
+}
+
+// DirtyAtMost is Dirty in parts: it returns at most limit of the keys
+// changed or dropped (0: every one), the first in key order, and leaves
+// the rest listed for the next call; rest is how many remain listed (a
+// key may be counted twice). A write-behind that takes a flood's changes
+// a part at a time never holds all their encodings at once.
+func (f *FailLimiter) DirtyAtMost(limit int) (entries []Entry, global []byte, rest int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keys := f.dirtyKeys
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	if len(keys) > 0 {
-		entries = make([]Entry, 0, len(keys))
+	take := keys
+	if limit > 0 && len(take) > limit {
+		take = keys[:limit]
+	}
+	if len(take) > 0 {
+		entries = make([]Entry, 0, len(take))
 	}
 	// One buffer holds every encoding: a write-behind of many keys
 	// allocates once, not once a key.
-	buf := make([]byte, 0, len(keys)*failEncodedLen)
-	for _, k := range keys {
+	size := 0
+	for _, k := range take {
+		if st := f.keys[k]; st != nil {
+			size += f.encodedLen(k, st)
+		}
+	}
+	buf := make([]byte, 0, size)
+	for _, k := range take {
 		e := Entry{Key: k}
 		if st := f.keys[k]; st != nil {
 			st.dirty = false
 			n := len(buf)
-			buf = f.encodeFail(buf, st)
+			buf = f.encodeFail(buf, k, st)
 			e.State = buf[n:len(buf):len(buf)]
 		}
 		entries = append(entries, e)
 	}
-	clear(keys)
-	if cap(f.dirtyKeys) > maxIdleDirty {
+	left := copy(f.dirtyKeys, keys[len(take):])
+	clear(f.dirtyKeys[left:])
+	if left == 0 && cap(f.dirtyKeys) > maxIdleDirty {
 		f.dirtyKeys = nil // let a burst's list go
 	} else {
-		f.dirtyKeys = f.dirtyKeys[:0]
+		f.dirtyKeys = f.dirtyKeys[:left]
 	}
 	if f.globalDirty {
 		global = f.encodeGlobal()
 		f.globalDirty = false
 	}
-	return entries, global
+	return entries, global, left
 }
 
 // Load restores state as returned by Dirty, for example from disk at start.
@@ -552,29 +621,31 @@ func (f *FailLimiter) Load(entries []Entry, global []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, e := range entries {
+		old := f.keys[e.Key]
 		if e.State == nil {
-			delete(f.keys, e.Key)
+			if old != nil {
+				f.drop(e.Key, old)
+			}
 			continue
 		}
-		st, ok := decodeFail(e.State)
+		st, c, ok := decodeFail(e.State)
 		if !ok {
 			continue
 		}
-		if old := f.keys[e.Key]; old != nil {
-			st.pending, st.dirty = old.pending, old.dirty
+		if old != nil {
+			st.pending, st.dirty, st.cooled = old.pending, old.dirty, old.cooled
 			*old = st
+			f.setCooldown(e.Key, old, c)
 			continue
 		}
-		f.keys[strings.Clone(e.Key)] = &st
+		p := &st
+		f.keys[strings.Clone(e.Key)] = p
+		f.setCooldown(e.Key, p, c)
 	}
 	if global != nil {
 		f.decodeGlobal(global)
 	}
 }
-
-// failEncodedLen is the usual length of an encoded fail state: a version
-// byte, a run of up to 127 and three varints of Unix nanoseconds.
-const failEncodedLen = 2 + 3*9
 
 // maxIdleDirty is the capacity of a dirty list kept between calls to
 // Dirty; a longer one, left by a burst, is dropped.
@@ -583,51 +654,76 @@ const maxIdleDirty = 1024
 // encodeFail appends to b a version byte, then the run length as a uvarint
 // and the last attempt, the cooldown's end and its length as varints (Unix
 // nanoseconds and nanoseconds; 0 for none). f.mu is held.
-func (f *FailLimiter) encodeFail(b []byte, st *failKey) []byte {
+func (f *FailLimiter) encodeFail(b []byte, k string, st *failKey) []byte {
+	c := f.cooldownOf(k, st)
 	b = append(b, failVersion)
 	b = binary.AppendUvarint(b, uint64(st.fails))
 	b = binary.AppendVarint(b, st.last)
-	until := st.until
-	if st.length == 0 {
+	until := c.until
+	if c.length == 0 {
 		until = 0 // none
 	}
 	b = binary.AppendVarint(b, until)
-	b = binary.AppendVarint(b, st.length)
+	b = binary.AppendVarint(b, c.length)
 	return b
 }
 
-func decodeFail(b []byte) (failKey, bool) {
+// encodedLen is the length of st's encoding by encodeFail.
+func (f *FailLimiter) encodedLen(k string, st *failKey) int {
+	c := f.cooldownOf(k, st)
+	until := c.until
+	if c.length == 0 {
+		until = 0
+	}
+	return 1 + uvarintLen(uint64(st.fails)) + varintLen(st.last) + varintLen(until) + varintLen(c.length)
+}
+
+// uvarintLen is the length of x as a uvarint.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
+// varintLen is the length of x as a varint (zig-zag encoded).
+func varintLen(x int64) int {
+	return uvarintLen(uint64(x<<1) ^ uint64(x>>63))
+}
+
+func decodeFail(b []byte) (failKey, cooldown, bool) {
 	if len(b) == 0 || b[0] != failVersion {
-		return failKey{}, false
+		return failKey{}, cooldown{}, false
 	}
 	b = b[1:]
 	fails, k := binary.Uvarint(b)
 	if k <= 0 || fails > 1<<20 {
-		return failKey{}, false
+		return failKey{}, cooldown{}, false
 	}
 	b = b[k:]
 	var v [3]int64
 	for i := range v {
 		v[i], k = binary.Varint(b)
 		if k <= 0 || v[i] < -maxT || v[i] > maxT {
-			return failKey{}, false
+			return failKey{}, cooldown{}, false
 		}
 		b = b[k:]
 	}
 	if len(b) != 0 || v[2] < 0 {
-		return failKey{}, false
+		return failKey{}, cooldown{}, false
 	}
-	st := failKey{fails: int32(fails), last: v[0], until: v[1], length: v[2]}
-	if st.until == 0 {
+	st, c := failKey{fails: int32(fails), last: v[0]}, cooldown{until: v[1], length: v[2]}
+	if c.until == 0 {
 		// No cooldown yet. A length without an end, which no version
 		// writes, is dropped with it: it would only double the next.
-		st.length = 0
-	} else if st.length == 0 {
+		c.length = 0
+	} else if c.length == 0 {
 		// An end without a length: a cooldown all the same, and
 		// remembered for the backoff, as the time.Time form held it.
-		st.length = 1
+		c.length = 1
 	}
-	return st, true
+	return st, c, true
 }
 
 // encodeGlobal writes a version byte and, for each non-empty minute, its

@@ -416,3 +416,89 @@ func TestFailLimiterCoolingAndClear(t *testing.T) {
 		t.Errorf("Dirty after Clear = %+v, want ip:a", entries)
 	}
 }
+
+// TestFailLimiterDirtyAtMost: the changed keys come in parts of at most
+// the limit, in key order, each key once with its state as of the call;
+// a key that changes after its part was taken is listed again, and the
+// parts restore what Dirty would have.
+func TestFailLimiterDirtyAtMost(t *testing.T) {
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		keys  int
+		limit int
+		parts []int // entries per part, then an empty one
+	}{
+		{name: "fewer than the limit", keys: 3, limit: 10, parts: []int{3}},
+		{name: "exactly the limit", keys: 10, limit: 10, parts: []int{10}},
+		{name: "several parts", keys: 25, limit: 10, parts: []int{10, 10, 5}},
+		{name: "no limit", keys: 25, limit: 0, parts: []int{25}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := mustNewFail(t, limiter.FailConfig{})
+			for i := range tc.keys {
+				a, err := f.Begin([]string{fmt.Sprintf("k%03d", i)}, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.Fail(now)
+			}
+			var all []limiter.Entry
+			left := tc.keys
+			for i, want := range tc.parts {
+				part, global, rest := f.DirtyAtMost(tc.limit)
+				if got := len(part); got != want {
+					t.Fatalf("part %d: %d entries, want %d", i, got, want)
+				}
+				if (global != nil) != (i == 0) {
+					t.Errorf("part %d: service-wide counts %v, want them with the first part only", i, global)
+				}
+				left -= want
+				if rest != left {
+					t.Errorf("part %d: %d left, want %d", i, rest, left)
+				}
+				all = append(all, part...)
+			}
+			if part, _, rest := f.DirtyAtMost(tc.limit); len(part) != 0 || rest != 0 {
+				t.Errorf("after the parts: %d more entries, %d left, want none", len(part), rest)
+			}
+			for i, e := range all {
+				if want := fmt.Sprintf("k%03d", i); e.Key != want || e.State == nil {
+					t.Errorf("entry %d: %q (state %v), want %q with a state", i, e.Key, e.State, want)
+				}
+			}
+			restored := mustNewFail(t, limiter.FailConfig{})
+			restored.Load(all, nil)
+			if got, want := restored.Len(), tc.keys; got != want {
+				t.Errorf("%d keys restored from the parts, want %d", got, want)
+			}
+		})
+	}
+
+	t.Run("changed again after its part", func(t *testing.T) {
+		f := mustNewFail(t, limiter.FailConfig{})
+		for _, k := range []string{"a", "b", "c"} {
+			a, err := f.Begin([]string{k}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Fail(now)
+		}
+		if part, _, _ := f.DirtyAtMost(1); len(part) != 1 || part[0].Key != "a" {
+			t.Fatalf("first part %v, want a alone", part)
+		}
+		a, err := f.Begin([]string{"a"}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Fail(now)
+		part, _, rest := f.DirtyAtMost(0)
+		var keys []string
+		for _, e := range part {
+			keys = append(keys, e.Key)
+		}
+		if got, want := fmt.Sprint(keys), "[a b c]"; got != want || rest != 0 {
+			t.Errorf("the rest: %s, %d left; want %s, 0 left", got, rest, want)
+		}
+	})
+}

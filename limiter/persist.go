@@ -181,9 +181,10 @@ func decode(b []byte, cutoff, wall int64, capacity int) (*window, bool) {
 	if len(times) == 1 {
 		return w, true // one entry, at base: no ring
 	}
-	w.ring = make([]uint32, len(times))
+	ring := make([]uint32, len(times))
 	for i, t := range times {
-		w.ring[i] = uint32((t - w.base) / tick)
+		ring[i] = uint32((t - w.base) / tick)
 	}
+	w.setRing(ring)
 	return w, true
 }

@@ -101,8 +101,8 @@ func FuzzDecodeState(f *testing.F) {
 func checkWindow(t *testing.T, w *window, cutoff int64, capacity int) []int64 {
 	t.Helper()
 	// A window of one entry has no ring: the entry is at base.
-	if int(w.n) > capacity || (w.n > 1 && int(w.n) > len(w.ring)) {
-		t.Fatalf("window holds %d entries, ring %d, capacity %d", w.n, len(w.ring), capacity)
+	if int(w.n) > capacity || (w.n > 1 && int(w.n) > len(w.slots())) {
+		t.Fatalf("window holds %d entries, ring %d, capacity %d", w.n, len(w.slots()), capacity)
 	}
 	times := timesOf(w)
 	for i, x := range times {

@@ -17,11 +17,30 @@ const maxSpan = int64(math.MaxUint32) * tick
 // keys a flood brings, one request from each of many addresses, stay so).
 // A window is guarded by its shard's mutex.
 type window struct {
-	base  int64
-	ring  []uint32
+	base int64
+	// ring is held by pointer, so that a window is 32 bytes, not 48:
+	// most keys never have one.
+	ring  *[]uint32
 	head  uint32
 	n     uint32
 	dirty bool // changed since the last Dirty, and its key is in shard.dirty
+}
+
+// slots returns the ring, empty when there is none.
+func (w *window) slots() []uint32 {
+	if w.ring == nil {
+		return nil
+	}
+	return *w.ring
+}
+
+// setRing makes r the ring, reusing the slice header of the old one.
+func (w *window) setRing(r []uint32) {
+	if w.ring == nil {
+		w.ring = &r
+		return
+	}
+	*w.ring = r
 }
 
 // at returns the stored time of the i-th oldest entry, 0 <= i < n.
@@ -31,10 +50,18 @@ func (w *window) at(i int) int64 {
 
 // off returns the offset from base, in ticks, of the i-th oldest entry.
 func (w *window) off(i int) uint32 {
-	if len(w.ring) == 0 {
+	if w.ring == nil {
 		return 0 // the one entry, at base
 	}
-	return w.ring[w.index(i)]
+	r := *w.ring
+	if len(r) == 0 {
+		return 0
+	}
+	j := int(w.head) + i
+	if j >= len(r) {
+		j -= len(r)
+	}
+	return r[j]
 }
 
 // newest returns the stored time of the newest entry; n must be > 0.
@@ -56,11 +83,11 @@ func (w *window) wait(k int, span, t int64) int64 {
 // dropOldest removes the oldest entry; n must be > 0.
 func (w *window) dropOldest() {
 	w.n--
-	if len(w.ring) == 0 {
+	if len(w.slots()) == 0 {
 		return
 	}
 	w.head++
-	if int(w.head) == len(w.ring) {
+	if int(w.head) == len(w.slots()) {
 		w.head = 0
 	}
 }
@@ -74,8 +101,8 @@ func (w *window) push(t int64, capacity int, horizon int64) {
 	}
 	if w.n == 0 {
 		w.base, w.head, w.n = t, 0, 1
-		if len(w.ring) > 0 {
-			w.ring[0] = 0
+		if len(w.slots()) > 0 {
+			w.slots()[0] = 0
 		}
 		return
 	}
@@ -90,21 +117,21 @@ func (w *window) push(t int64, capacity int, horizon int64) {
 	for w.n > 0 && int(w.n) >= capacity {
 		w.dropOldest()
 	}
-	if w.n == 0 && len(w.ring) == 0 {
+	if w.n == 0 && len(w.slots()) == 0 {
 		// Capacity 1: the one entry, still ringless, moves.
 		w.base, w.n = w.base+o*tick, 1
 		return
 	}
 	w.fit(capacity)
-	w.ring[w.index(int(w.n))] = uint32(o)
+	w.slots()[w.index(int(w.n))] = uint32(o)
 	w.n++
 }
 
 // index maps the i-th oldest position to a ring index.
 func (w *window) index(i int) int {
 	j := int(w.head) + i
-	if j >= len(w.ring) {
-		j -= len(w.ring)
+	if j >= len(w.slots()) {
+		j -= len(w.slots())
 	}
 	return j
 }
@@ -118,12 +145,12 @@ func (w *window) rebase(t, horizon int64) {
 	for w.n > 0 && w.at(0) <= cutoff {
 		w.dropOldest()
 	}
-	if w.n == 0 || len(w.ring) == 0 {
+	if w.n == 0 || len(w.slots()) == 0 {
 		return // none left, or the one at base
 	}
-	shift := w.ring[w.head]
+	shift := w.slots()[w.head]
 	for i := range int(w.n) {
-		w.ring[w.index(i)] -= shift
+		w.slots()[w.index(i)] -= shift
 	}
 	w.base += int64(shift) * tick
 }
@@ -132,16 +159,17 @@ func (w *window) rebase(t, horizon int64) {
 // ring (geometrically, up to capacity), or shrinks one left larger than
 // capacity by an earlier config.
 func (w *window) fit(capacity int) {
-	if int(w.n) < len(w.ring) && len(w.ring) <= capacity {
+	if int(w.n) < len(w.slots()) && len(w.slots()) <= capacity {
 		return
 	}
 	size := capacity
-	if len(w.ring) < capacity {
-		size = min(capacity, max(4, 2*len(w.ring)))
+	if len(w.slots()) < capacity {
+		size = min(capacity, max(4, 2*len(w.slots())))
 	}
 	ring := make([]uint32, size)
 	for i := range int(w.n) {
 		ring[i] = w.off(i)
 	}
-	w.ring, w.head = ring, 0
+	w.setRing(ring)
+	w.head = 0
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"breakwater/limiter"
@@ -43,11 +45,27 @@ type StateLoader interface {
 }
 
 // Change is what one named state gained since the last flush: entries to
-// write over the stored ones.
+// write over the stored ones, either as a map or, from a limiter, as a
+// list in key order.
 type Change struct {
 	Name    string
 	Entries map[string][]byte
+	// Sorted, if set, holds the entries in key order instead (a nil
+	// State deletes its key). The write-behind writes them in chunks of
+	// at most MaxChunk, one transaction each, in that order: a second's
+	// worth of a flood then never becomes one transaction that touches
+	// every page of the state (bbolt keeps each page it changes, and the
+	// new copy it writes, in memory until the commit), and no map of
+	// every entry is built to hand them over.
+	Sorted []limiter.Entry
+	// Next, if set, returns the entries that follow Sorted, a part at a
+	// time, until it returns none; each part is written as Sorted is.
+	Next func() []limiter.Entry
 }
+
+// MaxChunk is the most entries of a Change's Sorted list written in one
+// transaction.
+const MaxChunk = 4096
 
 // Snapshot is one layer's in-memory state as the write-behind copies it.
 // A new limiter registers itself by adding its Snapshot to the list the
@@ -99,8 +117,21 @@ func Fails(name, globalName, layer string, f *limiter.FailLimiter) Snapshot {
 	return Snapshot{
 		Layer: layer,
 		Dirty: func(time.Time) []Change {
-			entries, global := f.Dirty()
+			entries, global, rest := f.DirtyAtMost(MaxChunk)
 			out := entriesChange(name, entries)
+			if len(out) > 0 && rest > 0 {
+				// The parts after the first are taken while they are
+				// written, up to as many keys as were listed now: keys
+				// that change meanwhile wait for the next flush.
+				out[0].Next = func() []limiter.Entry {
+					if rest <= 0 {
+						return nil
+					}
+					part, _, _ := f.DirtyAtMost(min(rest, MaxChunk))
+					rest -= len(part)
+					return part
+				}
+			}
 			if global != nil {
 				out = append(out, Change{Name: globalName, Entries: map[string][]byte{globalKey: global}})
 			}
@@ -150,16 +181,19 @@ func daily(prefix, layer string, dirty func() (string, map[string][]byte)) Snaps
 	}
 }
 
+// entriesChange is the change of a limiter's dirty entries, put in key
+// order.
 func entriesChange(name string, dirty []limiter.Entry) []Change {
 	if len(dirty) == 0 {
 		return nil
 	}
-	entries := make(map[string][]byte, len(dirty))
-	for _, e := range dirty {
-		entries[e.Key] = e.State
+	if !slices.IsSortedFunc(dirty, compareEntries) {
+		slices.SortFunc(dirty, compareEntries)
 	}
-	return []Change{{Name: name, Entries: entries}}
+	return []Change{{Name: name, Sorted: dirty}}
 }
+
+func compareEntries(a, b limiter.Entry) int { return strings.Compare(a.Key, b.Key) }
 
 // LoadWindows restores a sliding-window limiter's entries stored under
 // name.
@@ -211,8 +245,9 @@ type Options struct {
 // what changed is written, at most once per interval: a request refused by
 // the rate limits changes only the refusal counts (a few dozen entries at
 // most), and a failed invite guess only updates the fail limiter's entry for its
-// keys, so an attack costs at most one small write a second. A failed write
-// is a fail-open event of the layer.
+// keys, so an attack costs at most one write a second for each 4,096 keys
+// it changed (MaxChunk), in key order. A failed write is a fail-open event
+// of the layer.
 type WriteBehind struct {
 	store     StateStore
 	snapshots []Snapshot
@@ -222,6 +257,7 @@ type WriteBehind struct {
 
 	current   []string // each snapshot's Current at the last flush
 	lastEvict time.Time
+	chunk     map[string][]byte // reused for each chunk of a Sorted change
 }
 
 // DefaultWriteBehindInterval is how often defense state reaches the disk.
@@ -280,7 +316,7 @@ func (w *WriteBehind) Flush() {
 	}
 	for i, s := range w.snapshots {
 		for _, c := range s.Dirty(now) {
-			if err := w.store.SaveState(c.Name, c.Entries); err != nil {
+			if err := w.save(c); err != nil {
 				w.failOpen(s.Layer, err)
 			}
 		}
@@ -292,6 +328,39 @@ func (w *WriteBehind) Flush() {
 				w.log.Warn("old defense state not pruned", "layer", s.Layer, "keep", cur, "err", err)
 			}
 			w.current[i] = cur
+		}
+	}
+}
+
+// save writes c: its Entries in one transaction, its Sorted list in
+// chunks of at most MaxChunk. After a chunk fails the rest of c is not
+// tried: the write-behind fails open, and one event per state is enough.
+func (w *WriteBehind) save(c Change) error {
+	if c.Sorted == nil && c.Next == nil {
+		return w.store.SaveState(c.Name, c.Entries)
+	}
+	if w.chunk == nil {
+		w.chunk = make(map[string][]byte, MaxChunk)
+	}
+	defer clear(w.chunk) // hold no state between flushes
+	for part := c.Sorted; ; {
+		for len(part) > 0 {
+			n := min(len(part), MaxChunk)
+			clear(w.chunk)
+			for _, e := range part[:n] {
+				w.chunk[e.Key] = e.State
+			}
+			if err := w.store.SaveState(c.Name, w.chunk); err != nil {
+				return err
+			}
+			clear(part[:n]) // let the written states go before the next chunk
+			part = part[n:]
+		}
+		if c.Next == nil {
+			return nil
+		}
+		if part = c.Next(); len(part) == 0 {
+			return nil
 		}
 	}
 }

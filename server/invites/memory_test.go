@@ -13,7 +13,7 @@ import (
 // after one wrong guess: its rate window, and the fail limiter's entries
 // for its IP and its e-mail. The target is 1 KiB of RSS per IP,
 // and RSS runs to about twice the live heap under the default GOGC.
-const perIPBudget = 320
+const perIPBudget = 245
 
 // guardPerIP feeds the guard n wrong guesses, each from an IP and an
 // e-mail of its own, as POST /v1/invites/verify does, and returns the live
