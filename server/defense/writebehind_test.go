@@ -97,26 +97,7 @@ func (failingStore) DropStates(string, string) error           { return nil }
 // TestWriteBehindFailureNamesTheLayer: a lost write is a fail-open event
 // of the snapshot's layer, once per state that changed.
 func TestWriteBehindFailureNamesTheLayer(t *testing.T) {
-	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
-	fails, err := limiter.NewFail(limiter.FailConfig{}.WithDefaults())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := fails.Begin([]string{"ip:1"}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Fail(now)
-	got := map[string]int{}
-	wb, err := NewWriteBehind(failingStore{}, []Snapshot{Fails("f", "g", "invites", fails)},
-		Options{Now: func() time.Time { return now }, FailedOpen: func(layer string, _ error) { got[layer]++ }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wb.Flush()
-	if got["invites"] != 2 {
-		t.Errorf("fail-open events %v, want 2 of invites (the keys and the service-wide count)", got)
-	}
+	got, wb := flushFailing(t, 1)
 	wb.Flush()
 	if got["invites"] != 2 {
 		t.Errorf("fail-open events %v after a flush with nothing new, want still 2", got)
@@ -224,12 +205,22 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 // the layer fails open once for that state, and the rest of it is not
 // tried.
 func TestWriteBehindChunkFailureOncePerState(t *testing.T) {
+	flushFailing(t, 3*MaxChunk)
+}
+
+// flushFailing fails n keys of a fail limiter once each, flushes them to
+// a store that refuses every write, and checks that the invites layer
+// failed open once per state (the keys and the service-wide count). It
+// returns the fail-open events by layer (later flushes add to them) and
+// the write-behind.
+func flushFailing(t *testing.T, n int) (map[string]int, *WriteBehind) {
+	t.Helper()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 	fails, err := limiter.NewFail(limiter.FailConfig{}.WithDefaults())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 * MaxChunk {
+	for i := range n {
 		a, err := fails.Begin([]string{fmt.Sprintf("ip:%d", i)}, now)
 		if err != nil {
 			t.Fatal(err)
@@ -246,6 +237,7 @@ func TestWriteBehindChunkFailureOncePerState(t *testing.T) {
 	if got["invites"] != 2 {
 		t.Errorf("fail-open events %v, want 2 of invites (the keys and the service-wide count)", got)
 	}
+	return got, wb
 }
 
 // heapStore passes writes on to a real store and records the most live
