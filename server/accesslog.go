@@ -22,16 +22,9 @@ func setUser(c echo.Context, user string) {
 // logAccess logs one line for a request answered (server.access_log): the
 // route pattern, never the raw path, which a client controls; the user
 // once layer 0 has named one; the status the client gets, a problem's
-// included; the latency in real time since start. front calls it.
-func (s *Server) logAccess(log *slog.Logger, c echo.Context, start time.Time, err error) {
-	status := c.Response().Status
-	if err != nil {
-		status = toProblem(err).Status
-	}
-	route := c.Path()
-	if route == "" {
-		route = "unmatched"
-	}
+// included (route and status as answered gives them); the latency in
+// real time since start. front calls it.
+func (s *Server) logAccess(log *slog.Logger, c echo.Context, start time.Time, route string, status int) {
 	attrs := []any{"method", c.Request().Method, "route", route, "status", status,
 		"latency", s.wallClock().Sub(start), "ip", c.RealIP(), "request_id", requestID(c)}
 	if user, ok := c.Get(userKey).(*string); ok && *user != "" {

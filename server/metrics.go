@@ -4,8 +4,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/labstack/echo/v4"
-
 	"breakwater/budget"
 	"breakwater/detect"
 
@@ -185,17 +183,9 @@ func (m *Metrics) observeTransport(bodyBytes, conns func() int64) {
 }
 
 // countRequest counts an answer by route pattern (never the raw path,
-// which a client controls) and status; front calls it for every request
-// of the public listener.
-func (m *Metrics) countRequest(c echo.Context, err error) {
-	status := c.Response().Status
-	if err != nil {
-		status = toProblem(err).Status
-	}
-	route := c.Path()
-	if route == "" {
-		route = "unmatched"
-	}
+// which a client controls) and status, as answered gives them; front
+// calls it for every request of the public listener.
+func (m *Metrics) countRequest(route string, status int) {
 	m.requestsBy.get(routeStatus{route, status}).Inc()
 }
 

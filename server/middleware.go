@@ -66,15 +66,33 @@ func (s *Server) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFun
 				c.Set(userKey, new(string)) // filled by setUser
 			}
 			err = next(c)
-			if metrics != nil {
-				metrics.countRequest(c, err)
-			}
-			if access != nil {
-				s.logAccess(access, c, start, err)
+			if metrics != nil || access != nil {
+				route, status := answered(c, err)
+				if metrics != nil {
+					metrics.countRequest(route, status)
+				}
+				if access != nil {
+					s.logAccess(access, c, start, route, status)
+				}
 			}
 			return err
 		}
 	}
+}
+
+// answered is the route pattern of a request (never the raw path, which a
+// client controls; "unmatched" for none) and the status its client gets,
+// a problem's included, for the metrics and the access log.
+func answered(c echo.Context, err error) (route string, status int) {
+	status = c.Response().Status
+	if err != nil {
+		status = toProblem(err).Status
+	}
+	route = c.Path()
+	if route == "" {
+		route = "unmatched"
+	}
+	return route, status
 }
 
 // chain is h behind the route middleware mw, the first outermost, made
