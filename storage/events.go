@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -11,6 +12,58 @@ import (
 
 	"breakwater/detect"
 )
+
+// Event rows. Since schema version 5 an event is written in a compact
+// binary form, as usage rows are (rows.go); events written before are JSON
+// and are still read as they are. After its format byte:
+//
+//	UserID, KeyID, Plan, IP, Route, Layer, Outcome: uvarint length + bytes each
+//	Time (UnixNano), Status, Bytes, LatencyMS, PromptTokens, OutputTokens,
+//	CostMicroUSD, Count: varint each
+//
+// Every request writes an event, and a JSON event was about twice the size
+// of its usage row: the binary one is about a quarter of the JSON, so a
+// paid read's group commit writes fewer pages, and a day of events takes
+// less of the disk.
+const eventRowV1 = 0x01
+
+// appendEventRow appends e's binary row to b.
+func appendEventRow(b []byte, e detect.Event) []byte {
+	b = append(b, eventRowV1)
+	for _, s := range [...]string{e.UserID, e.KeyID, e.Plan, e.IP, e.Route, e.Layer, e.Outcome} {
+		b = appendText(b, s)
+	}
+	for _, v := range [...]int64{e.Time.UnixNano(), int64(e.Status), e.Bytes, e.LatencyMS, int64(e.PromptTokens),
+		int64(e.OutputTokens), e.CostMicroUSD, e.Count} {
+		b = binary.AppendVarint(b, v)
+	}
+	return b
+}
+
+// decodeEventRow decodes an event row of either form.
+func decodeEventRow(row []byte) (detect.Event, error) {
+	var e detect.Event
+	if len(row) > 0 && row[0] == '{' {
+		if err := json.Unmarshal(row, &e); err != nil {
+			return detect.Event{}, err
+		}
+		return e, nil
+	}
+	if len(row) == 0 || row[0] != eventRowV1 {
+		return detect.Event{}, fmt.Errorf("%w: unknown form", errStoredRow)
+	}
+	d := rowDecoder{rest: row[1:]}
+	e.UserID, e.KeyID, e.Plan, e.IP, e.Route, e.Layer, e.Outcome = d.string(), d.string(), d.string(), d.string(), d.string(), d.string(), d.string()
+	e.Time = time.Unix(0, d.varint()).UTC()
+	e.Status = d.int()
+	e.Bytes, e.LatencyMS = d.varint(), d.varint()
+	e.PromptTokens, e.OutputTokens = d.int(), d.int()
+	e.CostMicroUSD, e.Count = d.varint(), d.varint()
+	if err := d.end(); err != nil {
+		return detect.Event{}, err
+	}
+	return e, nil
+}
 
 // AppendEvents writes events in one durable write that shares its
 // transaction and fsync with concurrent writes (group commit; the caller
@@ -22,19 +75,25 @@ func (db *DB) AppendEvents(events []detect.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	rows := make([][]byte, len(events))
+	// One buffer holds every row: one allocation for the batch, not one
+	// per event (bbolt keeps the slices until the transaction commits).
+	size := 0
 	for i, e := range events {
 		if err := checkKeyTime(e.Time); err != nil {
 			return fmt.Errorf("append events: event %d: %w", i, err)
 		}
-		row, err := json.Marshal(e)
-		if err != nil {
-			return fmt.Errorf("append events: encode event %d: %w", i, err)
-		}
-		rows[i] = row
+		size += 1 + 15*binary.MaxVarintLen64 + len(e.UserID) + len(e.KeyID) + len(e.Plan) + len(e.IP) + len(e.Route) + len(e.Layer) + len(e.Outcome)
+	}
+	buf := make([]byte, 0, size)
+	rows := make([][]byte, len(events))
+	for i, e := range events {
+		start := len(buf)
+		buf = appendEventRow(buf, e)
+		rows[i] = buf[start:len(buf):len(buf)]
 	}
 	err := db.commit(context.Background(), func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketEvents)
+		b.FillPercent = appendOnlyFill
 		for i, e := range events {
 			seq, err := b.NextSequence()
 			if err != nil {
@@ -80,8 +139,8 @@ func (db *DB) EachEvent(from, to time.Time, fn func(detect.Event) error) error {
 				if hi != nil && bytes.Compare(k, hi) >= 0 {
 					break
 				}
-				var e detect.Event
-				if err := json.Unmarshal(v, &e); err != nil {
+				e, err := decodeEventRow(v)
+				if err != nil {
 					return fmt.Errorf("event %x: %w", k, err)
 				}
 				page = append(page, e)

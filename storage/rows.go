@@ -11,7 +11,8 @@ import (
 	"breakwater/budget"
 )
 
-// Binary rows: usage rows here, stored answers in answers.go.
+// Binary rows: usage rows here, stored answers in answers.go, statistics
+// events in events.go.
 //
 // Usage rows. Since schema version 4 a row is written in a compact binary
 // form; rows written before are JSON and are still read as they are (no

@@ -155,7 +155,7 @@ func TestUsageReadsBothForms(t *testing.T) {
 	}
 }
 
-// FuzzDecodeRows: any bytes as a usage row or a stored answer decode or
+// FuzzDecodeRows: any bytes as a usage row, a stored answer or an event decode or
 // are refused, never panic, and what decodes from a binary row encodes
 // back to the same bytes.
 func FuzzDecodeRows(f *testing.F) {
@@ -163,6 +163,7 @@ func FuzzDecodeRows(f *testing.F) {
 	js, _ := json.Marshal(usageAt("user-2", t0))
 	f.Add(js)
 	f.Add(appendAnswerRow(nil, randomAnswer(rand.New(rand.NewPCG(7, 8)))))
+	f.Add(appendEventRow(nil, anEvent("user-3", t0)))
 	f.Fuzz(func(t *testing.T, row []byte) {
 		if r, err := decodeUsageRow(row); err == nil && row[0] != '{' {
 			if again := appendUsageRow(nil, r); !bytes.Equal(again, row) {
@@ -172,6 +173,11 @@ func FuzzDecodeRows(f *testing.F) {
 		if a, err := decodeAnswerRow(row); err == nil && row[0] != '{' {
 			if again := appendAnswerRow(nil, a); !bytes.Equal(again, row) {
 				t.Fatalf("answer row %x decodes as %+v, which encodes as %x", row, a, again)
+			}
+		}
+		if e, err := decodeEventRow(row); err == nil && row[0] != '{' {
+			if again := appendEventRow(nil, e); !bytes.Equal(again, row) {
+				t.Fatalf("event row %x decodes as %+v, which encodes as %x", row, e, again)
 			}
 		}
 	})

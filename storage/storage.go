@@ -65,7 +65,9 @@ const DefaultTimeout = time.Second
 //	4: usage rows and stored answers written in a binary form (older JSON
 //	   rows are still read as they are; an older build, which could not
 //	   read the new rows, refuses the file instead)
-const SchemaVersion uint64 = 4
+//	5: statistics events written in a binary form (older JSON events are
+//	   still read; as for 4, an older build refuses the file)
+const SchemaVersion uint64 = 5
 
 // migration brings a database from schema version to-1 up to version to.
 // run is called inside prepare's one transaction, after every bucket of
@@ -82,6 +84,7 @@ var migrations = []migration{
 	{to: 2, what: "invite redemptions into a bucket per invite", run: migrateInviteRedemptions},
 	{to: 3, what: "JWT users under jwt:SUB", run: migrateJWTUsers},
 	{to: 4, what: "binary usage rows and answers from now on", run: func(*bbolt.Tx) ([]any, error) { return nil, nil }},
+	{to: 5, what: "binary statistics events from now on", run: func(*bbolt.Tx) ([]any, error) { return nil, nil }},
 }
 
 // Errors returned by storage. Callers test them with errors.Is; most are
@@ -201,7 +204,7 @@ var (
 	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
 	bucketQuota     = []byte("quota")      // "2006-01" -> bucket of user id -> uint64
 	bucketUsage     = []byte("usage")      // timeKey -> budget.UsageRecord (binary; JSON before schema 4)
-	bucketEvents    = []byte("events")     // timeKey -> JSON detect.Event
+	bucketEvents    = []byte("events")     // timeKey -> detect.Event row (events.go)
 
 	bucketBudgetDays   = []byte("budget_days")        // "2006-01-02" -> requests, spend
 	bucketReservations = []byte("reservations")       // id -> JSON open reservation

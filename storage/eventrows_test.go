@@ -1,0 +1,160 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"breakwater/detect"
+)
+
+// randomEvent is an event with every field set from rng, strings of any
+// bytes and numbers up to their extremes.
+func randomEvent(rng *rand.Rand) detect.Event {
+	text := func() string {
+		b := make([]byte, rng.IntN(40))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		return string(b)
+	}
+	num := func() int64 {
+		switch rng.IntN(4) {
+		case 0:
+			return math.MaxInt64
+		case 1:
+			return math.MinInt64
+		default:
+			return rng.Int64N(1<<40) - 1<<39
+		}
+	}
+	return detect.Event{
+		Time: time.Unix(0, num()).UTC(), UserID: text(), KeyID: text(), Plan: text(), IP: text(), Route: text(),
+		Layer: text(), Outcome: text(), Status: int(num()), Bytes: num(), LatencyMS: num(),
+		PromptTokens: int(num()), OutputTokens: int(num()), CostMicroUSD: num(), Count: num(),
+	}
+}
+
+// anEvent is what a paid read records.
+func anEvent(user string, t time.Time) detect.Event {
+	return detect.Event{Time: t, UserID: user, KeyID: "key_Cab5863yrt", Plan: "free", IP: "203.0.113.7",
+		Route: "/v1/ocr", Outcome: "ok", Status: 200, Bytes: 4213, LatencyMS: 840, PromptTokens: 1290,
+		OutputTokens: 41, CostMicroUSD: 146}
+}
+
+func TestEventRowRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i < 2000; i++ {
+		want := randomEvent(rng)
+		got, err := decodeEventRow(appendEventRow(nil, want))
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("event %d: decoded %+v, want %+v", i, got, want)
+		}
+	}
+}
+
+// TestEventRowSmaller: the reason for the binary form.
+func TestEventRowSmaller(t *testing.T) {
+	e := anEvent("user-1", t0)
+	js, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bin := appendEventRow(nil, e); len(bin)*3 > len(js) {
+		t.Errorf("binary row %d bytes, JSON %d: want under a third", len(bin), len(js))
+	}
+}
+
+func TestEventRowMalformed(t *testing.T) {
+	row := appendEventRow(nil, anEvent("user-1", t0))
+	for n := 0; n < len(row); n++ {
+		if _, err := decodeEventRow(row[:n]); err == nil {
+			t.Errorf("row cut to %d of %d bytes decoded", n, len(row))
+		}
+	}
+	for name, b := range map[string][]byte{
+		"trailing byte": append(bytes.Clone(row), 0),
+		"unknown form":  append([]byte{0x02}, row[1:]...),
+		"bad JSON":      []byte(`{"UserID":`),
+	} {
+		if _, err := decodeEventRow(b); err == nil {
+			t.Errorf("%s: %q decoded", name, b)
+		}
+	}
+	if _, err := decodeEventRow(row[:len(row)-1]); !errors.Is(err, errStoredRow) {
+		t.Errorf("truncated row: %v, want errStoredRow", err)
+	}
+}
+
+// TestEventsReadBothForms: a database from before schema 5 has JSON
+// events; after the upgrade new events are binary, written in one buffer
+// per batch, and EachEvent returns both kinds in time order.
+func TestEventsReadBothForms(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "breakwater.db")
+	db, err := Open(path, Options{Logger: quietLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	old := anEvent("old-user", t0)
+	old.Layer, old.Count = "rate", 3
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bbolt.Tx) error {
+		js, err := json.Marshal(old)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketEvents).Put(timeKey(old.Time, 1), js); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, encodeUint64(4))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db = mustOpenPath(t, path, Options{})
+	fresh := []detect.Event{anEvent("new-user", t0.Add(time.Second)), anEvent("other", t0.Add(2*time.Second))}
+	fresh[1].UserID = string(bytes.Repeat([]byte("é"), 300)) // a length of more than one byte
+	if err := db.AppendEvents(fresh); err != nil {
+		t.Fatal(err)
+	}
+	err = db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketEvents).ForEach(func(k, v []byte) error {
+			if bytes.Contains(v, []byte("new-user")) && v[0] != eventRowV1 {
+				t.Errorf("new event %q is not in the binary form", v)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Events(time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || !got[0].Time.Equal(old.Time) || got[0].UserID != old.UserID || got[0].Layer != "rate" || got[0].Count != 3 ||
+		!reflect.DeepEqual(got[1:], fresh) {
+		t.Errorf("Events = %+v, want the JSON event then the two binary ones", got)
+	}
+}
