@@ -17,6 +17,7 @@ func FuzzInspect(f *testing.F) {
 	f.Add([]byte("\xff\xd8\xff\xe0"), "image/jpg", int64(-1))
 	f.Fuzz(func(t *testing.T, data []byte, declared string, maxPixels int64) {
 		const maxSide = 8192
+		agreesWithDecodeConfig(t, data) // the in-place PNG size, where it answers, is png.DecodeConfig's
 		img, err := Inspect(data, declared, Limits{MaxPixels: maxPixels, MaxSide: maxSide})
 		if err != nil {
 			if err != ErrUnsupportedType && err != ErrUndecodable && err != ErrTooManyPixels {

@@ -2,7 +2,9 @@ package ocr
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"image"
 	"image/jpeg"
 	"image/png"
@@ -81,6 +83,9 @@ func Inspect(data []byte, declared string, lim Limits) (Image, error) {
 	var decodeConfig func(*bytes.Reader) (image.Config, error)
 	switch sniffed {
 	case MIMEPNG:
+		if w, h, ok := pngSize(data); ok {
+			return checkSize(Image{Data: data, MIME: sniffed, Width: w, Height: h}, lim)
+		}
 		decodeConfig = func(r *bytes.Reader) (image.Config, error) { return png.DecodeConfig(r) }
 	case MIMEJPEG:
 		decodeConfig = func(r *bytes.Reader) (image.Config, error) { return jpeg.DecodeConfig(r) }
@@ -91,18 +96,71 @@ func Inspect(data []byte, declared string, lim Limits) (Image, error) {
 	if err != nil || cfg.Width <= 0 || cfg.Height <= 0 {
 		return Image{}, ErrUndecodable
 	}
+	return checkSize(Image{Data: data, MIME: sniffed, Width: cfg.Width, Height: cfg.Height}, lim)
+}
+
+// checkSize returns img if its size is within lim, else ErrTooManyPixels.
+func checkSize(img Image, lim Limits) (Image, error) {
 	// width*height <= MaxPixels, without computing the product.
-	if lim.MaxPixels <= 0 || int64(cfg.Width) > lim.MaxPixels/int64(cfg.Height) ||
-		cfg.Width > lim.MaxSide || cfg.Height > lim.MaxSide {
+	if lim.MaxPixels <= 0 || int64(img.Width) > lim.MaxPixels/int64(img.Height) ||
+		img.Width > lim.MaxSide || img.Height > lim.MaxSide {
 		return Image{}, ErrTooManyPixels
 	}
-	return Image{Data: data, MIME: sniffed, Width: cfg.Width, Height: cfg.Height}, nil
+	return img, nil
 }
+
+// pngSize reads the size of the common PNG, whose first chunk is a valid
+// IHDR of a colour type without a palette, in place and without
+// allocating: for such a file png.DecodeConfig reads no further and
+// returns the same size (FuzzInspect holds the two to agreement). ok is
+// false for anything else (a palette, whose colours DecodeConfig reads on,
+// or a header it would refuse), which goes to png.DecodeConfig.
+func pngSize(data []byte) (w, h int, ok bool) {
+	// Signature (8), IHDR length (4) and type (4), data (13), CRC (4).
+	const end = 8 + 4 + 4 + 13 + 4
+	if len(data) < end || string(data[:8]) != pngSignature || binary.BigEndian.Uint32(data[8:12]) != 13 || string(data[12:16]) != "IHDR" {
+		return 0, 0, false
+	}
+	ihdr := data[16:29]
+	if crc32.ChecksumIEEE(data[12:29]) != binary.BigEndian.Uint32(data[29:end]) {
+		return 0, 0, false
+	}
+	depth, colour, compression, filter, interlace := ihdr[8], ihdr[9], ihdr[10], ihdr[11], ihdr[12]
+	if compression != 0 || filter != 0 || interlace > 1 {
+		return 0, 0, false
+	}
+	switch colour {
+	case 0: // greyscale
+		if depth != 1 && depth != 2 && depth != 4 && depth != 8 && depth != 16 {
+			return 0, 0, false
+		}
+	case 2, 4, 6: // truecolour, greyscale with alpha, truecolour with alpha
+		if depth != 8 && depth != 16 {
+			return 0, 0, false
+		}
+	default: // 3, paletted, or no colour type at all
+		return 0, 0, false
+	}
+	w32, h32 := int32(binary.BigEndian.Uint32(ihdr[0:4])), int32(binary.BigEndian.Uint32(ihdr[4:8]))
+	if w32 <= 0 || h32 <= 0 {
+		return 0, 0, false
+	}
+	// The decoder also refuses a pixel count, or its 8 bytes a pixel, that
+	// overflows an int.
+	pixels := int64(w32) * int64(h32)
+	if n := int(pixels); int64(n) != pixels || n != n*8/8 {
+		return 0, 0, false
+	}
+	return int(w32), int(h32), true
+}
+
+// pngSignature opens every PNG file.
+const pngSignature = "\x89PNG\r\n\x1a\n"
 
 // sniff names the media type of data by its magic bytes, or returns "".
 func sniff(data []byte) string {
 	switch {
-	case bytes.HasPrefix(data, []byte("\x89PNG\r\n\x1a\n")):
+	case bytes.HasPrefix(data, []byte(pngSignature)):
 		return MIMEPNG
 	case bytes.HasPrefix(data, []byte("\xff\xd8\xff")):
 		return MIMEJPEG
@@ -124,6 +182,10 @@ func animatedWebP(data []byte) bool {
 // declaredType returns the canonical media type for a client's declaration,
 // "" if none was declared, and ok false if it does not parse.
 func declaredType(declared string) (string, bool) {
+	switch declared {
+	case MIMEPNG, MIMEJPEG, MIMEWebP: // as mime.ParseMediaType reads them, without its allocations
+		return declared, true
+	}
 	if strings.TrimSpace(declared) == "" {
 		return "", true
 	}
