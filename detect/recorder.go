@@ -153,27 +153,23 @@ func (r *Recorder) loop() {
 	for {
 		select {
 		case e, ok := <-items:
+			// Take it and what else is queued, then let the next events
+			// gather in the queue for a moment: a request that hands its
+			// event to a waiting recorder wakes it, and under load that
+			// was a goroutine switch (often a thread woken) per request.
+			// The queue holds far more than a pause's worth of events.
+			for more := ok; more; {
+				take(e)
+				select {
+				case e, ok = <-items:
+					more = ok
+				default:
+					more = false
+				}
+			}
 			if !ok {
 				r.flush(r.dropped(rt.drain(t.drain(batch))))
 				return
-			}
-			take(e)
-			// Take what else is queued, then let the next events gather
-			// in the queue for a moment: a request that hands its event
-			// to a waiting recorder wakes it, and under load that was a
-			// goroutine switch (often a thread woken) per request. The
-			// queue holds far more than a pause's worth of events.
-			for drained := false; !drained; {
-				select {
-				case e, ok := <-items:
-					if !ok {
-						r.flush(r.dropped(rt.drain(t.drain(batch))))
-						return
-					}
-					take(e)
-				default:
-					drained = true
-				}
 			}
 			time.Sleep(gatherPause)
 		case <-timer.C:

@@ -3,7 +3,6 @@ package storage
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -191,37 +190,26 @@ func appendAnswerRow(b []byte, a storedAnswer) []byte {
 
 // decodeAnswerRow decodes a stored answer of either form.
 func decodeAnswerRow(row []byte) (storedAnswer, error) {
-	var a storedAnswer
-	if len(row) > 0 && row[0] == '{' {
-		err := json.Unmarshal(row, &a)
-		return a, err
-	}
-	if len(row) == 0 || row[0] != answerRowV1 {
-		return storedAnswer{}, fmt.Errorf("%w: unknown form", errStoredRow)
-	}
-	d := rowDecoder{rest: row[1:]}
-	a.At = time.Unix(0, d.varint()).UTC()
-	a.Fingerprint = d.fixed(32)
-	if st := d.uvarint(); st > 999 {
-		d.fail("status %d", st)
-	} else {
-		a.Status = int(st)
-	}
-	if body := d.string(); body != "" {
-		a.Body = []byte(body)
-	}
-	a.Serials, a.Rejected = d.strings(), d.strings()
-	switch flag := d.fixed(1); {
-	case flag == nil:
-	case flag[0] <= 1:
-		a.Simulated = flag[0] == 1
-	default:
-		d.fail("simulated flag %d", flag[0])
-	}
-	if err := d.end(); err != nil {
-		return storedAnswer{}, err
-	}
-	return a, nil
+	return decodeRow(row, answerRowV1, func(d *rowDecoder, a *storedAnswer) {
+		a.At = time.Unix(0, d.varint()).UTC()
+		a.Fingerprint = d.fixed(32)
+		if st := d.uvarint(); st > 999 {
+			d.fail("status %d", st)
+		} else {
+			a.Status = int(st)
+		}
+		if body := d.string(); body != "" {
+			a.Body = []byte(body)
+		}
+		a.Serials, a.Rejected = d.strings(), d.strings()
+		switch flag := d.fixed(1); {
+		case flag == nil:
+		case flag[0] <= 1:
+			a.Simulated = flag[0] == 1
+		default:
+			d.fail("simulated flag %d", flag[0])
+		}
+	})
 }
 
 // answerTime is the time of a stored answer's read, without decoding the

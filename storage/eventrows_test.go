@@ -3,8 +3,6 @@ package storage
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
@@ -16,26 +14,10 @@ import (
 	"breakwater/detect"
 )
 
-// randomEvent is an event with every field set from rng, strings of any
-// bytes and numbers up to their extremes.
+// randomEvent is an event with every field set from rng (randomText,
+// randomNum).
 func randomEvent(rng *rand.Rand) detect.Event {
-	text := func() string {
-		b := make([]byte, rng.IntN(40))
-		for i := range b {
-			b[i] = byte(rng.IntN(256))
-		}
-		return string(b)
-	}
-	num := func() int64 {
-		switch rng.IntN(4) {
-		case 0:
-			return math.MaxInt64
-		case 1:
-			return math.MinInt64
-		default:
-			return rng.Int64N(1<<40) - 1<<39
-		}
-	}
+	text, num := func() string { return randomText(rng) }, func() int64 { return randomNum(rng) }
 	return detect.Event{
 		Time: time.Unix(0, num()).UTC(), UserID: text(), KeyID: text(), Plan: text(), IP: text(), Route: text(),
 		Layer: text(), Outcome: text(), Status: int(num()), Bytes: num(), LatencyMS: num(),
@@ -77,24 +59,10 @@ func TestEventRowSmaller(t *testing.T) {
 }
 
 func TestEventRowMalformed(t *testing.T) {
-	row := appendEventRow(nil, anEvent("user-1", t0))
-	for n := 0; n < len(row); n++ {
-		if _, err := decodeEventRow(row[:n]); err == nil {
-			t.Errorf("row cut to %d of %d bytes decoded", n, len(row))
-		}
-	}
-	for name, b := range map[string][]byte{
-		"trailing byte": append(bytes.Clone(row), 0),
-		"unknown form":  append([]byte{0x02}, row[1:]...),
-		"bad JSON":      []byte(`{"UserID":`),
-	} {
-		if _, err := decodeEventRow(b); err == nil {
-			t.Errorf("%s: %q decoded", name, b)
-		}
-	}
-	if _, err := decodeEventRow(row[:len(row)-1]); !errors.Is(err, errStoredRow) {
-		t.Errorf("truncated row: %v, want errStoredRow", err)
-	}
+	refusesMalformed(t, appendEventRow(nil, anEvent("user-1", t0)), func(b []byte) error {
+		_, err := decodeEventRow(b)
+		return err
+	})
 }
 
 // TestEventsReadBothForms: a database from before schema 5 has JSON

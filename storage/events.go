@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -42,27 +41,14 @@ func appendEventRow(b []byte, e detect.Event) []byte {
 
 // decodeEventRow decodes an event row of either form.
 func decodeEventRow(row []byte) (detect.Event, error) {
-	var e detect.Event
-	if len(row) > 0 && row[0] == '{' {
-		if err := json.Unmarshal(row, &e); err != nil {
-			return detect.Event{}, err
-		}
-		return e, nil
-	}
-	if len(row) == 0 || row[0] != eventRowV1 {
-		return detect.Event{}, fmt.Errorf("%w: unknown form", errStoredRow)
-	}
-	d := rowDecoder{rest: row[1:]}
-	e.UserID, e.KeyID, e.Plan, e.IP, e.Route, e.Layer, e.Outcome = d.string(), d.string(), d.string(), d.string(), d.string(), d.string(), d.string()
-	e.Time = time.Unix(0, d.varint()).UTC()
-	e.Status = d.int()
-	e.Bytes, e.LatencyMS = d.varint(), d.varint()
-	e.PromptTokens, e.OutputTokens = d.int(), d.int()
-	e.CostMicroUSD, e.Count = d.varint(), d.varint()
-	if err := d.end(); err != nil {
-		return detect.Event{}, err
-	}
-	return e, nil
+	return decodeRow(row, eventRowV1, func(d *rowDecoder, e *detect.Event) {
+		e.UserID, e.KeyID, e.Plan, e.IP, e.Route, e.Layer, e.Outcome = d.string(), d.string(), d.string(), d.string(), d.string(), d.string(), d.string()
+		e.Time = time.Unix(0, d.varint()).UTC()
+		e.Status = d.int()
+		e.Bytes, e.LatencyMS = d.varint(), d.varint()
+		e.PromptTokens, e.OutputTokens = d.int(), d.int()
+		e.CostMicroUSD, e.Count = d.varint(), d.varint()
+	})
 }
 
 // AppendEvents writes events in one durable write that shares its

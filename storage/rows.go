@@ -45,26 +45,36 @@ func appendUsageRow(b []byte, r budget.UsageRecord) []byte {
 
 // decodeUsageRow decodes a usage row of either form.
 func decodeUsageRow(row []byte) (budget.UsageRecord, error) {
-	var r budget.UsageRecord
+	return decodeRow(row, usageRowV1, func(d *rowDecoder, r *budget.UsageRecord) {
+		r.UserID, r.KeyID, r.RequestID, r.Model, r.Outcome = d.string(), d.string(), d.string(), d.string(), d.string()
+		r.Time = time.Unix(0, d.varint()).UTC()
+		r.Bytes = d.varint()
+		r.PromptTokens, r.CandidatesTokens, r.ThoughtsTokens = d.int(), d.int(), d.int()
+		r.CostMicroUSD, r.LatencyMS = d.varint(), d.varint()
+	})
+}
+
+// decodeRow decodes a stored row of either form: JSON, as rows were
+// written before their binary form (a JSON row starts with '{'), or the
+// binary form of format byte version, whose fields fields reads in order
+// into v. Bytes left after the last field are an error.
+func decodeRow[T any](row []byte, version byte, fields func(d *rowDecoder, v *T)) (T, error) {
+	var v, zero T
 	if len(row) > 0 && row[0] == '{' {
-		if err := json.Unmarshal(row, &r); err != nil {
-			return budget.UsageRecord{}, err
+		if err := json.Unmarshal(row, &v); err != nil {
+			return zero, err
 		}
-		return r, nil
+		return v, nil
 	}
-	if len(row) == 0 || row[0] != usageRowV1 {
-		return budget.UsageRecord{}, fmt.Errorf("%w: unknown form", errStoredRow)
+	if len(row) == 0 || row[0] != version {
+		return zero, fmt.Errorf("%w: unknown form", errStoredRow)
 	}
 	d := rowDecoder{rest: row[1:]}
-	r.UserID, r.KeyID, r.RequestID, r.Model, r.Outcome = d.string(), d.string(), d.string(), d.string(), d.string()
-	r.Time = time.Unix(0, d.varint()).UTC()
-	r.Bytes = d.varint()
-	r.PromptTokens, r.CandidatesTokens, r.ThoughtsTokens = d.int(), d.int(), d.int()
-	r.CostMicroUSD, r.LatencyMS = d.varint(), d.varint()
+	fields(&d, &v)
 	if err := d.end(); err != nil {
-		return budget.UsageRecord{}, err
+		return zero, err
 	}
-	return r, nil
+	return v, nil
 }
 
 // appendText appends s with its length before it (a uvarint).

@@ -17,26 +17,30 @@ import (
 	"breakwater/budget"
 )
 
-// randomUsage is a usage record with every field set from rng, strings of
-// any bytes (not only UTF-8) and numbers up to their extremes.
+// randomText is up to 40 bytes of anything, not only UTF-8.
+func randomText(rng *rand.Rand) string {
+	b := make([]byte, rng.IntN(40))
+	for i := range b {
+		b[i] = byte(rng.IntN(256))
+	}
+	return string(b)
+}
+
+// randomNum is a number up to the extremes of an int64.
+func randomNum(rng *rand.Rand) int64 {
+	switch rng.IntN(4) {
+	case 0:
+		return math.MaxInt64
+	case 1:
+		return math.MinInt64
+	default:
+		return rng.Int64N(1<<40) - 1<<39
+	}
+}
+
+// randomUsage is a usage record with every field set from rng.
 func randomUsage(rng *rand.Rand) budget.UsageRecord {
-	text := func() string {
-		b := make([]byte, rng.IntN(40))
-		for i := range b {
-			b[i] = byte(rng.IntN(256))
-		}
-		return string(b)
-	}
-	num := func() int64 {
-		switch rng.IntN(4) {
-		case 0:
-			return math.MaxInt64
-		case 1:
-			return math.MinInt64
-		default:
-			return rng.Int64N(1<<40) - 1<<39
-		}
-	}
+	text, num := func() string { return randomText(rng) }, func() int64 { return randomNum(rng) }
 	return budget.UsageRecord{
 		Time: time.Unix(0, num()).UTC(), UserID: "u" + text(), KeyID: text(), RequestID: text(),
 		Model: text(), Outcome: text(), Bytes: num(), PromptTokens: int(num()), CandidatesTokens: int(num()),
@@ -72,25 +76,32 @@ func TestUsageRowSmaller(t *testing.T) {
 }
 
 func TestUsageRowMalformed(t *testing.T) {
-	row := appendUsageRow(nil, usageAt("user-1", t0))
+	refusesMalformed(t, appendUsageRow(nil, usageAt("user-1", t0)), func(b []byte) error {
+		_, err := decodeUsageRow(b)
+		return err
+	})
+}
+
+// refusesMalformed: row, a good binary row, is refused by decode when it
+// is cut anywhere (a cut binary row with errStoredRow), has a byte more,
+// has an unknown format byte, or when JSON does not parse.
+func refusesMalformed(t *testing.T, row []byte, decode func([]byte) error) {
+	t.Helper()
 	for n := 0; n < len(row); n++ {
-		if _, err := decodeUsageRow(row[:n]); err == nil {
+		if decode(row[:n]) == nil {
 			t.Errorf("row cut to %d of %d bytes decoded", n, len(row))
 		}
 	}
-	cases := map[string][]byte{
+	for name, b := range map[string][]byte{
 		"trailing byte": append(bytes.Clone(row), 0),
 		"unknown form":  append([]byte{0x02}, row[1:]...),
 		"bad JSON":      []byte(`{"UserID":`),
+	} {
+		if decode(b) == nil {
+			t.Errorf("%s: %q decoded", name, b)
+		}
 	}
-	for name, b := range cases {
-		t.Run(name, func(t *testing.T) {
-			if _, err := decodeUsageRow(b); err == nil {
-				t.Errorf("%q decoded", b)
-			}
-		})
-	}
-	if _, err := decodeUsageRow(row[:len(row)-1]); !errors.Is(err, errStoredRow) {
+	if err := decode(row[:len(row)-1]); !errors.Is(err, errStoredRow) {
 		t.Errorf("truncated row: %v, want errStoredRow", err)
 	}
 }
