@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
-	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -69,44 +68,17 @@ func TestEventRowMalformed(t *testing.T) {
 // events; after the upgrade new events are binary, written in one buffer
 // per batch, and EachEvent returns both kinds in time order.
 func TestEventsReadBothForms(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "breakwater.db")
-	db, err := Open(path, Options{Logger: quietLogger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 	old := anEvent("old-user", t0)
 	old.Layer, old.Count = "rate", 3
-	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = bdb.Update(func(tx *bbolt.Tx) error {
-		js, err := json.Marshal(old)
-		if err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketEvents).Put(timeKey(old.Time, 1), js); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketMeta).Put(keySchemaVersion, encodeUint64(4))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bdb.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := asOlderBuildWrote(t, 4, bucketEvents, timeKey(old.Time, 1), old)
 
-	db = mustOpenPath(t, path, Options{})
+	db := mustOpenPath(t, path, Options{})
 	fresh := []detect.Event{anEvent("new-user", t0.Add(time.Second)), anEvent("other", t0.Add(2*time.Second))}
 	fresh[1].UserID = string(bytes.Repeat([]byte("é"), 300)) // a length of more than one byte
 	if err := db.AppendEvents(fresh); err != nil {
 		t.Fatal(err)
 	}
-	err = db.view(func(tx *bbolt.Tx) error {
+	err := db.view(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketEvents).ForEach(func(k, v []byte) error {
 			if bytes.Contains(v, []byte("new-user")) && v[0] != eventRowV1 {
 				t.Errorf("new event %q is not in the binary form", v)

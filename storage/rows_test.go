@@ -110,42 +110,15 @@ func refusesMalformed(t *testing.T, row []byte, decode func([]byte) error) {
 // rows; after the upgrade new rows are binary, and Usage returns both in
 // time order.
 func TestUsageReadsBothForms(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "breakwater.db")
-	db, err := Open(path, Options{Logger: quietLogger})
-	if err != nil {
-		t.Fatal(err)
-	}
 	old := usageAt("old-user", t0)
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = bdb.Update(func(tx *bbolt.Tx) error {
-		js, err := json.Marshal(old)
-		if err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketUsage).Put(timeKey(old.Time, 1), js); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketMeta).Put(keySchemaVersion, encodeUint64(3))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bdb.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := asOlderBuildWrote(t, 3, bucketUsage, timeKey(old.Time, 1), old)
 
-	db = mustOpenPath(t, path, Options{})
+	db := mustOpenPath(t, path, Options{})
 	fresh := usageAt("new-user", t0.Add(time.Second))
 	if err := db.RecordUsage(t.Context(), month, fresh, budget.Settlement{}); err != nil {
 		t.Fatal(err)
 	}
-	err = db.view(func(tx *bbolt.Tx) error {
+	err := db.view(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
 			if user := "new-user"; bytes.Contains(v, []byte(user)) && v[0] != usageRowV1 {
 				t.Errorf("new row %q is not in the binary form", v)
@@ -164,6 +137,42 @@ func TestUsageReadsBothForms(t *testing.T) {
 		!reflect.DeepEqual(got[1], fresh) {
 		t.Errorf("Usage = %+v, want the JSON row then the binary one", got)
 	}
+}
+
+// asOlderBuildWrote makes a database as a build of schema version wrote
+// it: fresh, with v stored as JSON under key in bucket. It returns the
+// path, the database closed.
+func asOlderBuildWrote(t *testing.T, version uint64, bucket, key []byte, v any) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "breakwater.db")
+	db, err := Open(path, Options{Logger: quietLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bbolt.Tx) error {
+		js, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucket).Put(key, js); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, encodeUint64(version))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // FuzzDecodeRows: any bytes as a usage row, a stored answer or an event decode or
