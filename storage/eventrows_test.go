@@ -32,17 +32,7 @@ func anEvent(user string, t time.Time) detect.Event {
 }
 
 func TestEventRowRoundTrip(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	for i := 0; i < 2000; i++ {
-		want := randomEvent(rng)
-		got, err := decodeEventRow(appendEventRow(nil, want))
-		if err != nil {
-			t.Fatalf("event %d: %v", i, err)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("event %d: decoded %+v, want %+v", i, got, want)
-		}
-	}
+	roundTrips(t, rand.New(rand.NewPCG(5, 6)), randomEvent, appendEventRow, decodeEventRow)
 }
 
 // TestEventRowSmaller: the reason for the binary form.
