@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/bbolt"
-
 	"breakwater/detect"
 )
 
@@ -68,17 +66,7 @@ func TestEventsReadBothForms(t *testing.T) {
 	if err := db.AppendEvents(fresh); err != nil {
 		t.Fatal(err)
 	}
-	err := db.view(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketEvents).ForEach(func(k, v []byte) error {
-			if bytes.Contains(v, []byte("new-user")) && v[0] != eventRowV1 {
-				t.Errorf("new event %q is not in the binary form", v)
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rowsWithAreBinary(t, db, bucketEvents, "new-user", eventRowV1)
 	got, err := db.Events(time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)

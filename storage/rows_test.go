@@ -124,17 +124,7 @@ func TestUsageReadsBothForms(t *testing.T) {
 	if err := db.RecordUsage(t.Context(), month, fresh, budget.Settlement{}); err != nil {
 		t.Fatal(err)
 	}
-	err := db.view(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
-			if user := "new-user"; bytes.Contains(v, []byte(user)) && v[0] != usageRowV1 {
-				t.Errorf("new row %q is not in the binary form", v)
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rowsWithAreBinary(t, db, bucketUsage, "new-user", usageRowV1)
 	got, err := db.Usage(time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +132,23 @@ func TestUsageReadsBothForms(t *testing.T) {
 	if len(got) != 2 || !got[0].Time.Equal(old.Time) || got[0].UserID != old.UserID || got[0].RequestID != old.RequestID ||
 		!reflect.DeepEqual(got[1], fresh) {
 		t.Errorf("Usage = %+v, want the JSON row then the binary one", got)
+	}
+}
+
+// rowsWithAreBinary fails t unless every row of bucket that contains
+// marker is in the binary form of format byte version.
+func rowsWithAreBinary(t *testing.T, db *DB, bucket []byte, marker string, version byte) {
+	t.Helper()
+	err := db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			if bytes.Contains(v, []byte(marker)) && v[0] != version {
+				t.Errorf("new row %q is not in the binary form", v)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
