@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"runtime"
 
 	"go.etcd.io/bbolt"
 )
@@ -60,6 +61,14 @@ func (db *DB) commit(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 // request (waiting for it), then whatever else is already queued without
 // waiting, up to maxBatch, and commits them together. It returns once the
 // queue is closed and drained.
+//
+// After each batch it yields its processor. The callers a commit releases
+// are made runnable on the writer's own processor, behind it: without the
+// yield they waited while the writer put the next batch together and ran
+// it up to its fsync (on a 2-core machine at full load, about 1 ms of a
+// request's 5). Yielding lets them answer first; the writer then finds
+// what they and the others queued meanwhile, in one batch. With nothing
+// else runnable the yield returns at once.
 func (db *DB) writer() {
 	defer close(db.writerDone)
 	batch := make([]commitRequest, 0, maxBatch)
@@ -78,7 +87,8 @@ func (db *DB) writer() {
 			}
 		}
 		db.runBatch(batch)
-		clear(batch) // drop references to finished functions
+		clear(batch)      // drop references to finished functions
+		runtime.Gosched() // let the callers just released run first (above)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -223,5 +224,56 @@ func TestCloseDrainsQueue(t *testing.T) {
 	}
 	if got, want := used["u"], ok; got != want {
 		t.Errorf("QuotaUsed after Close and reopen = %d, want the %d writes that returned nil", got, want)
+	}
+}
+
+// TestCommitLetsReleasedCallersRunFirst: a caller whose write is on disk
+// runs before the writer starts the next batch, even with one processor:
+// the writer yields after each batch rather than keep the released callers
+// waiting behind it.
+func TestCommitLetsReleasedCallersRunFirst(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	db := mustOpen(t)
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, s)
+	}
+
+	inside, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	first := make(chan error, 1)
+	go func() {
+		err := db.commit(context.Background(), func(*bbolt.Tx) error {
+			once.Do(func() { close(inside) })
+			<-gate
+			return nil
+		})
+		note("first caller resumed")
+		first <- err
+	}()
+	<-inside
+	second := make(chan error, 1)
+	go func() {
+		second <- db.commit(context.Background(), func(*bbolt.Tx) error {
+			note("next batch ran")
+			return nil
+		})
+	}()
+	for len(db.queue) == 0 { // the second write waits for the next batch
+		runtime.Gosched()
+	}
+	close(gate)
+	for _, ch := range []chan error{first, second} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) < 2 || order[0] != "first caller resumed" {
+		t.Errorf("order %q: the released caller waited for the next batch", order)
 	}
 }
