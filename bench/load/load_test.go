@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 // smokePlan runs every case and every memory figure, briefly and small.
 var smokePlan = plan{
 	rounds: 1, warmup: 200 * time.Millisecond, duration: time.Second, clients: 16, users: 50,
-	activeKeys: []int{100, 300}, clientIPs: []int{100, 300}, memWarmup: 20,
+	activeKeys: []int{100, 300}, clientIPs: []int{100, 300}, memWarmup: 20, memChurn: 200,
 	inFlight: 100, inFlightLatency: time.Second, settle: 1100 * time.Millisecond,
 }
 

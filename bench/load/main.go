@@ -69,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		p, form = quickPlan, "quick form (-quick)"
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "mem" && *mem {
-				p.activeKeys, p.clientIPs, p.memWarmup = fullPlan.activeKeys, fullPlan.clientIPs, fullPlan.memWarmup
+				p.activeKeys, p.clientIPs, p.memWarmup, p.memChurn = fullPlan.activeKeys, fullPlan.clientIPs, fullPlan.memWarmup, fullPlan.memChurn
 				p.inFlight, p.inFlightLatency, p.settle = fullPlan.inFlight, fullPlan.inFlightLatency, fullPlan.settle
 			}
 		})

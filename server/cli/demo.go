@@ -30,6 +30,7 @@ optional; its limits apply. Ctrl+C stops it and deletes the database.`,
 }
 
 func (e *env) demo(c *cobra.Command, _ []string) error {
+	app.HoldHeapFloor() // as serve does
 	ctx := c.Context()
 	cfg, err := app.Read(e.config, e.getenv, true)
 	if err != nil {

@@ -25,6 +25,7 @@ SIGHUP, or saving the config file, reloads it.`,
 // serve runs the service that --config describes until the command's
 // context ends.
 func (e *env) serve(c *cobra.Command, _ []string) error {
+	app.HoldHeapFloor() // the collector's least room, for the life of the process
 	cfg, err := app.Load(e.config, e.getenv)
 	if err != nil {
 		return err
