@@ -314,6 +314,7 @@ func TestMemoryPerUser(t *testing.T) {
 // warm-ups'.
 func measure(t *testing.T, e *env, mode string, sizes []int, maxPerKey float64) {
 	t.Helper()
+	e.cycleHeap()
 	base := e.memory()
 	done := 0
 	var prev memory
@@ -323,6 +324,7 @@ func measure(t *testing.T, e *env, mode string, sizes []int, maxPerKey float64) 
 		if len(s.Errors) > 0 || s.Requests != int64(n-done) {
 			t.Fatalf("%s %d to %d: %d answers %v, first errors %q", mode, done, n, s.Requests, s.Status, s.Errors)
 		}
+		e.cycleHeap()
 		m := e.memory()
 		per := float64(m.Anon-base.Anon) / float64(n)
 		t.Logf("%d distinct %s (%d more in %v): RSS %s (anonymous %s, file %s; before: %s, %s, %s), peak %s: anonymous %.0f bytes each",
