@@ -66,9 +66,12 @@ func (s *Simulated) Read(ctx context.Context, img Image, _ func() bool) (Result,
 			res.Rejected = append(res.Rejected, v)
 		}
 	}
-	res.Usage = Usage{
-		PromptTokens:     ImageTokens(img.Width, img.Height) + simulatedPromptTokens,
-		CandidatesTokens: simulatedCandidateTokens,
-	}
+	res.Usage = SimulatedUsage(img.Width, img.Height)
 	return res, nil
+}
+
+// SimulatedUsage is the usage the simulated provider reports for an image
+// of width × height pixels: what `breakwater selftest` bills its reads at.
+func SimulatedUsage(width, height int) Usage {
+	return Usage{PromptTokens: ImageTokens(width, height) + simulatedPromptTokens, CandidatesTokens: simulatedCandidateTokens}
 }

@@ -29,6 +29,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/ocr"
 	"breakwater/server/app"
 	"breakwater/server/jwtauth"
 )
@@ -135,6 +137,16 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 	var checks []func() (Result, error)
 	if cfg.Budget.DailyRequests > 0 {
 		checks = append(checks, r.dailyRequests)
+	}
+	if cfg.Budget.DailyUSD > 0 {
+		checks = append(checks, func() (Result, error) {
+			return r.money("budget.daily_usd", cfg.Budget.DailyUSD, func(c *app.Config, usd float64) { c.Budget.DailyUSD = usd })
+		})
+	}
+	if cfg.Budget.MonthlyUSD > 0 {
+		checks = append(checks, func() (Result, error) {
+			return r.money("budget.monthly_usd", cfg.Budget.MonthlyUSD, func(c *app.Config, usd float64) { c.Budget.MonthlyUSD = usd })
+		})
 	}
 	if u := cfg.Limits.User; u.Rate > 0 || u.Burst > 0 {
 		checks = append(checks, r.userRate)
@@ -261,6 +273,51 @@ func (r *runner) dailyRequests() (Result, error) {
 	line := fmt.Sprintf("budget.daily_requests = %s%s: %s parallel requests, %s upstream calls, then %s",
 		thousands(r.cfg.Budget.DailyRequests), note, thousands(sent), thousands(calls), tail)
 	return Result{Limit: "budget.daily_requests", Line: line, Held: calls == limit && tail.held}, nil
+}
+
+// money checks a ceiling in dollars, key, set at usd by set on a service
+// where only it can refuse: four times the reads it pays for in parallel,
+// then one at a time. Every read of the sample images costs the same
+// (ocr.SimulatedUsage at the config's prices), so the spend is the 200s
+// times that. It holds if the spend never passed the ceiling, came within
+// one call's worst case of it (the brake admits a call only while its
+// worst case fits), and the next read was refused by the brake. A ceiling
+// worth more than the scale's reads is tested at that many reads' worth.
+func (r *runner) money(key string, usd float64, set func(c *app.Config, usd float64)) (Result, error) {
+	price := r.cfg.OCR.Price
+	w, h := sampleSize()
+	cost, worst := max(price.Cost(ocr.SimulatedUsage(w, h)), 1), price.WorstCase(w, h)
+	ceiling := budget.MicroUSD(usd)
+	calls, note := scaled(ceiling/cost, r.scale)
+	if note != "" {
+		ceiling = calls * cost
+		note = fmt.Sprintf(" (tested scaled down, at %s: %s reads' worth)", dollars(ceiling), thousands(calls))
+	}
+	s, _, err := r.service(func(c *app.Config) {
+		noCeilings(c)
+		set(c, float64(ceiling)/1e6)
+		c.Limits.User = limiter.Config{}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer r.close(s)
+	keys, err := makeKeys(s, 8, selftestPlan)
+	if err != nil {
+		return Result{}, err
+	}
+	sent := 4 * max(calls, 1)
+	reads, tail := r.reach(s, keys, sent, calls, answer{http.StatusServiceUnavailable, "budget_paused"})
+	spent := reads * cost
+	line := fmt.Sprintf("%s = %s%s: %s parallel requests, %s reads at %s, %s spent (a call's worst case %s), then %s",
+		key, strconv.FormatFloat(usd, 'f', -1, 64), note, thousands(sent), thousands(reads), dollars(cost), dollars(spent), dollars(worst), tail)
+	held := spent <= ceiling && spent+worst > ceiling && tail.held
+	return Result{Limit: key, Line: line, Held: held}, nil
+}
+
+// dollars is micro-dollars as dollars, to the micro-dollar.
+func dollars(micro int64) string {
+	return "$" + strconv.FormatFloat(float64(micro)/1e6, 'f', -1, 64)
 }
 
 // userRate checks limits.user with the service's clock: in each second
@@ -584,12 +641,16 @@ func makeKeys(s Service, n int, plan string) ([]string, error) {
 	return keys, nil
 }
 
+// sampleSize is the width and height of every sample image.
+func sampleSize() (width, height int) { return 32, 8 }
+
 // sampleImage is a small PNG that differs for every i.
 func sampleImage(i int) []byte {
-	img := image.NewGray(image.Rect(0, 0, 32, 8))
-	for b := range 32 {
+	w, h := sampleSize()
+	img := image.NewGray(image.Rect(0, 0, w, h))
+	for b := range w {
 		if i>>b&1 == 1 {
-			for y := range 8 {
+			for y := range h {
 				img.SetGray(b, y, color.Gray{Y: 255})
 			}
 		}

@@ -33,7 +33,7 @@ func TestShippedConfigHolds(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	for _, want := range []string{"budget.daily_requests", "limits.user", "plans.free.monthly_quota", "plans.free.daily_attempts",
+	for _, want := range []string{"budget.daily_requests", "budget.daily_usd", "budget.monthly_usd", "limits.user", "plans.free.monthly_quota", "plans.free.daily_attempts",
 		"plans.pro.monthly_quota", "plans.pro.daily_attempts", "invites.fail_limit"} {
 		found := false
 		for _, r := range results {
@@ -59,6 +59,8 @@ path = "data/breakwater.db"
 [budget]
 timezone = "Europe/Berlin"
 daily_requests = 20
+daily_usd = 0.003   # 25 of the sample reads at the default prices
+monthly_usd = 0.006 # 50
 [limits.user]
 rate = 10
 window = "1m"
@@ -92,6 +94,21 @@ func TestBrokenLimitFails(t *testing.T) {
 		{"the brake overshoots", "budget.daily_requests", func(c *app.Config) {
 			if c.Budget.DailyRequests > 0 {
 				c.Budget.DailyRequests += 3
+			}
+		}},
+		{"the money brake overshoots", "budget.daily_usd", func(c *app.Config) {
+			if c.Budget.DailyUSD > 0 {
+				c.Budget.DailyUSD += 0.0025 // three calls' worst case: the brake spends past the operator's ceiling
+			}
+		}},
+		{"the money brake stops early", "budget.daily_usd", func(c *app.Config) {
+			if c.Budget.DailyUSD > 0 {
+				c.Budget.DailyUSD -= 0.0012 // more than a call's worst case short of the ceiling
+			}
+		}},
+		{"the month's brake overshoots", "budget.monthly_usd", func(c *app.Config) {
+			if c.Budget.MonthlyUSD > 0 {
+				c.Budget.MonthlyUSD += 0.0025
 			}
 		}},
 		{"one more in a second", "limits.user", func(c *app.Config) {
@@ -146,5 +163,10 @@ func TestSmallConfigHolds(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "budget.daily_requests = 20: 80 parallel requests, 20 upstream calls, then 503 budget_paused (") {
 		t.Errorf("the brake's line is not what was proved:\n%s", out.String())
+	}
+	for _, want := range []string{"budget.daily_usd = 0.003: 100 parallel requests, ", "budget.monthly_usd = 0.006: 200 parallel requests, "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q:\n%s", want, out.String())
+		}
 	}
 }
