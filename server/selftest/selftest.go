@@ -252,24 +252,10 @@ func scaled(limit, most int64) (int64, string) {
 // the ceiling exactly, and the next one refused by the brake.
 func (r *runner) dailyRequests() (Result, error) {
 	limit, note := scaled(r.cfg.Budget.DailyRequests, r.scale)
-	s, _, err := r.service(func(c *app.Config) {
-		c.Budget.DailyRequests = limit
-		c.Budget.DailyUSD, c.Budget.MonthlyUSD = 0, 0
-		c.Limits.User = limiter.Config{}
-	})
+	sent, calls, tail, err := r.brake(limit, func(c *app.Config) { c.Budget.DailyRequests = limit })
 	if err != nil {
 		return Result{}, err
 	}
-	defer r.close(s)
-	keys, err := makeKeys(s, 8, selftestPlan)
-	if err != nil {
-		return Result{}, err
-	}
-	// Reservations still in flight during the burst may refuse a call
-	// the ceiling would have let through (budget_busy); the top-up
-	// reaches the ceiling one request at a time.
-	sent := 4 * limit
-	calls, tail := r.reach(s, keys, sent, limit, answer{http.StatusServiceUnavailable, "budget_paused"})
 	line := fmt.Sprintf("budget.daily_requests = %s%s: %s parallel requests, %s upstream calls, then %s",
 		thousands(r.cfg.Budget.DailyRequests), note, thousands(sent), thousands(calls), tail)
 	return Result{Limit: "budget.daily_requests", Line: line, Held: calls == limit && tail.held}, nil
@@ -293,26 +279,40 @@ func (r *runner) money(key string, usd float64, set func(c *app.Config, usd floa
 		ceiling = calls * cost
 		note = fmt.Sprintf(" (tested scaled down, at %s: %s reads' worth)", dollars(ceiling), thousands(calls))
 	}
-	s, _, err := r.service(func(c *app.Config) {
-		noCeilings(c)
-		set(c, float64(ceiling)/1e6)
-		c.Limits.User = limiter.Config{}
-	})
+	sent, reads, tail, err := r.brake(calls, func(c *app.Config) { set(c, float64(ceiling)/1e6) })
 	if err != nil {
 		return Result{}, err
 	}
-	defer r.close(s)
-	keys, err := makeKeys(s, 8, selftestPlan)
-	if err != nil {
-		return Result{}, err
-	}
-	sent := 4 * max(calls, 1)
-	reads, tail := r.reach(s, keys, sent, calls, answer{http.StatusServiceUnavailable, "budget_paused"})
 	spent := reads * cost
 	line := fmt.Sprintf("%s = %s%s: %s parallel requests, %s reads at %s, %s spent (a call's worst case %s), then %s",
 		key, strconv.FormatFloat(usd, 'f', -1, 64), note, thousands(sent), thousands(reads), dollars(cost), dollars(spent), dollars(worst), tail)
 	held := spent <= ceiling && spent+worst > ceiling && tail.held
 	return Result{Limit: key, Line: line, Held: held}, nil
+}
+
+// brake runs a budget ceiling's check on a service where only the ceiling
+// that set switches on can refuse: from users with no other limit, four
+// times the calls it allows (limit, at least one) in parallel, then one
+// at a time until the brake refuses. Reservations still in flight during
+// the burst may refuse a call the ceiling would have let through
+// (budget_busy); the top-up reaches the ceiling one request at a time.
+func (r *runner) brake(limit int64, set func(c *app.Config)) (sent, calls int64, tail refusals, err error) {
+	s, _, err := r.service(func(c *app.Config) {
+		noCeilings(c)
+		set(c)
+		c.Limits.User = limiter.Config{}
+	})
+	if err != nil {
+		return 0, 0, refusals{}, err
+	}
+	defer r.close(s)
+	keys, err := makeKeys(s, 8, selftestPlan)
+	if err != nil {
+		return 0, 0, refusals{}, err
+	}
+	sent = 4 * max(limit, 1)
+	calls, tail = r.reach(s, keys, sent, limit, answer{http.StatusServiceUnavailable, "budget_paused"})
+	return sent, calls, tail, nil
 }
 
 // dollars is micro-dollars as dollars, to the micro-dollar.
