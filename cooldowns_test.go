@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,14 +17,9 @@ import (
 // written-behind state) while stopped.
 func TestCooldownsListAndClear(t *testing.T) {
 	dir := t.TempDir()
-	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[invites]\nfail_limit = 2\n[plans.free]\nmonthly_quota = 10\n",
-		freeAddr(t), filepath.Join(dir, "bw.db")))
+	path := operatorConfig(t, freeAddr(t), filepath.Join(dir, "bw.db"), "[invites]\nfail_limit = 2\n")
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "cooldowns-test-token"})
-	cmd := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		err := run(context.Background(), append(args, "--config", path), env, &out, io.Discard)
-		return out.String(), err
-	}
+	cmd := cliOn(path, env)
 	if _, err := cmd("keys", "create", "--user", "ann"); err != nil {
 		t.Fatal(err)
 	}
@@ -99,16 +92,7 @@ func TestCooldownsListAndClearRoute(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	dir := t.TempDir()
-	path := writeConfig(t, fmt.Sprintf(`[server]
-listen = "127.0.0.1:0"
-admin_listen = %q
-[storage]
-path = %q
-[ocr]
-provider = "simulated"
-[plans.free]
-monthly_quota = 10
-
+	path := operatorConfig(t, freeAddr(t), filepath.Join(dir, "bw.db"), fmt.Sprintf(`
 [[routes]]
 name = "referral"
 methods = ["POST"]
@@ -124,13 +108,9 @@ by = ["ip"]
 limit = 5
 window = "10m"
 cooldown = "10m"
-`, freeAddr(t), filepath.Join(dir, "bw.db"), up.URL))
+`, up.URL))
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "cooldowns-test-token"})
-	cmd := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		err := run(context.Background(), append(args, "--config", path), env, &out, io.Discard)
-		return out.String(), err
-	}
+	cmd := cliOn(path, env)
 	if _, err := cmd("keys", "create", "--user", "ann"); err != nil {
 		t.Fatal(err)
 	}

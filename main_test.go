@@ -900,17 +900,7 @@ var inviteCodeRE = regexp.MustCompile(`^[2-9A-HJKMNP-Z]{4}-[2-9A-HJKMNP-Z]{4}-[2
 func TestInvitesCommands(t *testing.T) {
 	dir := t.TempDir()
 	adminAddr := freeAddr(t)
-	path := writeConfig(t, fmt.Sprintf(`
-[server]
-listen = "127.0.0.1:0"
-admin_listen = %q
-[storage]
-path = %q
-[ocr]
-provider = "simulated"
-[plans.free]
-monthly_quota = 10
-`, adminAddr, filepath.Join(dir, "bw.db")))
+	path := operatorConfig(t, adminAddr, filepath.Join(dir, "bw.db"), "")
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "invites-admin-token"})
 	invites := func(args ...string) (string, error) {
 		var out bytes.Buffer
@@ -1162,6 +1152,26 @@ func saveAsEditor(t *testing.T, path, body string) {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// operatorConfig writes a config for a test server that operator commands
+// reach: the simulated upstream, a loopback listener, the admin API on
+// adminAddr, the database at db and a free plan of 10 reads a month,
+// followed by extra.
+func operatorConfig(t *testing.T, adminAddr, db, extra string) string {
+	t.Helper()
+	return writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n",
+		adminAddr, db)+extra)
+}
+
+// cliOn runs the command line with args and --config path in env, and
+// returns what it printed on standard output.
+func cliOn(path string, env func(string) string) func(args ...string) (string, error) {
+	return func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append(args, "--config", path), env, &out, io.Discard)
+		return out.String(), err
 	}
 }
 

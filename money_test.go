@@ -132,17 +132,7 @@ daily_attempts = 1000
 func TestBackupOntoTheDatabaseIsRefused(t *testing.T) {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "bw.db")
-	path := writeConfig(t, fmt.Sprintf(`
-[server]
-listen = "127.0.0.1:0"
-admin_listen = %q
-[storage]
-path = %q
-[ocr]
-provider = "simulated"
-[plans.free]
-monthly_quota = 10
-`, freeAddr(t), db))
+	path := operatorConfig(t, freeAddr(t), db, "")
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "backup-admin-token"})
 	createKey(t, path, "ann")
 	before, err := os.Stat(db)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,14 +17,9 @@ func TestUsersBanUnknownID(t *testing.T) {
 	for _, serving := range []bool{false, true} {
 		t.Run(fmt.Sprintf("serving=%v", serving), func(t *testing.T) {
 			dir := t.TempDir()
-			path := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n",
-				freeAddr(t), freeAddr(t), filepath.Join(dir, "bw.db")))
+			path := operatorConfig(t, freeAddr(t), filepath.Join(dir, "bw.db"), "")
 			env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "users-test-token"})
-			cmd := func(args ...string) (string, error) {
-				var out bytes.Buffer
-				err := run(context.Background(), append(args, "--config", path), env, &out, io.Discard)
-				return out.String(), err
-			}
+			cmd := cliOn(path, env)
 			if _, err := cmd("keys", "create", "--user", "ann"); err != nil {
 				t.Fatal(err)
 			}
@@ -59,8 +53,7 @@ func TestUsersBanUnknownID(t *testing.T) {
 // hint, for every kind of call (a JSON one and the backup stream).
 func TestWrongAdminTokenNamesTheServer(t *testing.T) {
 	adminAddr := freeAddr(t)
-	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n",
-		freeAddr(t), adminAddr, filepath.Join(t.TempDir(), "bw.db")))
+	path := operatorConfig(t, adminAddr, filepath.Join(t.TempDir(), "bw.db"), "")
 	startApp(t, path, envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "the-right-token"}))
 	wrong := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "a-wrong-token"})
 	want := "your BREAKWATER_ADMIN_TOKEN was refused by the server at " + adminAddr

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"fmt"
-	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,17 +14,11 @@ import (
 func TestCLIRefusesAServerWithAnotherDatabase(t *testing.T) {
 	dir := t.TempDir()
 	dbA, dbB := filepath.Join(dir, "a", "bw.db"), filepath.Join(dir, "b", "bw.db")
-	config := func(db, admin string) string {
-		return writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n", admin, db))
-	}
+	config := func(db, admin string) string { return operatorConfig(t, admin, db, "") }
 	// The servers take free ports; the CLI's configs then name them.
 	pathA, pathB := config(dbA, "127.0.0.1:0"), config(dbB, "127.0.0.1:0")
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "one-token-for-both-instances"})
-	cmd := func(path string, args ...string) (string, error) {
-		var out bytes.Buffer
-		err := run(context.Background(), append(args, "--config", path), env, &out, io.Discard)
-		return out.String(), err
-	}
+	cmd := func(path string, args ...string) (string, error) { return cliOn(path, env)(args...) }
 	for path, user := range map[string]string{pathA: "ann", pathB: "bob"} {
 		if _, err := cmd(path, "keys", "create", "--user", user); err != nil {
 			t.Fatal(err)
