@@ -505,7 +505,7 @@ func (t refusals) String() string {
 		s += fmt.Sprintf("; the next one answered %s", t.final)
 	}
 	for _, a := range slices.SortedFunc(maps.Keys(t.other), func(a, b answer) int { return strings.Compare(a.String(), b.String()) }) {
-		s += fmt.Sprintf("; %s: %d", a, t.other[a])
+		s += fmt.Sprintf("; %s: %s", a, thousands(t.other[a]))
 	}
 	return s
 }
