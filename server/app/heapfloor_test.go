@@ -14,7 +14,8 @@ import (
 )
 
 // heapFloorChildEnv makes TestHeapFloorChild measure, in a process of its
-// own: "with" the floor held first, "without" it.
+// own: "with" the floor held first, "without" it, or "follow" the live
+// heap with it.
 const heapFloorChildEnv = "BREAKWATER_TEST_HEAP_FLOOR"
 
 // floorGarbage is what each child allocates, in short-lived 4 KiB pieces.
@@ -42,17 +43,23 @@ type floorFigures struct {
 	collections uint32 // for floorGarbage
 }
 
-func floorChild(t *testing.T, side string) floorFigures {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHeapFloorChild$", "-test.count=1")
+// floorChildCmd runs TestHeapFloorChild on side, without any GOGC of the
+// environment's (the floor gives way to one).
+func floorChildCmd(side string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHeapFloorChild$", "-test.count=1", "-test.v")
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GOGC=") { // the floor gives way to an operator's GOGC
+		if !strings.HasPrefix(kv, "GOGC=") {
 			env = append(env, kv)
 		}
 	}
 	cmd.Env = append(env, heapFloorChildEnv+"="+side, "GOMEMLIMIT=off")
-	out, err := cmd.CombinedOutput()
+	return cmd
+}
+
+func floorChild(t *testing.T, side string) floorFigures {
+	t.Helper()
+	out, err := floorChildCmd(side).CombinedOutput()
 	if err != nil {
 		t.Fatalf("child %s: %v\n%s", side, err, out)
 	}
@@ -148,9 +155,7 @@ func TestHeapFloorGivesWayToGOGC(t *testing.T) {
 // collections, so the room stops growing once the live heap has outgrown
 // the floor, and comes back when it shrinks.
 func TestHeapFloorFollowsTheLiveHeap(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHeapFloorChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), heapFloorChildEnv+"=follow", "GOMEMLIMIT=off")
-	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "FOLLOWED") {
+	if out, err := floorChildCmd("follow").CombinedOutput(); err != nil || !strings.Contains(string(out), "FOLLOWED") {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
 }
