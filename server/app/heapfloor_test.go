@@ -28,18 +28,28 @@ const floorGarbage = 64 << 20
 func TestHeapFloor(t *testing.T) {
 	without := floorChild(t, "without")
 	with := floorChild(t, "with")
-	t.Logf("for %d MiB of garbage: %d collections without the floor, %d with it; holding it made %d KiB resident",
-		floorGarbage>>20, without.collections, with.collections, with.resident>>10)
+	t.Logf("for %d MiB of garbage: %d collections without the floor (goal %d KiB), %d with it (goal %d KiB); holding it made %d KiB resident",
+		floorGarbage>>20, without.collections, without.goal>>10, with.collections, with.goal>>10, with.resident>>10)
 	if with.resident > HeapFloor/8 {
 		t.Errorf("holding the floor made %d KiB resident, want at most %d", with.resident>>10, HeapFloor/8>>10)
 	}
-	if most := uint32(floorGarbage/HeapFloor + 1); with.collections > most || with.collections*3 > without.collections {
-		t.Errorf("%d collections with the floor against %d without: want at most %d, and a third", with.collections, without.collections, most)
+	// The goal is the mechanism, read at a collection's end: it does not
+	// depend on how busy the machine is. The count of collections does,
+	// a little (a slow mark lets more garbage in per cycle; CI saw 11
+	// without the floor where a quiet machine sees 22), so it is held to
+	// what the floor allows and to fewer than without.
+	if with.goal < HeapFloor || without.goal >= HeapFloor/2 {
+		t.Errorf("heap goal %d KiB with the floor, %d KiB without: want at least %d, and under half that",
+			with.goal>>10, without.goal>>10, HeapFloor>>10)
+	}
+	if most := uint32(floorGarbage/HeapFloor + 1); with.collections > most || with.collections >= without.collections {
+		t.Errorf("%d collections with the floor against %d without: want at most %d, and fewer", with.collections, without.collections, most)
 	}
 }
 
 type floorFigures struct {
 	resident    int64  // bytes made resident by HoldHeapFloor
+	goal        uint64 // the heap goal after a collection with a small live heap
 	collections uint32 // for floorGarbage
 }
 
@@ -65,7 +75,7 @@ func floorChild(t *testing.T, side string) floorFigures {
 	}
 	var f floorFigures
 	for line := range strings.Lines(string(out)) {
-		if _, err := fmt.Sscanf(line, "FLOOR resident=%d collections=%d", &f.resident, &f.collections); err == nil {
+		if _, err := fmt.Sscanf(line, "FLOOR resident=%d goal=%d collections=%d", &f.resident, &f.goal, &f.collections); err == nil {
 			return f
 		}
 	}
@@ -92,13 +102,15 @@ func TestHeapFloorChild(t *testing.T) {
 		return
 	}
 	runtime.GC()
+	goal := []metrics.Sample{{Name: "/gc/heap/goal:bytes"}}
+	metrics.Read(goal)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range floorGarbage / 4096 {
 		sink = make([]byte, 4096)
 	}
 	runtime.ReadMemStats(&after)
-	fmt.Printf("FLOOR resident=%d collections=%d\n", grown, after.NumGC-before.NumGC)
+	fmt.Printf("FLOOR resident=%d goal=%d collections=%d\n", grown, goal[0].Value.Uint64(), after.NumGC-before.NumGC)
 }
 
 // sink keeps the children's garbage from being optimised away.
