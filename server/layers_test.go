@@ -586,6 +586,38 @@ func TestMetricsExposeTheService(t *testing.T) {
 	}
 }
 
+// TestMetricsCountCommits reads the storage writer's counters: three paid
+// reads one after another are at least three usage records, each in a
+// commit of its own, and a commit carries at least one write.
+func TestMetricsCountCommits(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	value := func(metrics, name string) float64 {
+		t.Helper()
+		for _, line := range strings.Split(metrics, "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", line, err)
+				}
+				return f
+			}
+		}
+		t.Fatalf("metrics lack %s", name)
+		return 0
+	}
+	before := scrape(t, e)
+	for range 3 {
+		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
+		decodeOK(t, resp, data)
+	}
+	after := scrape(t, e)
+	commits := value(after, "breakwater_storage_commits_total") - value(before, "breakwater_storage_commits_total")
+	writes := value(after, "breakwater_storage_writes_total") - value(before, "breakwater_storage_writes_total")
+	if commits < 3 || writes < commits {
+		t.Errorf("after 3 paid reads: %v commits carrying %v writes, want at least 3, and writes at least commits", commits, writes)
+	}
+}
+
 // TestClockBehindLedgerKeepsTheDay restarts with the clock 15 minutes
 // behind a day the ledger already holds (a VM restored before its clock
 // synced): the layers start on the ledger's day, so when the clock comes

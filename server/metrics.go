@@ -158,6 +158,21 @@ func (m *Metrics) observeDrops(dropped func() uint64) {
 	}, func() float64 { return float64(dropped()) }))
 }
 
+// observeCommits exports the storage writer's group commit: how many
+// transactions it has run and how many writes they carried. Their ratio
+// over an interval is the writes per commit, and a writer that is never
+// idle takes the interval over the transactions per commit.
+func (m *Metrics) observeCommits(txs, writes func() int64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "breakwater_storage_commits_total",
+		Help: "Transactions the storage writer has run (group commit: each with its fsyncs), rolled-back tries included.",
+	}, func() float64 { return float64(txs()) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "breakwater_storage_writes_total",
+		Help: "Durable writes the storage writer has answered (usage records, ledger writes, statistics batches), committed or refused.",
+	}, func() float64 { return float64(writes()) }))
+}
+
 // observeDetect exports layer 4's counters.
 func (m *Metrics) observeDetect(c *detect.Counters) {
 	counter := func(name, help string, v func() uint64) {

@@ -56,8 +56,15 @@ type EventRecorder interface {
 	Record(e detect.Event)
 }
 
+// CommitCounter counts the storage writer's group commits and the writes
+// they carried (storage.DB).
+type CommitCounter interface {
+	Transactions() int64
+	Writes() int64
+}
+
 // Deps are the components a Server works with. All but JWT, Metrics,
-// InviteGuard, Alerts, AdminToken, Logger and Now are required.
+// Commits, InviteGuard, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
 	Keys     *keys.Keyring
 	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
@@ -77,6 +84,7 @@ type Deps struct {
 	// ocr.dedupe_window (0: the window is off).
 	IdempotencyTTL, DedupeWindow time.Duration
 	Metrics                      *Metrics           // nil: a fresh set
+	Commits                      CommitCounter      // exported in /metrics; nil: not
 	Operator                     *operator.Operator // the admin API's commands and the dashboard's figures
 	// InviteCodes looks invite codes up and redeems them (POST
 	// /v1/invites/verify).
@@ -208,6 +216,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
+	}
+	if d.Commits != nil {
+		d.Metrics.observeCommits(d.Commits.Transactions, d.Commits.Writes)
 	}
 	d.Metrics.observeDetect(d.DetectCounters)
 	d.Metrics.observeTransport(func() int64 { used, _ := s.bodies.inUse(); return used }, s.conns.Load)

@@ -252,7 +252,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
 		InviteCodes: db, InviteKey: e.inviteKey, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
-		Metrics: e.metrics, AdminToken: o.adminToken, Logger: log, Now: o.clock,
+		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -96,6 +96,10 @@ func (db *DB) writer() {
 // rolled-back tries included: beside the writes made, what a batch holds.
 func (db *DB) Transactions() int64 { return db.txs.Load() }
 
+// Writes is how many queued writes the writer has answered (committed or
+// refused): over Transactions, how many writes a commit carries.
+func (db *DB) Writes() int64 { return db.answered.Load() }
+
 // runBatch commits batch in one transaction and answers every request. A
 // request whose function fails is answered with its error and the rest is
 // re-run without it.

@@ -5,6 +5,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"image"
 	"image/color"
@@ -63,10 +64,14 @@ type sample struct {
 	p50, p99 time.Duration
 	srvCPU   float64 // cores the serving processes used
 	genCPU   float64 // cores the load generator (this process) used
-	expected float64 // share of answers with the expected status
-	statuses map[int]int64
-	errors   int64
-	firstErr error
+	// commits and writes are the storage writer's transactions and the
+	// durable writes they carried, per second (Breakwater cases only).
+	commits, writes float64
+	commitErr       error   // reading the counters failed
+	expected        float64 // share of answers with the expected status
+	statuses        map[int]int64
+	errors          int64
+	firstErr        error
 }
 
 // bench holds everything one run started.
@@ -319,15 +324,23 @@ func (b *bench) measure(c tcase, profile bool) sample {
 	// goroutine beside the clients.
 	var srv0, gen0, srv1, gen1 time.Duration
 	var t0, t1 time.Time
+	var commits0, commits1 commitCounts
+	var commitErr0, commitErr1 error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		time.Sleep(l.warmup)
 		t0 = time.Now()
 		srv0, gen0 = cpu()
+		if c.bw != nil {
+			commits0, commitErr0 = c.bw.commitCounts()
+		}
 		time.Sleep(l.duration)
 		t1 = time.Now()
 		srv1, gen1 = cpu()
+		if c.bw != nil {
+			commits1, commitErr1 = c.bw.commitCounts()
+		}
 	}()
 	profiled := make(chan struct{})
 	if profile {
@@ -346,7 +359,9 @@ func (b *bench) measure(c tcase, profile bool) sample {
 	return sample{
 		rps: out.rps(), p50: out.percentile(0.50), p99: out.percentile(0.99),
 		srvCPU: (srv1 - srv0).Seconds() / wall, genCPU: (gen1 - gen0).Seconds() / wall,
-		expected: out.share(c.expect), statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
+		commits: (commits1.commits - commits0.commits) / wall, writes: (commits1.writes - commits0.writes) / wall,
+		commitErr: errors.Join(commitErr0, commitErr1),
+		expected:  out.share(c.expect), statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
 	}
 }
 

@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"breakwater/budget"
@@ -127,4 +131,90 @@ func (r *report) printControls(w io.Writer) {
 		fmt.Fprintf(w, "%-52s %10s %10s   %.2f\n", c.label, thousands(c.rps), thousands(c.txs), r.figure(id).rps/c.rps)
 	}
 	fmt.Fprintln(w)
+	r.printCommits(w)
+}
+
+// printCommits writes what the storage writer did under each accepted
+// case, from the server's own counters over the measured time. The writer
+// is never idle at full load, so the time per commit is the interval over
+// the commits; a request waits for one commit to end and then for its own.
+func (r *report) printCommits(w io.Writer) {
+	fmt.Fprintln(w, "group commit under the load (the server's counters over each measured time; medians of the rounds)")
+	fmt.Fprintf(w, "%-42s %10s %12s %12s\n", "case", "commits/s", "writes/commit", "time/commit")
+	for _, c := range r.cases {
+		if c.bw == nil || c.expect != 200 {
+			continue
+		}
+		f := r.figure(c.id)
+		per, each := "–", "–"
+		if f.commits > 0 {
+			per = strconv.FormatFloat(f.writes/f.commits, 'f', 1, 64)
+			each = roundDuration(time.Duration(float64(time.Second) / f.commits))
+		}
+		fmt.Fprintf(w, "%-42s %10s %12s %12s\n", c.label, thousands(f.commits), per, each)
+	}
+	if r.fsync.idle > 0 {
+		fmt.Fprintf(w, "the disk: fdatasync of one 4 KiB page in the run's directory, p50 %s with the cores idle, %s with another process spinning on all %d\n",
+			roundDuration(r.fsync.idle), roundDuration(r.fsync.busy), r.fsync.spinners)
+	}
+	fmt.Fprintln(w)
+}
+
+// fsyncLatency is the disk's flush latency with the machine idle and busy:
+// what a commit's two fdatasyncs cost before any work of Breakwater's.
+type fsyncLatency struct {
+	idle, busy time.Duration // medians
+	spinners   int
+}
+
+// measureFsync writes and flushes one page of a file in dir, rounds times
+// with nothing else running and rounds times while another process keeps
+// every core busy (as a loaded server's handlers and the load generator
+// do).
+func measureFsync(dir string, rounds int) (fsyncLatency, error) {
+	f, err := os.Create(filepath.Join(dir, "fsync-control"))
+	if err != nil {
+		return fsyncLatency{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	page := make([]byte, 4096)
+	flushes := func() ([]time.Duration, error) {
+		var out []time.Duration
+		for i := range rounds {
+			start := time.Now()
+			if _, err := f.WriteAt(page, int64(i%256)*4096); err != nil {
+				return nil, err
+			}
+			if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+				return nil, err
+			}
+			out = append(out, time.Since(start))
+		}
+		return out, nil
+	}
+	if _, err := flushes(); err != nil { // the file's blocks allocated: both runs overwrite
+		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
+	}
+	idle, err := flushes()
+	if err != nil {
+		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
+	}
+	out := fsyncLatency{idle: median(idle), spinners: runtime.NumCPU()}
+	self, err := os.Executable()
+	if err != nil {
+		return fsyncLatency{}, err
+	}
+	spinner, err := startProcess("spin", filepath.Join(dir, "spin.log"), childEnv(childKindEnv+"=spin"), self)
+	if err != nil {
+		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
+	}
+	time.Sleep(200 * time.Millisecond) // its goroutines running
+	busy, err := flushes()
+	spinner.stop()
+	if err != nil {
+		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
+	}
+	out.busy = median(busy)
+	return out, nil
 }

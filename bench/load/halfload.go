@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"math"
@@ -115,8 +116,8 @@ func parseHistograms(r io.Reader, names []string) (map[string]histogram, error) 
 	return out, nil
 }
 
-// histograms reads the overhead histograms from the instance's admin API.
-func (b *breakwater) histograms() (map[string]histogram, error) {
+// metrics reads the instance's /metrics from its admin API.
+func (b *breakwater) metrics() ([]byte, error) {
 	req, err := http.NewRequest(http.MethodGet, "http://"+b.admin+"/metrics", nil)
 	if err != nil {
 		return nil, err
@@ -130,11 +131,48 @@ func (b *breakwater) histograms() (map[string]histogram, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: metrics: %s", b.name, resp.Status)
 	}
+	return io.ReadAll(resp.Body)
+}
+
+// histograms reads the overhead histograms from the instance's admin API.
+func (b *breakwater) histograms() (map[string]histogram, error) {
+	body, err := b.metrics()
+	if err != nil {
+		return nil, err
+	}
 	names := make([]string, len(overheadSeries))
 	for i, s := range overheadSeries {
 		names[i] = s.name
 	}
-	return parseHistograms(resp.Body, names)
+	return parseHistograms(bytes.NewReader(body), names)
+}
+
+// commitCounts is the storage writer's two counters at one moment.
+type commitCounts struct{ commits, writes float64 }
+
+// commitCounts reads the storage writer's counters from the instance's
+// admin API.
+func (b *breakwater) commitCounts() (commitCounts, error) {
+	body, err := b.metrics()
+	if err != nil {
+		return commitCounts{}, err
+	}
+	var c commitCounts
+	found := 0
+	for line := range strings.Lines(string(body)) {
+		for name, v := range map[string]*float64{"breakwater_storage_commits_total": &c.commits, "breakwater_storage_writes_total": &c.writes} {
+			if rest, ok := strings.CutPrefix(line, name+" "); ok {
+				if *v, err = strconv.ParseFloat(strings.TrimSpace(rest), 64); err != nil {
+					return c, fmt.Errorf("%s: metrics: %q: %w", b.name, line, err)
+				}
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		return c, fmt.Errorf("%s: metrics: no breakwater_storage_commits_total and breakwater_storage_writes_total", b.name)
+	}
+	return c, nil
 }
 
 // overheadFigures is what the half-load run measured.

@@ -103,6 +103,23 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("disk control %q: %.0f reads/s in %.0f transactions/s", c.label, c.rps, c.txs)
 		}
 	}
+	// Every accepted read is a durable write: under the accepted cases the
+	// server's writer commits, each commit carrying at least one write, and
+	// its writes are about as many as the reads (plus statistics batches).
+	for _, c := range r.cases {
+		if c.bw == nil || c.expect != 200 {
+			continue
+		}
+		if f := r.figure(c.id); f.commits <= 0 || f.writes < f.commits || f.writes < 0.8*f.rps {
+			t.Errorf("case %q: %.0f commits/s carrying %.0f writes/s, at %.0f reads/s", c.label, f.commits, f.writes, f.rps)
+		}
+	}
+	if !strings.Contains(text, "group commit under the load") {
+		t.Error("the report does not show the group commit under the load")
+	}
+	if f := r.fsync; f.idle <= 0 || f.busy <= 0 || !strings.Contains(text, "fdatasync of one 4 KiB page") {
+		t.Errorf("fsync control %+v, or not in the report", f)
+	}
 	o := r.overhead
 	for _, s := range overheadSeries {
 		if h := o.series[s.name]; h.count() <= 0 || h.quantile(0.5) <= 0 || h.quantile(0.5) > h.quantile(0.99) {

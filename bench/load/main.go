@@ -151,6 +151,9 @@ func benchmark(p plan, root, dir string, progress func(string, ...any)) (*report
 	if r.controls, err = b.diskControls(); err != nil {
 		return r, err
 	}
+	if r.fsync, err = measureFsync(b.dir, 200); err != nil {
+		return r, err
+	}
 	progress("guard overhead at half load")
 	r.overhead, err = b.halfLoad(b.cases[1], r.figure(b.cases[1].id).rps)
 	if err != nil {
@@ -170,6 +173,8 @@ type report struct {
 	memory  memoryFigures
 	// controls are the disk's own limit (diskControls).
 	controls []diskControl
+	// fsync is the disk's flush latency, idle and busy (measureFsync).
+	fsync fsyncLatency
 	// overhead is the guard's overhead at half load.
 	overhead overheadFigures
 	// profiles are the CPU profiles written (-profile).
@@ -179,6 +184,8 @@ type report struct {
 // figure is one case's medians across the rounds.
 type figure struct {
 	rps, srvCPU, genCPU, expected float64
+	commits, writes               float64 // the storage writer's, per second
+	commitErr                     error
 	minRPS, maxRPS                float64 // the spread over the rounds
 	p50, p99                      time.Duration
 	statuses                      map[int]int64
@@ -189,10 +196,12 @@ type figure struct {
 func (r *report) figure(id string) figure {
 	ss := r.samples[id]
 	f := figure{statuses: map[int]int64{}}
-	var rps, srv, gen, exp []float64
+	var rps, srv, gen, exp, commits, writes []float64
 	var p50, p99 []time.Duration
 	for _, s := range ss {
 		rps, srv, gen, exp = append(rps, s.rps), append(srv, s.srvCPU), append(gen, s.genCPU), append(exp, s.expected)
+		commits, writes = append(commits, s.commits), append(writes, s.writes)
+		f.commitErr = cmp.Or(f.commitErr, s.commitErr)
 		p50, p99 = append(p50, s.p50), append(p99, s.p99)
 		for k, v := range s.statuses {
 			f.statuses[k] += v
@@ -203,6 +212,7 @@ func (r *report) figure(id string) figure {
 		}
 	}
 	f.rps, f.srvCPU, f.genCPU, f.expected = median(rps), median(srv), median(gen), median(exp)
+	f.commits, f.writes = median(commits), median(writes)
 	if len(rps) > 0 {
 		f.minRPS, f.maxRPS = slices.Min(rps), slices.Max(rps)
 	}
@@ -332,6 +342,9 @@ func (r *report) problems() error {
 		if f.expected < 0.99 || len(r.samples[c.id]) == 0 || f.rps == 0 {
 			errs = append(errs, fmt.Errorf("case %q: %.1f%% of answers were %d (%s), first error %v",
 				c.label, 100*f.expected, c.expect, statusSummary(sample{statuses: f.statuses, errors: f.errors, expected: f.expected}), f.firstErr))
+		}
+		if f.commitErr != nil {
+			errs = append(errs, fmt.Errorf("case %q: %w", c.label, f.commitErr))
 		}
 	}
 	if o := r.overhead; o.series != nil && (o.expected < 0.99 || o.series[overheadSeries[0].name].count() == 0) {

@@ -24,9 +24,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -589,12 +591,33 @@ func startChild(kind, dir string, extraEnv ...string) (*process, string, error) 
 	return p, addr, nil
 }
 
+// spin keeps every core busy until SIGTERM (the "spin" child: other
+// processes' work, for the fsync control).
+func spin() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	var done atomic.Bool
+	go func() { <-ctx.Done(); done.Store(true) }()
+	var wg sync.WaitGroup
+	for range runtime.NumCPU() {
+		wg.Go(func() {
+			for !done.Load() {
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // childMain runs the child server named by childKindEnv until SIGTERM. It
 // reports false if this process is not a child.
 func childMain() (bool, error) {
 	kind := os.Getenv(childKindEnv)
 	if kind == "" {
 		return false, nil
+	}
+	if kind == "spin" {
+		spin()
+		return true, nil
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true

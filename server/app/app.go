@@ -168,7 +168,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.srv, err = server.New(cfg.Server, server.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
-		Answers: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Answers: db, Commits: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteGuard: a.guard, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
