@@ -588,7 +588,9 @@ func TestMetricsExposeTheService(t *testing.T) {
 
 // TestMetricsCountCommits reads the storage writer's counters: three paid
 // reads one after another are at least three usage records, each in a
-// commit of its own, and a commit carries at least one write.
+// commit of its own. (The two counters are read at two moments, so a
+// commit of the statistics recorder's may be counted in one and not yet
+// in the other: their ratio is for intervals with many commits.)
 func TestMetricsCountCommits(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	value := func(metrics, name string) float64 {
@@ -613,8 +615,8 @@ func TestMetricsCountCommits(t *testing.T) {
 	after := scrape(t, e)
 	commits := value(after, "breakwater_storage_commits_total") - value(before, "breakwater_storage_commits_total")
 	writes := value(after, "breakwater_storage_writes_total") - value(before, "breakwater_storage_writes_total")
-	if commits < 3 || writes < commits {
-		t.Errorf("after 3 paid reads: %v commits carrying %v writes, want at least 3, and writes at least commits", commits, writes)
+	if commits < 3 || writes < 3 {
+		t.Errorf("after 3 paid reads: %v commits carrying %v writes, want at least 3 of each", commits, writes)
 	}
 }
 
