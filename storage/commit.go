@@ -107,6 +107,9 @@ func (db *DB) runBatch(batch []commitRequest) {
 	for len(batch) > 0 {
 		failed, failErr := -1, error(nil)
 		err := db.bolt.Update(func(tx *bbolt.Tx) error {
+			if err := db.tail.extend(tx); err != nil {
+				db.logger.Warn("commits may be slower", "err", err)
+			}
 			for i, req := range batch {
 				if err := callSafely(req.fn, tx); err != nil {
 					failed, failErr = i, err

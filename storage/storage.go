@@ -254,6 +254,7 @@ type DB struct {
 	closed     bool
 	queue      chan commitRequest
 	writerDone chan struct{}
+	tail       *tail // the writer's; nil when read only
 
 	closeOnce sync.Once
 	closeErr  error
@@ -338,6 +339,11 @@ func Open(path string, opts Options) (*DB, error) {
 		logger:     opts.Logger.With("component", "storage"),
 		queue:      make(chan commitRequest, queueSize),
 		writerDone: make(chan struct{}),
+	}
+	if !opts.ReadOnly {
+		if db.tail, err = openTail(path); err != nil {
+			db.logger.Warn("the file's tail will not be written ahead of the data (commits may be slower)", "err", err)
+		}
 	}
 	go db.writer()
 	db.logger.Info("database opened", "path", path, "schema_version", version)
@@ -460,6 +466,7 @@ func (db *DB) Close() error {
 		db.mu.Unlock()
 
 		<-db.writerDone
+		db.tail.close()
 		if err := db.bolt.Close(); err != nil {
 			db.closeErr = fmt.Errorf("close %s: %w", db.path, err)
 		}
