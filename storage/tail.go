@@ -34,6 +34,8 @@ const (
 	// tailRetryAfter is how many transactions go by without the tail
 	// after a write of it failed (a full disk), before it is tried again.
 	tailRetryAfter = 1000
+	// tailWrite is the most written at once (the zeros kept in memory).
+	tailWrite = 128 << 10
 )
 
 // tail writes the file's tail ahead of bbolt; used only by the writer
@@ -75,7 +77,7 @@ func (t *tail) extend(tx *bbolt.Tx) error {
 	}
 	from, to := max(t.written, end), end+2*tailChunk
 	if t.zeros == nil {
-		t.zeros = make([]byte, tailChunk)
+		t.zeros = make([]byte, tailWrite)
 	}
 	for off := from; off < to; {
 		n, err := t.f.WriteAt(t.zeros[:min(int64(len(t.zeros)), to-off)], off)
