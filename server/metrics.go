@@ -159,9 +159,10 @@ func (m *Metrics) observeDrops(dropped func() uint64) {
 }
 
 // observeCommits exports the storage writer's group commit: how many
-// transactions it has run and how many writes they carried. Their ratio
-// over an interval is the writes per commit, and a writer that is never
-// idle takes the interval over the transactions per commit.
+// transactions it has run and how many writes they carried. Over an
+// interval, writes over commits is how many writes a commit carries, and
+// for a writer that is never idle (full load) the interval over the
+// commits is the time one commit takes.
 func (m *Metrics) observeCommits(txs, writes func() int64) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "breakwater_storage_commits_total",
