@@ -593,28 +593,21 @@ func TestMetricsExposeTheService(t *testing.T) {
 // in the other: their ratio is for intervals with many commits.)
 func TestMetricsCountCommits(t *testing.T) {
 	e := newEnv(t, envOptions{})
-	value := func(metrics, name string) float64 {
+	value := func(name string) float64 {
 		t.Helper()
-		for _, line := range strings.Split(metrics, "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					t.Fatalf("%s: %v", line, err)
-				}
-				return f
-			}
+		f, err := strconv.ParseFloat(metric(t, e, name), 64)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
-		t.Fatalf("metrics lack %s", name)
-		return 0
+		return f
 	}
-	before := scrape(t, e)
+	commits0, writes0 := value("breakwater_storage_commits_total"), value("breakwater_storage_writes_total")
 	for range 3 {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		decodeOK(t, resp, data)
 	}
-	after := scrape(t, e)
-	commits := value(after, "breakwater_storage_commits_total") - value(before, "breakwater_storage_commits_total")
-	writes := value(after, "breakwater_storage_writes_total") - value(before, "breakwater_storage_writes_total")
+	commits := value("breakwater_storage_commits_total") - commits0
+	writes := value("breakwater_storage_writes_total") - writes0
 	if commits < 3 || writes < 3 {
 		t.Errorf("after 3 paid reads: %v commits carrying %v writes, want at least 3 of each", commits, writes)
 	}

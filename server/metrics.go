@@ -150,12 +150,15 @@ func (m *Metrics) observeBudget(status func() budget.Status) {
 	})
 }
 
+// counterFunc registers a counter read from v at scrape time.
+func counterFunc[T uint64 | int64](m *Metrics, name, help string, v func() T) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+		func() float64 { return float64(v()) }))
+}
+
 // observeDrops exports a count of dropped statistics events.
 func (m *Metrics) observeDrops(dropped func() uint64) {
-	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "breakwater_stats_events_dropped_total",
-		Help: "Statistics events lost to a full queue or a failed write.",
-	}, func() float64 { return float64(dropped()) }))
+	counterFunc(m, "breakwater_stats_events_dropped_total", "Statistics events lost to a full queue or a failed write.", dropped)
 }
 
 // observeCommits exports the storage writer's group commit: how many
@@ -164,26 +167,18 @@ func (m *Metrics) observeDrops(dropped func() uint64) {
 // for a writer that is never idle (full load) the interval over the
 // commits is the time one commit takes.
 func (m *Metrics) observeCommits(txs, writes func() int64) {
-	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "breakwater_storage_commits_total",
-		Help: "Transactions the storage writer has run (group commit: each with its fsyncs), rolled-back tries included.",
-	}, func() float64 { return float64(txs()) }))
-	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "breakwater_storage_writes_total",
-		Help: "Durable writes the storage writer has answered (usage records, ledger writes, statistics batches), committed or refused.",
-	}, func() float64 { return float64(writes()) }))
+	counterFunc(m, "breakwater_storage_commits_total",
+		"Transactions the storage writer has run (group commit: each with its fsyncs), rolled-back tries included.", txs)
+	counterFunc(m, "breakwater_storage_writes_total",
+		"Durable writes the storage writer has answered (usage records, ledger writes, statistics batches), committed or refused.", writes)
 }
 
 // observeDetect exports layer 4's counters.
 func (m *Metrics) observeDetect(c *detect.Counters) {
-	counter := func(name, help string, v func() uint64) {
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
-			func() float64 { return float64(v()) }))
-	}
-	counter("breakwater_alerts_sent_total", "Alert and digest e-mails delivered.", c.AlertsSent.Load)
-	counter("breakwater_alert_failures_total", "Failed e-mail deliveries (each attempt), and alerts or e-mails dropped by a full queue.", c.AlertFailures.Load)
-	counter("breakwater_detect_runs_total", "Daily detection runs finished (one per day run, scheduled or by the operator).", c.Runs.Load)
-	counter("breakwater_detect_failures_total", "Daily detection runs that failed.", c.RunFailures.Load)
+	counterFunc(m, "breakwater_alerts_sent_total", "Alert and digest e-mails delivered.", c.AlertsSent.Load)
+	counterFunc(m, "breakwater_alert_failures_total", "Failed e-mail deliveries (each attempt), and alerts or e-mails dropped by a full queue.", c.AlertFailures.Load)
+	counterFunc(m, "breakwater_detect_runs_total", "Daily detection runs finished (one per day run, scheduled or by the operator).", c.Runs.Load)
+	counterFunc(m, "breakwater_detect_failures_total", "Daily detection runs that failed.", c.RunFailures.Load)
 }
 
 // observeTransport exports the body memory and the connections in use.

@@ -155,7 +155,7 @@ func (r *report) printCommits(w io.Writer) {
 	}
 	if r.fsync.idle > 0 {
 		fmt.Fprintf(w, "the disk: fdatasync of one 4 KiB page in the run's directory, p50 %s with the cores idle, %s with another process spinning on all %d\n",
-			roundDuration(r.fsync.idle), roundDuration(r.fsync.busy), r.fsync.spinners)
+			roundDuration(r.fsync.idle), roundDuration(r.fsync.busy), runtime.NumCPU())
 	}
 	fmt.Fprintln(w)
 }
@@ -164,7 +164,6 @@ func (r *report) printCommits(w io.Writer) {
 // what a commit's two fdatasyncs cost before any work of Breakwater's.
 type fsyncLatency struct {
 	idle, busy time.Duration // medians
-	spinners   int
 }
 
 // measureFsync writes and flushes one page of a file in dir, rounds times
@@ -200,7 +199,7 @@ func measureFsync(dir string, rounds int) (fsyncLatency, error) {
 	if err != nil {
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
 	}
-	out := fsyncLatency{idle: median(idle), spinners: runtime.NumCPU()}
+	out := fsyncLatency{idle: median(idle)}
 	self, err := os.Executable()
 	if err != nil {
 		return fsyncLatency{}, err

@@ -160,14 +160,20 @@ func (b *breakwater) commitCounts() (commitCounts, error) {
 	var c commitCounts
 	found := 0
 	for line := range strings.Lines(string(body)) {
-		for name, v := range map[string]*float64{"breakwater_storage_commits_total": &c.commits, "breakwater_storage_writes_total": &c.writes} {
-			if rest, ok := strings.CutPrefix(line, name+" "); ok {
-				if *v, err = strconv.ParseFloat(strings.TrimSpace(rest), 64); err != nil {
-					return c, fmt.Errorf("%s: metrics: %q: %w", b.name, line, err)
-				}
-				found++
-			}
+		name, value, _ := strings.Cut(strings.TrimSpace(line), " ")
+		var v *float64
+		switch name {
+		case "breakwater_storage_commits_total":
+			v = &c.commits
+		case "breakwater_storage_writes_total":
+			v = &c.writes
+		default:
+			continue
 		}
+		if *v, err = strconv.ParseFloat(value, 64); err != nil {
+			return c, fmt.Errorf("%s: metrics: %q: %w", b.name, line, err)
+		}
+		found++
 	}
 	if found != 2 {
 		return c, fmt.Errorf("%s: metrics: no breakwater_storage_commits_total and breakwater_storage_writes_total", b.name)
