@@ -53,8 +53,13 @@ type Config struct {
 	// Methods the route matches; empty: every method.
 	Methods []string `koanf:"methods"`
 	// Path is an exact path, or a prefix when it ends in "/*"
-	// ("/api/billing/*"). Required.
+	// ("/api/billing/*", which also matches "/api/billing"). Required.
+	// Requests are matched on their normalized path (see Normalize).
 	Path string `koanf:"path"`
+	// CaseSensitive matches the path with its letters' case as written;
+	// false (the default) matches "/API/Checkout" as "/api/checkout",
+	// since most web frameworks serve both as one route.
+	CaseSensitive bool `koanf:"case_sensitive"`
 	// Upstream is where allowed requests are proxied (http or https URL);
 	// empty: the route is checked by forward auth only.
 	Upstream string `koanf:"upstream"`
@@ -247,13 +252,36 @@ func checkPath(p string) error {
 	if strings.Contains(strings.TrimSuffix(p, "/*"), "*") || strings.ContainsAny(p, "?#") {
 		return fmt.Errorf("%q: a path is exact, or a prefix ending in \"/*\"; no other wildcard, query or fragment", p)
 	}
-	prefix := strings.TrimSuffix(p, "*")
+	if strings.Contains(p, ";") {
+		return fmt.Errorf("%q: a request's ;parameters are removed before it is matched, so a path with ';' would never match", p)
+	}
+	base, isPrefix := routeBase(p)
+	if base == "" {
+		return fmt.Errorf("%q is not a path (a bad %%-escape or a control character)", p)
+	}
+	// Compared without case: a route's own case_sensitive does not make
+	// it safe to shadow what Breakwater answers.
+	lb := strings.ToLower(base)
 	for _, r := range reserved {
-		if strings.HasPrefix(prefix, r) || strings.HasPrefix(r, prefix) || strings.TrimSuffix(r, "/") == p {
-			return fmt.Errorf("%q overlaps %s, which Breakwater answers itself", p, strings.TrimSuffix(r, "/"))
+		r = strings.TrimSuffix(r, "/")
+		covered := lb == r || strings.HasPrefix(lb, r+"/")
+		covers := isPrefix && (lb == "/" || strings.HasPrefix(r, lb+"/"))
+		if covered || covers {
+			return fmt.Errorf("%q overlaps %s, which Breakwater answers itself", p, r)
 		}
 	}
 	return nil
+}
+
+// routeBase is a route's path normalized, without the "/*" of a prefix
+// route; "" if it does not normalize.
+func routeBase(p string) (base string, isPrefix bool) {
+	p, isPrefix = strings.CutSuffix(p, "*")
+	base, err := Normalize(p)
+	if err != nil {
+		return "", isPrefix
+	}
+	return base, isPrefix
 }
 
 func validMethod(m string) bool {
@@ -294,9 +322,29 @@ func checkFail(f FailConfig) error {
 
 // Table finds the route a request is for. It is read-only once built.
 type Table struct {
-	exact  map[string][]*Config // path -> routes
-	prefix []*Config            // longest prefix first
+	exact  map[string][]entry // by normalized path, lower-cased; the routes of a path in the order listed
+	prefix []entry            // longest prefix first
 	byName map[string]*Config
+}
+
+// entry is a route as the table matches it: its normalized path (without
+// the "/*" of a prefix), as written and lower-cased.
+type entry struct {
+	cfg        *Config
+	path, fold string
+}
+
+// matches reports whether the route's path is p (lower-cased: lp), or for
+// a prefix route whether p is the prefix or lies below it.
+func (e entry) matches(p, lp string, prefix bool) bool {
+	want, got := e.fold, lp
+	if e.cfg.CaseSensitive {
+		want, got = e.path, p
+	}
+	if !prefix {
+		return got == want
+	}
+	return want == "/" || got == want || (strings.HasPrefix(got, want) && got[len(want)] == '/')
 }
 
 // NewTable builds the table of routes (validated, defaults applied).
@@ -304,33 +352,45 @@ func NewTable(routes []Config) (*Table, error) {
 	if err := Validate(routes); err != nil {
 		return nil, err
 	}
-	t := &Table{exact: map[string][]*Config{}, byName: map[string]*Config{}}
+	t := &Table{exact: map[string][]entry{}, byName: map[string]*Config{}}
 	for _, r := range routes {
 		r := r.WithDefaults()
 		t.byName[r.Name] = &r
-		if p, ok := strings.CutSuffix(r.Path, "*"); ok {
-			r.Path = p
-			t.prefix = append(t.prefix, &r)
+		base, isPrefix := routeBase(r.Path)
+		e := entry{cfg: &r, path: base, fold: strings.ToLower(base)}
+		if isPrefix {
+			t.prefix = append(t.prefix, e)
 			continue
 		}
-		t.exact[r.Path] = append(t.exact[r.Path], &r)
+		t.exact[e.fold] = append(t.exact[e.fold], e)
 	}
-	slices.SortStableFunc(t.prefix, func(a, b *Config) int { return len(b.Path) - len(a.Path) })
+	slices.SortStableFunc(t.prefix, func(a, b entry) int { return len(b.path) - len(a.path) })
 	return t, nil
 }
 
-// Match returns the route for method and path: an exact path beats the
-// longest prefix; among routes of one path, the first listed whose
-// methods include method. nil: no route.
-func (t *Table) Match(method, path string) *Config {
-	for _, r := range t.exact[path] {
-		if r.allows(method) {
-			return r
+// Match returns the route for method and path p, a path as Normalize
+// returns it: an exact path beats the longest prefix; among routes of one
+// path, the first listed whose methods include method (HEAD counts as
+// GET, which frameworks answer it with). Letters' case is ignored unless
+// the route is case_sensitive. nil: no route.
+func (t *Table) Match(method, p string) *Config {
+	return t.find(strings.ToUpper(method), p, false)
+}
+
+// MatchPath returns the first route whose path matches p, whatever its
+// methods; nil: none.
+func (t *Table) MatchPath(p string) *Config { return t.find("", p, true) }
+
+func (t *Table) find(method, p string, anyMethod bool) *Config {
+	lp := strings.ToLower(p) // no copy unless p has upper-case letters
+	for _, e := range t.exact[lp] {
+		if e.matches(p, lp, false) && (anyMethod || e.cfg.allows(method)) {
+			return e.cfg
 		}
 	}
-	for _, r := range t.prefix {
-		if strings.HasPrefix(path, r.Path) && r.allows(method) {
-			return r
+	for _, e := range t.prefix {
+		if e.matches(p, lp, true) && (anyMethod || e.cfg.allows(method)) {
+			return e.cfg
 		}
 	}
 	return nil
@@ -349,5 +409,8 @@ func (t *Table) All() []*Config {
 }
 
 func (c *Config) allows(method string) bool {
-	return len(c.Methods) == 0 || slices.Contains(c.Methods, method)
+	if len(c.Methods) == 0 || slices.Contains(c.Methods, method) {
+		return true
+	}
+	return method == http.MethodHead && slices.Contains(c.Methods, http.MethodGet)
 }

@@ -21,6 +21,10 @@ func TestValidateNamesTheRouteAndKey(t *testing.T) {
 		{"overlaps /v1/", []Config{{Name: "a", Path: "/v1/ocr", Identity: IdentityIP}}, "overlaps /v1"},
 		{"covers /v1/", []Config{{Name: "a", Path: "/*", Identity: IdentityIP}}, "overlaps /v1"},
 		{"overlaps /healthz", []Config{{Name: "a", Path: "/healthz", Identity: IdentityIP}}, "overlaps /healthz"},
+		{"overlaps /v1/ in another spelling", []Config{{Name: "a", Path: "/V1//ocr/", Identity: IdentityIP, CaseSensitive: true}}, "overlaps /v1"},
+		{"covers /healthz", []Config{{Name: "a", Path: "/Healthz/*", Identity: IdentityIP}}, "overlaps /healthz"},
+		{"a parameter never matches", []Config{{Name: "a", Path: "/a;b", Identity: IdentityIP}}, `routes "a": path`},
+		{"bad escape", []Config{{Name: "a", Path: "/a%zz", Identity: IdentityIP}}, `routes "a": path`},
 		{"wildcard inside", []Config{{Name: "a", Path: "/a/*/b", Identity: IdentityIP}}, `routes "a": path`},
 		{"relative path", []Config{{Name: "a", Path: "a", Identity: IdentityIP}}, `routes "a": path`},
 		{"method", []Config{{Name: "a", Path: "/a", Identity: IdentityIP, Methods: []string{"FETCH"}}}, `routes "a": methods`},
@@ -48,7 +52,9 @@ func TestMatch(t *testing.T) {
 		{Name: "billing", Path: "/api/billing/*", Identity: IdentityUser},
 		{Name: "portal", Path: "/api/billing/portal", Identity: IdentityUser, Methods: []string{"POST"}},
 		{Name: "api", Path: "/api/*", Identity: IdentityIP},
-		{Name: "contact", Path: "/contact", Identity: IdentityIP, Methods: []string{"post"}},
+		{Name: "contact", Path: "/contact/", Identity: IdentityIP, Methods: []string{"post"}},
+		{Name: "page", Path: "/page", Identity: IdentityIP, Methods: []string{"GET"}},
+		{Name: "Exact", Path: "/Exact/Case", Identity: IdentityIP, CaseSensitive: true},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -57,14 +63,34 @@ func TestMatch(t *testing.T) {
 		{"POST", "/api/billing/portal", "portal"}, // exact beats prefix
 		{"GET", "/api/billing/portal", "billing"}, // the exact one does not take GET
 		{"GET", "/api/billing/invoices/7", "billing"},
-		{"GET", "/api/other", "api"}, // the longest prefix
-		{"POST", "/contact", "contact"},
-		{"GET", "/contact", ""}, // methods are upper-cased, and GET is not one
-		{"POST", "/contact/", ""},
+		{"GET", "/api/billing", "billing"}, // a prefix matches itself without its slash
+		{"GET", "/api/billingx", "api"},    // but not a longer segment
+		{"GET", "/api/other", "api"},       // the longest prefix
+		{"POST", "/contact", "contact"},    // a route's trailing slash is no part of its path
+		{"post", "/contact", "contact"},    // methods are upper-cased on both sides
+		{"GET", "/contact", ""},            // GET is not one of contact's methods
+		{"HEAD", "/page", "page"},          // a framework answers HEAD with the GET handler
+		{"HEAD", "/contact", ""},
 		{"GET", "/elsewhere", ""},
+		// Case is ignored unless the route says case_sensitive.
+		{"POST", "/API/Billing/Portal", "portal"},
+		{"POST", "/CONTACT", "contact"},
+		{"GET", "/Exact/Case", "Exact"},
+		{"GET", "/exact/case", ""},
+		// Every spelling Normalize folds.
+		{"POST", "/contact/", "contact"},
+		{"POST", "/contact;jsessionid=1", "contact"},
+		{"POST", "//contact", "contact"},
+		{"POST", "/x/../contact", "contact"},
+		{"POST", "/%63ontact", "contact"},
+		{"POST", "/api%2Fbilling%2Fportal", "portal"},
 	} {
+		p, err := Normalize(tt.path)
+		if err != nil {
+			t.Fatalf("Normalize(%q): %v", tt.path, err)
+		}
 		got := ""
-		if r := table.Match(tt.method, tt.path); r != nil {
+		if r := table.Match(tt.method, p); r != nil {
 			got = r.Name
 		}
 		if got != tt.want {
@@ -74,4 +100,88 @@ func TestMatch(t *testing.T) {
 	if r := table.Named("portal"); r == nil || r.Path != "/api/billing/portal" || r.MaxBody != DefaultMaxBody || r.Mode != ModeEnforce {
 		t.Errorf("Named(portal) = %+v", r)
 	}
+	if r := table.Named("billing"); r == nil || r.Path != "/api/billing/*" {
+		t.Errorf("Named(billing) = %+v, want its path as written", r)
+	}
+	if r := table.MatchPath("/contact"); r == nil || r.Name != "contact" {
+		t.Errorf("MatchPath(/contact) = %+v, want contact whatever the method", r)
+	}
+}
+
+func TestNormalize(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"/", "/"},
+		{"/api/checkout", "/api/checkout"},
+		{"/API/Checkout", "/API/Checkout"}, // case is the table's business
+		{"/api/checkout/", "/api/checkout"},
+		{"/api/checkout;x=1", "/api/checkout"},
+		{"/api;v=2/checkout;x=1/", "/api/checkout"},
+		{"//api//checkout", "/api/checkout"},
+		{"/api/./checkout", "/api/checkout"},
+		{"/api/x/../checkout", "/api/checkout"},
+		{"/../../api/checkout", "/api/checkout"},
+		{"/api/%63heckout", "/api/checkout"},
+		{"/api%2Fcheckout", "/api/checkout"},        // an escaped slash separates
+		{"/api/x/%2e%2E/checkout", "/api/checkout"}, // escaped dots are dots
+		{"/api/x/..;/checkout", "/api/checkout"},    // a parameter hides no dot segment
+		{"/api/checkout%3Bx", "/api/checkout"},      // nor an escaped one
+		{"/a%2520b", "/a%20b"},                      // decoded once
+		{"/a b", "/a b"},
+		{"/.", "/"},
+		{"/;x", "/"},
+	} {
+		got, err := Normalize(tt.in)
+		if err != nil || got != tt.want {
+			t.Errorf("Normalize(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	for _, bad := range []string{"", "api/checkout", "/a%zz", "/a%", "/a%00b", "/a\x7fb", "/a%0Ab"} {
+		if got, err := Normalize(bad); err == nil {
+			t.Errorf("Normalize(%q) = %q, want ErrBadPath", bad, got)
+		}
+	}
+	for _, tt := range []struct{ in, want string }{
+		{"/api/checkout?x=1", "/api/checkout"},
+		{"/api/checkout/?next=/a/../b", "/api/checkout"},
+		{"/api/checkout#frag", "/api/checkout"},
+	} {
+		if got, err := URIPath(tt.in); err != nil || got != tt.want {
+			t.Errorf("URIPath(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	for _, bad := range []string{"http://evil/api/checkout", "*", "?x=1"} {
+		if got, err := URIPath(bad); err == nil {
+			t.Errorf("URIPath(%q) = %q, want ErrBadPath", bad, got)
+		}
+	}
+}
+
+// FuzzNormalize checks that a normalized path is a fixed point: matching
+// it again gives the same route.
+func FuzzNormalize(f *testing.F) {
+	for _, s := range []string{"/api/checkout", "//a/./b/../c;x/", "/%2e%2e/%2F", "/a%zz", "/..;/x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		p, err := Normalize(in)
+		if err != nil {
+			return
+		}
+		if !strings.HasPrefix(p, "/") || (p != "/" && strings.HasSuffix(p, "/")) || strings.Contains(p, "//") {
+			t.Fatalf("Normalize(%q) = %q, not a normal path", in, p)
+		}
+		if strings.Contains(p, ";") {
+			t.Fatalf("Normalize(%q) = %q keeps a parameter", in, p)
+		}
+		for seg := range strings.SplitSeq(p, "/") {
+			if seg == "." || seg == ".." {
+				t.Fatalf("Normalize(%q) = %q keeps a dot segment", in, p)
+			}
+		}
+		if !strings.Contains(p, "%") {
+			if again, err := Normalize(p); err != nil || again != p {
+				t.Fatalf("Normalize(Normalize(%q)) = %q, %v; want %q", in, again, err, p)
+			}
+		}
+	})
 }
