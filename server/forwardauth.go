@@ -2,7 +2,6 @@ package server
 
 import (
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -52,15 +51,28 @@ func isNginx(h http.Header) bool {
 }
 
 // forwardAuth checks one forward-auth request; nil: allowed, and the
-// identity headers are set.
+// identity headers are set (empty but for a user route). A request that matches no
+// route passes with an empty identity, no event and no write: the proxy sends
+// every request of the app here, so that no spelling of a guarded path
+// gets past.
 func (s *Server) forwardAuth(c echo.Context, now time.Time) error {
 	r := c.Request()
 	if peer := parseAddr(r.RemoteAddr); !peer.IsValid() || !s.clients.isTrusted(peer) {
 		return errUntrustedProxy
 	}
+	if hasIdentityHeader(r.Header) {
+		return errClientIdentityHeader
+	}
 	route, err := s.forwardedRoute(c)
 	if err != nil {
 		return err
+	}
+	if route == nil {
+		setIdentity(c.Response().Header(), "", "")
+		return nil
+	}
+	if route.Fail != nil {
+		return errRouteNotProxied
 	}
 	rt := s.guarded[route.Name]
 	cfg := rt.cfg.Load()
@@ -71,16 +83,36 @@ func (s *Server) forwardAuth(c echo.Context, now time.Time) error {
 	if refusal := s.admitRoute(rt, cfg, who.key, now); refusal != nil {
 		return s.routeRefusal(rt.layer, refusal)
 	}
-	h := c.Response().Header()
-	h.Set(headerUser, who.id.UserID)
-	h.Set(headerPlan, who.id.Plan)
+	setIdentity(c.Response().Header(), who.id.UserID, who.id.Plan)
 	return nil
 }
 
+// setIdentity sets the identity headers of an allowed check, empty when
+// there is no user: Caddy 2.6's copy_headers copies a header the answer
+// lacks as its own unreplaced placeholder text, an empty one as empty.
+func setIdentity(h http.Header, user, plan string) {
+	h.Set(headerUser, user)
+	h.Set(headerPlan, plan)
+}
+
+// hasIdentityHeader reports whether a checked request carries an
+// X-Breakwater-* header. A proxy asks with the client's headers, and
+// those names are Breakwater's: a client that sends one is refused, in
+// case the proxy would pass it to the app.
+func hasIdentityHeader(h http.Header) bool {
+	for k := range h {
+		if len(k) >= len(headerPrefix) && strings.EqualFold(k[:len(headerPrefix)], headerPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
 // forwardedRoute is the route a forward-auth request asks about: by name,
-// or by the original method and URI. Deny by default: a URI that matches
-// no route, does not parse, or that the two header conventions name
-// differently (a client can add the other proxy's headers) is refused.
+// or by the original method and URI (nil: none, and the request passes).
+// A URI that does not parse, a missing method or URI, or two header
+// conventions that name different requests (a client can add the other
+// proxy's headers) are refused.
 func (s *Server) forwardedRoute(c echo.Context) (*routes.Config, error) {
 	if name := c.Param("name"); name != "" {
 		if route := s.allRoutes.Named(name); route != nil {
@@ -88,20 +120,15 @@ func (s *Server) forwardedRoute(c echo.Context) (*routes.Config, error) {
 		}
 		return nil, errRouteNotFound
 	}
-	h := c.Request().Header
-	method, uri, err := forwardedRequest(h)
+	method, uri, err := forwardedRequest(c.Request().Header)
 	if err != nil {
 		return nil, err
 	}
-	p, ok := uriPath(uri)
-	if !ok {
+	p, err := routes.URIPath(uri)
+	if err != nil {
 		return nil, errBadForwardedURI
 	}
-	route := s.allRoutes.Match(method, p)
-	if route == nil {
-		return nil, errNoRoute
-	}
-	return route, nil
+	return s.allRoutes.Match(method, p), nil
 }
 
 // forwardedRequest reads the original method and URI from either
@@ -120,9 +147,9 @@ func forwardedRequest(h http.Header) (method, uri string, err error) {
 		method, uri = m, u
 	}
 	if method == "" || uri == "" {
-		return "", "", errNoRoute
+		return "", "", errBadForwardedURI
 	}
-	return strings.ToUpper(method), uri, nil
+	return method, uri, nil
 }
 
 func first(v []string) string {
@@ -130,18 +157,4 @@ func first(v []string) string {
 		return ""
 	}
 	return v[0]
-}
-
-// uriPath is the cleaned path of a request URI ("/a/../b?q" is "/b"), so
-// that no encoding or dot segment slips a request past the route it is
-// for; false if it does not parse as an origin-form URI.
-func uriPath(uri string) (string, bool) {
-	if !strings.HasPrefix(uri, "/") {
-		return "", false
-	}
-	u, err := url.ParseRequestURI(uri)
-	if err != nil || u.Host != "" {
-		return "", false
-	}
-	return cleanPath(u.Path)
 }

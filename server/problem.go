@@ -144,8 +144,10 @@ var (
 		"Too many failed attempts in a row. Wait for the time in Retry-After.")
 	errUntrustedProxy = problem(http.StatusForbidden, "untrusted_proxy", "Forbidden",
 		"Forward-auth checks are answered only to the proxies listed in server.trusted_proxies.")
-	errNoRoute = problem(http.StatusForbidden, "no_route", "Forbidden",
-		"No guarded route matches this request, so it is refused.")
+	errRouteNotProxied = problem(http.StatusForbidden, "route_not_proxied", "Forbidden",
+		"This route's fail limit is judged on the app's answers, which a forward-auth check never sees: the proxy must send the route's requests through Breakwater.")
+	errClientIdentityHeader = problem(http.StatusBadRequest, "client_identity_header", "Bad request",
+		"X-Breakwater-* headers are Breakwater's own; a client may not send them.")
 	errBadForwardedURI = problem(http.StatusForbidden, "bad_forwarded_uri", "Forbidden",
 		"The original method and URI of this check are missing, unreadable or contradictory, so it is refused.")
 	errRouteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No guarded route has that name.")

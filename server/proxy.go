@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,8 +45,9 @@ type routeCall struct {
 	rt        *guardedRoute
 	cfg       *routes.Config
 	who       routeCaller
-	path      string // the cleaned path, as matched and as sent on
+	path      string // the normalized path, as matched and as sent on
 	requestID string
+	unguarded bool             // a method no route of the path guards: not judged
 	attempt   *limiter.Attempt // nil without a fail limit, or when it failed open
 	status    int              // the app's own status
 	failed    bool             // the app's answer counted as a failure
@@ -62,33 +62,35 @@ func callOf(ctx context.Context) *routeCall {
 	return call
 }
 
-// cleanPath is p with dot segments and doubled slashes resolved, a
-// trailing slash kept; false if p is not an absolute path.
-func cleanPath(p string) (string, bool) {
-	if !strings.HasPrefix(p, "/") {
-		return "", false
-	}
-	c := path.Clean(p)
-	if strings.HasSuffix(p, "/") && c != "/" {
-		c += "/"
-	}
-	return c, true
-}
-
 // handleRoute guards and proxies a request for one of the app's routes:
 // the body limit, who asks (layer 0), the rate, burst and daily line, and
-// the fail limit, all before anything reaches the app.
+// the fail limit, all before anything reaches the app. It answers every
+// path the public listener has no route of its own for, so that every
+// spelling of a route's path is matched as the route (routes.Normalize);
+// the app gets the normalized path, the one that was matched. A path
+// that is a proxied route's but with a method none of them guards goes
+// on to that route's app unguarded, with no identity and no event, as
+// forward auth lets it pass; any other path is 404.
 func (s *Server) handleRoute(c echo.Context) error {
 	start := s.now()
 	r := c.Request()
-	p, ok := cleanPath(r.URL.Path)
-	var route *routes.Config
-	if ok {
-		route = s.proxyRoutes.Match(r.Method, p)
-	}
-	if route == nil {
+	c.SetPath("") // "unmatched" in metrics and logs, unless a route matches
+	p, err := routes.Normalize(r.URL.EscapedPath())
+	if err != nil {
 		return echo.ErrNotFound
 	}
+	route := s.proxyRoutes.Match(r.Method, p)
+	if route == nil {
+		if route = s.proxyRoutes.MatchPath(p); route == nil {
+			return echo.ErrNotFound
+		}
+		rt := s.guarded[route.Name]
+		c.SetPath(route.Path)
+		call := &routeCall{rt: rt, cfg: rt.cfg.Load(), path: p, requestID: requestID(c), unguarded: true}
+		rt.proxy.ServeHTTP(c.Response(), r.WithContext(context.WithValue(r.Context(), routeCallKey{}, call)))
+		return s.proxyResult(c, call)
+	}
+	c.SetPath(route.Path)
 	rt := s.guarded[route.Name]
 	cfg := rt.cfg.Load()
 	if r.ContentLength > cfg.MaxBody {
@@ -242,14 +244,14 @@ func (s *Server) newProxy(target *url.URL) *httputil.ReverseProxy {
 	}
 }
 
-// rewrite is the request the app gets: no X-Breakwater-* header of the
-// client's, the identity of a user route, X-Forwarded-For with the peer
-// appended (to the chain a trusted proxy sent, never an untrusted
-// client's), X-Forwarded-Proto and -Host, and the request id.
-// Authorization passes unchanged.
+// rewrite is the request the app gets: the normalized path (the one
+// matched), no X-Breakwater-* header of the client's, the identity of a
+// user route, X-Forwarded-For with the peer appended (to the chain a
+// trusted proxy sent, never an untrusted client's), X-Forwarded-Proto and
+// -Host, and the request id. Authorization passes unchanged.
 func (s *Server) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	call := callOf(pr.In.Context())
-	if call != nil && call.path != pr.In.URL.Path {
+	if call != nil {
 		pr.Out.URL.Path, pr.Out.URL.RawPath = call.path, ""
 	}
 	pr.SetURL(target)
@@ -300,7 +302,7 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 // answered with the same status, headers and body as a cooldown refusal.
 func (s *Server) judge(resp *http.Response) error {
 	call := callOf(resp.Request.Context())
-	if call == nil {
+	if call == nil || call.unguarded {
 		return nil
 	}
 	call.status = resp.StatusCode

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -160,19 +159,12 @@ func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, reason strin
 	return r
 }
 
-// routePatterns are the Echo paths of the proxied routes: an exact path,
-// or a prefix's "/*", each once. handleRoute then picks the route.
-func (s *Server) routePatterns() []string {
-	seen := map[string]bool{}
-	var out []string
+// hasProxied reports whether a route has an upstream.
+func (s *Server) hasProxied() bool {
 	for _, rt := range s.guarded {
-		cfg := rt.cfg.Load()
-		if rt.proxy == nil || seen[cfg.Path] {
-			continue
+		if rt.proxy != nil {
+			return true
 		}
-		seen[cfg.Path] = true
-		out = append(out, cfg.Path)
 	}
-	slices.Sort(out)
-	return out
+	return false
 }

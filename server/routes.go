@@ -21,8 +21,10 @@ func (s *Server) routes() {
 	// proxied to the app (routeguard.go, proxy.go, forwardauth.go).
 	s.public.Any("/v1/forward-auth", s.handleForwardAuth)
 	s.public.Any("/v1/forward-auth/:name", s.handleForwardAuth)
-	for _, pattern := range s.routePatterns() {
-		s.public.Any(pattern, s.handleRoute)
+	// Every other path: each spelling of a proxied route's path is
+	// matched as the route, the rest is 404.
+	if s.hasProxied() {
+		s.public.RouteNotFound("/*", s.handleRoute)
 	}
 
 	// Admin listener: every route needs the admin token.

@@ -24,8 +24,10 @@ rate = 100
 
 // Forward auth with Caddy's, Traefik's and nginx's header conventions:
 // allowed with the identity headers, refused with the real status (as
-// 403 plus X-Breakwater-Status under nginx's), deny by default, and no
-// answer to an untrusted peer.
+// 403 plus X-Breakwater-Status under nginx's), every spelling of a
+// route's path matched as the route, a request of no route let through
+// with no identity, an unreadable URI or a client's X-Breakwater-* header
+// refused, and no answer to an untrusted peer.
 func TestForwardAuth(t *testing.T) {
 	e := startRoutes(t, "", forwardAuthRoutes)
 	alice := e.key("alice")
@@ -54,9 +56,34 @@ func TestForwardAuth(t *testing.T) {
 		{"traefik rate limited", traefik("post", "/api/checkout"), 429, "429", true},
 		{"nginx rate limited", nginx("POST", "/api/checkout"), 403, "429", true},
 		{"dot segments resolved", caddy("POST", "/api/x/../checkout"), 429, "429", true},
-		{"unmatched uri refused", caddy("POST", "/api/other"), 403, "403", false},
-		{"unmatched method refused", caddy("GET", "/api/checkout"), 403, "403", false},
+		// Every spelling a framework serves as the route is the route.
+		{"upper case", caddy("POST", "/API/Checkout"), 429, "429", true},
+		{"trailing slash", nginx("POST", "/api/checkout/"), 403, "429", true},
+		{"segment parameters", caddy("POST", "/api;v=1/checkout;x=1?q=2"), 429, "429", true},
+		{"repeated slashes", nginx("POST", "//api///checkout"), 403, "429", true},
+		{"dot segment", caddy("POST", "/api/./checkout"), 429, "429", true},
+		{"escaped letter", caddy("POST", "/api/%63heckout"), 429, "429", true},
+		{"escaped slash", caddy("POST", "/api%2Fcheckout"), 429, "429", true},
+		{"escaped dot segment", caddy("POST", "/api/x/%2E%2E/checkout"), 429, "429", true},
+		{"dot-dot with a parameter", caddy("POST", "/api/x/..;/checkout"), 429, "429", true},
+		{"prefix route without its slash", nginx("GET", "/API/billing"), 200, "", false},
+		// A request of no route passes, with no identity.
+		{"unmatched uri passes", caddy("POST", "/api/other"), 200, "", false},
+		{"unmatched method passes", caddy("GET", "/api/checkout"), 200, "", false},
+		{"a longer path passes", caddy("POST", "/api/checkout2"), 200, "", false},
 		{"uri that does not parse", caddy("POST", "http://evil/api/checkout"), 403, "403", false},
+		{"bad escape", caddy("POST", "/api/%zzcheckout"), 403, "403", false},
+		{"escaped control character", caddy("POST", "/api/checkout%00"), 403, "403", false},
+		{"a client's identity header", func() http.Header {
+			h := caddy("POST", "/api/other")
+			h.Set("X-Breakwater-User", "victim")
+			return h
+		}(), 400, "400", false},
+		{"a client's other Breakwater header, nginx", func() http.Header {
+			h := nginx("GET", "/")
+			h.Set("x-breakwater-anything", "1")
+			return h
+		}(), 403, "400", false},
 		{"no uri", hdr("X-Forwarded-Method", "POST"), 403, "403", false},
 		{"conventions that disagree", func() http.Header {
 			h := caddy("POST", "/api/billing/x")
@@ -71,9 +98,12 @@ func TestForwardAuth(t *testing.T) {
 			if resp.StatusCode != tc.status || resp.Header.Get("X-Breakwater-Status") != tc.realStatus || (resp.Header.Get("Retry-After") != "") != tc.retryAfter {
 				t.Fatalf("%d X-Breakwater-Status %q Retry-After %q %s", resp.StatusCode, resp.Header.Get("X-Breakwater-Status"), resp.Header.Get("Retry-After"), body)
 			}
-			if tc.status == 200 && tc.header.Get("Authorization") != "" && tc.name == "caddy allowed" &&
+			if tc.status == 200 && tc.name == "caddy allowed" &&
 				(resp.Header.Get("X-Breakwater-User") != "alice" || resp.Header.Get("X-Breakwater-Plan") != "free") {
 				t.Errorf("identity headers %v", resp.Header)
+			}
+			if tc.status == 200 && tc.name != "caddy allowed" && (resp.Header.Get("X-Breakwater-User") != "" || resp.Header.Get("X-Breakwater-Plan") != "") {
+				t.Errorf("identity headers on a pass without a user route: %v", resp.Header)
 			}
 		})
 	}

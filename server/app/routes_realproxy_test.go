@@ -125,26 +125,7 @@ func TestRealProxies(t *testing.T) {
 			up := referralApp(t)
 			e := startRoutes(t, up.URL, realProxyRoutes)
 			alice := e.key("alice")
-			addr := freePort(t)
-			r := strings.NewReplacer("127.0.0.1:8080", e.app.Addr(), "127.0.0.1:3000", strings.TrimPrefix(up.URL, "http://"))
-			conf := r.Replace(snippet(t, proxy))
-			dir := t.TempDir()
-			var cmd *exec.Cmd
-			if proxy == "caddy" {
-				conf = "{\n\tadmin off\n\tauto_https off\n}\n" + strings.Replace(conf, "shop.example.com", "http://"+addr, 1)
-				file := filepath.Join(dir, "Caddyfile")
-				writeFile(t, file, conf)
-				cmd = exec.Command(binary(t, "caddy"), "run", "--config", file, "--adapter", "caddyfile")
-				cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
-			} else {
-				conf = strings.Replace(conf, "listen 80;", "listen "+addr+";", 1)
-				file := filepath.Join(dir, "nginx.conf")
-				writeFile(t, file, "error_log "+dir+"/error.log;\nevents {}\nhttp {\n\taccess_log off;\n"+
-					"\tclient_body_temp_path "+dir+"/body;\n\tproxy_temp_path "+dir+"/proxy;\n\tfastcgi_temp_path "+dir+"/fcgi;\n"+
-					"\tuwsgi_temp_path "+dir+"/uwsgi;\n\tscgi_temp_path "+dir+"/scgi;\n"+conf+"}\n")
-				cmd = exec.Command(binary(t, "nginx", "/usr/sbin"), "-p", dir, "-c", file, "-g", "daemon off; pid "+dir+"/nginx.pid;")
-			}
-			startProxy(t, addr, cmd)
+			addr := startRealProxy(t, proxy, e, up.URL)
 			base := "http://" + addr
 
 			send := func(path, body string, h http.Header) (*http.Response, string) {
@@ -191,6 +172,37 @@ func TestRealProxies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startRealProxy runs the README's snippet for proxy ("caddy" or "nginx")
+// verbatim, in front of Breakwater (e) and the app at appURL, on a free
+// loopback port, and returns that address.
+func startRealProxy(t *testing.T, proxy string, e *routeEnv, appURL string) string {
+	t.Helper()
+	addr := freePort(t)
+	r := strings.NewReplacer("127.0.0.1:8080", e.app.Addr(), "127.0.0.1:3000", strings.TrimPrefix(appURL, "http://"))
+	conf := r.Replace(snippet(t, proxy))
+	dir := t.TempDir()
+	var cmd *exec.Cmd
+	switch proxy {
+	case "caddy":
+		conf = "{\n\tadmin off\n\tauto_https off\n}\n" + strings.Replace(conf, "shop.example.com", "http://"+addr, 1)
+		file := filepath.Join(dir, "Caddyfile")
+		writeFile(t, file, conf)
+		cmd = exec.Command(binary(t, "caddy"), "run", "--config", file, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	case "nginx":
+		conf = strings.Replace(conf, "listen 80;", "listen "+addr+";", 1)
+		file := filepath.Join(dir, "nginx.conf")
+		writeFile(t, file, "error_log "+dir+"/error.log;\nevents {}\nhttp {\n\taccess_log off;\n"+
+			"\tclient_body_temp_path "+dir+"/body;\n\tproxy_temp_path "+dir+"/proxy;\n\tfastcgi_temp_path "+dir+"/fcgi;\n"+
+			"\tuwsgi_temp_path "+dir+"/uwsgi;\n\tscgi_temp_path "+dir+"/scgi;\n"+conf+"}\n")
+		cmd = exec.Command(binary(t, "nginx", "/usr/sbin"), "-p", dir, "-c", file, "-g", "daemon off; pid "+dir+"/nginx.pid;")
+	default:
+		t.Fatalf("no proxy %q", proxy)
+	}
+	startProxy(t, addr, cmd)
+	return addr
 }
 
 func writeFile(t *testing.T, path, body string) {
