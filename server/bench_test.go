@@ -241,8 +241,10 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 	return newBenchServiceOn(b, limits, storage.Options{})
 }
 
-// newBenchServiceOn is newBenchService on a database opened with opts.
-func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options) (*Server, []string) {
+// newBenchServiceOn is newBenchService on a database opened with opts;
+// each tweak may change the server's config and dependencies before it
+// is built.
+func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options, tweaks ...func(*Config, *Deps)) (*Server, []string) {
 	b.Helper()
 	log := slog.New(slog.DiscardHandler)
 	opts.Logger = log
@@ -292,12 +294,16 @@ func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options
 		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
 	}
-	srv, err := New(Config{}, Deps{
+	cfg, deps := Config{}, Deps{
 		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
 		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
 		Operator:    operator.New(kr, codes, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, plans.All, time.UTC, operator.Options{}),
 		InviteCodes: db, InviteKey: key,
-	})
+	}
+	for _, tweak := range tweaks {
+		tweak(&cfg, &deps)
+	}
+	srv, err := New(cfg, deps)
 	if err != nil {
 		b.Fatal(err)
 	}
