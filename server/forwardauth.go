@@ -8,6 +8,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/detect"
 	"breakwater/server/routes"
 )
 
@@ -81,8 +82,14 @@ func (s *Server) forwardAuth(c echo.Context, now time.Time) error {
 		return err
 	}
 	if refusal := s.admitRoute(rt, cfg, who.key, now); refusal != nil {
+		// Counted per minute and key by the recorder, as on a proxied
+		// route, for a replay.
+		s.d.Events.Record(detect.Event{Time: now, UserID: who.id.UserID, IP: c.RealIP(), Route: detect.RoutePrefix + rt.name,
+			Layer: refusal.Layer, Outcome: detect.OutcomeLayerRefused})
 		return s.routeRefusal(rt.layer, refusal)
 	}
+	s.d.Events.Record(detect.Event{Time: now, UserID: who.id.UserID, KeyID: who.id.KeyID, Plan: who.id.Plan, IP: c.RealIP(),
+		Route: detect.RoutePrefix + rt.name, Outcome: outcomeChecked, Status: http.StatusOK})
 	setIdentity(c.Response().Header(), who.id.UserID, who.id.Plan)
 	return nil
 }
@@ -94,6 +101,10 @@ func setIdentity(h http.Header, user, plan string) {
 	h.Set(headerUser, user)
 	h.Set(headerPlan, plan)
 }
+
+// outcomeChecked is the outcome of a forward-auth check that let a
+// request of a route pass; the app's answer is not known.
+const outcomeChecked = "checked"
 
 // hasIdentityHeader reports whether a checked request carries an
 // X-Breakwater-* header. A proxy asks with the client's headers, and
