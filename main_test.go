@@ -249,6 +249,22 @@ func TestConfigCheckCommand(t *testing.T) {
 	}
 }
 
+// config check names the money keys a file leaves to their defaults,
+// which a running server that set them refuses to lose on a reload.
+func TestConfigCheckNamesTheMoneyDefaults(t *testing.T) {
+	var out bytes.Buffer
+	path := writeConfig(t, "[ocr]\nprovider = \"simulated\"\n[budget]\ndaily_usd = 2\ntimezone = \"UTC\"\nmonthly_usd = 20\n"+
+		"[plans.free]\nmonthly_quota = 10\ndaily_attempts = 3\n[plans.pro]\nmonthly_quota = 100\n")
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := "note: this file leaves money keys to their defaults: budget.daily_requests (default 5000), plans.pro.daily_attempts (default 50); " +
+		"a running server whose config set one of them refuses to reload this file"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("config check printed:\n%s\nwant it to contain %q", out.String(), want)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	cases := []struct {
 		name string
