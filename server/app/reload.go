@@ -130,24 +130,32 @@ func (a *App) Reload(next Config, trigger string) error {
 // than quiet apart; LostCeilings guards that case. A file still changing
 // after bound is an error.
 func settled(ctx context.Context, path string, quiet, bound time.Duration) ([]byte, error) {
-	type look struct {
-		size  int64
-		mtime time.Time
-		sum   [sha256.Size]byte
-		data  []byte
+	return settle(ctx, path, func() (fileLook, error) { return lookAt(path) }, quiet, bound)
+}
+
+// fileLook is what settle compares between two looks at a file.
+type fileLook struct {
+	size  int64
+	mtime time.Time
+	sum   [sha256.Size]byte
+	data  []byte
+}
+
+func lookAt(path string) (fileLook, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileLook{}, err
 	}
-	read := func() (look, error) {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return look{}, err
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return look{}, err
-		}
-		return look{size: fi.Size(), mtime: fi.ModTime(), sum: sha256.Sum256(data), data: data}, nil
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fileLook{}, err
 	}
-	prev, err := read()
+	return fileLook{size: fi.Size(), mtime: fi.ModTime(), sum: sha256.Sum256(data), data: data}, nil
+}
+
+// settle is settled with the looks taken by look.
+func settle(ctx context.Context, path string, look func() (fileLook, error), quiet, bound time.Duration) ([]byte, error) {
+	prev, err := look()
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +167,7 @@ func settled(ctx context.Context, path string, quiet, bound time.Duration) ([]by
 			return nil, ctx.Err()
 		case <-timer.C:
 		}
-		cur, err := read()
+		cur, err := look()
 		if err != nil {
 			return nil, err
 		}

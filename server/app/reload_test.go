@@ -218,28 +218,39 @@ func TestSettledWaitsForTheFileToStopChanging(t *testing.T) {
 	if err := os.WriteFile(path, []byte("a = 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := settled(context.Background(), path, 20*time.Millisecond, time.Second)
+	got, err := settled(context.Background(), path, time.Millisecond, time.Second)
 	if err != nil || string(got) != "a = 1\n" {
 		t.Errorf("settled = %q, %v", got, err)
 	}
 
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			os.WriteFile(path, []byte(fmt.Sprintf("a = %d\n", i)), 0o600)
-		}
-	}()
-	_, err = settled(context.Background(), path, 20*time.Millisecond, 200*time.Millisecond)
-	close(stop)
-	<-done
-	if err == nil || !strings.Contains(err.Error(), "still changing") {
-		t.Errorf("settled on a file that keeps changing: %v, want a refusal", err)
+	// Looks that differ in one of size, mtime or content, then agree.
+	mtime := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	looks := []fileLook{
+		{size: 5, mtime: mtime, sum: [32]byte{1}, data: []byte("a = 1")},
+		{size: 6, mtime: mtime, sum: [32]byte{1}, data: []byte("a = 12")},
+		{size: 6, mtime: mtime.Add(time.Nanosecond), sum: [32]byte{1}, data: []byte("a = 12")},
+		{size: 6, mtime: mtime.Add(time.Nanosecond), sum: [32]byte{2}, data: []byte("a = 13")},
+		{size: 6, mtime: mtime.Add(time.Nanosecond), sum: [32]byte{2}, data: []byte("a = 13")},
+	}
+	n := 0
+	look := func() (fileLook, error) {
+		l := looks[min(n, len(looks)-1)]
+		n++
+		return l, nil
+	}
+	got, err = settle(context.Background(), path, look, time.Millisecond, time.Second)
+	if err != nil || string(got) != "a = 13" || n != len(looks) {
+		t.Errorf("settle = %q, %v after %d looks; want \"a = 13\" after %d", got, err, n, len(looks))
+	}
+
+	// A file that changes at every look is refused once bound is spent.
+	n = 0
+	changing := func() (fileLook, error) {
+		n++
+		return fileLook{size: int64(n), mtime: mtime, data: []byte("x")}, nil
+	}
+	_, err = settle(context.Background(), path, changing, time.Millisecond, 10*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "still changing after 10ms") || n != 11 {
+		t.Errorf("settle on a file that keeps changing: %v after %d looks, want a refusal after 11", err, n)
 	}
 }
