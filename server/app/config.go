@@ -188,6 +188,7 @@ func read(path string, data []byte, getenv func(string) string, optional bool, l
 	if err := c.finish(path, base); err != nil {
 		return Config{}, err
 	}
+	c.warnings = append(c.warnings, c.Server.Warnings()...)
 	return c, nil
 }
 
