@@ -27,9 +27,11 @@ type adminCall struct {
 }
 
 // adminRecorder serves the admin handler and records what reached it.
-// Its one extra path, /login, plays the operator signing in to the
-// dashboard: it asks for Basic credentials as the admin listener does and,
-// once the browser sends them, sends the browser on to next.
+// Its extra paths play the operator in the browser: /login asks for Basic
+// credentials as the admin listener does and, once the browser sends
+// them, sends it on to next; /login-dashboard does the same and sends it
+// to /dashboard-click, the real dashboard (fetched from the handler) with
+// a script that clicks its brake button, as the operator would.
 type adminRecorder struct {
 	h    http.Handler
 	next string
@@ -39,13 +41,27 @@ type adminRecorder struct {
 
 func (a *adminRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, token, ok := r.BasicAuth()
-	if r.URL.Path == "/login" {
+	switch r.URL.Path {
+	case "/login", "/login-dashboard":
 		if !ok || token != testAdminToken {
 			w.Header().Set("WWW-Authenticate", `Basic realm="breakwater admin", charset="UTF-8"`)
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		http.Redirect(w, r, a.next, http.StatusFound)
+		next := a.next
+		if r.URL.Path == "/login-dashboard" {
+			next = "/dashboard-click"
+		}
+		http.Redirect(w, r, next, http.StatusFound)
+		return
+	case "/dashboard-click":
+		get := httptest.NewRequest(http.MethodGet, "/", nil)
+		get.Header.Set("Authorization", "Bearer "+testAdminToken)
+		rec := httptest.NewRecorder()
+		a.h.ServeHTTP(rec, get)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(rec.Body.Bytes())
+		io.WriteString(w, `<script>document.getElementById("brake-button").click()</script>`)
 		return
 	}
 	rec := httptest.NewRecorder()
@@ -74,8 +90,9 @@ func (a *adminRecorder) calls() []adminCall {
 // through the admin API: in real headless Chromium it auto-submits a form
 // to /api/invites and posts to /api/detect/run and /api/keys/ID/revoke;
 // each arrives with the credentials and is refused 403 cross_origin, and
-// no invite is created and no key revoked. On the old code the invite was
-// created and the key revoked.
+// no invite is created and no key revoked. The dashboard's own brake
+// button, clicked in the browser, still works. On the old code the invite
+// was created and the key revoked.
 func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
@@ -109,31 +126,7 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 	admin.Start()
 	t.Cleanup(admin.Close)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	login := strings.Replace(admin.URL, "http://", "http://admin:"+testAdminToken+"@", 1) + "/login"
-	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-		"--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-		"--user-data-dir="+filepath.Join(t.TempDir(), "profile"), "--remote-debugging-port=0", login)
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("chromium: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
-	select {
-	case <-done:
-	case err := <-exited:
-		t.Fatalf("chromium stopped before the page was done: %v\n%s", err, out.String())
-	case <-ctx.Done():
-		t.Fatalf("the attack page never finished; the admin listener saw %+v\n%s", rec.calls(), out.String())
-	}
+	browse(t, bin, strings.Replace(admin.URL, "http://", "http://admin:"+testAdminToken+"@", 1)+"/login", done, rec)
 
 	attacks := map[string]bool{"/api/invites": false, "/api/detect/run": false, "/api/keys/" + keyID + "/revoke": false}
 	for _, c := range rec.calls() {
@@ -169,6 +162,63 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 		if k.ID == keyID && !k.RevokedAt.IsZero() {
 			t.Errorf("the key %s was revoked by another origin's page", keyID)
 		}
+	}
+
+	// The dashboard's own brake form, clicked in the same browser, still
+	// works: its post is same-origin.
+	clicked := make(chan struct{})
+	go func() {
+		defer close(clicked)
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			for _, c := range rec.calls() {
+				if c.path == "/brake" && c.status != http.StatusUnauthorized {
+					return // answered with the credentials (the browser may ask without them first)
+				}
+			}
+		}
+	}()
+	browse(t, bin, strings.Replace(admin.URL, "http://", "http://admin:"+testAdminToken+"@", 1)+"/login-dashboard", clicked, rec)
+	var brake []adminCall
+	for _, c := range rec.calls() {
+		if c.path == "/brake" && c.status != http.StatusUnauthorized {
+			brake = append(brake, c)
+		}
+	}
+	if len(brake) != 1 || brake[0].status != http.StatusSeeOther || brake[0].fetchSite != "same-origin" || !brake[0].withToken {
+		t.Errorf("the dashboard's brake form: %+v, want one same-origin post with the credentials answered 303", brake)
+	}
+	if st := e.brake.Status(time.Now()); !st.Manual || !st.Engaged {
+		t.Errorf("the dashboard's brake button did not engage the brake: %+v", st)
+	}
+}
+
+// browse opens url in headless Chromium and closes it once until is
+// closed; it fails the test if Chromium stops first or a minute passes.
+func browse(t *testing.T, bin, url string, until <-chan struct{}, rec *adminRecorder) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+		"--user-data-dir="+filepath.Join(t.TempDir(), "profile"), "--remote-debugging-port=0", url)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+	select {
+	case <-until:
+	case err := <-exited:
+		t.Fatalf("chromium stopped before the page was done: %v\n%s", err, out.String())
+	case <-ctx.Done():
+		t.Fatalf("the page never finished; the admin listener saw %+v\n%s", rec.calls(), out.String())
 	}
 }
 
