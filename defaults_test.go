@@ -149,8 +149,16 @@ monthly_quota = 100
 				t.Errorf("%s does not warn about %q:\n%s", what, w, text)
 			}
 		}
+		// The note on money keys left to their defaults names them on
+		// purpose (a running server that set them refuses to lose them).
+		var warnings []string
+		for _, l := range strings.Split(text, "\n") {
+			if !strings.HasPrefix(l, "note: this file leaves money keys") {
+				warnings = append(warnings, l)
+			}
+		}
 		for _, w := range notWant {
-			if strings.Contains(text, w) {
+			if strings.Contains(strings.Join(warnings, "\n"), w) {
 				t.Errorf("%s warns about %q, which is at its default:\n%s", what, w, text)
 			}
 		}

@@ -249,6 +249,53 @@ func TestConfigCheckCommand(t *testing.T) {
 	}
 }
 
+// config check names the money keys a file leaves to their defaults,
+// which a running server that set them refuses to lose on a reload.
+func TestConfigCheckNamesTheMoneyDefaults(t *testing.T) {
+	var out bytes.Buffer
+	path := writeConfig(t, "[ocr]\nprovider = \"simulated\"\n[budget]\ndaily_usd = 2\ntimezone = \"UTC\"\nmonthly_usd = 20\n"+
+		"[plans.free]\nmonthly_quota = 10\ndaily_attempts = 3\n[plans.pro]\nmonthly_quota = 100\n")
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := "note: this file leaves money keys to their defaults: budget.daily_requests (default 5000), plans.pro.daily_attempts (default 50); " +
+		"a running server whose config set one of them refuses to reload this file"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("config check printed:\n%s\nwant it to contain %q", out.String(), want)
+	}
+}
+
+// config check warns about trusted_proxies that trust every address, and
+// refuses (exit 1), as serve does, an admin address that is the public
+// one spelled another way.
+func TestConfigCheckProxiesAndListeners(t *testing.T) {
+	var out bytes.Buffer
+	trustAll := writeConfig(t, "[server]\ntrusted_proxies = [\"0.0.0.0/0\", \"::/0\"]\n[ocr]\nprovider = \"simulated\"\n"+minimalConfig)
+	if err := run(context.Background(), []string{"config", "check", "--config", trustAll}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"warning: server.trusted_proxies holds 0.0.0.0/0", "warning: server.trusted_proxies holds ::/0"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("config check printed:\n%s\nwant %q", out.String(), want)
+		}
+	}
+
+	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1")
+	shared := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\nadmin_listen = %q\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n",
+		port, "0.0.0.0"+port, filepath.Join(t.TempDir(), "bw.db"))+minimalConfig)
+	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": strings.Repeat("t", 32)})
+	const want = "is the same address as server.listen"
+	err := run(context.Background(), []string{"config", "check", "--config", shared}, env, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), want) || exitCode(err, io.Discard) != 1 {
+		t.Errorf("config check: %v, want exit 1 saying %q", err, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := run(ctx, []string{"serve", "--config", shared}, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("serve: %v, want a refusal saying %q", err, want)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	cases := []struct {
 		name string

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -42,6 +43,55 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// sameOriginWrites refuses, before the admin token is even looked at, a
+// request that changes state (any method but GET, HEAD and OPTIONS) when
+// a browser made it for a page of another origin: a browser that holds
+// the admin token as the dashboard's Basic credentials sends them with a
+// form or a fetch of any site the operator opens. The dashboard's own
+// forms, the CLI and scripts pass; see crossOrigin.
+func (s *Server) sameOriginWrites(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			return next(c)
+		}
+		if crossOrigin(r) {
+			s.log.Warn("admin request from another origin refused", "method", r.Method, "path", r.URL.Path,
+				"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"))
+			return errCrossOrigin
+		}
+		return next(c)
+	}
+}
+
+// crossOrigin reports whether a browser made r for a page of another
+// origin. Sec-Fetch-Site, which a page cannot set, decides when present:
+// "same-origin" (the dashboard's forms) and "none" (the operator typed
+// the address) pass; "same-site" (another port of the same host) and
+// "cross-site" do not. Without it, an Origin header must name this host;
+// "null" (a sandboxed page, a data: URL) does not. A request with neither
+// is no browser's (the CLI, curl, a script) and passes: it needs the
+// admin token all the same.
+func crossOrigin(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin", "none":
+		return false
+	case "":
+	default:
+		return true
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return false
+	}
+	u, err := url.Parse(origin)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return true
+	}
+	return !strings.EqualFold(u.Host, r.Host)
 }
 
 func (s *Server) handleCreateKey(c echo.Context) error {

@@ -36,10 +36,12 @@ type Config struct {
 	Listen string `koanf:"listen"`
 	// AdminListen is the admin API's address. Default "127.0.0.1:8081".
 	// A non-loopback address needs an admin token of 32 characters or more.
+	// It must not be Listen's address, however spelled: Validate refuses it.
 	AdminListen string `koanf:"admin_listen"`
 	// TrustedProxies lists the reverse proxies (CIDR ranges or single
 	// addresses) whose X-Real-IP / X-Forwarded-For headers are believed.
-	// Default empty: the client is always the TCP peer.
+	// Default empty: the client is always the TCP peer. A range that holds
+	// every address (0.0.0.0/0, ::/0) is allowed, and Warnings names it.
 	TrustedProxies []string `koanf:"trusted_proxies"`
 	// ClientIPHeader names the header a trusted proxy gives the client's
 	// address in: "X-Forwarded-For" (the default; its rightmost entry that
@@ -198,6 +200,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s: %q is not host:port", key.name, key.addr)
 		}
 	}
+	if err := distinctListeners(c.WithDefaults()); err != nil {
+		return err
+	}
 	if _, ok := clientIPHeader(c.ClientIPHeader); !ok {
 		return fmt.Errorf("server.client_ip_header: must be %q or %q, got %q", headerXFF, headerRealIP, c.ClientIPHeader)
 	}
@@ -205,6 +210,74 @@ func (c Config) Validate() error {
 		return err
 	}
 	return nil
+}
+
+// distinctListeners refuses a public and an admin address that would
+// be the same listening socket, however spelled (":8080", "0.0.0.0:8080",
+// "[::]:8080"; a wildcard host covers every address of its port): the
+// admin API must never share the public port. Port 0 (a free port each)
+// never collides.
+func distinctListeners(c Config) error {
+	pub, err1 := listenAddr(c.Listen)
+	adm, err2 := listenAddr(c.AdminListen)
+	if err1 != nil || err2 != nil || pub.port == 0 || pub.port != adm.port {
+		return nil // a malformed address is refused on its own
+	}
+	overlap := pub.host == adm.host || pub.host.IsUnspecified() && (pub.host.Is6() || adm.host.Is4()) ||
+		adm.host.IsUnspecified() && (adm.host.Is6() || pub.host.Is4())
+	if overlap {
+		return fmt.Errorf("server.admin_listen: %q is the same address as server.listen %q: the admin API must have its own port (default %s)",
+			c.AdminListen, c.Listen, DefaultAdminListen)
+	}
+	return nil
+}
+
+// hostPort is a listening address as the socket sees it.
+type hostPort struct {
+	host netip.Addr
+	port int
+}
+
+// listenAddr is addr's host and port: an empty host is "::" (every
+// address, as net.Listen takes it), "localhost" is 127.0.0.1 (the address
+// net.Listen binds for it) and a named port is looked up.
+func listenAddr(addr string) (hostPort, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return hostPort{}, err
+	}
+	n, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return hostPort{}, err
+	}
+	var ip netip.Addr
+	switch strings.ToLower(host) {
+	case "":
+		ip = netip.IPv6Unspecified()
+	case "localhost":
+		ip = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	default:
+		if ip, err = netip.ParseAddr(host); err != nil {
+			return hostPort{}, err // a host name: not compared
+		}
+		ip = ip.Unmap().WithZone("")
+	}
+	return hostPort{host: ip, port: n}, nil
+}
+
+// Warnings are what in c is valid but probably a mistake, for serve and
+// config check to show.
+func (c Config) Warnings() []string {
+	var out []string
+	prefixes, _ := ParsePrefixes(c.TrustedProxies) // Validate reports an error
+	for _, p := range prefixes {
+		if p.Bits() == 0 {
+			out = append(out, fmt.Sprintf("server.trusted_proxies holds %s, every %s address: any client can then set its own forwarded address "+
+				"(X-Forwarded-For or X-Real-IP) and pick the IP its limits, invite checks and statistics count; list only your proxies' addresses",
+				p, map[bool]string{true: "IPv4", false: "IPv6"}[p.Addr().Is4()]))
+		}
+	}
+	return out
 }
 
 // ParsePrefixes parses trusted_proxies entries: CIDR ranges or single

@@ -162,6 +162,8 @@ var (
 	errInviteNotFound = problem(http.StatusNotFound, "not_found", "Not found", "No invite has that id.")
 	errFormToken      = problem(http.StatusForbidden, "form_refused", "Forbidden",
 		"The form did not come from this dashboard, or it is from before a restart: reload the dashboard and try again.")
+	errCrossOrigin = problem(http.StatusForbidden, "cross_origin", "Forbidden",
+		"A browser sent this request for a page of another origin: the admin API changes nothing for another site. Use the dashboard itself, the breakwater CLI, or a client that sends no Origin header.")
 	errNoCooldown = problem(http.StatusNotFound, "not_found", "Not found", "No cooldown is on that key.")
 )
 

@@ -27,8 +27,9 @@ func (s *Server) routes() {
 		s.public.RouteNotFound("/*", s.handleRoute)
 	}
 
-	// Admin listener: every route needs the admin token.
-	a := s.admin.Group("", s.adminOnly)
+	// Admin listener: every route needs the admin token, and none that
+	// changes anything acts for a page of another origin.
+	a := s.admin.Group("", s.sameOriginWrites, s.adminOnly)
 	a.GET("/", s.handleDashboard)
 	a.POST("/brake", s.handleDashboardBrake, limitBody(64<<10)) // the dashboard's button
 	a.GET("/healthz", s.handleHealth)

@@ -106,17 +106,21 @@ func (db *DB) Writes() int64 { return db.answered.Load() }
 func (db *DB) runBatch(batch []commitRequest) {
 	for len(batch) > 0 {
 		failed, failErr := -1, error(nil)
-		err := db.bolt.Update(func(tx *bbolt.Tx) error {
-			if err := db.tail.extend(tx); err != nil {
-				db.logger.Warn("commits may be slower", "err", err)
-			}
-			for i, req := range batch {
-				if err := callSafely(req.fn, tx); err != nil {
-					failed, failErr = i, err
-					return err
+		// guard: a damaged page that bbolt meets while committing (a
+		// panic) fails the batch with ErrDamaged instead of the process.
+		err := guard("writing "+db.path, func() error {
+			return db.bolt.Update(func(tx *bbolt.Tx) error {
+				if err := db.tail.extend(tx); err != nil {
+					db.logger.Warn("commits may be slower", "err", err)
 				}
-			}
-			return nil
+				for i, req := range batch {
+					if err := callSafely(req.fn, tx); err != nil {
+						failed, failErr = i, err
+						return err
+					}
+				}
+				return nil
+			})
 		})
 		db.txs.Add(1)
 		if failed >= 0 {

@@ -2,6 +2,8 @@ package storage
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/test/harness"
 )
 
 // childEnv names the database a child test process opens; childCheck
@@ -27,7 +31,8 @@ const (
 )
 
 // TestOpenChild is the child side of openInChild: it opens the database
-// named in childEnv, prints the outcome on one line and exits. Without
+// named in childEnv, reads its keys and users, prints the outcome on one
+// line and exits. Without
 // childEnv it does nothing.
 func TestOpenChild(t *testing.T) {
 	path := os.Getenv(childEnv)
@@ -43,6 +48,15 @@ func TestOpenChild(t *testing.T) {
 	}
 	db, err := Open(path, Options{Timeout: time.Second, Logger: quietLogger, Check: os.Getenv(childCheck) != ""})
 	if err != nil {
+		fmt.Println("ERROR:", err)
+		os.Exit(0)
+	}
+	// What every command does next: load the keys and users.
+	if _, err := db.Keys(); err != nil {
+		fmt.Println("ERROR:", err)
+		os.Exit(0)
+	}
+	if _, err := db.Users(); err != nil {
 		fmt.Println("ERROR:", err)
 		os.Exit(0)
 	}
@@ -105,12 +119,20 @@ func openInChild(t *testing.T, path string, env ...string) string {
 }
 
 // realDatabase writes a Breakwater database with enough records to span
-// many pages (about 1 MiB in the events bucket) and returns its path and
-// its bytes.
+// many pages (about 1 MiB in the events bucket, 300 users with a key
+// each) and returns its path and its bytes.
 func realDatabase(t *testing.T) (string, []byte) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "real.db")
 	db := mustOpenPath(t, path, Options{NoSync: true})
+	created := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := range 300 {
+		id := fmt.Sprintf("user-%04d", i)
+		k := Key{ID: fmt.Sprintf("key_%04d", i), Hash: sha256.Sum256([]byte(id)), UserID: id, CreatedAt: created}
+		if err := db.CreateKey(k, User{Plan: "free"}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketEvents)
 		for i := range 1000 {
@@ -166,7 +188,7 @@ func zeroPage(data []byte, pageSize uint32, id uint64) []byte {
 }
 
 func TestOpenDamagedFiles(t *testing.T) {
-	_, data := realDatabase(t)
+	path, data := realDatabase(t)
 	m := metaOf(t, data)
 	ps := uint64(m.pageSize)
 	if m.pgid < 50 {
@@ -175,6 +197,12 @@ func TestOpenDamagedFiles(t *testing.T) {
 	random := make([]byte, 64<<10)
 	for i := range random {
 		random[i] = byte(i*7 + i/251)
+	}
+
+	var usersRoot uint64
+	readBolt(t, path, func(tx *bbolt.Tx) { usersRoot = uint64(tx.Bucket(bucketUsers).Root()) })
+	if usersRoot < 2 || usersRoot == m.root || usersRoot == m.freelist {
+		t.Fatalf("the users bucket's root is page %d (meta root %d, freelist %d): want a page of its own", usersRoot, m.root, m.freelist)
 	}
 
 	cases := []struct {
@@ -196,6 +224,10 @@ func TestOpenDamagedFiles(t *testing.T) {
 		{"random bytes", random, []string{"not a breakwater database"}, ErrDamaged},
 		{"text", []byte(strings.Repeat("hello, not a database\n", 1000)), []string{"not a breakwater database"}, ErrDamaged},
 		{"whole file is fine", data, []string{"OPENED"}, nil},
+		// A data page (not meta, root or freelist) that Open does not
+		// read, and loading the users does: bbolt panicked there.
+		{"data page zeroed", zeroPage(data, m.pageSize, usersRoot), []string{"database is damaged", "reading " + filepath.Join("DIR", "copy.db"),
+			"Page expected to be", "backup"}, ErrNotDatabase},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -203,7 +235,7 @@ func TestOpenDamagedFiles(t *testing.T) {
 			got := openInChild(t, path)
 			t.Log(got)
 			for _, w := range c.want {
-				if !strings.Contains(got, w) {
+				if w = strings.ReplaceAll(w, "DIR", filepath.Dir(path)); !strings.Contains(got, w) {
 					t.Errorf("outcome %q does not say %q", got, w)
 				}
 			}
@@ -212,6 +244,45 @@ func TestOpenDamagedFiles(t *testing.T) {
 			}
 		})
 	}
+
+	// The real binary on the damaged data page: serve and usage refuse
+	// it with the message, exit 1, never a Go panic (exit 2).
+	t.Run("data page zeroed, the binary", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		root, err := harness.ModuleRoot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin, err := harness.Build(ctx, root, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := writeCopy(t, "bw.db", zeroPage(data, m.pageSize, usersRoot))
+		config := writeCopy(t, "config.toml", fmt.Appendf(nil, "[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n"+
+			"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n", db))
+		for _, args := range [][]string{{"usage"}, {"serve"}, {"keys", "list"}} {
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				cmd := exec.CommandContext(cctx, bin, append(args, "--config", config)...)
+				cmd.Env = append(os.Environ(), "BREAKWATER_ADMIN_TOKEN=")
+				out, err := cmd.CombinedOutput()
+				var exit *exec.ExitError
+				if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+					t.Fatalf("breakwater %s: %v, want exit 1:\n%.3000s", strings.Join(args, " "), err, out)
+				}
+				for _, want := range []string{"database is damaged", db, "restore the file from a backup"} {
+					if !strings.Contains(string(out), want) {
+						t.Errorf("breakwater %s does not say %q:\n%.3000s", strings.Join(args, " "), want, out)
+					}
+				}
+				if strings.Contains(string(out), "goroutine ") || strings.Contains(string(out), "panic:") {
+					t.Errorf("breakwater %s panicked:\n%.3000s", strings.Join(args, " "), out)
+				}
+			})
+		}
+	})
 }
 
 // TestOpenTruncatedInProcess: the size check comes before bbolt maps the

@@ -476,15 +476,17 @@ func (db *DB) Close() error {
 }
 
 // view runs fn in a read-only transaction, mapping a closed database to
-// ErrClosed.
+// ErrClosed, and a damaged page, which bbolt reports by panicking, to
+// ErrDamaged naming the file.
 func (db *DB) view(fn func(tx *bbolt.Tx) error) error {
-	return closedErr(db.bolt.View(fn))
+	return closedErr(guard("reading "+db.path, func() error { return db.bolt.View(fn) }))
 }
 
 // update runs fn in its own read-write transaction (no group commit),
-// mapping a closed database to ErrClosed.
+// mapping a closed database to ErrClosed and a damaged page to
+// ErrDamaged.
 func (db *DB) update(fn func(tx *bbolt.Tx) error) error {
-	return closedErr(db.bolt.Update(fn))
+	return closedErr(guard("writing "+db.path, func() error { return db.bolt.Update(fn) }))
 }
 
 func closedErr(err error) error {

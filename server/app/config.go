@@ -58,6 +58,9 @@ type Config struct {
 
 	// warnings are what Read noticed that is not an error; see Warnings.
 	warnings []string
+	// explicit holds the keys the file or the environment set, as
+	// opposed to those left to their defaults; see LostCeilings.
+	explicit map[string]bool
 }
 
 // Warnings are what reading the config noticed that is not an error but
@@ -75,7 +78,21 @@ var secretVars = map[string]bool{
 // value. An unknown key is an error that names it: a typo must never switch
 // a limit off silently.
 func Load(path string, getenv func(string) string) (Config, error) {
-	c, err := Read(path, getenv, false)
+	return loadData(path, nil, getenv)
+}
+
+// Read parses path and the environment overrides into a config with
+// defaults applied, without validating values. A missing file is an error
+// unless optional.
+func Read(path string, getenv func(string) string, optional bool) (Config, error) {
+	return read(path, nil, getenv, optional, nil)
+}
+
+// loadData is Load of data, the content of the file at path as the
+// caller read it: what a reload checked for being settled is what it
+// applies.
+func loadData(path string, data []byte, getenv func(string) string) (Config, error) {
+	c, err := read(path, data, getenv, false, nil)
 	if err != nil {
 		return Config{}, err
 	}
@@ -85,17 +102,11 @@ func Load(path string, getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
-// Read parses path and the environment overrides into a config with
-// defaults applied, without validating values. A missing file is an error
-// unless optional.
-func Read(path string, getenv func(string) string, optional bool) (Config, error) {
-	return read(path, getenv, optional, nil)
-}
-
-// read is Read. With lenient set, what Read refuses in a single key (an
+// read is Read, of data when it is not nil (path then only names the
+// file and its folder). With lenient set, what Read refuses in a single key (an
 // unknown key, a value that does not decode, an override that names no
 // key) is left out instead, and *lenient says which and why.
-func read(path string, getenv func(string) string, optional bool, lenient *[]string) (Config, error) {
+func read(path string, data []byte, getenv func(string) string, optional bool, lenient *[]string) (Config, error) {
 	// refuse is an error, or with lenient a warning that key is left out.
 	refuse := func(err error) error {
 		if lenient == nil {
@@ -108,7 +119,12 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 	// A relative storage.path is taken from the config file's folder, so
 	// an operator command run from elsewhere finds the same database.
 	base := "."
-	if _, err := os.Stat(path); err == nil {
+	if data != nil {
+		if err := k.Load(bytesProvider(data), toml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", path, err)
+		}
+		base = filepath.Dir(path)
+	} else if _, err := os.Stat(path); err == nil {
 		if err := k.Load(file.Provider(path), toml.Parser()); err != nil {
 			return Config{}, fmt.Errorf("config %s: %w", path, err)
 		}
@@ -165,9 +181,14 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 		}
 	}
 	c.warnings = warnings
+	c.explicit = make(map[string]bool, len(k.Keys()))
+	for _, key := range k.Keys() {
+		c.explicit[key] = true
+	}
 	if err := c.finish(path, base); err != nil {
 		return Config{}, err
 	}
+	c.warnings = append(c.warnings, c.Server.Warnings()...)
 	return c, nil
 }
 
@@ -197,7 +218,7 @@ func LoadForOperator(path string, getenv func(string) string) (Config, []string,
 		return c, nil, nil
 	}
 	var warnings []string
-	c, rerr := read(path, getenv, false, &warnings)
+	c, rerr := read(path, nil, getenv, false, &warnings)
 	if rerr != nil {
 		return Config{}, nil, err // the file itself cannot be read
 	}
@@ -715,6 +736,62 @@ func flatten(c Config) map[string]string {
 		}
 	}
 	walk(reflect.ValueOf(c), "")
+	return out
+}
+
+// LostCeilings names, sorted, the money keys that running set
+// explicitly and next leaves out: a key of [budget], or a plan's
+// monthly_quota or daily_attempts for a plan next still has. Left out,
+// each takes its default, which may be a higher ceiling than the one
+// running enforces (budget.daily_requests 100 would become 5,000): a file
+// caught half-written, or a section deleted by mistake, must not raise
+// what the service may spend. A plan next removes whole is not named:
+// its users are refused until it is back.
+func LostCeilings(running, next Config) []string {
+	var lost []string
+	for key := range running.explicit {
+		if next.explicit[key] {
+			continue
+		}
+		parts := strings.Split(key, ".")
+		switch {
+		case parts[0] == "budget":
+		case len(parts) == 3 && parts[0] == "plans" && (parts[2] == "monthly_quota" || parts[2] == "daily_attempts"):
+			if _, ok := next.Plans[parts[1]]; !ok {
+				continue
+			}
+		default:
+			continue
+		}
+		lost = append(lost, key)
+	}
+	slices.Sort(lost)
+	return lost
+}
+
+// MoneyDefaults names, sorted, the money keys that c leaves to their
+// defaults (the keys of [budget], and daily_attempts of each plan), each
+// with the default it takes, for config check to say which keys a
+// running server that set them would refuse to lose on a reload.
+func (c Config) MoneyDefaults() []string {
+	var out []string
+	b := budget.DefaultConfig()
+	for key, def := range map[string]string{
+		"budget.timezone":       b.Timezone,
+		"budget.daily_requests": strconv.FormatInt(b.DailyRequests, 10),
+		"budget.daily_usd":      strconv.FormatFloat(b.DailyUSD, 'f', -1, 64),
+		"budget.monthly_usd":    strconv.FormatFloat(b.MonthlyUSD, 'f', -1, 64),
+	} {
+		if !c.explicit[key] {
+			out = append(out, key+" (default "+def+")")
+		}
+	}
+	for name, p := range c.Plans {
+		if key := "plans." + name + ".daily_attempts"; !c.explicit[key] {
+			out = append(out, fmt.Sprintf("%s (default %d)", key, p.DailyAttempts))
+		}
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -165,3 +165,74 @@ func TestModes(t *testing.T) {
 		}
 	}
 }
+
+// The public and the admin listener must not be one socket, however the
+// addresses are spelled; port 0 (a free port each) never collides.
+func TestListenersMustDiffer(t *testing.T) {
+	for _, tt := range []struct {
+		listen, admin string
+		refused       bool
+	}{
+		{"127.0.0.1:8080", "127.0.0.1:8080", true},
+		{":8080", "0.0.0.0:8080", true},
+		{"0.0.0.0:8080", ":8080", true},
+		{"[::]:8080", "127.0.0.1:8080", true},
+		{"127.0.0.1:8080", "0.0.0.0:8080", true},
+		{"localhost:8080", "127.0.0.1:8080", true},
+		{"[::ffff:127.0.0.1]:8080", "127.0.0.1:8080", true},
+		{":http", "127.0.0.1:80", true},
+		{"", ":8080", true}, // listen left to its default, :8080
+		{"127.0.0.1:0", "127.0.0.1:0", false},
+		{"127.0.0.1:8080", "127.0.0.1:8081", false},
+		{"0.0.0.0:8080", "[::1]:8080", false},
+		{"10.0.0.5:8080", "127.0.0.1:8080", false},
+	} {
+		t.Run(tt.listen+" "+tt.admin, func(t *testing.T) {
+			body := "[server]\nadmin_listen = \"" + tt.admin + "\"\n"
+			if tt.listen != "" {
+				body += "listen = \"" + tt.listen + "\"\n"
+			}
+			_, err := Load(writeConfig(t, body+minimal), env(nil))
+			if tt.refused && (err == nil || !strings.Contains(err.Error(), "server.admin_listen") || !strings.Contains(err.Error(), "same address as server.listen")) {
+				t.Errorf("Load = %v, want the shared address refused", err)
+			}
+			if !tt.refused && err != nil {
+				t.Errorf("Load = %v, want no error", err)
+			}
+		})
+	}
+}
+
+// trusted_proxies that trust every address is allowed but warned about:
+// every client could then set its own forwarded address.
+func TestTrustEveryoneWarns(t *testing.T) {
+	for _, tt := range []struct {
+		proxies string
+		want    []string
+	}{
+		{`["0.0.0.0/0", "::/0"]`, []string{"0.0.0.0/0, every IPv4 address", "::/0, every IPv6 address"}},
+		{`["10.1.2.3/0"]`, []string{"0.0.0.0/0, every IPv4 address"}},
+		{`["127.0.0.1/32", "10.0.0.0/8", "::1"]`, nil},
+	} {
+		t.Run(tt.proxies, func(t *testing.T) {
+			c, err := Load(writeConfig(t, "[server]\ntrusted_proxies = "+tt.proxies+"\n"+minimal), env(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, w := range c.Warnings() {
+				if strings.Contains(w, "trusted_proxies") {
+					got = append(got, w)
+				}
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("warnings %q, want %d about trusted_proxies", got, len(tt.want))
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(got[i], w) || !strings.Contains(got[i], "any client can then set its own forwarded address") {
+					t.Errorf("warning %q, want it to name %q and say why", got[i], w)
+				}
+			}
+		})
+	}
+}

@@ -17,7 +17,9 @@ func configCmd(e *env) *cobra.Command {
 missing plan is an error, exit 1), then say what the environment lacks and
 which limits are off. What would make serve refuse to start (GEMINI_API_KEY
 unset with ocr.provider "gemini", an admin_listen off loopback with a short
-BREAKWATER_ADMIN_TOKEN) is an error too.`,
+BREAKWATER_ADMIN_TOKEN) is an error too. It names the money keys the file
+leaves to their defaults: a running server whose config set one of them
+refuses to reload this file, and keeps its config.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE:              func(c *cobra.Command, _ []string) error { return e.configCheck() },
@@ -57,6 +59,10 @@ func (e *env) configCheck() error {
 	}
 	for _, w := range c.Warnings() {
 		fmt.Fprintln(out, "warning:", w)
+	}
+	if left := c.MoneyDefaults(); len(left) > 0 {
+		fmt.Fprintf(out, "note: this file leaves money keys to their defaults: %s; a running server whose config set one of them "+
+			"refuses to reload this file (it keeps its config and logs the keys): write them back, or restart to apply the file\n", strings.Join(left, ", "))
 	}
 	// The file is valid, but serve would still refuse to start: exit 1.
 	if err := app.CheckStart(c, getenv); err != nil {
