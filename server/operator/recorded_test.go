@@ -1,0 +1,123 @@
+package operator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/detect"
+)
+
+var t0 = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+
+// lines is an answer of GET /api/recorded with n events, one finding and
+// an end line counting them.
+func lines(n int) string {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	for i := range n {
+		enc.Encode(RecordedLine{Event: &detect.Event{Time: t0.Add(time.Duration(i)), UserID: "alice", Route: "/v1/ocr", Outcome: "ok"}})
+	}
+	enc.Encode(RecordedLine{Finding: &detect.Finding{Day: "2026-11-20", Detector: "rate", Subject: "alice"}})
+	enc.Encode(RecordedLine{End: &RecordedEnd{Events: int64(n), Findings: 1}})
+	return b.String()
+}
+
+// serve answers every call with status, content type and body.
+func serve(t *testing.T, status int, ctype, body string) *AdminClient {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", ctype)
+		w.WriteHeader(status)
+		fmt.Fprint(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	return NewAdminClient(strings.TrimPrefix(srv.URL, "http://"), "token")
+}
+
+// The events are handed over one at a time as they are read; an answer
+// cut short, malformed, miscounted or stopped by the server is an error
+// that says so, never a partial result.
+func TestRecordedStream(t *testing.T) {
+	whole := lines(3)
+	cases := []struct {
+		name, body string
+		want       string // "" for no error
+	}{
+		{"whole", whole, ""},
+		{"cut after an event", whole[:strings.Index(whole, `{"finding"`)], "ended without its end line"},
+		{"cut within a line", whole[:len(whole)-10], "cut short or malformed"},
+		{"no end line", strings.Join(strings.SplitAfter(whole, "\n")[:4], ""), "ended without its end line"},
+		{"miscounted", strings.Replace(whole, `"events":3`, `"events":4`, 1), "counts 4 events and 1 findings, 3 and 1 came"},
+		{"not JSON", "<html>proxy error</html>", "not what the API sends"},
+		{"after the end", whole + `{"event":{}}` + "\n", "more follows the end line"},
+		{"stopped by the server", strings.Join(strings.SplitAfter(whole, "\n")[:2], "") + `{"error":"reading the statistics failed"}` + "\n", "the server stopped after 2 events: reading the statistics failed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := serve(t, http.StatusOK, RecordedContentType, tc.body)
+			var got []detect.Event
+			findings, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(e detect.Event) error {
+				got = append(got, e)
+				return nil
+			})
+			if tc.want == "" {
+				if err != nil || len(got) != 3 || len(findings) != 1 || findings[0].Subject != "alice" {
+					t.Fatalf("%d events, findings %v, err %v; want 3 and alice's", len(got), findings, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want one saying %q", err, tc.want)
+			}
+			if findings != nil {
+				t.Errorf("findings %v with an error", findings)
+			}
+		})
+	}
+	t.Run("another version", func(t *testing.T) {
+		a := serve(t, http.StatusOK, "application/json", `{"events":[],"findings":[]}`)
+		_, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { return nil })
+		if !errors.Is(err, ErrCutShort) || !strings.Contains(err.Error(), "another version") {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("fn stops it", func(t *testing.T) {
+		stop := errors.New("enough")
+		a := serve(t, http.StatusOK, RecordedContentType, whole)
+		_, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { return stop })
+		if !errors.Is(err, stop) {
+			t.Fatalf("err %v, want fn's", err)
+		}
+	})
+}
+
+// An answer larger than any fixed cap is read whole (it was cut at
+// 16 MiB: "unexpected end of JSON input"); one cut short says so.
+func TestAnswersOfAnySize(t *testing.T) {
+	list := make([]UsageInfo, 120_000)
+	for i := range list {
+		list[i] = UsageInfo{User: fmt.Sprintf("user-%06d-with-a-longer-name-to-weigh", i), Plan: "free"}
+	}
+	body, err := json.Marshal(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(body) <= 16<<20 {
+		t.Fatalf("the answer is %d bytes, want more than 16 MiB", len(body))
+	}
+	got, err := serve(t, http.StatusOK, "application/json", string(body)).Usage(context.Background(), "")
+	if err != nil || len(got) != len(list) || got[len(got)-1].User != list[len(list)-1].User {
+		t.Fatalf("%d users, err %v; want %d", len(got), err, len(list))
+	}
+	_, err = serve(t, http.StatusOK, "application/json", string(body[:len(body)-100])).Usage(context.Background(), "")
+	if !errors.Is(err, ErrCutShort) {
+		t.Fatalf("err %v on a cut answer, want ErrCutShort", err)
+	}
+}
