@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"breakwater/detect"
 	"breakwater/server/operator"
 	"breakwater/storage"
 )
@@ -123,12 +121,13 @@ func (s *Server) handleUsage(c echo.Context) error {
 var errBadRange = badRequest("Send from and to as RFC 3339 times, from before to.")
 
 // handleRecorded streams the statistics events and findings of [from,
-// to) (RFC 3339 times), for replay and thresholds while serving: one
-// operator.RecordedLine per line, each event written as it is read from
-// the store a page at a time, so a range of millions of events takes the
-// memory of a page and a buffer on this side, and the reader's on the
-// other. Each full buffer written pushes the write deadline on: a reader
-// that keeps reading gets the whole range, one that stalls is cut off.
+// to) (RFC 3339 times), for replay and thresholds while serving, in the
+// frames of operator.RecordedContentType: each event is written as it is
+// read from the store a page at a time, so a range of millions of events
+// takes the memory of a page and a buffer on this side, and the reader's
+// on the other. Each full buffer written pushes the write deadline on: a
+// reader that keeps reading gets the whole range, one that stalls is cut
+// off.
 func (s *Server) handleRecorded(c echo.Context) error {
 	from, err1 := time.Parse(time.RFC3339Nano, c.QueryParam("from"))
 	to, err2 := time.Parse(time.RFC3339Nano, c.QueryParam("to"))
@@ -136,38 +135,28 @@ func (s *Server) handleRecorded(c echo.Context) error {
 		return errBadRange
 	}
 	ctx := c.Request().Context()
-	rc := http.NewResponseController(c.Response())
 	c.Response().Header().Set(echo.HeaderContentType, operator.RecordedContentType)
 	c.Response().WriteHeader(http.StatusOK)
-	w := bufio.NewWriterSize(&streamWriter{w: c.Response(), rc: rc, now: s.wallClock}, 64<<10)
-	enc := json.NewEncoder(w)
-	var end operator.RecordedEnd
-	findings, err := s.d.Operator.Recorded(ctx, from, to, func(e detect.Event) error {
-		end.Events++
-		return enc.Encode(operator.RecordedLine{Event: &e})
-	})
+	sw := &streamWriter{w: c.Response(), rc: http.NewResponseController(c.Response()), now: s.wallClock}
+	w := operator.NewRecordedWriter(bufio.NewWriterSize(sw, 64<<10))
+	findings, err := s.d.Operator.Recorded(ctx, from, to, w.Event)
 	for i := 0; err == nil && i < len(findings); i++ {
-		end.Findings++
-		err = enc.Encode(operator.RecordedLine{Finding: &findings[i]})
+		err = w.Finding(findings[i])
 	}
+	events, _ := w.Counts()
 	switch {
 	case err == nil:
-		err = enc.Encode(operator.RecordedLine{End: &end})
+		err = w.End()
 	case ctx.Err() != nil || errors.Is(err, errWrite):
 		// The reader went away: nobody to tell.
-		s.log.Warn("recorded events: the reader went away", "events", end.Events, "err", err)
-		return nil
 	default:
-		// Too late for a problem answer: the last line says why the
-		// answer stops here, and it has no end line.
-		s.log.Error("recorded events", "events", end.Events, "err", err)
-		err = enc.Encode(operator.RecordedLine{Error: "reading the statistics failed; see the server's log"})
-	}
-	if err == nil {
-		err = w.Flush()
+		// Too late for a problem answer: the last frame says why the
+		// answer stops here, and it has no end frame.
+		s.log.Error("recorded events", "events", events, "err", err)
+		err = w.Fail("reading the statistics failed; see the server's log")
 	}
 	if err != nil {
-		s.log.Warn("recorded events: the reader went away", "events", end.Events, "err", err)
+		s.log.Warn("recorded events: the reader went away", "events", events, "err", err)
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package operator
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,17 +18,23 @@ import (
 
 var t0 = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 
-// lines is an answer of GET /api/recorded with n events, one finding and
-// an end line counting them.
-func lines(n int) string {
-	var b strings.Builder
-	enc := json.NewEncoder(&b)
+// frames is an answer of GET /api/recorded with n events, one finding
+// and the end, and the offsets where each frame ends.
+func frames(n int) (string, []int) {
+	var b bytes.Buffer
+	bw := bufio.NewWriter(&b)
+	w := NewRecordedWriter(bw)
+	var ends []int
+	mark := func() { bw.Flush(); ends = append(ends, b.Len()) }
 	for i := range n {
-		enc.Encode(RecordedLine{Event: &detect.Event{Time: t0.Add(time.Duration(i)), UserID: "alice", Route: "/v1/ocr", Outcome: "ok"}})
+		w.Event(detect.Event{Time: t0.Add(time.Duration(i)), UserID: "alice", Route: "/v1/ocr", Outcome: "ok", Count: int64(i), CostMicroUSD: -1})
+		mark()
 	}
-	enc.Encode(RecordedLine{Finding: &detect.Finding{Day: "2026-11-20", Detector: "rate", Subject: "alice"}})
-	enc.Encode(RecordedLine{End: &RecordedEnd{Events: int64(n), Findings: 1}})
-	return b.String()
+	w.Finding(detect.Finding{Day: "2026-11-20", Detector: "rate", Subject: "alice"})
+	mark()
+	w.End()
+	mark()
+	return b.String(), ends
 }
 
 // serve answers every call with status, content type and body.
@@ -45,19 +53,30 @@ func serve(t *testing.T, status int, ctype, body string) *AdminClient {
 // cut short, malformed, miscounted or stopped by the server is an error
 // that says so, never a partial result.
 func TestRecordedStream(t *testing.T) {
-	whole := lines(3)
+	whole, ends := frames(3)
+	failed := func() string {
+		var b bytes.Buffer
+		bw := bufio.NewWriter(&b)
+		w := NewRecordedWriter(bw)
+		w.Event(detect.Event{Time: t0, UserID: "alice"})
+		w.Event(detect.Event{Time: t0, UserID: "alice"})
+		w.Fail("reading the statistics failed")
+		return b.String()
+	}()
+	miscounted := []byte(whole)
+	miscounted[len(miscounted)-2] = 4 // the end frame counts 4 events
 	cases := []struct {
 		name, body string
 		want       string // "" for no error
 	}{
 		{"whole", whole, ""},
-		{"cut after an event", whole[:strings.Index(whole, `{"finding"`)], "ended without its end line"},
-		{"cut within a line", whole[:len(whole)-10], "cut short or malformed"},
-		{"no end line", strings.Join(strings.SplitAfter(whole, "\n")[:4], ""), "ended without its end line"},
-		{"miscounted", strings.Replace(whole, `"events":3`, `"events":4`, 1), "counts 4 events and 1 findings, 3 and 1 came"},
-		{"not JSON", "<html>proxy error</html>", "not what the API sends"},
-		{"after the end", whole + `{"event":{}}` + "\n", "more follows the end line"},
-		{"stopped by the server", strings.Join(strings.SplitAfter(whole, "\n")[:2], "") + `{"error":"reading the statistics failed"}` + "\n", "the server stopped after 2 events: reading the statistics failed"},
+		{"cut after an event", whole[:ends[2]], "ended without its end frame"},
+		{"cut within a frame", whole[:ends[1]-3], "not what the API sends"},
+		{"no end frame", whole[:ends[3]], "ended without its end frame"},
+		{"miscounted", string(miscounted), "counts 4 events and 1 findings, 3 and 1 came"},
+		{"not frames", "<html>proxy error</html>", "not what the API sends"},
+		{"after the end", whole + "e\x00", "more follows the end frame"},
+		{"stopped by the server", failed, "the server stopped after 2 events: reading the statistics failed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +89,10 @@ func TestRecordedStream(t *testing.T) {
 			if tc.want == "" {
 				if err != nil || len(got) != 3 || len(findings) != 1 || findings[0].Subject != "alice" {
 					t.Fatalf("%d events, findings %v, err %v; want 3 and alice's", len(got), findings, err)
+				}
+				want := detect.Event{Time: t0.Add(2), UserID: "alice", Route: "/v1/ocr", Outcome: "ok", Count: 2, CostMicroUSD: -1}
+				if got[2] != want {
+					t.Errorf("event %+v, want %+v", got[2], want)
 				}
 				return
 			}
