@@ -12,6 +12,10 @@
 // (detect.RefusalWindow), and an invite check refused by the fail limit in
 // a row per 15 minutes and IP: the replay spreads a row's requests evenly
 // over its window, so decisions on them are estimates at that resolution.
+// A row stays one value however many requests it counts (a Count per key
+// and minute, of whatever outcome): Replayer and Measurer take events one
+// at a time, in time order, and their memory follows the rows within a
+// window and the keys, never the requests.
 package replay
 
 import (
@@ -219,9 +223,8 @@ func unitOf(e detect.Event) (u unit, ok bool, dropped int64) {
 			// Refused at layer 1 or 2, it would have gone on to the
 			// line; refused later, it had passed the line's look and
 			// took nothing.
-			a.attempt = e.Layer == LayerRate || e.Layer == LayerDaily
 			if e.Layer == LayerRate || e.Layer == LayerDaily {
-				a.refusedBy = e.Layer
+				a.attempt, a.refusedBy = true, e.Layer
 			}
 			return spread(detect.RefusalWindow, a)
 		case detect.OutcomeCached, detect.OutcomeReplayed:

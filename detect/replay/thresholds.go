@@ -124,14 +124,13 @@ func peakIn(times []time.Time, w time.Duration) int64 {
 // of the keys seen and of the rows within a window of each, however many
 // requests the rows count.
 type Measurer struct {
-	w                     Windows
-	loc                   *time.Location
-	rate, burst           *peaks
-	invites, inviteBurst  *peaks
-	daily                 map[string]*dayCount
-	fails                 *failRunner
-	users, ips, emails    map[string]string // keys the limits marked, with why
-	lastIP, lastIPInvites string
+	w                    Windows
+	loc                  *time.Location
+	rate, burst          *peaks
+	invites, inviteBurst *peaks
+	daily                map[string]*dayCount
+	fails                *failRunner
+	users, ips, emails   map[string]string // keys the limits marked, with why
 }
 
 // dayCount is one user's attempts on the day counted, and their peak.
