@@ -144,3 +144,41 @@ func TestAnswersOfAnySize(t *testing.T) {
 		t.Fatalf("err %v on a cut answer, want ErrCutShort", err)
 	}
 }
+
+// Whatever bytes an answer holds, reading it never panics: it ends in an
+// error that says the answer was cut short (or that the server stopped),
+// or in events and findings that a writer writes again into an answer
+// that reads.
+func FuzzReadRecorded(f *testing.F) {
+	whole, ends := frames(3)
+	f.Add([]byte(whole))
+	f.Add([]byte(whole[:ends[1]]))
+	f.Add([]byte("e\x05\x00\x00\x00\x00\x00"))
+	f.Add([]byte("z\x02\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got []detect.Event
+		findings, err := readRecorded(bytes.NewReader(b), "fuzz", func(e detect.Event) error {
+			got = append(got, e)
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, ErrCutShort) && !strings.Contains(err.Error(), "the server stopped") {
+				t.Fatalf("error %v is neither a cut answer nor the server's", err)
+			}
+			return
+		}
+		var again bytes.Buffer
+		bw := bufio.NewWriter(&again)
+		w := NewRecordedWriter(bw)
+		for _, e := range got {
+			w.Event(e)
+		}
+		for _, fd := range findings {
+			w.Finding(fd)
+		}
+		w.End()
+		if _, err := readRecorded(bytes.NewReader(again.Bytes()), "fuzz", func(detect.Event) error { return nil }); err != nil {
+			t.Fatalf("the answer written again does not read: %v", err)
+		}
+	})
+}
