@@ -130,7 +130,9 @@ type Measurer struct {
 	invites, inviteBurst *peaks
 	daily                map[string]*dayCount
 	fails                *failRunner
-	users, ips, emails   map[string]string // keys the limits marked, with why
+	// Keys the limits marked, with why: users refused by layer 1, and
+	// by the daily line (which comes after it), client keys and e-mails.
+	users, usersDaily, ips, emails map[string]string
 }
 
 // dayCount is one user's attempts on the day counted, and their peak.
@@ -147,7 +149,7 @@ func NewMeasurer(w Windows, loc *time.Location) *Measurer {
 		rate: newPeaks(w.User), burst: newPeaks(time.Second),
 		invites: newPeaks(w.Invites), inviteBurst: newPeaks(time.Second),
 		daily: map[string]*dayCount{}, fails: newFailRunner(),
-		users: map[string]string{}, ips: map[string]string{}, emails: map[string]string{},
+		users: map[string]string{}, usersDaily: map[string]string{}, ips: map[string]string{}, emails: map[string]string{},
 	}
 }
 
@@ -168,8 +170,11 @@ func (m *Measurer) Add(e detect.Event) {
 		mark(m.emails, e.UserID, LeftCooldown)
 	case e.Route == detect.RouteInvite && e.Outcome == detect.OutcomeLayerRefused:
 		mark(m.ips, limiter.ClientKey(e.IP), LeftRefused)
-	case e.Route == ocrRoute && e.Outcome == detect.OutcomeLayerRefused && (e.Layer == LayerRate || e.Layer == LayerDaily):
+	case e.Route == ocrRoute && e.Outcome == detect.OutcomeLayerRefused && e.Layer == LayerRate:
 		mark(m.users, e.UserID, LeftRefused)
+		mark(m.usersDaily, e.UserID, LeftRefused)
+	case e.Route == ocrRoute && e.Outcome == detect.OutcomeLayerRefused && e.Layer == LayerDaily:
+		mark(m.usersDaily, e.UserID, LeftRefused)
 	}
 	u, ok, _ := unitOf(e)
 	if !ok || strings.HasPrefix(u.route, detect.RoutePrefix) {
@@ -234,7 +239,7 @@ func (m *Measurer) Report(findings []detect.Finding, from, to string) ThresholdR
 	for u, d := range m.daily {
 		peakDay[u] = d.peak
 	}
-	add(MeasureDaily, "attempts per user per day", peakDay, m.users)
+	add(MeasureDaily, "attempts per user per day", peakDay, m.usersDaily)
 	add(MeasureInvites, "invite checks per client IP in any "+m.w.Invites.String(), m.invites.done(), m.ips)
 	add(MeasureInviteBurst, "invite checks per client IP in any second", m.inviteBurst.done(), m.ips)
 	add(MeasureFailIP, "consecutive refused invite checks per client IP", m.fails.ips, m.ips)

@@ -147,3 +147,26 @@ func TestThresholdsLeaveOutAFlood(t *testing.T) {
 		t.Errorf("left out %+v %v, want the flood, refused by a limit", inv.Flagged, inv.LeftOut)
 	}
 }
+
+// A key is left out of a layer's line for refusals at that layer or one
+// before it: a user the daily line refused still counts for the rate.
+func TestLeftOutByLayer(t *testing.T) {
+	events := []detect.Event{
+		{Time: t0, UserID: "heavy", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "heavy", Plan: "free", Route: ocrRoute, Layer: LayerDaily, Outcome: detect.OutcomeLayerRefused, Count: 4},
+		{Time: t0, UserID: "fast", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "fast", Plan: "free", Route: ocrRoute, Layer: LayerRate, Outcome: detect.OutcomeLayerRefused, Count: 4},
+		{Time: t0, UserID: "shadowed", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "shadowed", Plan: "free", Route: ocrRoute, Layer: LayerRate, Outcome: detect.OutcomeShadowRefused, Count: 1},
+	}
+	rep := Thresholds(events, nil, Windows{User: time.Minute, Invites: time.Minute}, "", "", time.UTC)
+	for _, l := range rep.Layers {
+		want := map[string][2]int{MeasureRate: {2, 1}, MeasureBurst: {2, 1}, MeasureDaily: {1, 2}}[l.Layer]
+		if want == [2]int{} {
+			continue
+		}
+		if got := [2]int{l.Unflagged.Keys, l.Flagged.Keys}; got != want || l.LeftOut[LeftRefused] != want[1] {
+			t.Errorf("%s: measured and left out %v %v, want %v", l.Layer, got, l.LeftOut, want)
+		}
+	}
+}
