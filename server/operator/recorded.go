@@ -183,6 +183,12 @@ var ErrCutShort = errors.New("operator: the admin API's answer was cut short or 
 // Recorded reads the running server's statistics of [from, to) as the
 // server streams them.
 func (a *AdminClient) Recorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
+	// The answer takes as long as the range is large, so no overall
+	// timeout: a server that sends nothing for streamIdle is given up on.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := time.AfterFunc(streamIdle, func() { cancel(fmt.Errorf("%w: nothing came for %s", ErrCutShort, streamIdle)) })
+	defer idle.Stop()
 	q := url.Values{"from": {from.UTC().Format(time.RFC3339Nano)}, "to": {to.UTC().Format(time.RFC3339Nano)}}
 	req, err := a.newRequest(ctx, http.MethodGet, "/api/recorded?"+q.Encode(), nil)
 	if err != nil {
@@ -199,7 +205,30 @@ func (a *AdminClient) Recorded(ctx context.Context, from, to time.Time, fn func(
 	if ct := resp.Header.Get("Content-Type"); ct != RecordedContentType {
 		return nil, fmt.Errorf("admin API at %s: GET /api/recorded answered %q, not %s: is the server another version of breakwater? %w", a.base, ct, RecordedContentType, ErrCutShort)
 	}
-	return readRecorded(resp.Body, a.base, fn)
+	findings, err := readRecorded(&stallGuard{r: resp.Body, t: idle, d: streamIdle}, a.base, fn)
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return nil, fmt.Errorf("admin API at %s: GET /api/recorded: %w", a.base, cause)
+	}
+	return findings, err
+}
+
+// streamIdle is how long a streamed answer may send nothing before the
+// client gives up on it.
+const streamIdle = time.Minute
+
+// stallGuard pushes its timer back by d at each read that brings bytes.
+type stallGuard struct {
+	r io.Reader
+	t *time.Timer
+	d time.Duration
+}
+
+func (g *stallGuard) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	if n > 0 {
+		g.t.Reset(g.d)
+	}
+	return n, err
 }
 
 // readRecorded reads the frames of GET /api/recorded from r, handing fn

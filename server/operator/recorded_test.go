@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"breakwater/detect"
@@ -182,3 +184,37 @@ func FuzzReadRecorded(f *testing.F) {
 		}
 	})
 }
+
+// A server that stops sending in the middle of the answer is given up
+// on once nothing came for the idle time, with an error that says so
+// (on synctest's clock: the answer comes through a pipe that the request's
+// context closes, as Go's transport does).
+func TestRecordedStalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		whole, ends := frames(3)
+		a := NewAdminClient("192.0.2.1:8081", "token")
+		a.hc = &http.Client{Transport: roundTrip(func(req *http.Request) (*http.Response, error) {
+			pr, pw := io.Pipe()
+			go func() {
+				pw.Write([]byte(whole[:ends[1]])) // two events, then nothing
+				<-req.Context().Done()
+				pw.CloseWithError(req.Context().Err())
+			}()
+			h := http.Header{"Content-Type": {RecordedContentType}}
+			return &http.Response{StatusCode: http.StatusOK, Header: h, Body: pr, Request: req}, nil
+		})}
+		start := time.Now()
+		var got int
+		_, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { got++; return nil })
+		if !errors.Is(err, ErrCutShort) || !strings.Contains(err.Error(), "nothing came for 1m0s") || got != 2 {
+			t.Fatalf("err %v after %d events, want the stall said after 2", err, got)
+		}
+		if waited := time.Since(start); waited != streamIdle {
+			t.Errorf("given up after %s, want %s", waited, streamIdle)
+		}
+	})
+}
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
