@@ -139,7 +139,7 @@ func (s *Server) handleRecorded(c echo.Context) error {
 	c.Response().WriteHeader(http.StatusOK)
 	sw := &streamWriter{w: c.Response(), rc: http.NewResponseController(c.Response()), now: s.wallClock}
 	w := operator.NewRecordedWriter(bufio.NewWriterSize(sw, 64<<10))
-	findings, err := s.d.Operator.Recorded(ctx, from, to, w.Event)
+	findings, err := s.d.Operator.EachRecorded(ctx, from, to, w.Event)
 	for i := 0; err == nil && i < len(findings); i++ {
 		err = w.Finding(findings[i])
 	}

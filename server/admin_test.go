@@ -266,7 +266,7 @@ func TestRecordedThroughAdminClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []detect.Event
-	findings, err := adminClient(e).Recorded(context.Background(), t0.Add(time.Second), t0.Add(4*time.Second), func(ev detect.Event) error {
+	findings, err := adminClient(e).EachRecorded(context.Background(), t0.Add(time.Second), t0.Add(4*time.Second), func(ev detect.Event) error {
 		got = append(got, ev)
 		return nil
 	})

@@ -86,7 +86,7 @@ func (e *env) recorded(ctx context.Context, cfg app.Config, from, to time.Time, 
 		return nil, err
 	}
 	defer closeR()
-	return r.Recorded(ctx, from, to, fn)
+	return r.EachRecorded(ctx, from, to, fn)
 }
 
 // dayRange is [start of from, end of to) in loc; to defaults to today,

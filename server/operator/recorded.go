@@ -30,7 +30,7 @@ type RecordStore interface {
 // millions reads in the memory of a page. An error from fn stops the
 // reading and is returned as it is.
 type RecordReader interface {
-	Recorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error)
+	EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error)
 }
 
 var (
@@ -39,15 +39,41 @@ var (
 	_ RecordReader = Stored{}
 )
 
+// Recorded is the statistics of a stretch of time held whole: the events
+// and the findings.
+type Recorded struct {
+	Events   []detect.Event   `json:"events"`
+	Findings []detect.Finding `json:"findings"`
+}
+
+// Records reads the statistics through a RecordReader.
+type Records struct{ RecordReader }
+
+// Recorded collects the statistics of [from, to) in memory: for a range
+// known to be small, as a test reads one. replay and thresholds stream
+// theirs with EachRecorded.
+func (r Records) Recorded(ctx context.Context, from, to time.Time) (Recorded, error) {
+	out := Recorded{Events: []detect.Event{}}
+	findings, err := r.EachRecorded(ctx, from, to, func(e detect.Event) error {
+		out.Events = append(out.Events, e)
+		return nil
+	})
+	if err != nil {
+		return Recorded{}, err
+	}
+	out.Findings = findings
+	return out, nil
+}
+
 // Stored reads the statistics of a database directly; it writes nothing.
 type Stored struct {
 	Store RecordStore
 	Loc   *time.Location // the zone of the findings' days
 }
 
-// Recorded hands fn the events with from <= Time < to, in time order, and
+// EachRecorded hands fn the events with from <= Time < to, in time order, and
 // returns the findings of the days from holds to the day before to ends.
-func (s Stored) Recorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
+func (s Stored) EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
 	err := s.Store.EachEvent(from, to, func(e detect.Event) error {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -67,9 +93,9 @@ func (s Stored) Recorded(ctx context.Context, from, to time.Time, fn func(detect
 	return findings, nil
 }
 
-// Recorded reads the statistics of [from, to).
-func (o *Operator) Recorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
-	return Stored{Store: o.store, Loc: o.loc}.Recorded(ctx, from, to, fn)
+// EachRecorded reads the statistics of [from, to).
+func (o *Operator) EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
+	return Stored{Store: o.store, Loc: o.loc}.EachRecorded(ctx, from, to, fn)
 }
 
 // RecordedContentType is the media type of GET /api/recorded's answer:
@@ -180,9 +206,9 @@ func (r *RecordedWriter) Counts() (events, findings uint64) { return r.events, r
 // was complete, or that is not what the API sends.
 var ErrCutShort = errors.New("operator: the admin API's answer was cut short or malformed")
 
-// Recorded reads the running server's statistics of [from, to) as the
-// server streams them.
-func (a *AdminClient) Recorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
+// EachRecorded reads the running server's statistics of [from, to) as
+// the server streams them.
+func (a *AdminClient) EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
 	// The answer takes as long as the range is large, so no overall
 	// timeout: a server that sends nothing for streamIdle is given up on.
 	ctx, cancel := context.WithCancelCause(ctx)

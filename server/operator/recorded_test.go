@@ -84,7 +84,7 @@ func TestRecordedStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := serve(t, http.StatusOK, RecordedContentType, tc.body)
 			var got []detect.Event
-			findings, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(e detect.Event) error {
+			findings, err := a.EachRecorded(context.Background(), t0, t0.Add(time.Hour), func(e detect.Event) error {
 				got = append(got, e)
 				return nil
 			})
@@ -108,7 +108,7 @@ func TestRecordedStream(t *testing.T) {
 	}
 	t.Run("another version", func(t *testing.T) {
 		a := serve(t, http.StatusOK, "application/json", `{"events":[],"findings":[]}`)
-		_, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { return nil })
+		_, err := a.EachRecorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { return nil })
 		if !errors.Is(err, ErrCutShort) || !strings.Contains(err.Error(), "another version") {
 			t.Fatalf("err %v", err)
 		}
@@ -116,7 +116,7 @@ func TestRecordedStream(t *testing.T) {
 	t.Run("fn stops it", func(t *testing.T) {
 		stop := errors.New("enough")
 		a := serve(t, http.StatusOK, RecordedContentType, whole)
-		_, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { return stop })
+		_, err := a.EachRecorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { return stop })
 		if !errors.Is(err, stop) {
 			t.Fatalf("err %v, want fn's", err)
 		}
@@ -205,7 +205,7 @@ func TestRecordedStalls(t *testing.T) {
 		})}
 		start := time.Now()
 		var got int
-		_, err := a.Recorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { got++; return nil })
+		_, err := a.EachRecorded(context.Background(), t0, t0.Add(time.Hour), func(detect.Event) error { got++; return nil })
 		if !errors.Is(err, ErrCutShort) || !strings.Contains(err.Error(), "nothing came for 1m0s") || got != 2 {
 			t.Fatalf("err %v after %d events, want the stall said after 2", err, got)
 		}
