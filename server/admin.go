@@ -1,10 +1,13 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -167,19 +170,66 @@ func (s *Server) handleUsage(c echo.Context) error {
 // in order.
 var errBadRange = badRequest("Send from and to as RFC 3339 times, from before to.")
 
-// handleRecorded returns the statistics events and findings of [from,
-// to) (RFC 3339 times), for replay and thresholds while serving.
+// handleRecorded streams the statistics events and findings of [from,
+// to) (RFC 3339 times), for replay and thresholds while serving, in the
+// frames of operator.RecordedContentType: each event is written as it is
+// read from the store a page at a time, so a range of millions of events
+// takes the memory of a page and a buffer on this side, and the reader's
+// on the other. Each full buffer written pushes the write deadline on: a
+// reader that keeps reading gets the whole range, one that stalls is cut
+// off.
 func (s *Server) handleRecorded(c echo.Context) error {
 	from, err1 := time.Parse(time.RFC3339Nano, c.QueryParam("from"))
 	to, err2 := time.Parse(time.RFC3339Nano, c.QueryParam("to"))
 	if err1 != nil || err2 != nil || !from.Before(to) {
 		return errBadRange
 	}
-	r, err := s.d.Operator.Recorded(c.Request().Context(), from, to)
-	if err != nil {
-		return err
+	ctx := c.Request().Context()
+	c.Response().Header().Set(echo.HeaderContentType, operator.RecordedContentType)
+	c.Response().WriteHeader(http.StatusOK)
+	sw := &streamWriter{w: c.Response(), rc: http.NewResponseController(c.Response()), now: s.wallClock}
+	w := operator.NewRecordedWriter(bufio.NewWriterSize(sw, 64<<10))
+	findings, err := s.d.Operator.EachRecorded(ctx, from, to, w.Event)
+	for i := 0; err == nil && i < len(findings); i++ {
+		err = w.Finding(findings[i])
 	}
-	return c.JSON(http.StatusOK, r)
+	events, _ := w.Counts()
+	switch {
+	case err == nil:
+		err = w.End()
+	case ctx.Err() != nil || errors.Is(err, errWrite):
+		// The reader went away: nobody to tell.
+	default:
+		// Too late for a problem answer: the last frame says why the
+		// answer stops here, and it has no end frame.
+		s.log.Error("recorded events", "events", events, "err", err)
+		err = w.Fail("reading the statistics failed; see the server's log")
+	}
+	if err != nil {
+		s.log.Warn("recorded events: the reader went away", "events", events, "err", err)
+	}
+	return nil
+}
+
+// errWrite marks a failed write of a streamed answer: the reader went
+// away or stalled past the deadline.
+var errWrite = errors.New("server: write of a streamed answer")
+
+// streamWriter writes a streamed answer, moving its write deadline
+// writeTimeout past each write.
+type streamWriter struct {
+	w   io.Writer
+	rc  *http.ResponseController
+	now func() time.Time
+}
+
+func (d *streamWriter) Write(p []byte) (int, error) {
+	_ = d.rc.SetWriteDeadline(d.now().Add(writeTimeout)) // not every writer has one
+	n, err := d.w.Write(p)
+	if err != nil {
+		return n, fmt.Errorf("%w: %w", errWrite, err)
+	}
+	return n, nil
 }
 
 func (s *Server) handleBudget(c echo.Context) error {

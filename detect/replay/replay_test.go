@@ -13,7 +13,9 @@ var t0 = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 
 // Rows of refusals are spread over their window, invite checks keyed by
 // client key, shadow rows skipped (their requests have events of their
-// own), and lost events counted.
+// own), and lost events counted. The refusals recorded by a first layer
+// stand under the current config's limits (whose layers made them) and
+// reach no later layer; the candidate's other limits judge them anew.
 func TestRunReadsEveryKindOfRow(t *testing.T) {
 	events := []detect.Event{
 		{Time: t0, UserID: "alice", Plan: "free", Route: ocrRoute, Outcome: "ok"},
@@ -38,15 +40,15 @@ func TestRunReadsEveryKindOfRow(t *testing.T) {
 	if rep.DroppedEvents != 7 {
 		t.Errorf("dropped %d, want 7", rep.DroppedEvents)
 	}
-	want := map[string][3]int64{ // requests, current refused, candidate refused
-		LayerRate:    {31, 0, 21},
-		LayerDaily:   {31, 0, 5}, // 10 pass the rate limit, 5 fit the line
-		LayerInvites: {8, 0, 6},
+	want := map[string][4]int64{ // requests and refused, current then candidate
+		LayerRate:    {31, 30, 31, 21},
+		LayerDaily:   {1, 0, 10, 5}, // 10 pass the candidate's rate limit, 5 fit the line
+		LayerInvites: {8, 4, 8, 6},
 	}
 	for _, l := range rep.Layers {
 		w := want[l.Layer]
-		if l.Current.Requests != w[0] || l.Current.Refused != w[1] || l.Candidate.Refused != w[2] {
-			t.Errorf("%s: requests %d, refused %d / %d; want %v", l.Layer, l.Current.Requests, l.Current.Refused, l.Candidate.Refused, w)
+		if got := [4]int64{l.Current.Requests, l.Current.Refused, l.Candidate.Requests, l.Candidate.Refused}; got != w {
+			t.Errorf("%s: requests and refused %v, want %v", l.Layer, got, w)
 		}
 	}
 	inv := rep.Layers[2].Candidate
@@ -103,8 +105,14 @@ func TestRunReplaysGuardedRoutes(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("layers\n got %v\nwant %v", got, want)
 	}
-	if len(rep.Notes) != 1 || rep.Notes[0] != NoteInviteFails {
-		t.Errorf("notes %q, want the one on the invite fail limit", rep.Notes)
+	wantNotes := []string{NoteInviteFails, "rate: " + NoteNoTraffic, "attempts: " + NoteNoTraffic, "invites: " + NoteNoTraffic}
+	if fmt.Sprint(rep.Notes) != fmt.Sprint(wantNotes) {
+		t.Errorf("notes %q, want %q", rep.Notes, wantNotes)
+	}
+	for _, l := range rep.Layers {
+		if got, want := l.Note != "", l.Layer == LayerRate || l.Layer == LayerDaily || l.Layer == LayerInvites; got != want {
+			t.Errorf("%s: note %q, want one: %v", l.Layer, l.Note, want)
+		}
 	}
 }
 
@@ -120,5 +128,72 @@ func TestThresholdsLeaveRoutesOut(t *testing.T) {
 		if l.Unflagged.Keys != 0 {
 			t.Errorf("%s: %d keys measured from route traffic, want none", l.Layer, l.Unflagged.Keys)
 		}
+	}
+}
+
+// A layer's figures count only the requests that reached it: of a user's
+// 2 attempts and 9 requests the rate limit refused before the daily line,
+// the line sees 2 under the limits that refused them, whatever the
+// candidate's line.
+func TestDailyLineCountsWhatReachedIt(t *testing.T) {
+	events := []detect.Event{
+		{Time: t0, UserID: "bob", Plan: "free", Route: ocrRoute, Layer: LayerRate, Outcome: detect.OutcomeLayerRefused, Count: 9},
+		{Time: t0.Add(time.Second), UserID: "bob", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0.Add(2 * time.Second), UserID: "bob", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+	}
+	// Burst 5 a second: spread over the minute, the 9 refusals would
+	// all pass it, were they judged again.
+	current := Limits{User: limiter.Config{Rate: 100, Window: time.Minute, Burst: 5}, Lines: map[string]int64{"free": 100}, Invites: limiter.Config{Rate: 10, Window: time.Minute}}
+	candidate := current
+	candidate.Lines = map[string]int64{"free": 1}
+	rep, err := Run(events, current, candidate, "2026-11-20", "2026-11-20", time.UTC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, l := range rep.Layers {
+		got[l.Layer] = fmt.Sprintf("%d/%d %d/%d", l.Current.Requests, l.Current.Refused, l.Candidate.Requests, l.Candidate.Refused)
+	}
+	if got[LayerRate] != "11/9 11/9" || got[LayerDaily] != "2/0 2/1" {
+		t.Errorf("rate %s, daily line %s; want 11/9 11/9 and 2/0 2/1", got[LayerRate], got[LayerDaily])
+	}
+	th := Thresholds(events, nil, Windows{User: time.Minute, Invites: time.Minute}, "2026-11-20", "2026-11-20", time.UTC)
+	for _, l := range th.Layers {
+		if l.Layer == MeasureDaily && (l.Flagged.Max != 2 || l.Flagged.Keys != 1) {
+			t.Errorf("attempts per user per day %+v, want bob at 2 (left out: the limits refused him)", l.Flagged)
+		}
+	}
+}
+
+// A row is replayed as a count: a million refusals in one row take the
+// limiter a few calls (a refusal's retry-after covers the requests that
+// follow it), and decide as the requests one by one would.
+func TestRowReplayedAsACount(t *testing.T) {
+	const n = 1_000_000
+	row := detect.Event{Time: t0, IP: "192.0.2.9", Route: detect.RouteInvite, Layer: LayerInvites, Outcome: detect.OutcomeLayerRefused, Count: n}
+	current := Limits{User: limiter.Config{Rate: 10, Window: time.Minute}, Invites: limiter.Config{Rate: 100_000, Window: time.Minute}}
+	candidate := current
+	candidate.Invites = limiter.Config{Rate: 10, Window: 10 * time.Second, Burst: 3}
+	rep, err := Run([]detect.Event{row}, current, candidate, "2026-11-20", "2026-11-20", time.UTC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := rep.Layers[2]
+	// The candidate admits 3 a second up to 10 in any 10 s: 10 per 10 s
+	// window over the minute, 60 in all.
+	if inv.Current.Requests != n || inv.Current.Refused != n || inv.Candidate.Requests != n || inv.Candidate.Refused != n-60 {
+		t.Errorf("invites %+v / %+v, want all %d refused as recorded, and all but 60 by the candidate", inv.Current, inv.Candidate, n)
+	}
+	// The same decisions as requests one by one.
+	lim, _ := limiter.New(candidate.Invites)
+	u := unit{start: t0.UnixNano(), span: int64(detect.RefusalWindow), n: n}
+	admitted := 0
+	for i := range int64(n) {
+		if lim.Allow("ip:x", time.Unix(0, u.at(i))) == nil {
+			admitted++
+		}
+	}
+	if admitted != 60 {
+		t.Errorf("one by one, %d admitted; the replay admitted %d", admitted, n-inv.Candidate.Refused)
 	}
 }

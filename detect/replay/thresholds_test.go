@@ -84,3 +84,89 @@ func TestFailRuns(t *testing.T) {
 		t.Errorf("runs %v %v, want 4 for the IP, 3 for the e-mail", ips, emails)
 	}
 }
+
+// A row counts as its requests spread over its window: the peaks from
+// rows are those of the requests one by one, never above, and at most a
+// request or two below where rows and single requests mix.
+func TestPeaksOfRowsMatchTheRequests(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 50 {
+		var events []detect.Event
+		times := map[string][]time.Time{}
+		for range 40 {
+			user := "u" + string(rune('a'+rng.IntN(3)))
+			at := t0.Add(time.Duration(rng.IntN(20*60)) * time.Second)
+			e := detect.Event{Time: at, UserID: user, Plan: "free", Route: ocrRoute, Outcome: "ok"}
+			if rng.IntN(3) == 0 {
+				e.Time = at.Truncate(detect.RefusalWindow)
+				e.Layer, e.Outcome, e.Count = LayerRate, detect.OutcomeLayerRefused, int64(1+rng.IntN(200))
+				u, _, _ := unitOf(e)
+				for i := range u.n {
+					times[user] = append(times[user], time.Unix(0, u.at(i)))
+				}
+			} else {
+				times[user] = append(times[user], at)
+			}
+			events = append(events, e)
+		}
+		w := time.Duration(1+rng.IntN(300)) * time.Second
+		rep := Thresholds(events, nil, Windows{User: w, Invites: time.Minute}, "", "", time.UTC)
+		var want int64
+		for _, ts := range times {
+			slices.SortFunc(ts, time.Time.Compare)
+			want = max(want, peakIn(ts, max(w, time.Second)))
+		}
+		got := max(rep.Layers[0].Unflagged.Max, rep.Layers[0].Flagged.Max)
+		if got > want || got < want-2 {
+			t.Fatalf("round %d, window %s: peak %d from rows, %d from the requests", round, w, got, want)
+		}
+	}
+}
+
+// A flood from one address that the invite rate limit refused is left
+// out of the suggested invite line, and the report says so.
+func TestThresholdsLeaveOutAFlood(t *testing.T) {
+	var events []detect.Event
+	for m := range 11 {
+		events = append(events, detect.Event{Time: t0.Add(time.Duration(m) * time.Minute), IP: "203.0.113.5", Route: detect.RouteInvite,
+			Layer: LayerInvites, Outcome: detect.OutcomeLayerRefused, Count: 70_000})
+	}
+	for i := range 5 {
+		events = append(events, detect.Event{Time: t0.Add(time.Duration(i) * time.Minute), IP: "192.0.2.1", Route: detect.RouteInvite, Outcome: "ok"})
+	}
+	events = append(events, detect.Event{Time: t0, IP: "192.0.2.7", Route: detect.RouteInvite, Outcome: detect.OutcomeCooldownStarted})
+	rep := Thresholds(events, nil, Windows{User: time.Minute, Invites: 10 * time.Minute}, "", "", time.UTC)
+	inv := rep.Layers[3]
+	if inv.Layer != MeasureInvites {
+		t.Fatalf("layer %q", inv.Layer)
+	}
+	if inv.Suggested != 8 || inv.Unflagged.Max != 5 {
+		t.Errorf("suggested %d over %+v, want 8 over the one address at 5", inv.Suggested, inv.Unflagged)
+	}
+	if inv.Flagged.Keys != 1 || inv.Flagged.Max < 600_000 || inv.LeftOut[LeftRefused] != 1 {
+		t.Errorf("left out %+v %v, want the flood, refused by a limit", inv.Flagged, inv.LeftOut)
+	}
+}
+
+// A key is left out of a layer's line for refusals at that layer or one
+// before it: a user the daily line refused still counts for the rate.
+func TestLeftOutByLayer(t *testing.T) {
+	events := []detect.Event{
+		{Time: t0, UserID: "heavy", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "heavy", Plan: "free", Route: ocrRoute, Layer: LayerDaily, Outcome: detect.OutcomeLayerRefused, Count: 4},
+		{Time: t0, UserID: "fast", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "fast", Plan: "free", Route: ocrRoute, Layer: LayerRate, Outcome: detect.OutcomeLayerRefused, Count: 4},
+		{Time: t0, UserID: "shadowed", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "shadowed", Plan: "free", Route: ocrRoute, Layer: LayerRate, Outcome: detect.OutcomeShadowRefused, Count: 1},
+	}
+	rep := Thresholds(events, nil, Windows{User: time.Minute, Invites: time.Minute}, "", "", time.UTC)
+	for _, l := range rep.Layers {
+		want := map[string][2]int{MeasureRate: {2, 1}, MeasureBurst: {2, 1}, MeasureDaily: {1, 2}}[l.Layer]
+		if want == [2]int{} {
+			continue
+		}
+		if got := [2]int{l.Unflagged.Keys, l.Flagged.Keys}; got != want || l.LeftOut[LeftRefused] != want[1] {
+			t.Errorf("%s: measured and left out %v %v, want %v", l.Layer, got, l.LeftOut, want)
+		}
+	}
+}

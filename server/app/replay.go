@@ -30,7 +30,7 @@ func (c Config) ReplayLimits() replay.Limits {
 // figures without writing anything: the database opened read only if no
 // server holds it, else the server's admin API. The returned func closes
 // the database.
-func OpenRecorded(cfg Config, opts Options) (operator.RecordReader, func(), error) {
+func OpenRecorded(cfg Config, opts Options) (operator.Records, func(), error) {
 	opts = opts.withDefaults()
 	loc, _ := cfg.Budget.Location() // checked by Load
 	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: operatorLockTimeout, Logger: opts.Logger, ReadOnly: true})
@@ -38,15 +38,15 @@ func OpenRecorded(cfg Config, opts Options) (operator.RecordReader, func(), erro
 	case errors.Is(err, storage.ErrLocked):
 		token := opts.Getenv("BREAKWATER_ADMIN_TOKEN")
 		if token == "" {
-			return nil, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", cfg.Storage.Path, cfg.Server.AdminListen)
+			return operator.Records{}, nil, fmt.Errorf("the server is running and holds %s: set BREAKWATER_ADMIN_TOKEN so this command can use its admin API at %s", cfg.Storage.Path, cfg.Server.AdminListen)
 		}
-		return operator.NewAdminClient(cfg.Server.AdminListen, token), func() {}, nil
+		return operator.Records{RecordReader: operator.NewAdminClient(cfg.Server.AdminListen, token)}, func() {}, nil
 	case errors.Is(err, storage.ErrNoDatabase):
-		return nil, nil, fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder)", cfg.Storage.Path)
+		return operator.Records{}, nil, fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder)", cfg.Storage.Path)
 	case err != nil:
-		return nil, nil, err
+		return operator.Records{}, nil, err
 	}
-	return operator.Stored{Store: db, Loc: loc}, func() {
+	return operator.Records{RecordReader: operator.Stored{Store: db, Loc: loc}}, func() {
 		if err := db.Close(); err != nil {
 			opts.Logger.Error("close database", "err", err)
 		}

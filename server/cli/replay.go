@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"breakwater/detect"
 	"breakwater/detect/replay"
 	"breakwater/server/app"
-	"breakwater/server/operator"
 )
 
 // defaultReplayDays is how many days a replay covers without --from.
@@ -32,7 +32,10 @@ and of the candidate (--candidate): layer 1 ([limits.user]), each plan's
 daily line, the [invites] IP rate limit and each [[routes]] entry's rate,
 burst and daily line (a layer "route:NAME" each). Prints per layer the requests
 seen, refused, distinct keys refused and the ten keys refused most, under
-each config, then the differences. Modes are ignored: a replay says what
+each config (a layer no recorded request reached says so), then the
+differences. A request layer 1 refused when recorded stays refused under
+the current limits and under a candidate's equal ones, and reaches no
+later layer; rows of refusals counted per minute are replayed as counts. Modes are ignored: a replay says what
 each layer would refuse. Writes nothing: with the server stopped it reads
 the database read only, while it runs its admin API.`,
 		Args:              noArgs,
@@ -54,14 +57,14 @@ the database read only, while it runs its admin API.`,
 			if err != nil {
 				return err
 			}
-			rec, err := e.recorded(c.Context(), cur, start, end)
+			r, err := replay.NewReplayer(cur.ReplayLimits(), cand.ReplayLimits(), loc)
 			if err != nil {
 				return err
 			}
-			rep, err := replay.Run(rec.Events, cur.ReplayLimits(), cand.ReplayLimits(), day(start, loc), day(end.Add(-time.Nanosecond), loc), loc)
-			if err != nil {
+			if _, err := e.recorded(c.Context(), cur, start, end, func(ev detect.Event) error { r.Add(ev); return nil }); err != nil {
 				return err
 			}
+			rep := r.Report(day(start, loc), day(end.Add(-time.Nanosecond), loc))
 			if asJSON {
 				return printOut(e.stdout, true, rep, "", nil)
 			}
@@ -75,14 +78,15 @@ the database read only, while it runs its admin API.`,
 	return c
 }
 
-// recorded reads the statistics of [from, to) without writing.
-func (e *env) recorded(ctx context.Context, cfg app.Config, from, to time.Time) (operator.Recorded, error) {
+// recorded reads the statistics of [from, to) without writing: each
+// event to fn as it is read, in time order, then the findings.
+func (e *env) recorded(ctx context.Context, cfg app.Config, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error) {
 	r, closeR, err := app.OpenRecorded(cfg, app.Options{Getenv: e.getenv})
 	if err != nil {
-		return operator.Recorded{}, err
+		return nil, err
 	}
 	defer closeR()
-	return r.Recorded(ctx, from, to)
+	return r.EachRecorded(ctx, from, to, fn)
 }
 
 // dayRange is [start of from, end of to) in loc; to defaults to today,
@@ -126,6 +130,10 @@ func printReplay(w io.Writer, rep replay.Report) error {
 	fmt.Fprintln(w)
 	err := printOut(w, false, rep, "LAYER\tCONFIG\tREQUESTS\tREFUSED\tKEYS REFUSED\tREFUSED MOST", func(row func(...any)) {
 		for _, l := range rep.Layers {
+			if l.Note != "" {
+				row(l.Layer, "both", l.Current.Requests, l.Current.Refused, l.Current.KeysRefused, "note: "+l.Note)
+				continue
+			}
 			for _, side := range []struct {
 				name string
 				o    replay.Outcome
@@ -141,7 +149,9 @@ func printReplay(w io.Writer, rep replay.Report) error {
 		fmt.Fprintln(w, d)
 	}
 	for _, n := range rep.Notes {
-		fmt.Fprintln(w, "note: "+n)
+		if !strings.HasSuffix(n, replay.NoteNoTraffic) { // said in the table
+			fmt.Fprintln(w, "note: "+n)
+		}
 	}
 	return nil
 }

@@ -3,10 +3,14 @@ package cli
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"breakwater/detect"
 	"breakwater/detect/replay"
 	"breakwater/server/app"
 )
@@ -26,10 +30,15 @@ layer counts it: requests per user in any [limits.user] window and in any
 second, attempts per user per day, invite checks per client IP in any
 [invites] window and in any second, and the longest runs of refused invite
 checks per IP and per e-mail. Each key counts by its peak; the distribution
-over keys is printed as p50, p90, p99, p99.9 and max, apart for the keys a
-detector flagged (detect findings) and for the rest, with for each layer
-the line that would have refused none of the unflagged keys, 50% above the
-highest unflagged peak (at least one more). Writes nothing.`,
+over keys is printed as p50, p90, p99, p99.9 and max, apart for the keys
+left out and for the rest, with for each layer the line that would have
+refused none of the rest, 50% above their highest peak (at least one
+more). Left out are the keys a detector flagged (detect findings) and
+those the limits marked in the range: refused by a limit (for real, at the
+layer measured or before it) or cooled down by the invite fail limit; the
+output says how many per reason. A layer counts only the requests that
+reached it: attempts per day leave out what layer 1 refused. Writes
+nothing.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -45,12 +54,12 @@ highest unflagged peak (at least one more). Writes nothing.`,
 			if err != nil {
 				return err
 			}
-			rec, err := e.recorded(c.Context(), cfg, start, end)
+			m := replay.NewMeasurer(replay.Windows{User: cfg.Limits.User.Window, Invites: cfg.Invites.Window}, loc)
+			findings, err := e.recorded(c.Context(), cfg, start, end, func(ev detect.Event) error { m.Add(ev); return nil })
 			if err != nil {
 				return err
 			}
-			rep := replay.Thresholds(rec.Events, rec.Findings, replay.Windows{User: cfg.Limits.User.Window, Invites: cfg.Invites.Window},
-				day(start, loc), day(end.Add(-time.Nanosecond), loc), loc)
+			rep := m.Report(findings, day(start, loc), day(end.Add(-time.Nanosecond), loc))
 			if asJSON {
 				return printOut(e.stdout, true, rep, "", nil)
 			}
@@ -71,7 +80,7 @@ func printThresholds(w io.Writer, rep replay.ThresholdReport) error {
 		}
 		return fmt.Sprintf("%d keys: %d/%d/%d/%d/%d", d.Keys, d.P50, d.P90, d.P99, d.P999, d.Max)
 	}
-	return printOut(w, false, rep, "LAYER\tMEASURE\tUNFLAGGED p50/p90/p99/p99.9/max\tFLAGGED p50/p90/p99/p99.9/max\tSUGGESTED", func(row func(...any)) {
+	err := printOut(w, false, rep, "LAYER\tMEASURE\tMEASURED p50/p90/p99/p99.9/max\tLEFT OUT p50/p90/p99/p99.9/max\tSUGGESTED", func(row func(...any)) {
 		for _, l := range rep.Layers {
 			suggested := "-"
 			if l.Suggested > 0 {
@@ -80,4 +89,25 @@ func printThresholds(w io.Writer, rep replay.ThresholdReport) error {
 			row(l.Layer, l.Measure, dist(l.Unflagged), dist(l.Flagged), suggested)
 		}
 	})
+	if err != nil {
+		return err
+	}
+	for _, l := range rep.Layers {
+		if len(l.LeftOut) == 0 {
+			continue
+		}
+		var parts []string
+		for _, why := range slices.Sorted(maps.Keys(l.LeftOut)) {
+			parts = append(parts, fmt.Sprintf("%d %s", l.LeftOut[why], why))
+		}
+		fmt.Fprintf(w, "%s: left out of the suggested line: %d %s (%s)\n", l.Layer, l.Flagged.Keys, plural(l.Flagged.Keys, "key", "keys"), strings.Join(parts, ", "))
+	}
+	return nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

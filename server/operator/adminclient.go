@@ -130,25 +130,47 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("admin API at %s: %w", a.base, err)
-	}
 	if resp.StatusCode >= 300 {
-		var p problem
-		json.Unmarshal(data, &p) // a body that is no problem leaves p empty
-		if err := a.refusal(resp, p); err != nil {
-			return err
-		}
-		if p.Code != "" {
-			if p.Status == http.StatusNotFound && p.Code == "not_found" {
-				return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
-			}
-			return errors.New(p.Detail)
-		}
-		return fmt.Errorf("admin API at %s: %s", a.base, resp.Status)
+		return a.failure(resp)
 	}
-	return json.Unmarshal(data, out)
+	// The answer is decoded as it is read, whatever its size (the usage
+	// of 100,000 users is about 18 MB): only the value it decodes to is
+	// held. A body cut short, or followed by anything, is an error that
+	// says so.
+	dec := json.NewDecoder(resp.Body)
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("admin API at %s: %s %s: %w (%w)", a.base, method, path, ErrCutShort, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("admin API at %s: %s %s: %w (more follows the answer)", a.base, method, path, ErrCutShort)
+	}
+	return nil
+}
+
+// failure is the error of an answer of status 300 or more: a refusal of
+// the caller, the problem's detail, or the status.
+func (a *AdminClient) failure(resp *http.Response) error {
+	var p problem
+	json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&p) // a body that is no problem leaves p empty
+	if err := a.refusal(resp, p); err != nil {
+		return err
+	}
+	if p.Code != "" {
+		if p.Status == http.StatusNotFound && p.Code == "not_found" {
+			return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
+		}
+		return errors.New(p.Detail)
+	}
+	return fmt.Errorf("admin API at %s: %s", a.base, resp.Status)
+}
+
+// streaming is the client for an answer of any length, such as a backup
+// or the recorded events: no overall timeout, the caller's context
+// bounds it.
+func (a *AdminClient) streaming() *http.Client {
+	hc := *a.hc
+	hc.Timeout = 0
+	return &hc
 }
 
 // SetBanned bans or unbans a user on the running server.
@@ -193,9 +215,8 @@ func (a *AdminClient) Backup(ctx context.Context, w io.Writer, target string) er
 	if err != nil {
 		return err
 	}
-	hc := *a.hc
-	hc.Timeout = 0 // a large database takes its time; ctx bounds it
-	resp, err := hc.Do(req)
+	resp, err := a.streaming().Do(req) // a large database takes its time
+
 	if err != nil {
 		return fmt.Errorf("admin API at %s: %w", a.base, err)
 	}

@@ -44,7 +44,7 @@ type Service interface {
 	DetectRun(ctx context.Context, day string, mail bool) (detect.Report, error)
 	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
 	ClearCooldown(ctx context.Context, source, key string) (CooldownInfo, error)
-	Recorded(ctx context.Context, from, to time.Time) (Recorded, error)
+	EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error)
 }
 
 var (
