@@ -1182,3 +1182,28 @@ func simulatedConfig(t *testing.T, extra string) string {
 	return writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n",
 		filepath.Join(t.TempDir(), "bw.db"))+extra)
 }
+
+// TestTOMLSyntaxErrorNamesItsLine: a syntax error in config.toml is
+// reported with its line and column by config check and by serve (which
+// refuses to start), and by the operator's commands, not as the parser's
+// bare "toml: expected character ]".
+func TestTOMLSyntaxErrorNamesItsLine(t *testing.T) {
+	broken := writeConfig(t, "[server]\nlisten = \"127.0.0.1:0\"\n\n[limits\nrate = 5\n")
+	for _, args := range [][]string{
+		{"config", "check", "--config", broken},
+		{"serve", "--config", broken},
+		{"usage", "--config", broken},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := run(ctx, args, envFrom(map[string]string{"GEMINI_API_KEY": "k"}), io.Discard, io.Discard)
+			if err == nil {
+				t.Fatal("no error for a broken file")
+			}
+			if want := "line 4, column 8: toml: expected character ]"; !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q, want it to contain %q", err, want)
+			}
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/knadh/koanf/parsers/toml/v2"
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
+	gotoml "github.com/pelletier/go-toml/v2"
 
 	"breakwater/budget"
 	"breakwater/detect"
@@ -110,7 +111,7 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 	base := "."
 	if _, err := os.Stat(path); err == nil {
 		if err := k.Load(file.Provider(path), toml.Parser()); err != nil {
-			return Config{}, fmt.Errorf("config %s: %w", path, err)
+			return Config{}, fmt.Errorf("config %s: %w", path, syntaxError(err))
 		}
 		base = filepath.Dir(path)
 	} else if !optional {
@@ -169,6 +170,17 @@ func read(path string, getenv func(string) string, optional bool, lenient *[]str
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// syntaxError adds to a TOML syntax error the line and column it was
+// found at, which the parser's own message leaves out.
+func syntaxError(err error) error {
+	var de *gotoml.DecodeError
+	if !errors.As(err, &de) {
+		return err
+	}
+	row, col := de.Position()
+	return fmt.Errorf("line %d, column %d: %w", row, col, err)
 }
 
 // decode decodes k over c strictly: every key must land in a field, and
