@@ -86,8 +86,8 @@ func brakeCmd(e *env) *cobra.Command {
 		Use:   "brake on|off [--json]",
 		Short: "the manual kill switch (survives restarts)",
 		Long: `Engage (on) or release (off) the manual brake: the paid endpoint answers
-503 budget_paused at once, and the switch is stored, so it survives restarts.
-Prints the budget as it is then.`,
+503 paused_by_operator (Retry-After: 300) at once, and the switch is stored,
+so it survives restarts. Prints the budget as it is then.`,
 		Args: func(c *cobra.Command, args []string) error {
 			if err := positional(1, "on|off")(c, args); err != nil {
 				return err
