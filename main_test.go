@@ -759,6 +759,37 @@ func TestDemoAnswersItsOwnCurl(t *testing.T) {
 	}
 }
 
+// TestDemoListensWhereTold: demo --listen and --admin-listen put the
+// public API and the dashboard on the addresses given, and its curl line
+// names the public one, so a proxy config can name it once.
+func TestDemoListensWhereTold(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, adminAddr := freeAddr(t), freeAddr(t)
+	out, logs := &lockedBuffer{}, &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"demo", "--config", "config.toml", "--listen", addr, "--admin-listen", adminAddr}, envFrom(nil), out, logs)
+	}()
+	waitFor(t, out, regexp.MustCompile(`Press Ctrl\+C`))
+	if got, want := curlRE.FindStringSubmatch(out.String())[3], "http://"+addr+"/v1/ocr"; got != want {
+		t.Errorf("the curl line sends to %s, want %s", got, want)
+	}
+	if !strings.Contains(out.String(), "Dashboard: http://"+adminAddr+"/ ") {
+		t.Errorf("the dashboard is not at %s:\n%s", adminAddr, out.String())
+	}
+	if got := waitUp(t, "http://"+addr+"/healthz", done); got != http.StatusOK {
+		t.Errorf("GET /healthz on --listen: %d", got)
+	}
+	if got := waitUp(t, "http://"+adminAddr+"/", done); got != http.StatusUnauthorized {
+		t.Errorf("GET / on --admin-listen without the token: %d, want 401", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("demo returned %v", err)
+	}
+}
+
 // TestHotReload edits config.toml under a running server: a typo is refused
 // and the old limits kept; a valid change applies without a restart.
 func TestHotReload(t *testing.T) {
