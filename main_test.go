@@ -25,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1236,5 +1237,55 @@ func TestTOMLSyntaxErrorNamesItsLine(t *testing.T) {
 				t.Errorf("error %q, want it to contain %q", err, want)
 			}
 		})
+	}
+}
+
+// TestSIGHUPWithTheSameFileChangesNothing: a reload of an unchanged
+// config.toml, [[routes]] with [routes.fail] included, logs that no key
+// changed; it used to log changed=routes on every reload.
+func TestSIGHUPWithTheSameFileChangesNothing(t *testing.T) {
+	path := simulatedConfig(t, `[plans.free]
+monthly_quota = 100
+
+[[routes]]
+name = "checkout"
+methods = ["POST"]
+path = "/api/checkout"
+upstream = "http://127.0.0.1:3000"
+identity = "user"
+rate = 10
+window = "1h"
+burst = 2
+
+[[routes]]
+name = "referral"
+path = "/api/referral"
+upstream = "http://127.0.0.1:3000"
+identity = "ip"
+[routes.fail]
+by = ["ip", "json:email"]
+uniform_status = 403
+`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, logs, _ := startApp(t, path, envFrom(nil))
+	a.Watch(ctx, path) // as serve does
+	reloaded := regexp.MustCompile(`msg="config reloaded[^"]*" trigger=SIGHUP.*`)
+	for i := range 2 { // the second compares with what the first left running
+		before := len(reloaded.FindAllString(logs.String(), -1))
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(reloaded.FindAllString(logs.String(), -1)) == before {
+			if time.Now().After(deadline) {
+				t.Fatalf("SIGHUP %d: no reload logged:\n%s", i+1, logs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		lines := reloaded.FindAllString(logs.String(), -1)
+		if line := lines[len(lines)-1]; !strings.Contains(line, "no key changed") || strings.Contains(line, "changed=") {
+			t.Errorf("SIGHUP %d with the same file logged %q, want no key changed", i+1, line)
+		}
 	}
 }

@@ -683,7 +683,8 @@ func appliesLive(key string) bool {
 		"invites.rate", "invites.window", "invites.burst", "invites.mode":
 		return true
 	}
-	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect."} {
+	// routes.NAME.KEY: routeRestartKeys names what of it needs a restart.
+	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect.", "routes."} {
 		if strings.HasPrefix(key, prefix) {
 			return true
 		}
@@ -716,6 +717,13 @@ func flatten(c Config) map[string]string {
 				for _, k := range fv.MapKeys() {
 					walk(fv.MapIndex(k), key+"."+k.String()+".")
 				}
+			case fv.Kind() == reflect.Slice && fv.Type().Elem().Kind() == reflect.Struct:
+				// Each entry by its name ([[routes]]), key by key: printed
+				// whole, its pointers ([routes.fail]) would differ on
+				// every load.
+				for i := range fv.Len() {
+					walk(fv.Index(i), key+"."+entryName(fv.Index(i), i)+".")
+				}
 			case fv.Kind() == reflect.Pointer:
 				out[key] = ""
 				if !fv.IsNil() {
@@ -728,6 +736,18 @@ func flatten(c Config) map[string]string {
 	}
 	walk(reflect.ValueOf(c), "")
 	return out
+}
+
+// entryName names the i-th entry of a list of sections: by its name key
+// when it has one, else by its index.
+func entryName(v reflect.Value, i int) string {
+	t := v.Type()
+	for j := range t.NumField() {
+		if t.Field(j).Tag.Get("koanf") == "name" && v.Field(j).Kind() == reflect.String && v.Field(j).String() != "" {
+			return v.Field(j).String()
+		}
+	}
+	return strconv.Itoa(i)
 }
 
 // keepFailLimit is next with the fail-limit settings of running, which
