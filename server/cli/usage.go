@@ -20,7 +20,7 @@ func usageCmd(e *env) *cobra.Command {
 		Long: `Per user (or for one): attempts today against the daily line, reads
 (successes) today and this month against the quota, cost today and this month,
 and the requests today that a layer in shadow mode would have refused, per
-layer (recorded per minute: while serving, up to a minute behind).`,
+layer (while serving, live from the server; stopped, as recorded).`,
 		Args:              positional(0, "ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
