@@ -95,9 +95,9 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 		opts.Now = time.Now
 	}
 	r := &Recorder{
-		w:     w,
-		opts:  opts,
-		log:   opts.Logger.With("component", "detect"),
+		w:        w,
+		opts:     opts,
+		log:      opts.Logger.With("component", "detect"),
 		queue:    newQueue[Event](opts.QueueSize),
 		done:     make(chan struct{}),
 		refusals: newRefusalTally(opts.RefusalKeys),
