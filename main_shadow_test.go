@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // metricValue reads one series of the admin listener's /metrics; 0 when
@@ -82,6 +83,26 @@ window = "1h"
 	}
 	if got := metricValue(t, adminAddr, token, `breakwater_refusals_total{layer="rate",reason="rate"}`); got != 0 {
 		t.Errorf("real refusals = %v, want 0", got)
+	}
+
+	// Serving, usage reads the live figure through the admin API, not
+	// the rows stored once a minute (it showed "-" while /metrics had
+	// them). The recorder takes the requests' events within milliseconds.
+	usageNow := func() string {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"usage", "sam", "--config", path}, envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": token}), &out, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		return out.String()
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		out := usageNow()
+		if strings.Contains(out, "rate 8") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("usage while serving shows no live shadow refusals, want rate 8:\n%s", out)
+		}
 	}
 
 	write(base + "mode = \"enforce\"\n")

@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -55,6 +56,11 @@ type Recorder struct {
 	queue *queue[Event]
 	done  chan struct{}
 
+	// refusals is the minute of refusals by a layer being counted, which
+	// PendingRefusals reads while the writer's loop fills it.
+	mu       sync.Mutex
+	refusals *refusalTally
+
 	written atomic.Uint64
 	lost    atomic.Uint64 // events of batches whose write failed
 	failed  atomic.Uint64
@@ -89,11 +95,12 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 		opts.Now = time.Now
 	}
 	r := &Recorder{
-		w:     w,
-		opts:  opts,
-		log:   opts.Logger.With("component", "detect"),
-		queue: newQueue[Event](opts.QueueSize),
-		done:  make(chan struct{}),
+		w:        w,
+		opts:     opts,
+		log:      opts.Logger.With("component", "detect"),
+		queue:    newQueue[Event](opts.QueueSize),
+		done:     make(chan struct{}),
+		refusals: newRefusalTally(opts.RefusalKeys),
 	}
 	go r.loop()
 	return r
@@ -103,6 +110,16 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 // drops the event and counts it. Invite refusals and cooldown starts are
 // counted into the tally rather than stored one by one.
 func (r *Recorder) Record(e Event) { r.queue.Push(e) }
+
+// PendingRefusals returns the rows of refusals by a layer (real or in
+// shadow mode) counted in memory and not handed to the writer yet: up to
+// a minute's worth, which a reader of the stored events adds to see
+// today's figures as they are.
+func (r *Recorder) PendingRefusals() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refusals.rows(nil)
+}
 
 // Dropped is the number of events lost to a full queue or a failed write.
 func (r *Recorder) Dropped() uint64 { return r.queue.Dropped() + r.lost.Load() }
@@ -126,17 +143,25 @@ func (r *Recorder) loop() {
 	defer close(r.done)
 	batch := make([]Event, 0, r.opts.BatchSize)
 	t := newTally(r.opts.TallyWindow, r.opts.TallyKeys)
-	rt := newRefusalTally(r.opts.RefusalKeys)
+	rt := r.refusals
+	// drainRefusals moves the minute counted into the batch.
+	drainRefusals := func(batch []Event) []Event {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return rt.drain(batch)
+	}
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
 	// take files one event into the batch or a tally, and writes a full
 	// batch.
 	take := func(e Event) {
 		if layerTallied(e) {
+			r.mu.Lock()
 			if !rt.start.IsZero() && e.Time.Truncate(RefusalWindow).After(rt.start) {
 				batch = rt.drain(batch)
 			}
 			rt.add(e)
+			r.mu.Unlock()
 		} else if tallied(e) {
 			if !t.start.IsZero() && t.windowOf(e.Time).After(t.start) {
 				batch = t.drain(batch)
@@ -168,7 +193,7 @@ func (r *Recorder) loop() {
 				}
 			}
 			if !ok {
-				r.flush(r.dropped(rt.drain(t.drain(batch))))
+				r.flush(r.dropped(drainRefusals(t.drain(batch))))
 				return
 			}
 			time.Sleep(gatherPause)
@@ -177,8 +202,11 @@ func (r *Recorder) loop() {
 			if t.due(now) {
 				batch = t.drain(batch)
 			}
-			if rt.due(now) {
-				batch = rt.drain(batch)
+			r.mu.Lock()
+			due := rt.due(now)
+			r.mu.Unlock()
+			if due {
+				batch = drainRefusals(batch)
 			}
 			batch = r.flush(r.dropped(batch))
 			timer.Reset(r.opts.FlushInterval)

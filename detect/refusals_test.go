@@ -62,3 +62,45 @@ func TestRecorderTalliesLayerRefusalsPerMinute(t *testing.T) {
 type writerFunc func([]detect.Event) error
 
 func (f writerFunc) AppendEvents(events []detect.Event) error { return f(events) }
+
+// PendingRefusals gives the minute of refusals still counted in memory,
+// as the rows it will be stored as, and nothing once they are stored:
+// stored and pending together are every refusal, once.
+func TestRecorderPendingRefusals(t *testing.T) {
+	now := time.Date(2026, 12, 1, 10, 0, 30, 0, time.UTC)
+	stored := make(chan []detect.Event, 16)
+	r := detect.NewRecorder(writerFunc(func(events []detect.Event) error { stored <- events; return nil }),
+		detect.RecorderOptions{Now: func() time.Time { return now }})
+	for range 4 {
+		r.Record(detect.Event{Time: now, UserID: "sam", Route: "/v1/ocr", Layer: "rate", Outcome: detect.OutcomeShadowRefused})
+	}
+	sum := func(rows []detect.Event) (n int64) {
+		for _, e := range rows {
+			if e.UserID == "sam" && e.Outcome == detect.OutcomeShadowRefused {
+				n += e.N()
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for sum(r.PendingRefusals()) != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("pending refusals %v, want 4 of sam's", r.PendingRefusals())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(stored)
+	var all []detect.Event
+	for rows := range stored {
+		all = append(all, rows...)
+	}
+	if got := sum(all); got != 4 {
+		t.Errorf("stored %d of sam's refusals, want 4", got)
+	}
+	if got := r.PendingRefusals(); len(got) != 0 {
+		t.Errorf("pending after they were stored: %v", got)
+	}
+}

@@ -86,15 +86,24 @@ func (t *refusalTally) drain(batch []Event) []Event {
 	if t.start.IsZero() {
 		return batch
 	}
+	batch = t.rows(batch)
+	t.start = time.Time{}
+	clear(t.counts)
+	clear(t.other)
+	return batch
+}
+
+// rows appends the minute's rows to batch, leaving the tally as it is.
+func (t *refusalTally) rows(batch []Event) []Event {
+	if t.start.IsZero() {
+		return batch
+	}
 	for k, n := range t.counts {
 		batch = append(batch, Event{Time: t.start, UserID: k.user, IP: k.ip, Plan: k.plan, Route: k.route, Layer: k.layer, Outcome: k.outcome, Count: n})
 	}
 	for k, n := range t.other {
 		batch = append(batch, Event{Time: t.start, UserID: Other, Route: k.route, Layer: k.layer, Outcome: k.outcome, Count: n})
 	}
-	t.start = time.Time{}
-	clear(t.counts)
-	clear(t.other)
 	return batch
 }
 

@@ -93,8 +93,9 @@ type Config struct {
 	// MaxConnections is the most connections each listener holds open.
 	// At the cap a new connection closes the one that has waited longest
 	// without a request in progress (idle keep-alive, or connected and
-	// silent); when every connection has a request in progress, the new
-	// one is closed at once. Default 1024.
+	// silent), sparing a new connection for its first second and one
+	// whose request has arrived; when every connection has a request in
+	// progress, the new one is closed at once. Default 1024.
 	MaxConnections int `koanf:"max_connections"`
 	// IdleTimeout is how long a keep-alive connection may wait for its
 	// next request. Default 30s.

@@ -101,8 +101,9 @@ func TestGlobalDailyRequestsNeverOvershot(t *testing.T) {
 	}
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 	p := decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
-	if !strings.Contains(p.Detail, "paused for today") || strings.Contains(p.Detail, "30") {
-		t.Errorf("detail %q", p.Detail)
+	// A ceiling on requests, not money, and without its figure.
+	if !strings.Contains(p.Detail, "ceiling on requests for today") || strings.Contains(p.Detail, "spending") || strings.Contains(p.Detail, "30") {
+		t.Errorf("detail %q, want it to name the ceiling on requests, not a spending limit, and no figure", p.Detail)
 	}
 }
 

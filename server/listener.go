@@ -4,8 +4,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // HTTPServer returns an http.Server for h with the [server] section's
@@ -15,7 +17,7 @@ import (
 // alike.
 func (s *Server) HTTPServer(ln net.Listener, h http.Handler) (*http.Server, net.Listener) {
 	lim := &connLimiter{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns, conns: map[net.Conn]*connEntry{},
-		refused: func() { s.refused(layerTransport, "max_connections") }}
+		refused: func() { s.refused(layerTransport, "max_connections") }, now: s.now}
 	hs := &http.Server{
 		Addr:              ln.Addr().String(),
 		Handler:           h,
@@ -36,22 +38,45 @@ func (s *Server) HTTPServer(ln net.Listener, h http.Handler) (*http.Server, net.
 // is closed at once. Closing the longest-waiting rather than blocking
 // Accept (as golang.org/x/net/netutil.LimitListener does) means idle or
 // silent connections, which cost a client nothing to hold, can never lock
-// out the next real request. Safe for concurrent use; track is the
-// http.Server's ConnState hook.
+// out the next real request.
+//
+// Two kinds of waiting connection are spared from making room, since
+// closing either loses a request where closing an idle one costs its
+// client only a reconnect: one whose request has arrived but not been
+// read yet (bytes unread in the kernel: the server is behind, not the
+// client), and one that has had no request yet, for freshGrace after its
+// accept. Without that, a fast enough churn of connections (at the cap,
+// each new one closes the longest-waiting) closed a real client's new
+// connection before its request was read, and its retry's too. When every
+// waiting connection is fresh, the longest-waiting fresh one without
+// unread bytes goes, so a stream of silent connections cannot lock new
+// ones out. When the ones that could go all have a request to read, the
+// new connection waits a moment (see maxBehind) for the server to read
+// them. Safe for concurrent use; track is the http.Server's ConnState
+// hook.
 type connLimiter struct {
 	net.Listener
 	max     int
 	open    *atomic.Int64 // connections held, across the server's listeners
 	refused func()
+	now     func() time.Time
+	unread  func(net.Conn) bool // whether the kernel holds bytes not yet read; nil: unreadBytes
 
 	mu    sync.Mutex
 	conns map[net.Conn]*connEntry
 	seq   uint64
 }
 
+// freshGrace is how long a new connection is spared from making room
+// for another before its first request: time enough for a client to send
+// it after connecting, even a round trip away on a slow network.
+const freshGrace = time.Second
+
 type connEntry struct {
-	waiting bool   // new or idle: no request in progress
-	since   uint64 // when it began waiting, in Accept/idle order
+	waiting  bool      // new or idle: no request in progress
+	since    uint64    // when it began waiting, in Accept/idle order
+	fresh    bool      // no request read yet
+	accepted time.Time // for fresh: when it was accepted
 }
 
 // Accept returns the next connection that fits.
@@ -61,7 +86,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.admit(c) {
+		if l.admitOrWait(c) {
 			return c, nil
 		}
 		c.Close()
@@ -69,19 +94,39 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 	}
 }
 
-func (l *connLimiter) admit(c net.Conn) bool {
+// behindPause and maxBehind: while the connections that could make room
+// for a new one all have a request waiting to be read, Accept holds the
+// new connection, looking again every behindPause, for at most
+// maxBehind, before it closes it: the server is behind on reading, and
+// accepting no faster than it reads is the fair answer (the next clients
+// wait in the listen backlog in the order they came).
+const (
+	behindPause = time.Millisecond
+	maxBehind   = 250 * time.Millisecond
+)
+
+// admitOrWait is admit, waiting out a moment when the server is behind.
+func (l *connLimiter) admitOrWait(c net.Conn) bool {
+	for waited := time.Duration(0); ; waited += behindPause {
+		ok, behind := l.admit(c)
+		if ok || !behind || waited >= maxBehind {
+			return ok
+		}
+		time.Sleep(behindPause)
+	}
+}
+
+// admit takes c in if it fits or a waiting connection can make room for
+// it; behind says it did not because each connection that could have has
+// a request waiting to be read.
+func (l *connLimiter) admit(c net.Conn) (ok, behind bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := l.now()
 	if len(l.conns) >= l.max {
-		var oldest net.Conn
-		var since uint64
-		for oc, e := range l.conns {
-			if e.waiting && (oldest == nil || e.since < since) {
-				oldest, since = oc, e.since
-			}
-		}
+		oldest, behind := l.oldestWaiting(now)
 		if oldest == nil {
-			return false
+			return false, behind
 		}
 		// Its server goroutine sees the close as a hang-up; its
 		// StateClosed finds it gone from the map.
@@ -90,9 +135,51 @@ func (l *connLimiter) admit(c net.Conn) bool {
 		l.open.Add(-1)
 	}
 	l.seq++
-	l.conns[c] = &connEntry{waiting: true, since: l.seq}
+	l.conns[c] = &connEntry{waiting: true, since: l.seq, fresh: true, accepted: now}
 	l.open.Add(1)
-	return true
+	return true, false
+}
+
+// maxUnreadChecks bounds how many of the longest-waiting connections
+// admit looks at for unread bytes: when that many have a request waiting,
+// the server is behind.
+const maxUnreadChecks = 8
+
+// oldestWaiting is the connection to close for a new one at now: the
+// longest-waiting one past its fresh grace, or when every waiting
+// connection is within it, the longest-waiting of those; passing over
+// those with unread bytes. nil when there is none, with behind set when
+// it passed some over. The caller holds l.mu.
+func (l *connLimiter) oldestWaiting(now time.Time) (oldest net.Conn, behind bool) {
+	unread := l.unread
+	if unread == nil {
+		unread = unreadBytes
+	}
+	var skip []net.Conn
+	for range maxUnreadChecks {
+		var oldestFresh net.Conn
+		var since, sinceFresh uint64
+		oldest = nil
+		for c, e := range l.conns {
+			switch {
+			case !e.waiting || slices.Contains(skip, c):
+			case e.fresh && now.Sub(e.accepted) < freshGrace:
+				if oldestFresh == nil || e.since < sinceFresh {
+					oldestFresh, sinceFresh = c, e.since
+				}
+			case oldest == nil || e.since < since:
+				oldest, since = c, e.since
+			}
+		}
+		if oldest == nil {
+			oldest = oldestFresh
+		}
+		if oldest == nil || !unread(oldest) {
+			return oldest, oldest == nil && len(skip) > 0
+		}
+		skip = append(skip, oldest)
+	}
+	return nil, true
 }
 
 // track follows each connection's state.
@@ -105,7 +192,7 @@ func (l *connLimiter) track(c net.Conn, state http.ConnState) {
 	}
 	switch state {
 	case http.StateActive:
-		e.waiting = false
+		e.waiting, e.fresh = false, false
 	case http.StateIdle:
 		l.seq++
 		e.waiting, e.since = true, l.seq

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -125,4 +126,95 @@ func TestIdleConnectionsBounded(t *testing.T) {
 	for _, u := range uploads {
 		u.answer(t)
 	}
+}
+
+// TestFreshConnectionSparedAtCap: at the cap, a connection whose request
+// has not been read yet is not closed to make room while an idle
+// keep-alive connection can be, for freshGrace after its accept; past it,
+// or when every waiting connection is fresh, the longest-waiting goes.
+// Before, the longest-waiting went whatever it was, and a fast churn of
+// connections closed a real client's new connection before its request.
+func TestFreshConnectionSparedAtCap(t *testing.T) {
+	now := time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)
+	var open atomic.Int64
+	l := &connLimiter{max: 2, open: &open, conns: map[net.Conn]*connEntry{}, refused: func() {}, now: func() time.Time { return now }}
+	conn := func() net.Conn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		return a
+	}
+	admit := func(c net.Conn) {
+		t.Helper()
+		if ok, _ := l.admit(c); !ok {
+			t.Fatal("a new connection was refused with waiting ones to close")
+		}
+	}
+	held := func(want ...net.Conn) {
+		t.Helper()
+		if got := len(l.conns); got != len(want) {
+			t.Fatalf("held %d connections, want %d", got, len(want))
+		}
+		for i, c := range want {
+			if _, ok := l.conns[c]; !ok {
+				t.Fatalf("connection %d of %d was closed, want it held", i+1, len(want))
+			}
+		}
+		if got := open.Load(); got != int64(len(want)) {
+			t.Fatalf("open count %d, want %d", got, len(want))
+		}
+	}
+
+	idle, fresh := conn(), conn()
+	admit(idle)
+	admit(fresh) // connected before idle's request, so it has waited longer
+	l.track(idle, http.StateActive)
+	l.track(idle, http.StateIdle)
+
+	now = now.Add(10 * time.Millisecond)
+	next := conn()
+	admit(next)
+	held(fresh, next) // the idle one made room, not the fresh one
+
+	// Past its grace without a request, fresh is a silent connection like
+	// any other, and the longest-waiting.
+	l.track(next, http.StateActive)
+	l.track(next, http.StateIdle)
+	now = now.Add(freshGrace)
+	late := conn()
+	admit(late)
+	held(next, late)
+
+	// Every waiting connection fresh: the longest-waiting of them goes,
+	// so a new connection is never locked out by fresh ones.
+	l.track(next, http.StateActive)
+	l.track(next, http.StateClosed)
+	newer := conn()
+	admit(newer)
+	held(late, newer)
+	newest := conn()
+	admit(newest)
+	held(newer, newest)
+
+	// A request arrived but not read yet: that connection is passed over.
+	unread := map[net.Conn]bool{newer: true}
+	l.unread = func(c net.Conn) bool { return unread[c] }
+	later := conn()
+	admit(later)
+	held(newer, later)
+	// Every waiting connection with a request to read: the server is
+	// behind, and the new connection waits (Accept holds it a moment).
+	unread[later] = true
+	if ok, behind := l.admit(conn()); ok || !behind {
+		t.Errorf("admit = %v, behind %v; want the new connection held back while the others' requests are read", ok, behind)
+	}
+	held(newer, later)
+
+	// Every connection with a request in progress: the new one is refused.
+	l.unread = nil
+	l.track(newer, http.StateActive)
+	l.track(later, http.StateActive)
+	if ok, behind := l.admit(conn()); ok || behind {
+		t.Errorf("admit = %v, behind %v; want the new connection refused over the cap with every other busy", ok, behind)
+	}
+	held(newer, later)
 }

@@ -108,7 +108,11 @@ var (
 	errPausedByOperator = problem(http.StatusServiceUnavailable, "paused_by_operator", "Service paused",
 		"The operator has paused this service. Try again later.")
 	errBudgetPaused = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
-		"The service has reached its spending limit and is paused for today. Try again after the time in Retry-After.")
+		"The service has reached its spending limit and is paused. Try again after the time in Retry-After.")
+	// errRequestCeiling is budget_paused for the ceiling on requests per
+	// day (budget.daily_requests), which is not money; it names no figure.
+	errRequestCeiling = problem(http.StatusServiceUnavailable, "budget_paused", "Service paused",
+		"The service has reached its ceiling on requests for today and is paused. Try again after the time in Retry-After.")
 
 	// Idempotency-Key on POST /v1/ocr.
 	errIdempotencyKeyInvalid = problem(http.StatusBadRequest, "idempotency_key_invalid", "Bad request",

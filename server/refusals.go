@@ -131,6 +131,8 @@ func refusalProblem(r *guard.Refusal) *Problem {
 		return errBudgetBusy.withRetryAfter(retry)
 	case r.Reason == "manual":
 		return errPausedByOperator.withRetryAfter(retry)
+	case r.Reason == "daily_requests":
+		return errRequestCeiling.withRetryAfter(retry)
 	}
 	return errBudgetPaused.withRetryAfter(retry)
 }

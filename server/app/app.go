@@ -148,6 +148,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	events := detect.NewRecorder(db, detect.RecorderOptions{Logger: log, Now: opts.Now})
+	a.operator.SetPendingEvents(events)
 	a.onClose(func() {
 		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()

@@ -19,6 +19,7 @@ import (
 	"github.com/knadh/koanf/parsers/toml/v2"
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
+	gotoml "github.com/pelletier/go-toml/v2"
 
 	"breakwater/budget"
 	"breakwater/detect"
@@ -121,12 +122,12 @@ func read(path string, data []byte, getenv func(string) string, optional bool, l
 	base := "."
 	if data != nil {
 		if err := k.Load(bytesProvider(data), toml.Parser()); err != nil {
-			return Config{}, fmt.Errorf("config %s: %w", path, err)
+			return Config{}, fmt.Errorf("config %s: %w", path, syntaxError(err))
 		}
 		base = filepath.Dir(path)
 	} else if _, err := os.Stat(path); err == nil {
 		if err := k.Load(file.Provider(path), toml.Parser()); err != nil {
-			return Config{}, fmt.Errorf("config %s: %w", path, err)
+			return Config{}, fmt.Errorf("config %s: %w", path, syntaxError(err))
 		}
 		base = filepath.Dir(path)
 	} else if !optional {
@@ -190,6 +191,17 @@ func read(path string, data []byte, getenv func(string) string, optional bool, l
 	}
 	c.warnings = append(c.warnings, c.Server.Warnings()...)
 	return c, nil
+}
+
+// syntaxError adds to a TOML syntax error the line and column it was
+// found at, which the parser's own message leaves out.
+func syntaxError(err error) error {
+	var de *gotoml.DecodeError
+	if !errors.As(err, &de) {
+		return err
+	}
+	row, col := de.Position()
+	return fmt.Errorf("line %d, column %d: %w", row, col, err)
 }
 
 // decode decodes k over c strictly: every key must land in a field, and
@@ -692,7 +704,8 @@ func appliesLive(key string) bool {
 		"invites.rate", "invites.window", "invites.burst", "invites.mode":
 		return true
 	}
-	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect."} {
+	// routes.NAME.KEY: routeRestartKeys names what of it needs a restart.
+	for _, prefix := range []string{"limits.user.", "budget.", "plans.", "detect.", "routes."} {
 		if strings.HasPrefix(key, prefix) {
 			return true
 		}
@@ -724,6 +737,13 @@ func flatten(c Config) map[string]string {
 			case fv.Kind() == reflect.Map:
 				for _, k := range fv.MapKeys() {
 					walk(fv.MapIndex(k), key+"."+k.String()+".")
+				}
+			case fv.Kind() == reflect.Slice && fv.Type().Elem().Kind() == reflect.Struct:
+				// Each entry by its name ([[routes]]), key by key: printed
+				// whole, its pointers ([routes.fail]) would differ on
+				// every load.
+				for i := range fv.Len() {
+					walk(fv.Index(i), key+"."+entryName(fv.Index(i), i)+".")
 				}
 			case fv.Kind() == reflect.Pointer:
 				out[key] = ""
@@ -793,6 +813,18 @@ func (c Config) MoneyDefaults() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// entryName names the i-th entry of a list of sections: by its name key
+// when it has one, else by its index.
+func entryName(v reflect.Value, i int) string {
+	t := v.Type()
+	for j := range t.NumField() {
+		if t.Field(j).Tag.Get("koanf") == "name" && v.Field(j).Kind() == reflect.String && v.Field(j).String() != "" {
+			return v.Field(j).String()
+		}
+	}
+	return strconv.Itoa(i)
 }
 
 // keepFailLimit is next with the fail-limit settings of running, which

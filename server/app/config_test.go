@@ -81,6 +81,49 @@ func TestChangedKeys(t *testing.T) {
 	}
 }
 
+// The same file loaded twice changes no key, [[routes]] with their
+// [routes.fail] included (compared whole, their pointers differed on every
+// load, and every reload said changed=routes); a change inside a route is
+// named by the route and key, and applies live.
+func TestChangedKeysOfRoutes(t *testing.T) {
+	body := minimal + `
+[[routes]]
+name = "referral"
+path = "/api/referral"
+upstream = "http://127.0.0.1:3000"
+identity = "ip"
+rate = 10
+[routes.fail]
+by = ["ip", "json:email"]
+reset_on_success = false
+`
+	path := writeConfig(t, body)
+	a, err := Load(path, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Load(path, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ChangedKeys(a, b); len(got) != 0 {
+		t.Errorf("the same file loaded twice changed %v", got)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(body, "rate = 10", "rate = 11", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ChangedKeys(a, c); !slices.Equal(got, []string{"routes.referral.rate"}) {
+		t.Errorf("ChangedKeys = %v, want [routes.referral.rate]", got)
+	}
+	if got := NeedsRestart(a, c); len(got) != 0 {
+		t.Errorf("NeedsRestart = %v, want none: a route's rate applies live", got)
+	}
+}
+
 // [[routes]] entries are read with their [routes.fail], checked with
 // errors that name the route, and an unknown key inside one is refused.
 func TestRoutesConfig(t *testing.T) {

@@ -15,21 +15,33 @@ import (
 	"breakwater/server/app"
 )
 
+// demoListen is where the demo listens unless told: a free loopback
+// port for each listener.
+const demoListen = "127.0.0.1:0"
+
 func demoCmd(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "demo",
+	var listen, adminListen string
+	c := &cobra.Command{
+		Use:   "demo [--listen ADDR] [--admin-listen ADDR]",
 		Short: "run it with a simulated upstream and a throwaway database",
 		Long: `Run the service with the simulated upstream and a throwaway database on a
 free loopback port, and print an API key and a curl line that works, and
-the dashboard's address with a throwaway admin token. The config file is
-optional; its limits apply. Ctrl+C stops it and deletes the database.`,
+the dashboard's address with a throwaway admin token. --listen and
+--admin-listen set the addresses instead (say 127.0.0.1:8080, for a proxy
+config that names it). The config file is optional; its limits apply.
+Ctrl+C stops it and deletes the database.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              e.demo,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return e.demo(c, listen, adminListen)
+		},
 	}
+	c.Flags().StringVar(&listen, "listen", demoListen, "the public API's address, host:port")
+	c.Flags().StringVar(&adminListen, "admin-listen", demoListen, "the admin API's and dashboard's address, host:port")
+	return c
 }
 
-func (e *env) demo(c *cobra.Command, _ []string) error {
+func (e *env) demo(c *cobra.Command, listen, adminListen string) error {
 	app.HoldHeapFloor() // as serve does
 	ctx := c.Context()
 	cfg, err := app.Read(e.config, e.getenv, true)
@@ -44,8 +56,8 @@ func (e *env) demo(c *cobra.Command, _ []string) error {
 
 	cfg.OCR.Provider = "simulated"
 	cfg.Storage.Path = filepath.Join(dir, "breakwater.db")
-	cfg.Server.Listen = "127.0.0.1:0"
-	cfg.Server.AdminListen = "127.0.0.1:0"
+	cfg.Server.Listen = listen
+	cfg.Server.AdminListen = adminListen
 	demoPlan := keys.DefaultPlan
 	if _, ok := cfg.Plans[demoPlan]; !ok {
 		cfg.Plans = map[string]budget.Plan{demoPlan: {MonthlyQuota: 100, DailyAttempts: budget.DefaultDailyAttempts(100)}}

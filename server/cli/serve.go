@@ -31,7 +31,7 @@ func (e *env) serve(c *cobra.Command, _ []string) error {
 		return err
 	}
 	log := newLogger(e.stderr)
-	log.Info("breakwater", "version", versionString())
+	log.Info("breakwater", readBuild().logArgs()...)
 	a, err := app.Open(c.Context(), cfg, app.Options{Getenv: e.getenv, Logger: log})
 	if err != nil {
 		return err

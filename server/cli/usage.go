@@ -20,7 +20,7 @@ func usageCmd(e *env) *cobra.Command {
 		Long: `Per user (or for one): attempts today against the daily line, reads
 (successes) today and this month against the quota, cost today and this month,
 and the requests today that a layer in shadow mode would have refused, per
-layer (recorded per minute: while serving, up to a minute behind).`,
+layer (while serving, live from the server; stopped, as recorded).`,
 		Args:              positional(0, "ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
@@ -86,8 +86,8 @@ func brakeCmd(e *env) *cobra.Command {
 		Use:   "brake on|off [--json]",
 		Short: "the manual kill switch (survives restarts)",
 		Long: `Engage (on) or release (off) the manual brake: the paid endpoint answers
-503 budget_paused at once, and the switch is stored, so it survives restarts.
-Prints the budget as it is then.`,
+503 paused_by_operator (Retry-After: 300) at once, and the switch is stored,
+so it survives restarts. Prints the budget as it is then.`,
 		Args: func(c *cobra.Command, args []string) error {
 			if err := positional(1, "on|off")(c, args); err != nil {
 				return err

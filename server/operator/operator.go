@@ -90,6 +90,7 @@ type Operator struct {
 	loc     *time.Location
 	now     func() time.Time
 
+	pending   PendingEvents    // nil until SetPendingEvents: the stored events alone
 	detection Detection        // nil until SetDetection
 	cooldowns []CooldownSource // empty until SetCooldowns: none to list
 	brakeMu   sync.Mutex
@@ -126,6 +127,18 @@ func New(kr *keys.Keyring, codes *invites.Codes, layers Layers, store Store, pla
 	}
 	return &Operator{keys: kr, invites: codes, layers: layers, store: store, plans: plans, loc: loc, now: o.Now}
 }
+
+// PendingEvents gives the statistics rows counted in memory and not
+// stored yet: detect.Recorder's refusals by a layer of the minute under
+// way.
+type PendingEvents interface {
+	PendingRefusals() []detect.Event
+}
+
+// SetPendingEvents has Usage add p's rows to the stored ones, so that a
+// running server's figures of today are live rather than up to a minute
+// behind.
+func (o *Operator) SetPendingEvents(p PendingEvents) { o.pending = p }
 
 // Location is the time zone of days and months (budget.timezone).
 func (o *Operator) Location() *time.Location { return o.loc }
@@ -223,8 +236,8 @@ type UsageInfo struct {
 	CostTodayUSD  float64 `json:"cost_today_usd"`
 	CostMonthUSD  float64 `json:"cost_month_usd"`
 	// ShadowToday counts, per layer, the requests of today that a layer
-	// in shadow mode would have refused (they went on), as recorded: while
-	// the server runs, up to a minute behind.
+	// in shadow mode would have refused (they went on): the stored rows,
+	// and while the server runs the minute it still counts in memory.
 	ShadowToday map[string]int64 `json:"shadow_today,omitempty"`
 }
 
@@ -252,17 +265,25 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = o.store.EachEvent(dayStart, dayEnd, func(e detect.Event) error {
-		if e.Outcome == detect.OutcomeShadowRefused && e.Route != detect.RouteInvite && e.UserID != "" {
+	countShadow := func(e detect.Event) error {
+		if e.Outcome == detect.OutcomeShadowRefused && e.Route != detect.RouteInvite && e.UserID != "" &&
+			!e.Time.Before(dayStart) && e.Time.Before(dayEnd) {
 			if shadow[e.UserID] == nil {
 				shadow[e.UserID] = map[string]int64{}
 			}
 			shadow[e.UserID][e.Layer] += e.N()
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	// The stored rows first, then the minute still counted in memory: a
+	// minute stored in between is missed for a moment, never counted twice.
+	if err := o.store.EachEvent(dayStart, dayEnd, countShadow); err != nil {
 		return nil, err
+	}
+	if o.pending != nil {
+		for _, e := range o.pending.PendingRefusals() {
+			countShadow(e)
+		}
 	}
 	users := o.keys.Users()
 	if user != "" {

@@ -142,6 +142,9 @@ type Process struct {
 var (
 	listenRE      = regexp.MustCompile(`msg=listening listener=public addr=(\S+)`)
 	adminListenRE = regexp.MustCompile(`msg=listening listener=admin addr=(\S+)`)
+	// startRE is the line the server logs before it opens any listener;
+	// its admin_listen says "off (...)" when the admin API is off.
+	startRE = regexp.MustCompile(`msg="starting breakwater" .*admin_listen=("?off)?`)
 )
 
 // AdminAddr is the admin listener's address, "" if it is off (no
@@ -155,7 +158,10 @@ func (p *Process) AdminAddr() string {
 
 // Start runs `bin serve --config config` with env added to the process's
 // environment, its log in logPath, and waits (at most 20 s) until it
-// listens.
+// listens on every listener it opens: the public one, and the admin one
+// unless the server said at its start that the admin API is off. The
+// admin listener comes up a moment after the public one, so a test that
+// took the public line alone could find no admin address yet.
 func Start(bin, config, logPath string, env ...string) (*Process, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -178,8 +184,8 @@ func Start(bin, config, logPath string, env ...string) (*Process, error) {
 	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		if m := listenRE.FindSubmatch(readHead(logPath)); m != nil {
-			p.Addr = string(m[1])
+		if addr, ok := listening(readHead(logPath)); ok {
+			p.Addr = addr
 			return p, nil
 		}
 		select {
@@ -190,6 +196,21 @@ func Start(bin, config, logPath string, env ...string) (*Process, error) {
 	}
 	p.Kill()
 	return nil, fmt.Errorf("%w within 20s; log:\n%s", ErrNotListening, Tail(logPath))
+}
+
+// listening returns the public address from the head of a server's log
+// once every listener the server opens is listening.
+func listening(head []byte) (string, bool) {
+	start := startRE.FindSubmatch(head)
+	public := listenRE.FindSubmatch(head)
+	if start == nil || public == nil {
+		return "", false
+	}
+	adminOff := len(start[1]) > 0
+	if !adminOff && !adminListenRE.Match(head) {
+		return "", false
+	}
+	return string(public[1]), true
 }
 
 // PID is the server's process id, for reading its /proc entries.

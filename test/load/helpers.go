@@ -2,8 +2,9 @@
 // 127.0.0.1 — slow headers, idle connections, floods of bad keys and of
 // one good key, many distinct users and client IPs — and checks that a
 // legitimate client keeps getting answers in time and that the server's
-// memory stays bounded. The short forms run with go test ./...; the full
-// run, whose figures docs/RELIABILITY.md quotes, is
+// memory stays bounded; and it times invite refusals from outside. The
+// short forms run with go test ./...; the full run, whose figures
+// docs/RELIABILITY.md quotes, is
 //
 //	go test ./test/load -count=1 -v -load.full -timeout 30m
 package load

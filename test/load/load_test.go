@@ -9,10 +9,7 @@ import (
 	"time"
 )
 
-var (
-	full  = flag.Bool("load.full", false, "the full run: more connections, longer floods, more users and IPs (the figures in docs/RELIABILITY.md)")
-	churn = flag.Bool("load.churn", false, "run TestConnectionChurn, which shows a known defect (see docs/RELIABILITY.md): a fast enough churn of connections locks a legitimate client out")
-)
+var full = flag.Bool("load.full", false, "the full run: more connections, longer floods, more users and IPs (the figures in docs/RELIABILITY.md)")
 
 // pick is the short form's figure, or the full run's.
 func pick[T any](short, long T) T {
@@ -81,16 +78,12 @@ func TestIdleKeepAlive(t *testing.T) {
 }
 
 // TestConnectionChurn is TestIdleKeepAlive with clients that come back
-// within about 5 ms of being closed. It fails on the server as it is: at
-// the cap each new connection closes the longest-waiting one, and a fresh
-// connection whose request has not been read yet counts as waiting, so at
-// some ten thousand new connections a second a legitimate client's
-// connection is closed before its request is read, and its retry's too.
-// Run it with -load.churn.
+// within about 5 ms of being closed: some ten thousand new connections a
+// second at the cap, each closing a waiting one. A legitimate client's
+// keep-alive connection is closed between its requests, as any idle one
+// is, but its new connection is spared until its request is read (see
+// max_connections), so its reads still get through.
 func TestConnectionChurn(t *testing.T) {
-	if !*churn {
-		t.Skip("shows a known defect; run with -load.churn")
-	}
 	idleKeepAlive(t, 5*time.Millisecond)
 }
 
@@ -249,8 +242,12 @@ func TestFloodOneKey(t *testing.T) {
 	if hogOK > int64(floodKey.Rate) {
 		t.Errorf("the flood got %d 200s, over its rate limit %d per %s", hogOK, floodKey.Rate, floodKey.Window)
 	}
-	if hogCalls > int64(floodKey.Rate) || hogCalls != hogOK {
-		t.Errorf("the upstream received %d calls for the flooding key, want its %d 200s and at most %d", hogCalls, hogOK, floodKey.Rate)
+	// Every 200 is a call (no dedupe here); the flood stops without
+	// waiting for its requests in flight, so up to the key's in-flight
+	// limit of calls may have no 200 counted.
+	if hogCalls > int64(floodKey.Rate) || hogCalls < hogOK || hogCalls > hogOK+int64(floodKey.InFlight) {
+		t.Errorf("the upstream received %d calls for the flooding key, want its %d 200s (and at most %d cut off by the stop) and at most %d",
+			hogCalls, hogOK, floodKey.InFlight, floodKey.Rate)
 	}
 	p.check(t, "one-key flood", sent)
 	e.checkMemory(t, "one-key flood", before)
