@@ -20,6 +20,15 @@ name = "billing"
 path = "/api/billing/*"
 identity = "ip"
 rate = 100
+
+[[routes]]
+name = "item"
+methods = ["DELETE"]
+path = "/api/items/7"
+identity = "ip"
+rate = 1
+window = "1m"
+burst = 0
 `
 
 // Forward auth with Caddy's, Traefik's and nginx's header conventions:
@@ -67,6 +76,21 @@ func TestForwardAuth(t *testing.T) {
 		{"escaped dot segment", caddy("POST", "/api/x/%2E%2E/checkout"), 429, "429", true},
 		{"dot-dot with a parameter", caddy("POST", "/api/x/..;/checkout"), 429, "429", true},
 		{"prefix route without its slash", nginx("GET", "/API/billing"), 200, "", false},
+		{"format suffix", caddy("POST", "/api/checkout.json"), 429, "429", true},
+		{"trailing dot", nginx("POST", "/api/checkout."), 403, "429", true},
+		{"trailing space", caddy("POST", "/api/checkout%20"), 429, "429", true},
+		{"backslashes", nginx("POST", `/api\checkout`), 403, "429", true},
+		{"escaped backslash", caddy("POST", "/api%5Ccheckout"), 429, "429", true},
+		// A POST may be made a DELETE by the app's framework (_method).
+		{"the DELETE route", caddy("DELETE", "/api/items/7"), 200, "", false},
+		{"a POST to the DELETE route", caddy("POST", "/api/items/7"), 429, "429", true},
+		{"a PUT to the DELETE route passes", caddy("PUT", "/api/items/7"), 200, "", false},
+		// nginx forwards a '#' as it came: an app may read it as the
+		// fragment's start or as a letter.
+		{"a fragment", nginx("POST", "/api/checkout#x"), 403, "403", false},
+		{"a fragment hiding a dot segment", nginx("POST", "/page#/../api/checkout"), 403, "403", false},
+		{"a fragment hiding backslashes", nginx("POST", `/api\checkout#x`), 403, "403", false},
+		{"a '#' of the query", nginx("POST", "/page?a#/../api/checkout"), 200, "", false},
 		// A request of no route passes, with no identity.
 		{"unmatched uri passes", caddy("POST", "/api/other"), 200, "", false},
 		{"unmatched method passes", caddy("GET", "/api/checkout"), 200, "", false},
@@ -77,6 +101,16 @@ func TestForwardAuth(t *testing.T) {
 		{"a client's identity header", func() http.Header {
 			h := caddy("POST", "/api/other")
 			h.Set("X-Breakwater-User", "victim")
+			return h
+		}(), 400, "400", false},
+		{"a client's identity header with underscores", func() http.Header {
+			h := caddy("POST", "/api/other")
+			h["X_Breakwater_User"] = []string{"victim"}
+			return h
+		}(), 400, "400", false},
+		{"a client's identity header with one underscore", func() http.Header {
+			h := caddy("GET", "/")
+			h["X-Breakwater_user"] = []string{"victim"}
 			return h
 		}(), 400, "400", false},
 		{"a client's other Breakwater header, nginx", func() http.Header {
@@ -121,3 +155,4 @@ func TestForwardAuth(t *testing.T) {
 		t.Errorf("untrusted peer: %d %s", resp.StatusCode, body)
 	}
 }
+
