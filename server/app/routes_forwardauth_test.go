@@ -1,7 +1,10 @@
 package app
 
 import (
+	byteorder "encoding/binary"
+	"fmt"
 	"net/http"
+	"os"
 	"testing"
 )
 
@@ -156,3 +159,54 @@ func TestForwardAuth(t *testing.T) {
 	}
 }
 
+// A forward-auth check of no route (the proxies send every request of
+// the app) writes nothing: no event, no transaction in the database,
+// in any spelling, a format suffix included. Measured on bbolt's
+// transaction id, read from its meta pages: opening and closing the App
+// commits some transactions of its own, so a run with the checks must
+// commit as many as a run without, and one with a route's check more.
+func TestForwardAuthPassOfNoRouteWritesNothing(t *testing.T) {
+	e := startRoutes(t, "", forwardAuthRoutes)
+	txid := func() uint64 {
+		t.Helper()
+		b, err := os.ReadFile(e.cfg.Storage.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A page header of 16 bytes, then the meta: magic, version,
+		// page size, flags (4 bytes each), the root bucket (16), the
+		// freelist and high-water page ids (8 each), the txid (8).
+		if len(b) < 2*4096 {
+			t.Fatalf("the database is %d bytes, no bbolt file", len(b))
+		}
+		pageSize := int(byteorder.LittleEndian.Uint32(b[16+8:]))
+		return max(byteorder.LittleEndian.Uint64(b[64:]), byteorder.LittleEndian.Uint64(b[pageSize+64:]))
+	}
+	run := func(checks func()) uint64 {
+		e.close()
+		before := txid()
+		e.open()
+		checks()
+		e.close()
+		return txid() - before
+	}
+	check := func(method, uri string) {
+		resp, body := e.do("GET", "/v1/forward-auth", "", hdr("X-Forwarded-Method", method, "X-Forwarded-Uri", uri, "X-Forwarded-For", "203.0.113.1"), "")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s, want 200", method, uri, resp.StatusCode, body)
+		}
+	}
+	idle := run(func() {})
+	passes := run(func() {
+		for i := range 50 {
+			check("GET", fmt.Sprintf("/static/app.%d.js?v=%d", i, i))
+			check("POST", "/Static//a.b.c.d.e.f/./app.js;v=3/")
+			check("GET", "/api/checkout.json") // a route's path, not its method
+		}
+	})
+	checked := run(func() { check("GET", "/api/billing/x") })
+	if passes != idle || checked <= idle {
+		t.Errorf("transactions committed: %d by opening and closing, %d with 150 checks of no route (want as many), %d with one of a route (want more)",
+			idle, passes, checked)
+	}
+}
