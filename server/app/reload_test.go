@@ -187,6 +187,16 @@ func TestLostCeilings(t *testing.T) {
 			}
 		})
 	}
+	// The prices apply live: each call is counted against the budget at
+	// them.
+	priced, err := Load(writeConfig(t, running+"[ocr.price]\ninput_usd_per_million = 30\noutput_usd_per_million = 250\nmax_output_tokens = 512\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"ocr.price.input_usd_per_million", "ocr.price.output_usd_per_million"} // not the output cap, which needs a restart
+	if got := LostCeilings(priced, cur); !slices.Equal(got, want) {
+		t.Errorf("[ocr.price] left out: LostCeilings = %q, want %q", got, want)
+	}
 }
 
 // A reload that loses a money key is refused whole and the running
@@ -253,5 +263,103 @@ func TestSettledWaitsForTheFileToStopChanging(t *testing.T) {
 	_, err = settle(context.Background(), path, changing, time.Millisecond, 10*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "still changing after 10ms") || n != 11 {
 		t.Errorf("settle on a file that keeps changing: %v after %d looks, want a refusal after 11", err, n)
+	}
+}
+
+// A config whose prices come after [budget], saved in two writes: the
+// first, valid TOML with the budget but not yet [ocr.price], must not run
+// on the default prices, which are a hundredth of the model's here. Each
+// call is counted at its price, so at the default prices daily_usd would
+// let about a hundred times as many calls through as the model's price
+// pays for. On the old code the half-written file was applied (prices
+// apply live) and reads went on past the money ceiling; now its reload is
+// refused, naming the price keys.
+func TestReloadOfHalfWrittenFileKeepsThePrices(t *testing.T) {
+	gemini, calls := countingGemini(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	first := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n[budget]\ndaily_usd = 0.25\n"+
+		"[limits.user]\nrate = 100000\nburst = 100000\n[plans.free]\nmonthly_quota = 100000\ndaily_attempts = 100000\n[ocr]\nbase_url = %q\ndedupe_window = \"0s\"\n",
+		filepath.Join(dir, "bw.db"), gemini.URL)
+	rest := "[ocr.price]\ninput_usd_per_million = 30.0\noutput_usd_per_million = 250.0\n"
+	if err := os.WriteFile(path, []byte(first+rest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	getenv := env(map[string]string{"GEMINI_API_KEY": "test-key"})
+	cfg, err := Load(path, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedWriter{w: &bytes.Buffer{}}
+	a, err := Open(context.Background(), cfg, Options{Getenv: getenv, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	a.Watch(ctx, path)
+	key, _, err := a.Keys().Create("ada", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := reloadImage(t)
+	post := func() int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+a.Addr()+"/v1/ocr", bytes.NewReader(img))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	logText := func() string {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		return logs.w.(*bytes.Buffer).String()
+	}
+	// At the model's price about $0.015 a call, each reserved at its
+	// worst case: daily_usd is spent within a few dozen calls.
+	paid := 0
+	for post() == http.StatusOK {
+		if paid++; paid > 50 {
+			t.Fatalf("more than 50 reads within daily_usd 0.25 at the model's price")
+		}
+	}
+	if paid == 0 {
+		t.Fatal("no read passed")
+	}
+
+	if err := os.WriteFile(path, []byte(first), 0o600); err != nil { // the save's first write
+		t.Fatal(err)
+	}
+	reacted := regexp.MustCompile(`config reload(ed| refused)`)
+	start := time.Now()
+	for !reacted.MatchString(logText()) {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("the half-written file was not looked at:\n%s", logText())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// At the model's price, 20 more reads would spend about $0.30 beyond
+	// the $0.25 a day.
+	more := 0
+	for range 20 {
+		if post() == http.StatusOK {
+			more++
+		}
+	}
+	if more > 0 {
+		t.Errorf("after the half-written save %d reads passed daily_usd, counted at the default prices", more)
+	}
+	if !regexp.MustCompile(`config reload refused.*ocr.price.input_usd_per_million ocr.price.output_usd_per_million`).MatchString(logText()) {
+		t.Errorf("the log does not name the price keys left out:\n%s", logText())
+	}
+	if got := calls.Load(); got != int64(paid) {
+		t.Errorf("upstream calls: %d, want the %d that daily_usd paid for", got, paid)
 	}
 }
