@@ -748,8 +748,12 @@ func flatten(c Config) map[string]string {
 // become 5,000; a model's price of 30 USD per million input tokens would
 // become 0.30, and daily_usd would let a hundred times as many calls
 // through): a file caught half-written, or a section deleted by mistake,
-// must not raise what the service may spend. A plan next removes whole is
-// not named: its users are refused until it is back.
+// must not raise what the service may spend. So is, as "KEY = 0", a
+// ceiling that running enforces and next switches off with a 0 (of
+// [budget], or a plan's daily_attempts): a save caught half-written
+// makes "daily_usd = 0.5" "daily_usd = 0"; a restart switches it off. A
+// plan next removes whole is not named: its users are refused until it
+// is back.
 func LostCeilings(running, next Config) []string {
 	var lost []string
 	for key := range running.explicit {
@@ -767,6 +771,21 @@ func LostCeilings(running, next Config) []string {
 			continue
 		}
 		lost = append(lost, key)
+	}
+	// A ceiling switched off: "daily_usd = 0.5" caught half-written is
+	// "daily_usd = 0", valid TOML, and 0 means no ceiling at all.
+	off := func(key string, was, is bool) {
+		if was && is && !slices.Contains(lost, key) {
+			lost = append(lost, key+" = 0")
+		}
+	}
+	off("budget.daily_requests", running.Budget.DailyRequests > 0, next.Budget.DailyRequests == 0)
+	off("budget.daily_usd", running.Budget.DailyUSD > 0, next.Budget.DailyUSD == 0)
+	off("budget.monthly_usd", running.Budget.MonthlyUSD > 0, next.Budget.MonthlyUSD == 0)
+	for name, p := range running.Plans {
+		if q, ok := next.Plans[name]; ok {
+			off("plans."+name+".daily_attempts", p.DailyAttempts > 0, q.DailyAttempts == 0)
+		}
 	}
 	slices.Sort(lost)
 	return lost
