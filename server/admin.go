@@ -53,13 +53,20 @@ func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 // a browser made it for a page of another origin: a browser that holds
 // the admin token as the dashboard's Basic credentials sends them with a
 // form or a fetch of any site the operator opens. The dashboard's own
-// forms, the CLI and scripts pass; see crossOrigin.
+// forms, the CLI and scripts pass; see crossOrigin. A reading request
+// that another site's page embeds or fetches is refused too (see
+// embeddedByOtherSite): it changes nothing, but /api/backup and
+// /api/recorded cost the server a whole database or days of events each,
+// and a page can ask for them a hundred times at once with the
+// operator's credentials.
 func (s *Server) sameOriginWrites(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			return next(c)
+			if !embeddedByOtherSite(r) {
+				return next(c)
+			}
 		}
 		if crossOrigin(r) {
 			s.log.Warn("admin request from another origin refused", "method", r.Method, "path", r.URL.Path,
@@ -68,6 +75,20 @@ func (s *Server) sameOriginWrites(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// embeddedByOtherSite reports whether a browser made r for a page of
+// another site (Sec-Fetch-Site "cross-site" or "same-site", another port
+// of the host included) other than by opening it as a page of its own:
+// an image, a script, a frame, a fetch. Following a link to the dashboard
+// or an admin address (Sec-Fetch-Mode "navigate", Sec-Fetch-Dest
+// "document") passes, as do requests without these headers.
+func embeddedByOtherSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "cross-site", "same-site":
+		return r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-Dest") != "document"
+	}
+	return false
 }
 
 // crossOrigin reports whether a browser made r for a page of another

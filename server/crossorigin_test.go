@@ -90,9 +90,12 @@ func (a *adminRecorder) calls() []adminCall {
 // through the admin API: in real headless Chromium it auto-submits a form
 // to /api/invites and posts to /api/detect/run and /api/keys/ID/revoke;
 // each arrives with the credentials and is refused 403 cross_origin, and
-// no invite is created and no key revoked. The dashboard's own brake
-// button, clicked in the browser, still works. On the old code the invite
-// was created and the key revoked.
+// no invite is created and no key revoked. Nor can it make the server
+// copy its database for it (a no-cors fetch of /api/backup, which the
+// page cannot read but the server pays for): 403 too. The dashboard's own
+// brake button, clicked in the browser, still works. On the old code the
+// invite was created and the key revoked; then the backup was still
+// answered 200.
 func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
@@ -128,15 +131,13 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 
 	browse(t, bin, strings.Replace(admin.URL, "http://", "http://admin:"+testAdminToken+"@", 1)+"/login", done, rec)
 
-	attacks := map[string]bool{"/api/invites": false, "/api/detect/run": false, "/api/keys/" + keyID + "/revoke": false}
+	attacks := map[string]bool{"POST /api/invites": false, "POST /api/detect/run": false, "POST /api/keys/" + keyID + "/revoke": false,
+		"GET /api/backup": false}
 	for _, c := range rec.calls() {
-		if c.method != http.MethodPost {
+		if _, ok := attacks[c.method+" "+c.path]; !ok {
 			continue
 		}
-		if _, ok := attacks[c.path]; !ok {
-			continue
-		}
-		attacks[c.path] = true
+		attacks[c.method+" "+c.path] = true
 		if !c.withToken {
 			t.Errorf("%s %s arrived without the admin credentials: the test proves nothing (%+v)", c.method, c.path, c)
 		}
@@ -146,7 +147,7 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 	}
 	for path, seen := range attacks {
 		if !seen {
-			t.Errorf("the page's POST to %s never reached the admin listener; it saw %+v", path, rec.calls())
+			t.Errorf("the page's %s never reached the admin listener; it saw %+v", path, rec.calls())
 		}
 	}
 	resp, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/api/invites", testAdminToken))
@@ -238,6 +239,7 @@ sink.addEventListener("load", async () => {
   const post = (path) => fetch(admin + path, {method: "POST", mode: "no-cors", credentials: "include"}).catch(() => {});
   await post("/api/detect/run");
   await post("/api/keys/" + %q + "/revoke");
+  await fetch(admin + "/api/backup", {mode: "no-cors", credentials: "include"}).catch(() => {});
   await fetch("/done");
 }, {once: true});
 document.getElementById("f").submit();
@@ -246,9 +248,10 @@ document.getElementById("f").submit();
 `
 
 // Every route that changes state refuses another origin's browser
-// request, whatever its method, before the admin token is looked at;
-// reading routes, the CLI (no browser headers) and the dashboard's own
-// origin pass.
+// request, whatever its method, before the admin token is looked at, and
+// every route refuses what another site's page embeds or fetches; a link
+// followed from another site, the CLI (no browser headers) and the
+// dashboard's own origin pass.
 func TestAdminWritesRefuseAnotherOrigin(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	host := strings.TrimPrefix(e.admin.URL, "http://")
@@ -302,7 +305,31 @@ func TestAdminWritesRefuseAnotherOrigin(t *testing.T) {
 			t.Errorf("POST /api/brake with %q: %d, want 200", h, status)
 		}
 	}
-	if status, _ := send(http.MethodGet, "/api/keys", "", "Origin", "http://evil.example", "Sec-Fetch-Site", "cross-site"); status != http.StatusOK {
-		t.Errorf("GET /api/keys from another origin: %d, want 200 (reading is not refused; the browser keeps the answer from the page)", status)
+	// Reading: another site's page may link to the dashboard, but not
+	// embed or fetch what the admin API answers (a backup, days of
+	// events: each costs the server, and the browser adds the
+	// credentials).
+	for _, h := range [][]string{
+		{"Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"},
+		{"Sec-Fetch-Site", "same-site", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"},
+		{"Sec-Fetch-Site", "none", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"},
+		{"Sec-Fetch-Site", "same-origin", "Sec-Fetch-Mode", "cors", "Sec-Fetch-Dest", "empty"},
+		nil,
+	} {
+		if status, _ := send(http.MethodGet, "/api/keys", "", h...); status != http.StatusOK {
+			t.Errorf("GET /api/keys with %q: %d, want 200", h, status)
+		}
+	}
+	for _, h := range [][]string{
+		{"Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "no-cors", "Sec-Fetch-Dest", "image"},
+		{"Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "iframe"},
+		{"Sec-Fetch-Site", "same-site", "Sec-Fetch-Mode", "cors", "Sec-Fetch-Dest", "empty", "Origin", "http://127.0.0.1:1"},
+		{"Sec-Fetch-Site", "cross-site"},
+	} {
+		for _, path := range []string{"/api/keys", "/api/backup", "/api/recorded"} {
+			if status, code := send(http.MethodGet, path, "", h...); status != http.StatusForbidden || code != "cross_origin" {
+				t.Errorf("GET %s with %q: %d %q, want 403 cross_origin", path, h, status, code)
+			}
+		}
 	}
 }

@@ -112,11 +112,21 @@ const outcomeChecked = "checked"
 // case the proxy would pass it to the app.
 func hasIdentityHeader(h http.Header) bool {
 	for k := range h {
-		if len(k) >= len(headerPrefix) && strings.EqualFold(k[:len(headerPrefix)], headerPrefix) {
+		if isBreakwaterHeader(k) {
 			return true
 		}
 	}
 	return false
+}
+
+// isBreakwaterHeader reports whether name is an X-Breakwater-* header in
+// any case, '_' counted as '-': CGI, WSGI and Rack servers give the app
+// X_Breakwater_User and X-Breakwater-User under one name
+// (HTTP_X_BREAKWATER_USER), and some let the client's clobber the
+// proxy's. Caddy and Traefik pass such a name on; nginx drops it.
+func isBreakwaterHeader(name string) bool {
+	return len(name) >= len(headerPrefix) &&
+		strings.EqualFold(strings.ReplaceAll(name[:len(headerPrefix)], "_", "-"), headerPrefix)
 }
 
 // forwardedRoute is the route a forward-auth request asks about: by name,

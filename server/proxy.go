@@ -257,7 +257,7 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	pr.SetURL(target)
 	h := pr.Out.Header
 	for k := range h {
-		if strings.HasPrefix(http.CanonicalHeaderKey(k), headerPrefix) {
+		if isBreakwaterHeader(k) {
 			delete(h, k)
 		}
 	}

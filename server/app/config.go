@@ -760,13 +760,20 @@ func flatten(c Config) map[string]string {
 }
 
 // LostCeilings names, sorted, the money keys that running set
-// explicitly and next leaves out: a key of [budget], or a plan's
-// monthly_quota or daily_attempts for a plan next still has. Left out,
-// each takes its default, which may be a higher ceiling than the one
-// running enforces (budget.daily_requests 100 would become 5,000): a file
-// caught half-written, or a section deleted by mistake, must not raise
-// what the service may spend. A plan next removes whole is not named:
-// its users are refused until it is back.
+// explicitly and next leaves out: a key of [budget], a price of
+// [ocr.price] (which applies live: every call is counted against the
+// budget at it), or a plan's monthly_quota or daily_attempts for a plan
+// next still has. Left out, each takes its default, which may be a higher
+// ceiling than the one running enforces (budget.daily_requests 100 would
+// become 5,000; a model's price of 30 USD per million input tokens would
+// become 0.30, and daily_usd would let a hundred times as many calls
+// through): a file caught half-written, or a section deleted by mistake,
+// must not raise what the service may spend. So is, as "KEY = 0", a
+// ceiling that running enforces and next switches off with a 0 (of
+// [budget], or a plan's daily_attempts): a save caught half-written
+// makes "daily_usd = 0.5" "daily_usd = 0"; a restart switches it off. A
+// plan next removes whole is not named: its users are refused until it
+// is back.
 func LostCeilings(running, next Config) []string {
 	var lost []string
 	for key := range running.explicit {
@@ -775,7 +782,7 @@ func LostCeilings(running, next Config) []string {
 		}
 		parts := strings.Split(key, ".")
 		switch {
-		case parts[0] == "budget":
+		case parts[0] == "budget", key == keyInputPrice, key == keyOutputPrice:
 		case len(parts) == 3 && parts[0] == "plans" && (parts[2] == "monthly_quota" || parts[2] == "daily_attempts"):
 			if _, ok := next.Plans[parts[1]]; !ok {
 				continue
@@ -785,14 +792,36 @@ func LostCeilings(running, next Config) []string {
 		}
 		lost = append(lost, key)
 	}
+	// A ceiling switched off: "daily_usd = 0.5" caught half-written is
+	// "daily_usd = 0", valid TOML, and 0 means no ceiling at all.
+	off := func(key string, was, is bool) {
+		if was && is && !slices.Contains(lost, key) {
+			lost = append(lost, key+" = 0")
+		}
+	}
+	off("budget.daily_requests", running.Budget.DailyRequests > 0, next.Budget.DailyRequests == 0)
+	off("budget.daily_usd", running.Budget.DailyUSD > 0, next.Budget.DailyUSD == 0)
+	off("budget.monthly_usd", running.Budget.MonthlyUSD > 0, next.Budget.MonthlyUSD == 0)
+	for name, p := range running.Plans {
+		if q, ok := next.Plans[name]; ok {
+			off("plans."+name+".daily_attempts", p.DailyAttempts > 0, q.DailyAttempts == 0)
+		}
+	}
 	slices.Sort(lost)
 	return lost
 }
 
+// The price keys that LostCeilings guards.
+const (
+	keyInputPrice  = "ocr.price.input_usd_per_million"
+	keyOutputPrice = "ocr.price.output_usd_per_million"
+)
+
 // MoneyDefaults names, sorted, the money keys that c leaves to their
-// defaults (the keys of [budget], and daily_attempts of each plan), each
-// with the default it takes, for config check to say which keys a
-// running server that set them would refuse to lose on a reload.
+// defaults (the keys of [budget], the prices of [ocr.price], and
+// daily_attempts of each plan), each with the default it takes, for
+// config check to say which keys a running server that set them would
+// refuse to lose on a reload.
 func (c Config) MoneyDefaults() []string {
 	var out []string
 	b := budget.DefaultConfig()
@@ -801,6 +830,8 @@ func (c Config) MoneyDefaults() []string {
 		"budget.daily_requests": strconv.FormatInt(b.DailyRequests, 10),
 		"budget.daily_usd":      strconv.FormatFloat(b.DailyUSD, 'f', -1, 64),
 		"budget.monthly_usd":    strconv.FormatFloat(b.MonthlyUSD, 'f', -1, 64),
+		keyInputPrice:           strconv.FormatFloat(ocr.DefaultInputUSDPerMillion, 'f', -1, 64),
+		keyOutputPrice:          strconv.FormatFloat(ocr.DefaultOutputUSDPerMillion, 'f', -1, 64),
 	} {
 		if !c.explicit[key] {
 			out = append(out, key+" (default "+def+")")

@@ -26,7 +26,8 @@ const (
 )
 
 // ErrCeilingLost refuses a reload whose file leaves out a money key that
-// the running config set: see [LostCeilings].
+// the running config set, or switches off a ceiling it enforces: see
+// [LostCeilings].
 var ErrCeilingLost = errors.New("app: the new config leaves out a money key the running config set")
 
 // Watch reloads config.toml from path on SIGHUP and whenever the file is
@@ -80,7 +81,7 @@ func (a *App) Reload(next Config, trigger string) error {
 	defer a.mu.Unlock()
 	cur := a.cfg
 	if lost := LostCeilings(cur, next); len(lost) > 0 {
-		err := fmt.Errorf("%w: %s (left out, each would take its default, which may be a higher ceiling); "+
+		err := fmt.Errorf("%w: %s (a key left out takes its default, which may be a higher ceiling; a 0 switches a ceiling off); "+
 			"write the keys back, or restart to apply the file as it is", ErrCeilingLost, strings.Join(lost, " "))
 		a.log.Error("config reload refused: the running config is kept", "trigger", trigger, "err", err)
 		return err

@@ -171,6 +171,12 @@ func TestLostCeilings(t *testing.T) {
 			[]string{"plans.free.daily_attempts"}},
 		{"a plan removed whole: its users are refused", "[budget]\ndaily_requests = 100\ndaily_usd = 2.5\n[plans.pro]\nmonthly_quota = 100\n", nil, nil},
 		{"a key added", running + "[limits.user]\nrate = 5\n", nil, nil},
+		// A 0 switches a ceiling off: "daily_usd = 2.5" cut after its 2
+		// lowers it, after a 0 ("0.5") removes it.
+		{"a ceiling switched off", "[budget]\ndaily_requests = 0\ndaily_usd = 2.5\n" + plans, nil, []string{"budget.daily_requests = 0"}},
+		{"a default ceiling switched off", "[budget]\ndaily_requests = 100\ndaily_usd = 2.5\nmonthly_usd = 0\n" + plans, nil, []string{"budget.monthly_usd = 0"}},
+		{"a plan's daily line switched off", "[budget]\ndaily_requests = 100\ndaily_usd = 2.5\n[plans.free]\nmonthly_quota = 10\ndaily_attempts = 0\n[plans.pro]\nmonthly_quota = 100\n", nil,
+			[]string{"plans.free.daily_attempts = 0"}},
 	}
 	cur, err := Load(writeConfig(t, running), env(nil))
 	if err != nil {
@@ -186,6 +192,16 @@ func TestLostCeilings(t *testing.T) {
 				t.Errorf("LostCeilings = %q, want %q", got, tt.want)
 			}
 		})
+	}
+	// The prices apply live: each call is counted against the budget at
+	// them.
+	priced, err := Load(writeConfig(t, running+"[ocr.price]\ninput_usd_per_million = 30\noutput_usd_per_million = 250\nmax_output_tokens = 512\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"ocr.price.input_usd_per_million", "ocr.price.output_usd_per_million"} // not the output cap, which needs a restart
+	if got := LostCeilings(priced, cur); !slices.Equal(got, want) {
+		t.Errorf("[ocr.price] left out: LostCeilings = %q, want %q", got, want)
 	}
 }
 
@@ -253,5 +269,113 @@ func TestSettledWaitsForTheFileToStopChanging(t *testing.T) {
 	_, err = settle(context.Background(), path, changing, time.Millisecond, 10*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "still changing after 10ms") || n != 11 {
 		t.Errorf("settle on a file that keeps changing: %v after %d looks, want a refusal after 11", err, n)
+	}
+}
+
+// A config saved in two writes, the first valid TOML, must not run on a
+// lower money ceiling in between, however the file was cut: before its
+// [ocr.price] (the default prices are a hundredth of the model's here,
+// and every call is counted against daily_usd at them) or inside
+// "daily_usd = 0.25" (a 0 switches the ceiling off). On the old code the
+// half-written file was applied (prices and ceilings apply live) and 20 of
+// 20 further reads passed the brake; now its reload is refused, naming
+// the keys.
+func TestReloadOfHalfWrittenFileKeepsTheMoneyCeilings(t *testing.T) {
+	const price = "[ocr.price]\ninput_usd_per_million = 30.0\noutput_usd_per_million = 250.0\n"
+	for _, tc := range []struct {
+		name, first, rest, logged string
+	}{
+		{"cut before the prices", "[budget]\ndaily_usd = 0.25\nOCR", price, "ocr.price.input_usd_per_million ocr.price.output_usd_per_million"},
+		{"cut inside daily_usd", "OCR" + price + "[budget]\ndaily_usd = 0", ".25\n", "budget.daily_usd = 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gemini, calls := countingGemini(t)
+			dir := t.TempDir()
+			path := filepath.Join(dir, "config.toml")
+			ocr := fmt.Sprintf("[ocr]\nbase_url = %q\ndedupe_window = \"0s\"\n", gemini.URL)
+			first := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n"+
+				"[limits.user]\nrate = 100000\nburst = 100000\n[plans.free]\nmonthly_quota = 100000\ndaily_attempts = 100000\n",
+				filepath.Join(dir, "bw.db")) + strings.Replace(tc.first, "OCR", ocr, 1)
+			if err := os.WriteFile(path, []byte(first+tc.rest), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			getenv := env(map[string]string{"GEMINI_API_KEY": "test-key"})
+			cfg, err := Load(path, getenv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs := &lockedWriter{w: &bytes.Buffer{}}
+			a, err := Open(context.Background(), cfg, Options{Getenv: getenv, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(a.Close)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			a.Watch(ctx, path)
+			key, _, err := a.Keys().Create("ada", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			img := reloadImage(t)
+			post := func() int {
+				t.Helper()
+				req, _ := http.NewRequest(http.MethodPost, "http://"+a.Addr()+"/v1/ocr", bytes.NewReader(img))
+				req.Header.Set("Authorization", "Bearer "+key)
+				req.Header.Set("Content-Type", "image/png")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			logText := func() string {
+				logs.mu.Lock()
+				defer logs.mu.Unlock()
+				return logs.w.(*bytes.Buffer).String()
+			}
+			// At the model's price about $0.015 a call, each reserved at
+			// its worst case: daily_usd is spent within a few dozen calls.
+			paid := 0
+			for post() == http.StatusOK {
+				if paid++; paid > 50 {
+					t.Fatalf("more than 50 reads within daily_usd 0.25 at the model's price")
+				}
+			}
+			if paid == 0 {
+				t.Fatal("no read passed")
+			}
+
+			if err := os.WriteFile(path, []byte(first), 0o600); err != nil { // the save's first write
+				t.Fatal(err)
+			}
+			reacted := regexp.MustCompile(`config reload(ed| refused)`)
+			start := time.Now()
+			for !reacted.MatchString(logText()) {
+				if time.Since(start) > 15*time.Second {
+					t.Fatalf("the half-written file was not looked at:\n%s", logText())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			// At the model's price, 20 more reads would spend about $0.30
+			// beyond the $0.25 a day.
+			more := 0
+			for range 20 {
+				if post() == http.StatusOK {
+					more++
+				}
+			}
+			if more > 0 {
+				t.Errorf("after the half-written save %d reads passed daily_usd", more)
+			}
+			if !regexp.MustCompile(`config reload refused.*` + regexp.QuoteMeta(tc.logged)).MatchString(logText()) {
+				t.Errorf("the log does not name %s:\n%s", tc.logged, logText())
+			}
+			if got := calls.Load(); got != int64(paid) {
+				t.Errorf("upstream calls: %d, want the %d that daily_usd paid for", got, paid)
+			}
+		})
 	}
 }

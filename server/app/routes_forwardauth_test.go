@@ -1,7 +1,10 @@
 package app
 
 import (
+	byteorder "encoding/binary"
+	"fmt"
 	"net/http"
+	"os"
 	"testing"
 )
 
@@ -20,6 +23,15 @@ name = "billing"
 path = "/api/billing/*"
 identity = "ip"
 rate = 100
+
+[[routes]]
+name = "item"
+methods = ["DELETE"]
+path = "/api/items/7"
+identity = "ip"
+rate = 1
+window = "1m"
+burst = 0
 `
 
 // Forward auth with Caddy's, Traefik's and nginx's header conventions:
@@ -67,6 +79,21 @@ func TestForwardAuth(t *testing.T) {
 		{"escaped dot segment", caddy("POST", "/api/x/%2E%2E/checkout"), 429, "429", true},
 		{"dot-dot with a parameter", caddy("POST", "/api/x/..;/checkout"), 429, "429", true},
 		{"prefix route without its slash", nginx("GET", "/API/billing"), 200, "", false},
+		{"format suffix", caddy("POST", "/api/checkout.json"), 429, "429", true},
+		{"trailing dot", nginx("POST", "/api/checkout."), 403, "429", true},
+		{"trailing space", caddy("POST", "/api/checkout%20"), 429, "429", true},
+		{"backslashes", nginx("POST", `/api\checkout`), 403, "429", true},
+		{"escaped backslash", caddy("POST", "/api%5Ccheckout"), 429, "429", true},
+		// A POST may be made a DELETE by the app's framework (_method).
+		{"the DELETE route", caddy("DELETE", "/api/items/7"), 200, "", false},
+		{"a POST to the DELETE route", caddy("POST", "/api/items/7"), 429, "429", true},
+		{"a PUT to the DELETE route passes", caddy("PUT", "/api/items/7"), 200, "", false},
+		// nginx forwards a '#' as it came: an app may read it as the
+		// fragment's start or as a letter.
+		{"a fragment", nginx("POST", "/api/checkout#x"), 403, "403", false},
+		{"a fragment hiding a dot segment", nginx("POST", "/page#/../api/checkout"), 403, "403", false},
+		{"a fragment hiding backslashes", nginx("POST", `/api\checkout#x`), 403, "403", false},
+		{"a '#' of the query", nginx("POST", "/page?a#/../api/checkout"), 200, "", false},
 		// A request of no route passes, with no identity.
 		{"unmatched uri passes", caddy("POST", "/api/other"), 200, "", false},
 		{"unmatched method passes", caddy("GET", "/api/checkout"), 200, "", false},
@@ -77,6 +104,16 @@ func TestForwardAuth(t *testing.T) {
 		{"a client's identity header", func() http.Header {
 			h := caddy("POST", "/api/other")
 			h.Set("X-Breakwater-User", "victim")
+			return h
+		}(), 400, "400", false},
+		{"a client's identity header with underscores", func() http.Header {
+			h := caddy("POST", "/api/other")
+			h["X_Breakwater_User"] = []string{"victim"}
+			return h
+		}(), 400, "400", false},
+		{"a client's identity header with one underscore", func() http.Header {
+			h := caddy("GET", "/")
+			h["X-Breakwater_user"] = []string{"victim"}
 			return h
 		}(), 400, "400", false},
 		{"a client's other Breakwater header, nginx", func() http.Header {
@@ -119,5 +156,57 @@ func TestForwardAuth(t *testing.T) {
 	resp, body := e.do("GET", "/v1/forward-auth/billing", "", hdr("X-Forwarded-For", "203.0.113.9"), "127.0.0.2")
 	if resp.StatusCode != 403 || problemCode(t, body) != "untrusted_proxy" {
 		t.Errorf("untrusted peer: %d %s", resp.StatusCode, body)
+	}
+}
+
+// A forward-auth check of no route (the proxies send every request of
+// the app) writes nothing: no event, no transaction in the database,
+// in any spelling, a format suffix included. Measured on bbolt's
+// transaction id, read from its meta pages: opening and closing the App
+// commits some transactions of its own, so a run with the checks must
+// commit as many as a run without, and one with a route's check more.
+func TestForwardAuthPassOfNoRouteWritesNothing(t *testing.T) {
+	e := startRoutes(t, "", forwardAuthRoutes)
+	txid := func() uint64 {
+		t.Helper()
+		b, err := os.ReadFile(e.cfg.Storage.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A page header of 16 bytes, then the meta: magic, version,
+		// page size, flags (4 bytes each), the root bucket (16), the
+		// freelist and high-water page ids (8 each), the txid (8).
+		if len(b) < 2*4096 {
+			t.Fatalf("the database is %d bytes, no bbolt file", len(b))
+		}
+		pageSize := int(byteorder.LittleEndian.Uint32(b[16+8:]))
+		return max(byteorder.LittleEndian.Uint64(b[64:]), byteorder.LittleEndian.Uint64(b[pageSize+64:]))
+	}
+	run := func(checks func()) uint64 {
+		e.close()
+		before := txid()
+		e.open()
+		checks()
+		e.close()
+		return txid() - before
+	}
+	check := func(method, uri string) {
+		resp, body := e.do("GET", "/v1/forward-auth", "", hdr("X-Forwarded-Method", method, "X-Forwarded-Uri", uri, "X-Forwarded-For", "203.0.113.1"), "")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s, want 200", method, uri, resp.StatusCode, body)
+		}
+	}
+	idle := run(func() {})
+	passes := run(func() {
+		for i := range 50 {
+			check("GET", fmt.Sprintf("/static/app.%d.js?v=%d", i, i))
+			check("POST", "/Static//a.b.c.d.e.f/./app.js;v=3/")
+			check("GET", "/api/checkout.json") // a route's path, not its method
+		}
+	})
+	checked := run(func() { check("GET", "/api/billing/x") })
+	if passes != idle || checked <= idle {
+		t.Errorf("transactions committed: %d by opening and closing, %d with 150 checks of no route (want as many), %d with one of a route (want more)",
+			idle, passes, checked)
 	}
 }

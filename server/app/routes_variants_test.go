@@ -18,8 +18,9 @@ import (
 // lenientApp is the developer's app as common frameworks serve it: one
 // handler for every spelling of a path that Express's defaults (case,
 // a trailing slash) and other routers (";parameters", repeated slashes,
-// dot segments, %-escapes) take for the same route. It records which
-// handler ran and the X-Breakwater-* headers it got.
+// dot segments, %-escapes) take for the same route, and those of
+// frameworkPaths. It records which handler ran and the X-Breakwater-*
+// headers it got, '_' read as '-' as CGI, WSGI and Rack servers do.
 type lenientApp struct {
 	*httptest.Server
 	mu   sync.Mutex
@@ -39,30 +40,34 @@ func newLenientApp(t *testing.T) *lenientApp {
 	a := &lenientApp{}
 	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		segs := strings.Split(r.URL.Path, "/")
-		for i, s := range segs {
-			segs[i], _, _ = strings.Cut(s, ";")
-		}
-		p := strings.ToLower(path.Clean("/" + strings.Join(segs, "/")))
+		paths := frameworkPaths(r)
 		client, _, _ := strings.Cut(r.Header.Get("X-Forwarded-For"), ",")
-		run := appRun{handler: "page", target: r.RequestURI, client: strings.TrimSpace(client),
-			user: r.Header.Get("X-Breakwater-User"), plan: r.Header.Get("X-Breakwater-Plan")}
+		run := appRun{handler: "page", target: r.RequestURI, client: strings.TrimSpace(client)}
 		for k, vs := range r.Header {
-			if strings.HasPrefix(strings.ToLower(k), "x-breakwater-") {
-				for _, v := range vs {
-					if v != "" { // an empty one is no identity (Caddy 2.6 copies it so)
-						run.breakwater = append(run.breakwater, k+": "+v)
-					}
+			name := strings.ReplaceAll(strings.ToLower(k), "_", "-")
+			if !strings.HasPrefix(name, "x-breakwater-") {
+				continue
+			}
+			for _, v := range vs {
+				switch name {
+				case "x-breakwater-user":
+					run.user = v
+				case "x-breakwater-plan":
+					run.plan = v
+				}
+				if v != "" { // an empty one is no identity (Caddy 2.6 copies it so)
+					run.breakwater = append(run.breakwater, k+": "+v)
 				}
 			}
 		}
 		status := http.StatusOK
+		post := strings.ToUpper(r.Method) == http.MethodPost // Django and Werkzeug upper-case the method
 		switch {
-		case p == "/api/checkout" && r.Method == http.MethodPost:
+		case paths["/api/checkout"] && post:
 			run.handler, status = "checkout", http.StatusCreated
-		case p == "/contact" && r.Method == http.MethodPost:
+		case paths["/contact"] && post:
 			run.handler, status = "contact", http.StatusCreated
-		case p == "/api/referral/check" && r.Method == http.MethodPost:
+		case paths["/api/referral/check"] && post:
 			run.handler, status = "referral", http.StatusNotFound
 			if strings.Contains(string(body), "RIGHT") {
 				status = http.StatusOK
@@ -76,6 +81,46 @@ func newLenientApp(t *testing.T) *lenientApp {
 	}))
 	t.Cleanup(a.Close)
 	return a
+}
+
+// frameworkPaths are the paths, lower-cased, that one framework or another
+// routes r to:
+//   - the decoded path, ";parameters" removed, cleaned (Go's ServeMux,
+//     Tomcat, which read a '#' that nginx passed on as a letter);
+//   - that path with backslashes as slashes and the spaces around a
+//     segment and the dots at its end removed (Windows servers, Spring
+//     with trimTokens);
+//   - that path without a format suffix in its last segment (Rails'
+//     "(.:format)", Spring's suffix patterns);
+//   - the target as sent, cut at a '#' or '?', backslashes as slashes,
+//     without a trailing slash (Express, whose parseurl hands a target
+//     with a '#' to Node's url.parse).
+func frameworkPaths(r *http.Request) map[string]bool {
+	clean := func(p string) string { return strings.ToLower(path.Clean("/" + p)) }
+	segs := strings.Split(r.URL.Path, "/")
+	for i, s := range segs {
+		segs[i], _, _ = strings.Cut(s, ";")
+	}
+	plain := clean(strings.Join(segs, "/"))
+	segs = strings.Split(strings.ReplaceAll(strings.Join(segs, "/"), `\`, "/"), "/")
+	for i, s := range segs {
+		if s = strings.Trim(s, " "); s != "." && s != ".." {
+			s = strings.TrimRight(s, ". ")
+		}
+		segs[i] = s
+	}
+	trimmed := clean(strings.Join(segs, "/"))
+	dir, last := path.Split(trimmed)
+	last, _, _ = strings.Cut(last, ".")
+	express := r.RequestURI
+	if i := strings.IndexAny(express, "?#"); i >= 0 {
+		express = express[:i]
+	}
+	express = strings.ToLower(strings.ReplaceAll(express, `\`, "/"))
+	if len(express) > 1 {
+		express = strings.TrimSuffix(express, "/")
+	}
+	return map[string]bool{plain: true, trimmed: true, dir + last: true, express: true}
 }
 
 func (a *lenientApp) ran() []appRun {
@@ -96,6 +141,21 @@ func spellings(p string) []string {
 		"/" + p,
 		dir + "./" + last,
 		dir + fmt.Sprintf("%%%02x", last[0]) + last[1:],
+	}
+}
+
+// oddSpellings are the spellings of p that some frameworks serve as p
+// (frameworkPaths) beyond those of spellings: a format suffix, a trailing
+// dot or space, backslashes, and a '#' that nginx passes on as it came.
+func oddSpellings(p string) []string {
+	return []string{
+		p + ".json",
+		p + ".",
+		p + "%20",
+		"/" + strings.ReplaceAll(p[1:], "/", `\`) + `\`,
+		`/x\..\` + p[1:],
+		"/page#/.." + p,
+		"/" + strings.ReplaceAll(p[1:], "/", `\`) + "#x",
 	}
 }
 
@@ -139,7 +199,11 @@ func rawRequest(t *testing.T, addr, from, method, target string, header http.Hea
 // X-Breakwater-* header never reaches the app, on any path. On the old
 // snippets (only the exact paths sent to Breakwater, nginx without
 // /contact, identity headers stripped only inside the guarded location)
-// the handlers ran for every request of most spellings.
+// the handlers ran for every request of most spellings. Before
+// Breakwater matched oddSpellings too (a format suffix, trailing dots and
+// spaces, backslashes), refused a '#' in a forwarded URI and a client's
+// X_Breakwater_User, their requests reached the app unguarded under both
+// proxies, and Caddy passed X_Breakwater_User: victim on to the app.
 func TestRealProxiesGuardEverySpelling(t *testing.T) {
 	type route struct {
 		name, path string
@@ -172,7 +236,7 @@ func TestRealProxiesGuardEverySpelling(t *testing.T) {
 			}
 			var results []result
 			for _, r := range guarded {
-				for _, sp := range spellings(r.path) {
+				for _, sp := range append(spellings(r.path), oddSpellings(r.path)...) {
 					client++
 					from := fmt.Sprintf("127.0.0.%d", 10+client)
 					h := forged(hdr("Content-Type", "application/json"))
@@ -195,6 +259,15 @@ func TestRealProxiesGuardEverySpelling(t *testing.T) {
 					h.Set("X-Breakwater-Anything", "1")
 				}
 				rawRequest(t, addr, "127.0.0.9", http.MethodGet, target, h, "")
+			}
+			// The same names with '_', one name with '-' to a CGI, WSGI or
+			// Rack server: removed, or the request refused, through
+			// forward auth and through Breakwater's proxy alike.
+			underscored := hdr("Authorization", "Bearer "+e.key("underscored"), "Content-Type", "application/json")
+			underscored["X_Breakwater_User"] = []string{"victim"}
+			underscored["X-Breakwater_Plan"] = []string{"gold"}
+			for _, target := range []string{"/page", "/api/checkout", "/api/checkout/", "/contact", "/CONTACT/", "/api/referral/check"} {
+				rawRequest(t, addr, "127.0.0.9", http.MethodPost, target, underscored, referral("RIGHT", "u@example.com"))
 			}
 			if status, body := rawRequest(t, addr, "127.0.0.9", http.MethodGet, "/page", forged(hdr()), ""); status != http.StatusOK || body != "page" {
 				t.Errorf("a page of no route with a forged identity: %d %q, want the app's 200 (the header removed)", status, body)
@@ -237,13 +310,21 @@ func TestRealProxiesGuardEverySpelling(t *testing.T) {
 
 // Breakwater's own proxy, without a proxy in front: every spelling of a
 // proxied path is the route, counted under one key, and the app gets the
-// path that was matched; another method of the path goes on unguarded.
+// path that was matched, without a client's X-Breakwater-* header in any
+// spelling; another method of the path goes on unguarded.
 func TestRouteProxyEverySpelling(t *testing.T) {
 	up := newTestApp(t)
 	e := startRoutes(t, up.URL, strings.Replace(contactRoute, `path = "/contact"`, "path = \"/contact\"\nmethods = [\"POST\"]", 1))
 	addr := e.app.Addr()
-	for i, sp := range spellings("/contact") {
-		h := hdr("X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1))
+	var all []string
+	for _, sp := range append(spellings("/contact"), oddSpellings("/contact")...) {
+		if !strings.HasSuffix(sp, "#x") { // the fragment: no route, 404
+			all = append(all, sp)
+		}
+	}
+	for i, sp := range all {
+		h := hdr("X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1), "X-Breakwater_User", "victim")
+		h["X_Breakwater_Plan"] = []string{"gold"}
 		for j := range 3 {
 			status, body := rawRequest(t, addr, "127.0.0.1", http.MethodPost, sp, h, "hi")
 			want := http.StatusCreated
@@ -256,12 +337,17 @@ func TestRouteProxyEverySpelling(t *testing.T) {
 		}
 	}
 	got := up.requests()
-	if n := len(spellings("/contact")) * 2; len(got) != n {
+	if n := len(all) * 2; len(got) != n {
 		t.Fatalf("the app got %d requests, want %d", len(got), n)
 	}
 	for _, r := range got {
-		if !strings.EqualFold(r.path, "/contact") { // the case as sent: the app's own business
+		if p := strings.TrimSuffix(r.path, ".json"); !strings.EqualFold(p, "/contact") { // the case as sent: the app's own business
 			t.Errorf("the app got %s, want the path matched, /contact", r.path)
+		}
+		for k := range r.header {
+			if strings.Contains(strings.ToLower(k), "breakwater") {
+				t.Errorf("the app got the client's %s: %q", k, r.header[k])
+			}
 		}
 	}
 	if status, _ := rawRequest(t, addr, "127.0.0.1", http.MethodGet, "/Contact/", hdr("X-Forwarded-For", "198.51.100.1"), ""); status != http.StatusCreated {

@@ -325,6 +325,7 @@ type Table struct {
 	exact  map[string][]entry // by normalized path, lower-cased; the routes of a path in the order listed
 	prefix []entry            // longest prefix first
 	byName map[string]*Config
+	lens   []int // the lengths of the exact paths, lower-cased, longest first: where a format suffix can begin
 }
 
 // entry is a route as the table matches it: its normalized path (without
@@ -347,6 +348,17 @@ func (e entry) matches(p, lp string, prefix bool) bool {
 	return want == "/" || got == want || (strings.HasPrefix(got, want) && got[len(want)] == '/')
 }
 
+// withFormat reports whether p (lower-cased: lp) is the route's path with
+// a format suffix: a '.' and more, in its last segment.
+func (e entry) withFormat(p, lp string) bool {
+	want, got := e.fold, lp
+	if e.cfg.CaseSensitive {
+		want, got = e.path, p
+	}
+	return len(got) > len(want) && got[len(want)] == '.' && strings.HasPrefix(got, want) &&
+		strings.IndexByte(got[len(want):], '/') < 0
+}
+
 // NewTable builds the table of routes (validated, defaults applied).
 func NewTable(routes []Config) (*Table, error) {
 	if err := Validate(routes); err != nil {
@@ -364,6 +376,13 @@ func NewTable(routes []Config) (*Table, error) {
 		}
 		t.exact[e.fold] = append(t.exact[e.fold], e)
 	}
+	for fold := range t.exact {
+		if !slices.Contains(t.lens, len(fold)) {
+			t.lens = append(t.lens, len(fold))
+		}
+	}
+	slices.Sort(t.lens)
+	slices.Reverse(t.lens) // the longest path first, as among prefixes
 	slices.SortStableFunc(t.prefix, func(a, b entry) int { return len(b.path) - len(a.path) })
 	return t, nil
 }
@@ -372,15 +391,31 @@ func NewTable(routes []Config) (*Table, error) {
 // returns it: an exact path beats the longest prefix; among routes of one
 // path, the first listed whose methods include method (HEAD counts as
 // GET, which frameworks answer it with). Letters' case is ignored unless
-// the route is case_sensitive. nil: no route.
+// the route is case_sensitive. A path that is a route's path with a
+// format suffix in its last segment ("/api/checkout.json") is that route
+// when no route has it as it is: Rails serves it as "/api/checkout" with
+// the format "json", Spring's suffix patterns too. A POST that no route
+// of its method matches is the route of its path whatever the route's
+// methods: Rails, Laravel, Symfony and Express's method-override make a
+// POST any other method by a form field or header (_method,
+// X-HTTP-Method-Override) that a check does not see. nil: no route.
 func (t *Table) Match(method, p string) *Config {
-	return t.find(strings.ToUpper(method), p, false)
+	method = strings.ToUpper(method)
+	if r := t.find(method, p, false); r != nil || method != http.MethodPost {
+		return r
+	}
+	return t.find("", p, true)
 }
 
 // MatchPath returns the first route whose path matches p, whatever its
 // methods; nil: none.
 func (t *Table) MatchPath(p string) *Config { return t.find("", p, true) }
 
+// find is the route of p: an exact path as it is, then as a route's path
+// with a format suffix, then the longest prefix (with a format suffix if
+// p is the prefix's own path). The exact paths with a suffix are looked
+// up at the lengths of the routes' paths alone, so that a last segment of
+// many dots costs no more than one of a few.
 func (t *Table) find(method, p string, anyMethod bool) *Config {
 	lp := strings.ToLower(p) // no copy unless p has upper-case letters
 	for _, e := range t.exact[lp] {
@@ -388,8 +423,17 @@ func (t *Table) find(method, p string, anyMethod bool) *Config {
 			return e.cfg
 		}
 	}
+	for _, n := range t.lens {
+		if n < len(lp) && lp[n] == '.' {
+			for _, e := range t.exact[lp[:n]] {
+				if e.withFormat(p, lp) && (anyMethod || e.cfg.allows(method)) {
+					return e.cfg
+				}
+			}
+		}
+	}
 	for _, e := range t.prefix {
-		if e.matches(p, lp, true) && (anyMethod || e.cfg.allows(method)) {
+		if (e.matches(p, lp, true) || e.withFormat(p, lp)) && (anyMethod || e.cfg.allows(method)) {
 			return e.cfg
 		}
 	}

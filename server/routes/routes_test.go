@@ -55,6 +55,8 @@ func TestMatch(t *testing.T) {
 		{Name: "contact", Path: "/contact/", Identity: IdentityIP, Methods: []string{"post"}},
 		{Name: "page", Path: "/page", Identity: IdentityIP, Methods: []string{"GET"}},
 		{Name: "Exact", Path: "/Exact/Case", Identity: IdentityIP, CaseSensitive: true},
+		{Name: "report", Path: "/report.v2", Identity: IdentityIP},
+		{Name: "item", Path: "/items/7", Identity: IdentityIP, Methods: []string{"DELETE"}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,31 @@ func TestMatch(t *testing.T) {
 		{"POST", "/x/../contact", "contact"},
 		{"POST", "/%63ontact", "contact"},
 		{"POST", "/api%2Fbilling%2Fportal", "portal"},
+		{"POST", `/api\billing%5Cportal`, "portal"},
+		{"POST", "/contact.", "contact"},
+		{"POST", "/contact%20", "contact"},
+		{"POST", "/contact%20./", "contact"},
+		// A format suffix (Rails, Spring), unless a route has the path
+		// as it is.
+		{"POST", "/contact.json", "contact"},
+		{"POST", "/CONTACT.json", "contact"},
+		{"POST", "/contact.tar.gz", "contact"},
+		{"GET", "/api/billing.json", "billing"},
+		{"GET", "/Exact/Case.json", "Exact"},
+		{"GET", "/exact/case.json", ""},
+		{"POST", "/contact.d/x", ""},
+		{"POST", "/contactx.json", ""},
+		{"GET", "/report.v2.pdf", "report"},
+		{"GET", "/report.v2", "report"},
+		{"GET", "/report.json", ""},
+		// A POST may be made any method by the framework (_method,
+		// X-HTTP-Method-Override): it is the route of its path.
+		{"POST", "/page", "page"},
+		{"POST", "/items/7", "item"},
+		{"POST", "/items/7.json", "item"},
+		{"DELETE", "/items/7", "item"},
+		{"PUT", "/items/7", ""},
+		{"PUT", "/page", ""},
 	} {
 		p, err := Normalize(tt.path)
 		if err != nil {
@@ -129,6 +156,19 @@ func TestNormalize(t *testing.T) {
 		{"/a b", "/a b"},
 		{"/.", "/"},
 		{"/;x", "/"},
+		{`/api\checkout`, "/api/checkout"}, // a backslash is a slash
+		{"/api%5Ccheckout", "/api/checkout"},
+		{`/api\x\..\checkout`, "/api/checkout"},
+		{"/api/checkout.", "/api/checkout"}, // dots at a segment's end go
+		{"/api/checkout..", "/api/checkout"},
+		{"/api./checkout", "/api/checkout"},
+		{"/api/checkout%20", "/api/checkout"}, // spaces around a segment go
+		{"/api/%20checkout", "/api/checkout"},
+		{"/api/checkout%20.%20/", "/api/checkout"},
+		{"/api/x/..%20/checkout", "/api/checkout"}, // and then a dot segment is one
+		{"/api/.../checkout", "/api/checkout"},
+		{"/api/check.out", "/api/check.out"},
+		{"/api/checkout.json", "/api/checkout.json"}, // a format suffix is the table's business
 	} {
 		got, err := Normalize(tt.in)
 		if err != nil || got != tt.want {
@@ -143,13 +183,15 @@ func TestNormalize(t *testing.T) {
 	for _, tt := range []struct{ in, want string }{
 		{"/api/checkout?x=1", "/api/checkout"},
 		{"/api/checkout/?next=/a/../b", "/api/checkout"},
-		{"/api/checkout#frag", "/api/checkout"},
+		{"/api/checkout?x#frag", "/api/checkout"}, // a '#' of the query is the query's
 	} {
 		if got, err := URIPath(tt.in); err != nil || got != tt.want {
 			t.Errorf("URIPath(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 		}
 	}
-	for _, bad := range []string{"http://evil/api/checkout", "*", "?x=1"} {
+	// A '#' in the path: nginx forwards it as it came, and apps read it
+	// as a fragment's start or as a letter.
+	for _, bad := range []string{"http://evil/api/checkout", "*", "?x=1", "/api/checkout#frag", `/api\checkout#x`, "/page#/../api/checkout"} {
 		if got, err := URIPath(bad); err == nil {
 			t.Errorf("URIPath(%q) = %q, want ErrBadPath", bad, got)
 		}
@@ -159,7 +201,7 @@ func TestNormalize(t *testing.T) {
 // FuzzNormalize checks that a normalized path is a fixed point: matching
 // it again gives the same route.
 func FuzzNormalize(f *testing.F) {
-	for _, s := range []string{"/api/checkout", "//a/./b/../c;x/", "/%2e%2e/%2F", "/a%zz", "/..;/x"} {
+	for _, s := range []string{"/api/checkout", "//a/./b/../c;x/", "/%2e%2e/%2F", "/a%zz", "/..;/x", `/a\b. /c%20`, "/.. /x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -170,12 +212,15 @@ func FuzzNormalize(f *testing.F) {
 		if !strings.HasPrefix(p, "/") || (p != "/" && strings.HasSuffix(p, "/")) || strings.Contains(p, "//") {
 			t.Fatalf("Normalize(%q) = %q, not a normal path", in, p)
 		}
-		if strings.Contains(p, ";") {
-			t.Fatalf("Normalize(%q) = %q keeps a parameter", in, p)
+		if strings.ContainsAny(p, ";\\") {
+			t.Fatalf("Normalize(%q) = %q keeps a parameter or a backslash", in, p)
 		}
 		for seg := range strings.SplitSeq(p, "/") {
 			if seg == "." || seg == ".." {
 				t.Fatalf("Normalize(%q) = %q keeps a dot segment", in, p)
+			}
+			if seg != "" && (strings.Trim(seg, " ") != seg || strings.HasSuffix(seg, ".")) {
+				t.Fatalf("Normalize(%q) = %q keeps a space around a segment or a dot at its end", in, p)
 			}
 		}
 		if !strings.Contains(p, "%") {
