@@ -20,14 +20,19 @@ import (
 	"time"
 
 	"breakwater/server/app"
+	"breakwater/storage"
 )
 
 // countingGemini answers generateContent in the real wire format after
-// hold, with 503 UNAVAILABLE while busy is set, and counts the calls.
+// hold (and, when gate is set, once it is closed), with 503 UNAVAILABLE
+// while busy is set and 500 INTERNAL (not retried) to the next failNext
+// calls, and counts the calls.
 type countingGemini struct {
 	*httptest.Server
-	calls atomic.Int64
-	busy  atomic.Bool
+	calls    atomic.Int64
+	busy     atomic.Bool
+	failNext atomic.Int64
+	gate     chan struct{} // set before the first call
 }
 
 func newCountingGemini(t *testing.T, hold time.Duration) *countingGemini {
@@ -37,10 +42,18 @@ func newCountingGemini(t *testing.T, hold time.Duration) *countingGemini {
 		g.calls.Add(1)
 		io.Copy(io.Discard, r.Body)
 		time.Sleep(hold)
+		if g.gate != nil {
+			<-g.gate
+		}
 		w.Header().Set("Content-Type", "application/json")
 		if g.busy.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			io.WriteString(w, `{"error":{"code":503,"message":"overloaded","status":"UNAVAILABLE"}}`)
+			return
+		}
+		if g.failNext.Add(-1) >= 0 {
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"error":{"code":500,"message":"internal error","status":"INTERNAL"}}`)
 			return
 		}
 		io.WriteString(w, `{"candidates":[{"content":{"role":"model","parts":[{"text":"{\"serials\":[\"SN-12345\"]}"}]},"finishReason":"STOP","index":0}],`+
@@ -75,17 +88,24 @@ type answerFixture struct {
 	gemini     *countingGemini
 	clk        *clock
 	ann, bob   string
-	path       string
+	path, db   string
 	stopServer func()
 }
 
 func newAnswerFixture(t *testing.T, hold time.Duration, extra string) *answerFixture {
 	t.Helper()
-	f := &answerFixture{gemini: newCountingGemini(t, hold), clk: &clock{t: time.Now()}}
+	return newAnswerFixtureInFlight(t, hold, 32, extra)
+}
+
+// newAnswerFixtureInFlight is newAnswerFixture with max_in_flight_per_user
+// inFlight; extra goes into [ocr].
+func newAnswerFixtureInFlight(t *testing.T, hold time.Duration, inFlight int, extra string) *answerFixture {
+	t.Helper()
+	f := &answerFixture{gemini: newCountingGemini(t, hold), clk: &clock{t: time.Now()}, db: filepath.Join(t.TempDir(), "bw.db")}
 	f.path = writeConfig(t, fmt.Sprintf(`
 [server]
 listen = "127.0.0.1:0"
-max_in_flight_per_user = 32
+max_in_flight_per_user = %d
 [storage]
 path = %q
 [ocr]
@@ -95,7 +115,7 @@ base_url = %q
 burst = 100
 [plans.free]
 monthly_quota = 100
-`, filepath.Join(t.TempDir(), "bw.db"), f.gemini.URL, extra))
+`, inFlight, f.db, f.gemini.URL, extra))
 	f.ann, f.bob = createKey(t, f.path, "ann"), createKey(t, f.path, "bob")
 	env := envFrom(map[string]string{"GEMINI_API_KEY": "test-key"})
 	c, err := app.Load(f.path, env)
@@ -276,4 +296,131 @@ func TestSameImageIsNotBoughtTwice(t *testing.T) {
 	if late := f.post(t, f.ann, "", img); late.status != http.StatusOK || late.cached || f.gemini.calls.Load() != 3 {
 		t.Errorf("after the window: cached=%v, calls %d; want a real read", late.cached, f.gemini.calls.Load())
 	}
+}
+
+// Ten requests at once with one image from one user make one upstream
+// call and one paid read: the other nine wait for its answer and are
+// answered from the dedupe window.
+func TestSameImageAtOnceIsReadOnce(t *testing.T) {
+	const n = 10
+	f := newAnswerFixtureInFlight(t, 0, n, "")
+	f.gemini.gate = make(chan struct{})
+	img := labelPNG(t, 6)
+	answers := make([]ocrAnswer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { answers[i] = f.post(t, f.ann, "", img) })
+	}
+	// The upstream holds its answer until every request is in the
+	// server, and a moment more for them to reach the read.
+	f.waitInFlight(t, f.ann, n)
+	time.Sleep(200 * time.Millisecond)
+	close(f.gemini.gate)
+	wg.Wait()
+	cached := 0
+	for i, a := range answers {
+		if a.status != http.StatusOK {
+			t.Errorf("request %d: %d %s", i, a.status, a.body)
+		}
+		if a.cached {
+			cached++
+		}
+	}
+	if got := f.gemini.calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls for one image sent %d times at once, want 1", got, n)
+	}
+	if cached != n-1 {
+		t.Errorf("%d answers cached, want %d", cached, n-1)
+	}
+	if rows := f.usageRows(t); rows != 1 {
+		t.Errorf("%d usage rows, want 1 paid read", rows)
+	}
+}
+
+// A first read that fails wakes the requests waiting for it, and the next
+// of them reads the image itself.
+func TestSameImageAtOnceAfterAFailure(t *testing.T) {
+	f := newAnswerFixtureInFlight(t, 0, 2, "")
+	f.gemini.gate = make(chan struct{})
+	f.gemini.failNext.Store(1)
+	img := labelPNG(t, 7)
+	first := make(chan ocrAnswer)
+	go func() { first <- f.post(t, f.ann, "", img) }()
+	for deadline := time.Now().Add(10 * time.Second); f.gemini.calls.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first read never called the upstream")
+		}
+	}
+	second := make(chan ocrAnswer)
+	go func() { second <- f.post(t, f.ann, "", img) }()
+	f.waitInFlight(t, f.ann, 2)
+	time.Sleep(100 * time.Millisecond) // the second reaches its wait
+	if got := f.gemini.calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls while the first read is under way, want 1", got)
+	}
+	close(f.gemini.gate)
+	if a := <-first; a.status != http.StatusBadGateway {
+		t.Errorf("the first read: %d %s, want 502", a.status, a.body)
+	}
+	if a := <-second; a.status != http.StatusOK || a.cached {
+		t.Errorf("the waiting request after the failure: %d cached=%v %s, want a read of its own", a.status, a.cached, a.body)
+	}
+	if got := f.gemini.calls.Load(); got != 2 {
+		t.Errorf("%d upstream calls in all, want 2", got)
+	}
+}
+
+// An Idempotency-Key first answered from the dedupe window is bound to
+// its image: the key again is that answer, the key with another image
+// 422.
+func TestIdempotencyKeyOfACachedAnswer(t *testing.T) {
+	f := newAnswerFixture(t, 0, "")
+	img := labelPNG(t, 8)
+	if a := f.post(t, f.ann, "", img); a.status != http.StatusOK || a.cached {
+		t.Fatalf("the first read: %d cached=%v %s", a.status, a.cached, a.body)
+	}
+	cached := f.post(t, f.ann, "order-9", img)
+	if cached.status != http.StatusOK || !cached.cached {
+		t.Fatalf("the same image with a key: %d cached=%v %s, want the cached answer", cached.status, cached.cached, cached.body)
+	}
+	if again := f.post(t, f.ann, "order-9", img); again.replayed != "true" || !bytes.Equal(again.body, cached.body) {
+		t.Errorf("the key again: replayed %q, %q; want %q replayed", again.replayed, again.body, cached.body)
+	}
+	calls := f.gemini.calls.Load()
+	if other := f.post(t, f.ann, "order-9", labelPNG(t, 9)); other.status != http.StatusUnprocessableEntity || other.code != "idempotency_key_reused" {
+		t.Errorf("the key with another image: %d %s, want 422 idempotency_key_reused", other.status, other.body)
+	}
+	if got := f.gemini.calls.Load(); got != calls {
+		t.Errorf("%d upstream calls for the reused key, want none", got-calls)
+	}
+}
+
+// waitInFlight waits (at most 10 s) until user has n requests in the
+// server: a probe that is not an image is then refused 429
+// too_many_in_flight before its body is read (it is 415 while a slot is
+// free). max_in_flight_per_user must be n.
+func (f *answerFixture) waitInFlight(t *testing.T, key string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if a := f.post(t, key, "", []byte("not an image")); a.code == "too_many_in_flight" {
+			return
+		}
+	}
+	t.Fatalf("%d requests never were in the server at once", n)
+}
+
+// usageRows stops the server and counts the usage rows in its database.
+func (f *answerFixture) usageRows(t *testing.T) int {
+	t.Helper()
+	f.stopServer()
+	db, err := storage.Open(f.db, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	recs, err := db.Usage(time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(recs)
 }
