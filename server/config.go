@@ -22,6 +22,7 @@ const (
 	DefaultUploadGrace             = 5 * time.Second
 	DefaultMaxMultipartParts       = 16
 	DefaultMaxHeaderBytes          = 32 << 10 // 32 KiB
+	DefaultMaxHeaderLines          = 100
 	DefaultMaxConnections          = 1024
 	DefaultIdleTimeout             = 30 * time.Second
 )
@@ -88,6 +89,11 @@ type Config struct {
 	// server allows 4 KiB of slack on top); more gets 431. Default
 	// 32 KiB; at least 8 KiB.
 	MaxHeaderBytes int `koanf:"max_header_bytes"`
+	// MaxHeaderLines bounds the header lines of a request, the request
+	// line not counted: Go's server allocates for each line, so short lines
+	// cost several times their bytes. More gets 431 and the connection is
+	// closed. Default 100 (Apache's LimitRequestFields).
+	MaxHeaderLines int `koanf:"max_header_lines"`
 	// MaxConnections is the most connections each listener holds open.
 	// At the cap a new connection closes the one that has waited longest
 	// without a request in progress (idle keep-alive, or connected and
@@ -147,6 +153,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if c.MaxHeaderLines == 0 {
+		c.MaxHeaderLines = DefaultMaxHeaderLines
+	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
@@ -177,6 +186,7 @@ func (c Config) Validate() error {
 		{"upload_grace", int64(c.UploadGrace)},
 		{"max_multipart_parts", int64(c.MaxMultipartParts)},
 		{"max_header_bytes", int64(c.MaxHeaderBytes)},
+		{"max_header_lines", int64(c.MaxHeaderLines)},
 		{"max_connections", int64(c.MaxConnections)},
 		{"idle_timeout", int64(c.IdleTimeout)},
 	} {

@@ -10,12 +10,16 @@ import (
 
 // HTTPServer returns an http.Server for h with the [server] section's
 // transport bounds (read-header, read, write and idle timeouts, the header
-// size), and ln wrapped so that at most max_connections stay open on it;
+// size), and ln wrapped so that at most max_connections stay open on it
+// and each header block has at most max_header_lines lines (headerConn);
 // serve with hs.Serve(ln). It serves the public and the admin handlers
 // alike.
 func (s *Server) HTTPServer(ln net.Listener, h http.Handler) (*http.Server, net.Listener) {
 	lim := &connLimiter{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns, conns: map[net.Conn]*connEntry{},
-		refused: func() { s.refused(layerTransport, "max_connections") }}
+		refused: func() { s.refused(layerTransport, "max_connections") },
+		lines: func(c net.Conn) net.Conn {
+			return newHeaderConn(c, s.cfg.MaxHeaderLines, s.wallClock, func() { s.refused(layerTransport, "max_header_lines") })
+		}}
 	hs := &http.Server{
 		Addr:              ln.Addr().String(),
 		Handler:           h,
@@ -43,6 +47,7 @@ type connLimiter struct {
 	max     int
 	open    *atomic.Int64 // connections held, across the server's listeners
 	refused func()
+	lines   func(net.Conn) net.Conn // wraps each connection in its headerConn; nil: none
 
 	mu    sync.Mutex
 	conns map[net.Conn]*connEntry
@@ -60,6 +65,9 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
+		}
+		if l.lines != nil {
+			c = l.lines(c)
 		}
 		if l.admit(c) {
 			return c, nil
@@ -106,12 +114,21 @@ func (l *connLimiter) track(c net.Conn, state http.ConnState) {
 	switch state {
 	case http.StateActive:
 		e.waiting = false
+		if h, ok := c.(*headerConn); ok {
+			h.requestStarted()
+		}
 	case http.StateIdle:
 		l.seq++
 		e.waiting, e.since = true, l.seq
+		if h, ok := c.(*headerConn); ok {
+			h.requestDone()
+		}
 	case http.StateClosed, http.StateHijacked:
 		delete(l.conns, c)
 		l.open.Add(-1)
+		if h, ok := c.(*headerConn); ok && state == http.StateHijacked {
+			h.hijacked()
+		}
 	}
 }
 

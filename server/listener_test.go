@@ -126,3 +126,140 @@ func TestIdleConnectionsBounded(t *testing.T) {
 		u.answer(t)
 	}
 }
+
+// TestHeaderLinesRefused: a header block of more than max_header_lines
+// lines gets 431, however few its bytes, and is counted; a block of
+// max_header_lines passes.
+func TestHeaderLinesRefused(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	addr, _ := realServer(t, e)
+	lines := func(n int) string {
+		var b strings.Builder
+		for i := range n - 1 { // Host is one
+			fmt.Fprintf(&b, "%x: v\r\n", i)
+		}
+		return b.String()
+	}
+	send := func(headers string) int {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		go io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+headers+"\r\n")
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := send(lines(DefaultMaxHeaderLines)); got != http.StatusOK {
+		t.Errorf("%d header lines: status %d, want 200", DefaultMaxHeaderLines, got)
+	}
+	if got := send(lines(DefaultMaxHeaderLines + 1)); got != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("%d header lines: status %d, want 431", DefaultMaxHeaderLines+1, got)
+	}
+	if got := metric(t, e, `breakwater_refusals_total{layer="transport",reason="max_header_lines"}`); got != "1" {
+		t.Errorf("max_header_lines refusals counted %s, want 1", got)
+	}
+}
+
+// TestHeaderLinesFollowTheFraming: on one keep-alive connection, the lines
+// of a body (of a Content-Length, or chunked) are not header lines, and a
+// request sent behind another in the same write is counted as a block of
+// its own.
+func TestHeaderLinesFollowTheFraming(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	addr, _ := realServer(t, e)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	many := strings.Repeat("\n", 3*DefaultMaxHeaderLines)
+	var lines strings.Builder
+	for i := range DefaultMaxHeaderLines - 1 {
+		fmt.Fprintf(&lines, "%x: v\r\n", i)
+	}
+	get := "GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines.String() + "\r\n"
+	steps := []struct {
+		name, send string
+		answers    int
+	}{
+		{"a body of a Content-Length", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(many), many), 1},
+		{"after it", get, 1},
+		{"a chunked body", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(many), many), 1},
+		{"after it", get, 1},
+		{"two in one write", get + get, 2},
+	}
+	for _, step := range steps {
+		if _, err := io.WriteString(conn, step.send); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		for range step.answers {
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil {
+				t.Fatalf("%s: no answer: %v", step.name, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusRequestHeaderFieldsTooLarge || resp.StatusCode == http.StatusBadRequest {
+				t.Errorf("%s: status %d", step.name, resp.StatusCode)
+			}
+		}
+	}
+	// A block one line over behind a request in the same write: the lines
+	// are counted as they are read, so the 431 is the first answer, and the
+	// last.
+	io.WriteString(conn, get+"GET /healthz HTTP/1.1\r\nHost: x\r\nX-One-More: v\r\n"+lines.String()+"\r\n")
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatalf("one line over, pipelined: no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("one line over, pipelined: status %d, want 431", resp.StatusCode)
+	}
+	if _, err := http.ReadResponse(r, nil); err == nil {
+		t.Error("an answer after the 431")
+	}
+}
+
+// TestHeaderConnScan: the line count follows a header block and its body
+// however the bytes are split into reads.
+func TestHeaderConnScan(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		stream string
+		ok     bool
+	}{
+		{"two lines", "GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
+		{"three lines", "GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n", false},
+		{"bare newlines", "GET / HTTP/1.1\na: 1\nb: 2\nc: 3\n", false},
+		{"a body's lines", "POST / HTTP/1.1\r\nContent-Length: 8\r\n\r\n\n\n\n\n\n\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
+		{"the block after a body", "POST / HTTP/1.1\r\ncontent-length:  2 \r\n\r\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"no body, then a block", "GET / HTTP/1.1\r\na: 1\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"a chunked body until done", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\n\n\n\n\n\n", true},
+		{"two lengths", "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n\n\n\n\n\n\n", true},
+	} {
+		for _, size := range []int{1, 3, len(tt.stream)} {
+			t.Run(fmt.Sprintf("%s/%d", tt.name, size), func(t *testing.T) {
+				h := &headerConn{max: 2, length: noLength}
+				ok := true
+				for b := []byte(tt.stream); len(b) > 0 && ok; {
+					n := min(size, len(b))
+					ok = h.scan(b[:n])
+					b = b[n:]
+				}
+				if ok != tt.ok {
+					t.Errorf("scan = %v, want %v", ok, tt.ok)
+				}
+			})
+		}
+	}
+}

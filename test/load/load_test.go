@@ -2,6 +2,7 @@ package load
 
 import (
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
 	"strconv"
@@ -69,6 +70,45 @@ func TestSlowloris(t *testing.T) {
 	}
 	p.check(t, "slowloris", sent)
 	e.checkMemory(t, "slowloris", before)
+}
+
+// headerGrowth is what unfinished header blocks may add to the server's
+// peak resident set, the README's figure: for 1,024 connections reading
+// headers, 32 MiB of header bytes (max_header_bytes each) and 16 MiB of
+// their buffers, which the collector's room doubles.
+const headerGrowth = 96 * mib
+
+// TestUnfinishedHeaders: 1,000 connections each send 32,000 bytes of
+// header lines, each line a name of its own and a short value, and never
+// end the block. net/http allocates per header line, so short lines cost
+// far more than their bytes: the server bounds the lines of a header
+// block as well as its bytes (server.max_header_lines), and its peak
+// resident set stays within the README's figure, whatever the lines'
+// length.
+func TestUnfinishedHeaders(t *testing.T) {
+	for _, value := range pick([]int{1, 64, 1000}, []int{1, 8, 64, 1000}) {
+		t.Run(fmt.Sprintf("value=%d", value), func(t *testing.T) {
+			e := start(t, defaults)
+			e.warm(e.mustKey("legit"), 40)
+			before := e.memory()
+			conns := 1000
+			dur := pick(7*time.Second, 30*time.Second) // past the 5 s header timeout
+			f := e.flood("-mode", "headers", "-conns", itoa(conns), "-header-bytes", "32000", "-value", itoa(value),
+				"-pause", "500ms", "-duration", dur.String())
+			s := f.wait()
+			after := e.memory()
+			grew := after.HWM - before.RSS
+			t.Logf("unfinished headers, %d-byte values: %d connections, %d dials, %d cut off; server RSS %s before, peak %s (+%s)",
+				value, conns, s.Dials, s.Cut, mb(before.RSS), mb(after.HWM), mb(grew))
+			if s.Dials < int64(conns) {
+				t.Errorf("only %d of %d connections were made", s.Dials, conns)
+			}
+			if grew > headerGrowth {
+				t.Errorf("unfinished headers of %d-byte values: the server's peak RSS grew %s over its %s before, want under %s (README: Resource bounds on a small VPS)",
+					value, mb(grew), mb(before.RSS), mb(headerGrowth))
+			}
+		})
+	}
 }
 
 // TestIdleKeepAlive: three times max_connections clients each make one
