@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/detect"
 	"breakwater/server/app"
 	"breakwater/storage"
 )
@@ -112,6 +113,7 @@ path = %q
 base_url = %q
 %s
 [limits.user]
+rate = 100000
 burst = 100
 [plans.free]
 monthly_quota = 100
@@ -423,4 +425,56 @@ func (f *answerFixture) usageRows(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(recs)
+}
+
+// One key sending one image 2,000 times over five minutes: one read, and
+// the 1,999 cached answers stored as a few rows per minute, not one
+// apiece; the daily aggregate still counts every one.
+func TestSameImageRepeatedIsCountedPerMinute(t *testing.T) {
+	f := newAnswerFixture(t, 0, "")
+	img := labelPNG(t, 10)
+	from := f.clk.now().Add(-time.Minute)
+	const n = 2000
+	for i := range n {
+		if a := f.post(t, f.ann, "", img); a.status != http.StatusOK || a.cached != (i > 0) {
+			t.Fatalf("request %d: %d cached=%v %s", i, a.status, a.cached, a.body)
+		}
+		f.clk.add(150 * time.Millisecond) // 2,000 in 300 s
+	}
+	f.stopServer()
+	db, err := storage.Open(f.db, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	events, err := db.Events(from, f.clk.now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agg := detect.NewAggregator(from.Format("2006-01-02"), detect.Lines{}, 0)
+	var cached int64
+	rows := 0
+	for _, e := range events {
+		agg.Add(e)
+		if e.Outcome == detect.OutcomeCached {
+			cached += e.N()
+			rows++
+		}
+	}
+	t.Logf("%d requests: %d event rows, %d of them for %d cached answers", n, len(events), rows, cached)
+	if cached != n-1 {
+		t.Errorf("the rows count %d cached answers, want %d", cached, n-1)
+	}
+	if rows > 7 { // five minutes, and the minutes it starts and ends in
+		t.Errorf("%d rows of cached answers, want one a minute (at most 7)", rows)
+	}
+	day := agg.Done()
+	if day.Service.Cached != n-1 || day.Service.Attempts != 1 {
+		t.Errorf("the aggregate counts %d cached and %d attempts, want %d and 1", day.Service.Cached, day.Service.Attempts, n-1)
+	}
+	for user, u := range day.Users {
+		if u.Cached != n-1 {
+			t.Errorf("user %s: %d cached, want %d", user, u.Cached, n-1)
+		}
+	}
 }

@@ -32,7 +32,9 @@ type RecorderOptions struct {
 	TallyKeys   int
 	// RefusalKeys is the most keys per minute whose refusals by a layer
 	// (OutcomeLayerRefused, OutcomeShadowRefused) get a row of their own
-	// (default DefaultRefusalKeys); the rest share the row of Other.
+	// (default DefaultRefusalKeys), and apart from them the most whose
+	// reads answered from storage (OutcomeCached, OutcomeReplayed) do;
+	// the rest share the row of Other.
 	RefusalKeys int
 	Logger      *slog.Logger
 	Now         func() time.Time // when a tally window has ended; default time.Now
@@ -45,7 +47,9 @@ type RecorderOptions struct {
 // the rest under Other) and one per refusal reason, each with its Count.
 // Refusals by a layer before the upstream call, real or in shadow mode,
 // are counted the same way per minute (RefusalWindow) and per key, route
-// and layer (bounded by RefusalKeys). Events lost to a full queue or a
+// and layer (bounded by RefusalKeys), and so are reads answered from
+// storage (the same image again, a repeated idempotency key): rows of
+// OutcomeCached and OutcomeReplayed with their Count. Events lost to a full queue or a
 // failed write are counted in a row of OutcomeDropped. A crash loses the
 // counts of the window under way.
 type Recorder struct {
@@ -126,18 +130,38 @@ func (r *Recorder) loop() {
 	defer close(r.done)
 	batch := make([]Event, 0, r.opts.BatchSize)
 	t := newTally(r.opts.TallyWindow, r.opts.TallyKeys)
-	rt := newRefusalTally(r.opts.RefusalKeys)
+	// The per-minute tallies: refusals by a layer, reads answered from
+	// storage.
+	minutes := [...]struct {
+		counts func(Event) bool
+		t      *minuteTally
+	}{{layerTallied, newMinuteTally(r.opts.RefusalKeys)}, {answerTallied, newMinuteTally(r.opts.RefusalKeys)}}
+	drainMinutes := func(batch []Event, now time.Time, all bool) []Event {
+		for _, m := range minutes {
+			if all || m.t.due(now) {
+				batch = m.t.drain(batch)
+			}
+		}
+		return batch
+	}
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
 	// take files one event into the batch or a tally, and writes a full
 	// batch.
 	take := func(e Event) {
-		if layerTallied(e) {
-			if !rt.start.IsZero() && e.Time.Truncate(RefusalWindow).After(rt.start) {
-				batch = rt.drain(batch)
+		for _, m := range minutes {
+			if m.counts(e) {
+				if !m.t.start.IsZero() && e.Time.Truncate(RefusalWindow).After(m.t.start) {
+					batch = m.t.drain(batch)
+				}
+				m.t.add(e)
+				if len(batch) >= r.opts.BatchSize {
+					batch = r.flush(batch)
+				}
+				return
 			}
-			rt.add(e)
-		} else if tallied(e) {
+		}
+		if tallied(e) {
 			if !t.start.IsZero() && t.windowOf(e.Time).After(t.start) {
 				batch = t.drain(batch)
 			}
@@ -168,7 +192,7 @@ func (r *Recorder) loop() {
 				}
 			}
 			if !ok {
-				r.flush(r.dropped(rt.drain(t.drain(batch))))
+				r.flush(r.dropped(drainMinutes(t.drain(batch), time.Time{}, true)))
 				return
 			}
 			time.Sleep(gatherPause)
@@ -177,9 +201,7 @@ func (r *Recorder) loop() {
 			if t.due(now) {
 				batch = t.drain(batch)
 			}
-			if rt.due(now) {
-				batch = rt.drain(batch)
-			}
+			batch = drainMinutes(batch, now, false)
 			batch = r.flush(r.dropped(batch))
 			timer.Reset(r.opts.FlushInterval)
 		}

@@ -159,8 +159,9 @@ func arrivals(events []detect.Event) (out []arrival, dropped int64) {
 				a.attempt = e.Layer == LayerRate || e.Layer == LayerDaily
 				spread(e, detect.RefusalWindow, a)
 			case detect.OutcomeCached, detect.OutcomeReplayed:
-				a.at = e.Time
-				out = append(out, a)
+				// Counted per minute since they are answered free; one
+				// event apiece in older versions.
+				spread(e, detect.RefusalWindow, a)
 			default:
 				a.at, a.attempt = e.Time, true
 				out = append(out, a)
