@@ -30,8 +30,10 @@ const headerTooLarge = "HTTP/1.1 431 Request Header Fields Too Large\r\n" +
 // header block in the bytes read from it. To know where the next block
 // starts it follows the framing: a block without Content-Length and
 // Transfer-Encoding has no body, so the next block follows at once; one
-// with a Content-Length of n has n bytes of body; any other body (chunked)
-// lasts until the server has finished that request (requestDone, from the
+// with a Content-Length of n has n bytes of body; a chunked body is
+// followed chunk by chunk, and its trailer lines are counted as header
+// lines. A framing it cannot follow (one the server refuses anyway) lasts
+// until the server has finished that request (requestDone, from the
 // ConnState hook, counts them). Read is called by the server's one reading
 // goroutine at a time; only the ConnState hook's calls come from another.
 type headerConn struct {
@@ -44,29 +46,39 @@ type headerConn struct {
 	off     atomic.Bool      // hijacked: the bytes are no longer HTTP/1.1's
 
 	state   lineState
-	lines   int   // lines of the block so far, the request line included
-	blocks  int64 // header blocks ended so far: the requests read
-	left    int64 // bytes of body still to come (inBody)
-	length  int64 // the block's Content-Length so far; noLength, or unknownLength
-	lineLen int   // bytes of the current line so far
-	head    [48]byte
+	lines   int      // lines of the block so far, the request line included
+	blocks  int64    // header blocks ended so far: the requests read
+	left    int64    // bytes of body or chunk still to come (inBody, inChunk)
+	body    bodyKind // what the block's headers say of its body so far
+	length  int64    // the block's Content-Length (sized)
+	lineLen int      // bytes of the current line so far
+	head    [48]byte // its first bytes
 }
 
 type lineState uint8
 
 const (
-	inHeaders lineState = iota // counting a header block
-	inBody                     // a body of known length: left bytes to come
-	untilDone                  // a body of unknown length: until the request is done
+	inHeaders   lineState = iota // counting a header block
+	inBody                       // a body of known length: left bytes to come
+	inChunkSize                  // a chunk's size line
+	inChunk                      // a chunk's data: left bytes to come
+	inChunkEnd                   // the line end after a chunk's data
+	inTrailers                   // counting the trailer lines of a chunked body
+	untilDone                    // a body it cannot follow: until the request is done
 )
 
+// bodyKind is what a header block says of its body.
+type bodyKind uint8
+
 const (
-	noLength      = -1
-	unknownLength = -2
+	noBody bodyKind = iota
+	sized
+	chunked
+	unknown
 )
 
 func newHeaderConn(c net.Conn, max int, now func() time.Time, refused func()) *headerConn {
-	return &headerConn{Conn: c, max: max, now: now, refused: refused, length: noLength}
+	return &headerConn{Conn: c, max: max, now: now, refused: refused}
 }
 
 // requestStarted is told by the server that it has read a request's
@@ -125,27 +137,36 @@ func (h *headerConn) CloseWrite() error {
 }
 
 func (h *headerConn) startBlock() {
-	h.state, h.lines, h.length, h.lineLen = inHeaders, 0, noLength, 0
+	h.state, h.lines, h.body, h.lineLen = inHeaders, 0, noBody, 0
 }
 
-// scan follows b through the framing; false when a header block has
-// gone over max lines.
+// maxChunkLine is the longest chunk-size line followed; Go's server
+// refuses longer ones.
+const maxChunkLine = 4096
+
+// scan follows b through the framing; false when a header block, or a
+// chunked body's trailers, has gone over max lines.
 func (h *headerConn) scan(b []byte) bool {
 	for len(b) > 0 {
 		switch h.state {
 		case untilDone:
 			return true
-		case inBody:
+		case inBody, inChunk:
 			k := min(int64(len(b)), h.left)
 			h.left -= k
 			b = b[k:]
-			if h.left == 0 {
+			if h.left == 0 && h.state == inBody {
 				h.startBlock()
+			} else if h.left == 0 {
+				h.state = inChunkEnd
 			}
-		case inHeaders:
+		default: // a line: of headers, of trailers, a chunk's size or end
 			i := bytes.IndexByte(b, '\n')
 			if i < 0 {
 				h.take(b)
+				if h.lineLen > maxChunkLine && (h.state == inChunkSize || h.state == inChunkEnd) {
+					h.state = untilDone
+				}
 				return true
 			}
 			h.take(b[:i])
@@ -166,53 +187,128 @@ func (h *headerConn) take(b []byte) {
 	h.lineLen += len(b)
 }
 
-// endLine ends the current line: the block ends at an empty line after
-// the request line; false when the block has gone over max lines.
+// endLine ends the current line; false when a block has gone over max
+// lines.
 func (h *headerConn) endLine() bool {
 	n := h.lineLen
 	h.lineLen = 0
 	if n > 0 && n <= len(h.head) && h.head[n-1] == '\r' {
 		n--
 	}
-	if n == 0 && h.lines > 0 {
-		h.blocks++
+	line := h.head[:min(n, len(h.head))]
+	switch h.state {
+	case inChunkSize:
+		size, ok := chunkSize(line, n)
 		switch {
-		case h.length == noLength || h.length == 0:
-			h.startBlock()
-		case h.length > 0:
-			h.state, h.left = inBody, h.length
-		default:
+		case !ok:
 			h.state = untilDone
+		case size == 0:
+			h.state, h.lines = inTrailers, 1 // as if after a request line
+		default:
+			h.state, h.left = inChunk, size
 		}
 		return true
+	case inChunkEnd:
+		if n != 0 {
+			h.state = untilDone // Go's server refuses it
+		} else {
+			h.state = inChunkSize
+		}
+		return true
+	case inTrailers:
+		if n == 0 {
+			h.startBlock()
+			return true
+		}
+	case inHeaders:
+		if n == 0 && h.lines > 0 {
+			h.endBlock()
+			return true
+		}
 	}
 	h.lines++
 	if h.lines > h.max+1 {
 		return false
 	}
-	h.framing(h.head[:min(n, len(h.head))], n)
+	if h.state == inHeaders {
+		h.framing(line, n)
+	}
 	return true
 }
 
+// endBlock moves past the end of a header block, to its body.
+func (h *headerConn) endBlock() {
+	h.blocks++
+	switch {
+	case h.body == noBody || h.body == sized && h.length == 0:
+		h.startBlock()
+	case h.body == sized:
+		h.state, h.left = inBody, h.length
+	case h.body == chunked:
+		h.state = inChunkSize
+	default:
+		h.state = untilDone
+	}
+}
+
 // framing notes what a header line of n bytes, head its first ones, says
-// of the body's length.
+// of the body, as Go's server reads it: Transfer-Encoding chunked wins
+// over a Content-Length; anything else it would refuse or cannot be
+// followed here.
 func (h *headerConn) framing(head []byte, n int) {
 	name, value, ok := bytes.Cut(head, []byte{':'})
 	if !ok {
 		return
 	}
+	value = bytes.Trim(value, " \t")
 	switch {
 	case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-		h.length = unknownLength
+		if n <= len(h.head) && bytes.EqualFold(value, []byte("chunked")) && h.body != chunked && h.body != unknown {
+			h.body = chunked
+		} else {
+			h.body = unknown
+		}
 	case bytes.EqualFold(name, []byte("Content-Length")):
-		v, err := strconv.ParseInt(string(bytes.Trim(value, " \t")), 10, 64)
+		v, err := strconv.ParseInt(string(value), 10, 64)
 		switch {
+		case h.body == chunked || h.body == unknown:
 		case n > len(h.head) || err != nil || v < 0:
-			h.length = unknownLength
-		case h.length == noLength:
-			h.length = v
+			h.body = unknown
+		case h.body == noBody:
+			h.body, h.length = sized, v
 		case h.length != v:
-			h.length = unknownLength
+			h.body = unknown
 		}
 	}
+}
+
+// chunkSize reads a chunk-size line of n bytes, head its first ones: hex
+// digits (at most 16), then maybe extensions after ';'.
+func chunkSize(head []byte, n int) (int64, bool) {
+	var size uint64
+	digits := 0
+	for _, c := range head {
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			if digits == 0 || (c != ';' && c != ' ' && c != '\t') {
+				return 0, false
+			}
+			return int64(size), size < 1<<62
+		}
+		if digits++; digits > 16 {
+			return 0, false
+		}
+		size = size<<4 | uint64(d)
+	}
+	if digits == 0 || n > len(head) && digits == len(head) {
+		return 0, false
+	}
+	return int64(size), size < 1<<62
 }

@@ -194,6 +194,7 @@ func TestHeaderLinesFollowTheFraming(t *testing.T) {
 		{"a chunked body", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(many), many), 1},
 		{"after it", get, 1},
 		{"two in one write", get + get, 2},
+		{"a chunked body and a request in one write", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(many), many) + get, 2},
 	}
 	for _, step := range steps {
 		if _, err := io.WriteString(conn, step.send); err != nil {
@@ -244,12 +245,17 @@ func TestHeaderConnScan(t *testing.T) {
 		{"a body's lines", "POST / HTTP/1.1\r\nContent-Length: 8\r\n\r\n\n\n\n\n\n\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
 		{"the block after a body", "POST / HTTP/1.1\r\ncontent-length:  2 \r\n\r\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
 		{"no body, then a block", "GET / HTTP/1.1\r\na: 1\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
-		{"a chunked body until done", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\n\n\n\n\n\n", true},
+		{"a chunked body's lines", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n6;x=y\r\n\n\n\n\n\n\n\r\nA\r\n\n\n\n\n\n\n\n\n\n\n\r\n0\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
+		{"the block after a chunked body", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n\n\r\n0\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"a chunked body's trailers", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"chunked wins over a length", "POST / HTTP/1.1\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"another coding until done", "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n\n\n\n\n\n\n", true},
+		{"a bad chunk size until done", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\n\n\n\n\n\n", true},
 		{"two lengths", "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n\n\n\n\n\n\n", true},
 	} {
 		for _, size := range []int{1, 3, len(tt.stream)} {
 			t.Run(fmt.Sprintf("%s/%d", tt.name, size), func(t *testing.T) {
-				h := &headerConn{max: 2, length: noLength}
+				h := &headerConn{max: 2}
 				ok := true
 				for b := []byte(tt.stream); len(b) > 0 && ok; {
 					n := min(size, len(b))
