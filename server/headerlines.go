@@ -200,7 +200,7 @@ func (h *headerConn) endLine() bool {
 	case inChunkSize:
 		size, ok := chunkSize(line, n)
 		switch {
-		case !ok:
+		case !ok || n > maxChunkLine:
 			h.state = untilDone
 		case size == 0:
 			h.state, h.lines = inTrailers, 1 // as if after a request line

@@ -269,3 +269,30 @@ func TestHeaderConnScan(t *testing.T) {
 		}
 	}
 }
+
+// FuzzHeaderConnScan: however a stream is split into reads, the count
+// comes to the same verdict and the same state, and never panics.
+func FuzzHeaderConnScan(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n"), uint8(3))
+	f.Add([]byte("POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n"), uint8(1))
+	f.Add([]byte("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;e\r\n\n\n\n\r\n0\r\nt: 1\r\n\r\nGET / HTTP/1.1\r\n\r\n"), uint8(5))
+	f.Fuzz(func(t *testing.T, stream []byte, size uint8) {
+		scan := func(size int) (bool, *headerConn) {
+			h := &headerConn{max: 2}
+			for b := stream; len(b) > 0; {
+				n := min(size, len(b))
+				if !h.scan(b[:n]) {
+					return false, h
+				}
+				b = b[n:]
+			}
+			return true, h
+		}
+		whole, hw := scan(len(stream) + 1)
+		split, hs := scan(int(size%64) + 1)
+		if whole != split || hw.state != hs.state || hw.lines != hs.lines || hw.blocks != hs.blocks || hw.left != hs.left {
+			t.Errorf("whole: %v state %d lines %d blocks %d left %d; in reads of %d: %v state %d lines %d blocks %d left %d",
+				whole, hw.state, hw.lines, hw.blocks, hw.left, size%64+1, split, hs.state, hs.lines, hs.blocks, hs.left)
+		}
+	})
+}
