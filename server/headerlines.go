@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -15,11 +16,18 @@ import (
 // 1-byte values held about 340 KiB while the block was unfinished). So each
 // connection counts the lines of its header blocks as their bytes arrive,
 // before the server parses them, and a block of more than max_header_lines
-// lines is answered 431 and the connection closed.
+// lines is answered 431 and the connection closed. It also reports the
+// bytes of its unfinished block to the listener (connLimiter.holdHeader),
+// which keeps all of them within max_header_memory: a long line costs the
+// server a few times its bytes while it is assembled.
 
 // errTooManyHeaderLines ends a connection whose header block has more
-// lines than server.max_header_lines.
-var errTooManyHeaderLines = errors.New("server: more header lines than server.max_header_lines")
+// lines than server.max_header_lines, errHeaderMemory one whose unfinished
+// block was the oldest when the blocks held max_header_memory.
+var (
+	errTooManyHeaderLines = errors.New("server: more header lines than server.max_header_lines")
+	errHeaderMemory       = errors.New("server: unfinished header blocks at server.max_header_memory: the oldest closed")
+)
 
 // headerTooLarge is what Go's server answers to a header block over
 // max_header_bytes, answered here to one over max_header_lines.
@@ -41,9 +49,13 @@ type headerConn struct {
 	max     int              // most header lines, the request line not counted
 	now     func() time.Time // for the refusal's write deadline
 	refused func()           // counts a refusal
-	done    atomic.Int64     // requests the server has finished
-	active  atomic.Bool      // the server is serving a request
-	off     atomic.Bool      // hijacked: the bytes are no longer HTTP/1.1's
+	// hold reports the bytes of the unfinished header block (0: none)
+	// when they change, and is false when the connection was closed to
+	// bound them (connLimiter.holdHeader); nil: not reported.
+	hold   func(c net.Conn, n int64) bool
+	done   atomic.Int64 // requests the server has finished
+	active atomic.Bool  // the server is serving a request
+	off    atomic.Bool  // hijacked: the bytes are no longer HTTP/1.1's
 
 	state   lineState
 	lines   int      // lines of the block so far, the request line included
@@ -53,6 +65,8 @@ type headerConn struct {
 	length  int64    // the block's Content-Length (sized)
 	lineLen int      // bytes of the current line so far
 	head    [48]byte // its first bytes
+	pending int64    // bytes of the unfinished header block (or trailers)
+	held    int64    // pending as last reported to hold
 }
 
 type lineState uint8
@@ -105,9 +119,21 @@ func (h *headerConn) Read(p []byte) (int, error) {
 	}
 	if n > 0 && !h.scan(p[:n]) {
 		h.refuse()
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: h.LocalAddr(), Addr: h.RemoteAddr(), Err: errTooManyHeaderLines}
+		return 0, h.readError(errTooManyHeaderLines)
+	}
+	if h.hold != nil && h.pending != h.held {
+		if !h.hold(h, h.pending) {
+			return 0, h.readError(errHeaderMemory)
+		}
+		h.held = h.pending
 	}
 	return n, err
+}
+
+// readError is err as the server takes a broken connection's: it closes
+// the connection without an answer.
+func (h *headerConn) readError(err error) error {
+	return &net.OpError{Op: "read", Net: "tcp", Source: h.LocalAddr(), Addr: h.RemoteAddr(), Err: err}
 }
 
 // refuse answers 431 as Go's server does for too many header bytes, and
@@ -127,6 +153,10 @@ func (h *headerConn) refuse() {
 	}
 }
 
+// ReadFrom lets the server write a response body with the connection's
+// own ReadFrom (sendfile, splice), as it does on a plain TCP connection.
+func (h *headerConn) ReadFrom(r io.Reader) (int64, error) { return io.Copy(h.Conn, r) }
+
 // CloseWrite lets the server half-close the connection, as it does a
 // plain TCP connection's.
 func (h *headerConn) CloseWrite() error {
@@ -137,7 +167,7 @@ func (h *headerConn) CloseWrite() error {
 }
 
 func (h *headerConn) startBlock() {
-	h.state, h.lines, h.body, h.lineLen = inHeaders, 0, noBody, 0
+	h.state, h.lines, h.body, h.lineLen, h.pending = inHeaders, 0, noBody, 0, 0
 }
 
 // maxChunkLine is the longest chunk-size line followed; Go's server
@@ -162,6 +192,13 @@ func (h *headerConn) scan(b []byte) bool {
 			}
 		default: // a line: of headers, of trailers, a chunk's size or end
 			i := bytes.IndexByte(b, '\n')
+			if h.state == inHeaders || h.state == inTrailers {
+				if i < 0 {
+					h.pending += int64(len(b))
+				} else {
+					h.pending += int64(i + 1)
+				}
+			}
 			if i < 0 {
 				h.take(b)
 				if h.lineLen > maxChunkLine && (h.state == inChunkSize || h.state == inChunkEnd) {
@@ -239,6 +276,7 @@ func (h *headerConn) endLine() bool {
 // endBlock moves past the end of a header block, to its body.
 func (h *headerConn) endBlock() {
 	h.blocks++
+	h.pending = 0
 	switch {
 	case h.body == noBody || h.body == sized && h.length == 0:
 		h.startBlock()

@@ -296,3 +296,71 @@ func FuzzHeaderConnScan(f *testing.F) {
 		}
 	})
 }
+
+// TestHeaderMemoryBounded: when the unfinished header blocks would hold
+// more than max_header_memory, the connection whose block began longest
+// ago is closed and counted; the others stay, and a new request is
+// served.
+func TestHeaderMemoryBounded(t *testing.T) {
+	const block = 20_000 // 20 lines of 1,000 bytes, never ended
+	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxHeaderMemory = 3*block + block/2 }})
+	addr, lim := realServer(t, e)
+	heldBytes := func() int64 {
+		lim.mu.Lock()
+		defer lim.mu.Unlock()
+		return lim.headerHeld
+	}
+	line := "X-Pad: " + strings.Repeat("a", 991) + "\r\n"
+	var conns []net.Conn
+	for i := range 4 {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns = append(conns, conn)
+		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\n"+strings.Repeat(line, block/len(line))); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(min(i+1, 3)) * block // the fourth pushes the first out
+		for deadline := time.Now().Add(5 * time.Second); heldBytes() < want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %d connections the blocks hold %d bytes, want %d", i+1, heldBytes(), want)
+			}
+		}
+	}
+	if got, most := heldBytes(), e.srv.cfg.MaxHeaderMemory; got > most {
+		t.Errorf("the blocks hold %d bytes, more than max_header_memory %d", got, most)
+	}
+	for i, conn := range conns {
+		conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := conn.Read(make([]byte, 1))
+		var ne net.Error
+		timedOut := errors.As(err, &ne) && ne.Timeout()
+		if i == 0 && timedOut {
+			t.Error("the oldest block's connection is still open")
+		}
+		if i > 0 && !timedOut {
+			t.Errorf("connection %d: %v, want it still open", i, err)
+		}
+	}
+	if got := metric(t, e, `breakwater_refusals_total{layer="transport",reason="max_header_memory"}`); got != "1" {
+		t.Errorf("max_header_memory closings counted %s, want 1", got)
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a new request: status %d, want 200", resp.StatusCode)
+	}
+	for _, conn := range conns {
+		conn.Close()
+	}
+	for deadline := time.Now().Add(5 * time.Second); heldBytes() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("closed connections still hold %d bytes", heldBytes())
+		}
+	}
+}
