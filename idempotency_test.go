@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image"
 	"image/color"
@@ -306,18 +307,18 @@ func TestSameImageIsNotBoughtTwice(t *testing.T) {
 func TestSameImageAtOnceIsReadOnce(t *testing.T) {
 	const n = 10
 	f := newAnswerFixtureInFlight(t, 0, n, "")
-	f.gemini.gate = make(chan struct{})
+	release := f.holdUpstream(t)
 	img := labelPNG(t, 6)
 	answers := make([]ocrAnswer, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { answers[i] = f.post(t, f.ann, "", img) })
+		wg.Go(func() { answers[i] = f.postAdmitted(t, f.ann, img) })
 	}
 	// The upstream holds its answer until every request is in the
 	// server, and a moment more for them to reach the read.
 	f.waitInFlight(t, f.ann, n)
 	time.Sleep(200 * time.Millisecond)
-	close(f.gemini.gate)
+	release()
 	wg.Wait()
 	cached := 0
 	for i, a := range answers {
@@ -343,7 +344,7 @@ func TestSameImageAtOnceIsReadOnce(t *testing.T) {
 // of them reads the image itself.
 func TestSameImageAtOnceAfterAFailure(t *testing.T) {
 	f := newAnswerFixtureInFlight(t, 0, 2, "")
-	f.gemini.gate = make(chan struct{})
+	release := f.holdUpstream(t)
 	f.gemini.failNext.Store(1)
 	img := labelPNG(t, 7)
 	first := make(chan ocrAnswer)
@@ -354,13 +355,13 @@ func TestSameImageAtOnceAfterAFailure(t *testing.T) {
 		}
 	}
 	second := make(chan ocrAnswer)
-	go func() { second <- f.post(t, f.ann, "", img) }()
+	go func() { second <- f.postAdmitted(t, f.ann, img) }()
 	f.waitInFlight(t, f.ann, 2)
 	time.Sleep(100 * time.Millisecond) // the second reaches its wait
 	if got := f.gemini.calls.Load(); got != 1 {
 		t.Errorf("%d upstream calls while the first read is under way, want 1", got)
 	}
-	close(f.gemini.gate)
+	release()
 	if a := <-first; a.status != http.StatusBadGateway {
 		t.Errorf("the first read: %d %s, want 502", a.status, a.body)
 	}
@@ -397,18 +398,41 @@ func TestIdempotencyKeyOfACachedAnswer(t *testing.T) {
 	}
 }
 
+// postAdmitted is post without a key, sent again while it is refused 429
+// too_many_in_flight: waitInFlight's probes hold a slot for a moment.
+func (f *answerFixture) postAdmitted(t *testing.T, key string, img []byte) ocrAnswer {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if a := f.post(t, key, "", img); a.code != "too_many_in_flight" || time.Now().After(deadline) {
+			return a
+		}
+	}
+}
+
+// holdUpstream makes the fake Gemini hold its answers until release is
+// called, or the test ends.
+func (f *answerFixture) holdUpstream(t *testing.T) (release func()) {
+	f.gemini.gate = make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(f.gemini.gate) }) }
+	t.Cleanup(release) // before the fixture's own: the server waits for its reads
+	return release
+}
+
 // waitInFlight waits (at most 10 s) until user has n requests in the
 // server: a probe that is not an image is then refused 429
 // too_many_in_flight before its body is read (it is 415 while a slot is
-// free). max_in_flight_per_user must be n.
+// free). max_in_flight_per_user must be n. The probes keep under the
+// fixture's burst of 100 a second.
 func (f *answerFixture) waitInFlight(t *testing.T, key string, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if a := f.post(t, key, "", []byte("not an image")); a.code == "too_many_in_flight" {
+	var last ocrAnswer
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if last = f.post(t, key, "", []byte("not an image")); last.code == "too_many_in_flight" {
 			return
 		}
 	}
-	t.Fatalf("%d requests never were in the server at once", n)
+	t.Fatalf("%d requests never were in the server at once: the probe got %d %s", n, last.status, last.body)
 }
 
 // usageRows stops the server and counts the usage rows in its database.
@@ -476,5 +500,62 @@ func TestSameImageRepeatedIsCountedPerMinute(t *testing.T) {
 		if u.Cached != n-1 {
 			t.Errorf("user %s: %d cached, want %d", user, u.Cached, n-1)
 		}
+	}
+}
+
+// A request waiting for another's read of its image stops waiting when
+// its client goes away: its in-flight slot is free again while the read
+// goes on.
+func TestSameImageWaiterLeaves(t *testing.T) {
+	f := newAnswerFixtureInFlight(t, 0, 2, "")
+	release := f.holdUpstream(t)
+	img := labelPNG(t, 11)
+	lead := make(chan ocrAnswer, 1)
+	go func() { lead <- f.post(t, f.ann, "", img) }()
+	for deadline := time.Now().Add(10 * time.Second); f.gemini.calls.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first read never called the upstream")
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waiter := make(chan error, 1)
+	go func() {
+		for {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/ocr", bytes.NewReader(img))
+			req.Header.Set("Authorization", "Bearer "+f.ann)
+			req.Header.Set("Content-Type", "image/png")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				waiter <- err
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !bytes.Contains(body, []byte(`"too_many_in_flight"`)) { // a probe held the slot a moment
+				waiter <- fmt.Errorf("answered %d %s", resp.StatusCode, body)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	f.waitInFlight(t, f.ann, 2)
+	cancel()
+	if err := <-waiter; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiting request: %v, want its own cancellation", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if a := f.post(t, f.ann, "", []byte("not an image")); a.status == http.StatusUnsupportedMediaType {
+			break // a slot is free
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter's slot was never given back")
+		}
+	}
+	release()
+	if a := <-lead; a.status != http.StatusOK || a.cached {
+		t.Errorf("the read: %d cached=%v %s, want 200", a.status, a.cached, a.body)
+	}
+	if got := f.gemini.calls.Load(); got != 1 {
+		t.Errorf("%d upstream calls, want 1", got)
 	}
 }
