@@ -185,7 +185,8 @@ func TestCallsInFlightMakeTheBudgetBusyNotPaused(t *testing.T) {
 	// All 8 requests are one user's: room for all of them in flight, so
 	// that only the budget refuses (with 4, the refusals queued behind the
 	// three held calls for the fourth slot, and a race decided which ones
-	// met 429 too_many_in_flight instead).
+	// met 429 too_many_in_flight instead). One image for all: the dedupe
+	// window is off, or the seven would wait for the first one's read.
 	body := fmt.Sprintf(`
 [server]
 listen = "127.0.0.1:0"
@@ -194,6 +195,7 @@ max_in_flight_per_user = 8
 path = %q
 [ocr]
 base_url = %q
+dedupe_window = "0s"
 [limits.user]
 burst = 100
 [plans.free]

@@ -21,7 +21,9 @@ const (
 	OutcomeCooldownStarted = "cooldown_started"
 	// OutcomeCached marks a read answered from the dedupe window (the same
 	// image again), and OutcomeReplayed one answered from its idempotency
-	// key: neither reached the upstream.
+	// key: neither reached the upstream. The Recorder stores them as rows
+	// per key and minute (RefusalWindow), their number in Count; older
+	// versions stored one event apiece.
 	OutcomeCached   = "cached"
 	OutcomeReplayed = "replayed"
 	// OutcomeRefused marks a row that sums the invite refusals of one IP
@@ -160,11 +162,13 @@ func (a *Aggregator) Add(e Event) {
 	}
 	if e.Outcome == OutcomeCached || e.Outcome == OutcomeReplayed {
 		// Answered from storage: no attempt reached the upstream, but a
-		// user sending one image again and again shows here.
-		a.s.Service.Cached++
-		if e.UserID != "" {
+		// user sending one image again and again shows here. The
+		// Recorder stores them per key and minute (Count); the row of
+		// Other, past its keys, is the service's only.
+		a.s.Service.Cached += e.N()
+		if e.UserID != "" && e.UserID != Other {
 			u := a.s.Users[e.UserID]
-			u.Cached++
+			u.Cached += e.N()
 			a.s.Users[e.UserID] = u
 		}
 		return

@@ -33,7 +33,9 @@ type RecorderOptions struct {
 	TallyKeys   int
 	// RefusalKeys is the most keys per minute whose refusals by a layer
 	// (OutcomeLayerRefused, OutcomeShadowRefused) get a row of their own
-	// (default DefaultRefusalKeys); the rest share the row of Other.
+	// (default DefaultRefusalKeys), and apart from them the most whose
+	// reads answered from storage (OutcomeCached, OutcomeReplayed) do;
+	// the rest share the row of Other.
 	RefusalKeys int
 	Logger      *slog.Logger
 	Now         func() time.Time // when a tally window has ended; default time.Now
@@ -46,7 +48,9 @@ type RecorderOptions struct {
 // the rest under Other) and one per refusal reason, each with its Count.
 // Refusals by a layer before the upstream call, real or in shadow mode,
 // are counted the same way per minute (RefusalWindow) and per key, route
-// and layer (bounded by RefusalKeys). Events lost to a full queue or a
+// and layer (bounded by RefusalKeys), and so are reads answered from
+// storage (the same image again, a repeated idempotency key): rows of
+// OutcomeCached and OutcomeReplayed with their Count. Events lost to a full queue or a
 // failed write are counted in a row of OutcomeDropped. A crash loses the
 // counts of the window under way.
 type Recorder struct {
@@ -59,7 +63,7 @@ type Recorder struct {
 	// refusals is the minute of refusals by a layer being counted, which
 	// PendingRefusals reads while the writer's loop fills it.
 	mu       sync.Mutex
-	refusals *refusalTally
+	refusals *minuteTally
 
 	written atomic.Uint64
 	lost    atomic.Uint64 // events of batches whose write failed
@@ -100,7 +104,7 @@ func NewRecorder(w EventWriter, opts RecorderOptions) *Recorder {
 		log:      opts.Logger.With("component", "detect"),
 		queue:    newQueue[Event](opts.QueueSize),
 		done:     make(chan struct{}),
-		refusals: newRefusalTally(opts.RefusalKeys),
+		refusals: newMinuteTally(opts.RefusalKeys),
 	}
 	go r.loop()
 	return r
@@ -144,30 +148,44 @@ func (r *Recorder) loop() {
 	batch := make([]Event, 0, r.opts.BatchSize)
 	t := newTally(r.opts.TallyWindow, r.opts.TallyKeys)
 	rt := r.refusals
-	// drainRefusals moves the minute counted into the batch.
-	drainRefusals := func(batch []Event) []Event {
+	// The per-minute tallies: refusals by a layer (shared with
+	// PendingRefusals, so under r.mu), reads answered from storage.
+	answers := newMinuteTally(r.opts.RefusalKeys)
+	drainMinutes := func(batch []Event, now time.Time, all bool) []Event {
 		r.mu.Lock()
-		defer r.mu.Unlock()
-		return rt.drain(batch)
+		if all || rt.due(now) {
+			batch = rt.drain(batch)
+		}
+		r.mu.Unlock()
+		if all || answers.due(now) {
+			batch = answers.drain(batch)
+		}
+		return batch
 	}
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
 	// take files one event into the batch or a tally, and writes a full
 	// batch.
 	take := func(e Event) {
-		if layerTallied(e) {
+		switch {
+		case layerTallied(e):
 			r.mu.Lock()
 			if !rt.start.IsZero() && e.Time.Truncate(RefusalWindow).After(rt.start) {
 				batch = rt.drain(batch)
 			}
 			rt.add(e)
 			r.mu.Unlock()
-		} else if tallied(e) {
+		case answerTallied(e):
+			if !answers.start.IsZero() && e.Time.Truncate(RefusalWindow).After(answers.start) {
+				batch = answers.drain(batch)
+			}
+			answers.add(e)
+		case tallied(e):
 			if !t.start.IsZero() && t.windowOf(e.Time).After(t.start) {
 				batch = t.drain(batch)
 			}
 			t.add(e)
-		} else {
+		default:
 			batch = append(batch, e)
 		}
 		if len(batch) >= r.opts.BatchSize {
@@ -193,7 +211,7 @@ func (r *Recorder) loop() {
 				}
 			}
 			if !ok {
-				r.flush(r.dropped(drainRefusals(t.drain(batch))))
+				r.flush(r.dropped(drainMinutes(t.drain(batch), time.Time{}, true)))
 				return
 			}
 			time.Sleep(gatherPause)
@@ -202,12 +220,7 @@ func (r *Recorder) loop() {
 			if t.due(now) {
 				batch = t.drain(batch)
 			}
-			r.mu.Lock()
-			due := rt.due(now)
-			r.mu.Unlock()
-			if due {
-				batch = drainRefusals(batch)
-			}
+			batch = drainMinutes(batch, now, false)
 			batch = r.flush(r.dropped(batch))
 			timer.Reset(r.opts.FlushInterval)
 		}

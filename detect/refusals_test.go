@@ -104,3 +104,67 @@ func TestRecorderPendingRefusals(t *testing.T) {
 		t.Errorf("pending after they were stored: %v", got)
 	}
 }
+
+// Reads answered from storage are stored as one row per minute and key
+// (RefusalKeys keys a minute apart from the refusals, the rest under
+// Other), with the key's status; the daily aggregate counts every answer,
+// per user and for the service, and none as an attempt.
+func TestRecorderTalliesCachedAnswersPerMinute(t *testing.T) {
+	var rows []detect.Event
+	capture := writerFunc(func(events []detect.Event) error {
+		rows = append(rows, events...)
+		return nil
+	})
+	r := detect.NewRecorder(capture, detect.RecorderOptions{RefusalKeys: 10, QueueSize: 20_000})
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for i := range 3000 {
+		user := "u" + string(rune('a'+i%20)) // 20 users
+		outcome := detect.OutcomeCached
+		if i%3 == 0 {
+			outcome = detect.OutcomeReplayed
+		}
+		at := t0.Add(time.Duration(i) * 30 * time.Millisecond)
+		r.Record(detect.Event{Time: at, UserID: user, KeyID: "k" + user, Plan: "free", IP: "192.0.2.1", Route: "/v1/ocr", Outcome: outcome, Status: 200})
+		// A refusal flood beside them takes none of their rows.
+		r.Record(detect.Event{Time: at, UserID: "x" + user, IP: "192.0.2.2", Route: "/v1/ocr", Layer: "rate", Outcome: detect.OutcomeLayerRefused})
+	}
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	agg := detect.NewAggregator("2026-12-01", detect.Lines{}, 0)
+	var sum int64
+	answerRows := 0
+	for _, e := range rows {
+		agg.Add(e)
+		if e.Outcome != detect.OutcomeCached && e.Outcome != detect.OutcomeReplayed {
+			continue
+		}
+		answerRows++
+		sum += e.N()
+		if e.UserID != detect.Other && (e.Status != 200 || e.KeyID != "k"+e.UserID || e.Plan != "free" || !e.Time.Equal(e.Time.Truncate(time.Minute))) {
+			t.Errorf("row %+v lost what its events had", e)
+		}
+	}
+	if sum != 3000 {
+		t.Errorf("rows of answers sum to %d, want 3000", sum)
+	}
+	// Two minutes, two outcomes: at most 10 keys and Other each, of 40
+	// keys a minute.
+	if answerRows > 2*2*11 {
+		t.Errorf("%d rows of answers, want at most %d", answerRows, 2*2*11)
+	}
+	s := agg.Done()
+	if s.Service.Cached != 3000 || s.Service.Attempts != 0 {
+		t.Errorf("the aggregate counts %d cached and %d attempts, want 3000 and 0", s.Service.Cached, s.Service.Attempts)
+	}
+	var perUser int64
+	for user, u := range s.Users {
+		if user == detect.Other {
+			t.Errorf("the row of Other counted as a user: %+v", u)
+		}
+		perUser += u.Cached
+	}
+	if perUser == 0 || perUser > 3000 {
+		t.Errorf("users count %d cached answers, want some and at most 3000", perUser)
+	}
+}

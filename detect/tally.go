@@ -30,12 +30,13 @@ func tallied(e Event) bool {
 
 // DefaultRefusalKeys is the most keys per minute whose refusals before
 // the upstream call get a row of their own; the rest share the row of
-// Other.
+// Other. Reads answered from storage are bounded alike, apart.
 const DefaultRefusalKeys = 256
 
-// RefusalWindow is the time resolution of the refusal rows
-// (OutcomeLayerRefused, OutcomeShadowRefused): one row per key, route,
-// layer and outcome per minute.
+// RefusalWindow is the time resolution of the rows counted per minute:
+// refusals by a layer (OutcomeLayerRefused, OutcomeShadowRefused) and
+// reads answered from storage (OutcomeCached, OutcomeReplayed), one row
+// per key, route, layer and outcome per minute.
 const RefusalWindow = time.Minute
 
 // layerTallied reports whether the Recorder counts e into the per-minute
@@ -44,62 +45,75 @@ func layerTallied(e Event) bool {
 	return e.Layer != "" && e.Count == 0 && (e.Outcome == OutcomeLayerRefused || e.Outcome == OutcomeShadowRefused)
 }
 
-// refusalKey is what a refusal row keeps of a request: who (user, client
-// key), where (route, plan), and which layer refused it, for real or in
-// shadow.
-type refusalKey struct{ user, ip, plan, route, layer, outcome string }
+// answerTallied reports whether the Recorder counts e into the per-minute
+// tally of reads answered from storage: a key may send one image again
+// and again at its rate limit, each answer free, and one row apiece kept
+// for the retention would cost more than the reads.
+func answerTallied(e Event) bool {
+	return e.Layer == "" && e.Count == 0 && e.Route != RouteInvite && (e.Outcome == OutcomeCached || e.Outcome == OutcomeReplayed)
+}
 
-// refusalTally counts one minute of refusals by a layer per refusalKey,
-// at most keys rows (the rest summed under Other): however many requests
-// a flood sends, a minute writes at most keys+1 rows per outcome and
-// layer.
-type refusalTally struct {
+// minuteKey is what a per-minute row keeps of a request: who (user, API
+// key, client key), where (route, plan), and what became of it (the layer
+// that refused it, for real or in shadow, or its outcome and status).
+type minuteKey struct{ user, keyID, ip, plan, route, layer, outcome string }
+
+// minuteTally counts one minute of events per minuteKey, at most keys
+// rows (the rest summed under Other): however many requests a flood
+// sends, a minute writes at most keys+1 rows per outcome and layer.
+type minuteTally struct {
 	keys   int
 	start  time.Time
-	counts map[refusalKey]int64
-	other  map[refusalKey]int64 // keyed by route, layer and outcome only
+	counts map[minuteKey]int64
+	status map[minuteKey]int   // the HTTP status of each key's events (the last)
+	other  map[minuteKey]int64 // keyed by route, layer and outcome only
 }
 
-func newRefusalTally(keys int) *refusalTally {
-	return &refusalTally{keys: keys, counts: map[refusalKey]int64{}, other: map[refusalKey]int64{}}
+func newMinuteTally(keys int) *minuteTally {
+	return &minuteTally{keys: keys, counts: map[minuteKey]int64{}, status: map[minuteKey]int{}, other: map[minuteKey]int64{}}
 }
 
-func (t *refusalTally) add(e Event) {
+func (t *minuteTally) add(e Event) {
 	if t.start.IsZero() {
 		t.start = e.Time.Truncate(RefusalWindow)
 	}
-	k := refusalKey{user: e.UserID, ip: limiter.ClientKey(e.IP), plan: e.Plan, route: e.Route, layer: e.Layer, outcome: e.Outcome}
+	k := minuteKey{user: e.UserID, keyID: e.KeyID, ip: limiter.ClientKey(e.IP), plan: e.Plan, route: e.Route, layer: e.Layer, outcome: e.Outcome}
 	if _, ok := t.counts[k]; ok || len(t.counts) < t.keys {
 		t.counts[k]++
+		if e.Status != 0 {
+			t.status[k] = e.Status
+		}
 		return
 	}
-	t.other[refusalKey{route: k.route, layer: k.layer, outcome: k.outcome}]++
+	t.other[minuteKey{route: k.route, layer: k.layer, outcome: k.outcome}]++
 }
 
 // due reports whether the minute counted has ended by now.
-func (t *refusalTally) due(now time.Time) bool {
+func (t *minuteTally) due(now time.Time) bool {
 	return !t.start.IsZero() && !now.Before(t.start.Add(RefusalWindow))
 }
 
 // drain appends the minute's rows to batch and empties the tally.
-func (t *refusalTally) drain(batch []Event) []Event {
+func (t *minuteTally) drain(batch []Event) []Event {
 	if t.start.IsZero() {
 		return batch
 	}
 	batch = t.rows(batch)
 	t.start = time.Time{}
 	clear(t.counts)
+	clear(t.status)
 	clear(t.other)
 	return batch
 }
 
 // rows appends the minute's rows to batch, leaving the tally as it is.
-func (t *refusalTally) rows(batch []Event) []Event {
+func (t *minuteTally) rows(batch []Event) []Event {
 	if t.start.IsZero() {
 		return batch
 	}
 	for k, n := range t.counts {
-		batch = append(batch, Event{Time: t.start, UserID: k.user, IP: k.ip, Plan: k.plan, Route: k.route, Layer: k.layer, Outcome: k.outcome, Count: n})
+		batch = append(batch, Event{Time: t.start, UserID: k.user, KeyID: k.keyID, IP: k.ip, Plan: k.plan, Route: k.route,
+			Layer: k.layer, Outcome: k.outcome, Status: t.status[k], Count: n})
 	}
 	for k, n := range t.other {
 		batch = append(batch, Event{Time: t.start, UserID: Other, Route: k.route, Layer: k.layer, Outcome: k.outcome, Count: n})

@@ -2,6 +2,7 @@ package server
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -152,15 +153,70 @@ func (s *Server) replay(c echo.Context, start time.Time, id keys.Identity, a bud
 }
 
 // answerCached answers the same image again with its earlier read; it
-// uses neither the quota, the daily line nor the budget.
-func (s *Server) answerCached(c echo.Context, start time.Time, id keys.Identity, quota int64, a budget.Answer) error {
+// uses neither the quota, the daily line nor the budget. With an
+// idempotency key the answer is kept under the key first, as a read's
+// would be, so that the key stays bound to its image: a repeat is this
+// answer byte for byte, the key with another image 422. A key that cannot
+// be kept is logged and the answer still sent: at worst a repeat is read
+// again, and paid for as a read.
+func (s *Server) answerCached(c echo.Context, start time.Time, id keys.Identity, quota int64, a budget.Answer, key string) error {
 	s.recordAnswered(c, start, id, detect.OutcomeCached)
 	used := s.ocrGuard.Used(id.UserID, s.now())
-	return c.JSON(http.StatusOK, ocrResponse{
+	body, err := json.Marshal(ocrResponse{
 		Serials: nonNil(a.Serials), Rejected: nonNil(a.Rejected),
 		Quota:     quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},
 		Simulated: a.Simulated, Cached: true,
 	})
+	if err != nil {
+		return err
+	}
+	body = append(body, '\n')
+	if key != "" {
+		kept := budget.Answer{Fingerprint: a.Fingerprint, IdempotencyKey: key, Status: http.StatusOK, Body: body}
+		if err := s.d.Answers.KeepAnswer(id.UserID, start, kept); err != nil {
+			s.log.Warn("idempotency key of a cached answer not kept: a repeat is read again", "user", id.UserID,
+				"request_id", requestID(c), "err", err)
+		}
+	}
+	return writeJSON(c, http.StatusOK, body)
+}
+
+// readsInFlight are the reads under way that the dedupe window may
+// answer from, one per user and image: a request for an image being read
+// waits for that read (Server.readOnce). It holds only reads in progress.
+// Safe for concurrent use.
+type readsInFlight struct {
+	mu    sync.Mutex
+	reads map[readKey]chan struct{}
+}
+
+type readKey struct {
+	user string
+	fp   [32]byte
+}
+
+// lead makes the caller the reader of user's image fp when nobody is
+// reading it: wait is nil, and done must be called once the read is over
+// (its answer recorded, or not to be). When a read of it is under way,
+// wait is closed once that read is over.
+func (r *readsInFlight) lead(user string, fp [32]byte) (done func(), wait <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := readKey{user, fp}
+	if ch, ok := r.reads[k]; ok {
+		return nil, ch
+	}
+	if r.reads == nil {
+		r.reads = map[readKey]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	r.reads[k] = ch
+	return func() {
+		r.mu.Lock()
+		delete(r.reads, k)
+		r.mu.Unlock()
+		close(ch)
+	}, nil
 }
 
 // recordAnswered records a read answered from storage in the statistics.

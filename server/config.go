@@ -22,6 +22,8 @@ const (
 	DefaultUploadGrace             = 5 * time.Second
 	DefaultMaxMultipartParts       = 16
 	DefaultMaxHeaderBytes          = 32 << 10 // 32 KiB
+	DefaultMaxHeaderLines          = 100
+	DefaultMaxHeaderMemory         = 4 << 20 // 4 MiB
 	DefaultMaxConnections          = 1024
 	DefaultIdleTimeout             = 30 * time.Second
 )
@@ -90,6 +92,17 @@ type Config struct {
 	// server allows 4 KiB of slack on top); more gets 431. Default
 	// 32 KiB; at least 8 KiB.
 	MaxHeaderBytes int `koanf:"max_header_bytes"`
+	// MaxHeaderLines bounds the header lines of a request, the request
+	// line not counted: Go's server allocates for each line, so short lines
+	// cost several times their bytes. More gets 431 and the connection is
+	// closed. Default 100 (Apache's LimitRequestFields).
+	MaxHeaderLines int `koanf:"max_header_lines"`
+	// MaxHeaderMemory is the most bytes of unfinished header blocks the
+	// connections of each listener hold at once. At the cap the
+	// connection whose block began longest ago is closed: a client's
+	// headers arrive in moments, a flood's are held. Default 4 MiB; at
+	// least max_header_bytes.
+	MaxHeaderMemory int64 `koanf:"max_header_memory"`
 	// MaxConnections is the most connections each listener holds open.
 	// At the cap a new connection closes the one that has waited longest
 	// without a request in progress (idle keep-alive, or connected and
@@ -150,6 +163,12 @@ func (c Config) WithDefaults() Config {
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if c.MaxHeaderLines == 0 {
+		c.MaxHeaderLines = DefaultMaxHeaderLines
+	}
+	if c.MaxHeaderMemory == 0 {
+		c.MaxHeaderMemory = DefaultMaxHeaderMemory
+	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
@@ -180,6 +199,8 @@ func (c Config) Validate() error {
 		{"upload_grace", int64(c.UploadGrace)},
 		{"max_multipart_parts", int64(c.MaxMultipartParts)},
 		{"max_header_bytes", int64(c.MaxHeaderBytes)},
+		{"max_header_lines", int64(c.MaxHeaderLines)},
+		{"max_header_memory", c.MaxHeaderMemory},
 		{"max_connections", int64(c.MaxConnections)},
 		{"idle_timeout", int64(c.IdleTimeout)},
 	} {
@@ -189,6 +210,9 @@ func (c Config) Validate() error {
 	}
 	if d := c.WithDefaults(); d.MaxBodyMemory < d.MaxImageBytes {
 		return fmt.Errorf("server.max_body_memory: %d is less than server.max_image_bytes %d: no image could be uploaded", d.MaxBodyMemory, d.MaxImageBytes)
+	}
+	if d := c.WithDefaults(); d.MaxHeaderMemory < int64(d.MaxHeaderBytes) {
+		return fmt.Errorf("server.max_header_memory: %d is less than server.max_header_bytes %d", d.MaxHeaderMemory, d.MaxHeaderBytes)
 	}
 	if d := c.WithDefaults(); d.MaxHeaderBytes < minMaxHeaderBytes {
 		return fmt.Errorf("server.max_header_bytes: must be at least %d (a JWT alone can be 8 KiB), got %d", minMaxHeaderBytes, d.MaxHeaderBytes)

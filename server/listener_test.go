@@ -218,3 +218,241 @@ func TestFreshConnectionSparedAtCap(t *testing.T) {
 	}
 	held(newer, later)
 }
+
+// TestHeaderLinesRefused: a header block of more than max_header_lines
+// lines gets 431, however few its bytes, and is counted; a block of
+// max_header_lines passes.
+func TestHeaderLinesRefused(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	addr, _ := realServer(t, e)
+	lines := func(n int) string {
+		var b strings.Builder
+		for i := range n - 1 { // Host is one
+			fmt.Fprintf(&b, "%x: v\r\n", i)
+		}
+		return b.String()
+	}
+	send := func(headers string) int {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		go io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+headers+"\r\n")
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := send(lines(DefaultMaxHeaderLines)); got != http.StatusOK {
+		t.Errorf("%d header lines: status %d, want 200", DefaultMaxHeaderLines, got)
+	}
+	if got := send(lines(DefaultMaxHeaderLines + 1)); got != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("%d header lines: status %d, want 431", DefaultMaxHeaderLines+1, got)
+	}
+	if got := metric(t, e, `breakwater_refusals_total{layer="transport",reason="max_header_lines"}`); got != "1" {
+		t.Errorf("max_header_lines refusals counted %s, want 1", got)
+	}
+}
+
+// TestHeaderLinesFollowTheFraming: on one keep-alive connection, the lines
+// of a body (of a Content-Length, or chunked) are not header lines, and a
+// request sent behind another in the same write is counted as a block of
+// its own.
+func TestHeaderLinesFollowTheFraming(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	addr, _ := realServer(t, e)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	many := strings.Repeat("\n", 3*DefaultMaxHeaderLines)
+	var lines strings.Builder
+	for i := range DefaultMaxHeaderLines - 1 {
+		fmt.Fprintf(&lines, "%x: v\r\n", i)
+	}
+	get := "GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines.String() + "\r\n"
+	steps := []struct {
+		name, send string
+		answers    int
+	}{
+		{"a body of a Content-Length", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(many), many), 1},
+		{"after it", get, 1},
+		{"a chunked body", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(many), many), 1},
+		{"after it", get, 1},
+		{"two in one write", get + get, 2},
+		{"a chunked body and a request in one write", fmt.Sprintf("POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(many), many) + get, 2},
+	}
+	for _, step := range steps {
+		if _, err := io.WriteString(conn, step.send); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		for range step.answers {
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil {
+				t.Fatalf("%s: no answer: %v", step.name, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusRequestHeaderFieldsTooLarge || resp.StatusCode == http.StatusBadRequest {
+				t.Errorf("%s: status %d", step.name, resp.StatusCode)
+			}
+		}
+	}
+	// A block one line over behind a request in the same write: the lines
+	// are counted as they are read, so the 431 is the first answer, and the
+	// last.
+	io.WriteString(conn, get+"GET /healthz HTTP/1.1\r\nHost: x\r\nX-One-More: v\r\n"+lines.String()+"\r\n")
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatalf("one line over, pipelined: no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("one line over, pipelined: status %d, want 431", resp.StatusCode)
+	}
+	if _, err := http.ReadResponse(r, nil); err == nil {
+		t.Error("an answer after the 431")
+	}
+}
+
+// TestHeaderConnScan: the line count follows a header block and its body
+// however the bytes are split into reads.
+func TestHeaderConnScan(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		stream string
+		ok     bool
+	}{
+		{"two lines", "GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
+		{"three lines", "GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n", false},
+		{"bare newlines", "GET / HTTP/1.1\na: 1\nb: 2\nc: 3\n", false},
+		{"a body's lines", "POST / HTTP/1.1\r\nContent-Length: 8\r\n\r\n\n\n\n\n\n\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
+		{"the block after a body", "POST / HTTP/1.1\r\ncontent-length:  2 \r\n\r\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"no body, then a block", "GET / HTTP/1.1\r\na: 1\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"a chunked body's lines", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n6;x=y\r\n\n\n\n\n\n\n\r\nA\r\n\n\n\n\n\n\n\n\n\n\n\r\n0\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", true},
+		{"the block after a chunked body", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n\n\r\n0\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"a chunked body's trailers", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"chunked wins over a length", "POST / HTTP/1.1\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n", false},
+		{"another coding until done", "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n\n\n\n\n\n\n", true},
+		{"a bad chunk size until done", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\n\n\n\n\n\n", true},
+		{"two lengths", "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n\n\n\n\n\n\n", true},
+	} {
+		for _, size := range []int{1, 3, len(tt.stream)} {
+			t.Run(fmt.Sprintf("%s/%d", tt.name, size), func(t *testing.T) {
+				h := &headerConn{max: 2}
+				ok := true
+				for b := []byte(tt.stream); len(b) > 0 && ok; {
+					n := min(size, len(b))
+					ok = h.scan(b[:n])
+					b = b[n:]
+				}
+				if ok != tt.ok {
+					t.Errorf("scan = %v, want %v", ok, tt.ok)
+				}
+			})
+		}
+	}
+}
+
+// FuzzHeaderConnScan: however a stream is split into reads, the count
+// comes to the same verdict and the same state, and never panics.
+func FuzzHeaderConnScan(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n"), uint8(3))
+	f.Add([]byte("POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n\n\n\nGET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n"), uint8(1))
+	f.Add([]byte("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;e\r\n\n\n\n\r\n0\r\nt: 1\r\n\r\nGET / HTTP/1.1\r\n\r\n"), uint8(5))
+	f.Fuzz(func(t *testing.T, stream []byte, size uint8) {
+		scan := func(size int) (bool, *headerConn) {
+			h := &headerConn{max: 2}
+			for b := stream; len(b) > 0; {
+				n := min(size, len(b))
+				if !h.scan(b[:n]) {
+					return false, h
+				}
+				b = b[n:]
+			}
+			return true, h
+		}
+		whole, hw := scan(len(stream) + 1)
+		split, hs := scan(int(size%64) + 1)
+		if whole != split || hw.state != hs.state || hw.lines != hs.lines || hw.blocks != hs.blocks || hw.left != hs.left {
+			t.Errorf("whole: %v state %d lines %d blocks %d left %d; in reads of %d: %v state %d lines %d blocks %d left %d",
+				whole, hw.state, hw.lines, hw.blocks, hw.left, size%64+1, split, hs.state, hs.lines, hs.blocks, hs.left)
+		}
+	})
+}
+
+// TestHeaderMemoryBounded: when the unfinished header blocks would hold
+// more than max_header_memory, the connection whose block began longest
+// ago is closed and counted; the others stay, and a new request is
+// served.
+func TestHeaderMemoryBounded(t *testing.T) {
+	const block = 20_000 // 20 lines of 1,000 bytes, never ended
+	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxHeaderMemory = 3*block + block/2 }})
+	addr, lim := realServer(t, e)
+	heldBytes := func() int64 {
+		lim.mu.Lock()
+		defer lim.mu.Unlock()
+		return lim.headerHeld
+	}
+	line := "X-Pad: " + strings.Repeat("a", 991) + "\r\n"
+	var conns []net.Conn
+	for i := range 4 {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns = append(conns, conn)
+		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\n"+strings.Repeat(line, block/len(line))); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(min(i+1, 3)) * block // the fourth pushes the first out
+		for deadline := time.Now().Add(5 * time.Second); heldBytes() < want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %d connections the blocks hold %d bytes, want %d", i+1, heldBytes(), want)
+			}
+		}
+	}
+	if got, most := heldBytes(), e.srv.cfg.MaxHeaderMemory; got > most {
+		t.Errorf("the blocks hold %d bytes, more than max_header_memory %d", got, most)
+	}
+	for i, conn := range conns {
+		conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := conn.Read(make([]byte, 1))
+		var ne net.Error
+		timedOut := errors.As(err, &ne) && ne.Timeout()
+		if i == 0 && timedOut {
+			t.Error("the oldest block's connection is still open")
+		}
+		if i > 0 && !timedOut {
+			t.Errorf("connection %d: %v, want it still open", i, err)
+		}
+	}
+	if got := metric(t, e, `breakwater_refusals_total{layer="transport",reason="max_header_memory"}`); got != "1" {
+		t.Errorf("max_header_memory closings counted %s, want 1", got)
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a new request: status %d, want 200", resp.StatusCode)
+	}
+	for _, conn := range conns {
+		conn.Close()
+	}
+	for deadline := time.Now().Add(5 * time.Second); heldBytes() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("closed connections still hold %d bytes", heldBytes())
+		}
+	}
+}

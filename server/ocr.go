@@ -111,10 +111,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 		return err
 	}
 	defer in.mem.close()
-	if a, ok := s.recentRead(id.UserID, in.fp); ok {
-		return s.answerCached(c, start, id, plan.MonthlyQuota, a)
-	}
-	return s.read(c, start, id, plan, req, t, in, "")
+	return s.readOnce(c, start, id, plan, req, t, in, "")
 }
 
 // handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
@@ -144,10 +141,37 @@ func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Id
 		return s.refusalOf(req, s.now(), refused)
 	}
 	defer t.Release()
-	if a, ok := s.recentRead(id.UserID, in.fp); ok {
-		return s.answerCached(c, start, id, plan.MonthlyQuota, a)
+	return s.readOnce(c, start, id, plan, req, t, in, key)
+}
+
+// readOnce answers the image from the dedupe window when it was read
+// within it, and reads it otherwise. While the same user's read of the same
+// image is under way, the request waits for that read's answer rather than
+// paying for its own: a client that sends one image several times at once
+// is billed once. If that read fails (or is refused), the waiters wake,
+// find no answer and one of them reads the image in turn, so each
+// attempt is still the request's own; a waiter whose client goes away
+// stops waiting (499). The waiters are bounded by max_in_flight_per_user,
+// since each holds one of its user's slots.
+func (s *Server) readOnce(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, t *guard.Ticket, in received, key string) error {
+	if s.d.Answers == nil || s.d.DedupeWindow <= 0 {
+		return s.read(c, start, id, plan, req, t, in, key)
 	}
-	return s.read(c, start, id, plan, req, t, in, key)
+	for {
+		if a, ok := s.recentRead(id.UserID, in.fp); ok {
+			return s.answerCached(c, start, id, plan.MonthlyQuota, a, key)
+		}
+		done, wait := s.reading.lead(id.UserID, in.fp)
+		if wait == nil {
+			defer done()
+			return s.read(c, start, id, plan, req, t, in, key)
+		}
+		select {
+		case <-wait:
+		case <-c.Request().Context().Done():
+			return errClientGone
+		}
+	}
 }
 
 // received is a validated upload and what it took to receive it.

@@ -41,7 +41,7 @@ var knownRefusals = map[string][]string{
 	guard.LayerBudget:   {"manual", "daily_requests", "daily_usd", "monthly_usd", "daily_usd_in_flight", "monthly_usd_in_flight"},
 	layerAuth:           {errUnauthorized.Code, errBanned.Code, errNoPlan.Code},
 	layerTransport: {errTooManyInFlight.Code, errServerBusy.Code, errUploadTooSlow.Code, errTooManyParts.Code,
-		"max_connections"},
+		"max_connections", "max_header_lines", "max_header_memory"},
 	layerInput: {errTooLarge.Code, errBadBody.Code, errMissingImage.Code, errUnsupportedType.Code,
 		errUndecodable.Code, errTooManyPixels.Code, errInvalidEmail.Code, "bad_request"},
 	layerInvites: {errInviteRefused.Code, errInviteRateLimited.Code},

@@ -45,10 +45,13 @@ type UsageRecorder interface {
 }
 
 // AnswerStore reads what usage transactions kept of earlier reads
-// (budget.UsageRecord.Answer): by idempotency key and by image.
+// (budget.UsageRecord.Answer): by idempotency key and by image. KeepAnswer
+// binds an idempotency key to an answer that made no read of its own (one
+// from the dedupe window), as of at.
 type AnswerStore interface {
 	StoredAnswer(user, key string) (a budget.Answer, at time.Time, found bool, err error)
 	RecentRead(user string, fingerprint [32]byte) (a budget.Answer, at time.Time, found bool, err error)
+	KeepAnswer(user string, at time.Time, a budget.Answer) error
 }
 
 // EventRecorder takes a statistics event without ever waiting.
@@ -122,6 +125,7 @@ type Server struct {
 	calendar *budget.Calendar          // today's key for the refusal counts
 	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
 	pending  pendingKeys               // idempotency keys whose first request is in flight
+	reading  readsInFlight             // images being read, for the dedupe window's waiters
 	// recordCtx bounds a paid read's wait to be recorded.
 	recordCtx recordContexts
 

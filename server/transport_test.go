@@ -405,6 +405,8 @@ func TestTransportConfig(t *testing.T) {
 		{"upload_grace", int64(d.UploadGrace), int64(5 * time.Second)},
 		{"max_multipart_parts", int64(d.MaxMultipartParts), 16},
 		{"max_header_bytes", int64(d.MaxHeaderBytes), 32 << 10},
+		{"max_header_lines", int64(d.MaxHeaderLines), 100},
+		{"max_header_memory", d.MaxHeaderMemory, 4 << 20},
 		{"max_connections", int64(d.MaxConnections), 1024},
 		{"idle_timeout", int64(d.IdleTimeout), int64(30 * time.Second)},
 	} {
@@ -423,6 +425,9 @@ func TestTransportConfig(t *testing.T) {
 		{"negative grace", Config{UploadGrace: -time.Second}, "server.upload_grace: must not be negative"},
 		{"negative parts", Config{MaxMultipartParts: -1}, "server.max_multipart_parts: must not be negative"},
 		{"negative headers", Config{MaxHeaderBytes: -1}, "server.max_header_bytes: must not be negative"},
+		{"negative header lines", Config{MaxHeaderLines: -1}, "server.max_header_lines: must not be negative"},
+		{"negative header memory", Config{MaxHeaderMemory: -1}, "server.max_header_memory: must not be negative"},
+		{"header memory below one block", Config{MaxHeaderMemory: 1 << 10}, "server.max_header_memory: 1024 is less than server.max_header_bytes"},
 		{"negative connections", Config{MaxConnections: -1}, "server.max_connections: must not be negative"},
 		{"negative idle", Config{IdleTimeout: -time.Second}, "server.idle_timeout: must not be negative"},
 		{"memory below one image", Config{MaxBodyMemory: 1 << 20}, "server.max_body_memory: 1048576 is less than server.max_image_bytes"},

@@ -10,6 +10,9 @@ import (
 // unreadBytes reports whether the kernel holds bytes of c that the server
 // has not read yet (SIOCINQ on its socket); false when it cannot tell.
 func unreadBytes(c net.Conn) bool {
+	if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = w.NetConn()
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return false

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 )
 
 // TestUnreadBytes: a socket whose peer's bytes have arrived and not been
@@ -24,6 +25,9 @@ func TestUnreadBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer server.Close()
+	// The listener hands the server each connection in its headerConn:
+	// the look must reach the socket through it.
+	server = newHeaderConn(server, 100, time.Now, func() {})
 	if unreadBytes(server) {
 		t.Fatal("unread bytes before the client sent any")
 	}

@@ -94,6 +94,25 @@ func (db *DB) RecentRead(user string, fp [32]byte) (budget.Answer, time.Time, bo
 	return db.answer(bucketRecentReads, userKey(user, fp[:]), "")
 }
 
+// KeepAnswer keeps a under user's idempotency key a.IdempotencyKey as of
+// at, in a transaction of its own: the answer of a request that made no
+// read (one answered from the dedupe window), which binds its key to its
+// image as a read's usage transaction does.
+func (db *DB) KeepAnswer(user string, at time.Time, a budget.Answer) error {
+	if a.IdempotencyKey == "" {
+		return fmt.Errorf("keep answer of %s: no idempotency key", user)
+	}
+	k := userKey(user, []byte(a.IdempotencyKey))
+	row := appendAnswerRow(nil, storedAnswer{At: at, Fingerprint: a.Fingerprint[:], Status: a.Status, Body: a.Body})
+	err := db.update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketIdempotency).Put(k, row)
+	})
+	if err != nil {
+		return fmt.Errorf("keep answer of %s: %w", user, err)
+	}
+	return nil
+}
+
 func (db *DB) answer(bucket, key []byte, idemKey string) (budget.Answer, time.Time, bool, error) {
 	var v storedAnswer
 	var found bool

@@ -347,3 +347,30 @@ func TestAnswersReadBothForms(t *testing.T) {
 		t.Error("the new answer was pruned")
 	}
 }
+
+// TestKeepAnswer: an answer kept under a key alone is found by the key, as
+// of its time, and pruned with the others; a keyless one is refused.
+func TestKeepAnswer(t *testing.T) {
+	db := mustOpen(t)
+	a := budget.Answer{IdempotencyKey: "k1", Status: 200, Body: []byte(`{"cached":true}`)}
+	a.Fingerprint[0] = 5
+	if err := db.KeepAnswer("u1", t0, a); err != nil {
+		t.Fatal(err)
+	}
+	got, at, found, err := db.StoredAnswer("u1", "k1")
+	if err != nil || !found || !at.Equal(t0) || got.Fingerprint != a.Fingerprint || string(got.Body) != string(a.Body) || got.Status != 200 {
+		t.Errorf("StoredAnswer = %+v at %v, %v, %v; want %+v at %v", got, at, found, err, a, t0)
+	}
+	if _, _, found, _ := db.StoredAnswer("u2", "k1"); found {
+		t.Error("another user's key found it")
+	}
+	if _, _, found, _ := db.RecentRead("u1", a.Fingerprint); found {
+		t.Error("a kept answer is not a read of the image")
+	}
+	if err := db.KeepAnswer("u1", t0, budget.Answer{}); err == nil {
+		t.Error("an answer without a key was kept")
+	}
+	if n, err := db.PruneAnswers(t0.Add(time.Second), time.Time{}); err != nil || n != 1 {
+		t.Errorf("PruneAnswers = %d, %v; want 1", n, err)
+	}
+}

@@ -197,3 +197,32 @@ func TestRowReplayedAsACount(t *testing.T) {
 		t.Errorf("one by one, %d admitted; the replay admitted %d", admitted, n-inv.Candidate.Refused)
 	}
 }
+
+// A row of cached answers stands for its Count requests, spread over its
+// minute: they pass layer 1 (the rate limit counts them) and go no
+// further.
+func TestRunSpreadsCachedRows(t *testing.T) {
+	events := []detect.Event{
+		{Time: t0, UserID: "alice", Plan: "free", Route: ocrRoute, Outcome: "ok"},
+		{Time: t0, UserID: "alice", Plan: "free", Route: ocrRoute, Outcome: detect.OutcomeCached, Status: 200, Count: 20},
+		{Time: t0.Add(time.Minute), UserID: "alice", Plan: "free", Route: ocrRoute, Outcome: detect.OutcomeReplayed, Status: 200}, // one apiece, as older versions stored them
+	}
+	loose := Limits{User: limiter.Config{Rate: 1000, Window: time.Minute}, Invites: limiter.Config{Rate: 1000, Window: time.Minute}}
+	tight := Limits{User: limiter.Config{Rate: 10, Window: time.Hour}, Lines: map[string]int64{"free": 5}, Invites: loose.Invites}
+	rep, err := Run(events, loose, tight, "2026-11-20", "2026-11-20", time.UTC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range rep.Layers {
+		switch l.Layer {
+		case LayerRate:
+			if l.Current.Requests != 22 || l.Candidate.Refused != 12 {
+				t.Errorf("rate: %d requests, %d refused by the candidate; want 22 and 12", l.Current.Requests, l.Candidate.Refused)
+			}
+		case LayerDaily:
+			if l.Candidate.Refused != 0 {
+				t.Errorf("daily line: %d refused, want none (cached answers are no attempts)", l.Candidate.Refused)
+			}
+		}
+	}
+}

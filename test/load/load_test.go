@@ -2,6 +2,7 @@ package load
 
 import (
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
 	"strconv"
@@ -66,6 +67,54 @@ func TestSlowloris(t *testing.T) {
 	}
 	p.check(t, "slowloris", sent)
 	e.checkMemory(t, "slowloris", before)
+}
+
+// headerGrowth is what unfinished header blocks may add to the server's
+// peak resident set, the README's figure: 1,000 connections each holding
+// 32,000 bytes of headers, of which max_header_memory (4 MiB) at most are
+// held at once, with their buffers and the collector's room.
+const headerGrowth = 64 * mib
+
+// TestUnfinishedHeaders: 1,000 connections each send 32,000 bytes of
+// header lines, each line a name of its own and a value of one size (one
+// line of 32,000 at the end), never end the block, and come back about
+// 0.5 s after being cut off. net/http allocates per header line, and
+// while it assembles a long line, so the server bounds the lines of a
+// block (max_header_lines) and the bytes of all unfinished blocks
+// (max_header_memory, closing the oldest): its peak resident set stays
+// within the README's figure, whatever the lines' length, and a
+// legitimate client keeps getting its reads.
+func TestUnfinishedHeaders(t *testing.T) {
+	for _, value := range pick([]int{1, 64, 1000, 32000}, []int{1, 8, 64, 1000, 32000}) {
+		t.Run(fmt.Sprintf("value=%d", value), func(t *testing.T) {
+			e := start(t, defaults)
+			key := e.mustKey("legit")
+			e.warm(key, 40)
+			before := e.memory()
+			conns := 1000
+			dur := pick(6*time.Second, 30*time.Second) // past the 5 s header timeout
+			f := e.flood("-mode", "headers", "-conns", itoa(conns), "-header-bytes", "32000", "-value", itoa(value),
+				"-pause", "500ms", "-duration", (dur + time.Minute).String())
+			time.Sleep(ramp)
+			p := newProbe(e, key, "198.51.100.8")
+			interval := 50 * time.Millisecond
+			sent := int(dur / interval)
+			p.run(interval, sent)
+			s := f.stop()
+			after := e.memory()
+			grew := after.HWM - before.RSS
+			t.Logf("unfinished headers, %d-byte values: %d connections, %d dials, %d cut off; server RSS %s before, peak %s (+%s)",
+				value, conns, s.Dials, s.Cut, mb(before.RSS), mb(after.HWM), mb(grew))
+			if s.Dials < int64(conns) {
+				t.Errorf("only %d of %d connections were made", s.Dials, conns)
+			}
+			if grew > headerGrowth {
+				t.Errorf("unfinished headers of %d-byte values: the server's peak RSS grew %s over its %s before, want under %s (README: Resource bounds on a small VPS)",
+					value, mb(grew), mb(before.RSS), mb(headerGrowth))
+			}
+			p.check(t, fmt.Sprintf("unfinished headers of %d-byte values", value), sent)
+		})
+	}
 }
 
 // TestIdleKeepAlive: three times max_connections clients each make one

@@ -9,6 +9,10 @@
 //
 //	slowloris  -conns N: each connection sends an endless header block a
 //	           byte every -interval, and reconnects when it is cut off
+//	headers    -conns N: each connection sends -header-bytes of header
+//	           lines with values of -value bytes (each name its own) and
+//	           never ends the block; when cut off it waits about -pause
+//	           and reconnects
 //	idle       -conns N: each connection makes one request, holds the
 //	           connection open until the server closes it, waits about
 //	           -pause and reconnects
@@ -59,6 +63,7 @@ type flooder struct {
 	conns, workers          int
 	from, to                int
 	interval, pause         time.Duration
+	headerBytes, value      int
 	img                     []byte
 
 	dials, cut, requests, noRetry atomic.Int64
@@ -69,7 +74,7 @@ type flooder struct {
 
 func main() {
 	var f flooder
-	mode := flag.String("mode", "", "slowloris, idle, badkeys, onekey, users or ips")
+	mode := flag.String("mode", "", "slowloris, headers, idle, badkeys, onekey, users or ips")
 	flag.StringVar(&f.addr, "addr", "", "the public listener, 127.0.0.1:PORT")
 	flag.StringVar(&f.admin, "admin", "", "the admin listener (users)")
 	flag.StringVar(&f.key, "key", "", "the API key (onekey)")
@@ -78,7 +83,9 @@ func main() {
 	flag.IntVar(&f.from, "from", 0, "first index (users, ips)")
 	flag.IntVar(&f.to, "to", 0, "index after the last (users, ips)")
 	flag.DurationVar(&f.interval, "interval", 200*time.Millisecond, "between header bytes (slowloris)")
-	flag.DurationVar(&f.pause, "pause", time.Second, "before reconnecting (idle)")
+	flag.DurationVar(&f.pause, "pause", time.Second, "before reconnecting (idle, headers)")
+	flag.IntVar(&f.headerBytes, "header-bytes", 32000, "bytes of the header block each connection sends (headers)")
+	flag.IntVar(&f.value, "value", 1, "bytes of each header value (headers)")
 	duration := flag.Duration("duration", 10*time.Second, "longest run")
 	flag.Parse()
 	if !strings.HasPrefix(f.addr, "127.0.0.1:") {
@@ -95,7 +102,7 @@ func main() {
 	defer cancel()
 
 	run := map[string]func(context.Context){
-		"slowloris": f.slowloris, "idle": f.idle, "badkeys": f.badKeys,
+		"slowloris": f.slowloris, "headers": f.headers, "idle": f.idle, "badkeys": f.badKeys,
 		"onekey": f.oneKey, "users": f.users, "ips": f.ips,
 	}[*mode]
 	if run == nil {
@@ -196,6 +203,51 @@ func (f *flooder) slowHeaders(ctx context.Context, conn net.Conn) bool {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
+		}
+	}
+}
+
+func (f *flooder) headers(ctx context.Context) {
+	block := headerBlock(f.headerBytes, f.value)
+	each(ctx, f.conns, func(int) {
+		for ctx.Err() == nil {
+			conn, ok := f.dial(ctx)
+			if !ok {
+				continue
+			}
+			if f.holdHeaders(ctx, conn, block) {
+				f.cut.Add(1)
+			}
+			conn.Close()
+			sleep(ctx, f.pause/2+rand.N(f.pause+1))
+		}
+	})
+}
+
+// headerBlock is a request line and header lines of n bytes in all, each
+// line with a name of its own and a value of value bytes, without the
+// empty line that would end the block.
+func headerBlock(n, value int) []byte {
+	b := []byte("GET /healthz HTTP/1.1\r\nHost: x\r\n")
+	v := strings.Repeat("v", value)
+	for i := 0; len(b) < n; i++ {
+		b = fmt.Appendf(b, "%x: %s\r\n", i, v)
+	}
+	return b[:n]
+}
+
+// holdHeaders sends block on conn and then holds the connection open
+// until the server closes it (true) or ctx ends.
+func (f *flooder) holdHeaders(ctx context.Context, conn net.Conn, block []byte) bool {
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := conn.Write(block); err != nil {
+		return ctx.Err() == nil && closed(err)
+	}
+	buf := make([]byte, 512)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			return ctx.Err() == nil && closed(err)
 		}
 	}
 }
