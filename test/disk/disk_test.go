@@ -316,13 +316,18 @@ func TestFullDisk(t *testing.T) {
 
 	// The pause ends with the disk still full: one request alone probes,
 	// the defense layers let it through to its call, and its record fails
-	// again.
+	// again, unless it fits in pages bbolt already holds in its file
+	// (pages freed since the failure are reused without the file
+	// growing): then it is a 200 whose row checkDB finds below.
 	before := r.calls()
 	for deadline := time.Now().Add(15 * time.Second); r.calls() == before; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no probe reached the upstream after the pause")
 		}
-		if a := r.post(); a.Status != http.StatusServiceUnavailable || a.Code != "usage_unavailable" {
+		switch a := r.post(); {
+		case a.Status == http.StatusOK && r.calls() > before:
+			t.Logf("the probe's record fitted in the file's free pages: 200")
+		case a.Status != http.StatusServiceUnavailable || a.Code != "usage_unavailable":
 			t.Fatalf("disk still full: %d %s, want 503 usage_unavailable", a.Status, a.Code)
 		}
 	}
