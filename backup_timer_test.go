@@ -13,19 +13,19 @@ import (
 	"testing"
 )
 
-// readmeUnit is the ini block of README.md that starts with the comment
+// readmeUnit is the ini block of docs/OPERATIONS.md that starts with the comment
 // "# /etc/systemd/system/NAME", up to the next such comment or the end
 // of the block.
 func readmeUnit(t *testing.T, name string) string {
 	t.Helper()
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	head := "# /etc/systemd/system/" + name + "\n"
 	_, rest, ok := strings.Cut(string(readme), head)
 	if !ok {
-		t.Fatalf("README.md has no unit %s", name)
+		t.Fatalf("docs/OPERATIONS.md has no unit %s", name)
 	}
 	rest, _, _ = strings.Cut(rest, "```")
 	if i := strings.Index(rest, "# /etc/systemd/system/"); i >= 0 {

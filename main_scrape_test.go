@@ -19,13 +19,13 @@ import (
 // port (the admin listener's, here a free one). It gets the metrics in the
 // text format; without the token, 401.
 func TestReadmeScrapeConfigReadsMetrics(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	block := regexp.MustCompile("(?s)#### Prometheus scrape config\n.*?```yaml\n(.*?)```").FindSubmatch(readme)
+	block := regexp.MustCompile("(?s)### Prometheus scrape config\n.*?```yaml\n(.*?)```").FindSubmatch(readme)
 	if block == nil {
-		t.Fatal("README.md has no Prometheus scrape config (a yaml block under #### Prometheus scrape config)")
+		t.Fatal("docs/OPERATIONS.md has no Prometheus scrape config (a yaml block under ### Prometheus scrape config)")
 	}
 	field := func(name string) string {
 		t.Helper()

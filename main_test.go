@@ -1194,12 +1194,12 @@ func TestReadmeShowsTheHelp(t *testing.T) {
 	if err := run(context.Background(), []string{"help"}, envFrom(nil), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(readme), "```text\n"+out.String()+"```\n") {
-		t.Errorf("README.md does not show breakwater help as it prints:\n%s", out.String())
+		t.Errorf("docs/OPERATIONS.md does not show breakwater help as it prints:\n%s", out.String())
 	}
 }
 

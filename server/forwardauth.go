@@ -13,8 +13,8 @@ import (
 )
 
 // The headers a proxy names the original request in: Caddy and Traefik
-// send X-Forwarded-Method and X-Forwarded-Uri, nginx (as the README's
-// snippet sets them) X-Original-Method and X-Original-URI.
+// send X-Forwarded-Method and X-Forwarded-Uri, nginx (as the snippet in
+// docs/ROUTES.md sets them) X-Original-Method and X-Original-URI.
 const (
 	headerForwardedMethod = "X-Forwarded-Method"
 	headerForwardedURI    = "X-Forwarded-Uri"

@@ -55,7 +55,7 @@ func (p *Problem) encode() []byte {
 }
 
 // Every problem an endpoint answers with, in one place: this list is the
-// error table of README.md. Each is copied before it gets a Retry-After.
+// error table of docs/API.md. Each is copied before it gets a Retry-After.
 var (
 	// Transport and every endpoint.
 	errUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",

@@ -167,7 +167,7 @@ func TestRefusalCountsSurviveRestart(t *testing.T) {
 // TestAlertRuleMetricsExist: every metric the README's sample alert rules
 // use has a series on /metrics from start, before any event.
 func TestAlertRuleMetricsExist(t *testing.T) {
-	f, err := os.Open("../README.md")
+	f, err := os.Open("../docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}

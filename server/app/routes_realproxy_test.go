@@ -14,18 +14,18 @@ import (
 	"time"
 )
 
-// snippet returns the fenced block after `<!-- snippet: name -->` in the
-// README: the proxy tests run the snippets users copy.
+// snippet returns the fenced block after `<!-- snippet: name -->` in
+// docs/ROUTES.md: the proxy tests run the snippets users copy.
 func snippet(t *testing.T, name string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "ROUTES.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	re := regexp.MustCompile("(?s)<!-- snippet: " + regexp.QuoteMeta(name) + " -->\n```[a-z]*\n(.*?)```")
 	m := re.FindSubmatch(b)
 	if m == nil {
-		t.Fatalf("README.md has no snippet %q", name)
+		t.Fatalf("docs/ROUTES.md has no snippet %q", name)
 	}
 	return string(m[1])
 }

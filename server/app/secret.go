@@ -27,7 +27,7 @@ const SecretFile = "breakwater.secret"
 // It is kept out of the database on purpose: a secret stored in the same
 // file as the hashes would protect nothing against a stolen copy of it.
 // Losing it makes outstanding invite codes unusable, nothing else; back it
-// up with the database (README: Backups).
+// up with the database (docs/OPERATIONS.md: Backups and restore).
 func serverSecret(dbPath string, getenv func(string) string, log *slog.Logger) ([]byte, error) {
 	if s := getenv("BREAKWATER_SECRET"); s != "" {
 		if len(s) < invites.MinSecretLen {

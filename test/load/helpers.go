@@ -552,7 +552,8 @@ func (p *probe) check(t *testing.T, what string, sent int) {
 // maxGrowth is how much the server's peak resident set may grow over its
 // figure before a flood. Each scenario below holds at most a few hundred
 // connections and a few hundred requests in flight; with a 1 GB machine
-// in mind, 150 MB is what the README's worst case leaves for them.
+// in mind, 150 MB is what the worst case of docs/OPERATIONS.md (Resource bounds
+// on a small VPS) leaves for them.
 const maxGrowth = 150 * mib
 
 // checkMemory asserts the peak resident set stayed within maxGrowth of
