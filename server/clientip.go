@@ -73,7 +73,7 @@ func (ci *clientIP) extract(r *http.Request) string {
 	if client.IsValid() && other.IsValid() && client != other && ci.log != nil {
 		ci.disagree.Do(func() {
 			ci.log.Warn("a trusted proxy sent X-Real-IP and X-Forwarded-For naming different clients: only server.client_ip_header is believed, "+
-				"so make sure it names the header your proxy sets itself (see the README, Behind a reverse proxy)",
+				"so make sure it names the header your proxy sets itself (see docs/OPERATIONS.md, Behind a reverse proxy)",
 				"client_ip_header", ci.header, "x_real_ip", real.String(), "x_forwarded_for", forwarded.String())
 		})
 	}
