@@ -74,7 +74,7 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 		t.Fatalf("the test runs from the module's root: %v", err)
 	}
 	pkgs := modulePackages(t)
-	for _, pkg := range []string{"breakwater", "breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server", "breakwater/server/defense", "breakwater/server/guard",
+	for _, pkg := range []string{"breakwater", "breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server", "breakwater/server/guard/state", "breakwater/server/guard",
 		"breakwater/server/invites", "breakwater/server/jwtauth", "breakwater/server/keys", "breakwater/server/operator", "breakwater/storage"} {
 		if _, ok := pkgs[pkg]; !ok {
 			t.Fatalf("package %s not found among %d packages read", pkg, len(pkgs))
@@ -101,7 +101,7 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 		walk(pkg, []string{pkg})
 		return chains
 	}
-	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard", "breakwater/detect/replay"} {
+	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard", "breakwater/server/guard/replay"} {
 		t.Run(pkg, func(t *testing.T) {
 			chains := deps(pkg)
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {

@@ -32,8 +32,8 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
-	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
@@ -121,9 +121,9 @@ type env struct {
 	keys      *keys.Keyring
 	verifier  *jwtauth.Verifier // nil unless envOptions.jwt is on
 	quotas    guard.Quotas
-	windows   defense.RateWindows
-	attempts  defense.AttemptCounter
-	brake     defense.Brake
+	windows   state.RateWindows
+	attempts  state.AttemptCounter
+	brake     state.Brake
 	metrics   *Metrics
 	invites   *invites.Codes
 	inviteKey *invites.Key
@@ -205,11 +205,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var store defense.LayerStore = db
+	var store state.LayerStore = db
 	if o.ledger != nil {
 		store = ledgerOverride{db, o.ledger}
 	}
-	layers, err := defense.LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
+	layers, err := state.LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1035,14 +1035,14 @@ func TestRequestIDs(t *testing.T) {
 
 // writeBehind is the write-behind of e's defense state into store, with the
 // snapshots the App registers.
-func (e *env) writeBehind(store defense.StateStore) *defense.WriteBehind {
+func (e *env) writeBehind(store state.StateStore) *state.WriteBehind {
 	e.t.Helper()
-	snapshots := append([]defense.Snapshot{
-		defense.Windows(defense.StateUserWindows, guard.LayerRate, e.windows),
-		defense.Attempts(guard.LayerAttempts, e.attempts),
-		defense.Refusals(RefusalCountsLayer, e.srv.DirtyRefusals),
+	snapshots := append([]state.Snapshot{
+		state.Windows(state.StateUserWindows, guard.LayerRate, e.windows),
+		state.Attempts(guard.LayerAttempts, e.attempts),
+		state.Refusals(RefusalCountsLayer, e.srv.DirtyRefusals),
 	}, e.guard.Snapshots()...)
-	wb, err := defense.NewWriteBehind(store, snapshots, defense.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
+	wb, err := state.NewWriteBehind(store, snapshots, state.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
 	if err != nil {
 		e.t.Fatal(err)
 	}

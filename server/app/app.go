@@ -21,8 +21,8 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
-	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
@@ -88,7 +88,7 @@ type App struct {
 	log  *slog.Logger
 
 	db        *storage.DB
-	layers    defense.Layers
+	layers    state.Layers
 	guard     *invites.Guard
 	plans     *keys.Plans
 	keys      *keys.Keyring
@@ -266,28 +266,28 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 // refusal counts of today.
 func (a *App) startWriteBehind(guarded []server.Route) error {
 	// Each limiter registers its state here, one line each.
-	snapshots := append([]defense.Snapshot{
-		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
-		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
-		defense.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
+	snapshots := append([]state.Snapshot{
+		state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows),
+		state.Attempts(guard.LayerAttempts, a.layers.Attempts),
+		state.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
 	}, a.guard.Snapshots()...)
 	snapshots = append(snapshots, routeSnapshots(guarded)...)
 	// The dashboard's refusals of today, as written behind before a
 	// restart; without them it counts from zero.
 	loc, _ := a.cfg.Budget.Location() // checked by Load
 	today := budget.DayKey(a.opts.Now(), loc)
-	if counts, err := a.db.LoadState(defense.RefusalsState(today)); err != nil {
+	if counts, err := a.db.LoadState(state.RefusalsState(today)); err != nil {
 		a.log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
 	} else {
 		a.srv.LoadRefusals(today, counts)
 	}
-	wb, err := defense.NewWriteBehind(a.db, snapshots, defense.Options{
+	wb, err := state.NewWriteBehind(a.db, snapshots, state.Options{
 		FailedOpen: a.srv.FailedOpen, Logger: a.log.With("component", "defense"), Now: a.opts.Now,
 	})
 	if err != nil {
 		return err
 	}
-	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
+	a.background(func(ctx context.Context) { wb.Run(ctx, state.DefaultWriteBehindInterval) })
 	return nil
 }
 
@@ -311,7 +311,7 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 	})
 	loc, _ := cfg.Budget.Location() // checked by Load
 	now := a.opts.Now()
-	if a.layers, err = defense.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
+	if a.layers, err = state.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
 		return err
 	}
 	// The budget's lease is given back after HTTP has stopped (no call is
@@ -325,7 +325,7 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 			a.log.Warn("budget lease not given back: today's ledger counts its unused calls as made", "err", err, "max_calls", budget.MaxLease(cfg.Budget))
 		}
 	})
-	if err := defense.LoadBrake(a.layers.Brake, db.Flag); err != nil {
+	if err := state.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
 	if a.guard, err = invites.LoadGuard(db, cfg.Invites, now); err != nil {

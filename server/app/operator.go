@@ -7,7 +7,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
 	"breakwater/storage"
@@ -48,9 +48,9 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 		// What a command changes in the invite guard and the routes' fail
 		// limits (a lifted cooldown) is written before the database
 		// closes, as the server's write-behind would.
-		var wb *defense.WriteBehind
+		var wb *state.WriteBehind
 		snapshots := append(a.guard.Snapshots(), routeFailSnapshots(guarded)...)
-		if wb, err = defense.NewWriteBehind(a.db, snapshots, defense.Options{Logger: a.log, Now: opts.Now}); err == nil {
+		if wb, err = state.NewWriteBehind(a.db, snapshots, state.Options{Logger: a.log, Now: opts.Now}); err == nil {
 			a.onClose(wb.Flush)
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"breakwater/limiter"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 )
 
 // Guard is the in-memory state of the invite protections: the
@@ -37,25 +37,25 @@ const (
 
 // LoadGuard builds the invite guard for cfg and restores its state
 // from store, so that a restart lifts no cooldown and resets no window.
-func LoadGuard(store defense.StateLoader, cfg Config, now time.Time) (*Guard, error) {
+func LoadGuard(store state.StateLoader, cfg Config, now time.Time) (*Guard, error) {
 	g, err := NewGuard(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := defense.LoadWindows(store, stateWindows, g.Windows, now); err != nil {
+	if err := state.LoadWindows(store, stateWindows, g.Windows, now); err != nil {
 		return nil, err
 	}
-	if err := defense.LoadFails(store, stateFails, stateGlobal, g.Fails); err != nil {
+	if err := state.LoadFails(store, stateFails, stateGlobal, g.Fails); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
 // Snapshots are the guard's state as the write-behind copies it.
-func (g *Guard) Snapshots() []defense.Snapshot {
-	return []defense.Snapshot{
-		defense.Windows(stateWindows, Layer, g.Windows),
-		defense.Fails(stateFails, stateGlobal, Layer, g.Fails),
+func (g *Guard) Snapshots() []state.Snapshot {
+	return []state.Snapshot{
+		state.Windows(stateWindows, Layer, g.Windows),
+		state.Fails(stateFails, stateGlobal, Layer, g.Fails),
 	}
 }
 
