@@ -155,7 +155,7 @@ func (s *Server) replay(c echo.Context, start time.Time, id keys.Identity, a bud
 // uses neither the quota, the daily line nor the budget.
 func (s *Server) answerCached(c echo.Context, start time.Time, id keys.Identity, quota int64, a budget.Answer) error {
 	s.recordAnswered(c, start, id, detect.OutcomeCached)
-	used := s.ocrGuard.Used(id.UserID, s.now())
+	used := s.guard.Used(id.UserID, s.now())
 	return c.JSON(http.StatusOK, ocrResponse{
 		Serials: nonNil(a.Serials), Rejected: nonNil(a.Rejected),
 		Quota:     quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},

@@ -432,7 +432,7 @@ func guardChecks(b *testing.B, srv *Server, c echo.Context, req *http.Request) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	t, refused := srv.ocrGuard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, now)
+	t, refused := srv.guard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, now)
 	if refused == nil {
 		refused = t.Reserve(1000, now)
 	}

@@ -87,17 +87,17 @@ type App struct {
 	opts Options
 	log  *slog.Logger
 
-	db        *storage.DB
-	layers    state.Layers
-	guard     *invites.Guard
-	plans     *keys.Plans
-	keys      *keys.Keyring
-	invites   *invites.Codes
-	inviteKey *invites.Key // keys the stored hashes of invite codes
-	detect    *detect.Runner
-	mail      detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
-	operator  *operator.Operator
-	srv       *server.Server
+	db           *storage.DB
+	layers       state.Layers
+	inviteLimits *invites.Limits
+	plans        *keys.Plans
+	keys         *keys.Keyring
+	invites      *invites.Codes
+	inviteKey    *invites.Key // keys the stored hashes of invite codes
+	detect       *detect.Runner
+	mail         detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
+	operator     *operator.Operator
+	srv          *server.Server
 
 	addr, adminAddr string
 	servers         []*http.Server
@@ -170,7 +170,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
 		Answers: db, Commits: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
-		InviteCodes: db, InviteKey: a.inviteKey, InviteGuard: a.guard, Routes: guarded,
+		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
@@ -270,7 +270,7 @@ func (a *App) startWriteBehind(guarded []server.Route) error {
 		state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows),
 		state.Attempts(guard.LayerAttempts, a.layers.Attempts),
 		state.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
-	}, a.guard.Snapshots()...)
+	}, a.inviteLimits.Snapshots()...)
 	snapshots = append(snapshots, routeSnapshots(guarded)...)
 	// The dashboard's refusals of today, as written behind before a
 	// restart; without them it counts from zero.
@@ -293,7 +293,7 @@ func (a *App) startWriteBehind(guarded []server.Route) error {
 
 // openState opens the database and loads what the layers keep in memory:
 // rate windows, attempt counts, quotas, the budget and its manual switch,
-// the invite guard, the plans and the keyring.
+// the invite limits, the plans and the keyring.
 func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error {
 	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log, MustExist: mustExist})
 	if errors.Is(err, storage.ErrNoDatabase) {
@@ -328,7 +328,7 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 	if err := state.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
-	if a.guard, err = invites.LoadGuard(db, cfg.Invites, now); err != nil {
+	if a.inviteLimits, err = invites.LoadLimits(db, cfg.Invites, now); err != nil {
 		return err
 	}
 	a.plans = keys.NewPlans(cfg.Plans)

@@ -414,7 +414,7 @@ type Cooldowns interface {
 	Clear(key string) bool
 }
 
-// SourceInvites is the source of the invite guard's cooldowns; a guarded
+// SourceInvites is the source of the invite limits' cooldowns; a guarded
 // route's is RouteSource(name).
 const SourceInvites = "invites"
 

@@ -8,10 +8,10 @@ import (
 	"breakwater/server/guard/state"
 )
 
-// Guard is the in-memory state of the invite protections: the
-// per-IP rate windows and the fail limit (per IP, per e-mail, and
-// service-wide).
-type Guard struct {
+// Limits are the invite limits and their in-memory state: the per-IP
+// rate windows and the fail limit (per IP, per e-mail, and service-wide).
+// (The word "guard" belongs to server/guard, the layer pipeline.)
+type Limits struct {
 	Windows *limiter.Limiter
 	Fails   *limiter.FailLimiter
 	shadow  atomic.Bool // invites.mode = "shadow"
@@ -19,26 +19,26 @@ type Guard struct {
 
 // SetShadow switches the protections to shadow mode (on) or to enforce
 // mode, live.
-func (g *Guard) SetShadow(on bool) { g.shadow.Store(on) }
+func (g *Limits) SetShadow(on bool) { g.shadow.Store(on) }
 
 // Shadow reports whether the protections are in shadow mode: a
 // verification they refuse is counted and goes on.
-func (g *Guard) Shadow() bool { return g.shadow.Load() }
+func (g *Limits) Shadow() bool { return g.shadow.Load() }
 
-// Layer names the invite guard in fail-open metrics and logs.
+// Layer names the invite limits in fail-open metrics and logs.
 const Layer = "invites"
 
-// State names under which the invite guard is written behind.
+// State names under which the invite limits are written behind.
 const (
 	stateWindows = "invites/windows"
 	stateFails   = "invites/fails"
 	stateGlobal  = "invites/global"
 )
 
-// LoadGuard builds the invite guard for cfg and restores its state
+// LoadLimits builds the invite limits for cfg and restores their state
 // from store, so that a restart lifts no cooldown and resets no window.
-func LoadGuard(store state.StateLoader, cfg Config, now time.Time) (*Guard, error) {
-	g, err := NewGuard(cfg)
+func LoadLimits(store state.StateLoader, cfg Config, now time.Time) (*Limits, error) {
+	g, err := NewLimits(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -51,16 +51,16 @@ func LoadGuard(store state.StateLoader, cfg Config, now time.Time) (*Guard, erro
 	return g, nil
 }
 
-// Snapshots are the guard's state as the write-behind copies it.
-func (g *Guard) Snapshots() []state.Snapshot {
+// Snapshots are the limits' state as the write-behind copies it.
+func (g *Limits) Snapshots() []state.Snapshot {
 	return []state.Snapshot{
 		state.Windows(stateWindows, Layer, g.Windows),
 		state.Fails(stateFails, stateGlobal, Layer, g.Fails),
 	}
 }
 
-// NewGuard builds an empty invite guard for cfg.
-func NewGuard(cfg Config) (*Guard, error) {
+// NewLimits builds the invite limits for cfg, with empty state.
+func NewLimits(cfg Config) (*Limits, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -73,7 +73,7 @@ func NewGuard(cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Guard{Windows: w, Fails: f}
+	g := &Limits{Windows: w, Fails: f}
 	g.SetShadow(cfg.Shadow())
 	return g, nil
 }
