@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/cli"
 	"breakwater/storage"
 )
 
@@ -26,7 +27,7 @@ const childArgs = "BREAKWATER_TEST_CHILD_ARGS"
 func TestMain(m *testing.M) {
 	if args := os.Getenv(childArgs); args != "" {
 		err := run(context.Background(), strings.Fields(args), os.Getenv, os.Stdout, os.Stderr)
-		os.Exit(exitCode(err, os.Stderr)) // as main does
+		os.Exit(cli.ExitCode(err, os.Stderr)) // as main does
 	}
 	os.Exit(m.Run())
 }
