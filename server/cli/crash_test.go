@@ -1,4 +1,4 @@
-package main
+package cli_test
 
 import (
 	"bytes"
@@ -16,21 +16,13 @@ import (
 	"time"
 
 	"breakwater/budget"
-	"breakwater/server/cli"
 	"breakwater/storage"
 )
 
 // childArgs, when set in the environment, makes the test binary run
-// breakwater itself instead of the tests: the crash test kills that child.
+// breakwater itself instead of the tests (TestMain): the crash test kills
+// that child.
 const childArgs = "BREAKWATER_TEST_CHILD_ARGS"
-
-func TestMain(m *testing.M) {
-	if args := os.Getenv(childArgs); args != "" {
-		err := run(context.Background(), strings.Fields(args), os.Getenv, os.Stdout, os.Stderr)
-		os.Exit(cli.ExitCode(err, os.Stderr)) // as main does
-	}
-	os.Exit(m.Run())
-}
 
 // TestCrashKeepsReservation kills the server (SIGKILL) while an upstream
 // call is in flight, after its budget reservation was committed and before
