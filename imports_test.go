@@ -2,12 +2,16 @@ package main
 
 import (
 	"errors"
+	"go/ast"
 	"go/build"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -152,5 +156,99 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// importKind orders the groups of an import block: the standard library,
+// then other modules, then this module's own packages last, as
+// goimports -local breakwater writes them.
+func importKind(path string) int {
+	switch {
+	case within(path, module):
+		return 2
+	case !strings.Contains(strings.SplitN(path, "/", 2)[0], "."):
+		return 0
+	default:
+		return 1
+	}
+}
+
+// TestImportsGrouped keeps every Go file's imports as goimports -local
+// breakwater groups them: the standard library, other modules, then this
+// module's own packages, each group separated from the next by a blank
+// line, none split in two and none mixed. It reads the files itself, so
+// CI needs no tool for it.
+func TestImportsGrouped(t *testing.T) {
+	files := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "." && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, src, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		files++
+		lines := strings.Split(string(src), "\n")
+		for _, decl := range f.Decls {
+			gen, ok := decl.(*ast.GenDecl)
+			if !ok || gen.Tok != token.IMPORT {
+				continue
+			}
+			var groups [][]string // the paths of each group, in order
+			prevEnd := 0
+			for i, spec := range gen.Specs {
+				imp := spec.(*ast.ImportSpec)
+				p, _ := strconv.Unquote(imp.Path.Value)
+				start := fset.Position(spec.Pos()).Line
+				if imp.Doc != nil {
+					start = fset.Position(imp.Doc.Pos()).Line
+				}
+				blank := false
+				for l := prevEnd + 1; i > 0 && l < start; l++ {
+					blank = blank || strings.TrimSpace(lines[l-1]) == ""
+				}
+				if i == 0 || blank {
+					groups = append(groups, nil)
+				}
+				groups[len(groups)-1] = append(groups[len(groups)-1], p)
+				prevEnd = fset.Position(spec.End()).Line
+			}
+			last := -1
+			for _, g := range groups {
+				kind := importKind(g[0])
+				for _, p := range g[1:] {
+					if importKind(p) != kind {
+						t.Errorf("%s: %q and %q share a group of imports (goimports -local %s)", path, g[0], p, module)
+						break
+					}
+				}
+				if kind <= last {
+					t.Errorf("%s: the group of %q comes after a group of its kind or a later one: standard library, other modules, then %s's own (goimports -local %s)", path, g[0], module, module)
+				}
+				last = max(last, kind)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("only %d Go files read", files)
 	}
 }

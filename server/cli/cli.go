@@ -12,7 +12,6 @@
 package cli
 
 import (
-	"breakwater/server/operator"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/server/app"
+	"breakwater/server/operator"
 )
 
 // DefaultConfigPath is where --config looks when it is not given.
