@@ -15,17 +15,21 @@ import (
 // does, with the config the binary ships, from the module's root: they
 // read config.toml and the README there, as an operator would.
 
+// childArgs, when set in the environment, makes the test binary run
+// breakwater itself instead of the tests (TestMain): TestExitCodes reads
+// that child's exit status and stderr.
+const childArgs = "BREAKWATER_TEST_CHILD_ARGS"
+
 // moduleRoot is the module's root, seen from this package's folder.
 var moduleRoot = filepath.Join("..", "..")
 
-// shippedConfig is the repository's config.toml, which main embeds and hands to
-// the command line; TestMain reads it.
+// shippedConfig is the repository's config.toml, which main embeds and
+// hands to the command line; TestMain reads it.
 var shippedConfig []byte
 
 // TestMain makes the module's root the working directory of the tests.
 // When childArgs is set in the environment, the test binary runs
-// breakwater itself instead of the tests, as main does: the crash test
-// kills that child and TestExitCodes reads its exit status.
+// breakwater itself instead of the tests, as main does.
 func TestMain(m *testing.M) {
 	args := os.Getenv(childArgs)
 	if args == "" { // a child starts in its parent's folder, the root
