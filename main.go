@@ -8,8 +8,6 @@ package main
 import (
 	"context"
 	_ "embed"
-	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -18,16 +16,15 @@ import (
 	"breakwater/server/cli"
 )
 
-// shippedConfig is the commented default config, for config init.
+// shippedConfig is the commented default config, which config init
+// writes; run hands it to the command line.
 //
 //go:embed config.toml
 var shippedConfig []byte
 
-func init() { cli.ShippedConfig = shippedConfig }
-
 func main() {
 	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	os.Exit(exitCode(err, os.Stderr))
+	os.Exit(cli.ExitCode(err, os.Stderr))
 }
 
 // run is the whole program: SIGINT and SIGTERM end ctx, which stops serve
@@ -35,18 +32,5 @@ func main() {
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return cli.Run(ctx, args, getenv, stdout, stderr)
-}
-
-// exitCode prints err once on stderr and gives the exit status: 0 ok,
-// 1 error, 2 a command line that could not be understood.
-func exitCode(err error, stderr io.Writer) int {
-	if err == nil {
-		return 0
-	}
-	fmt.Fprintln(stderr, "breakwater:", err)
-	if errors.Is(err, cli.ErrUsage) {
-		return 2
-	}
-	return 1
+	return cli.Run(ctx, shippedConfig, args, getenv, stdout, stderr)
 }

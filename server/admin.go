@@ -366,7 +366,7 @@ func (s *Server) handleCooldowns(c echo.Context) error {
 }
 
 // handleClearCooldown lifts one cooldown; the key and its source (empty:
-// the invite guard) are in the body, as they hold ":" and "/".
+// the invite limits) are in the body, as they hold ":" and "/".
 func (s *Server) handleClearCooldown(c echo.Context) error {
 	var req operator.ClearCooldownRequest
 	if err := c.Bind(&req); err != nil || req.Key == "" {

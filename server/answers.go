@@ -161,7 +161,7 @@ func (s *Server) replay(c echo.Context, start time.Time, id keys.Identity, a bud
 // again, and paid for as a read.
 func (s *Server) answerCached(c echo.Context, start time.Time, id keys.Identity, quota int64, a budget.Answer, key string) error {
 	s.recordAnswered(c, start, id, detect.OutcomeCached)
-	used := s.ocrGuard.Used(id.UserID, s.now())
+	used := s.guard.Used(id.UserID, s.now())
 	body, err := json.Marshal(ocrResponse{
 		Serials: nonNil(a.Serials), Rejected: nonNil(a.Rejected),
 		Quota:     quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},

@@ -24,8 +24,8 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
-	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/server/operator"
@@ -290,7 +290,7 @@ func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options
 	if err != nil {
 		b.Fatal(err)
 	}
-	layers := defense.Layers{
+	layers := state.Layers{
 		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
 	}
@@ -432,7 +432,7 @@ func guardChecks(b *testing.B, srv *Server, c echo.Context, req *http.Request) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	t, refused := srv.ocrGuard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, now)
+	t, refused := srv.guard.Admit(guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota}, now)
 	if refused == nil {
 		refused = t.Reserve(1000, now)
 	}

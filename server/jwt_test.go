@@ -23,10 +23,11 @@ import (
 	"testing"
 	"time"
 
-	"breakwater/server/jwtauth"
-	"breakwater/server/keys"
 	"github.com/golang-jwt/jwt/v5"
 	dto "github.com/prometheus/client_model/go"
+
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
 )
 
 const (

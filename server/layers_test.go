@@ -23,7 +23,7 @@ import (
 	"breakwater/budget"
 	"breakwater/limiter"
 	"breakwater/ocr"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 	"breakwater/storage"
 )
 
@@ -418,7 +418,7 @@ func TestRefusalsWriteNothing(t *testing.T) {
 	}
 	store.names = nil
 	wb.Flush()
-	if got, want := strings.Join(store.names, " "), defense.RefusalsState(e.srv.calendar.Day(time.Now())); got != want {
+	if got, want := strings.Join(store.names, " "), state.RefusalsState(e.srv.calendar.Day(time.Now())); got != want {
 		t.Errorf("the write-behind wrote %q after the refusals, want only %q", got, want)
 	}
 	if got := e.gemini.calls.Load(); got != 1 {
@@ -630,12 +630,12 @@ func TestClockBehindLedgerKeepsTheDay(t *testing.T) {
 	}
 	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, time.UTC) }
 	// mallory's 50 attempts on the 10th, as the write-behind stores them.
-	if err := db.SaveState(defense.AttemptsState("2026-03-10"), map[string][]byte{"mallory": binary.BigEndian.AppendUint64(nil, 50)}); err != nil {
+	if err := db.SaveState(state.AttemptsState("2026-03-10"), map[string][]byte{"mallory": binary.BigEndian.AppendUint64(nil, 50)}); err != nil {
 		t.Fatal(err)
 	}
 
 	var logs bytes.Buffer
-	layers, err := defense.LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyUSD: 10}, time.UTC,
+	layers, err := state.LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyUSD: 10}, time.UTC,
 		at(9, 23, 45), slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -679,7 +679,7 @@ func TestFarFutureLedgerDayIsNotBelieved(t *testing.T) {
 	}
 	now := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
 	var logs bytes.Buffer
-	layers, err := defense.LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyRequests: 3}, time.UTC,
+	layers, err := state.LoadLayers(db, limiter.Config{Rate: 100, Window: time.Minute}, budget.Config{DailyRequests: 3}, time.UTC,
 		now, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -749,7 +749,7 @@ func TestNoReservationWrittenWithTheCeilingsOff(t *testing.T) {
 
 // savedStates is a state store that records the names it writes.
 type savedStates struct {
-	defense.StateStore
+	state.StateStore
 	names []string
 }
 

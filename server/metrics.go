@@ -4,12 +4,12 @@ import (
 	"net/http"
 	"strconv"
 
-	"breakwater/budget"
-	"breakwater/detect"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"breakwater/budget"
+	"breakwater/detect"
 )
 
 // waitBuckets are the bounds of the commit-wait histograms, fine enough

@@ -10,8 +10,9 @@ import (
 	"strconv"
 	"time"
 
-	"breakwater/server/keys"
 	"github.com/labstack/echo/v4"
+
+	"breakwater/server/keys"
 )
 
 // hexDigits is the alphabet of a request id's prefix.

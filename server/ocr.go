@@ -101,7 +101,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 		return s.handleIdempotentOCR(c, start, id, plan, req, key)
 	}
 	// Layers 1-3 from memory, before the body is read.
-	t, refused := s.ocrGuard.Admit(req, start)
+	t, refused := s.guard.Admit(req, start)
 	if refused != nil {
 		return s.refusalOf(req, start, refused)
 	}
@@ -122,7 +122,7 @@ func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Id
 		return errIdempotencyKeyInUse.withRetryAfter(1)
 	}
 	defer s.pending.release(id.UserID, key)
-	if refused := s.ocrGuard.Count(req, start); refused != nil {
+	if refused := s.guard.Count(req, start); refused != nil {
 		return s.refusalOf(req, start, refused)
 	}
 	in, err := s.receive(c, id)
@@ -136,7 +136,7 @@ func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Id
 		}
 		return s.replay(c, start, id, a)
 	}
-	t, refused := s.ocrGuard.Look(req, s.now())
+	t, refused := s.guard.Look(req, s.now())
 	if refused != nil {
 		return s.refusalOf(req, s.now(), refused)
 	}
@@ -284,7 +284,7 @@ func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, pl
 		rec.Answer = &budget.Answer{Fingerprint: in.fp, Serials: res.Serials, Rejected: res.Rejected, Simulated: res.Simulated}
 	}
 	if key != "" {
-		body = answerBody(res, plan.MonthlyQuota, s.ocrGuard.Used(id.UserID, s.now())+1)
+		body = answerBody(res, plan.MonthlyQuota, s.guard.Used(id.UserID, s.now())+1)
 		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = key, http.StatusOK, body
 	}
 	commitStart := s.now()
@@ -427,7 +427,7 @@ func (s *Server) SetShadow(rate bool) {
 	if rate {
 		layers = append(layers, guard.LayerRate)
 	}
-	_ = s.ocrGuard.SetShadow(layers...) // the rate layer is always shadowable
+	_ = s.guard.SetShadow(layers...) // the rate layer is always shadowable
 }
 
 // readImage returns the uploaded image and its declared media type, from a

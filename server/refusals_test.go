@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"breakwater/limiter"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 	"breakwater/storage"
 )
 
@@ -147,7 +147,7 @@ func TestRefusalCountsSurviveRestart(t *testing.T) {
 
 	e2 := newEnv(t, envOptions{dir: dir})
 	today := e2.srv.calendar.Day(time.Now())
-	counts, err := e2.db.LoadState(defense.RefusalsState(today))
+	counts, err := e2.db.LoadState(state.RefusalsState(today))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestAlertRuleMetricsExist(t *testing.T) {
 	}
 }
 
-var _ defense.StateLoader = (*storage.DB)(nil)
+var _ state.StateLoader = (*storage.DB)(nil)
 
 // TestRefusalAnswers: a 429 to a key over its rate and a 401 to an
 // unknown key are answered in full, each with its own headers only: the

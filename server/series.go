@@ -10,7 +10,7 @@ import (
 )
 
 // failOpenLayers are the layers that can fail open: the guard's rate
-// limit, daily line and brake, the invite guard, and the dashboard's
+// limit, daily line and brake, the invite limits, and the dashboard's
 // refusal counts, whose writes the write-behind reports like a layer's.
 var failOpenLayers = []string{guard.LayerRate, guard.LayerAttempts, guard.LayerBudget, invites.Layer, RefusalCountsLayer}
 

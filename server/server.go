@@ -67,7 +67,7 @@ type CommitCounter interface {
 }
 
 // Deps are the components a Server works with. All but JWT, Metrics,
-// Commits, InviteGuard, Alerts, AdminToken, Logger and Now are required.
+// Commits, InviteLimits, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
 	Keys     *keys.Keyring
 	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
@@ -95,9 +95,9 @@ type Deps struct {
 	// InviteKey hashes submitted codes as they are stored (keyed with the
 	// server's secret).
 	InviteKey *invites.Key
-	// InviteGuard holds the invite protections' state; nil: a fresh one
+	// InviteLimits holds the invite protections' state; nil: a fresh one
 	// with the default InviteConfig.
-	InviteGuard *invites.Guard
+	InviteLimits *invites.Limits
 	// Routes are the app's guarded routes ([[routes]]) with their layers;
 	// none: only Breakwater's own endpoints.
 	Routes []Route
@@ -113,19 +113,19 @@ type Deps struct {
 
 // Server holds the public and admin HTTP handlers.
 type Server struct {
-	cfg      Config
-	d        Deps
-	log      *slog.Logger
-	now      func() time.Time
-	reqIDs   *requestIDs
-	clients  *clientIP
-	failOpen *failOpens
-	guard    *invites.Guard
-	price    atomic.Pointer[ocr.Price] // swapped by a config reload
-	calendar *budget.Calendar          // today's key for the refusal counts
-	ocrGuard *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
-	pending  pendingKeys               // idempotency keys whose first request is in flight
-	reading  readsInFlight             // images being read, for the dedupe window's waiters
+	cfg          Config
+	d            Deps
+	log          *slog.Logger
+	now          func() time.Time
+	reqIDs       *requestIDs
+	clients      *clientIP
+	failOpen     *failOpens
+	inviteLimits *invites.Limits
+	price        atomic.Pointer[ocr.Price] // swapped by a config reload
+	calendar     *budget.Calendar          // today's key for the refusal counts
+	guard        *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
+	pending      pendingKeys               // idempotency keys whose first request is in flight
+	reading      readsInFlight             // images being read, for the dedupe window's waiters
 	// recordCtx bounds a paid read's wait to be recorded.
 	recordCtx recordContexts
 
@@ -160,12 +160,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.InviteCodes == nil || d.InviteKey == nil {
 		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator, invites and their key are all required")
 	}
-	if d.InviteGuard == nil {
-		g, err := invites.NewGuard(invites.Config{})
+	if d.InviteLimits == nil {
+		g, err := invites.NewLimits(invites.Config{})
 		if err != nil {
 			return nil, err
 		}
-		d.InviteGuard = g
+		d.InviteLimits = g
 	}
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics()
@@ -185,18 +185,18 @@ func New(cfg Config, d Deps) (*Server, error) {
 	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
 	header, _ := clientIPHeader(cfg.ClientIPHeader)
 	s := &Server{
-		cfg:       cfg,
-		d:         d,
-		log:       d.Logger.With("component", "server"),
-		now:       d.Now,
-		reqIDs:    newRequestIDs(),
-		clients:   &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
-		guard:     d.InviteGuard,
-		calendar:  budget.NewCalendar(d.Operator.Location()),
-		bodies:    &bodyMemory{capacity: cfg.MaxBodyMemory},
-		inFlight:  &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
-		wallClock: time.Now,
-		csrf:      newFormToken(d.AdminToken),
+		cfg:          cfg,
+		d:            d,
+		log:          d.Logger.With("component", "server"),
+		now:          d.Now,
+		reqIDs:       newRequestIDs(),
+		clients:      &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
+		inviteLimits: d.InviteLimits,
+		calendar:     budget.NewCalendar(d.Operator.Location()),
+		bodies:       &bodyMemory{capacity: cfg.MaxBodyMemory},
+		inFlight:     &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
+		wallClock:    time.Now,
+		csrf:         newFormToken(d.AdminToken),
 	}
 	s.recordCtx.now = s.wallClock
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
@@ -206,7 +206,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.ocrGuard = g
+	s.guard = g
 	if err := s.newRoutes(d.Routes); err != nil {
 		return nil, err
 	}

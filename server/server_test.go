@@ -32,8 +32,8 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
-	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
@@ -114,29 +114,29 @@ func writeUpstreamError(w http.ResponseWriter, code int, status string) {
 // env is one service under test: real storage, real HTTP on loopback, a
 // fake Gemini.
 type env struct {
-	t         testing.TB
-	dir       string
-	db        *storage.DB
-	gemini    *fakeGemini
-	keys      *keys.Keyring
-	verifier  *jwtauth.Verifier // nil unless envOptions.jwt is on
-	quotas    guard.Quotas
-	windows   defense.RateWindows
-	attempts  defense.AttemptCounter
-	brake     defense.Brake
-	metrics   *Metrics
-	invites   *invites.Codes
-	inviteKey *invites.Key
-	guard     *invites.Guard
-	plans     *keys.Plans
-	srv       *Server
-	events    *detect.Recorder
-	http      *httptest.Server
-	admin     *httptest.Server
-	key       string // an API key of user "alice"
-	now       time.Time
-	loc       *time.Location
-	logs      *bytes.Buffer
+	t            testing.TB
+	dir          string
+	db           *storage.DB
+	gemini       *fakeGemini
+	keys         *keys.Keyring
+	verifier     *jwtauth.Verifier // nil unless envOptions.jwt is on
+	quotas       guard.Quotas
+	windows      state.RateWindows
+	attempts     state.AttemptCounter
+	brake        state.Brake
+	metrics      *Metrics
+	invites      *invites.Codes
+	inviteKey    *invites.Key
+	inviteLimits *invites.Limits
+	plans        *keys.Plans
+	srv          *Server
+	events       *detect.Recorder
+	http         *httptest.Server
+	admin        *httptest.Server
+	key          string // an API key of user "alice"
+	now          time.Time
+	loc          *time.Location
+	logs         *bytes.Buffer
 }
 
 type envOptions struct {
@@ -205,11 +205,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var store defense.LayerStore = db
+	var store state.LayerStore = db
 	if o.ledger != nil {
 		store = ledgerOverride{db, o.ledger}
 	}
-	layers, err := defense.LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
+	layers, err := state.LoadLayers(store, o.limits, o.budget, e.loc, e.now, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock, Key: e.inviteKey}); err != nil {
 		t.Fatal(err)
 	}
-	if e.guard, err = invites.LoadGuard(db, o.invites, e.now); err != nil {
+	if e.inviteLimits, err = invites.LoadLimits(db, o.invites, e.now); err != nil {
 		t.Fatal(err)
 	}
 	if o.jwt.Enabled() {
@@ -251,7 +251,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
 		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
-		InviteCodes: db, InviteKey: e.inviteKey, InviteGuard: e.guard, Alerts: o.alerts, DetectCounters: o.counters,
+		InviteCodes: db, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {
@@ -1035,14 +1035,14 @@ func TestRequestIDs(t *testing.T) {
 
 // writeBehind is the write-behind of e's defense state into store, with the
 // snapshots the App registers.
-func (e *env) writeBehind(store defense.StateStore) *defense.WriteBehind {
+func (e *env) writeBehind(store state.StateStore) *state.WriteBehind {
 	e.t.Helper()
-	snapshots := append([]defense.Snapshot{
-		defense.Windows(defense.StateUserWindows, guard.LayerRate, e.windows),
-		defense.Attempts(guard.LayerAttempts, e.attempts),
-		defense.Refusals(RefusalCountsLayer, e.srv.DirtyRefusals),
-	}, e.guard.Snapshots()...)
-	wb, err := defense.NewWriteBehind(store, snapshots, defense.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
+	snapshots := append([]state.Snapshot{
+		state.Windows(state.StateUserWindows, guard.LayerRate, e.windows),
+		state.Attempts(guard.LayerAttempts, e.attempts),
+		state.Refusals(RefusalCountsLayer, e.srv.DirtyRefusals),
+	}, e.inviteLimits.Snapshots()...)
+	wb, err := state.NewWriteBehind(store, snapshots, state.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
 	if err != nil {
 		e.t.Fatal(err)
 	}

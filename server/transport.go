@@ -8,8 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"breakwater/server/keys"
 	"github.com/labstack/echo/v4"
+
+	"breakwater/server/keys"
 )
 
 // This file bounds what request bodies cost, whatever clients send: the

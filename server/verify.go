@@ -83,7 +83,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	ipKey := "ip:" + limiter.ClientKey(ip)
 
 	// 1. The IP rate limit and burst, in memory; fails open.
-	err := s.defend(invites.Layer, func() error { return s.guard.Windows.Allow(ipKey, start) }, isRateRefusal)
+	err := s.defend(invites.Layer, func() error { return s.inviteLimits.Windows.Allow(ipKey, start) }, isRateRefusal)
 	var rl *limiter.Refusal
 	if errors.As(err, &rl) {
 		if s.inviteShadowed(start, ip, "", rl.Reason) {
@@ -112,7 +112,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	// net: checked and counted in one step.
 	var attempt *limiter.Attempt
 	err = s.defend(invites.Layer, func() (err error) {
-		attempt, err = s.guard.Fails.Begin([]string{ipKey, "email:" + email}, start)
+		attempt, err = s.inviteLimits.Fails.Begin([]string{ipKey, "email:" + email}, start)
 		return err
 	}, isRateRefusal)
 	defer attempt.Cancel() // a no-op once the attempt has an outcome
@@ -146,9 +146,9 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 			s.recordCooldownStart(start, key)
 		}
 		if tripped {
-			s.log.Warn("invite service-wide net tripped: every verification is refused", "failures_last_hour", s.guard.Fails.GlobalFailures(s.now()))
+			s.log.Warn("invite service-wide net tripped: every verification is refused", "failures_last_hour", s.inviteLimits.Fails.GlobalFailures(s.now()))
 			s.alert(detect.KindInviteNet, "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack",
-				map[string]string{"failures_last_hour": strconv.Itoa(s.guard.Fails.GlobalFailures(s.now()))})
+				map[string]string{"failures_last_hour": strconv.Itoa(s.inviteLimits.Fails.GlobalFailures(s.now()))})
 		}
 		return s.inviteRefusal(c, start, outcome.String(), email)
 	}
@@ -184,7 +184,7 @@ func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email st
 // mode, and if so counts and records the refusal they would have made:
 // the verification goes on, and a refused check counted nothing.
 func (s *Server) inviteShadowed(start time.Time, ip, email, reason string) bool {
-	if !s.guard.Shadow() {
+	if !s.inviteLimits.Shadow() {
 		return false
 	}
 	s.shadowed(start, invites.Layer, reason)

@@ -1,10 +1,11 @@
 package server
 
 import (
-	"breakwater/server/invites"
 	"bytes"
 	"errors"
 	"testing"
+
+	"breakwater/server/invites"
 )
 
 // FuzzVerifyRequest feeds arbitrary bodies to the invite request decoding

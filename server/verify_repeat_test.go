@@ -1,12 +1,13 @@
 package server
 
 import (
-	"breakwater/server/invites"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"breakwater/server/invites"
 )
 
 // TestVerifyRepeatDoesNotClearTheRun plays the attacker who holds one

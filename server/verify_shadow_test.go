@@ -49,7 +49,7 @@ func TestVerifyInviteShadow(t *testing.T) {
 		t.Errorf("shadow cooldown refusals = %d, want 4", got)
 	}
 
-	e.srv.guard.SetShadow(false)
+	e.srv.inviteLimits.SetShadow(false)
 	resp, data := e.verify(code, "eve@example.com")
 	refused.want(t, resp, data)
 	if resp.StatusCode != http.StatusForbidden || e.inviteRefusals("cooldown") != 1 {

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"breakwater/server/invites"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"breakwater/server/invites"
 )
 
 // TestVerifyTimingDoesNotTellAnExistingCode measures, through the

@@ -21,8 +21,8 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server"
-	"breakwater/server/defense"
 	"breakwater/server/guard"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
@@ -87,17 +87,17 @@ type App struct {
 	opts Options
 	log  *slog.Logger
 
-	db        *storage.DB
-	layers    defense.Layers
-	guard     *invites.Guard
-	plans     *keys.Plans
-	keys      *keys.Keyring
-	invites   *invites.Codes
-	inviteKey *invites.Key // keys the stored hashes of invite codes
-	detect    *detect.Runner
-	mail      detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
-	operator  *operator.Operator
-	srv       *server.Server
+	db           *storage.DB
+	layers       state.Layers
+	inviteLimits *invites.Limits
+	plans        *keys.Plans
+	keys         *keys.Keyring
+	invites      *invites.Codes
+	inviteKey    *invites.Key // keys the stored hashes of invite codes
+	detect       *detect.Runner
+	mail         detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
+	operator     *operator.Operator
+	srv          *server.Server
 
 	addr, adminAddr string
 	servers         []*http.Server
@@ -170,7 +170,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
 		Answers: db, Commits: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
-		InviteCodes: db, InviteKey: a.inviteKey, InviteGuard: a.guard, Routes: guarded,
+		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
 	})
@@ -266,34 +266,34 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 // refusal counts of today.
 func (a *App) startWriteBehind(guarded []server.Route) error {
 	// Each limiter registers its state here, one line each.
-	snapshots := append([]defense.Snapshot{
-		defense.Windows(defense.StateUserWindows, guard.LayerRate, a.layers.Windows),
-		defense.Attempts(guard.LayerAttempts, a.layers.Attempts),
-		defense.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
-	}, a.guard.Snapshots()...)
+	snapshots := append([]state.Snapshot{
+		state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows),
+		state.Attempts(guard.LayerAttempts, a.layers.Attempts),
+		state.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
+	}, a.inviteLimits.Snapshots()...)
 	snapshots = append(snapshots, routeSnapshots(guarded)...)
 	// The dashboard's refusals of today, as written behind before a
 	// restart; without them it counts from zero.
 	loc, _ := a.cfg.Budget.Location() // checked by Load
 	today := budget.DayKey(a.opts.Now(), loc)
-	if counts, err := a.db.LoadState(defense.RefusalsState(today)); err != nil {
+	if counts, err := a.db.LoadState(state.RefusalsState(today)); err != nil {
 		a.log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
 	} else {
 		a.srv.LoadRefusals(today, counts)
 	}
-	wb, err := defense.NewWriteBehind(a.db, snapshots, defense.Options{
+	wb, err := state.NewWriteBehind(a.db, snapshots, state.Options{
 		FailedOpen: a.srv.FailedOpen, Logger: a.log.With("component", "defense"), Now: a.opts.Now,
 	})
 	if err != nil {
 		return err
 	}
-	a.background(func(ctx context.Context) { wb.Run(ctx, defense.DefaultWriteBehindInterval) })
+	a.background(func(ctx context.Context) { wb.Run(ctx, state.DefaultWriteBehindInterval) })
 	return nil
 }
 
 // openState opens the database and loads what the layers keep in memory:
 // rate windows, attempt counts, quotas, the budget and its manual switch,
-// the invite guard, the plans and the keyring.
+// the invite limits, the plans and the keyring.
 func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error {
 	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log, MustExist: mustExist})
 	if errors.Is(err, storage.ErrNoDatabase) {
@@ -311,7 +311,7 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 	})
 	loc, _ := cfg.Budget.Location() // checked by Load
 	now := a.opts.Now()
-	if a.layers, err = defense.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
+	if a.layers, err = state.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
 		return err
 	}
 	// The budget's lease is given back after HTTP has stopped (no call is
@@ -325,10 +325,10 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 			a.log.Warn("budget lease not given back: today's ledger counts its unused calls as made", "err", err, "max_calls", budget.MaxLease(cfg.Budget))
 		}
 	})
-	if err := defense.LoadBrake(a.layers.Brake, db.Flag); err != nil {
+	if err := state.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
-	if a.guard, err = invites.LoadGuard(db, cfg.Invites, now); err != nil {
+	if a.inviteLimits, err = invites.LoadLimits(db, cfg.Invites, now); err != nil {
 		return err
 	}
 	a.plans = keys.NewPlans(cfg.Plans)

@@ -7,7 +7,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
 	"breakwater/storage"
@@ -45,12 +45,12 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 		}
 	}
 	if err == nil {
-		// What a command changes in the invite guard and the routes' fail
+		// What a command changes in the invite limits and the routes' fail
 		// limits (a lifted cooldown) is written before the database
 		// closes, as the server's write-behind would.
-		var wb *defense.WriteBehind
-		snapshots := append(a.guard.Snapshots(), routeFailSnapshots(guarded)...)
-		if wb, err = defense.NewWriteBehind(a.db, snapshots, defense.Options{Logger: a.log, Now: opts.Now}); err == nil {
+		var wb *state.WriteBehind
+		snapshots := append(a.inviteLimits.Snapshots(), routeFailSnapshots(guarded)...)
+		if wb, err = state.NewWriteBehind(a.db, snapshots, state.Options{Logger: a.log, Now: opts.Now}); err == nil {
 			a.onClose(wb.Flush)
 		}
 	}
@@ -83,9 +83,9 @@ func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 }
 
 // setCooldowns gives the operator the fail limits whose cooldowns it
-// lists and lifts: the invite guard's, then each guarded route's.
+// lists and lifts: the invite limits', then each guarded route's.
 func (a *App) setCooldowns(guarded []server.Route) {
-	sources := []operator.CooldownSource{{Name: operator.SourceInvites, Fails: a.guard.Fails}}
+	sources := []operator.CooldownSource{{Name: operator.SourceInvites, Fails: a.inviteLimits.Fails}}
 	for _, r := range guarded {
 		if r.Fails != nil {
 			sources = append(sources, operator.CooldownSource{Name: operator.RouteSource(r.Config.Name), Fails: r.Fails})

@@ -94,9 +94,9 @@ func (a *App) Reload(next Config, trigger string) error {
 		a.log.Warn("LIMIT OFF: " + w)
 	}
 	a.layers.Windows.SetConfig(next.Limits.User)
-	a.guard.Windows.SetConfig(next.Invites.Limits())
+	a.inviteLimits.Windows.SetConfig(next.Invites.Limits())
 	a.srv.SetShadow(next.Limits.User.Shadow())
-	a.guard.SetShadow(next.Invites.Shadow())
+	a.inviteLimits.SetShadow(next.Invites.Shadow())
 	a.layers.Brake.SetConfig(next.Budget)
 	a.plans.Set(next.Plans)
 	a.srv.SetRoutes(next.Routes)                            // limits live; routes added, removed or reshaped need a restart

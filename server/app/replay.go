@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"breakwater/detect/replay"
+	"breakwater/server/guard/replay"
 	"breakwater/server/operator"
 	"breakwater/server/routes"
 	"breakwater/storage"

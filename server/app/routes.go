@@ -9,7 +9,7 @@ import (
 	"breakwater/budget"
 	"breakwater/limiter"
 	"breakwater/server"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 	"breakwater/server/routes"
 )
 
@@ -23,7 +23,7 @@ func routeGlobalState(name string) string    { return "routes/" + name + "/fails
 // loadRoutes builds each [[routes]] entry's layers and restores their
 // memory from store, so that a restart resets no window or daily count
 // and lifts no cooldown.
-func loadRoutes(store defense.StateLoader, cfgs []routes.Config, loc *time.Location, now time.Time) ([]server.Route, error) {
+func loadRoutes(store state.StateLoader, cfgs []routes.Config, loc *time.Location, now time.Time) ([]server.Route, error) {
 	out := make([]server.Route, 0, len(cfgs))
 	day := budget.DayKey(now, loc)
 	for _, c := range cfgs {
@@ -33,7 +33,7 @@ func loadRoutes(store defense.StateLoader, cfgs []routes.Config, loc *time.Locat
 		if r.Windows, err = limiter.New(c.Limits()); err != nil {
 			return nil, fmt.Errorf("routes %q: %w", c.Name, err)
 		}
-		if err := defense.LoadWindows(store, routeWindowsState(c.Name), r.Windows, now); err != nil {
+		if err := state.LoadWindows(store, routeWindowsState(c.Name), r.Windows, now); err != nil {
 			return nil, err
 		}
 		counts, err := store.LoadState(routeAttemptsPrefix(c.Name) + day)
@@ -45,7 +45,7 @@ func loadRoutes(store defense.StateLoader, cfgs []routes.Config, loc *time.Locat
 			if r.Fails, err = limiter.NewFail(c.Fail.Limiter()); err != nil {
 				return nil, fmt.Errorf("routes %q: fail: %w", c.Name, err)
 			}
-			if err := defense.LoadFails(store, routeFailsState(c.Name), routeGlobalState(c.Name), r.Fails); err != nil {
+			if err := state.LoadFails(store, routeFailsState(c.Name), routeGlobalState(c.Name), r.Fails); err != nil {
 				return nil, err
 			}
 		}
@@ -55,15 +55,15 @@ func loadRoutes(store defense.StateLoader, cfgs []routes.Config, loc *time.Locat
 }
 
 // routeSnapshots register the routes' memory with the write-behind.
-func routeSnapshots(rs []server.Route) []defense.Snapshot {
-	var out []defense.Snapshot
+func routeSnapshots(rs []server.Route) []state.Snapshot {
+	var out []state.Snapshot
 	for _, r := range rs {
 		layer := "route:" + r.Config.Name
 		out = append(out,
-			defense.Windows(routeWindowsState(r.Config.Name), layer, r.Windows),
-			defense.AttemptsUnder(routeAttemptsPrefix(r.Config.Name), layer, r.Attempts))
+			state.Windows(routeWindowsState(r.Config.Name), layer, r.Windows),
+			state.AttemptsUnder(routeAttemptsPrefix(r.Config.Name), layer, r.Attempts))
 		if r.Fails != nil {
-			out = append(out, defense.Fails(routeFailsState(r.Config.Name), routeGlobalState(r.Config.Name), layer, r.Fails))
+			out = append(out, state.Fails(routeFailsState(r.Config.Name), routeGlobalState(r.Config.Name), layer, r.Fails))
 		}
 	}
 	return out
@@ -71,11 +71,11 @@ func routeSnapshots(rs []server.Route) []defense.Snapshot {
 
 // routeFailSnapshots register only the routes' fail limits, for an
 // operator command that changes nothing else of them.
-func routeFailSnapshots(rs []server.Route) []defense.Snapshot {
-	var out []defense.Snapshot
+func routeFailSnapshots(rs []server.Route) []state.Snapshot {
+	var out []state.Snapshot
 	for _, r := range rs {
 		if r.Fails != nil {
-			out = append(out, defense.Fails(routeFailsState(r.Config.Name), routeGlobalState(r.Config.Name), "route:"+r.Config.Name, r.Fails))
+			out = append(out, state.Fails(routeFailsState(r.Config.Name), routeGlobalState(r.Config.Name), "route:"+r.Config.Name, r.Fails))
 		}
 	}
 	return out

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"breakwater/detect/replay"
+	"breakwater/server/guard/replay"
 )
 
 // A window of an hour with no burst: whether a request is refused does

@@ -1,10 +1,11 @@
 package app
 
 import (
-	"breakwater/server/routes"
 	"net/http"
 	"strings"
 	"testing"
+
+	"breakwater/server/routes"
 )
 
 // The README's [[routes]] example loads.

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"time"
 
-	"breakwater/server/operator"
-
 	"github.com/spf13/cobra"
+
+	"breakwater/server/operator"
 )
 
 func backupCmd(e *env) *cobra.Command {

@@ -12,7 +12,6 @@
 package cli
 
 import (
-	"breakwater/server/operator"
 	"context"
 	"errors"
 	"fmt"
@@ -23,14 +22,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/server/app"
+	"breakwater/server/operator"
 )
 
 // DefaultConfigPath is where --config looks when it is not given.
 const DefaultConfigPath = "config.toml"
-
-// ShippedConfig is the commented default config.toml, which config init
-// writes; main embeds it from the repository's config.toml.
-var ShippedConfig []byte
 
 // ErrUsage marks a command line that could not be understood: an unknown
 // command or flag, a missing or extra argument, a bad flag value. The
@@ -70,15 +66,18 @@ type env struct {
 	stdout, stderr io.Writer
 	config         string
 	now            func() time.Time // names dated backups
+	shipped        []byte           // the default config, which config init writes
 }
 
 // Run parses args (without the program's name) and runs the command they
 // name; no command means serve. ctx ends serve and demo. Help goes to
 // stdout; a usage error prints the command's usage on stderr and returns
 // an error that matches ErrUsage. Run never prints the error it returns:
-// the caller prints it once.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	root := newRoot(&env{getenv: getenv, stdout: stdout, stderr: stderr, now: time.Now})
+// the caller prints it once (ExitCode does). shipped is the commented
+// default config.toml, which config init writes: main embeds the
+// repository's.
+func Run(ctx context.Context, shipped []byte, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	root := newRoot(&env{getenv: getenv, stdout: stdout, stderr: stderr, now: time.Now, shipped: shipped})
 	if args == nil {
 		args = []string{} // nil would make cobra read os.Args
 	}
@@ -88,6 +87,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprint(stderr, ue.cmd.UsageString())
 	}
 	return err
+}
+
+// ExitCode prints err once on stderr and gives the exit status: 0 ok,
+// 1 error, 2 a command line that could not be understood (ErrUsage).
+func ExitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "breakwater:", err)
+	if errors.Is(err, ErrUsage) {
+		return 2
+	}
+	return 1
 }
 
 // newRoot builds the command tree.

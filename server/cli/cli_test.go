@@ -41,7 +41,7 @@ func TestEveryCommandHasItsOwnHelp(t *testing.T) {
 				t.Error("no summary")
 			}
 			var out, errOut bytes.Buffer
-			err := Run(context.Background(), append(path, "-h"), func(string) string { return "" }, &out, &errOut)
+			err := Run(context.Background(), nil, append(path, "-h"), func(string) string { return "" }, &out, &errOut)
 			if err != nil || errOut.Len() != 0 {
 				t.Fatalf("-h: %v\n%s", err, errOut.String())
 			}

@@ -30,10 +30,10 @@ the --config file, ./config.toml). An existing file is never replaced unless
 	return c
 }
 
-// writeShippedConfig writes ShippedConfig to path; without force an
+// writeShippedConfig writes the shipped config to path; without force an
 // existing file is refused, checked and created in one step.
 func writeShippedConfig(path string, force bool, e *env) error {
-	if len(ShippedConfig) == 0 {
+	if len(e.shipped) == 0 {
 		return errors.New("config init: this binary carries no default config")
 	}
 	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
@@ -47,7 +47,7 @@ func writeShippedConfig(path string, force bool, e *env) error {
 	if err != nil {
 		return fmt.Errorf("config init: %w", err)
 	}
-	if _, err := f.Write(ShippedConfig); err != nil {
+	if _, err := f.Write(e.shipped); err != nil {
 		f.Close()
 		return fmt.Errorf("config init: %w", err)
 	}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"breakwater/server/keys"
 	"fmt"
 	"image"
 	"image/color"
@@ -13,6 +12,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/server/app"
+	"breakwater/server/keys"
 )
 
 // demoListen is where the demo listens unless told: a free loopback

@@ -1,13 +1,13 @@
 package cli
 
 import (
-	"breakwater/server/operator"
 	"fmt"
 	"io"
 
 	"github.com/spf13/cobra"
 
 	"breakwater/detect"
+	"breakwater/server/operator"
 )
 
 func detectCmd(e *env) *cobra.Command {

@@ -1,11 +1,12 @@
 package cli
 
 import (
-	"breakwater/server/operator"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"breakwater/server/operator"
 )
 
 func keysCmd(e *env) *cobra.Command {

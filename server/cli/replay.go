@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/detect"
-	"breakwater/detect/replay"
 	"breakwater/server/app"
+	"breakwater/server/guard/replay"
 )
 
 // defaultReplayDays is how many days a replay covers without --from.

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/server/app"
-	"breakwater/server/selftest"
+	"breakwater/server/cli/selftest"
 )
 
 func selftestCmd(e *env) *cobra.Command {

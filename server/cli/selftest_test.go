@@ -21,7 +21,7 @@ func TestSelftestLeavesTheLiveDatabaseAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := Run(context.Background(), []string{"selftest", "--config", path}, func(string) string { return "" }, &out, &out); err != nil {
+	if err := Run(context.Background(), nil, []string{"selftest", "--config", path}, func(string) string { return "" }, &out, &out); err != nil {
 		t.Fatalf("selftest: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{"budget.daily_requests = 10: 40 parallel requests, 10 upstream calls", "limits.user rate 6/1m burst 2: exact",

@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/detect"
-	"breakwater/detect/replay"
 	"breakwater/server/app"
+	"breakwater/server/guard/replay"
 )
 
 func thresholdsCmd(e *env) *cobra.Command {

@@ -7,9 +7,9 @@ import (
 	"slices"
 	"strings"
 
-	"breakwater/server/operator"
-
 	"github.com/spf13/cobra"
+
+	"breakwater/server/operator"
 )
 
 func usageCmd(e *env) *cobra.Command {

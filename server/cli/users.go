@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/spf13/cobra"
+
 	"breakwater/server/operator"
 	"breakwater/storage"
-
-	"github.com/spf13/cobra"
 )
 
 func usersCmd(e *env) *cobra.Command {

@@ -1,6 +1,6 @@
 // Package invites provides invite codes and the protections of their
 // verification: Codes creates, lists, revokes and deletes invites in
-// storage (a code is shown once and only its keyed hash is kept, see Key), Guard holds
+// storage (a code is shown once and only its keyed hash is kept, see Key), Limits holds
 // the per-IP rate windows and the fail limits in memory, and the
 // normalisation every submitted code and e-mail goes through before it is
 // hashed or counted. It knows no HTTP: the transport's handler walks the

@@ -9,19 +9,19 @@ import (
 	"breakwater/limiter"
 )
 
-// perIPBudget is the live heap one client IP may cost the invite guard
+// perIPBudget is the live heap one client IP may cost the invite limits
 // after one wrong guess: its rate window, and the fail limiter's entries
 // for its IP and its e-mail. The target is 1 KiB of RSS per IP,
 // and RSS runs to about twice the live heap under the default GOGC.
 const perIPBudget = 245
 
-// guardPerIP feeds the guard n wrong guesses, each from an IP and an
+// limitsPerIP feeds the limits n wrong guesses, each from an IP and an
 // e-mail of its own, as POST /v1/invites/verify does, and returns the live
 // heap they hold, per IP, with the write-behind's Dirty called every
 // 10,000 guesses as it is every second.
-func guardPerIP(tb testing.TB, n int) float64 {
+func limitsPerIP(tb testing.TB, n int) float64 {
 	tb.Helper()
-	g, err := NewGuard(Config{GlobalFailPerHour: 1 << 30})
+	g, err := NewLimits(Config{GlobalFailPerHour: 1 << 30})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestGuardMemoryPerIP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("100,000 guesses")
 	}
-	per := guardPerIP(t, 100_000)
+	per := limitsPerIP(t, 100_000)
 	t.Logf("100,000 client IPs: %.0f bytes of live heap each", per)
 	if per > perIPBudget {
 		t.Errorf("%.0f bytes of live heap per client IP, want at most %d", per, perIPBudget)
@@ -81,7 +81,7 @@ func TestGuardMemoryPerIP(t *testing.T) {
 func BenchmarkGuardMemoryPerIP(b *testing.B) {
 	var per float64
 	for range b.N {
-		per = guardPerIP(b, 100_000)
+		per = limitsPerIP(b, 100_000)
 	}
 	b.ReportMetric(per, "B/IP")
 	b.ReportMetric(0, "ns/op")

@@ -271,7 +271,7 @@ func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, 
 	return out, err
 }
 
-// Cooldowns lists the running server's cooldowns: the invite guard's and
+// Cooldowns lists the running server's cooldowns: the invite limits' and
 // the guarded routes'.
 func (a *AdminClient) Cooldowns(ctx context.Context) ([]CooldownInfo, error) {
 	var out []CooldownInfo

@@ -20,7 +20,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/limiter"
-	"breakwater/server/defense"
+	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
 )
@@ -339,7 +339,7 @@ func (o *Operator) Budget(context.Context) (BudgetInfo, error) {
 func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 	o.brakeMu.Lock() // two switches at once must leave disk and memory agreeing
 	defer o.brakeMu.Unlock()
-	if err := o.store.SetFlag(defense.BrakeFlag, on); err != nil {
+	if err := o.store.SetFlag(state.BrakeFlag, on); err != nil {
 		return BudgetInfo{}, err
 	}
 	o.layers.Brake.SetManual(on)
@@ -414,7 +414,7 @@ type Cooldowns interface {
 	Clear(key string) bool
 }
 
-// SourceInvites is the source of the invite guard's cooldowns; a guarded
+// SourceInvites is the source of the invite limits' cooldowns; a guarded
 // route's is RouteSource(name).
 const SourceInvites = "invites"
 

@@ -1,4 +1,4 @@
-package main
+package cli_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"breakwater/server/cli"
 )
 
 // users ban refuses an id that names no user (a typo must not ban a
@@ -28,7 +30,7 @@ func TestUsersBanUnknownID(t *testing.T) {
 			}
 			for _, args := range [][]string{{"users", "ban", "ghost"}, {"users", "unban", "ghost"}, {"users", "ban", "jwt:user_2abc"}} {
 				_, err := cmd(args...)
-				if err == nil || !strings.Contains(err.Error(), "no user has that id") || exitCode(err, io.Discard) != 1 {
+				if err == nil || !strings.Contains(err.Error(), "no user has that id") || cli.ExitCode(err, io.Discard) != 1 {
 					t.Errorf("%v: %v, want exit 1 and \"no user has that id\"", args, err)
 				}
 			}

@@ -1,4 +1,4 @@
-package defense
+package state
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package main
+package cli_test
 
 import (
 	"bytes"
@@ -243,7 +243,7 @@ func TestConfigCheckCommand(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := run(context.Background(), []string{"config", "check", "--config", tt.config}, envFrom(tt.env), io.Discard, io.Discard)
-			if err == nil || !strings.Contains(err.Error(), "serve would refuse to start") || !strings.Contains(err.Error(), tt.want) || exitCode(err, io.Discard) != 1 {
+			if err == nil || !strings.Contains(err.Error(), "serve would refuse to start") || !strings.Contains(err.Error(), tt.want) || cli.ExitCode(err, io.Discard) != 1 {
 				t.Errorf("config check: %v, want exit 1 naming %q", err, tt.want)
 			}
 		})
@@ -288,7 +288,7 @@ func TestConfigCheckProxiesAndListeners(t *testing.T) {
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": strings.Repeat("t", 32)})
 	const want = "is the same address as server.listen"
 	err := run(context.Background(), []string{"config", "check", "--config", shared}, env, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), want) || exitCode(err, io.Discard) != 1 {
+	if err == nil || !strings.Contains(err.Error(), want) || cli.ExitCode(err, io.Discard) != 1 {
 		t.Errorf("config check: %v, want exit 1 saying %q", err, want)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

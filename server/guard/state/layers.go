@@ -1,11 +1,11 @@
-// Package defense keeps the defense layers' in-memory state across
+// Package state keeps the defense layers' in-memory state across
 // restarts: LoadLayers and LoadBrake rebuild the rate windows, the daily
 // attempt counts, the quotas and the global budget from storage at start,
 // and WriteBehind copies what changed back every second, from a list of
 // snapshots that each limiter registers. It decides nothing about a
 // request and knows neither HTTP nor the database file: storage implements
 // the small interfaces it declares.
-package defense
+package state
 
 import (
 	"context"

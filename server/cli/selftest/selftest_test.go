@@ -16,7 +16,7 @@ import (
 // shipped loads the repository's config.toml, as an operator would.
 func shipped(t *testing.T) app.Config {
 	t.Helper()
-	cfg, err := app.Load(filepath.Join("..", "..", "config.toml"), func(string) string { return "" })
+	cfg, err := app.Load(filepath.Join("..", "..", "..", "config.toml"), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package cli_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"breakwater/detect/smtptest"
+	"breakwater/server/cli"
 )
 
 // config init writes the shipped, commented config.toml, byte for byte,
@@ -38,7 +39,7 @@ func TestConfigInit(t *testing.T) {
 		t.Errorf("config check of what config init wrote: %v", err)
 	}
 	os.WriteFile(path, []byte("# mine\n"), 0o600)
-	if err := cmd("config", "init", path); err == nil || !strings.Contains(err.Error(), "exists") || exitCode(err, io.Discard) != 1 {
+	if err := cmd("config", "init", path); err == nil || !strings.Contains(err.Error(), "exists") || cli.ExitCode(err, io.Discard) != 1 {
 		t.Errorf("config init over a file: %v, want a refusal", err)
 	}
 	if got, _ := os.ReadFile(path); string(got) != "# mine\n" {
