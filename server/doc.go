@@ -1,12 +1,14 @@
-// Package server is Breakwater's HTTP face: the public API (POST /v1/ocr,
-// POST /v1/invites/verify, GET /healthz), the admin API on its own loopback listener, and the
-// transport rules every request meets first: client IP from trusted proxies
-// only, a body limit enforced before anything is buffered, a request id we
-// generate ourselves, panic recovery, and one error handler that answers
-// every failure as application/problem+json (RFC 9457).
+// Package server holds no code: it groups the service's parts, by kind.
 //
-// Echo stays inside this package. Handlers walk the protection layers in the
-// order docs/DESIGN.md describes (through server/guard); the package holds
-// no thresholds of its own and never writes to disk except through the
-// recorders and stores it is given.
+//   - api: the HTTP edge, where every request enters: the public API, the
+//     admin API and dashboard, the transport rules. Echo stays inside it.
+//   - app: the wiring; loads config.toml, builds every part, starts and stops them.
+//   - cli: the command line (one cobra command per operation), with selftest under it.
+//   - guard: the layers between a request and the expensive call, with state
+//     (their memory across restarts) and replay (what other limits would have refused).
+//   - keys, invites, jwtauth, routes: the parts that decide who a request is
+//     and what it may do, without HTTP.
+//   - operator, failpoint: operations (the operator's commands; the crash points).
+//
+// docs/DESIGN.md draws the arrows between them.
 package server

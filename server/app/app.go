@@ -20,7 +20,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
-	"breakwater/server"
+	"breakwater/server/api"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/server/invites"
@@ -97,7 +97,7 @@ type App struct {
 	detect       *detect.Runner
 	mail         detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
 	operator     *operator.Operator
-	srv          *server.Server
+	srv          *api.Server
 
 	addr, adminAddr string
 	servers         []*http.Server
@@ -166,7 +166,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.setCooldowns(guarded)
-	a.srv, err = server.New(cfg.Server, server.Deps{
+	a.srv, err = api.New(cfg.Server, api.Deps{
 		Keys: a.keys, JWT: verifier, Limiter: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake,
 		Plans: a.plans, Reader: reader, Usage: db, Events: events, Price: cfg.OCR.Price,
 		Answers: db, Commits: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
@@ -264,12 +264,12 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 // every second, until Close; the last flush runs after HTTP has stopped
 // and before the database closes. It first restores the dashboard's
 // refusal counts of today.
-func (a *App) startWriteBehind(guarded []server.Route) error {
+func (a *App) startWriteBehind(guarded []api.Route) error {
 	// Each limiter registers its state here, one line each.
 	snapshots := append([]state.Snapshot{
 		state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows),
 		state.Attempts(guard.LayerAttempts, a.layers.Attempts),
-		state.Refusals(server.RefusalCountsLayer, a.srv.DirtyRefusals),
+		state.Refusals(api.RefusalCountsLayer, a.srv.DirtyRefusals),
 	}, a.inviteLimits.Snapshots()...)
 	snapshots = append(snapshots, routeSnapshots(guarded)...)
 	// The dashboard's refusals of today, as written behind before a
@@ -543,7 +543,7 @@ func CheckStart(cfg Config, getenv func(string) string) error {
 }
 
 // NewReader makes the upstream client ocr.provider names.
-func NewReader(c ocr.Config, apiKey string, log *slog.Logger) (server.Reader, error) {
+func NewReader(c ocr.Config, apiKey string, log *slog.Logger) (api.Reader, error) {
 	if c.Provider == "simulated" {
 		log.Warn("ocr.provider is \"simulated\": answers are made up locally and marked \"simulated\": true; no real reads")
 		return ocr.NewSimulated(c)

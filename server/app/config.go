@@ -25,7 +25,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
-	"breakwater/server"
+	"breakwater/server/api"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/routes"
@@ -38,7 +38,7 @@ const envPrefix = "BREAKWATER_"
 // Config is config.toml. Each package owns its section's struct, defaults
 // and validation.
 type Config struct {
-	Server  server.Config          `koanf:"server"`
+	Server  api.Config             `koanf:"server"`
 	Storage storage.Config         `koanf:"storage"`
 	OCR     ocr.Config             `koanf:"ocr"`
 	Budget  budget.Config          `koanf:"budget"`
@@ -254,7 +254,7 @@ func (c *Config) relax(warnings *[]string) error {
 		if _, _, aerr := net.SplitHostPort(admin); aerr != nil {
 			return fmt.Errorf("server.admin_listen: %q is not host:port", admin)
 		}
-		c.Server = server.Config{AdminListen: admin}.WithDefaults()
+		c.Server = api.Config{AdminListen: admin}.WithDefaults()
 		fallback(err, "[server] takes its defaults, but for admin_listen")
 	}
 	if err := c.Storage.Validate(); err != nil {
@@ -284,7 +284,7 @@ func (c *Config) relax(warnings *[]string) error {
 		c.Plans = map[string]budget.Plan{} // the brake and the listings need none
 	}
 	if err := c.Limits.User.Validate("limits.user"); err != nil {
-		c.Limits.User = server.DefaultUserLimits().WithDefaults()
+		c.Limits.User = api.DefaultUserLimits().WithDefaults()
 		fallback(err, "[limits.user] takes its defaults")
 	}
 	if err := errors.Join(c.Auth.JWT.Validate(), c.jwtPlan()); err != nil {
@@ -337,7 +337,7 @@ func moneyModes(keys []string) error {
 func defaults() Config {
 	var c Config
 	c.Budget = budget.DefaultConfig()
-	c.Limits.User = server.DefaultUserLimits()
+	c.Limits.User = api.DefaultUserLimits()
 	c.OCR.DedupeWindow = ocr.DefaultDedupeWindow // "0s" is a setting: off
 	return c
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"breakwater/detect"
-	"breakwater/server"
+	"breakwater/server/api"
 	"breakwater/server/guard/state"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
@@ -37,7 +37,7 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 	if err == nil {
 		err = a.openOperator(cfg, &detect.Counters{})
 	}
-	var guarded []server.Route
+	var guarded []api.Route
 	if err == nil {
 		loc, _ := cfg.Budget.Location() // checked by Load
 		if guarded, err = loadRoutes(a.db, cfg.Routes, loc, opts.Now()); err == nil {
@@ -84,7 +84,7 @@ func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 
 // setCooldowns gives the operator the fail limits whose cooldowns it
 // lists and lifts: the invite limits', then each guarded route's.
-func (a *App) setCooldowns(guarded []server.Route) {
+func (a *App) setCooldowns(guarded []api.Route) {
 	sources := []operator.CooldownSource{{Name: operator.SourceInvites, Fails: a.inviteLimits.Fails}}
 	for _, r := range guarded {
 		if r.Fails != nil {

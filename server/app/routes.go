@@ -8,7 +8,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
-	"breakwater/server"
+	"breakwater/server/api"
 	"breakwater/server/guard/state"
 	"breakwater/server/routes"
 )
@@ -23,12 +23,12 @@ func routeGlobalState(name string) string    { return "routes/" + name + "/fails
 // loadRoutes builds each [[routes]] entry's layers and restores their
 // memory from store, so that a restart resets no window or daily count
 // and lifts no cooldown.
-func loadRoutes(store state.StateLoader, cfgs []routes.Config, loc *time.Location, now time.Time) ([]server.Route, error) {
-	out := make([]server.Route, 0, len(cfgs))
+func loadRoutes(store state.StateLoader, cfgs []routes.Config, loc *time.Location, now time.Time) ([]api.Route, error) {
+	out := make([]api.Route, 0, len(cfgs))
 	day := budget.DayKey(now, loc)
 	for _, c := range cfgs {
 		c = c.WithDefaults()
-		r := server.Route{Config: c}
+		r := api.Route{Config: c}
 		var err error
 		if r.Windows, err = limiter.New(c.Limits()); err != nil {
 			return nil, fmt.Errorf("routes %q: %w", c.Name, err)
@@ -55,7 +55,7 @@ func loadRoutes(store state.StateLoader, cfgs []routes.Config, loc *time.Locatio
 }
 
 // routeSnapshots register the routes' memory with the write-behind.
-func routeSnapshots(rs []server.Route) []state.Snapshot {
+func routeSnapshots(rs []api.Route) []state.Snapshot {
 	var out []state.Snapshot
 	for _, r := range rs {
 		layer := "route:" + r.Config.Name
@@ -71,7 +71,7 @@ func routeSnapshots(rs []server.Route) []state.Snapshot {
 
 // routeFailSnapshots register only the routes' fail limits, for an
 // operator command that changes nothing else of them.
-func routeFailSnapshots(rs []server.Route) []state.Snapshot {
+func routeFailSnapshots(rs []api.Route) []state.Snapshot {
 	var out []state.Snapshot
 	for _, r := range rs {
 		if r.Fails != nil {

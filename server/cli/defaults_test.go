@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"breakwater/budget"
-	"breakwater/server"
+	"breakwater/server/api"
 	"breakwater/server/app"
 	"breakwater/server/operator"
 )
@@ -30,7 +30,7 @@ func TestMinimalConfigKeepsTheDocumentedLimits(t *testing.T) {
 	if got, want := c.Budget, budget.DefaultConfig(); got != want {
 		t.Errorf("budget = %+v, want the defaults %+v", got, want)
 	}
-	if got, want := c.Limits.User, server.DefaultUserLimits(); got != want {
+	if got, want := c.Limits.User, api.DefaultUserLimits(); got != want {
 		t.Errorf("limits.user = %+v, want the defaults %+v", got, want)
 	}
 	if got, want := c.Plans["free"].DailyAttempts, int64(500); got != want {
@@ -96,8 +96,8 @@ func TestMinimalConfigKeepsTheDocumentedLimits(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if codes[http.StatusOK] > server.DefaultUserBurst || codes[http.StatusTooManyRequests] == 0 {
-		t.Errorf("20 requests at once: %v, want at most %d 200s and the rest 429", codes, server.DefaultUserBurst)
+	if codes[http.StatusOK] > api.DefaultUserBurst || codes[http.StatusTooManyRequests] == 0 {
+		t.Errorf("20 requests at once: %v, want at most %d 200s and the rest 429", codes, api.DefaultUserBurst)
 	}
 }
 

@@ -155,7 +155,7 @@ func AttemptsUnder(prefix, layer string, a DailySource) Snapshot {
 }
 
 // Refusals is the snapshot of the transport's refusal counts of today
-// (server.Server.DirtyRefusals): today's under RefusalsState(day); older
+// (api.Server.DirtyRefusals): today's under RefusalsState(day); older
 // days are dropped once the day turns.
 func Refusals(layer string, dirty func() (day string, counts map[string][]byte)) Snapshot {
 	return daily(stateRefusalsPrefix, layer, dirty)

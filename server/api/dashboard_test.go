@@ -1,0 +1,330 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"image/png"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+)
+
+// dashboardEnv is a service with a day of traffic: successes, a rate-limit
+// refusal and a budget ledger.
+func dashboardEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t, envOptions{
+		attempts: 10,
+		limits:   limiter.Config{Rate: 3, Window: time.Hour},
+		budget:   budget.Config{DailyRequests: 500, DailyUSD: 2, MonthlyUSD: 40},
+	})
+	bob := e.newKey("bob", "")
+	for range 4 { // the fourth is refused by the rate limit
+		e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	}
+	e.post(bob, "image/png", pngBytes(t, 16, 16))
+	return e
+}
+
+func TestDashboardData(t *testing.T) {
+	e := dashboardEnv(t)
+	d, err := e.srv.dashboard(context.Background(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Budget.Requests != 4 || d.Budget.DailyRequests != 500 || d.Budget.DailyUSD != 2 || d.Budget.Engaged {
+		t.Errorf("budget %+v", d.Budget)
+	}
+	if len(d.TopUsers) != 2 || d.TopUsers[0].User != "alice" || d.TopUsers[0].AttemptsToday != 3 || d.TopUsers[1].User != "bob" {
+		t.Errorf("top users %+v", d.TopUsers)
+	}
+	if len(d.Refusals) != 1 || d.Refusals[0] != (refusalCount{Layer: "rate", Reason: "rate", Count: 1}) {
+		t.Errorf("refusals %+v", d.Refusals)
+	}
+	if len(d.Days) != 1 || d.Days[0].Requests != 4 {
+		t.Errorf("days %+v", d.Days)
+	}
+	if n := strings.Count(string(d.Chart), `class="bar"`); n != 30 {
+		t.Errorf("%d bars, want 30", n)
+	}
+	// One day of data: 4 calls, so the calls axis tops at 4 with 2 at
+	// half; the zero line, units and a dot for the one day that cost.
+	for _, want := range []string{`id="zero-line"`, ">calls per day<", ">cost per day (US$)<", ">day (month-day, UTC)<",
+		`class="axis-calls" x="58" y="32.0" text-anchor="end">4<`, `class="axis-calls" x="58" y="130.0" text-anchor="end">2<`,
+		`text-anchor="end">0<`, ">$0<", "<circle "} {
+		if !strings.Contains(string(d.Chart), want) {
+			t.Errorf("the chart lacks %s:\n%s", want, d.Chart)
+		}
+	}
+}
+
+func TestFormatUSD(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		want string
+	}{
+		{0, "$0.00"},
+		{0.5, "$0.50"},
+		{0.00015, "$0.00015"},
+		{0.000001, "$0.000001"},
+		{0.123456, "$0.123456"},
+		{0.99, "$0.99"},
+		{1, "$1.00"},
+		{12.345, "$12.35"},
+		{1234.5, "$1234.50"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			if got := formatUSD(c.v); got != c.want {
+				t.Errorf("formatUSD(%v) = %q, want %q", c.v, got, c.want)
+			}
+		})
+	}
+}
+
+func TestChartScales(t *testing.T) {
+	for _, c := range []struct{ n, even, nice int64 }{
+		{0, 2, 1}, {1, 2, 1}, {3, 4, 5}, {4, 4, 5}, {5, 10, 5}, {11, 20, 20}, {600, 1000, 1000}, {150, 200, 200},
+	} {
+		if got := evenCeil(c.n); got != c.even {
+			t.Errorf("evenCeil(%d) = %d, want %d", c.n, got, c.even)
+		}
+		if got := niceCeil(c.n); got != c.nice {
+			t.Errorf("niceCeil(%d) = %d, want %d", c.n, got, c.nice)
+		}
+	}
+}
+
+// formTokenIn reads the brake form's token off the dashboard.
+func formTokenIn(t *testing.T, e *env) string {
+	t.Helper()
+	resp, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("dashboard: %d", resp.StatusCode)
+	}
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no form token in the dashboard:\n%s", body)
+	}
+	return string(m[1])
+}
+
+// TestDashboardBrakeButton: the dashboard's brake form engages and
+// releases the manual brake only with the admin token, the page's form
+// token and no foreign origin.
+func TestDashboardBrakeButton(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	token := formTokenIn(t, e)
+	post := func(admin string, form url.Values, headers ...string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, e.admin.URL+"/brake", strings.NewReader(form.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if admin != "" {
+			req.SetBasicAuth("admin", admin)
+		}
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for _, c := range []struct {
+		name    string
+		admin   string
+		form    url.Values
+		headers []string
+		status  int
+	}{
+		{"no form token", testAdminToken, url.Values{"on": {"true"}}, nil, http.StatusForbidden},
+		{"wrong form token", testAdminToken, url.Values{"on": {"true"}, "csrf": {strings.Repeat("0", 64)}}, nil, http.StatusForbidden},
+		{"another origin", testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, []string{"Origin", "http://evil.example"}, http.StatusForbidden},
+		{"cross-site fetch", testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, []string{"Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
+		{"no admin token", "", url.Values{"on": {"true"}, "csrf": {token}}, nil, http.StatusUnauthorized},
+		{"wrong admin token", "wrong", url.Values{"on": {"true"}, "csrf": {token}}, nil, http.StatusUnauthorized},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if resp := post(c.admin, c.form, c.headers...); resp.StatusCode != c.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, c.status)
+			}
+			if st := e.brake.Status(time.Now()); st.Manual || st.Engaged {
+				t.Errorf("the brake moved: %+v", st)
+			}
+		})
+	}
+	origin := []string{"Origin", e.admin.URL, "Sec-Fetch-Site", "same-origin"}
+	resp := post(testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, origin...)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Fatalf("with the form token: %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if st := e.brake.Status(time.Now()); !st.Manual || !st.Engaged {
+		t.Fatalf("the brake is not engaged: %+v", st)
+	}
+	_, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
+	if !strings.Contains(string(body), "Release the manual brake") {
+		t.Error("the dashboard does not offer to release the brake")
+	}
+	if resp := post(testAdminToken, url.Values{"on": {"false"}, "csrf": {token}}); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("release: %d", resp.StatusCode)
+	}
+	if st := e.brake.Status(time.Now()); st.Manual {
+		t.Errorf("the brake is still on: %+v", st)
+	}
+}
+
+// Shadow refusals show beside the real ones, per layer and reason.
+func TestDashboardShowsShadowRefusals(t *testing.T) {
+	e := newEnv(t, envOptions{attempts: 10, limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	e.srv.SetShadow(true)
+	for range 3 {
+		e.post(e.key, "image/png", pngBytes(t, 16, 16))
+	}
+	d, err := e.srv.dashboard(context.Background(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Refusals) != 1 || d.Refusals[0] != (refusalCount{Layer: "rate", Reason: "rate", Shadow: 2}) {
+		t.Errorf("refusals %+v, want 2 in shadow mode and none refused", d.Refusals)
+	}
+}
+
+func TestDashboardNeedsToken(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	resp, _ := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", ""))
+	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Basic") {
+		t.Errorf("no token: %d %q", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+	}
+	req := mustRequest(t, http.MethodGet, e.admin.URL+"/", "")
+	req.SetBasicAuth("admin", "wrong")
+	if resp, _ := do(t, req); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("wrong password: %d", resp.StatusCode)
+	}
+	req.SetBasicAuth("admin", testAdminToken)
+	resp, body := do(t, req)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<svg") {
+		t.Errorf("with the token: %d", resp.StatusCode)
+	}
+}
+
+// TestDashboardInChromium loads the dashboard in real headless Chromium
+// (Debian's chromium; .ci/run installs it) with the admin token, and checks
+// that the figures it renders match the database.
+func TestDashboardInChromium(t *testing.T) {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("this test needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+	}
+	e := dashboardEnv(t)
+	url := strings.Replace(e.admin.URL, "http://", "http://admin:"+testAdminToken+"@", 1) + "/"
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+		"--user-data-dir="+filepath.Join(t.TempDir(), "profile"), "--dump-dom", url)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	dom := string(out)
+
+	// Until the brake gives its lease back, today's ledger also holds the
+	// lease's unused calls; the page shows the calls made.
+	if err := e.brake.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	day, err := e.db.Budget(budget.DayKey(time.Now(), time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := func(id string) string {
+		m := regexp.MustCompile(`id="` + id + `"[^>]*>([^<]*)<`).FindStringSubmatch(dom)
+		if m == nil {
+			t.Fatalf("no #%s in the page Chromium rendered:\n%s", id, dom)
+		}
+		return strings.TrimSpace(m[1])
+	}
+	if got, want := text("requests-today"), strconv.FormatInt(day.Requests, 10); got != want {
+		t.Errorf("calls today shown %q, database %s", got, want)
+	}
+	if got, want := text("spend-today"), formatUSD(float64(day.SpendMicroUSD)/1e6); got != want {
+		t.Errorf("spend today shown %q, database %s", got, want)
+	}
+	if got := text("brake-state"); got != "released" {
+		t.Errorf("brake shown %q", got)
+	}
+	if got := text("daily-requests"); got != "500" {
+		t.Errorf("ceiling shown %q", got)
+	}
+	bar := regexp.MustCompile(`data-day="` + budget.DayKey(time.Now(), time.UTC) + `" data-requests="(\d+)"`).FindStringSubmatch(dom)
+	if bar == nil || bar[1] != strconv.FormatInt(day.Requests, 10) {
+		t.Errorf("today's bar %v, database %d", bar, day.Requests)
+	}
+	if !strings.Contains(dom, "<td>alice</td>") || !strings.Contains(dom, "<td>bob</td>") {
+		t.Error("the top users are missing")
+	}
+	if !strings.Contains(dom, `id="brake-button"`) || !strings.Contains(dom, "Engage the brake") {
+		t.Error("the brake button is missing")
+	}
+
+	// A screenshot, for a person to judge (-dashboard.screenshot=FILE
+	// keeps it); here only that Chromium drew a page of that size with
+	// the chart's colours in it.
+	shot := filepath.Join(t.TempDir(), "dashboard.png")
+	cmd = exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic", "--hide-scrollbars",
+		"--user-data-dir="+filepath.Join(t.TempDir(), "profile"), "--window-size=1024,1500", "--screenshot="+shot, url)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("chromium screenshot: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *screenshotTo != "" {
+		if err := os.WriteFile(*screenshotTo, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	img, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("the screenshot is no PNG: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() != 1024 || b.Dy() != 1500 {
+		t.Errorf("screenshot %v, want 1024×1500", b)
+	}
+	var bars, line int
+	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y++ {
+		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			switch [3]uint32{r >> 8, g >> 8, b >> 8} {
+			case [3]uint32{0x7a, 0xa2, 0xe3}:
+				bars++
+			case [3]uint32{0xd9, 0x53, 0x4f}:
+				line++
+			}
+		}
+	}
+	if bars < 100 || line < 20 {
+		t.Errorf("the screenshot shows %d pixels of bars and %d of the cost line: is the chart drawn?", bars, line)
+	}
+}
+
+var screenshotTo = flag.String("dashboard.screenshot", "", "write the dashboard's Chromium screenshot to this file")

@@ -1,0 +1,127 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/limiter"
+)
+
+// The defense layers a request meets before the upstream call. Layers 1, 2
+// and 3 fail open: each is one of several, so when its own machinery fails
+// (a panic, a persistence error) the request goes on and the fault is
+// counted. Money integrity (quota, usage record) fails closed elsewhere.
+
+// Defaults of [limits.user], layer 1: what a key left out of config.toml
+// means. Only an explicit 0 switches the rate or the burst limit off.
+const (
+	DefaultUserRate   = 60
+	DefaultUserWindow = time.Minute
+	DefaultUserBurst  = 5
+)
+
+// DefaultUserLimits is [limits.user] when config.toml leaves every key out.
+// Decode config.toml over it, so that an absent key keeps its default.
+func DefaultUserLimits() limiter.Config {
+	return limiter.Config{Rate: DefaultUserRate, Window: DefaultUserWindow, Burst: DefaultUserBurst, Mode: limiter.ModeEnforce}
+}
+
+// RateLimiter is layer 1: limiter.Limiter keyed by user id.
+type RateLimiter interface {
+	Allow(key string, now time.Time) error
+}
+
+// AttemptCounter is layer 2: budget.Attempts.
+type AttemptCounter interface {
+	Check(user string, line int64, now time.Time) error
+	Take(user string, line int64, now time.Time) error
+}
+
+// Brake is layer 3: budget.Global.
+type Brake interface {
+	Check(now time.Time) error
+	Claim(worst int64, now time.Time) (budget.Reservation, error)
+	Commit(ctx context.Context, r *budget.Reservation) error
+	Settle(ctx context.Context, r budget.Reservation, actual int64) error
+	Settled(r budget.Reservation, actual int64)
+	Status(now time.Time) budget.Status
+}
+
+// failOpens counts fail-open events and logs each layer's at most once a
+// minute, so a broken disk cannot flood the log.
+type failOpens struct {
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() time.Time
+
+	alerts Alerter
+
+	mu     sync.Mutex
+	logged map[string]time.Time
+	missed map[string]int
+	recent map[string][]time.Time // each layer's faults within failOpenAlertWindow
+}
+
+const failOpenLogEvery = time.Minute
+
+// A layer that fails open failOpenAlertAfter times within
+// failOpenAlertWindow raises an alert: one fault is noise, a run of them
+// means the layer is not protecting anything.
+const (
+	failOpenAlertAfter  = 5
+	failOpenAlertWindow = time.Minute
+)
+
+func (f *failOpens) note(layer string, err error) {
+	f.metrics.failOpen.WithLabelValues(layer).Inc()
+	now := f.now()
+	f.mu.Lock()
+	recent := append(f.recent[layer], now)
+	for len(recent) > 0 && now.Sub(recent[0]) > failOpenAlertWindow {
+		recent = recent[1:]
+	}
+	if len(recent) >= failOpenAlertAfter {
+		f.metrics.alertsRaised.WithLabelValues(detect.KindFailOpen).Inc()
+		f.alerts.Alert(detect.KindFailOpen, "a defense layer is failing open repeatedly: requests are let through unchecked",
+			map[string]string{"layer": layer, "faults_last_minute": strconv.Itoa(len(recent)), "last_error": err.Error()})
+		recent = recent[:0]
+	}
+	f.recent[layer] = recent
+	last, seen := f.logged[layer]
+	if seen && now.Sub(last) < failOpenLogEvery {
+		f.missed[layer]++
+		f.mu.Unlock()
+		return
+	}
+	missed := f.missed[layer]
+	f.logged[layer], f.missed[layer] = now, 0
+	f.mu.Unlock()
+	f.log.Error("defense layer failed open: request let through", "layer", layer, "err", err, "unlogged_since_last", missed)
+}
+
+// defend runs one fail-open layer's check. A refusal (isRefusal) is
+// returned; anything else that goes wrong, a panic included, is counted
+// and the request let through.
+func (s *Server) defend(layer string, check func() error, isRefusal func(error) bool) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.failOpen.note(layer, fmt.Errorf("panic: %v", r))
+			err = nil
+		}
+	}()
+	err = check()
+	if err != nil && !isRefusal(err) {
+		s.failOpen.note(layer, err)
+		return nil
+	}
+	return err
+}
+
+func isRateRefusal(err error) bool { return errors.Is(err, limiter.ErrLimited) }

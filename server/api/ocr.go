@@ -1,0 +1,622 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/limiter"
+	"breakwater/ocr"
+	"breakwater/server/failpoint"
+	"breakwater/server/guard"
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
+)
+
+// multipartSlack is what multipart framing may add around the image.
+const multipartSlack = 64 << 10
+
+// ocrResponse is the body of a successful read.
+type ocrResponse struct {
+	Serials   []string      `json:"serials"`
+	Rejected  []string      `json:"rejected"`
+	Quota     quotaResponse `json:"quota"`
+	Simulated bool          `json:"simulated,omitempty"`
+	Cached    bool          `json:"cached,omitempty"` // answered from the dedupe window, without a call
+}
+
+type quotaResponse struct {
+	Limit     int64 `json:"limit"`
+	Used      int64 `json:"used"`
+	Remaining int64 `json:"remaining"`
+}
+
+// authenticate is layer 0: no valid API key or JWT, no entry. A token
+// shaped like a JWT goes to the verifier when JWT sign-in is on; anything
+// else to the keyring. Every failure gives the same 401 body; why a JWT was
+// refused goes to the debug log and a metric, never to the client. It also
+// tells whether the user is banned: for an API key that comes with the
+// key's own lookup.
+func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, err error) {
+	// Two Authorization headers are refused, not resolved: a proxy and the
+	// server might each believe a different one.
+	auth := c.Request().Header[echo.HeaderAuthorization] // canonical already: not checked again
+	if len(auth) != 1 {
+		return keys.Identity{}, false, errUnauthorized
+	}
+	token, ok := bearer(auth[0])
+	if !ok {
+		return keys.Identity{}, false, errUnauthorized
+	}
+	if s.d.JWT != nil && jwtauth.IsJWT(token) {
+		id, err := s.d.JWT.Verify(c.Request().Context(), token)
+		if err != nil {
+			reason := "other"
+			var r *jwtauth.Refusal
+			if errors.As(err, &r) {
+				reason = r.Reason
+			}
+			s.d.Metrics.jwt.WithLabelValues(reason).Inc()
+			s.log.Debug("JWT refused", "reason", reason, "err", err, "request_id", requestID(c))
+			return keys.Identity{}, false, errUnauthorized
+		}
+		return id, s.d.Keys.Banned(id.UserID), nil
+	}
+	id, banned, ok = s.d.Keys.Authenticate(token)
+	if !ok {
+		return keys.Identity{}, false, errUnauthorized
+	}
+	return id, banned, nil
+}
+
+// handleOCR reads serial numbers off one image. It walks the layer table
+// of README.md: nothing that costs money runs before every check has
+// passed, a refusal by layers 0-3 writes nothing to disk, and no result
+// leaves before its usage record is on disk. A repeat of an idempotent
+// request, or the same image again within the dedupe window, is answered
+// from what the first read's usage transaction kept, without a call.
+func (s *Server) handleOCR(c echo.Context) error {
+	start := s.now()
+	id, plan, err := s.identify(c) // layer 0
+	if err != nil {
+		return err
+	}
+	req := guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota,
+		ShadowDaily: plan.ShadowDaily(), Client: limiter.ClientKey(c.RealIP()), Route: ocrRoute, Plan: id.Plan}
+	key, err := idempotencyKey(c.Request().Header)
+	if err != nil {
+		return err
+	}
+	if key != "" {
+		return s.handleIdempotentOCR(c, start, id, plan, req, key)
+	}
+	// Layers 1-3 from memory, before the body is read.
+	t, refused := s.guard.Admit(req, start)
+	if refused != nil {
+		return s.refusalOf(req, start, refused)
+	}
+	defer t.Release() // whatever happens from here on, a panic too
+	in, err := s.receive(c, id)
+	if err != nil {
+		return err
+	}
+	defer in.mem.close()
+	return s.readOnce(c, start, id, plan, req, t, in, "")
+}
+
+// handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
+// only layer 1 is checked before the stored answer is looked up, since a
+// repeat uses nothing else; a first request goes on as any other.
+func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, key string) error {
+	if !s.pending.acquire(id.UserID, key) {
+		return errIdempotencyKeyInUse.withRetryAfter(1)
+	}
+	defer s.pending.release(id.UserID, key)
+	if refused := s.guard.Count(req, start); refused != nil {
+		return s.refusalOf(req, start, refused)
+	}
+	in, err := s.receive(c, id)
+	if err != nil {
+		return err
+	}
+	defer in.mem.close()
+	if a, ok := s.storedAnswer(id.UserID, key); ok {
+		if a.Fingerprint != in.fp {
+			return errIdempotencyKeyReused
+		}
+		return s.replay(c, start, id, a)
+	}
+	t, refused := s.guard.Look(req, s.now())
+	if refused != nil {
+		return s.refusalOf(req, s.now(), refused)
+	}
+	defer t.Release()
+	return s.readOnce(c, start, id, plan, req, t, in, key)
+}
+
+// readOnce answers the image from the dedupe window when it was read
+// within it, and reads it otherwise. While the same user's read of the same
+// image is under way, the request waits for that read's answer rather than
+// paying for its own: a client that sends one image several times at once
+// is billed once. If that read fails (or is refused), the waiters wake,
+// find no answer and one of them reads the image in turn, so each
+// attempt is still the request's own; a waiter whose client goes away
+// stops waiting (499). The waiters are bounded by max_in_flight_per_user,
+// since each holds one of its user's slots.
+func (s *Server) readOnce(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, t *guard.Ticket, in received, key string) error {
+	if s.d.Answers == nil || s.d.DedupeWindow <= 0 {
+		return s.read(c, start, id, plan, req, t, in, key)
+	}
+	for {
+		if a, ok := s.recentRead(id.UserID, in.fp); ok {
+			return s.answerCached(c, start, id, plan.MonthlyQuota, a, key)
+		}
+		done, wait := s.reading.lead(id.UserID, in.fp)
+		if wait == nil {
+			defer done()
+			return s.read(c, start, id, plan, req, t, in, key)
+		}
+		select {
+		case <-wait:
+		case <-c.Request().Context().Done():
+			return errClientGone
+		}
+	}
+}
+
+// received is a validated upload and what it took to receive it.
+type received struct {
+	data []byte
+	img  ocr.Image
+	fp   [32]byte
+	mem  *lease
+	at   time.Time // when the guard's checks before the body ended
+}
+
+// receive takes an in-flight slot and the body's memory, reads the upload
+// and checks it cheaply: type sniffing and the image header. The caller
+// closes mem.
+func (s *Server) receive(c echo.Context, id keys.Identity) (received, error) {
+	mem, err := s.enter(id)
+	if err != nil {
+		return received{}, err
+	}
+	in := received{mem: mem, at: s.now()}
+	in.data, in.img, err = readValidImage(c.Request(), s.cfg, mem)
+	if err != nil {
+		mem.close()
+		return received{}, err
+	}
+	in.fp = fingerprint(in.img)
+	return in, nil
+}
+
+// read makes the paid call for an admitted, validated upload: layers 2,
+// 2b and 3 take their share, the claim goes to disk before the call, and
+// the usage record (with what a repeat needs) before the answer.
+func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, t *guard.Ticket, in received, key string) error {
+	price := s.price.Load()
+	ctx := context.WithoutCancel(c.Request().Context()) // a paid call outlives its client
+	now := s.now()                                      // the upload may have taken a while
+	worst := price.WorstCase(in.img.Width, in.img.Height)
+	if refused := t.Reserve(worst, now); refused != nil {
+		return s.refusalOf(req, now, refused)
+	}
+	checked := s.now()
+	s.d.Metrics.guard.Observe((in.at.Sub(start) + checked.Sub(now)).Seconds())
+	refused := t.Commit(ctx, checked)
+	committed := s.now()
+	s.d.Metrics.reserveLatency.Observe(committed.Sub(checked).Seconds())
+	s.d.Metrics.guardOverhead.Observe((in.at.Sub(start) + committed.Sub(now)).Seconds())
+	if refused != nil {
+		t.Cancel(ctx) // no call is made
+		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", id.UserID, "request_id", requestID(c),
+			"pause", guard.UsagePause)
+		s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
+			map[string]string{"user": id.UserID, "request_id": requestID(c)})
+		return s.refusalOf(req, now, refused)
+	}
+	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
+	if c.Request().Context().Err() != nil {
+		t.Cancel(ctx) // gone before the call: nothing is spent
+		return errClientGone
+	}
+
+	// The expensive call, with its one retry claimed like the call. It
+	// starts when the reservation is committed: only a check lies between.
+	res, err := s.d.Reader.Read(ctx, in.img, func() bool { return s.claimRetry(ctx, c, t, worst) })
+	latency := s.now().Sub(committed)
+	cost := s.callCost(c, price, res.Usage, err, worst)
+	s.countCall(latency, res.Usage, err)
+	s.d.Metrics.cost.Add(usd(cost))
+	event := detect.Event{
+		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: ocrRoute,
+		Bytes: int64(len(in.data)), LatencyMS: latency.Milliseconds(),
+		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
+		CostMicroUSD: cost,
+	}
+	// The read is paid for, so what follows is written even if the client
+	// has gone.
+	ctx = s.recordCtx.get()
+	if err != nil {
+		t.Fail(ctx, cost)
+		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
+		s.d.Events.Record(event)
+		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
+		if errors.Is(err, ocr.ErrKeyRefused) {
+			// Every read fails until the operator fixes the key: say so
+			// now, not in tomorrow's digest.
+			s.alert(detect.KindUpstreamKeyRefused, "Gemini refused GEMINI_API_KEY: every read fails (502) until the key is fixed",
+				map[string]string{"error": err.Error()})
+		}
+		return errUpstream
+	}
+	return s.record(c, ctx, t, plan, id, event, s.usageRecord(c, start, id, res, in, cost, latency), res, in, key)
+}
+
+// usageRecord is the row of a successful read.
+func (s *Server) usageRecord(c echo.Context, start time.Time, id keys.Identity, res ocr.Result, in received, cost int64, latency time.Duration) budget.UsageRecord {
+	return budget.UsageRecord{
+		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
+		Bytes: int64(len(in.data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
+		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
+	}
+}
+
+// record is "$": the quota increment, the usage row, the settlement and
+// what a repeat needs, in one durable transaction before the answer. With
+// an idempotency key the answer is made first, so that what is kept is
+// what is sent.
+func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, plan budget.Plan, id keys.Identity,
+	event detect.Event, rec budget.UsageRecord, res ocr.Result, in received, key string) error {
+	var body []byte
+	if key != "" || s.d.DedupeWindow > 0 {
+		rec.Answer = &budget.Answer{Fingerprint: in.fp, Serials: res.Serials, Rejected: res.Rejected, Simulated: res.Simulated}
+	}
+	if key != "" {
+		body = answerBody(res, plan.MonthlyQuota, s.guard.Used(id.UserID, s.now())+1)
+		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = key, http.StatusOK, body
+	}
+	commitStart := s.now()
+	used, err := t.Record(ctx, rec, event.CostMicroUSD, commitStart)
+	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
+	if err != nil {
+		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
+		s.d.Events.Record(event)
+		s.log.Error("usage record not written: result withheld, paid calls paused", "user", id.UserID, "request_id", rec.RequestID,
+			"pause", guard.UsagePause, "err", err)
+		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
+			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
+		return errUsageUnavailable
+	}
+	failpoint.Hit(failpoint.Recorded) // crash tests only: a kill between the usage record and the answer
+	event.Outcome, event.Status = "ok", http.StatusOK
+	s.d.Events.Record(event)
+	if body == nil {
+		body = answerBody(res, plan.MonthlyQuota, used)
+	}
+	return writeJSON(c, http.StatusOK, body)
+}
+
+// callCost is what a call is billed: its reported tokens at the prices in
+// force when it started, or its worst case when the bill is unknown (a failure without
+// usage, or a reply that reports none).
+func (s *Server) callCost(c echo.Context, price *ocr.Price, u ocr.Usage, err error, worst int64) int64 {
+	cost := price.Cost(u)
+	switch {
+	case !u.Known():
+		if err == nil {
+			s.log.Warn("the upstream answered without token usage: the call counts at its worst case",
+				"request_id", requestID(c), "worst_micro_usd", worst)
+		}
+		return worst
+	case cost > worst:
+		s.log.Warn("the upstream reported more tokens than the worst case allowed for: check ocr.price and the image limits",
+			"request_id", requestID(c), "cost_micro_usd", cost, "worst_micro_usd", worst)
+	}
+	return cost
+}
+
+// claimRetry is asked by the upstream client before its one retry: the
+// retry is a second paid call, claimed and committed like the first, and
+// made only if the budget has room for it.
+func (s *Server) claimRetry(ctx context.Context, c echo.Context, t *guard.Ticket, worst int64) bool {
+	if !t.ClaimRetry(ctx, worst, s.now()) {
+		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID(c))
+		return false
+	}
+	s.d.Metrics.callsFailed.Inc() // the busy first call
+	return true
+}
+
+// identify is layer 0 with what follows from it: who is asking (401),
+// whether they are banned (403), and their plan (403 when it is gone).
+func (s *Server) identify(c echo.Context) (keys.Identity, budget.Plan, error) {
+	id, banned, err := s.authenticate(c)
+	if err != nil {
+		return keys.Identity{}, budget.Plan{}, err
+	}
+	setUser(c, id.UserID) // for the access log
+	if banned {
+		return keys.Identity{}, budget.Plan{}, errBanned
+	}
+	plan, ok := s.d.Plans.Get(id.Plan)
+	if !ok {
+		// Counted as it is answered, not logged per request: a plan
+		// removed by a reload must not let its users flood the log.
+		// `usage` shows them.
+		return keys.Identity{}, budget.Plan{}, errNoPlan
+	}
+	return id, plan, nil
+}
+
+// readValidImage reads the upload into memory taken from mem and checks it
+// cheaply: type sniffing and the image header only, nothing decoded.
+func readValidImage(r *http.Request, cfg Config, mem *lease) ([]byte, ocr.Image, error) {
+	data, declared, err := readImage(r, cfg.MaxImageBytes, cfg.MaxMultipartParts, mem)
+	if err != nil {
+		return nil, ocr.Image{}, err
+	}
+	img, err := ocr.Inspect(data, declared, ocr.Limits{MaxPixels: cfg.MaxImagePixels, MaxSide: cfg.MaxImageSide})
+	switch {
+	case errors.Is(err, ocr.ErrUnsupportedType):
+		return nil, ocr.Image{}, errUnsupportedType
+	case errors.Is(err, ocr.ErrTooManyPixels):
+		return nil, ocr.Image{}, errTooManyPixels
+	case err != nil:
+		return nil, ocr.Image{}, errUndecodable
+	}
+	return data, img, nil
+}
+
+// countCall feeds one upstream call into the metrics.
+func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
+	m := s.d.Metrics
+	calls := m.callsOK
+	if err != nil {
+		calls = m.callsFailed
+	}
+	calls.Inc()
+	m.upstreamLatency.Observe(d.Seconds())
+	m.promptTokens.Add(float64(u.PromptTokens))
+	m.outputTokens.Add(float64(u.CandidatesTokens))
+	m.thoughtsTokens.Add(float64(u.ThoughtsTokens))
+}
+
+// ocrRoute is the route as recorded in statistics events.
+const ocrRoute = "/v1/ocr"
+
+// refusalOf records a refusal of req by the guard at now (counted per
+// minute and key by the recorder, for a replay) and turns it into the
+// problem users see.
+func (s *Server) refusalOf(req guard.Request, now time.Time, r *guard.Refusal) error {
+	s.d.Events.Record(detect.Event{Time: now, UserID: req.Key, IP: req.Client, Plan: req.Plan, Route: req.Route,
+		Layer: r.Layer, Outcome: detect.OutcomeLayerRefused})
+	return s.refusal(r, now)
+}
+
+// shadowedBy counts and records a refusal that a layer in shadow mode
+// would have made; the request goes on.
+func (s *Server) shadowedBy(req guard.Request, r *guard.Refusal) {
+	now := s.now()
+	s.shadowed(now, r.Layer, r.Reason)
+	s.d.Events.Record(detect.Event{Time: now, UserID: req.Key, IP: req.Client, Plan: req.Plan, Route: req.Route,
+		Layer: r.Layer, Outcome: detect.OutcomeShadowRefused})
+}
+
+func (s *Server) shadowed(now time.Time, layer, reason string) {
+	s.d.Metrics.shadowRefusals.WithLabelValues(layer, reason).Inc()
+	s.shadowToday.add(s.calendar.Day(now), layer, reason)
+}
+
+// SetShadow switches the OCR route's rate limit (limits.user.mode) to
+// shadow mode, or to enforce mode, live; a plan's daily line follows the
+// plan's daily_mode.
+func (s *Server) SetShadow(rate bool) {
+	var layers []string
+	if rate {
+		layers = append(layers, guard.LayerRate)
+	}
+	_ = s.guard.SetShadow(layers...) // the rate layer is always shadowable
+}
+
+// readImage returns the uploaded image and its declared media type, from a
+// raw body or from the multipart field "image". The image is held to max
+// bytes without reading further, a form to maxParts parts. Its memory is
+// taken from mem first: a declared length before a byte is read, so that
+// an upload that cannot fit is refused at once; an unknown length as its
+// bytes arrive.
+func readImage(r *http.Request, max int64, maxParts int, mem *lease) (data []byte, declared string, err error) {
+	ct := r.Header.Get(echo.HeaderContentType)
+	var params map[string]string
+	multi := false
+	if maybeForm(ct) { // a plain upload's type is not parsed, which allocates
+		var mt string
+		mt, params, _ = mime.ParseMediaType(ct)
+		multi = mt == formType
+	}
+	if !multi && r.ContentLength > max {
+		return nil, "", errTooLarge
+	}
+	var body io.Reader = r.Body
+	if r.ContentLength > 0 {
+		if err := mem.need(min(r.ContentLength, max)); err != nil {
+			return nil, "", err
+		}
+	} else {
+		body = &arrivals{r: body, mem: mem, max: max}
+	}
+	if multi {
+		return readMultipartImage(body, params["boundary"], max, r.ContentLength, maxParts, mem)
+	}
+	data, err = readAtMost(body, max, r.ContentLength, mem)
+	if err != nil {
+		return nil, "", err
+	}
+	return data, ct, nil
+}
+
+// formType is the media type of a form.
+const formType = "multipart/form-data"
+
+// maybeForm reports whether mime.ParseMediaType may read ct as formType:
+// false only when it cannot, for an ASCII ct that does not hold the name
+// in any case. A ct with other bytes is left to mime, whose lower-casing
+// maps some of them to ASCII letters.
+func maybeForm(ct string) bool {
+	for i := range len(ct) {
+		if ct[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for i := 0; i+len(formType) <= len(ct); i++ {
+		if strings.EqualFold(ct[i:i+len(formType)], formType) {
+			return true
+		}
+	}
+	return false
+}
+
+// readMultipartImage reads the field "image" of a form of at most maxParts
+// parts (each part, even an empty one, costs a header parse), and then the
+// rest of the form, so that the body ends and its connection can be
+// reused. size is the body's declared length, -1 if unknown.
+func readMultipartImage(body io.Reader, boundary string, max, size int64, maxParts int, mem *lease) ([]byte, string, error) {
+	if boundary == "" {
+		return nil, "", errMissingImage
+	}
+	mr := multipart.NewReader(body, boundary)
+	for parts := 1; ; parts++ {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return nil, "", errMissingImage
+		}
+		if err != nil {
+			return nil, "", bodyError(err, errMissingImage)
+		}
+		if parts > maxParts {
+			return nil, "", errTooManyParts
+		}
+		if part.FormName() != "image" {
+			continue // NextPart discards the rest of this part
+		}
+		data, err := readAtMost(part, max, size, mem)
+		if err != nil {
+			return nil, "", err
+		}
+		declared := part.Header.Get(echo.HeaderContentType)
+		for parts++; ; parts++ {
+			if _, err := mr.NextPart(); err != nil {
+				break // the image is whole; a broken end does not matter
+			}
+			if parts > maxParts {
+				return nil, "", errTooManyParts
+			}
+		}
+		return data, declared, nil
+	}
+}
+
+// firstBuffer is readAtMost's first buffer for a body of unknown length.
+const firstBuffer = 64 << 10
+
+// readAtMost reads r to its end, refusing more than limit bytes and an empty
+// body. size is what the body declared, -1 if unknown: a declared size is
+// read into one buffer of that size, an unknown one into a buffer that
+// doubles as bytes arrive. Each buffer's bytes are taken from mem before
+// it is made, so memory grows with the bytes that actually arrive, never
+// with what a Content-Length header merely claims beyond mem's lease.
+func readAtMost(r io.Reader, limit, size int64, mem *lease) ([]byte, error) {
+	n := min(limit, firstBuffer)
+	if size >= 0 {
+		n = min(limit, size)
+	}
+	buf, err := grow(nil, n, mem)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if len(buf) == cap(buf) {
+			// Full: does the body end here?
+			var one [1]byte
+			n, err := io.ReadAtLeast(r, one[:], 1)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, bodyError(err, errBadBody)
+			}
+			if int64(len(buf)) >= limit {
+				return nil, errTooLarge
+			}
+			if buf, err = grow(buf, min(limit, max(2*int64(cap(buf)), firstBuffer)), mem); err != nil {
+				return nil, err
+			}
+			buf = append(buf, one[:n]...)
+			continue
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, bodyError(err, errBadBody)
+		}
+	}
+	if len(buf) == 0 {
+		return nil, errMissingImage
+	}
+	return buf, nil
+}
+
+// grow returns buf copied into a buffer of capacity n, whose bytes it
+// takes from mem first.
+func grow(buf []byte, n int64, mem *lease) ([]byte, error) {
+	if err := mem.need(n); err != nil {
+		return nil, err
+	}
+	out := make([]byte, len(buf), n)
+	copy(out, buf)
+	return out, nil
+}
+
+// bodyError maps an error of reading the body to its problem, other for
+// any that is not the body limit, the upload rate or the body memory.
+func bodyError(err error, other *Problem) error {
+	var p *Problem
+	switch {
+	case isTooLarge(err):
+		return errTooLarge
+	case errors.Is(err, errReadTooSlow):
+		return errUploadTooSlow
+	case errors.As(err, &p):
+		return p
+	}
+	return other
+}
+
+func requestID(c echo.Context) string { return c.Response().Header().Get(echo.HeaderXRequestID) }
+
+// ceilSeconds rounds d up to whole seconds, at least 1.
+func ceilSeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,170 @@
+package api
+
+import (
+	"fmt"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+	"breakwater/server/guard"
+	"breakwater/server/keys"
+	"breakwater/server/routes"
+)
+
+// Route is one [[routes]] entry of the app with the memory of its layers,
+// as the App builds and restores them.
+type Route struct {
+	Config   routes.Config
+	Windows  *limiter.Limiter     // rate and burst, keyed by user id or client IP; required
+	Attempts *budget.Attempts     // the daily line; required
+	Fails    *limiter.FailLimiter // [routes.fail]; nil without one
+}
+
+// Timeouts of the calls to a route's upstream. The whole answer is also
+// bounded by the server's write timeout.
+const (
+	routeDialTimeout   = 5 * time.Second
+	routeHeaderTimeout = 60 * time.Second // the app's time to start answering
+)
+
+// routeLayer is the layer label of a route's refusals in metrics and logs:
+// "route:NAME".
+func routeLayer(name string) string { return "route:" + name }
+
+// guardedRoute is a route at run time. Its limits (rate, window, burst,
+// daily, max_body, mode) change live with SetRoutes; the rest is fixed at
+// start.
+type guardedRoute struct {
+	name    string
+	layer   string
+	cfg     atomic.Pointer[routes.Config]
+	windows *limiter.Limiter
+	guard   *guard.Guard
+	fails   *limiter.FailLimiter
+	proxy   *httputil.ReverseProxy // nil: forward auth only
+}
+
+// newRoutes builds the routes' guards and proxies, and the two tables
+// that find them: every route for forward auth, the proxied ones for the
+// public listener.
+func (s *Server) newRoutes(rs []Route) error {
+	all := make([]routes.Config, 0, len(rs))
+	var proxied []routes.Config
+	s.guarded = make(map[string]*guardedRoute, len(rs))
+	for _, r := range rs {
+		if r.Windows == nil || r.Attempts == nil || (r.Config.Fail != nil && r.Fails == nil) {
+			return fmt.Errorf("server: route %q needs its rate windows, its attempt counts and, with [routes.fail], its fail limiter", r.Config.Name)
+		}
+		cfg := r.Config.WithDefaults()
+		g, err := guard.New(guard.Layers{Rate: r.Windows, Attempts: r.Attempts}, guard.Hooks{FailedOpen: s.failOpen.note})
+		if err != nil {
+			return err
+		}
+		rt := &guardedRoute{name: cfg.Name, layer: routeLayer(cfg.Name), windows: r.Windows, guard: g, fails: r.Fails}
+		rt.cfg.Store(&cfg)
+		if cfg.Upstream != "" {
+			target, err := url.Parse(cfg.Upstream)
+			if err != nil {
+				return fmt.Errorf("server: route %q: upstream: %w", cfg.Name, err)
+			}
+			rt.proxy = s.newProxy(target)
+			proxied = append(proxied, cfg)
+		}
+		s.guarded[cfg.Name] = rt
+		all = append(all, cfg)
+	}
+	var err error
+	if s.allRoutes, err = routes.NewTable(all); err != nil {
+		return err
+	}
+	s.proxyRoutes, err = routes.NewTable(proxied)
+	return err
+}
+
+// SetRoutes applies the live part of each route's config: its rate,
+// window, burst, daily line, max_body and mode. A route that is new, gone
+// or changed in any other key keeps running as it started; the App
+// reports those as needing a restart.
+func (s *Server) SetRoutes(next []routes.Config) {
+	for _, c := range next {
+		rt := s.guarded[c.Name]
+		if rt == nil {
+			continue
+		}
+		c = c.WithDefaults()
+		cur := *rt.cfg.Load()
+		cur.Rate, cur.Window, cur.Burst, cur.Daily, cur.MaxBody, cur.Mode = c.Rate, c.Window, c.Burst, c.Daily, c.MaxBody, c.Mode
+		rt.windows.SetConfig(cur.Limits())
+		rt.cfg.Store(&cur)
+	}
+}
+
+// routeCaller is who asks on a route: the key its limits count, and the
+// identity for X-Breakwater-User and X-Breakwater-Plan (zero for
+// identity = "ip").
+type routeCaller struct {
+	key string
+	id  keys.Identity
+	ip  string // the client's key: its address, or its /64
+}
+
+// routeCaller establishes who asks: for identity = "user" an API key or a
+// JWT (401 without, 403 when banned), keyed by user id; for identity =
+// "ip" the client IP (IPv6 by /64), from trusted proxies only.
+func (s *Server) routeCaller(c echo.Context, cfg *routes.Config) (routeCaller, error) {
+	who := routeCaller{ip: limiter.ClientKey(c.RealIP())}
+	if cfg.Identity == routes.IdentityIP {
+		who.key = "ip:" + who.ip
+		return who, nil
+	}
+	id, _, err := s.identify(c)
+	if err != nil {
+		return who, err
+	}
+	who.key, who.id = id.UserID, id
+	return who, nil
+}
+
+// admitRoute runs layers 1 and 2 of a route for key: the rate and burst,
+// then the daily line, counted. In shadow mode a would-be refusal is
+// logged and counted in breakwater_shadow_refusals_total and the request
+// passes; the layers count as they do when enforcing.
+func (s *Server) admitRoute(rt *guardedRoute, cfg *routes.Config, key string, now time.Time) *guard.Refusal {
+	t, r := rt.guard.Admit(guard.Request{Key: key, DailyLine: cfg.Daily}, now)
+	if r == nil {
+		r = t.Reserve(0, now)
+	}
+	if r == nil {
+		return nil
+	}
+	return s.routeRefused(rt, cfg, r.Reason, r, now)
+}
+
+// routeRefused returns a refusal of a route, to be answered (and counted
+// then, under the route's layer), or in shadow mode logs it, counts it as
+// a shadow refusal and returns nil.
+func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, reason string, r *guard.Refusal, now time.Time) *guard.Refusal {
+	if cfg.Mode == routes.ModeShadow {
+		s.shadowed(now, rt.layer, reason)
+		if ok, held := s.routeLog.allow(now, refusalLogInterval); ok {
+			s.log.Info("shadow mode: a refusal let through", "route", rt.name, "reason", reason, "unlogged_since_last", held)
+		}
+		return nil
+	}
+	return r
+}
+
+// hasProxied reports whether a route has an upstream.
+func (s *Server) hasProxied() bool {
+	for _, rt := range s.guarded {
+		if rt.proxy != nil {
+			return true
+		}
+	}
+	return false
+}

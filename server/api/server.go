@@ -1,0 +1,257 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/ocr"
+	"breakwater/server/guard"
+	"breakwater/server/invites"
+	"breakwater/server/jwtauth"
+	"breakwater/server/keys"
+	"breakwater/server/operator"
+	"breakwater/server/routes"
+)
+
+// Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
+// server.idle_timeout.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 60 * time.Second  // a 10 MiB upload needs about 1.4 Mbit/s to fit
+	writeTimeout      = 180 * time.Second // the upload, ocr.timeout (at most 90 s) and the commit
+	recordTimeout     = 10 * time.Second  // most a paid read waits to be recorded
+)
+
+// Reader reads serial numbers off an image: ocr.Gemini or ocr.Simulated.
+type Reader interface {
+	// Read calls the upstream; before a retry it asks mayRetry, which
+	// claims that second call against the global budget.
+	Read(ctx context.Context, img ocr.Image, mayRetry func() bool) (ocr.Result, error)
+}
+
+// UsageRecorder commits a successful read (its quota increment, its usage
+// row and its budget settlement) durably, returning only once it is on
+// disk.
+type UsageRecorder interface {
+	RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error
+}
+
+// AnswerStore reads what usage transactions kept of earlier reads
+// (budget.UsageRecord.Answer): by idempotency key and by image. KeepAnswer
+// binds an idempotency key to an answer that made no read of its own (one
+// from the dedupe window), as of at.
+type AnswerStore interface {
+	StoredAnswer(user, key string) (a budget.Answer, at time.Time, found bool, err error)
+	RecentRead(user string, fingerprint [32]byte) (a budget.Answer, at time.Time, found bool, err error)
+	KeepAnswer(user string, at time.Time, a budget.Answer) error
+}
+
+// EventRecorder takes a statistics event without ever waiting.
+type EventRecorder interface {
+	Record(e detect.Event)
+}
+
+// CommitCounter counts the storage writer's group commits and the writes
+// they carried (storage.DB).
+type CommitCounter interface {
+	Transactions() int64
+	Writes() int64
+}
+
+// Deps are the components a Server works with. All but JWT, Metrics,
+// Commits, InviteLimits, Alerts, AdminToken, Logger and Now are required.
+type Deps struct {
+	Keys     *keys.Keyring
+	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
+	Limiter  RateLimiter       // layer 1, keyed by user id
+	Attempts AttemptCounter    // layer 2
+	Quotas   guard.Quotas      // layer 2b: budget.Quotas
+	Brake    Brake             // layer 3
+	Plans    *keys.Plans
+	Reader   Reader
+	Usage    UsageRecorder
+	Events   EventRecorder
+	Price    ocr.Price // to bound each call's cost before it and price it after
+	// Answers keeps reads for Idempotency-Key repeats and the dedupe
+	// window; nil: both are off.
+	Answers AnswerStore
+	// IdempotencyTTL and DedupeWindow are ocr.idempotency_ttl and
+	// ocr.dedupe_window (0: the window is off).
+	IdempotencyTTL, DedupeWindow time.Duration
+	Metrics                      *Metrics           // nil: a fresh set
+	Commits                      CommitCounter      // exported in /metrics; nil: not
+	Operator                     *operator.Operator // the admin API's commands and the dashboard's figures
+	// InviteCodes looks invite codes up and redeems them (POST
+	// /v1/invites/verify).
+	InviteCodes InviteRedeemer
+	// InviteKey hashes submitted codes as they are stored (keyed with the
+	// server's secret).
+	InviteKey *invites.Key
+	// InviteLimits holds the invite protections' state; nil: a fresh one
+	// with the default InviteConfig.
+	InviteLimits *invites.Limits
+	// Routes are the app's guarded routes ([[routes]]) with their layers;
+	// none: only Breakwater's own endpoints.
+	Routes []Route
+	// Alerts raises immediate alerts (detect.Alerter); nil: none.
+	Alerts Alerter
+	// DetectCounters feed the detection and alert metrics; nil: zeros.
+	DetectCounters *detect.Counters
+	// AdminToken guards the admin API; empty disables it (every call 401).
+	AdminToken string
+	Logger     *slog.Logger
+	Now        func() time.Time
+}
+
+// Server holds the public and admin HTTP handlers.
+type Server struct {
+	cfg          Config
+	d            Deps
+	log          *slog.Logger
+	now          func() time.Time
+	reqIDs       *requestIDs
+	clients      *clientIP
+	failOpen     *failOpens
+	inviteLimits *invites.Limits
+	price        atomic.Pointer[ocr.Price] // swapped by a config reload
+	calendar     *budget.Calendar          // today's key for the refusal counts
+	guard        *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
+	pending      pendingKeys               // idempotency keys whose first request is in flight
+	reading      readsInFlight             // images being read, for the dedupe window's waiters
+	// recordCtx bounds a paid read's wait to be recorded.
+	recordCtx recordContexts
+
+	// The transport bounds (transport.go).
+	bodies    *bodyMemory
+	inFlight  *inFlight
+	conns     atomic.Int64     // connections held open by HTTPServer's listeners
+	wallClock func() time.Time // for connection deadlines, always real time
+
+	refusalsToday dailyRefusals
+	csrf          formToken     // the dashboard's brake form
+	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
+	refusalLog    logEvery      // rate-limits the log lines of invite refusals
+
+	// The app's guarded routes (routeguard.go).
+	guarded     map[string]*guardedRoute
+	allRoutes   *routes.Table // forward auth
+	proxyRoutes *routes.Table // the routes with an upstream
+	routeLog    logEvery
+	public      *echo.Echo
+	admin       *echo.Echo
+}
+
+// New builds the handlers. cfg is taken with its defaults applied.
+func New(cfg Config, d Deps) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
+		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
+		d.InviteCodes == nil || d.InviteKey == nil {
+		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator, invites and their key are all required")
+	}
+	if d.InviteLimits == nil {
+		g, err := invites.NewLimits(invites.Config{})
+		if err != nil {
+			return nil, err
+		}
+		d.InviteLimits = g
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics()
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Alerts == nil {
+		d.Alerts = noAlerts{}
+	}
+	if d.DetectCounters == nil {
+		d.DetectCounters = &detect.Counters{}
+	}
+	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
+	header, _ := clientIPHeader(cfg.ClientIPHeader)
+	s := &Server{
+		cfg:          cfg,
+		d:            d,
+		log:          d.Logger.With("component", "server"),
+		now:          d.Now,
+		reqIDs:       newRequestIDs(),
+		clients:      &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
+		inviteLimits: d.InviteLimits,
+		calendar:     budget.NewCalendar(d.Operator.Location()),
+		bodies:       &bodyMemory{capacity: cfg.MaxBodyMemory},
+		inFlight:     &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
+		wallClock:    time.Now,
+		csrf:         newFormToken(d.AdminToken),
+	}
+	s.recordCtx.now = s.wallClock
+	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
+		alerts: d.Alerts, recent: map[string][]time.Time{}}
+	g, err := guard.New(guard.Layers{Rate: d.Limiter, Attempts: d.Attempts, Quotas: d.Quotas, Brake: d.Brake, Usage: d.Usage},
+		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note, Shadowed: s.shadowedBy})
+	if err != nil {
+		return nil, err
+	}
+	s.guard = g
+	if err := s.newRoutes(d.Routes); err != nil {
+		return nil, err
+	}
+	s.price.Store(&d.Price)
+	var access *slog.Logger
+	if cfg.AccessLog {
+		access = d.Logger.With("component", "access")
+	}
+	s.public = s.newEcho(s.countRefusal, s.front(d.Metrics, access))
+	s.admin = s.newEcho(nil, s.front(nil, nil))
+	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
+	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
+		d.Metrics.observeDrops(r.Dropped)
+	}
+	if d.Commits != nil {
+		d.Metrics.observeCommits(d.Commits.Transactions, d.Commits.Writes)
+	}
+	d.Metrics.observeDetect(d.DetectCounters)
+	d.Metrics.observeTransport(func() int64 { used, _ := s.bodies.inUse(); return used }, s.conns.Load)
+	s.routes()
+	return s, nil
+}
+
+// FailedOpen counts a defense layer's machinery failing outside a request
+// (the write-behind's lost writes) as the layers' own faults are counted:
+// a metric, a rate-limited log line, an alert when they repeat.
+func (s *Server) FailedOpen(layer string, err error) { s.failOpen.note(layer, err) }
+
+// SetPrice applies new token prices to the calls that start from now on.
+func (s *Server) SetPrice(p ocr.Price) { s.price.Store(&p) }
+
+// Handler is the public API.
+func (s *Server) Handler() http.Handler { return s.public }
+
+// AdminHandler is the admin API; serve it on a loopback address only.
+func (s *Server) AdminHandler() http.Handler { return s.admin }
+
+// newEcho is an Echo with the transport's error handler, which tells
+// answered of every problem it answers (nil: nobody), and front as its one
+// global middleware.
+func (s *Server) newEcho(answered func(*Problem), front echo.MiddlewareFunc) *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.IPExtractor = s.clients.extract
+	e.HTTPErrorHandler = errorHandler(s.log, answered)
+	e.Use(front)
+	return e
+}

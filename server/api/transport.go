@@ -1,0 +1,245 @@
+package api
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"breakwater/server/keys"
+)
+
+// This file bounds what request bodies cost, whatever clients send: the
+// memory they hold service-wide, the requests one user has in progress, the
+// rate an upload must keep, and (with readMultipartImage) the parts of a
+// form; listener.go bounds the connections. Each bound is cheap, in memory
+// and always enforced: they guard resources, not money, and have no
+// machinery that could fail.
+
+// errReadTooSlow is what a paced body returns once its read deadline has
+// passed.
+var errReadTooSlow = errors.New("server: upload slower than server.min_upload_bytes_per_second")
+
+// busyRetryAfter is the Retry-After of server_busy and too_many_in_flight,
+// in seconds: uploads end within seconds, so a short wait usually finds
+// room.
+const busyRetryAfter = 1
+
+// bodyMemory is the service-wide budget of request-body bytes held in
+// memory. Taking never waits: an upload that finds too little left is
+// refused (server_busy), since waiting would hold its connection and its
+// sender's in-flight slot for nothing. Safe for concurrent use.
+type bodyMemory struct {
+	mu         sync.Mutex
+	capacity   int64
+	used, peak int64
+}
+
+func (m *bodyMemory) take(n int64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.used+n > m.capacity {
+		return false
+	}
+	m.used += n
+	m.peak = max(m.peak, m.used)
+	return true
+}
+
+func (m *bodyMemory) give(n int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.used -= n
+}
+
+// inUse returns the bytes held now and the most held at once so far.
+func (m *bodyMemory) inUse() (used, peak int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.used, m.peak
+}
+
+// lease is one request's share of bodyMemory and of its user's in-flight
+// slots, held by the handler's goroutine alone; close gives both back.
+type lease struct {
+	mem      *bodyMemory
+	held     int64
+	inFlight *inFlight // where user's slot is given back
+	user     string
+}
+
+// need makes the lease hold at least n bytes, or refuses with server_busy.
+func (l *lease) need(n int64) error {
+	if n <= l.held {
+		return nil
+	}
+	if !l.mem.take(n - l.held) {
+		return errServerBusy.withRetryAfter(busyRetryAfter)
+	}
+	l.held = n
+	return nil
+}
+
+func (l *lease) close() {
+	l.mem.give(l.held)
+	l.held = 0
+	l.inFlight.leave(l.user)
+}
+
+// inFlight counts each user's requests in progress. Safe for concurrent
+// use.
+type inFlight struct {
+	mu  sync.Mutex
+	max int
+	n   map[string]int
+}
+
+func (f *inFlight) enter(user string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n[user] >= f.max {
+		return false
+	}
+	f.n[user]++
+	return true
+}
+
+func (f *inFlight) leave(user string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n[user]--; f.n[user] <= 0 {
+		delete(f.n, user)
+	}
+}
+
+// enter takes one of the user's in-flight slots (429 too_many_in_flight
+// when all are taken) and opens the request's body-memory lease. It runs
+// after authentication and before the body is read; the lease's close
+// gives both back when the handler returns.
+func (s *Server) enter(id keys.Identity) (*lease, error) {
+	if !s.inFlight.enter(id.UserID) {
+		return nil, errTooManyInFlight.withRetryAfter(busyRetryAfter)
+	}
+	return &lease{mem: s.bodies, inFlight: s.inFlight, user: id.UserID}, nil
+}
+
+// arrivals makes a body of unknown length take memory from its lease as
+// its bytes arrive, up to max: the multipart framing and headers around the
+// image are held in memory too.
+type arrivals struct {
+	r    io.Reader
+	mem  *lease
+	max  int64
+	seen int64
+}
+
+func (a *arrivals) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	a.seen += int64(n)
+	if merr := a.mem.need(min(a.seen, a.max)); merr != nil {
+		return n, merr
+	}
+	return n, err
+}
+
+// boundUploads is middleware for upload routes. It holds a request's body
+// to the minimum upload rate, as a leaky bucket: from the first read the
+// body may fall behind at most upload_grace, each
+// byte earning 1/min_upload_bytes_per_second of time and the credit
+// capped at upload_grace. So a stall longer than upload_grace is always
+// cut off, however fast the bytes before it came, while an upload that
+// keeps the rate on average never is. It is cut through the connection's
+// read deadline (408 upload_too_slow, and the connection is closed); no
+// deadline reaches past the server's read timeout. Once the body has
+// ended the deadline is lifted, so that Go's server, which watches an idle
+// connection for a hang-up while the handler runs, does not cancel a paid
+// call in progress. It goes after limitBody.
+func (s *Server) boundUploads(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if r.ContentLength == 0 {
+			return next(c)
+		}
+		return s.paced(c, next)
+	}
+}
+
+// pacedBodies are pacedBody values for reuse: one is held by one request
+// at a time, from paced's start until the body is put back.
+var pacedBodies = sync.Pool{New: func() any { return new(pacedBody) }}
+
+func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
+	r := c.Request()
+	b := pacedBodies.Get().(*pacedBody)
+	*b = pacedBody{ReadCloser: r.Body, rc: *http.NewResponseController(c.Response()), now: s.wallClock,
+		rate: s.cfg.MinUploadBytesPerSecond, grace: s.cfg.UploadGrace}
+	// The body is put back before the answer goes out: Go's server
+	// looks at its own type to judge whether the unread rest is worth
+	// draining, and dontWaitForBody at limitBody's. Nothing reads b
+	// after the handler has returned, so it is reused then (after a
+	// panic it is not).
+	outer := r.Body
+	r.Body = b
+	err := next(c)
+	r.Body = outer
+	if b.slow {
+		c.Response().Header().Set("Connection", "close")
+	}
+	*b = pacedBody{}
+	pacedBodies.Put(b)
+	return err
+}
+
+// pacedBody is a request body read under boundUploads' deadlines.
+type pacedBody struct {
+	io.ReadCloser
+	rc       http.ResponseController // a value: one allocation less per request
+	now      func() time.Time
+	rate     int64         // bytes per second
+	grace    time.Duration // the most the body may fall behind
+	end      time.Time     // the server's read timeout, from the first read: a refusal never reads the clock here
+	deadline time.Time     // zero until the first read
+	over     bool          // the body has ended: no more deadlines
+	slow     bool          // a deadline passed
+}
+
+func (b *pacedBody) Read(p []byte) (int, error) {
+	if b.over || b.slow {
+		return b.ReadCloser.Read(p)
+	}
+	if b.deadline.IsZero() {
+		now := b.now()
+		b.deadline, b.end = now.Add(b.grace), now.Add(readTimeout)
+		b.set()
+	}
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && err != io.EOF { // the body's last bytes come with io.EOF: no deadline to move
+		earned := time.Duration(n) * time.Second / time.Duration(b.rate)
+		b.deadline = minTime(b.deadline.Add(earned), b.now().Add(b.grace))
+		b.set()
+	}
+	switch {
+	case err == io.EOF:
+		b.over = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		b.slow = true
+		return n, errReadTooSlow
+	}
+	return n, err
+}
+
+// set puts the deadline on the connection, never past the read timeout.
+// A writer that cannot set deadlines (a test recorder) is not paced.
+func (b *pacedBody) set() { _ = b.rc.SetReadDeadline(minTime(b.deadline, b.end)) }
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}

@@ -1,7 +1,0 @@
-//go:build race
-
-package server
-
-// raceEnabled: the race detector is on, and allocation counts run a
-// little higher.
-const raceEnabled = true
