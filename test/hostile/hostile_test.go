@@ -1,4 +1,4 @@
-package load
+package hostile
 
 import (
 	"flag"
@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-var full = flag.Bool("load.full", false, "the full run: more connections, longer floods, more users and IPs (the figures in docs/RELIABILITY.md)")
+var full = flag.Bool("hostile.full", false, "the full run: more connections, longer floods, more users and IPs (the figures in docs/RELIABILITY.md)")
 
 // pick is the short form's figure, or the full run's.
 func pick[T any](short, long T) T {

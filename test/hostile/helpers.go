@@ -1,4 +1,4 @@
-// Package load drives the real breakwater binary with hostile traffic on
+// Package hostile drives the real breakwater binary with hostile traffic on
 // 127.0.0.1 — slow headers, idle connections, floods of bad keys and of
 // one good key, many distinct users and client IPs — and checks that a
 // legitimate client keeps getting answers in time and that the server's
@@ -6,8 +6,8 @@
 // short forms run with go test ./...; the full run, whose figures
 // docs/RELIABILITY.md quotes, is
 //
-//	go test ./test/load -count=1 -v -load.full -timeout 30m
-package load
+//	go test ./test/hostile -count=1 -v -hostile.full -timeout 30m
+package hostile
 
 import (
 	"bufio"
@@ -114,14 +114,14 @@ func serverBinary(t *testing.T) (root, bin string) {
 		if build.root, build.err = harness.ModuleRoot(ctx); build.err != nil {
 			return
 		}
-		if build.dir, build.err = os.MkdirTemp("", "breakwater-load-"); build.err != nil {
+		if build.dir, build.err = os.MkdirTemp("", "breakwater-hostile-"); build.err != nil {
 			return
 		}
 		if build.bin, build.err = harness.Build(ctx, build.root, build.dir); build.err != nil {
 			return
 		}
 		build.flood = filepath.Join(build.dir, "flood")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", build.flood, "./test/load/flood")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", build.flood, "./test/hostile/flood")
 		cmd.Dir = build.root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			build.err = fmt.Errorf("go build flood: %w\n%s", err, out)

@@ -1,4 +1,4 @@
-// Command flood is the hostile side of the load tests in test/load: it
+// Command flood is the hostile side of the tests in test/hostile: it
 // sends one kind of traffic at a breakwater server on 127.0.0.1 until its
 // -duration is up or it gets SIGTERM, then prints what it saw as one JSON
 // object. The tests build it without -race and run it as a process of
