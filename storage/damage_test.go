@@ -18,6 +18,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"breakwater/server/keys"
 	"breakwater/test/harness"
 )
 
@@ -128,8 +129,8 @@ func realDatabase(t *testing.T) (string, []byte) {
 	created := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for i := range 300 {
 		id := fmt.Sprintf("user-%04d", i)
-		k := Key{ID: fmt.Sprintf("key_%04d", i), Hash: sha256.Sum256([]byte(id)), UserID: id, CreatedAt: created}
-		if err := db.CreateKey(k, User{Plan: "free"}); err != nil {
+		k := keys.Key{ID: fmt.Sprintf("key_%04d", i), Hash: sha256.Sum256([]byte(id)), UserID: id, CreatedAt: created}
+		if err := db.CreateKey(k, keys.User{Plan: "free"}); err != nil {
 			t.Fatal(err)
 		}
 	}

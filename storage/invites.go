@@ -12,29 +12,9 @@ import (
 
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
-)
 
-// Invite is one invite code. Only a hash of the normalised code is
-// stored, keyed with the server's secret (HMAC; see RekeyInvites); it is
-// the record's key.
-//
-// The e-mails that redeemed it are not in the record: each is one key of
-// the invite's own bucket under invite_redemptions (named by Hash), so a
-// redemption writes one small key whatever the number before it, and
-// "has this e-mail redeemed it" is one Get.
-type Invite struct {
-	ID        string
-	Hash      [32]byte
-	MaxUses   int // how many different e-mails may redeem it; at least 1
-	Note      string
-	CreatedAt time.Time
-	ExpiresAt time.Time // zero: never
-	RevokedAt time.Time // zero: active
-	// Used is how many uses are taken. It is written in the same
-	// transaction as each redemption, so the max-uses check never counts
-	// the redemptions bucket.
-	Used int
-}
+	"breakwater/server/invites"
+)
 
 // Redemption is one e-mail's use of an invite.
 type Redemption struct {
@@ -48,65 +28,13 @@ type redemptionValue struct {
 	At time.Time
 }
 
-// check tells what a redemption of inv at now would give, given whether
-// the e-mail has redeemed it before, without changing anything.
-func (inv Invite) check(redeemed bool, now time.Time) RedeemOutcome {
-	switch {
-	case !inv.RevokedAt.IsZero():
-		return InviteRevoked
-	case redeemed:
-		return InviteAlreadyRedeemed
-	case !inv.ExpiresAt.IsZero() && !now.Before(inv.ExpiresAt):
-		return InviteExpired
-	case inv.Used >= inv.MaxUses:
-		return InviteUsedUp
-	}
-	return InviteRedeemed
-}
-
-// RedeemOutcome is what RedeemInvite did.
-type RedeemOutcome int
-
-// The outcomes of a redemption. Only InviteRedeemed changes anything.
-const (
-	// InviteUnknown means no invite has that hash.
-	InviteUnknown RedeemOutcome = iota
-	// InviteRedeemed means one use was taken for the e-mail.
-	InviteRedeemed
-	// InviteAlreadyRedeemed means the e-mail had redeemed it before;
-	// nothing changed (redemption is idempotent per e-mail).
-	InviteAlreadyRedeemed
-	// InviteExpired means the invite's expiry has passed.
-	InviteExpired
-	// InviteUsedUp means every use is taken by other e-mails.
-	InviteUsedUp
-	// InviteRevoked means the invite was revoked.
-	InviteRevoked
-)
-
-// OK reports whether the outcome lets the e-mail in.
-func (o RedeemOutcome) OK() bool { return o == InviteRedeemed || o == InviteAlreadyRedeemed }
-
-// String names the outcome as logs and metrics do.
-func (o RedeemOutcome) String() string {
-	switch o {
-	case InviteRedeemed:
-		return "redeemed"
-	case InviteAlreadyRedeemed:
-		return "already_redeemed"
-	case InviteExpired:
-		return "expired"
-	case InviteUsedUp:
-		return "used_up"
-	case InviteRevoked:
-		return "revoked"
-	}
-	return "invalid"
-}
+// errUnknownInvite is what an unknown invite id or hash gives: ErrNotFound
+// to storage's own callers, and invites.ErrNotFound to theirs.
+var errUnknownInvite = fmt.Errorf("%w (%w)", ErrNotFound, invites.ErrNotFound)
 
 // CreateInvite stores inv, unused, with its empty redemptions bucket. It
 // returns ErrExists if an invite with the same hash or ID is stored.
-func (db *DB) CreateInvite(inv Invite) error {
+func (db *DB) CreateInvite(inv invites.Invite) error {
 	switch {
 	case inv.ID == "":
 		return fmt.Errorf("create invite: %w: empty id", ErrInvalid)
@@ -146,12 +74,12 @@ func (db *DB) CreateInvite(inv Invite) error {
 // findInvite scans b for the invite with id, ErrNotFound if there is none.
 // Invites are few and this is an admin path, so a scan beats keeping a
 // second index in step.
-func findInvite(b *bbolt.Bucket, id string) (key []byte, inv *Invite, err error) {
+func findInvite(b *bbolt.Bucket, id string) (key []byte, inv *invites.Invite, err error) {
 	err = b.ForEach(func(k, v []byte) error {
 		if !strings.Contains(string(v), id) { // cheap filter before decoding
 			return nil
 		}
-		var i Invite
+		var i invites.Invite
 		if err := json.Unmarshal(v, &i); err != nil {
 			return fmt.Errorf("invite %x: %w", k, err)
 		}
@@ -165,7 +93,7 @@ func findInvite(b *bbolt.Bucket, id string) (key []byte, inv *Invite, err error)
 	case err == errStop:
 		return key, inv, nil
 	case err == nil:
-		return nil, nil, ErrNotFound
+		return nil, nil, errUnknownInvite
 	}
 	return nil, nil, err
 }
@@ -183,44 +111,44 @@ func redemptionsOf(tx *bbolt.Tx, hash []byte) (*bbolt.Bucket, error) {
 }
 
 // InviteByHash returns the invite whose code hashes to hash, or ErrNotFound.
-func (db *DB) InviteByHash(hash [32]byte) (Invite, error) {
-	var inv Invite
+func (db *DB) InviteByHash(hash [32]byte) (invites.Invite, error) {
+	var inv invites.Invite
 	err := db.view(func(tx *bbolt.Tx) error {
 		found, err := getJSON(tx.Bucket(bucketInvites), hash[:], &inv)
 		if err == nil && !found {
-			err = ErrNotFound
+			err = errUnknownInvite
 		}
 		return err
 	})
 	if err != nil {
-		return Invite{}, fmt.Errorf("invite: %w", err)
+		return invites.Invite{}, fmt.Errorf("invite: %w", err)
 	}
 	return inv, nil
 }
 
 // CheckInvite tells what RedeemInvite(hash, email, now) would give, from
-// one read transaction and without writing anything: InviteUnknown when no
+// one read transaction and without writing anything: invites.InviteUnknown when no
 // invite has that hash. It is the cheap look before the write; only
 // RedeemInvite's answer is binding. An error means the answer could not
 // be read. An unknown hash costs what a known one does (see
 // decideRedemption), so the time it takes does not tell whether a code
 // exists.
-func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (RedeemOutcome, error) {
-	outcome := InviteUnknown
+func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (invites.RedeemOutcome, error) {
+	outcome := invites.InviteUnknown
 	err := db.view(func(tx *bbolt.Tx) error {
 		var err error
 		outcome, _, err = decideRedemption(tx, hash, email, now)
 		return err
 	})
 	if err != nil {
-		return InviteUnknown, fmt.Errorf("check invite: %w", err)
+		return invites.InviteUnknown, fmt.Errorf("check invite: %w", err)
 	}
 	return outcome, nil
 }
 
 // decideRedemption reads the invite under hash and whether email redeemed
 // it, and tells what a redemption at now gives. It returns the invite for
-// the caller to update; outcome InviteUnknown means there is none.
+// the caller to update; outcome invites.InviteUnknown means there is none.
 //
 // A miss does the work of a hit, on a stand-in: the record after hash in
 // key order (the first one past the last) is decoded and judged, its
@@ -230,22 +158,22 @@ func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (RedeemOut
 // or right during a cooldown), which tells a guesser the code is real.
 // The stand-in is a real record, so its size and its redemptions bucket
 // are drawn from the same invites a hit reads.
-func decideRedemption(tx *bbolt.Tx, hash [32]byte, email string, now time.Time) (RedeemOutcome, Invite, error) {
+func decideRedemption(tx *bbolt.Tx, hash [32]byte, email string, now time.Time) (invites.RedeemOutcome, invites.Invite, error) {
 	c := tx.Bucket(bucketInvites).Cursor()
 	key, data := c.Seek(hash[:])
 	if found := key != nil && bytes.Equal(key, hash[:]); !found {
 		standIn(tx, c, key, data, email, now)
-		return InviteUnknown, Invite{}, nil
+		return invites.InviteUnknown, invites.Invite{}, nil
 	}
-	var inv Invite
+	var inv invites.Invite
 	if err := json.Unmarshal(data, &inv); err != nil {
-		return InviteUnknown, Invite{}, fmt.Errorf("decode %x: %w", key, err)
+		return invites.InviteUnknown, invites.Invite{}, fmt.Errorf("decode %x: %w", key, err)
 	}
 	rb, err := redemptionsOf(tx, key)
 	if err != nil {
-		return InviteUnknown, Invite{}, err
+		return invites.InviteUnknown, invites.Invite{}, err
 	}
-	return inv.check(rb.Get([]byte(email)) != nil, now), inv, nil
+	return inv.Check(rb.Get([]byte(email)) != nil, now), inv, nil
 }
 
 // standIn does, for a miss, what decideRedemption does for a hit, on the
@@ -259,38 +187,38 @@ func standIn(tx *bbolt.Tx, c *bbolt.Cursor, key, data []byte, email string, now 
 	if key == nil { // no invite stored: no code exists, nothing to hide
 		return
 	}
-	var inv Invite
+	var inv invites.Invite
 	_ = json.Unmarshal(data, &inv)
 	redeemed := false
 	if rb := tx.Bucket(bucketRedemptions).Bucket(key); rb != nil {
 		redeemed = rb.Get([]byte(email)) != nil
 	}
-	_ = inv.check(redeemed, now)
+	_ = inv.Check(redeemed, now)
 }
 
 // RedeemInvite takes one use of the invite hashing to hash for email at
 // now, durably, through group commit: concurrent redemptions are decided
 // one after the other, so a one-use code redeemed by several e-mails at
 // once lets exactly one in. The same e-mail redeeming again is
-// InviteAlreadyRedeemed and changes nothing. A refusal is an outcome, not
+// invites.InviteAlreadyRedeemed and changes nothing. A refusal is an outcome, not
 // an error; an error means the decision could not be made or written.
 //
 // A redemption writes the e-mail's key in the invite's redemptions bucket
 // and the invite's use count, in one transaction; its cost does not grow
 // with the number of redemptions before it.
-func (db *DB) RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (RedeemOutcome, error) {
+func (db *DB) RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (invites.RedeemOutcome, error) {
 	if email == "" || now.IsZero() {
-		return InviteUnknown, fmt.Errorf("redeem invite: %w: empty e-mail or zero time", ErrInvalid)
+		return invites.InviteUnknown, fmt.Errorf("redeem invite: %w: empty e-mail or zero time", ErrInvalid)
 	}
 	value, err := json.Marshal(redemptionValue{At: now})
 	if err != nil {
-		return InviteUnknown, fmt.Errorf("redeem invite: %w: %w", ErrInvalid, err)
+		return invites.InviteUnknown, fmt.Errorf("redeem invite: %w: %w", ErrInvalid, err)
 	}
-	var outcome RedeemOutcome
+	var outcome invites.RedeemOutcome
 	err = db.commit(ctx, func(tx *bbolt.Tx) error {
-		outcome = InviteUnknown // this function may run more than once
+		outcome = invites.InviteUnknown // this function may run more than once
 		decided, inv, err := decideRedemption(tx, hash, email, now)
-		if err != nil || decided != InviteRedeemed {
+		if err != nil || decided != invites.InviteRedeemed {
 			outcome = decided
 			return err
 		}
@@ -305,11 +233,11 @@ func (db *DB) RedeemInvite(ctx context.Context, hash [32]byte, email string, now
 		if err := putJSON(tx.Bucket(bucketInvites), hash[:], inv); err != nil {
 			return err
 		}
-		outcome = InviteRedeemed
+		outcome = invites.InviteRedeemed
 		return nil
 	})
 	if err != nil {
-		return InviteUnknown, fmt.Errorf("redeem invite: %w", err)
+		return invites.InviteUnknown, fmt.Errorf("redeem invite: %w", err)
 	}
 	return outcome, nil
 }
@@ -321,7 +249,7 @@ func (db *DB) Redemptions(hash [32]byte) ([]Redemption, error) {
 	var out []Redemption
 	err := db.view(func(tx *bbolt.Tx) error {
 		if tx.Bucket(bucketInvites).Get(hash[:]) == nil {
-			return ErrNotFound
+			return errUnknownInvite
 		}
 		rb, err := redemptionsOf(tx, hash[:])
 		if err != nil {
@@ -344,11 +272,11 @@ func (db *DB) Redemptions(hash [32]byte) ([]Redemption, error) {
 }
 
 // Invites returns every invite, sorted by CreatedAt then ID.
-func (db *DB) Invites() ([]Invite, error) {
-	var out []Invite
+func (db *DB) Invites() ([]invites.Invite, error) {
+	var out []invites.Invite
 	err := db.view(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketInvites).ForEach(func(k, v []byte) error {
-			var inv Invite
+			var inv invites.Invite
 			if err := json.Unmarshal(v, &inv); err != nil {
 				return fmt.Errorf("invite %x: %w", k, err)
 			}
@@ -359,7 +287,7 @@ func (db *DB) Invites() ([]Invite, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list invites: %w", err)
 	}
-	slices.SortFunc(out, func(a, b Invite) int {
+	slices.SortFunc(out, func(a, b invites.Invite) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c
 		}
@@ -371,11 +299,11 @@ func (db *DB) Invites() ([]Invite, error) {
 // RevokeInvite marks invite id revoked at at and returns it. Revoking it
 // again changes nothing. Its redemptions are kept. It returns ErrNotFound
 // for an unknown id.
-func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
+func (db *DB) RevokeInvite(id string, at time.Time) (invites.Invite, error) {
 	if at.IsZero() {
-		return Invite{}, fmt.Errorf("revoke invite %s: %w: zero time", id, ErrInvalid)
+		return invites.Invite{}, fmt.Errorf("revoke invite %s: %w: zero time", id, ErrInvalid)
 	}
-	var inv Invite
+	var inv invites.Invite
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInvites)
 		key, found, err := findInvite(b, id)
@@ -390,7 +318,7 @@ func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 		return putJSON(b, key, inv)
 	})
 	if err != nil {
-		return Invite{}, fmt.Errorf("revoke invite %s: %w", id, err)
+		return invites.Invite{}, fmt.Errorf("revoke invite %s: %w", id, err)
 	}
 	return inv, nil
 }
@@ -398,8 +326,8 @@ func (db *DB) RevokeInvite(id string, at time.Time) (Invite, error) {
 // DeleteInvite removes invite id and its redemptions bucket in one
 // transaction and returns what it removed. Its code then finds nothing, as
 // an unknown code. It returns ErrNotFound for an unknown id.
-func (db *DB) DeleteInvite(id string) (Invite, error) {
-	var inv Invite
+func (db *DB) DeleteInvite(id string) (invites.Invite, error) {
+	var inv invites.Invite
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInvites)
 		key, found, err := findInvite(b, id)
@@ -414,7 +342,7 @@ func (db *DB) DeleteInvite(id string) (Invite, error) {
 		return b.Delete(key)
 	})
 	if err != nil {
-		return Invite{}, fmt.Errorf("delete invite %s: %w", id, err)
+		return invites.Invite{}, fmt.Errorf("delete invite %s: %w", id, err)
 	}
 	return inv, nil
 }
@@ -424,7 +352,7 @@ func (db *DB) DeleteInvite(id string) (Invite, error) {
 // type is spelled out so that a later change to Redemption cannot change
 // how old records are read.
 type legacyInvite struct {
-	Invite
+	invites.Invite
 	Redeemed []struct {
 		Email string
 		At    time.Time
@@ -442,10 +370,10 @@ type legacyInvite struct {
 // upgrade. If an e-mail appears twice in a list (version 1 never wrote
 // that), its first redemption is kept.
 func migrateInviteRedemptions(tx *bbolt.Tx) ([]any, error) {
-	invites, all := tx.Bucket(bucketInvites), tx.Bucket(bucketRedemptions)
+	inviteBucket, all := tx.Bucket(bucketInvites), tx.Bucket(bucketRedemptions)
 	var records []legacyInvite
 	var keys [][]byte
-	err := invites.ForEach(func(k, v []byte) error {
+	err := inviteBucket.ForEach(func(k, v []byte) error {
 		var rec legacyInvite
 		if err := json.Unmarshal(v, &rec); err != nil {
 			return fmt.Errorf("invite %x: %w", k, err)
@@ -477,7 +405,7 @@ func migrateInviteRedemptions(tx *bbolt.Tx) ([]any, error) {
 		}
 		inv := rec.Invite
 		inv.Used = max(inv.Used, len(rec.Redeemed))
-		if err := putJSON(invites, keys[i], inv); err != nil {
+		if err := putJSON(inviteBucket, keys[i], inv); err != nil {
 			return nil, fmt.Errorf("invite %x: %w", keys[i], err)
 		}
 	}
@@ -514,9 +442,9 @@ func (db *DB) RekeyInvites(mark []byte, rekey func(digest [32]byte) [32]byte) (i
 			}
 			return nil
 		}
-		invites, all := tx.Bucket(bucketInvites), tx.Bucket(bucketRedemptions)
+		inviteBucket, all := tx.Bucket(bucketInvites), tx.Bucket(bucketRedemptions)
 		var digests [][32]byte
-		err := invites.ForEach(func(k, _ []byte) error {
+		err := inviteBucket.ForEach(func(k, _ []byte) error {
 			if len(k) != 32 {
 				return fmt.Errorf("invite %x: key is not a hash", k)
 			}
@@ -527,16 +455,16 @@ func (db *DB) RekeyInvites(mark []byte, rekey func(digest [32]byte) [32]byte) (i
 			return err
 		}
 		for _, d := range digests { // the bucket is not changed during ForEach
-			var inv Invite
-			if _, err := getJSON(invites, d[:], &inv); err != nil {
+			var inv invites.Invite
+			if _, err := getJSON(inviteBucket, d[:], &inv); err != nil {
 				return err
 			}
 			keyed := rekey(d)
 			inv.Hash = keyed
-			if err := putJSON(invites, keyed[:], inv); err != nil {
+			if err := putJSON(inviteBucket, keyed[:], inv); err != nil {
 				return err
 			}
-			if err := invites.Delete(d[:]); err != nil {
+			if err := inviteBucket.Delete(d[:]); err != nil {
 				return err
 			}
 			if err := moveBucket(all, d[:], keyed[:]); err != nil {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"breakwater/server/invites"
 )
 
 // BenchmarkInviteRedeemManyUses redeems one multi-use code redeemUses
@@ -39,7 +41,7 @@ func BenchmarkInviteRedeemManyUses(b *testing.B) {
 					start := time.Now()
 					o, err := db.RedeemInvite(ctx, inv.Hash, fmt.Sprintf("user%05d@example.com", i), t0)
 					took := time.Since(start)
-					if err != nil || o != InviteRedeemed {
+					if err != nil || o != invites.InviteRedeemed {
 						b.Fatalf("redemption %d: %v %v", i, o, err)
 					}
 					switch {

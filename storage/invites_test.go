@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/server/invites"
 )
 
-func newInvite(id string, uses int) Invite {
-	return Invite{ID: id, Hash: sha256.Sum256([]byte("code-" + id)), MaxUses: uses, CreatedAt: t0, Note: "for " + id}
+func newInvite(id string, uses int) invites.Invite {
+	return invites.Invite{ID: id, Hash: sha256.Sum256([]byte("code-" + id)), MaxUses: uses, CreatedAt: t0, Note: "for " + id}
 }
 
 func TestInviteRedemptionOutcomes(t *testing.T) {
@@ -23,7 +25,7 @@ func TestInviteRedemptionOutcomes(t *testing.T) {
 	ctx := context.Background()
 	one, two, exp, rev := newInvite("inv_one", 1), newInvite("inv_two", 2), newInvite("inv_exp", 5), newInvite("inv_rev", 5)
 	exp.ExpiresAt = t0.Add(time.Hour)
-	for _, inv := range []Invite{one, two, exp, rev} {
+	for _, inv := range []invites.Invite{one, two, exp, rev} {
 		if err := db.CreateInvite(inv); err != nil {
 			t.Fatal(err)
 		}
@@ -36,18 +38,18 @@ func TestInviteRedemptionOutcomes(t *testing.T) {
 		hash  [32]byte
 		email string
 		at    time.Time
-		want  RedeemOutcome
+		want  invites.RedeemOutcome
 	}{
-		{"unknown", sha256.Sum256([]byte("nope")), "a@x", t0, InviteUnknown},
-		{"first use", one.Hash, "a@x", t0, InviteRedeemed},
-		{"same e-mail again", one.Hash, "a@x", t0.Add(time.Minute), InviteAlreadyRedeemed},
-		{"used up", one.Hash, "b@x", t0, InviteUsedUp},
-		{"two uses: first", two.Hash, "a@x", t0, InviteRedeemed},
-		{"two uses: second", two.Hash, "b@x", t0, InviteRedeemed},
-		{"two uses: third", two.Hash, "c@x", t0, InviteUsedUp},
-		{"before expiry", exp.Hash, "a@x", t0.Add(time.Hour - 1), InviteRedeemed},
-		{"at expiry", exp.Hash, "b@x", t0.Add(time.Hour), InviteExpired},
-		{"revoked", rev.Hash, "a@x", t0, InviteRevoked},
+		{"unknown", sha256.Sum256([]byte("nope")), "a@x", t0, invites.InviteUnknown},
+		{"first use", one.Hash, "a@x", t0, invites.InviteRedeemed},
+		{"same e-mail again", one.Hash, "a@x", t0.Add(time.Minute), invites.InviteAlreadyRedeemed},
+		{"used up", one.Hash, "b@x", t0, invites.InviteUsedUp},
+		{"two uses: first", two.Hash, "a@x", t0, invites.InviteRedeemed},
+		{"two uses: second", two.Hash, "b@x", t0, invites.InviteRedeemed},
+		{"two uses: third", two.Hash, "c@x", t0, invites.InviteUsedUp},
+		{"before expiry", exp.Hash, "a@x", t0.Add(time.Hour - 1), invites.InviteRedeemed},
+		{"at expiry", exp.Hash, "b@x", t0.Add(time.Hour), invites.InviteExpired},
+		{"revoked", rev.Hash, "a@x", t0, invites.InviteRevoked},
 	}
 	for _, c := range cases {
 		got, err := db.RedeemInvite(ctx, c.hash, c.email, c.at)
@@ -88,7 +90,7 @@ func TestInviteParallelRedemptionOfOneUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	got := map[RedeemOutcome]int{}
+	got := map[invites.RedeemOutcome]int{}
 	var wg sync.WaitGroup
 	for i := range 10 {
 		wg.Go(func() {
@@ -102,7 +104,7 @@ func TestInviteParallelRedemptionOfOneUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got[InviteRedeemed] != 1 || got[InviteUsedUp] != 9 {
+	if got[invites.InviteRedeemed] != 1 || got[invites.InviteUsedUp] != 9 {
 		t.Errorf("outcomes %v, want 1 redeemed and 9 used up", got)
 	}
 	stored, _ := db.InviteByHash(inv.Hash)
@@ -115,7 +117,7 @@ func TestInviteListRevokeAndErrors(t *testing.T) {
 	db := mustOpen(t)
 	a, b := newInvite("inv_a", 1), newInvite("inv_b", 1)
 	b.CreatedAt = t0.Add(-time.Hour)
-	for _, inv := range []Invite{a, b} {
+	for _, inv := range []invites.Invite{a, b} {
 		if err := db.CreateInvite(inv); err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +130,7 @@ func TestInviteListRevokeAndErrors(t *testing.T) {
 	if err := db.CreateInvite(dupID); !errors.Is(err, ErrExists) {
 		t.Errorf("same id again: %v, want ErrExists", err)
 	}
-	for _, bad := range []Invite{{}, {ID: "x"}, {ID: "x", Hash: a.Hash}, {ID: "x", Hash: [32]byte{1}, MaxUses: 1},
+	for _, bad := range []invites.Invite{{}, {ID: "x"}, {ID: "x", Hash: a.Hash}, {ID: "x", Hash: [32]byte{1}, MaxUses: 1},
 		{ID: "x", Hash: [32]byte{1}, MaxUses: 1, CreatedAt: t0, Used: 1}} {
 		if err := db.CreateInvite(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v: %v, want ErrInvalid", bad, err)
@@ -164,7 +166,7 @@ func TestCheckInviteAgreesWithRedeem(t *testing.T) {
 	ctx := context.Background()
 	two, exp := newInvite("inv_two", 2), newInvite("inv_exp", 5)
 	exp.ExpiresAt = t0.Add(time.Hour)
-	for _, inv := range []Invite{two, exp} {
+	for _, inv := range []invites.Invite{two, exp} {
 		if err := db.CreateInvite(inv); err != nil {
 			t.Fatal(err)
 		}
@@ -174,15 +176,15 @@ func TestCheckInviteAgreesWithRedeem(t *testing.T) {
 		hash  [32]byte
 		email string
 		at    time.Time
-		want  RedeemOutcome
+		want  invites.RedeemOutcome
 	}{
-		{"unknown", sha256.Sum256([]byte("nope")), "a@x", t0, InviteUnknown},
-		{"first", two.Hash, "a@x", t0, InviteRedeemed},
-		{"same e-mail", two.Hash, "a@x", t0, InviteAlreadyRedeemed},
-		{"second", two.Hash, "b@x", t0, InviteRedeemed},
-		{"used up", two.Hash, "c@x", t0, InviteUsedUp},
-		{"used up, but redeemed before", two.Hash, "b@x", t0, InviteAlreadyRedeemed},
-		{"expired", exp.Hash, "a@x", t0.Add(time.Hour), InviteExpired},
+		{"unknown", sha256.Sum256([]byte("nope")), "a@x", t0, invites.InviteUnknown},
+		{"first", two.Hash, "a@x", t0, invites.InviteRedeemed},
+		{"same e-mail", two.Hash, "a@x", t0, invites.InviteAlreadyRedeemed},
+		{"second", two.Hash, "b@x", t0, invites.InviteRedeemed},
+		{"used up", two.Hash, "c@x", t0, invites.InviteUsedUp},
+		{"used up, but redeemed before", two.Hash, "b@x", t0, invites.InviteAlreadyRedeemed},
+		{"expired", exp.Hash, "a@x", t0.Add(time.Hour), invites.InviteExpired},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -219,7 +221,7 @@ func TestInviteParallelRedemptionOfManyUses(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	got := map[RedeemOutcome]int{}
+	got := map[invites.RedeemOutcome]int{}
 	winners := map[string]bool{}
 	var wg sync.WaitGroup
 	for i := range emails * tries {
@@ -232,7 +234,7 @@ func TestInviteParallelRedemptionOfManyUses(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			got[o]++
-			if o == InviteRedeemed {
+			if o == invites.InviteRedeemed {
 				if winners[email] {
 					t.Errorf("%s redeemed twice", email)
 				}
@@ -241,10 +243,10 @@ func TestInviteParallelRedemptionOfManyUses(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got[InviteRedeemed] != uses || got[InviteRedeemed]+got[InviteAlreadyRedeemed]+got[InviteUsedUp] != emails*tries {
+	if got[invites.InviteRedeemed] != uses || got[invites.InviteRedeemed]+got[invites.InviteAlreadyRedeemed]+got[invites.InviteUsedUp] != emails*tries {
 		t.Errorf("outcomes %v, want %d redeemed and the rest already redeemed or used up", got, uses)
 	}
-	if got, want := got[InviteAlreadyRedeemed], uses*(tries-1); got != want {
+	if got, want := got[invites.InviteAlreadyRedeemed], uses*(tries-1); got != want {
 		t.Errorf("%d already redeemed, want %d (the winners' other tries)", got, want)
 	}
 	stored, err := db.InviteByHash(inv.Hash)
@@ -285,7 +287,7 @@ func TestInviteRedemptionFailsClosed(t *testing.T) {
 	if o, err := db.CheckInvite(inv.Hash, "a@x", t0); err == nil {
 		t.Errorf("CheckInvite = %v, nil; want an error", o)
 	}
-	if o, err := db.RedeemInvite(context.Background(), inv.Hash, "a@x", t0); err == nil || o != InviteUnknown {
+	if o, err := db.RedeemInvite(context.Background(), inv.Hash, "a@x", t0); err == nil || o != invites.InviteUnknown {
 		t.Errorf("RedeemInvite = %v, %v; want InviteUnknown and an error", o, err)
 	}
 	if stored, _ := db.InviteByHash(inv.Hash); stored.Used != 0 {
@@ -300,7 +302,7 @@ func TestDeleteInvite(t *testing.T) {
 	db := mustOpen(t)
 	ctx := context.Background()
 	inv, other := newInvite("inv_del", 3), newInvite("inv_keep", 3)
-	for _, i := range []Invite{inv, other} {
+	for _, i := range []invites.Invite{inv, other} {
 		if err := db.CreateInvite(i); err != nil {
 			t.Fatal(err)
 		}
@@ -330,7 +332,7 @@ func TestDeleteInvite(t *testing.T) {
 	if _, err := db.InviteByHash(inv.Hash); !errors.Is(err, ErrNotFound) {
 		t.Errorf("InviteByHash after delete: %v, want ErrNotFound", err)
 	}
-	if o, err := db.RedeemInvite(ctx, inv.Hash, "b@x", t0); err != nil || o != InviteUnknown {
+	if o, err := db.RedeemInvite(ctx, inv.Hash, "b@x", t0); err != nil || o != invites.InviteUnknown {
 		t.Errorf("redeem after delete: %v %v, want InviteUnknown", o, err)
 	}
 	if _, err := db.DeleteInvite("inv_del"); !errors.Is(err, ErrNotFound) {
@@ -340,7 +342,7 @@ func TestDeleteInvite(t *testing.T) {
 	if err := db.CreateInvite(newInvite("inv_del", 3)); err != nil {
 		t.Fatal(err)
 	}
-	if o, err := db.CheckInvite(inv.Hash, "a@x", t0); err != nil || o != InviteRedeemed {
+	if o, err := db.CheckInvite(inv.Hash, "a@x", t0); err != nil || o != invites.InviteRedeemed {
 		t.Errorf("a@x on the re-created code: %v %v, want InviteRedeemed", o, err)
 	}
 	if list, _ := db.Invites(); len(list) != 2 {
@@ -378,7 +380,7 @@ func TestBackupKeepsRedemptions(t *testing.T) {
 	if got, _ := restored.InviteByHash(inv.Hash); got.Used != 2 {
 		t.Errorf("restored uses %d, want 2", got.Used)
 	}
-	if o, err := restored.CheckInvite(inv.Hash, "b@x", t0); err != nil || o != InviteAlreadyRedeemed {
+	if o, err := restored.CheckInvite(inv.Hash, "b@x", t0); err != nil || o != invites.InviteAlreadyRedeemed {
 		t.Errorf("b@x on the restored copy: %v %v, want InviteAlreadyRedeemed", o, err)
 	}
 	if reds, err := restored.Redemptions(inv.Hash); err != nil || len(reds) != 2 {

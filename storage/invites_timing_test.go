@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"breakwater/server/invites"
 )
 
 // TestCheckInviteMissDoesTheWorkOfAHit: a code that finds no invite costs
@@ -23,7 +25,7 @@ func TestCheckInviteMissDoesTheWorkOfAHit(t *testing.T) {
 	db := mustOpen(t)
 	ctx := context.Background()
 	now := t0.Add(time.Hour)
-	if got, err := db.CheckInvite(sha256.Sum256([]byte("x")), "ann@example.com", now); err != nil || got != InviteUnknown {
+	if got, err := db.CheckInvite(sha256.Sum256([]byte("x")), "ann@example.com", now); err != nil || got != invites.InviteUnknown {
 		t.Fatalf("no invites stored: %v %v, want unknown", got, err)
 	}
 	for i := range 12 { // every state a hit can find
@@ -56,8 +58,8 @@ func TestCheckInviteMissDoesTheWorkOfAHit(t *testing.T) {
 	for i := range 30 {
 		misses = append(misses, sha256.Sum256(fmt.Appendf(nil, "unknown code %d", i)))
 	}
-	allocs := func(t *testing.T, hash [32]byte, email string) (float64, RedeemOutcome) {
-		var out RedeemOutcome
+	allocs := func(t *testing.T, hash [32]byte, email string) (float64, invites.RedeemOutcome) {
+		var out invites.RedeemOutcome
 		var err error
 		n := testing.AllocsPerRun(50, func() { out, err = db.CheckInvite(hash, email, now) })
 		if err != nil {
@@ -70,11 +72,11 @@ func TestCheckInviteMissDoesTheWorkOfAHit(t *testing.T) {
 			t.Run(fmt.Sprintf("%d %s", i, email), func(t *testing.T) {
 				standIn := nextInviteKey(t, db, miss)
 				missAllocs, out := allocs(t, miss, email)
-				if out != InviteUnknown {
+				if out != invites.InviteUnknown {
 					t.Fatalf("miss: outcome %v, want unknown", out)
 				}
 				hitAllocs, out := allocs(t, standIn, email)
-				if out == InviteUnknown {
+				if out == invites.InviteUnknown {
 					t.Fatalf("stand-in %x: unknown", standIn)
 				}
 				if missAllocs != hitAllocs {

@@ -10,28 +10,13 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"breakwater/server/keys"
 	"breakwater/storage/userid"
 )
 
-// User is one account that owns API keys and a plan.
-type User struct {
-	ID        string
-	Plan      string // plan name from [plans.NAME]; empty means the default plan
-	Banned    bool
-	CreatedAt time.Time
-}
-
-// Key is one API key. Only the SHA-256 hash of the secret is stored.
-type Key struct {
-	ID        string
-	Hash      [32]byte // SHA-256 of the secret; unique across keys
-	UserID    string
-	CreatedAt time.Time
-	RevokedAt time.Time // zero means the key is active
-}
-
-// Active reports whether k has not been revoked.
-func (k Key) Active() bool { return k.RevokedAt.IsZero() }
+// errUnknownKeyOrUser is what an unknown key or user id gives: ErrNotFound
+// to storage's own callers, and keys.ErrNotFound to the keyring's.
+var errUnknownKeyOrUser = fmt.Errorf("%w (%w)", ErrNotFound, keys.ErrNotFound)
 
 // CreateKey stores k and creates or updates its user in one transaction. It
 // returns ErrExists if a key with k.ID or k.Hash is already stored.
@@ -40,7 +25,7 @@ func (k Key) Active() bool { return k.RevokedAt.IsZero() }
 // k.UserID. A new user is stored as u, with CreatedAt defaulting to
 // k.CreatedAt. An existing user keeps its CreatedAt and Banned flag; its
 // Plan changes only if u.Plan is not empty.
-func (db *DB) CreateKey(k Key, u User) error {
+func (db *DB) CreateKey(k keys.Key, u keys.User) error {
 	if u.ID == "" {
 		u.ID = k.UserID
 	}
@@ -58,14 +43,14 @@ func (db *DB) CreateKey(k Key, u User) error {
 	}
 
 	err := db.update(func(tx *bbolt.Tx) error {
-		keys, hashes := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyHashes)
-		if keys.Get([]byte(k.ID)) != nil {
+		keyBucket, hashes := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyHashes)
+		if keyBucket.Get([]byte(k.ID)) != nil {
 			return fmt.Errorf("key id %s: %w", k.ID, ErrExists)
 		}
 		if hashes.Get(k.Hash[:]) != nil {
 			return fmt.Errorf("key hash: %w", ErrExists)
 		}
-		if err := putJSON(keys, []byte(k.ID), k); err != nil {
+		if err := putJSON(keyBucket, []byte(k.ID), k); err != nil {
 			return err
 		}
 		if err := hashes.Put(k.Hash[:], []byte(k.ID)); err != nil {
@@ -73,7 +58,7 @@ func (db *DB) CreateKey(k Key, u User) error {
 		}
 
 		users := tx.Bucket(bucketUsers)
-		var old User
+		var old keys.User
 		found, err := getJSON(users, []byte(u.ID), &old)
 		switch {
 		case err != nil:
@@ -97,62 +82,62 @@ func (db *DB) CreateKey(k Key, u User) error {
 // RevokeKey marks key id revoked at at and returns it. Revoking a revoked
 // key changes nothing and returns it with its first RevokedAt. It returns
 // ErrNotFound for an unknown id.
-func (db *DB) RevokeKey(id string, at time.Time) (Key, error) {
+func (db *DB) RevokeKey(id string, at time.Time) (keys.Key, error) {
 	if at.IsZero() {
-		return Key{}, fmt.Errorf("revoke key %s: %w: zero time", id, ErrInvalid)
+		return keys.Key{}, fmt.Errorf("revoke key %s: %w: zero time", id, ErrInvalid)
 	}
-	var k Key
+	var k keys.Key
 	err := db.update(func(tx *bbolt.Tx) error {
-		keys := tx.Bucket(bucketKeys)
-		found, err := getJSON(keys, []byte(id), &k)
+		keyBucket := tx.Bucket(bucketKeys)
+		found, err := getJSON(keyBucket, []byte(id), &k)
 		switch {
 		case err != nil:
 			return err
 		case !found:
-			return ErrNotFound
+			return errUnknownKeyOrUser
 		case !k.Active():
 			return nil
 		}
 		k.RevokedAt = at
-		return putJSON(keys, []byte(id), k)
+		return putJSON(keyBucket, []byte(id), k)
 	})
 	if err != nil {
-		return Key{}, fmt.Errorf("revoke key %s: %w", id, err)
+		return keys.Key{}, fmt.Errorf("revoke key %s: %w", id, err)
 	}
 	return k, nil
 }
 
 // Keys returns every key, active or revoked, sorted by CreatedAt then ID.
-func (db *DB) Keys() ([]Key, error) {
-	var keys []Key
+func (db *DB) Keys() ([]keys.Key, error) {
+	var list []keys.Key
 	err := db.view(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketKeys).ForEach(func(id, v []byte) error {
-			var k Key
+			var k keys.Key
 			if err := json.Unmarshal(v, &k); err != nil {
 				return fmt.Errorf("key %s: %w", id, err)
 			}
-			keys = append(keys, k)
+			list = append(list, k)
 			return nil
 		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list keys: %w", err)
 	}
-	slices.SortFunc(keys, func(a, b Key) int {
+	slices.SortFunc(list, func(a, b keys.Key) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c
 		}
 		return bytes.Compare([]byte(a.ID), []byte(b.ID))
 	})
-	return keys, nil
+	return list, nil
 }
 
 // Users returns every user, sorted by ID.
-func (db *DB) Users() ([]User, error) {
-	var users []User
+func (db *DB) Users() ([]keys.User, error) {
+	var users []keys.User
 	err := db.view(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketUsers).ForEach(func(id, v []byte) error {
-			var u User
+			var u keys.User
 			if err := json.Unmarshal(v, &u); err != nil {
 				return fmt.Errorf("user %s: %w", id, err)
 			}
@@ -166,24 +151,25 @@ func (db *DB) Users() ([]User, error) {
 	return users, nil
 }
 
-// User returns the user with the given id, or ErrNotFound.
-func (db *DB) User(id string) (User, error) {
-	var u User
+// User returns the user with the given id, or ErrNotFound (which is also
+// keys.ErrNotFound).
+func (db *DB) User(id string) (keys.User, error) {
+	var u keys.User
 	err := db.view(func(tx *bbolt.Tx) error {
 		found, err := getJSON(tx.Bucket(bucketUsers), []byte(id), &u)
 		if err == nil && !found {
-			err = ErrNotFound
+			err = errUnknownKeyOrUser
 		}
 		return err
 	})
 	if err != nil {
-		return User{}, fmt.Errorf("user %s: %w", id, err)
+		return keys.User{}, fmt.Errorf("user %s: %w", id, err)
 	}
 	return u, nil
 }
 
 // PutUser stores u, replacing any user with the same ID.
-func (db *DB) PutUser(u User) error {
+func (db *DB) PutUser(u keys.User) error {
 	if u.ID == "" {
 		return fmt.Errorf("put user: %w: empty user id", ErrInvalid)
 	}
@@ -216,7 +202,7 @@ const legacyJWTKeyID = "jwt"
 func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
 	owned := map[string]bool{} // user ids that have a key
 	err := tx.Bucket(bucketKeys).ForEach(func(id, v []byte) error {
-		var k Key
+		var k keys.Key
 		if err := json.Unmarshal(v, &k); err != nil {
 			return fmt.Errorf("key %s: %w", id, err)
 		}
@@ -248,7 +234,7 @@ func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
 		return nil
 	}
 	err = users.ForEach(func(k, v []byte) error {
-		var u User
+		var u keys.User
 		if err := json.Unmarshal(v, &u); err != nil {
 			return fmt.Errorf("user %s: %w", k, err)
 		}
@@ -299,7 +285,7 @@ func migrateJWTUsers(tx *bbolt.Tx) ([]any, error) {
 // returns how many quota counts it copied. Part of migrateJWTUsers.
 func moveJWTUser(users, quota *bbolt.Bucket, months [][]byte, old, id string, move bool) (int, error) {
 	if v := users.Get([]byte(old)); v != nil {
-		var u User
+		var u keys.User
 		if err := json.Unmarshal(v, &u); err != nil {
 			return 0, fmt.Errorf("user %s: %w", old, err)
 		}

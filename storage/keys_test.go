@@ -6,19 +6,21 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"breakwater/server/keys"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // newKey returns a key for user with a hash derived from id.
-func newKey(id, user string, created time.Time) Key {
-	return Key{ID: id, Hash: sha256.Sum256([]byte("secret-" + id)), UserID: user, CreatedAt: created}
+func newKey(id, user string, created time.Time) keys.Key {
+	return keys.Key{ID: id, Hash: sha256.Sum256([]byte("secret-" + id)), UserID: user, CreatedAt: created}
 }
 
 func TestCreateKey(t *testing.T) {
 	db := mustOpen(t)
 
-	if err := db.CreateKey(newKey("k1", "alice", t0), User{Plan: "free"}); err != nil {
+	if err := db.CreateKey(newKey("k1", "alice", t0), keys.User{Plan: "free"}); err != nil {
 		t.Fatalf("CreateKey k1: %v", err)
 	}
 	alice, err := db.User("alice")
@@ -39,7 +41,7 @@ func TestCreateKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	later := t0.Add(time.Hour)
-	if err := db.CreateKey(newKey("k2", "alice", later), User{ID: "alice", Plan: "pro", CreatedAt: later}); err != nil {
+	if err := db.CreateKey(newKey("k2", "alice", later), keys.User{ID: "alice", Plan: "pro", CreatedAt: later}); err != nil {
 		t.Fatalf("CreateKey k2: %v", err)
 	}
 	alice, err = db.User("alice")
@@ -57,7 +59,7 @@ func TestCreateKey(t *testing.T) {
 	}
 
 	// An empty plan keeps the stored one.
-	if err := db.CreateKey(newKey("k3", "alice", later), User{}); err != nil {
+	if err := db.CreateKey(newKey("k3", "alice", later), keys.User{}); err != nil {
 		t.Fatalf("CreateKey k3: %v", err)
 	}
 	if alice, err = db.User("alice"); err != nil || alice.Plan != "pro" {
@@ -66,16 +68,16 @@ func TestCreateKey(t *testing.T) {
 
 	tests := []struct {
 		name    string
-		key     Key
-		user    User
+		key     keys.Key
+		user    keys.User
 		wantErr error
 	}{
 		{name: "same id", key: newKey("k1", "bob", t0), wantErr: ErrExists},
-		{name: "same hash", key: Key{ID: "k9", Hash: newKey("k1", "", t0).Hash, UserID: "bob", CreatedAt: t0}, wantErr: ErrExists},
+		{name: "same hash", key: keys.Key{ID: "k9", Hash: newKey("k1", "", t0).Hash, UserID: "bob", CreatedAt: t0}, wantErr: ErrExists},
 		{name: "no id", key: newKey("", "bob", t0), wantErr: ErrInvalid},
 		{name: "no user", key: newKey("k9", "", t0), wantErr: ErrInvalid},
-		{name: "other user", key: newKey("k9", "bob", t0), user: User{ID: "carol"}, wantErr: ErrInvalid},
-		{name: "no hash", key: Key{ID: "k9", UserID: "bob", CreatedAt: t0}, wantErr: ErrInvalid},
+		{name: "other user", key: newKey("k9", "bob", t0), user: keys.User{ID: "carol"}, wantErr: ErrInvalid},
+		{name: "no hash", key: keys.Key{ID: "k9", UserID: "bob", CreatedAt: t0}, wantErr: ErrInvalid},
 		{name: "no time", key: newKey("k9", "bob", time.Time{}), wantErr: ErrInvalid},
 	}
 	for _, tt := range tests {
@@ -93,13 +95,13 @@ func TestCreateKey(t *testing.T) {
 
 func TestKeysSorted(t *testing.T) {
 	db := mustOpen(t)
-	for _, k := range []Key{
+	for _, k := range []keys.Key{
 		newKey("kb", "u", t0.Add(time.Minute)),
 		newKey("kc", "u", t0),
 		newKey("ka", "u", t0.Add(time.Minute)),
 		newKey("kd", "u", t0.Add(-time.Minute)),
 	} {
-		if err := db.CreateKey(k, User{}); err != nil {
+		if err := db.CreateKey(k, keys.User{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -121,7 +123,7 @@ func TestKeysSorted(t *testing.T) {
 
 func TestRevokeKey(t *testing.T) {
 	db := mustOpen(t)
-	if err := db.CreateKey(newKey("k1", "alice", t0), User{}); err != nil {
+	if err := db.CreateKey(newKey("k1", "alice", t0), keys.User{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -165,10 +167,10 @@ func TestUsers(t *testing.T) {
 	if _, err := db.User("nobody"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("User(unknown) = %v, want ErrNotFound", err)
 	}
-	if err := db.PutUser(User{}); !errors.Is(err, ErrInvalid) {
+	if err := db.PutUser(keys.User{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("PutUser(no id) = %v, want ErrInvalid", err)
 	}
-	for _, u := range []User{
+	for _, u := range []keys.User{
 		{ID: "carol", Plan: "free", CreatedAt: t0},
 		{ID: "alice", Plan: "pro", Banned: true, CreatedAt: t0},
 		{ID: "bob", CreatedAt: t0},
@@ -178,7 +180,7 @@ func TestUsers(t *testing.T) {
 		}
 	}
 	// PutUser replaces.
-	if err := db.PutUser(User{ID: "alice", Plan: "free", CreatedAt: t0}); err != nil {
+	if err := db.PutUser(keys.User{ID: "alice", Plan: "free", CreatedAt: t0}); err != nil {
 		t.Fatal(err)
 	}
 	users, err := db.Users()

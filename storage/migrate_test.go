@@ -18,6 +18,8 @@ import (
 	"go.etcd.io/bbolt"
 
 	"breakwater/budget"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
 )
 
 // The schema version 1 layout, written here by hand as that code wrote it,
@@ -48,7 +50,7 @@ type redemptionV1 struct {
 }
 
 // writeV1 creates a schema version 1 database at path holding invites.
-func writeV1(t *testing.T, path string, invites []inviteV1, extra func(tx *bbolt.Tx) error) {
+func writeV1(t *testing.T, path string, v1invites []inviteV1, extra func(tx *bbolt.Tx) error) {
 	t.Helper()
 	writeBolt(t, path, func(tx *bbolt.Tx) error {
 		for _, name := range bucketsV1 {
@@ -59,7 +61,7 @@ func writeV1(t *testing.T, path string, invites []inviteV1, extra func(tx *bbolt
 		if err := tx.Bucket([]byte("meta")).Put([]byte("schema_version"), encodeUint64(1)); err != nil {
 			return err
 		}
-		for _, inv := range invites {
+		for _, inv := range v1invites {
 			v, err := json.Marshal(inv)
 			if err != nil {
 				return err
@@ -185,19 +187,19 @@ func TestMigrateV1InviteRedemptions(t *testing.T) {
 			name  string
 			inv   inviteV1
 			email string
-			want  RedeemOutcome
+			want  invites.RedeemOutcome
 		}{
-			{"full: an old e-mail is still in", full, full.Redeemed[2].Email, InviteAlreadyRedeemed},
-			{"full: a new e-mail finds it used up", full, "new@example.com", InviteUsedUp},
-			{"part: an old e-mail is still in", part, part.Redeemed[0].Email, InviteAlreadyRedeemed},
-			{"part: third use", part, "c@example.com", InviteRedeemed},
-			{"part: fourth use", part, "d@example.com", InviteRedeemed},
-			{"part: fifth use", part, "e@example.com", InviteRedeemed},
-			{"part: no sixth", part, "f@example.com", InviteUsedUp},
-			{"none: first use", none, "a@example.com", InviteRedeemed},
-			{"revoked stays revoked", revoked, "a@example.com", InviteRevoked},
-			{"beta: an old e-mail", beta, beta.Redeemed[999].Email, InviteAlreadyRedeemed},
-			{"beta: a new one", beta, "new@example.com", InviteRedeemed},
+			{"full: an old e-mail is still in", full, full.Redeemed[2].Email, invites.InviteAlreadyRedeemed},
+			{"full: a new e-mail finds it used up", full, "new@example.com", invites.InviteUsedUp},
+			{"part: an old e-mail is still in", part, part.Redeemed[0].Email, invites.InviteAlreadyRedeemed},
+			{"part: third use", part, "c@example.com", invites.InviteRedeemed},
+			{"part: fourth use", part, "d@example.com", invites.InviteRedeemed},
+			{"part: fifth use", part, "e@example.com", invites.InviteRedeemed},
+			{"part: no sixth", part, "f@example.com", invites.InviteUsedUp},
+			{"none: first use", none, "a@example.com", invites.InviteRedeemed},
+			{"revoked stays revoked", revoked, "a@example.com", invites.InviteRevoked},
+			{"beta: an old e-mail", beta, beta.Redeemed[999].Email, invites.InviteAlreadyRedeemed},
+			{"beta: a new one", beta, "new@example.com", invites.InviteRedeemed},
 		}
 		for _, s := range steps {
 			got, err := db.RedeemInvite(ctx, s.inv.Hash, s.email, t0.Add(24*time.Hour))
@@ -266,7 +268,7 @@ func TestMigrateV1TwiceInOneRecord(t *testing.T) {
 	if len(reds) != 2 || !reds[0].At.Equal(t0) {
 		t.Errorf("redemptions %v, want 2 with the first one at t0", reds)
 	}
-	if o, _ := db.RedeemInvite(context.Background(), inv.Hash, "new@example.com", t0); o != InviteUsedUp {
+	if o, _ := db.RedeemInvite(context.Background(), inv.Hash, "new@example.com", t0); o != invites.InviteUsedUp {
 		t.Errorf("new e-mail: %v, want InviteUsedUp", o)
 	}
 }
@@ -358,8 +360,8 @@ func TestMigrateV2JWTUsers(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		must(db.CreateKey(Key{ID: "key_a", Hash: sha256.Sum256([]byte("a")), UserID: "alice", CreatedAt: t0}, User{Plan: "pro"}))
-		must(db.PutUser(User{ID: "alice", Plan: "pro", Banned: true, CreatedAt: t0}))
+		must(db.CreateKey(keys.Key{ID: "key_a", Hash: sha256.Sum256([]byte("a")), UserID: "alice", CreatedAt: t0}, keys.User{Plan: "pro"}))
+		must(db.PutUser(keys.User{ID: "alice", Plan: "pro", Banned: true, CreatedAt: t0}))
 		read := func(user, keyID string, n int) {
 			for i := range n {
 				must(db.RecordUsage(ctx, month, budget.UsageRecord{Time: t0.Add(time.Duration(i) * time.Second), UserID: user, KeyID: keyID}, budget.Settlement{}))
@@ -368,7 +370,7 @@ func TestMigrateV2JWTUsers(t *testing.T) {
 		read("alice", "key_a", 2)
 		read("alice", "jwt", 1) // a token whose sub was "alice"
 		read("user_2abc", "jwt", 3)
-		must(db.PutUser(User{ID: "user_2abc", Banned: true, CreatedAt: t0})) // users ban user_2abc
+		must(db.PutUser(keys.User{ID: "user_2abc", Banned: true, CreatedAt: t0})) // users ban user_2abc
 		read("bob", "", 1)
 		read("bad\u200bsub", "jwt", 1)
 	})

@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"breakwater/detect"
+	"breakwater/server/invites"
 )
 
 var _ detect.PersonalPruner = (*DB)(nil)
@@ -62,13 +63,12 @@ func (db *DB) PrunePersonal(beforeDay string, before, now time.Time) (int, error
 			}
 			n++
 		}
-		invites := tx.Bucket(bucketInvites)
-		return invites.ForEach(func(k, v []byte) error {
-			var inv Invite
+		return tx.Bucket(bucketInvites).ForEach(func(k, v []byte) error {
+			var inv invites.Invite
 			if err := json.Unmarshal(v, &inv); err != nil {
 				return fmt.Errorf("invite %x: %w", k, err)
 			}
-			if inv.check(false, now) == InviteRedeemed {
+			if inv.Check(false, now) == invites.InviteRedeemed {
 				return nil // still redeemable: its e-mails are needed
 			}
 			rb, err := redemptionsOf(tx, k)

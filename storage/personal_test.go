@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"breakwater/detect"
+	"breakwater/server/invites"
 )
 
 // PrunePersonal deletes, before the cut, the IPs and e-mails of the
@@ -25,7 +26,7 @@ func TestPrunePersonal(t *testing.T) {
 		}
 	}
 	spent, live := sha256.Sum256([]byte("SPENT")), sha256.Sum256([]byte("LIVE"))
-	for _, inv := range []Invite{{ID: "inv_spent", Hash: spent, MaxUses: 1, CreatedAt: old}, {ID: "inv_live", Hash: live, MaxUses: 5, CreatedAt: old}} {
+	for _, inv := range []invites.Invite{{ID: "inv_spent", Hash: spent, MaxUses: 1, CreatedAt: old}, {ID: "inv_live", Hash: live, MaxUses: 5, CreatedAt: old}} {
 		if err := db.CreateInvite(inv); err != nil {
 			t.Fatal(err)
 		}

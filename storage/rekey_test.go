@@ -6,6 +6,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"breakwater/server/invites"
 )
 
 // RekeyInvites moves every invite and its redemptions to the keyed hash
@@ -15,7 +17,7 @@ func TestRekeyInvites(t *testing.T) {
 	db := mustOpen(t)
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	old := sha256.Sum256([]byte("CODE"))
-	if err := db.CreateInvite(Invite{ID: "inv_a", Hash: old, MaxUses: 3, CreatedAt: now}); err != nil {
+	if err := db.CreateInvite(invites.Invite{ID: "inv_a", Hash: old, MaxUses: 3, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.RedeemInvite(context.Background(), old, "a@example.com", now); err != nil {
@@ -35,7 +37,7 @@ func TestRekeyInvites(t *testing.T) {
 	if err != nil || inv.ID != "inv_a" || inv.Hash != keyed || inv.Used != 1 {
 		t.Errorf("InviteByHash(keyed) = %+v, %v", inv, err)
 	}
-	if out, err := db.CheckInvite(keyed, "a@example.com", now); err != nil || out != InviteAlreadyRedeemed {
+	if out, err := db.CheckInvite(keyed, "a@example.com", now); err != nil || out != invites.InviteAlreadyRedeemed {
 		t.Errorf("the redemption did not move with it: %v %v", out, err)
 	}
 	if _, err := db.RekeyInvites([]byte("mark-2"), rekey); !errors.Is(err, ErrInviteKeyChanged) {

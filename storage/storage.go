@@ -17,9 +17,11 @@
 // imports bbolt.
 //
 // The money records (usage rows, settlements, ledger days) are declared by
-// budget, and the statistics events and what detection makes of them by
-// detect, each with the interfaces it needs from a database; DB implements
-// those interfaces, so neither budget nor detect imports storage.
+// budget, the statistics events and what detection makes of them by
+// detect, the keys and users by server/keys and the invites by
+// server/invites, each with the interfaces it needs from a database and
+// its not-found sentinel; DB implements those interfaces (and wraps
+// ErrNotFound with the owner's sentinel), so none of them imports storage.
 package storage
 
 import (
@@ -40,6 +42,8 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
 )
 
 // DefaultPath is the database file used when Config.Path is empty.
@@ -97,7 +101,9 @@ var (
 	// migration first.
 	ErrOldSchema = errors.New("storage: the database needs a migration")
 
-	// ErrNotFound means the requested user or key does not exist.
+	// ErrNotFound means the requested record does not exist. For a key
+	// or a user it is also keys.ErrNotFound, for an invite
+	// invites.ErrNotFound.
 	ErrNotFound = errors.New("storage: not found")
 
 	// ErrClosed means the DB has been closed.
@@ -239,6 +245,9 @@ var (
 	_ detect.Store       = (*DB)(nil)
 	_ detect.EventWriter = (*DB)(nil)
 	_ detect.AlertStore  = (*DB)(nil)
+	_ keys.KeyStore      = (*DB)(nil)
+	_ invites.Store      = (*DB)(nil)
+	_ invites.Redeemer   = (*DB)(nil)
 )
 
 // DB is an open Breakwater database. Its methods are safe for concurrent

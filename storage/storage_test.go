@@ -15,6 +15,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/server/keys"
 )
 
 // quietLogger discards storage's log lines in tests.
@@ -125,7 +126,7 @@ func TestReopenKeepsData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := User{ID: "u1", Plan: "pro", CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)}
+	want := keys.User{ID: "u1", Plan: "pro", CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)}
 	if err := db.PutUser(want); err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +330,7 @@ func TestClosed(t *testing.T) {
 		{"User", func() error { _, err := db.User("u1"); return err }},
 		{"Users", func() error { _, err := db.Users(); return err }},
 		{"Keys", func() error { _, err := db.Keys(); return err }},
-		{"PutUser", func() error { return db.PutUser(User{ID: "u1"}) }},
+		{"PutUser", func() error { return db.PutUser(keys.User{ID: "u1"}) }},
 		{"QuotaUsed", func() error { _, err := db.QuotaUsed("2026-01"); return err }},
 		{"Usage", func() error { _, err := db.Usage(time.Time{}, time.Time{}); return err }},
 		{"AppendEvents", func() error { return db.AppendEvents([]detect.Event{{Time: time.Now()}}) }},

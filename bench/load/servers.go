@@ -36,6 +36,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -443,16 +444,16 @@ func (b *breakwater) seedKeys(users []string) ([]string, error) {
 		return nil, err
 	}
 	now := time.Now().UTC()
-	keys := make([]string, len(users))
+	secrets := make([]string, len(users))
 	for i, user := range users {
-		keys[i] = "bw_" + randomBase62(32)
-		k := storage.Key{ID: "key_" + randomBase62(10), Hash: sha256.Sum256([]byte(keys[i])), UserID: user, CreatedAt: now}
-		if err := db.CreateKey(k, storage.User{ID: user, Plan: "free", CreatedAt: now}); err != nil {
+		secrets[i] = "bw_" + randomBase62(32)
+		k := keys.Key{ID: "key_" + randomBase62(10), Hash: sha256.Sum256([]byte(secrets[i])), UserID: user, CreatedAt: now}
+		if err := db.CreateKey(k, keys.User{ID: user, Plan: "free", CreatedAt: now}); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("%s: seed key for %s: %w", b.name, user, err)
 		}
 	}
-	return keys, db.Close()
+	return secrets, db.Close()
 }
 
 func randomBase62(n int) string {

@@ -15,8 +15,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/server/invites"
+	"breakwater/server/keys"
 	"breakwater/server/operator"
-	"breakwater/storage"
 )
 
 // adminOnly lets a request through only with the admin token, sent as
@@ -142,7 +143,7 @@ func (s *Server) handleListKeys(c echo.Context) error {
 func (s *Server) handleRevokeKey(c echo.Context) error {
 	info, err := s.d.Operator.RevokeKey(c.Request().Context(), pathParam(c, "id"))
 	switch {
-	case errors.Is(err, storage.ErrNotFound):
+	case errors.Is(err, keys.ErrNotFound):
 		return errKeyNotFound
 	case err != nil:
 		return err
@@ -167,7 +168,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 		info, err = s.d.Operator.SetPlan(ctx, user, req.Plan)
 	}
 	switch {
-	case errors.Is(err, storage.ErrNotFound):
+	case errors.Is(err, keys.ErrNotFound):
 		return errUserNotFound
 	case err != nil:
 		return err
@@ -179,7 +180,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 func (s *Server) handleUsage(c echo.Context) error {
 	list, err := s.d.Operator.Usage(c.Request().Context(), c.QueryParam("user"))
 	switch {
-	case errors.Is(err, storage.ErrNotFound):
+	case errors.Is(err, keys.ErrNotFound):
 		return errUserNotFound
 	case err != nil:
 		return err
@@ -338,7 +339,7 @@ func (s *Server) handleDeleteInvite(c echo.Context) error {
 func (s *Server) inviteAction(c echo.Context, done string, act func(context.Context, string) (operator.InviteInfo, error)) error {
 	info, err := act(c.Request().Context(), pathParam(c, "id"))
 	switch {
-	case errors.Is(err, storage.ErrNotFound):
+	case errors.Is(err, invites.ErrNotFound):
 		return errInviteNotFound
 	case err != nil:
 		return err

@@ -67,8 +67,8 @@ func TestAdminClientManagesKeys(t *testing.T) {
 	resp, data = e.post(secret, "image/png", pngBytes(t, 8, 8))
 	decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 
-	if _, err := ac.RevokeKey(ctx, "key_nope"); !errors.Is(err, storage.ErrNotFound) {
-		t.Errorf("revoke unknown: %v, want ErrNotFound", err)
+	if _, err := ac.RevokeKey(ctx, "key_nope"); !errors.Is(err, keys.ErrNotFound) {
+		t.Errorf("revoke unknown: %v, want keys.ErrNotFound", err)
 	}
 	if _, _, err := ac.CreateKey(ctx, "dave", "platinum"); err == nil || !strings.Contains(err.Error(), "unknown plan") {
 		t.Errorf("unknown plan: %v", err)
@@ -108,7 +108,7 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 	if got := decodeOK(t, resp, data).Quota.Limit; got != 1000 {
 		t.Errorf("quota limit %d after set-plan, want 1000", got)
 	}
-	if _, err := ac.SetPlan(ctx, "nobody", "pro"); !errors.Is(err, storage.ErrNotFound) {
+	if _, err := ac.SetPlan(ctx, "nobody", "pro"); !errors.Is(err, keys.ErrNotFound) {
 		t.Errorf("set-plan of an unknown user: %v", err)
 	}
 	if _, err := ac.SetPlan(ctx, "alice", "gold"); err == nil {

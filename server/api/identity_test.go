@@ -191,9 +191,9 @@ func TestUnnormalisedStoredIDsKeepWorking(t *testing.T) {
 	old := map[string]string{} // user -> secret
 	for i, user := range []string{"Alice", "bob ", "Carol", "carol"} {
 		secret := "bw_" + strings.Repeat(string(keys.Base62[i]), 32)
-		k := storage.Key{ID: "key_old" + string(keys.Base62[i]), UserID: user, CreatedAt: at}
+		k := keys.Key{ID: "key_old" + string(keys.Base62[i]), UserID: user, CreatedAt: at}
 		k.Hash = sha256Sum(secret)
-		if err := db.CreateKey(k, storage.User{Plan: "free"}); err != nil {
+		if err := db.CreateKey(k, keys.User{Plan: "free"}); err != nil {
 			t.Fatal(err)
 		}
 		old[user] = secret
@@ -246,8 +246,8 @@ func TestAmbiguousStoredIDs(t *testing.T) {
 	}
 	at := time.Now().UTC()
 	for i, user := range []string{"Dave", "DAVE"} {
-		k := storage.Key{ID: "key_" + user, UserID: user, CreatedAt: at, Hash: sha256Sum("bw_" + strings.Repeat(string(keys.Base62[i]), 32))}
-		if err := db.CreateKey(k, storage.User{Plan: "free"}); err != nil {
+		k := keys.Key{ID: "key_" + user, UserID: user, CreatedAt: at, Hash: sha256Sum("bw_" + strings.Repeat(string(keys.Base62[i]), 32))}
+		if err := db.CreateKey(k, keys.User{Plan: "free"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -91,7 +91,7 @@ type Deps struct {
 	Operator                     *operator.Operator // the admin API's commands and the dashboard's figures
 	// InviteCodes looks invite codes up and redeems them (POST
 	// /v1/invites/verify).
-	InviteCodes InviteRedeemer
+	InviteCodes invites.Redeemer
 	// InviteKey hashes submitted codes as they are stored (keyed with the
 	// server's secret).
 	InviteKey *invites.Key

@@ -15,7 +15,6 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/server/invites"
-	"breakwater/storage"
 )
 
 // maxVerifyBody is the largest POST /v1/invites/verify body: a code and
@@ -35,14 +34,6 @@ const (
 	reasonUsedUp  = "used_up"
 	reasonRevoked = "revoked"
 )
-
-// InviteRedeemer is what verification needs from storage: a read-only
-// check (InviteUnknown when no invite has the hash), then the binding
-// redemption.
-type InviteRedeemer interface {
-	CheckInvite(hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
-	RedeemInvite(ctx context.Context, hash [32]byte, email string, now time.Time) (storage.RedeemOutcome, error)
-}
 
 // verifyRequest is the body of POST /v1/invites/verify.
 type verifyRequest struct {
@@ -127,9 +118,9 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		return errInvitesUnavailable
 	}
 	if !invites.WellFormed(code) {
-		outcome = storage.InviteUnknown
+		outcome = invites.InviteUnknown
 	}
-	if outcome == storage.InviteRedeemed {
+	if outcome == invites.InviteRedeemed {
 		// Decide again and write in one transaction: the lookup may be
 		// stale by now.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
@@ -157,7 +148,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	// retries is answered the same, but it proves nothing new and is
 	// neutral: as a success, one redeemed code would clear the run at
 	// will between guesses.
-	if outcome == storage.InviteRedeemed {
+	if outcome == invites.InviteRedeemed {
 		attempt.Succeed(s.now())
 	} else {
 		attempt.Neutral()

@@ -47,7 +47,7 @@ func TestInviteCodesAreKeyedWithTheServerSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	if err := db.CreateInvite(storage.Invite{ID: "inv_legacy", Hash: digest, MaxUses: 2, CreatedAt: now}); err != nil {
+	if err := db.CreateInvite(invites.Invite{ID: "inv_legacy", Hash: digest, MaxUses: 2, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.RedeemInvite(context.Background(), digest, "early@example.com", now); err != nil {

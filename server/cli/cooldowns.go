@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/server/operator"
-	"breakwater/storage"
 )
 
 func cooldownsCmd(e *env) *cobra.Command {
@@ -47,7 +46,7 @@ it: --source route:NAME for the [[routes]] entry NAME.`,
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {
 				info, err := op.ClearCooldown(c.Context(), source, args[0])
-				if errors.Is(err, operator.ErrNoCooldown) || errors.Is(err, storage.ErrNotFound) {
+				if errors.Is(err, operator.ErrNoCooldown) {
 					return fmt.Errorf("cooldowns clear: no cooldown is on %q in %s (breakwater cooldowns list names them)", args[0], source)
 				}
 				if err != nil {

@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"breakwater/server/keys"
 	"breakwater/server/operator"
-	"breakwater/storage"
 )
 
 func usersCmd(e *env) *cobra.Command {
@@ -35,7 +35,7 @@ are banned, so banning one takes --create: users ban --create jwt:SUB.`
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {
 				info, err := op.SetBanned(c.Context(), args[0], ban, create)
-				if errors.Is(err, storage.ErrNotFound) {
+				if errors.Is(err, keys.ErrNotFound) {
 					hint := ""
 					if ban {
 						hint = "; to ban an id not seen yet, such as a sign-in user (jwt:SUB), add --create"

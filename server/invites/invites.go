@@ -16,7 +16,6 @@ import (
 	"unicode/utf8"
 
 	"breakwater/server/keys"
-	"breakwater/storage"
 )
 
 // Invite codes are inviteCodeLen characters of inviteAlphabet from
@@ -51,12 +50,12 @@ type Info struct {
 	RevokedAt time.Time `json:"revoked_at,omitzero"`
 }
 
-// Store is what invites need from storage.
+// Store is what Codes need from a database.
 type Store interface {
-	CreateInvite(inv storage.Invite) error
-	Invites() ([]storage.Invite, error)
-	RevokeInvite(id string, at time.Time) (storage.Invite, error)
-	DeleteInvite(id string) (storage.Invite, error)
+	CreateInvite(inv Invite) error
+	Invites() ([]Invite, error)
+	RevokeInvite(id string, at time.Time) (Invite, error)
+	DeleteInvite(id string) (Invite, error)
 }
 
 // Options are the optional dependencies of Codes.
@@ -102,7 +101,7 @@ func (iv *Codes) Create(uses int, ttl time.Duration, note string) (code string, 
 	}
 	code = NewCode()
 	now := iv.now().UTC()
-	inv := storage.Invite{
+	inv := Invite{
 		ID: "inv_" + keys.RandomString(10, keys.Base62), Hash: iv.key.Hash(NormaliseCode(code)),
 		MaxUses: uses, Note: note, CreatedAt: now,
 	}
@@ -150,7 +149,7 @@ func (iv *Codes) Delete(id string) (Info, error) {
 	return describe(inv), nil
 }
 
-func describe(inv storage.Invite) Info {
+func describe(inv Invite) Info {
 	return Info{
 		ID: inv.ID, Uses: inv.Used, MaxUses: inv.MaxUses, Note: inv.Note,
 		CreatedAt: inv.CreatedAt, ExpiresAt: inv.ExpiresAt, RevokedAt: inv.RevokedAt,

@@ -1,4 +1,4 @@
-package keys
+package keys_test
 
 import (
 	"fmt"
@@ -8,20 +8,21 @@ import (
 	"testing"
 
 	"breakwater/budget"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
 // newBenchKeyring is a keyring over a real database (without fsync) with
 // n keys, one per user, and their secrets.
-func newBenchKeyring(tb testing.TB, n int) (*Keyring, []string) {
+func newBenchKeyring(tb testing.TB, n int) (*keys.Keyring, []string) {
 	tb.Helper()
 	db, err := storage.Open(filepath.Join(tb.TempDir(), "bw.db"), storage.Options{NoSync: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { db.Close() })
-	plans := NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 100}, "pro": {MonthlyQuota: 1000}})
-	k, err := NewKeyring(db, plans.Has, Options{})
+	plans := keys.NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 100}, "pro": {MonthlyQuota: 1000}})
+	k, err := keys.NewKeyring(db, plans.Has, keys.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 	})
 	b.Run("unknown", func(b *testing.B) {
 		b.ReportAllocs()
-		unknown := keyPrefix + RandomString(keySecretLen, Base62)
+		unknown := keys.KeyPrefix + keys.RandomString(keys.KeySecretLen, keys.Base62)
 		for b.Loop() {
 			if _, _, ok := k.Authenticate(unknown); ok {
 				b.Fatal("accepted")
@@ -64,7 +65,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 // key or not.
 func TestAuthenticateAllocatesNothing(t *testing.T) {
 	k, secrets := newBenchKeyring(t, 10)
-	unknown := keyPrefix + RandomString(keySecretLen, Base62)
+	unknown := keys.KeyPrefix + keys.RandomString(keys.KeySecretLen, keys.Base62)
 	for _, tt := range []struct {
 		name, token string
 		ok          bool

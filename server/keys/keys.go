@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"breakwater/storage"
 	"breakwater/storage/userid"
 )
 
@@ -65,16 +64,16 @@ type KeyInfo struct {
 	RevokedAt time.Time `json:"revoked_at,omitzero"`
 }
 
-// KeyStore is what the keyring needs from storage. Keys and Users are
+// KeyStore is what the keyring needs from a database. Keys and Users are
 // read whole at load, and Keys again for a listing; User is read before a
 // change to one user.
 type KeyStore interface {
-	CreateKey(k storage.Key, u storage.User) error
-	RevokeKey(id string, at time.Time) (storage.Key, error)
-	Keys() ([]storage.Key, error)
-	Users() ([]storage.User, error)
-	User(id string) (storage.User, error)
-	PutUser(u storage.User) error
+	CreateKey(k Key, u User) error
+	RevokeKey(id string, at time.Time) (Key, error)
+	Keys() ([]Key, error)
+	Users() ([]User, error)
+	User(id string) (User, error)
+	PutUser(u User) error
 }
 
 // UserInfo describes a user for operators.
@@ -178,7 +177,7 @@ func (k *Keyring) load() error {
 
 // putUser stores u in memory, in place if the user has a record, so that
 // the active keys pointing at it see the change; k.mu is held.
-func (k *Keyring) putUser(u storage.User) {
+func (k *Keyring) putUser(u User) {
 	plan := k.intern(u.Plan)
 	if p := k.users[u.ID]; p != nil {
 		p.plan, p.banned = plan, u.Banned
@@ -211,7 +210,7 @@ func (k *Keyring) index(id string) {
 // activate lets key in; k.mu is held. A key whose user has no record
 // (storage writes both at once, so only a damaged file has one) gets an
 // empty record, which has no plan: the key is refused with 403 no_plan.
-func (k *Keyring) activate(key storage.Key) {
+func (k *Keyring) activate(key Key) {
 	u := k.users[key.UserID]
 	if u == nil {
 		u = &user{id: key.UserID}
@@ -268,13 +267,13 @@ func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err 
 	}
 	secret = keyPrefix + RandomString(keySecretLen, Base62)
 	now := k.now().UTC()
-	key := storage.Key{ID: "key_" + RandomString(10, Base62), Hash: sha256.Sum256([]byte(secret)), UserID: userID, CreatedAt: now}
+	key := Key{ID: "key_" + RandomString(10, Base62), Hash: sha256.Sum256([]byte(secret)), UserID: userID, CreatedAt: now}
 	// Storage keeps an existing user's creation time and ban.
-	if err := k.store.CreateKey(key, storage.User{ID: userID, Plan: plan, CreatedAt: now}); err != nil {
+	if err := k.store.CreateKey(key, User{ID: userID, Plan: plan, CreatedAt: now}); err != nil {
 		return "", KeyInfo{}, fmt.Errorf("create key for %s: %w", userID, err)
 	}
 	k.mu.Lock()
-	k.putUser(storage.User{ID: userID, Plan: plan, Banned: existing.Banned})
+	k.putUser(User{ID: userID, Plan: plan, Banned: existing.Banned})
 	k.activate(key)
 	info = k.info(key)
 	k.mu.Unlock()
@@ -339,7 +338,7 @@ func (k *Keyring) userInfo(u *user) UserInfo {
 // holds the ban. That is how a user with no key (a JWT user, "jwt:SUB",
 // has no record until banned) is banned.
 func (k *Keyring) SetBanned(user string, banned, create bool) (UserInfo, error) {
-	return k.updateUser(user, !create, false, func(u *storage.User) { u.Banned = banned })
+	return k.updateUser(user, !create, false, func(u *User) { u.Banned = banned })
 }
 
 // SetPlan moves an existing API-key user to another plan. A JWT user's
@@ -348,7 +347,7 @@ func (k *Keyring) SetPlan(user, plan string) (UserInfo, error) {
 	if !k.knownPlan(plan) {
 		return UserInfo{}, fmt.Errorf("%w %q: define [plans.%s] in config.toml", ErrUnknownPlan, plan, plan)
 	}
-	return k.updateUser(user, true, true, func(u *storage.User) { u.Plan = plan })
+	return k.updateUser(user, true, true, func(u *User) { u.Plan = plan })
 }
 
 // Resolve returns the id under which the user an operator named is stored
@@ -359,7 +358,7 @@ func (k *Keyring) Resolve(user string) (string, error) {
 		return "", err
 	}
 	if _, known := k.user(id); !known {
-		return "", fmt.Errorf("user %q: %w", user, storage.ErrNotFound)
+		return "", fmt.Errorf("user %q: %w", user, ErrNotFound)
 	}
 	return id, nil
 }
@@ -410,7 +409,7 @@ func (k *Keyring) Users() []UserInfo {
 // storage, then to memory. With mustExist, an unknown user is
 // ErrNotFound; with setsPlan, a JWT user is ErrReservedUserID. Writers are
 // serialised so two changes cannot overwrite each other.
-func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(*storage.User)) (UserInfo, error) {
+func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(*User)) (UserInfo, error) {
 	k.write.Lock()
 	defer k.write.Unlock()
 	id, err := k.resolve(name)
@@ -422,15 +421,15 @@ func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(
 	case setsPlan && userid.IsJWT(id):
 		return UserInfo{}, fmt.Errorf("%w: the plan of %q comes from its token (auth.jwt.plan_claim, else auth.jwt.default_plan)", ErrReservedUserID, id)
 	case mustExist && !known:
-		return UserInfo{}, fmt.Errorf("user %q: %w", name, storage.ErrNotFound)
+		return UserInfo{}, fmt.Errorf("user %q: %w", name, ErrNotFound)
 	}
 	// The stored record is the whole user (memory lacks its creation
 	// time). A user known in memory with no record is one whose key
 	// outlived it in a damaged file: it gets a record now.
 	u, err := k.store.User(id)
 	switch {
-	case errors.Is(err, storage.ErrNotFound):
-		u = storage.User{ID: id, CreatedAt: k.now().UTC()}
+	case errors.Is(err, ErrNotFound):
+		u = User{ID: id, CreatedAt: k.now().UTC()}
 	case err != nil:
 		return UserInfo{}, fmt.Errorf("update user %s: %w", id, err)
 	}
@@ -445,7 +444,7 @@ func (k *Keyring) updateUser(name string, mustExist, setsPlan bool, change func(
 }
 
 // info describes key with its user's plan; k.mu is held.
-func (k *Keyring) info(key storage.Key) KeyInfo {
+func (k *Keyring) info(key Key) KeyInfo {
 	var plan string
 	if u := k.users[key.UserID]; u != nil {
 		plan = k.plans[u.plan]

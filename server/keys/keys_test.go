@@ -1,4 +1,4 @@
-package keys
+package keys_test
 
 import (
 	"errors"
@@ -8,19 +8,20 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
 // newTestKeyring is a keyring over a real database with plans free and pro.
-func newTestKeyring(t *testing.T) *Keyring {
+func newTestKeyring(t *testing.T) *keys.Keyring {
 	t.Helper()
 	db, err := storage.Open(filepath.Join(t.TempDir(), "bw.db"), storage.Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	plans := NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 100}, "pro": {MonthlyQuota: 1000}})
-	k, err := NewKeyring(db, plans.Has, Options{})
+	plans := keys.NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 100}, "pro": {MonthlyQuota: 1000}})
+	k, err := keys.NewKeyring(db, plans.Has, keys.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,13 +38,13 @@ func TestKeyringCreate(t *testing.T) {
 		{"new user gets free", "u1", "", "free", nil},
 		{"named plan", "u2", "pro", "pro", nil},
 		{"existing user keeps plan", "u2", "", "pro", nil},
-		{"unknown plan", "u3", "gold", "", ErrUnknownPlan},
-		{"empty id", "", "", "", ErrBadUserID},
-		{"control char", "a\nb", "", "", ErrBadUserID},
-		{"too long", strings.Repeat("x", 129), "", "", ErrBadUserID},
+		{"unknown plan", "u3", "gold", "", keys.ErrUnknownPlan},
+		{"empty id", "", "", "", keys.ErrBadUserID},
+		{"control char", "a\nb", "", "", keys.ErrBadUserID},
+		{"too long", strings.Repeat("x", 129), "", "", keys.ErrBadUserID},
 		{"max length", strings.Repeat("x", 128), "", "free", nil},
 		{"unicode ok", "josé@example.com", "", "free", nil},
-		{"invalid utf8", "a\xffb", "", "", ErrBadUserID},
+		{"invalid utf8", "a\xffb", "", "", keys.ErrBadUserID},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -57,7 +58,7 @@ func TestKeyringCreate(t *testing.T) {
 			if info.Plan != c.wantPlan {
 				t.Errorf("plan %q, want %q", info.Plan, c.wantPlan)
 			}
-			if !ValidShape(secret) {
+			if !keys.ValidShape(secret) {
 				t.Errorf("secret %q has the wrong shape", secret)
 			}
 			id, _, ok := k.Authenticate(secret)
@@ -103,8 +104,8 @@ func TestKeyringSharedUser(t *testing.T) {
 
 func TestIsBase62(t *testing.T) {
 	for b := range 256 {
-		if got, want := isBase62(byte(b)), strings.IndexByte(Base62, byte(b)) >= 0; got != want {
-			t.Errorf("isBase62(%q) = %v, want %v", byte(b), got, want)
+		if got, want := keys.IsBase62(byte(b)), strings.IndexByte(keys.Base62, byte(b)) >= 0; got != want {
+			t.Errorf("keys.IsBase62(%q) = %v, want %v", byte(b), got, want)
 		}
 	}
 }
@@ -118,7 +119,7 @@ func TestRandomString(t *testing.T) {
 		alphabet string
 		n        int
 	}{
-		{"base62 secret", Base62, keySecretLen},
+		{"base62 secret", keys.Base62, keys.KeySecretLen},
 		{"invite alphabet", "23456789ABCDEFGHJKMNPQRSTUVWXYZ", 12},
 		{"hex", "0123456789abcdef", 12},
 	} {
@@ -127,7 +128,7 @@ func TestRandomString(t *testing.T) {
 			counts := map[byte]int{}
 			const draws = 2000
 			for range draws {
-				s := RandomString(tt.n, tt.alphabet)
+				s := keys.RandomString(tt.n, tt.alphabet)
 				if len(s) != tt.n || seen[s] {
 					t.Fatalf("bad or repeated string %q", s)
 				}

@@ -1,4 +1,4 @@
-package keys
+package keys_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -21,15 +22,15 @@ func TestKeyringListReadsStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { db.Close() }()
-	plans := NewPlans(map[string]budget.Plan{"free": {}, "pro": {}})
+	plans := keys.NewPlans(map[string]budget.Plan{"free": {}, "pro": {}})
 	start := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 	now := start
 	clock := func() time.Time { return now }
-	k, err := NewKeyring(db, plans.Has, Options{Now: clock})
+	k, err := keys.NewKeyring(db, plans.Has, keys.Options{Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	create := func(user, plan string) (string, KeyInfo) {
+	create := func(user, plan string) (string, keys.KeyInfo) {
 		t.Helper()
 		secret, info, err := k.Create(user, plan)
 		if err != nil {
@@ -50,12 +51,12 @@ func TestKeyringListReadsStorage(t *testing.T) {
 	if _, err := k.SetBanned("bob", true, false); err != nil {
 		t.Fatal(err)
 	}
-	want := []KeyInfo{
+	want := []keys.KeyInfo{
 		{ID: bob.ID, UserID: "bob", Plan: "pro", CreatedAt: start},
 		{ID: alice.ID, UserID: "alice", Plan: "pro", CreatedAt: start.Add(time.Minute)},
 		{ID: revoked.ID, UserID: "alice", Plan: "pro", CreatedAt: start.Add(2 * time.Minute), RevokedAt: start.Add(3 * time.Minute)},
 	}
-	check := func(t *testing.T, k *Keyring) {
+	check := func(t *testing.T, k *keys.Keyring) {
 		t.Helper()
 		list, err := k.List()
 		if err != nil {
@@ -86,7 +87,7 @@ func TestKeyringListReadsStorage(t *testing.T) {
 	}
 	t.Run("running", func(t *testing.T) { check(t, k) })
 	t.Run("reloaded", func(t *testing.T) {
-		k, err := NewKeyring(db, plans.Has, Options{Now: clock})
+		k, err := keys.NewKeyring(db, plans.Has, keys.Options{Now: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +100,7 @@ func TestKeyringListReadsStorage(t *testing.T) {
 		if db, err = storage.Open(path, storage.Options{Timeout: time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		k, err := NewKeyring(db, plans.Has, Options{Now: clock})
+		k, err := keys.NewKeyring(db, plans.Has, keys.Options{Now: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +115,7 @@ func TestKeyringListStorageFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := NewKeyring(db, NewPlans(map[string]budget.Plan{"free": {}}).Has, Options{})
+	k, err := keys.NewKeyring(db, keys.NewPlans(map[string]budget.Plan{"free": {}}).Has, keys.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestKeyringUserChangesKeepTheRecord(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	created := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 	now := created
-	k, err := NewKeyring(db, NewPlans(map[string]budget.Plan{"free": {}, "pro": {}}).Has, Options{Now: func() time.Time { return now }})
+	k, err := keys.NewKeyring(db, keys.NewPlans(map[string]budget.Plan{"free": {}, "pro": {}}).Has, keys.Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func TestKeyringUserChangesKeepTheRecord(t *testing.T) {
 	if id, banned, ok := k.Authenticate(second); !ok || !banned || id.Plan != "pro" {
 		t.Errorf("second key: %+v banned %v ok %v, want banned on pro", id, banned, ok)
 	}
-	if got := k.Users(); len(got) != 1 || got[0] != (UserInfo{ID: "alice", Plan: "pro", Banned: true}) {
+	if got := k.Users(); len(got) != 1 || got[0] != (keys.UserInfo{ID: "alice", Plan: "pro", Banned: true}) {
 		t.Errorf("users %+v", got)
 	}
 }

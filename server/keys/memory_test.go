@@ -1,4 +1,4 @@
-package keys
+package keys_test
 
 import (
 	"crypto/sha256"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/keys"
 	"breakwater/storage"
 )
 
@@ -22,7 +23,7 @@ import (
 const maxHeapPerKey = 256
 
 // TestKeyringHeapPerKey loads 100,000 keys (one per user) from a real
-// database through NewKeyring and bounds the live heap it keeps per key,
+// database through keys.NewKeyring and bounds the live heap it keeps per key,
 // measured after a collection before and after the load. Under the race
 // detector, where writing them would take over a minute, it loads 10,000.
 func TestKeyringHeapPerKey(t *testing.T) {
@@ -43,15 +44,15 @@ func TestKeyringHeapPerKey(t *testing.T) {
 	for i := range n {
 		user := fmt.Sprintf("user-%06d", i)
 		secret := fmt.Sprintf("bw_%032d", i)
-		k := storage.Key{ID: fmt.Sprintf("key_%010d", i), Hash: sha256.Sum256([]byte(secret)), UserID: user, CreatedAt: created}
-		if err := db.CreateKey(k, storage.User{ID: user, Plan: "free", CreatedAt: created}); err != nil {
+		k := keys.Key{ID: fmt.Sprintf("key_%010d", i), Hash: sha256.Sum256([]byte(secret)), UserID: user, CreatedAt: created}
+		if err := db.CreateKey(k, keys.User{ID: user, Plan: "free", CreatedAt: created}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	plans := NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 100}})
+	plans := keys.NewPlans(map[string]budget.Plan{"free": {MonthlyQuota: 100}})
 
 	before := liveHeap()
-	k, err := NewKeyring(db, plans.Has, Options{})
+	k, err := keys.NewKeyring(db, plans.Has, keys.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,8 @@ import (
 	"net/url"
 	"time"
 
-	"breakwater/storage"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
 )
 
 // AdminClient calls a running server's admin API: it is how the CLI manages
@@ -106,7 +107,7 @@ func (a *AdminClient) ListKeys(ctx context.Context) ([]KeyInfo, error) {
 func (a *AdminClient) RevokeKey(ctx context.Context, id string) (KeyInfo, error) {
 	var out KeyInfo
 	err := a.call(ctx, http.MethodPost, "/api/keys/"+url.PathEscape(id)+"/revoke", nil, &out)
-	return out, err
+	return out, notFoundAs(err, keys.ErrNotFound)
 }
 
 func (a *AdminClient) call(ctx context.Context, method, path string, in, out any) error {
@@ -147,6 +148,22 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 	return nil
 }
 
+// notFoundError is the server's answer 404 not_found, with its detail:
+// notFoundAs names whose record was missing.
+type notFoundError struct{ detail string }
+
+func (e *notFoundError) Error() string { return e.detail + ": not found" }
+
+// notFoundAs gives the server's not_found as owner's sentinel (such as
+// keys.ErrNotFound for a key or a user), so callers test the remote
+// operator's errors with errors.Is as they test the local one's.
+func notFoundAs(err, owner error) error {
+	if nf, ok := errors.AsType[*notFoundError](err); ok {
+		return fmt.Errorf("%s: %w", nf.detail, owner)
+	}
+	return err
+}
+
 // failure is the error of an answer of status 300 or more: a refusal of
 // the caller, the problem's detail, or the status.
 func (a *AdminClient) failure(resp *http.Response) error {
@@ -157,7 +174,7 @@ func (a *AdminClient) failure(resp *http.Response) error {
 	}
 	if p.Code != "" {
 		if p.Status == http.StatusNotFound && p.Code == "not_found" {
-			return fmt.Errorf("%s: %w", p.Detail, storage.ErrNotFound)
+			return &notFoundError{detail: p.Detail}
 		}
 		return errors.New(p.Detail)
 	}
@@ -177,21 +194,21 @@ func (a *AdminClient) streaming() *http.Client {
 func (a *AdminClient) SetBanned(ctx context.Context, user string, banned, create bool) (UserInfo, error) {
 	var out UserInfo
 	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Banned: &banned, Create: create}, &out)
-	return out, err
+	return out, notFoundAs(err, keys.ErrNotFound)
 }
 
 // SetPlan moves a user to another plan on the running server.
 func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (UserInfo, error) {
 	var out UserInfo
 	err := a.call(ctx, http.MethodPost, "/api/users/"+url.PathEscape(user), UserRequest{Plan: plan}, &out)
-	return out, err
+	return out, notFoundAs(err, keys.ErrNotFound)
 }
 
 // Usage reports usage for one user, or for all with user "".
 func (a *AdminClient) Usage(ctx context.Context, user string) ([]UsageInfo, error) {
 	var out []UsageInfo
 	err := a.call(ctx, http.MethodGet, "/api/usage?user="+url.QueryEscape(user), nil, &out)
-	return out, err
+	return out, notFoundAs(err, keys.ErrNotFound)
 }
 
 // Budget reports the global budget.
@@ -261,14 +278,14 @@ func (a *AdminClient) ListInvites(ctx context.Context) ([]InviteInfo, error) {
 func (a *AdminClient) DeleteInvite(ctx context.Context, id string) (InviteInfo, error) {
 	var out InviteInfo
 	err := a.call(ctx, http.MethodDelete, "/api/invites/"+url.PathEscape(id), nil, &out)
-	return out, err
+	return out, notFoundAs(err, invites.ErrNotFound)
 }
 
 // RevokeInvite disables an invite on the running server.
 func (a *AdminClient) RevokeInvite(ctx context.Context, id string) (InviteInfo, error) {
 	var out InviteInfo
 	err := a.call(ctx, http.MethodPost, "/api/invites/"+url.PathEscape(id)+"/revoke", nil, &out)
-	return out, err
+	return out, notFoundAs(err, invites.ErrNotFound)
 }
 
 // Cooldowns lists the running server's cooldowns: the invite limits' and
@@ -283,5 +300,5 @@ func (a *AdminClient) Cooldowns(ctx context.Context) ([]CooldownInfo, error) {
 func (a *AdminClient) ClearCooldown(ctx context.Context, source, key string) (CooldownInfo, error) {
 	var out CooldownInfo
 	err := a.call(ctx, http.MethodPost, "/api/cooldowns/clear", ClearCooldownRequest{Source: source, Key: key}, &out)
-	return out, err
+	return out, notFoundAs(err, ErrNoCooldown)
 }

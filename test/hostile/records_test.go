@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"breakwater/detect"
+	"breakwater/server/keys"
 	"breakwater/storage"
 	"breakwater/test/harness"
 )
@@ -403,7 +404,7 @@ func TestUsageOfManyUsers(t *testing.T) {
 	}
 	created := time.Now().UTC()
 	for i := range users {
-		if err := db.PutUser(storage.User{ID: fmt.Sprintf("user-%06d", i), Plan: plan, CreatedAt: created}); err != nil {
+		if err := db.PutUser(keys.User{ID: fmt.Sprintf("user-%06d", i), Plan: plan, CreatedAt: created}); err != nil {
 			t.Fatal(err)
 		}
 	}

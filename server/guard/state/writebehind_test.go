@@ -1,4 +1,4 @@
-package state
+package state_test
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/guard/state"
 	"breakwater/storage"
 )
 
@@ -36,10 +37,10 @@ func TestWriteBehindSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	attempts := budget.NewAttempts(time.UTC, "2026-03-10", nil)
-	wb, err := NewWriteBehind(db, []Snapshot{
-		Windows(StateUserWindows, "rate", windows),
-		Attempts("attempts", attempts),
-	}, Options{Now: clock})
+	wb, err := state.NewWriteBehind(db, []state.Snapshot{
+		state.Windows(state.StateUserWindows, "rate", windows),
+		state.Attempts("attempts", attempts),
+	}, state.Options{Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,13 +58,13 @@ func TestWriteBehindSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := LoadWindows(db, StateUserWindows, restored, now); err != nil {
+	if err := state.LoadWindows(db, state.StateUserWindows, restored, now); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := restored.Len(), 1; got != want {
 		t.Errorf("%d windows restored, want %d", got, want)
 	}
-	counts, err := db.LoadState(AttemptsState("2026-03-10"))
+	counts, err := db.LoadState(state.AttemptsState("2026-03-10"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,10 +77,10 @@ func TestWriteBehindSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	wb.Flush()
-	if old, err := db.LoadState(AttemptsState("2026-03-10")); err != nil || len(old) != 0 {
+	if old, err := db.LoadState(state.AttemptsState("2026-03-10")); err != nil || len(old) != 0 {
 		t.Errorf("yesterday's counts still stored: %v, %v", old, err)
 	}
-	counts, err = db.LoadState(AttemptsState("2026-03-11"))
+	counts, err = db.LoadState(state.AttemptsState("2026-03-11"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestWriteBehindFailureNamesTheLayer(t *testing.T) {
 // recordingStore passes writes on to a real store and keeps the keys of
 // each SaveState call, in call order.
 type recordingStore struct {
-	StateStore
+	state.StateStore
 	names []string
 	calls [][]string
 }
@@ -123,7 +124,7 @@ func (s *recordingStore) SaveState(name string, entries map[string][]byte) error
 }
 
 // TestWriteBehindWritesInChunks: a flood's worth of dirty keys (more than
-// two chunks) is written in transactions of at most MaxChunk entries, in
+// two chunks) is written in transactions of at most state.MaxChunk entries, in
 // key order, and all of it is restored: no single transaction holds a
 // second of a flood.
 func TestWriteBehindWritesInChunks(t *testing.T) {
@@ -138,7 +139,7 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	windows.Dirty(now) // start tracking, as the first flush does
-	const ips = MaxChunk + MaxChunk/2 + 3
+	const ips = state.MaxChunk + state.MaxChunk/2 + 3
 	for i := range ips {
 		ip := fmt.Sprintf("ip:10.0.%d.%d", i>>8, i&255)
 		if err := windows.Allow(ip, now); err != nil {
@@ -151,10 +152,10 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 		a.Fail(now)
 	}
 	store := &recordingStore{StateStore: db}
-	wb, err := NewWriteBehind(store, []Snapshot{
-		Windows("w", "invites", windows),
-		Fails("f", "g", "invites", fails),
-	}, Options{Now: func() time.Time { return now }})
+	wb, err := state.NewWriteBehind(store, []state.Snapshot{
+		state.Windows("w", "invites", windows),
+		state.Fails("f", "g", "invites", fails),
+	}, state.Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,8 +163,8 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 
 	written := 0
 	for i, keys := range store.calls {
-		if len(keys) > MaxChunk {
-			t.Errorf("write %d holds %d entries, want at most %d", i, len(keys), MaxChunk)
+		if len(keys) > state.MaxChunk {
+			t.Errorf("write %d holds %d entries, want at most %d", i, len(keys), state.MaxChunk)
 		}
 		if i > 0 && store.names[i-1] == store.names[i] {
 			if prev := store.calls[i-1]; keys[0] <= prev[len(prev)-1] {
@@ -180,7 +181,7 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := LoadFails(db, "f", "g", restored); err != nil {
+	if err := state.LoadFails(db, "f", "g", restored); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := restored.Len(), 2*ips; got != want {
@@ -193,7 +194,7 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := LoadWindows(db, "w", rw, now); err != nil {
+	if err := state.LoadWindows(db, "w", rw, now); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := rw.Len(), ips; got != want {
@@ -205,7 +206,7 @@ func TestWriteBehindWritesInChunks(t *testing.T) {
 // the layer fails open once for that state, and the rest of it is not
 // tried.
 func TestWriteBehindChunkFailureOncePerState(t *testing.T) {
-	flushFailing(t, 3*MaxChunk)
+	flushFailing(t, 3*state.MaxChunk)
 }
 
 // flushFailing fails n keys of a fail limiter once each, flushes them to
@@ -213,7 +214,7 @@ func TestWriteBehindChunkFailureOncePerState(t *testing.T) {
 // failed open once per state (the keys and the service-wide count). It
 // returns the fail-open events by layer (later flushes add to them) and
 // the write-behind.
-func flushFailing(t *testing.T, n int) (map[string]int, *WriteBehind) {
+func flushFailing(t *testing.T, n int) (map[string]int, *state.WriteBehind) {
 	t.Helper()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 	fails, err := limiter.NewFail(limiter.FailConfig{}.WithDefaults())
@@ -228,8 +229,8 @@ func flushFailing(t *testing.T, n int) (map[string]int, *WriteBehind) {
 		a.Fail(now)
 	}
 	got := map[string]int{}
-	wb, err := NewWriteBehind(failingStore{}, []Snapshot{Fails("f", "g", "invites", fails)},
-		Options{Now: func() time.Time { return now }, FailedOpen: func(layer string, _ error) { got[layer]++ }})
+	wb, err := state.NewWriteBehind(failingStore{}, []state.Snapshot{state.Fails("f", "g", "invites", fails)},
+		state.Options{Now: func() time.Time { return now }, FailedOpen: func(layer string, _ error) { got[layer]++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +244,7 @@ func flushFailing(t *testing.T, n int) (map[string]int, *WriteBehind) {
 // heapStore passes writes on to a real store and records the most live
 // heap seen as a write begins.
 type heapStore struct {
-	StateStore
+	state.StateStore
 	peak int64
 }
 
@@ -278,7 +279,7 @@ func TestWriteBehindFlushHeap(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := &heapStore{StateStore: db}
-	wb, err := NewWriteBehind(store, []Snapshot{Fails("f", "g", "invites", fails)}, Options{Now: func() time.Time { return now }})
+	wb, err := state.NewWriteBehind(store, []state.Snapshot{state.Fails("f", "g", "invites", fails)}, state.Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
