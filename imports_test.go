@@ -73,7 +73,9 @@ func within(path, pkg string) bool {
 // package of ours; nothing under detect depends on budget; no package
 // under server/ imports a package it lies under, and server/ itself
 // holds only its doc.go; only the HTTP edge (server/api and the wiring)
-// and main import Echo; only storage imports bbolt. Test files are left out: a test may open a real database.
+// and main import Echo; only storage imports bbolt; the owners of the
+// records (server/keys, server/invites) and the HTTP edge know neither
+// storage nor bbolt. Test files are left out: a test may open a real database.
 func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 	if _, err := os.Stat("go.mod"); err != nil {
 		t.Fatalf("the test runs from the module's root: %v", err)
@@ -118,6 +120,28 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 					t.Errorf("%s depends on %s: %s", pkg, dep, strings.Join(chains[dep], " -> "))
 				}
 				if i := slices.IndexFunc(pkgs[dep], func(imp string) bool { return within(imp, "github.com/labstack/echo") }); i >= 0 {
+					t.Errorf("%s depends on %s: %s -> %s", pkg, pkgs[dep][i], strings.Join(chains[dep], " -> "), pkgs[dep][i])
+				}
+			}
+		})
+	}
+
+	// The owners of the records the edge and the command line use (keys
+	// and users, invites and their outcomes, and each one's not-found)
+	// declare them with the interfaces a backend implements, so neither
+	// they nor the HTTP edge know the database, even through another
+	// package of ours: a second backend stands in for bolt in the wiring
+	// alone. storage/userid, the one spelling of a user id, imports
+	// nothing of ours and no database.
+	for _, pkg := range []string{"breakwater/server/keys", "breakwater/server/invites", "breakwater/server/api"} {
+		t.Run(pkg+" without storage", func(t *testing.T) {
+			chains := deps(pkg)
+			chains[pkg] = []string{pkg}
+			for _, dep := range slices.Sorted(maps.Keys(chains)) {
+				if within(dep, "breakwater/storage") && dep != "breakwater/storage/userid" {
+					t.Errorf("%s depends on %s: %s", pkg, dep, strings.Join(chains[dep], " -> "))
+				}
+				if i := slices.IndexFunc(pkgs[dep], func(imp string) bool { return within(imp, "go.etcd.io/bbolt") }); i >= 0 {
 					t.Errorf("%s depends on %s: %s -> %s", pkg, pkgs[dep][i], strings.Join(chains[dep], " -> "), pkgs[dep][i])
 				}
 			}
