@@ -54,38 +54,7 @@ func TestReloadOfHalfWrittenFileKeepsTheBudget(t *testing.T) {
 	if err := os.WriteFile(path, []byte(first+rest), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	getenv := env(map[string]string{"GEMINI_API_KEY": "test-key"})
-	cfg, err := Load(path, getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &lockedWriter{w: &bytes.Buffer{}}
-	a, err := Open(context.Background(), cfg, Options{Getenv: getenv, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	a.Watch(ctx, path) // as serve does
-	key, _, err := a.Keys().Create("ada", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := reloadImage(t)
-	post := func() int {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, "http://"+a.Addr()+"/v1/ocr", bytes.NewReader(img))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "image/png")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	logs, post := watchedApp(t, path)
 	for i := range dailyRequests {
 		if got := post(); got != http.StatusOK {
 			t.Fatalf("read %d: %d, want 200", i+1, got)
@@ -299,38 +268,7 @@ func TestReloadOfHalfWrittenFileKeepsTheMoneyCeilings(t *testing.T) {
 			if err := os.WriteFile(path, []byte(first+tc.rest), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			getenv := env(map[string]string{"GEMINI_API_KEY": "test-key"})
-			cfg, err := Load(path, getenv)
-			if err != nil {
-				t.Fatal(err)
-			}
-			logs := &lockedWriter{w: &bytes.Buffer{}}
-			a, err := Open(context.Background(), cfg, Options{Getenv: getenv, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(a.Close)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			a.Watch(ctx, path)
-			key, _, err := a.Keys().Create("ada", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			img := reloadImage(t)
-			post := func() int {
-				t.Helper()
-				req, _ := http.NewRequest(http.MethodPost, "http://"+a.Addr()+"/v1/ocr", bytes.NewReader(img))
-				req.Header.Set("Authorization", "Bearer "+key)
-				req.Header.Set("Content-Type", "image/png")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				return resp.StatusCode
-			}
+			logs, post := watchedApp(t, path)
 			logText := func() string {
 				logs.mu.Lock()
 				defer logs.mu.Unlock()
@@ -378,4 +316,44 @@ func TestReloadOfHalfWrittenFileKeepsTheMoneyCeilings(t *testing.T) {
 			}
 		})
 	}
+}
+
+// watchedApp opens an App on the config at path, with its file watched as
+// serve does, and a key for user ada: post sends one read with it and
+// returns the status; logs holds what the App logged.
+func watchedApp(t *testing.T, path string) (logs *lockedWriter, post func() int) {
+	t.Helper()
+	getenv := env(map[string]string{"GEMINI_API_KEY": "test-key"})
+	cfg, err := Load(path, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs = &lockedWriter{w: &bytes.Buffer{}}
+	a, err := Open(context.Background(), cfg, Options{Getenv: getenv, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	a.Watch(ctx, path)
+	key, _, err := a.Keys().Create("ada", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := reloadImage(t)
+	post = func() int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+a.Addr()+"/v1/ocr", bytes.NewReader(img))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	return logs, post
 }
