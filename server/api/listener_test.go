@@ -18,21 +18,7 @@ import (
 func TestHugeHeaderBlockRefused(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	addr, _ := realServer(t, e)
-	send := func(headers string) int {
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		go io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+headers+"\r\n")
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("no answer: %v", err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	send := func(headers string) int { return sendHeaders(t, addr, headers) }
 	var huge strings.Builder
 	line := "X-Pad: " + strings.Repeat("a", 1000) + "\r\n"
 	for huge.Len() < 1<<20-4096 {
@@ -232,21 +218,7 @@ func TestHeaderLinesRefused(t *testing.T) {
 		}
 		return b.String()
 	}
-	send := func(headers string) int {
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		go io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+headers+"\r\n")
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("no answer: %v", err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	send := func(headers string) int { return sendHeaders(t, addr, headers) }
 	if got := send(lines(DefaultMaxHeaderLines)); got != http.StatusOK {
 		t.Errorf("%d header lines: status %d, want 200", DefaultMaxHeaderLines, got)
 	}
@@ -455,4 +427,23 @@ func TestHeaderMemoryBounded(t *testing.T) {
 			t.Fatalf("closed connections still hold %d bytes", heldBytes())
 		}
 	}
+}
+
+// sendHeaders sends GET /healthz with headers (each line ending in CRLF)
+// on a connection of its own and returns the status of the answer.
+func sendHeaders(t *testing.T, addr, headers string) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	go io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+headers+"\r\n")
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
