@@ -468,6 +468,18 @@ func newProbe(e *env, key, ip string) *probe {
 	return &probe{addr: e.proc.Addr, key: key, ip: ip, img: e.img, client: newClient(1)}
 }
 
+// probeDuring lets flood f ramp up, runs a legitimate client (key, from
+// ip) beside it for dur, one read every interval, then stops the flood:
+// the probe, the reads it sent and the flood's summary.
+func (e *env) probeDuring(f *flood, key, ip string, interval, dur time.Duration) (*probe, int, summary) {
+	e.t.Helper()
+	time.Sleep(ramp)
+	p := newProbe(e, key, ip)
+	sent := int(dur / interval)
+	p.run(interval, sent)
+	return p, sent, f.stop()
+}
+
 // run sends n requests, one every interval, each bounded by the client's
 // timeout, and returns when the last has its answer. The load beside it
 // must outlast it: a request that waits for the load to end is a failure,

@@ -54,12 +54,7 @@ func TestSlowloris(t *testing.T) {
 	conns := pick(600, 2000)
 	dur := pick(6*time.Second, 30*time.Second) // past the 5 s header timeout
 	f := e.flood("-mode", "slowloris", "-conns", itoa(conns), "-interval", "200ms", "-duration", (dur + time.Minute).String())
-	time.Sleep(ramp)
-	p := newProbe(e, key, "198.51.100.7")
-	interval := 50 * time.Millisecond
-	sent := int(dur / interval)
-	p.run(interval, sent)
-	s := f.stop()
+	p, sent, s := e.probeDuring(f, key, "198.51.100.7", 50*time.Millisecond, dur)
 
 	t.Logf("slowloris: %d connections, %d dials, %d cut off by the server", conns, s.Dials, s.Cut)
 	if s.Cut < int64(conns-capped.MaxConnections) {
@@ -95,12 +90,7 @@ func TestUnfinishedHeaders(t *testing.T) {
 			dur := pick(6*time.Second, 30*time.Second) // past the 5 s header timeout
 			f := e.flood("-mode", "headers", "-conns", itoa(conns), "-header-bytes", "32000", "-value", itoa(value),
 				"-pause", "500ms", "-duration", (dur + time.Minute).String())
-			time.Sleep(ramp)
-			p := newProbe(e, key, "198.51.100.8")
-			interval := 50 * time.Millisecond
-			sent := int(dur / interval)
-			p.run(interval, sent)
-			s := f.stop()
+			p, sent, s := e.probeDuring(f, key, "198.51.100.8", 50*time.Millisecond, dur)
 			after := e.memory()
 			grew := after.HWM - before.RSS
 			t.Logf("unfinished headers, %d-byte values: %d connections, %d dials, %d cut off; server RSS %s before, peak %s (+%s)",
@@ -166,12 +156,7 @@ func idleKeepAlive(t *testing.T, pause time.Duration) {
 			}
 		}
 	}()
-	time.Sleep(ramp)
-	p := newProbe(e, key, "198.51.100.8")
-	interval := 50 * time.Millisecond
-	sent := int(dur / interval)
-	p.run(interval, sent)
-	s := f.stop()
+	p, sent, s := e.probeDuring(f, key, "198.51.100.8", 50*time.Millisecond, dur)
 	close(stop)
 	<-sampled
 
@@ -229,12 +214,7 @@ func TestFlood401(t *testing.T) {
 
 	// The flood again, with a legitimate client beside it.
 	f := e.flood("-mode", "badkeys", "-workers", workers, "-duration", (dur + time.Minute).String())
-	time.Sleep(ramp)
-	p := newProbe(e, key, "198.51.100.9")
-	interval := 25 * time.Millisecond
-	sent := int(dur / interval)
-	p.run(interval, sent)
-	s = f.stop()
+	p, sent, s := e.probeDuring(f, key, "198.51.100.9", 25*time.Millisecond, dur)
 	t.Logf("401 flood beside the legitimate client: %d answers %v", s.Requests, s.Status)
 	p.check(t, "401 flood", sent)
 	e.checkMemory(t, "401 flood", before)
@@ -259,14 +239,9 @@ func TestFloodOneKey(t *testing.T) {
 
 	dur := pick(3*time.Second, 20*time.Second)
 	f := e.flood("-mode", "onekey", "-key", hog, "-workers", "16", "-duration", (dur + time.Minute).String())
-	time.Sleep(ramp)
 	// The legitimate key stays under its own limit: 10 a second, half the
 	// burst, and at most 200 in the full run's 20 s, under the rate.
-	p := newProbe(e, legit, "198.51.100.10")
-	interval := 100 * time.Millisecond
-	sent := int(dur / interval)
-	p.run(interval, sent)
-	s := f.stop()
+	p, sent, s := e.probeDuring(f, legit, "198.51.100.10", 100*time.Millisecond, dur)
 
 	_, calls1 := e.gemini.Calls()
 	p.mu.Lock()
