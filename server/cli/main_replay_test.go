@@ -61,22 +61,7 @@ type refusalsByKey map[string]int64
 // stops it.
 func sendTraffic(t *testing.T, path, token string) refusalsByKey {
 	t.Helper()
-	keys := map[string]string{}
-	for _, u := range []string{"alice", "bob", "carol"} {
-		keys[u] = createKey(t, path, u)
-	}
-	cfg, err := app.Load(path, envFrom(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clock atomic.Int64
-	clock.Store(replayDay.UnixNano())
-	now := func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": token})
-	a, err := app.Open(context.Background(), cfg, app.Options{Getenv: env, Now: now, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, keys, clock := openStepped(t, path, envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": token}))
 	img := samplePNG(t)
 	got := refusalsByKey{}
 	at := replayDay
@@ -340,21 +325,7 @@ burst = 0
 // "route:NAME key" -> count.
 func sendRouteTraffic(t *testing.T, path string) refusalsByKey {
 	t.Helper()
-	keys := map[string]string{}
-	for _, u := range []string{"alice", "bob", "carol"} {
-		keys[u] = createKey(t, path, u)
-	}
-	cfg, err := app.Load(path, envFrom(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clock atomic.Int64
-	clock.Store(replayDay.UnixNano())
-	now := func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-	a, err := app.Open(context.Background(), cfg, app.Options{Getenv: envFrom(nil), Now: now, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, keys, clock := openStepped(t, path, envFrom(nil))
 	defer a.Close()
 	post := func(p, key string) (int, string) {
 		req, err := http.NewRequest(http.MethodPost, "http://"+a.Addr()+p, strings.NewReader("{}"))
@@ -452,4 +423,27 @@ func TestReplayRoutesMatchAnEnforcingRun(t *testing.T) {
 	if !strings.Contains(text, "route:checkout: the candidate would have refused") || !strings.Contains(text, "invites fail limit: not replayed") {
 		t.Errorf("the text report lacks the route's differences or the note on the fail limit:\n%s", text)
 	}
+}
+
+// openStepped makes keys for alice, bob and carol, then opens the service
+// of the config at path on a clock that starts at replayDay and that the
+// caller steps; the caller closes it.
+func openStepped(t *testing.T, path string, env func(string) string) (*app.App, map[string]string, *atomic.Int64) {
+	t.Helper()
+	keys := map[string]string{}
+	for _, u := range []string{"alice", "bob", "carol"} {
+		keys[u] = createKey(t, path, u)
+	}
+	cfg, err := app.Load(path, envFrom(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := new(atomic.Int64)
+	clock.Store(replayDay.UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+	a, err := app.Open(context.Background(), cfg, app.Options{Getenv: env, Now: now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, keys, clock
 }
