@@ -1,0 +1,121 @@
+// Package postgres is the second storage backend: every record the bolt
+// backend (package storage) keeps, in a PostgreSQL database that more than
+// one Breakwater instance shares. It implements the same interfaces, those
+// docs/DESIGN.md lists under "What a storage backend implements", so the
+// layers, the HTTP edge and the command line do not know which one they
+// talk to.
+//
+// The connection string comes only from the environment (EnvURL): it holds
+// a password. Open applies the schema migrations embedded in the binary
+// under an advisory lock, so that instances starting together do not race,
+// and refuses a database whose schema is newer than this binary's. Every
+// session runs with synchronous_commit on: a lease or a usage row is on the
+// server's disk before the call or the answer it covers.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// EnvURL names the environment variable that holds the database's URL
+// (postgres://user:password@host:port/db?sslmode=...), when
+// [storage] backend = "postgres".
+const EnvURL = "BREAKWATER_POSTGRES_URL"
+
+// DefaultMaxConns bounds the pool when Options.MaxConns is zero: enough for
+// the group commit's one writer, the batched event writer and the
+// operator's reads, well under a small server's max_connections (100) with
+// a few instances.
+const DefaultMaxConns = 16
+
+// Errors returned by Open; callers test them with errors.Is.
+var (
+	// ErrNoURL means the environment variable EnvURL is empty.
+	ErrNoURL = errors.New("postgres: " + EnvURL + " is not set (the connection string is read only from the environment)")
+	// ErrNewerSchema means the database was migrated by a newer Breakwater.
+	ErrNewerSchema = errors.New("postgres: the database schema is newer than this breakwater")
+	// ErrClosed means the DB has been closed.
+	ErrClosed = errors.New("postgres: database is closed")
+)
+
+// Options tune Open. The zero value is ready for production use.
+type Options struct {
+	// Logger receives the backend's few log lines. Default slog.Default().
+	Logger *slog.Logger
+	// MaxConns bounds the connection pool. Default DefaultMaxConns.
+	MaxConns int32
+	// Now is the clock for the records' times. Default time.Now.
+	Now func() time.Time
+}
+
+// DB is a Breakwater database in PostgreSQL. It is safe for concurrent use
+// and by several processes at once.
+type DB struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	now  func() time.Time
+	// schema is the version the database is at after Open.
+	schema int
+}
+
+// Open connects to the database at url, brings its schema up to this
+// binary's version and returns it. ctx bounds the connection and the
+// migrations.
+func Open(ctx context.Context, url string, opts Options) (*DB, error) {
+	if url == "" {
+		return nil, ErrNoURL
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's message may quote the URL, password included.
+		return nil, errors.New("postgres: " + EnvURL + " is not a valid connection string")
+	}
+	cfg.MaxConns = DefaultMaxConns
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	// Whatever the server's default, a commit returns only once it is on
+	// the server's disk (and a synchronous standby's, if one is set up).
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	db := &DB{pool: pool, log: opts.Logger, now: opts.Now}
+	if db.log == nil {
+		db.log = slog.Default()
+	}
+	if db.now == nil {
+		db.now = time.Now
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: connect to %s: %w", cfg.ConnConfig.Host, err)
+	}
+	if db.schema, err = migrate(ctx, pool, db.log); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Close closes every connection of the pool; it waits for queries in
+// progress.
+func (db *DB) Close() error {
+	db.pool.Close()
+	return nil
+}
+
+// Schema is the schema version the database is at.
+func (db *DB) Schema() int { return db.schema }
+
+// Pool is the connection pool, for the backend's parts in other files and
+// for tests that look at the database directly.
+func (db *DB) Pool() *pgxpool.Pool { return db.pool }
