@@ -5,18 +5,20 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 )
 
 // Defaults for the zero fields of Config and Price.
 const (
 	DefaultProvider            = ProviderGemini
-	DefaultModel               = "gemini-2.5-flash"
+	DefaultModel               = "gemini-3.5-flash-lite"
+	DefaultMediaResolution     = MediaHigh
 	DefaultBaseURL             = "https://generativelanguage.googleapis.com"
 	DefaultTimeout             = 30 * time.Second
 	DefaultSerialPattern       = `^[A-Z0-9][A-Z0-9./-]{3,39}$`
-	DefaultInputUSDPerMillion  = 0.30
-	DefaultOutputUSDPerMillion = 2.50
+	DefaultInputUSDPerMillion  = 0.30 // DefaultModel's list price
+	DefaultOutputUSDPerMillion = 2.50 // DefaultModel's list price
 	DefaultMaxOutputTokens     = 256
 )
 
@@ -36,14 +38,25 @@ type Config struct {
 	// Provider is "gemini" (the default) or "simulated".
 	Provider string `koanf:"provider"`
 	// Model is the Gemini model name, without a "models/" prefix.
-	// Default "gemini-2.5-flash". With the gemini provider it must be one
-	// of the families LookupModel knows (whose image tiling WorstCase
-	// assumes), unless AllowUnknownModel is set.
+	// Default "gemini-3.5-flash-lite". With the gemini provider it must be
+	// in the model table (LookupModel) or in ModelOverrides: the worst
+	// case reserved before each call needs its image-token rule and price.
 	Model string `koanf:"model"`
-	// AllowUnknownModel lets Model name a model LookupModel does not know;
-	// Warnings then says that the worst case reserved before each call may
-	// be below what it is billed. Default false: such a model is refused.
+	// AllowUnknownModel is no longer read: it switched the worst-case
+	// check off. true is refused with a message that names
+	// ModelOverrides, which replaces it; false (its old default) is
+	// accepted, so old configs still load.
 	AllowUnknownModel bool `koanf:"allow_unknown_model"`
+	// MediaResolution is the media_resolution level sent with every call
+	// to a model of Gemini 3 or later: "low" (280 tokens per image at
+	// most), "medium" (560), "high" (1120) or "ultra_high" (2240). Default
+	// "high", the level Google recommends for reading fine text. Gemini
+	// 2.x models count 768-px tiles instead, and it is not sent to them.
+	MediaResolution string `koanf:"media_resolution"`
+	// ModelOverrides are models the table does not know (or whose table
+	// entry the operator corrects, such as after a price change), each
+	// with its image-token rule and prices. Default none.
+	ModelOverrides []ModelOverride `koanf:"model_overrides"`
 	// BaseURL is the http(s) root of the Gemini API; a path is kept, so a
 	// proxy prefix works. Default "https://generativelanguage.googleapis.com".
 	BaseURL string `koanf:"base_url"`
@@ -77,20 +90,34 @@ const (
 	MaxIdempotencyTTL = 30 * 24 * time.Hour
 )
 
-// Price is the "[ocr.price]" section of config.toml: the provider's list
-// prices, which move, so they live in config. A zero field means its
-// default; a price of exactly zero cannot be configured.
+// Price is the "[ocr.price]" section of config.toml: what a call to one
+// model is charged, which moves, so it lives in config, and (set by
+// Config.WithDefaults or PriceOf, not by the file) how that model counts
+// an image's tokens. A zero field means its default; a price of exactly
+// zero cannot be configured.
 type Price struct {
 	// InputUSDPerMillion is US dollars per million input (prompt and image)
-	// tokens. Default 0.30 (Gemini 2.5 Flash).
+	// tokens. Default: the list price of Config.Model (0.30 for the
+	// default model, Gemini 3.5 Flash-Lite).
 	InputUSDPerMillion float64 `koanf:"input_usd_per_million"`
 	// OutputUSDPerMillion is US dollars per million output tokens, thinking
-	// tokens included. Default 2.50 (Gemini 2.5 Flash).
+	// tokens included. Default: the list price of Config.Model (2.50 for
+	// the default model).
 	OutputUSDPerMillion float64 `koanf:"output_usd_per_million"`
 	// MaxOutputTokens is sent with every call as maxOutputTokens and bounds
-	// the output side of WorstCase. Default 256.
+	// the output side of WorstCase: it caps thoughts and answer together.
+	// Default 256.
 	MaxOutputTokens int `koanf:"max_output_tokens"`
+
+	// perImage is how the model this Price belongs to counts an image:
+	// tilesRule for Gemini 2.x tiles, else the fixed ceiling of tokens per
+	// image of the media_resolution level sent. Config.WithDefaults and
+	// PriceOf set it; 0 takes DefaultModel's at DefaultMediaResolution.
+	perImage int
 }
+
+// tilesRule is Price.perImage for a model that counts 768-px tiles.
+const tilesRule = -1
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -112,8 +139,49 @@ func (c Config) WithDefaults() Config {
 	if c.IdempotencyTTL == 0 {
 		c.IdempotencyTTL = DefaultIdempotencyTTL
 	}
-	c.Price = c.Price.withDefaults()
+	if c.MediaResolution == "" {
+		c.MediaResolution = DefaultMediaResolution
+	}
+	c.Price = c.resolve(c.Model, c.Price)
 	return c
+}
+
+// resolve fills the zero prices of p with model's list prices and sets
+// its image-token rule; a model c does not know takes DefaultModel's.
+func (c Config) resolve(model string, p Price) Price {
+	m, ok := c.Lookup(model)
+	if !ok {
+		m, _ = LookupModel(DefaultModel)
+	}
+	if p.InputUSDPerMillion == 0 {
+		p.InputUSDPerMillion = m.InputUSDPerMillion
+	}
+	if p.OutputUSDPerMillion == 0 {
+		p.OutputUSDPerMillion = m.OutputUSDPerMillion
+	}
+	p.perImage = tilesRule
+	if m.Image == ImageMediaResolution {
+		p.perImage = MediaResolutionTokens(c.MediaResolution)
+	}
+	return p.withDefaults()
+}
+
+// PriceOf is the Price a call to model is reserved and settled at: for
+// ocr.model, Price (its [ocr.price] keys over the model's list price);
+// for another model, its entry in ModelOverrides or in the table, at its
+// list price. Either way with Price's output cap and MediaResolution's
+// image tokens. ok is false for a model neither knows: no call may go to
+// it. The budget and the guard look a call's price up here by the name of
+// the model it goes to.
+func (c Config) PriceOf(model string) (Price, bool) {
+	c = c.WithDefaults()
+	if strings.TrimPrefix(model, "models/") == strings.TrimPrefix(c.Model, "models/") {
+		return c.Price, true
+	}
+	if _, ok := c.Lookup(model); !ok {
+		return Price{}, false
+	}
+	return c.resolve(model, Price{MaxOutputTokens: c.Price.MaxOutputTokens}), true
 }
 
 func (p Price) withDefaults() Price {
@@ -125,6 +193,9 @@ func (p Price) withDefaults() Price {
 	}
 	if p.MaxOutputTokens == 0 {
 		p.MaxOutputTokens = DefaultMaxOutputTokens
+	}
+	if p.perImage == 0 {
+		p.perImage = MediaResolutionTokens(DefaultMediaResolution)
 	}
 	return p
 }
@@ -148,9 +219,18 @@ func (c Config) Validate() error {
 	default:
 		add("provider", fmt.Sprintf("unknown provider %q (want gemini or simulated)", c.Provider))
 	}
-	if _, known := LookupModel(c.Model); c.Provider == ProviderGemini && !known && !c.AllowUnknownModel {
+	if c.AllowUnknownModel {
+		add("allow_unknown_model", "is no longer read: it switched off the worst-case check that keeps the budget exact. "+
+			"Remove it, and give the model's image-token rule and prices in [[ocr.model_overrides]] (name, image_tokens, "+
+			"input_usd_per_million, output_usd_per_million; see docs/CONFIGURATION.md)")
+	}
+	if _, known := c.Lookup(c.Model); c.Provider == ProviderGemini && !known {
 		add("model", unknownModelError(c.Model))
 	}
+	if MediaResolutionTokens(c.MediaResolution) == 0 {
+		add("media_resolution", fmt.Sprintf("unknown level %q (want low, medium, high or ultra_high)", c.MediaResolution))
+	}
+	errs = append(errs, validateOverrides(c.ModelOverrides)...)
 	if err := checkBaseURL(c.BaseURL); err != nil {
 		add("base_url", err.Error())
 	}

@@ -2,6 +2,7 @@ package ocr
 
 import (
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -10,25 +11,31 @@ import (
 func TestWithDefaults(t *testing.T) {
 	got := Config{}.WithDefaults()
 	want := Config{
-		Provider:       "gemini",
-		Model:          "gemini-2.5-flash",
-		BaseURL:        "https://generativelanguage.googleapis.com",
-		Timeout:        30 * time.Second,
-		SerialPattern:  `^[A-Z0-9][A-Z0-9./-]{3,39}$`,
-		IdempotencyTTL: 24 * time.Hour,
-		Price:          Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, MaxOutputTokens: 256},
+		Provider:        "gemini",
+		Model:           "gemini-3.5-flash-lite",
+		BaseURL:         "https://generativelanguage.googleapis.com",
+		Timeout:         30 * time.Second,
+		SerialPattern:   `^[A-Z0-9][A-Z0-9./-]{3,39}$`,
+		IdempotencyTTL:  24 * time.Hour,
+		MediaResolution: "high",
+		Price:           Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, MaxOutputTokens: 256, perImage: 1120},
 	}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
 	}
 
 	set := Config{
-		Provider: "simulated", Model: "m", BaseURL: "http://x", Timeout: time.Second,
-		SerialPattern: "[0-9]+", SimulatedLatency: time.Millisecond, IdempotencyTTL: time.Hour,
-		Price: Price{InputUSDPerMillion: 0.1, OutputUSDPerMillion: 0.4, MaxOutputTokens: 64},
+		Provider: "simulated", Model: "gemini-2.5-flash", BaseURL: "http://x", Timeout: time.Second,
+		SerialPattern: "[0-9]+", SimulatedLatency: time.Millisecond, IdempotencyTTL: time.Hour, MediaResolution: "low",
+		Price: Price{InputUSDPerMillion: 0.1, OutputUSDPerMillion: 0.4, MaxOutputTokens: 64, perImage: tilesRule},
 	}
-	if got := set.WithDefaults(); got != set {
+	if got := set.WithDefaults(); !reflect.DeepEqual(got, set) {
 		t.Errorf("WithDefaults changed set fields: %+v", got)
+	}
+
+	// Prices left out take the model's list price, not another model's.
+	if got := (Config{Model: "gemini-3.1-pro-preview"}).WithDefaults().Price; got.InputUSDPerMillion != 2 || got.OutputUSDPerMillion != 12 {
+		t.Errorf("gemini-3.1-pro-preview's default price = %+v, want its list price 2 / 12", got)
 	}
 }
 
@@ -58,6 +65,7 @@ func TestValidate(t *testing.T) {
 		{"absurd price", Config{Price: Price{InputUSDPerMillion: 1e9}}, "ocr.price.input_usd_per_million: "},
 		{"negative tokens", Config{Price: Price{MaxOutputTokens: -1}}, "ocr.price.max_output_tokens: "},
 		{"too many tokens", Config{Price: Price{MaxOutputTokens: 1 << 20}}, "ocr.price.max_output_tokens: "},
+		{"unknown media resolution", Config{MediaResolution: "max"}, `ocr.media_resolution: unknown level "max"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.cfg.Validate()

@@ -1,6 +1,9 @@
 package ocr
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // Usage is the token counts of one call, as the provider reported them.
 type Usage struct {
@@ -64,13 +67,42 @@ func (p Price) Cost(u Usage) int64 {
 	return (pico + picoPerMicro - 1) / picoPerMicro
 }
 
+// ImageTokens is the most tokens p's model counts for a width × height
+// image: Gemini 2.x's tiles (the function ImageTokens), or for Gemini 3 and
+// later the ceiling of the media_resolution level sent, whatever the size.
+func (p Price) ImageTokens(width, height int) int {
+	p = p.withDefaults()
+	if p.perImage == tilesRule {
+		return ImageTokens(width, height)
+	}
+	return p.perImage
+}
+
+// WithPricesOf returns p, its image rule and output cap kept, at q's input
+// and output prices: a reload applies new prices to the model running,
+// whose client sends p's cap and media_resolution until a restart.
+func (p Price) WithPricesOf(q Price) Price {
+	p.InputUSDPerMillion, p.OutputUSDPerMillion = q.InputUSDPerMillion, q.OutputUSDPerMillion
+	return p
+}
+
+// ImageRule says how p counts an image's tokens, for config check.
+func (p Price) ImageRule() string {
+	p = p.withDefaults()
+	if p.perImage == tilesRule {
+		return "image tokens by Gemini 2.x 768-px tiles (258 per tile)"
+	}
+	return fmt.Sprintf("image tokens by media_resolution, at most %d per image", p.perImage)
+}
+
 // WorstCase is the most a call on a width × height image can cost, in
-// micro-dollars: the image's tokens plus a generous bound on the prompt's
-// tokens as input, and MaxOutputTokens as output. A failed call may still be
-// billed; charge this for it.
+// micro-dollars: the image's tokens (p.ImageTokens) plus a generous bound
+// on the prompt's tokens as input, and MaxOutputTokens as output, which
+// caps thinking and answer together. A failed call may still be billed;
+// charge this for it.
 func (p Price) WorstCase(width, height int) int64 {
 	p = p.withDefaults()
-	prompt := addSat(int64(ImageTokens(width, height)), promptTokenBound)
+	prompt := addSat(int64(p.ImageTokens(width, height)), promptTokenBound)
 	return p.Cost(Usage{
 		PromptTokens:     int(min(prompt, math.MaxInt)),
 		CandidatesTokens: p.MaxOutputTokens,

@@ -57,17 +57,22 @@ func TestCost(t *testing.T) {
 }
 
 func TestWorstCase(t *testing.T) {
+	tiles := Price{perImage: tilesRule} // Gemini 2.x, at the default prices
 	for _, tt := range []struct {
 		name  string
 		price Price
 		w, h  int
 		want  int64
 	}{
-		{"small image", Price{}, 100, 100, 808},                                                   // (258+300)×0.30 + 256×2.50 = 807.4
-		{"1024 square", Price{}, 1024, 1024, 1040},                                                // (1032+300)×0.30 + 640 = 1039.6
-		{"more output", Price{MaxOutputTokens: 1000}, 100, 100, 2668},                             // 167.4 + 2500
-		{"flash-lite", Price{InputUSDPerMillion: 0.1, OutputUSDPerMillion: 0.4}, 4000, 3000, 752}, // (6192+300)×0.1 + 102.4 = 751.6
-		{"huge", Price{}, math.MaxInt, math.MaxInt, math.MaxInt64 / 1_000_000},
+		{"small image", tiles, 100, 100, 808},                                                                          // (258+300)×0.30 + 256×2.50 = 807.4
+		{"1024 square", tiles, 1024, 1024, 1040},                                                                       // (1032+300)×0.30 + 640 = 1039.6
+		{"more output", Price{MaxOutputTokens: 1000, perImage: tilesRule}, 100, 100, 2668},                             // 167.4 + 2500
+		{"flash-lite", Price{InputUSDPerMillion: 0.1, OutputUSDPerMillion: 0.4, perImage: tilesRule}, 4000, 3000, 752}, // (6192+300)×0.1 + 102.4 = 751.6
+		{"huge", tiles, math.MaxInt, math.MaxInt, math.MaxInt64 / 1_000_000},
+		// The zero Price is DefaultModel's at DefaultMediaResolution: 1120
+		// tokens an image, whatever its size.
+		{"default small", Price{}, 100, 100, 1066}, // (1120+300)×0.30 + 640 = 1066
+		{"default huge", Price{}, math.MaxInt, math.MaxInt, 1066},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := tt.price.WorstCase(tt.w, tt.h); got != tt.want {

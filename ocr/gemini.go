@@ -74,6 +74,7 @@ const prompt = "Read every serial number printed on this label. " +
 // for concurrent use.
 type Gemini struct {
 	cfg      Config
+	model    ModelInfo // cfg.Model's entry: its image rule and thinking
 	apiKey   string
 	endpoint string
 	pattern  *regexp.Regexp
@@ -109,9 +110,14 @@ func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logg
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	info, known := cfg.Lookup(cfg.Model)
+	if !known { // Validate has refused it
+		return nil, fmt.Errorf("ocr.model: %s", unknownModelError(cfg.Model))
+	}
 	model := strings.TrimPrefix(cfg.Model, "models/")
 	return &Gemini{
 		cfg:      cfg,
+		model:    info,
 		apiKey:   apiKey,
 		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/v1beta/models/" + url.PathEscape(model) + ":generateContent",
 		pattern:  pattern,
@@ -277,8 +283,14 @@ type (
 		Parts []part `json:"parts"`
 	}
 	part struct {
-		InlineData *inlineData `json:"inlineData,omitempty"`
-		Text       string      `json:"text,omitempty"`
+		InlineData      *inlineData          `json:"inlineData,omitempty"`
+		MediaResolution *partMediaResolution `json:"mediaResolution,omitempty"`
+		Text            string               `json:"text,omitempty"`
+	}
+	// partMediaResolution is a part's own media_resolution (Gemini 3 and
+	// later); the only way to ask for ultra_high.
+	partMediaResolution struct {
+		Level string `json:"level"`
 	}
 	inlineData struct {
 		MIMEType string `json:"mimeType"`
@@ -289,6 +301,7 @@ type (
 		ResponseSchema   schema         `json:"responseSchema"`
 		MaxOutputTokens  int            `json:"maxOutputTokens"`
 		ThinkingConfig   thinkingConfig `json:"thinkingConfig"`
+		MediaResolution  string         `json:"mediaResolution,omitempty"`
 	}
 	schema struct {
 		Type       string            `json:"type"`
@@ -296,19 +309,39 @@ type (
 		Items      *schema           `json:"items,omitempty"`
 		Required   []string          `json:"required,omitempty"`
 	}
+	// thinkingConfig holds one of the two: a model takes either a level
+	// (Gemini 3 and later) or a budget (Gemini 2.5), never both.
 	thinkingConfig struct {
-		ThinkingBudget int `json:"thinkingBudget"`
+		ThinkingLevel  string `json:"thinkingLevel,omitempty"`
+		ThinkingBudget *int   `json:"thinkingBudget,omitempty"`
 	}
 )
 
+// request is the generateContent request for img. For a model of Gemini 3
+// or later it sets media_resolution on the image part and, but for
+// ultra_high (which only a part may ask for), in generationConfig too, and
+// the model's least thinking level; for Gemini 2.5 its thinking budget
+// (0: off). maxOutputTokens caps thoughts and answer together, so the
+// output side of Price.WorstCase holds.
 func (g *Gemini) request(img Image) generateRequest {
+	image := part{InlineData: &inlineData{MIMEType: img.MIME, Data: img.Data}}
+	var thinking thinkingConfig
+	var media string
+	if g.model.Image == ImageMediaResolution {
+		level := mediaLevels[g.cfg.MediaResolution].wire
+		image.MediaResolution = &partMediaResolution{Level: level}
+		if g.cfg.MediaResolution != MediaUltraHigh {
+			media = level
+		}
+		thinking.ThinkingLevel = g.model.ThinkingLevel
+	} else {
+		budget := g.model.ThinkingBudget
+		thinking.ThinkingBudget = &budget
+	}
 	return generateRequest{
 		Contents: []content{{
-			Role: "user",
-			Parts: []part{
-				{InlineData: &inlineData{MIMEType: img.MIME, Data: img.Data}},
-				{Text: prompt},
-			},
+			Role:  "user",
+			Parts: []part{image, {Text: prompt}},
 		}},
 		GenerationConfig: generationConfig{
 			ResponseMIMEType: "application/json",
@@ -320,7 +353,8 @@ func (g *Gemini) request(img Image) generateRequest {
 				Required: []string{"serials"},
 			},
 			MaxOutputTokens: g.cfg.Price.MaxOutputTokens,
-			ThinkingConfig:  thinkingConfig{ThinkingBudget: 0},
+			ThinkingConfig:  thinking,
+			MediaResolution: media,
 		},
 	}
 }

@@ -78,13 +78,14 @@ func newFakeGemini(t *testing.T, wantMaxOutput int, replies ...reply) *fakeGemin
 	return f
 }
 
-// checkRequest checks one request against GEMINI.md.
+// checkRequest checks one request to DefaultModel against the REST API's
+// wire format.
 func checkRequest(t *testing.T, r *http.Request, body []byte, wantMaxOutput int) {
 	t.Helper()
 	if got, want := r.Method, http.MethodPost; got != want {
 		t.Errorf("method = %q, want %q", got, want)
 	}
-	if got, want := r.URL.EscapedPath(), "/v1beta/models/gemini-2.5-flash:generateContent"; got != want {
+	if got, want := r.URL.EscapedPath(), "/v1beta/models/"+DefaultModel+":generateContent"; got != want {
 		t.Errorf("path = %q, want %q", got, want)
 	}
 	if r.URL.RawQuery != "" {
@@ -150,8 +151,14 @@ func checkRequest(t *testing.T, r *http.Request, body []byte, wantMaxOutput int)
 	if gc.MaxOutputTokens == nil || *gc.MaxOutputTokens != wantMaxOutput {
 		t.Errorf("maxOutputTokens = %v, want %d", gc.MaxOutputTokens, wantMaxOutput)
 	}
-	if gc.ThinkingConfig.ThinkingBudget == nil || *gc.ThinkingConfig.ThinkingBudget != 0 {
-		t.Errorf("thinkingConfig.thinkingBudget = %v, want 0 sent explicitly", gc.ThinkingConfig.ThinkingBudget)
+	// DefaultModel is of Gemini 3 or later: media_resolution and a
+	// thinking level, never a budget beside it.
+	w := wireOf(t, body)
+	if got, want := w.partLevel+" "+w.globalLevel+" "+w.thinkingLevel, "MEDIA_RESOLUTION_HIGH MEDIA_RESOLUTION_HIGH minimal"; got != want {
+		t.Errorf("part mediaResolution, generationConfig.mediaResolution, thinkingLevel = %q, want %q", got, want)
+	}
+	if w.hasBudget {
+		t.Errorf("thinkingConfig.thinkingBudget sent beside thinkingLevel: %s", body)
 	}
 }
 
@@ -221,10 +228,10 @@ func TestGeminiReadOK(t *testing.T) {
 	if got, want := fmt.Sprintf("%q", res.Rejected), `["S/N" "serial 99"]`; got != want {
 		t.Errorf("Rejected = %s, want %s", got, want)
 	}
-	if got, want := res.Usage, (Usage{PromptTokens: 298, CandidatesTokens: 24}); got != want {
+	if got, want := res.Usage, (Usage{PromptTokens: 1160, CandidatesTokens: 24, ThoughtsTokens: 12}); got != want {
 		t.Errorf("Usage = %+v, want %+v", got, want)
 	}
-	if got, want := res.Model, "gemini-2.5-flash"; got != want {
+	if got, want := res.Model, DefaultModel; got != want {
 		t.Errorf("Model = %q, want %q", got, want)
 	}
 	if res.Simulated {
@@ -608,7 +615,9 @@ func TestNewGemini(t *testing.T) {
 		{"http://proxy.local/gemini/", "models/gemini-2.5-flash-lite", "http://proxy.local/gemini/v1beta/models/gemini-2.5-flash-lite:generateContent"},
 		{"http://x", "a b/c?d", "http://x/v1beta/models/a%20b%2Fc%3Fd:generateContent"},
 	} {
-		g, err := NewGemini(Config{BaseURL: tt.base, Model: tt.model, AllowUnknownModel: true}, testKey, nil, nil)
+		cfg := Config{BaseURL: tt.base, Model: tt.model, ModelOverrides: []ModelOverride{
+			{Name: "a b/c?d", ImageTokens: "tiles", InputUSDPerMillion: 1, OutputUSDPerMillion: 1}}}
+		g, err := NewGemini(cfg, testKey, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

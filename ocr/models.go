@@ -6,25 +6,95 @@ import (
 	"strings"
 )
 
-// ModelInfo is what Breakwater knows of a Gemini model family: its image
-// tokens follow the Gemini 2.x tiling that ImageTokens counts (258 for an
-// image with both sides at most 384 px, else 258 per 768×768 tile), so
-// WorstCase bounds what a call is billed; and its list price per million
-// tokens (prompts up to 200k tokens), against which the configured price
-// is compared. Prices move; the configured one is what is charged.
-type ModelInfo struct {
-	Family              string
-	InputUSDPerMillion  float64
-	OutputUSDPerMillion float64
+// ModelsChecked is the day the model table below was last checked against
+// Google's models, pricing, media-resolution and thinking pages. config
+// check prints it: a table that falls behind Google's prices miscounts
+// money.
+const ModelsChecked = "2026-12-03"
+
+// ImageRule is how a model counts the input tokens of an image.
+type ImageRule string
+
+// The image-token rules of the Gemini generations.
+const (
+	// ImageTiles is Gemini 2.x's rule: 258 tokens for an image with both
+	// sides at most 384 px, else 258 for each 768×768 tile (ImageTokens).
+	ImageTiles ImageRule = "tiles"
+	// ImageMediaResolution is the rule of Gemini 3 and later: at most a
+	// fixed number of tokens per image, set by the media_resolution level
+	// sent with the call (MediaResolutionTokens), whatever its size.
+	ImageMediaResolution ImageRule = "media_resolution"
+)
+
+// The media_resolution levels of ocr.media_resolution.
+const (
+	MediaLow       = "low"
+	MediaMedium    = "medium"
+	MediaHigh      = "high"
+	MediaUltraHigh = "ultra_high"
+)
+
+// mediaLevel is a media_resolution level: its token ceiling per image, as
+// Google documents it for Gemini 3 and later, and its name on the wire.
+type mediaLevel struct {
+	tokens int
+	wire   string
 }
 
-// knownModels are the families whose image tiling WorstCase assumes.
+var mediaLevels = map[string]mediaLevel{
+	MediaLow:       {280, "MEDIA_RESOLUTION_LOW"},
+	MediaMedium:    {560, "MEDIA_RESOLUTION_MEDIUM"},
+	MediaHigh:      {1120, "MEDIA_RESOLUTION_HIGH"},
+	MediaUltraHigh: {2240, "MEDIA_RESOLUTION_ULTRA_HIGH"}, // per part only
+}
+
+// MediaResolutionTokens is the documented ceiling of tokens per image at
+// a media_resolution level ("low", "medium", "high", "ultra_high"), or 0
+// for a level that is not one of them.
+func MediaResolutionTokens(level string) int { return mediaLevels[level].tokens }
+
+// ModelInfo is what Breakwater knows of a Gemini model family: how it
+// counts an image's tokens, its list price per million tokens (prompts up
+// to 200k tokens; thinking is billed as output), and the thinking setting
+// sent with every call, the least the model accepts, so that thinking
+// stays within maxOutputTokens, which caps thoughts and answer together.
+type ModelInfo struct {
+	Family              string
+	Image               ImageRule
+	InputUSDPerMillion  float64
+	OutputUSDPerMillion float64
+	// ThinkingLevel is sent as thinkingConfig.thinkingLevel (Gemini 3 and
+	// later); empty for a model that takes ThinkingBudget instead.
+	ThinkingLevel string
+	// ThinkingBudget is sent as thinkingConfig.thinkingBudget when
+	// ThinkingLevel is empty (Gemini 2.5): 0 turns thinking off; 2.5 Pro
+	// cannot turn it off and takes at least 128.
+	ThinkingBudget int
+	// Note is what Google has announced for the model that an operator
+	// should know (a price change on a date); config check prints it.
+	Note string
+	// Override is true for a model given in ocr.model_overrides.
+	Override bool
+}
+
+// knownModels are the text-out families Google documents on ModelsChecked,
+// Gemini 3 and later first, then the 2.5 families still served (2.0 was
+// shut down on 2026-06-01). Image, live, TTS and translation models read no
+// labels and are left out. Gemini 3.6 and 3.7 Flash are left out too: no
+// list price of Google's own for them could be confirmed on ModelsChecked;
+// an operator who uses one gives its prices in ocr.model_overrides.
 var knownModels = []ModelInfo{
-	{"gemini-2.5-flash", 0.30, 2.50},
-	{"gemini-2.5-flash-lite", 0.10, 0.40},
-	{"gemini-2.5-pro", 1.25, 10.00},
-	{"gemini-2.0-flash", 0.10, 0.40},
-	{"gemini-2.0-flash-lite", 0.075, 0.30},
+	{Family: "gemini-3.8-flash", Image: ImageMediaResolution, InputUSDPerMillion: 0.75, OutputUSDPerMillion: 3.75, ThinkingLevel: "minimal",
+		Note: "its list price is $0.75 in / $3.75 out per million tokens through 2026-12-31 and $1.50 / $7.50 from 2027-01-01: " +
+			"set [ocr.price] (or its entry in ocr.model_overrides) to the new price then"},
+	{Family: "gemini-3.5-flash", Image: ImageMediaResolution, InputUSDPerMillion: 1.50, OutputUSDPerMillion: 9.00, ThinkingLevel: "minimal"},
+	{Family: "gemini-3.5-flash-lite", Image: ImageMediaResolution, InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, ThinkingLevel: "minimal"},
+	{Family: "gemini-3.1-flash-lite", Image: ImageMediaResolution, InputUSDPerMillion: 0.25, OutputUSDPerMillion: 1.50, ThinkingLevel: "minimal"},
+	{Family: "gemini-3.1-pro-preview", Image: ImageMediaResolution, InputUSDPerMillion: 2.00, OutputUSDPerMillion: 12.00, ThinkingLevel: "low"},
+	{Family: "gemini-3-flash-preview", Image: ImageMediaResolution, InputUSDPerMillion: 0.50, OutputUSDPerMillion: 3.00, ThinkingLevel: "minimal"},
+	{Family: "gemini-2.5-flash", Image: ImageTiles, InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50},
+	{Family: "gemini-2.5-flash-lite", Image: ImageTiles, InputUSDPerMillion: 0.10, OutputUSDPerMillion: 0.40},
+	{Family: "gemini-2.5-pro", Image: ImageTiles, InputUSDPerMillion: 1.25, OutputUSDPerMillion: 10.00, ThinkingBudget: 128},
 }
 
 // modelVersion matches what may follow a family's name and still be that
@@ -35,7 +105,8 @@ var modelVersion = regexp.MustCompile(`^(-\d{3}|-preview(-\d{2}-\d{2}|-\d{2}-\d{
 
 // LookupModel returns the known family of a model name (a "models/"
 // prefix is ignored, as the client drops it), or ok false for a model
-// whose tiling and price Breakwater does not know.
+// whose image tokens and price Breakwater does not know. It does not see
+// ocr.model_overrides; Config.Lookup does.
 func LookupModel(name string) (ModelInfo, bool) {
 	name = strings.TrimPrefix(name, "models/")
 	for _, m := range knownModels {
@@ -55,26 +126,40 @@ func KnownModels() []string {
 	return out
 }
 
-// unknownModelError explains why an unknown model is refused.
+// Lookup returns what c knows of model: its entry in ModelOverrides (by
+// exact name) if it has one, else its family in the built-in table.
+func (c Config) Lookup(model string) (ModelInfo, bool) {
+	model = strings.TrimPrefix(model, "models/")
+	for _, o := range c.ModelOverrides {
+		if strings.TrimPrefix(o.Name, "models/") == model {
+			return o.info(), true
+		}
+	}
+	return LookupModel(model)
+}
+
+// unknownModelError explains why an unknown model is refused, and what to
+// set to use it.
 func unknownModelError(model string) string {
-	return fmt.Sprintf("%q is not a model whose image tokens and price breakwater knows (%s, with a version suffix such as -001 or -preview-09-2025); "+
-		"the worst-case cost reserved before each call assumes Gemini 2.x image tiling, which another model may exceed. "+
-		"Set ocr.allow_unknown_model = true to use it anyway", model, strings.Join(KnownModels(), ", "))
+	return fmt.Sprintf("%q is not a model whose image tokens and price breakwater knows (its table, checked %s: %s, with a version suffix such as -001 or -preview-09-2025); "+
+		"the worst case reserved before each call needs both. To use it, give them in config.toml: "+
+		"[[ocr.model_overrides]] with name = %q, image_tokens = \"media_resolution\" (Gemini 3 and later) or \"tiles\" (Gemini 2.x), "+
+		"and input_usd_per_million and output_usd_per_million set to its list prices",
+		model, ModelsChecked, strings.Join(KnownModels(), ", "), model)
 }
 
 // Warnings returns what an operator should know about c that does not
-// stop the start: an unknown model allowed by AllowUnknownModel, whose
-// calls may cost more than the budget reserves for them, and a configured
-// price below the known model's list price, which makes every count of
-// money too low. config check prints them; serve logs them.
+// stop the start: a configured price below the model's list price, which
+// makes every count of money too low, and what Google has announced for
+// the model. config check prints them; serve logs them.
 func (c Config) Warnings() []string {
 	c = c.WithDefaults()
 	if c.Provider != ProviderGemini {
 		return nil
 	}
-	m, known := LookupModel(c.Model)
+	m, known := c.Lookup(c.Model)
 	if !known {
-		return []string{fmt.Sprintf("ocr.model %q is not a known model (allowed by ocr.allow_unknown_model): the worst-case cost reserved before each call assumes Gemini 2.x image tiling and may be below what Google bills, so the global budget can be overshot by the calls in flight; each call is still settled at the cost Gemini reports. Check its image token count and set ocr.price to its list price", c.Model)}
+		return nil // Validate refuses it
 	}
 	var out []string
 	below := func(key string, got, list float64) {
@@ -84,5 +169,32 @@ func (c Config) Warnings() []string {
 	}
 	below("input_usd_per_million", c.Price.InputUSDPerMillion, m.InputUSDPerMillion)
 	below("output_usd_per_million", c.Price.OutputUSDPerMillion, m.OutputUSDPerMillion)
+	if m.Note != "" {
+		out = append(out, fmt.Sprintf("ocr.model %s: %s", m.Family, m.Note))
+	}
 	return out
+}
+
+// Rules says which image-token rule, prices and thinking setting apply to
+// the calls c makes, for config check.
+func (c Config) Rules() []string {
+	c = c.WithDefaults()
+	m, known := c.Lookup(c.Model)
+	if !known {
+		return []string{fmt.Sprintf("model %s: not in the model table (checked %s) nor in ocr.model_overrides; simulated reads count as %s", c.Model, ModelsChecked, DefaultModel)}
+	}
+	source := "the model table checked " + ModelsChecked
+	if m.Override {
+		source = "ocr.model_overrides"
+	}
+	thinking := fmt.Sprintf("thinkingLevel %q", m.ThinkingLevel)
+	if m.Image == ImageTiles {
+		thinking = fmt.Sprintf("thinkingBudget %d", m.ThinkingBudget)
+	}
+	return []string{
+		fmt.Sprintf("model %s (from %s): %s; list price $%g in / $%g out per million tokens", c.Model, source, c.Price.ImageRule(), m.InputUSDPerMillion, m.OutputUSDPerMillion),
+		fmt.Sprintf("charged at $%g in / $%g out per million tokens (thinking billed as output); each call sends maxOutputTokens %d and %s, "+
+			"so a call costs at most its image and prompt tokens plus %d output tokens", c.Price.InputUSDPerMillion, c.Price.OutputUSDPerMillion,
+			c.Price.MaxOutputTokens, thinking, c.Price.MaxOutputTokens),
+	}
 }

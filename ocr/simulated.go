@@ -66,12 +66,13 @@ func (s *Simulated) Read(ctx context.Context, img Image, _ func() bool) (Result,
 			res.Rejected = append(res.Rejected, v)
 		}
 	}
-	res.Usage = SimulatedUsage(img.Width, img.Height)
+	res.Usage = SimulatedUsage(s.cfg.Price, img.Width, img.Height)
 	return res, nil
 }
 
 // SimulatedUsage is the usage the simulated provider reports for an image
-// of width × height pixels: what `breakwater selftest` bills its reads at.
-func SimulatedUsage(width, height int) Usage {
-	return Usage{PromptTokens: ImageTokens(width, height) + simulatedPromptTokens, CandidatesTokens: simulatedCandidateTokens}
+// of width × height pixels read by the model p belongs to (its image
+// tokens by p.ImageTokens): what `breakwater selftest` bills its reads at.
+func SimulatedUsage(p Price, width, height int) Usage {
+	return Usage{PromptTokens: p.ImageTokens(width, height) + simulatedPromptTokens, CandidatesTokens: simulatedCandidateTokens}
 }

@@ -37,12 +37,26 @@ func TestSimulatedRead(t *testing.T) {
 		if len(res.Rejected) != 0 || !res.Simulated || res.Model != DefaultModel {
 			t.Errorf("Result = %+v", res)
 		}
-		if got, want := res.Usage, (Usage{PromptTokens: 2*258 + 40, CandidatesTokens: 12}); got != want {
+		// DefaultModel counts media_resolution "high": 1120 tokens.
+		if got, want := res.Usage, (Usage{PromptTokens: 1120 + 40, CandidatesTokens: 12}); got != want {
 			t.Errorf("Usage = %+v, want %+v", got, want)
 		}
 	}
 	if twos == 0 || twos == 40 {
 		t.Errorf("%d of 40 images gave two serials, want some", twos)
+	}
+
+	// A Gemini 2.x model counts the 1000×500 image's two 768-px tiles.
+	s, err = NewSimulated(Config{Provider: "simulated", Model: "gemini-2.5-flash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Read(t.Context(), Image{Data: []byte("x"), MIME: MIMEPNG, Width: 1000, Height: 500}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := res.Usage, (Usage{PromptTokens: 2*258 + 40, CandidatesTokens: 12}); got != want {
+		t.Errorf("gemini-2.5-flash: Usage = %+v, want %+v", got, want)
 	}
 }
 

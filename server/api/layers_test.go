@@ -179,33 +179,35 @@ func TestRateLimitAndBurst(t *testing.T) {
 
 func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 	// The fake reports 298 prompt and 24 output tokens: 298×0.30 + 24×2.50
-	// = 149.4 µ$, billed as 150. A 16×16 image's worst case is (258+300)
-	// input and 256 output tokens: 808 µ$. With 2000 µ$ a day, a call fits
-	// while the spend is at most 1192: eight calls, then the brake.
+	// = 149.4 µ$, billed as 150. The default model (media_resolution
+	// "high") counts any image as at most 1120 tokens: a worst case of
+	// (1120+300) input and 256 output tokens, 1066 µ$. With 2000 µ$ a day,
+	// a call fits while the spend is at most 934: seven calls, then the
+	// brake.
 	e := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 0.002}})
 	statuses := map[int]int{}
 	for range 10 {
 		resp, _ := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		statuses[resp.StatusCode]++
 	}
-	if statuses[200] != 8 || statuses[503] != 2 {
-		t.Errorf("statuses %v, want 8 × 200 then 2 × 503", statuses)
+	if statuses[200] != 7 || statuses[503] != 3 {
+		t.Errorf("statuses %v, want 7 × 200 then 3 × 503", statuses)
 	}
-	if got := e.gemini.calls.Load(); got != 8 {
-		t.Errorf("%d upstream calls, want 8", got)
+	if got := e.gemini.calls.Load(); got != 7 {
+		t.Errorf("%d upstream calls, want 7", got)
 	}
 	day, err := e.db.Budget(budget.DayKey(e.now, e.loc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if day.SpendMicroUSD != 1200 || day.Requests != 8 {
-		t.Errorf("ledger %+v, want 8 requests and 1200 µ$", day)
+	if day.SpendMicroUSD != 1050 || day.Requests != 7 {
+		t.Errorf("ledger %+v, want 7 requests and 1050 µ$", day)
 	}
 	if n, _ := e.db.OpenReservations(); n != 0 {
 		t.Errorf("%d reservations left open", n)
 	}
-	if got := e.brake.Status(e.now).SpendMicroUSD; got != 1200 {
-		t.Errorf("memory spend %d, want 1200", got)
+	if got := e.brake.Status(e.now).SpendMicroUSD; got != 1050 {
+		t.Errorf("memory spend %d, want 1050", got)
 	}
 	// A failed call whose cost is unknown settles at its worst case.
 	e2 := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 1}})
@@ -216,8 +218,8 @@ func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	day, _ = e2.db.Budget(budget.DayKey(e2.now, e2.loc))
-	if day.SpendMicroUSD != 808 {
-		t.Errorf("failed call spend %d, want the worst case 808", day.SpendMicroUSD)
+	if day.SpendMicroUSD != 1066 {
+		t.Errorf("failed call spend %d, want the worst case 1066", day.SpendMicroUSD)
 	}
 	// So does a successful call whose reply reports no usage, or counts
 	// that read as none: otherwise such replies would cost $0 for ever.
@@ -242,8 +244,8 @@ func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 			t.Fatal(err)
 		}
 		day, _ = e3.db.Budget(budget.DayKey(e3.now, e3.loc))
-		if day.SpendMicroUSD != 808 || e3.brake.Status(e3.now).SpendMicroUSD != 808 {
-			t.Errorf("usage %v: ledger %d µ$, memory %d µ$; want the worst case 808", usage, day.SpendMicroUSD, e3.brake.Status(e3.now).SpendMicroUSD)
+		if day.SpendMicroUSD != 1066 || e3.brake.Status(e3.now).SpendMicroUSD != 1066 {
+			t.Errorf("usage %v: ledger %d µ$, memory %d µ$; want the worst case 1066", usage, day.SpendMicroUSD, e3.brake.Status(e3.now).SpendMicroUSD)
 		}
 		if !strings.Contains(e3.logs.String(), "without token usage") {
 			t.Errorf("usage %v: no warning logged", usage)

@@ -66,7 +66,7 @@ func newFakeGemini(t testing.TB) *fakeGemini {
 	f := &fakeGemini{}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.calls.Add(1)
-		if r.Method != http.MethodPost || r.URL.Path != "/v1beta/models/gemini-2.5-flash:generateContent" || r.Header.Get("x-goog-api-key") != geminiKey {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1beta/models/"+ocr.DefaultModel+":generateContent" || r.Header.Get("x-goog-api-key") != geminiKey {
 			http.Error(w, `{"error":{"code":404,"message":"not found","status":"NOT_FOUND"}}`, http.StatusNotFound)
 			return
 		}

@@ -830,8 +830,9 @@ func (c Config) MoneyDefaults() []string {
 		"budget.daily_requests": strconv.FormatInt(b.DailyRequests, 10),
 		"budget.daily_usd":      strconv.FormatFloat(b.DailyUSD, 'f', -1, 64),
 		"budget.monthly_usd":    strconv.FormatFloat(b.MonthlyUSD, 'f', -1, 64),
-		keyInputPrice:           strconv.FormatFloat(ocr.DefaultInputUSDPerMillion, 'f', -1, 64),
-		keyOutputPrice:          strconv.FormatFloat(ocr.DefaultOutputUSDPerMillion, 'f', -1, 64),
+		// A price left out is ocr.model's list price.
+		keyInputPrice:  strconv.FormatFloat(c.OCR.WithDefaults().Price.InputUSDPerMillion, 'f', -1, 64),
+		keyOutputPrice: strconv.FormatFloat(c.OCR.WithDefaults().Price.OutputUSDPerMillion, 'f', -1, 64),
 	} {
 		if !c.explicit[key] {
 			out = append(out, key+" (default "+def+")")

@@ -15,7 +15,9 @@ func configCmd(e *env) *cobra.Command {
 		Short: "validate the config and say what is missing from the environment",
 		Long: `Validate the config file as serve would (an unknown key, a bad value or a
 missing plan is an error, exit 1), then say what the environment lacks and
-which limits are off. What would make serve refuse to start (GEMINI_API_KEY
+which limits are off, and which image-token rule, prices and thinking
+setting apply to the calls (and the day the model table was checked).
+What would make serve refuse to start (GEMINI_API_KEY
 unset with ocr.provider "gemini", an admin_listen off loopback with a short
 BREAKWATER_ADMIN_TOKEN) is an error too. It names the money keys the file
 leaves to their defaults: a running server whose config set one of them
@@ -50,6 +52,11 @@ func (e *env) configCheck() error {
 	}
 	if warning := c.JWTAudienceWarning(); warning != "" {
 		fmt.Fprintln(out, "warning:", warning)
+	}
+	if c.OCR.Provider != "simulated" {
+		for _, rule := range c.OCR.Rules() {
+			fmt.Fprintln(out, "ocr:", rule)
+		}
 	}
 	for _, warning := range c.OCR.Warnings() {
 		fmt.Fprintln(out, "warning:", warning)

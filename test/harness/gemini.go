@@ -30,7 +30,7 @@ type Gemini struct {
 }
 
 // Model is the model the fake serves; the server's ocr.model must be it.
-const Model = "gemini-2.5-flash"
+const Model = "gemini-3.5-flash-lite"
 
 // NewGemini starts the fake. root is the module root (for its recorded
 // reply).

@@ -88,7 +88,7 @@ path = %q
 
 [ocr]
 provider = "gemini"
-model = "gemini-2.5-flash"
+model = "gemini-3.5-flash-lite"
 base_url = %q
 timeout = "10s"
 # Every read is a paid one: the tests check each 200 against its usage row.

@@ -272,7 +272,7 @@ func (r *runner) dailyRequests() (Result, error) {
 func (r *runner) money(key string, usd float64, set func(c *app.Config, usd float64)) (Result, error) {
 	price := r.cfg.OCR.Price
 	w, h := sampleSize()
-	cost, worst := max(price.Cost(ocr.SimulatedUsage(w, h)), 1), price.WorstCase(w, h)
+	cost, worst := max(price.Cost(ocr.SimulatedUsage(price, w, h)), 1), price.WorstCase(w, h)
 	ceiling := budget.MicroUSD(usd)
 	calls, note := scaled(ceiling/cost, r.scale)
 	if note != "" {

@@ -59,8 +59,8 @@ path = "data/breakwater.db"
 [budget]
 timezone = "Europe/Berlin"
 daily_requests = 20
-daily_usd = 0.003   # 25 of the sample reads at the default prices
-monthly_usd = 0.006 # 50
+daily_usd = 0.00945 # 25 of the sample reads at the default model's $0.000378
+monthly_usd = 0.0189 # 50
 [limits.user]
 rate = 10
 window = "1m"
@@ -164,7 +164,7 @@ func TestSmallConfigHolds(t *testing.T) {
 	if !strings.Contains(out.String(), "budget.daily_requests = 20: 80 parallel requests, 20 upstream calls, then 503 budget_paused (") {
 		t.Errorf("the brake's line is not what was proved:\n%s", out.String())
 	}
-	for _, want := range []string{"budget.daily_usd = 0.003: 100 parallel requests, ", "budget.monthly_usd = 0.006: 200 parallel requests, "} {
+	for _, want := range []string{"budget.daily_usd = 0.00945: 100 parallel requests, ", "budget.monthly_usd = 0.0189: 200 parallel requests, "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no line %q:\n%s", want, out.String())
 		}
