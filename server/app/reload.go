@@ -109,10 +109,14 @@ func (a *App) Reload(next Config, trigger string) error {
 	next.Invites = keepFailLimit(next.Invites, cur.Invites)
 	next.Routes = keepRouteStructure(next.Routes, cur.Routes)
 	next.Detect.RunAt, next.Alerts = cur.Detect.RunAt, cur.Alerts
-	// Prices apply live; the output cap is sent by the OCR client made at
-	// start, so the worst case must keep using the cap it sends.
-	price := next.OCR.Price
-	price.MaxOutputTokens = cur.OCR.Price.MaxOutputTokens
+	// Prices apply live; the output cap, the model and its
+	// media_resolution are sent by the OCR client made at start, so the
+	// worst case must keep using the cap and image rule it sends. A new
+	// model's prices wait for the restart that brings the model.
+	price := cur.OCR.Price.WithPricesOf(next.OCR.Price)
+	if next.OCR.Model != cur.OCR.Model {
+		price = cur.OCR.Price
+	}
 	next.OCR = cur.OCR
 	next.OCR.Price = price
 	a.srv.SetPrice(price)
