@@ -468,6 +468,10 @@ func newProbe(e *env, key, ip string) *probe {
 	return &probe{addr: e.proc.Addr, key: key, ip: ip, img: e.img, client: newClient(1)}
 }
 
+// ramp is how long a flood gets to reach its strength before the
+// legitimate client starts.
+const ramp = 1500 * time.Millisecond
+
 // probeDuring lets flood f ramp up, runs a legitimate client (key, from
 // ip) beside it for dur, one read every interval, then stops the flood:
 // the probe, the reads it sent and the flood's summary.

@@ -35,9 +35,6 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // a few hundred connections reach it.
 var capped = func() serverConfig { c := defaults; c.MaxConnections = 256; return c }()
 
-// ramp is how long a flood gets to reach its strength before the
-// legitimate client starts.
-const ramp = 1500 * time.Millisecond
 
 // TestSlowloris: many connections each send a request's headers a byte
 // at a time and never finish them, and reconnect as soon as they are cut
