@@ -35,7 +35,6 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // a few hundred connections reach it.
 var capped = func() serverConfig { c := defaults; c.MaxConnections = 256; return c }()
 
-
 // TestSlowloris: many connections each send a request's headers a byte
 // at a time and never finish them, and reconnect as soon as they are cut
 // off. max_connections bounds how many are held (at the cap the longest
