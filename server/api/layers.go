@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/limiter"
 )
@@ -31,27 +29,6 @@ const (
 // Decode config.toml over it, so that an absent key keeps its default.
 func DefaultUserLimits() limiter.Config {
 	return limiter.Config{Rate: DefaultUserRate, Window: DefaultUserWindow, Burst: DefaultUserBurst, Mode: limiter.ModeEnforce}
-}
-
-// RateLimiter is layer 1: limiter.Limiter keyed by user id.
-type RateLimiter interface {
-	Allow(key string, now time.Time) error
-}
-
-// AttemptCounter is layer 2: budget.Attempts.
-type AttemptCounter interface {
-	Check(user string, line int64, now time.Time) error
-	Take(user string, line int64, now time.Time) error
-}
-
-// Brake is layer 3: budget.Global.
-type Brake interface {
-	Check(now time.Time) error
-	Claim(worst int64, now time.Time) (budget.Reservation, error)
-	Commit(ctx context.Context, r *budget.Reservation) error
-	Settle(ctx context.Context, r budget.Reservation, actual int64) error
-	Settled(r budget.Reservation, actual int64)
-	Status(now time.Time) budget.Status
 }
 
 // failOpens counts fail-open events and logs each layer's at most once a
