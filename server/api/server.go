@@ -122,6 +122,7 @@ type Server struct {
 	clients      *clientIP
 	failOpen     *failOpens
 	inviteLimits *invites.Limits
+	invitesOpen  *guard.FailOpen           // runs the invite limits' checks, failing open
 	price        atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar     *budget.Calendar          // today's key for the refusal counts
 	guard        *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
@@ -208,6 +209,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.guard = g
+	s.invitesOpen = guard.NewFailOpen(invites.Layer, guard.Hooks{FailedOpen: s.failOpen.note})
 	if err := s.newRoutes(d.Routes); err != nil {
 		return nil, err
 	}
