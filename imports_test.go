@@ -131,14 +131,13 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 	// declare them with the interfaces a backend implements, so neither
 	// they nor the HTTP edge know the database, even through another
 	// package of ours: a second backend stands in for bolt in the wiring
-	// alone. storage/userid, the one spelling of a user id, imports
-	// nothing of ours and no database.
+	// alone.
 	for _, pkg := range []string{"breakwater/server/keys", "breakwater/server/invites", "breakwater/server/api"} {
 		t.Run(pkg+" without storage", func(t *testing.T) {
 			chains := deps(pkg)
 			chains[pkg] = []string{pkg}
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {
-				if within(dep, "breakwater/storage") && dep != "breakwater/storage/userid" {
+				if within(dep, "breakwater/storage") {
 					t.Errorf("%s depends on %s: %s", pkg, dep, strings.Join(chains[dep], " -> "))
 				}
 				if i := slices.IndexFunc(pkgs[dep], func(imp string) bool { return within(imp, "go.etcd.io/bbolt") }); i >= 0 {
