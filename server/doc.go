@@ -6,8 +6,9 @@
 //   - cli: the command line (one cobra command per operation), with selftest under it.
 //   - guard: the layers between a request and the expensive call, with state
 //     (their memory across restarts) and replay (what other limits would have refused).
-//   - keys, invites, jwtauth, routes: the parts that decide who a request is
-//     and what it may do, without HTTP.
+//   - keys (with userid, the one spelling of a user id), invites, jwtauth,
+//     routes: the parts that decide who a request is and what it may do,
+//     without HTTP.
 //   - operator, failpoint: operations (the operator's commands; the crash points).
 //
 // docs/DESIGN.md draws the arrows between them.

@@ -11,7 +11,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"breakwater/server/keys"
-	"breakwater/storage/userid"
+	"breakwater/server/keys/userid"
 )
 
 // errUnknownKeyOrUser is what an unknown key or user id gives: ErrNotFound

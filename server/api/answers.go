@@ -15,7 +15,6 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
-	"breakwater/server/keys"
 )
 
 // Answering a read again without a second paid call: the repeat of a
@@ -120,7 +119,7 @@ func (p *pendingKeys) release(user, key string) {
 // storedAnswer is user's answer kept under key, if one was kept within
 // ocr.idempotency_ttl. A store that cannot be read answers as if none was
 // kept: the request is then made again, at worst one more paid call.
-func (s *Server) storedAnswer(user, key string) (budget.Answer, bool) {
+func (s *Server) storedAnswer(user, key string, now time.Time) (budget.Answer, bool) {
 	if s.d.Answers == nil {
 		return budget.Answer{}, false
 	}
@@ -128,12 +127,12 @@ func (s *Server) storedAnswer(user, key string) (budget.Answer, bool) {
 	if err != nil {
 		s.log.Warn("idempotency answers unreadable: the request is made again", "err", err)
 	}
-	return a, found && err == nil && s.now().Sub(at) < s.d.IdempotencyTTL
+	return a, found && err == nil && now.Sub(at) < s.d.IdempotencyTTL
 }
 
 // recentRead is user's read of the image fp, if one was made within
 // ocr.dedupe_window.
-func (s *Server) recentRead(user string, fp [32]byte) (budget.Answer, bool) {
+func (s *Server) recentRead(user string, fp [32]byte, now time.Time) (budget.Answer, bool) {
 	if s.d.Answers == nil || s.d.DedupeWindow <= 0 {
 		return budget.Answer{}, false
 	}
@@ -141,15 +140,15 @@ func (s *Server) recentRead(user string, fp [32]byte) (budget.Answer, bool) {
 	if err != nil {
 		s.log.Warn("recent reads unreadable: the image is read again", "err", err)
 	}
-	return a, found && err == nil && s.now().Sub(at) < s.d.DedupeWindow
+	return a, found && err == nil && now.Sub(at) < s.d.DedupeWindow
 }
 
 // replay answers a repeat of an idempotent request with the stored answer,
 // byte for byte; nothing is counted but layers 0 and 1.
-func (s *Server) replay(c echo.Context, start time.Time, id keys.Identity, a budget.Answer) error {
-	s.recordAnswered(c, start, id, detect.OutcomeReplayed)
-	c.Response().Header()[headerReplayed] = replayedTrue
-	return writeJSON(c, a.Status, a.Body)
+func (s *Server) replay(r *ocrRequest, a budget.Answer) error {
+	s.recordAnswered(r, detect.OutcomeReplayed)
+	r.c.Response().Header()[headerReplayed] = replayedTrue
+	return writeJSON(r.c, a.Status, a.Body)
 }
 
 // answerCached answers the same image again with its earlier read; it
@@ -158,10 +157,11 @@ func (s *Server) replay(c echo.Context, start time.Time, id keys.Identity, a bud
 // would be, so that the key stays bound to its image: a repeat is this
 // answer byte for byte, the key with another image 422. A key that cannot
 // be kept is logged and the answer still sent: at worst a repeat is read
-// again, and paid for as a read.
-func (s *Server) answerCached(c echo.Context, start time.Time, id keys.Identity, quota int64, a budget.Answer, key string) error {
-	s.recordAnswered(c, start, id, detect.OutcomeCached)
-	used := s.guard.Used(id.UserID, s.now())
+// again, and paid for as a read. now is when the window was looked at.
+func (s *Server) answerCached(r *ocrRequest, a budget.Answer, now time.Time) error {
+	s.recordAnswered(r, detect.OutcomeCached)
+	quota := r.plan.MonthlyQuota
+	used := s.guard.Used(r.who.UserID, now)
 	body, err := json.Marshal(ocrResponse{
 		Serials: nonNil(a.Serials), Rejected: nonNil(a.Rejected),
 		Quota:     quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},
@@ -171,14 +171,14 @@ func (s *Server) answerCached(c echo.Context, start time.Time, id keys.Identity,
 		return err
 	}
 	body = append(body, '\n')
-	if key != "" {
-		kept := budget.Answer{Fingerprint: a.Fingerprint, IdempotencyKey: key, Status: http.StatusOK, Body: body}
-		if err := s.d.Answers.KeepAnswer(id.UserID, start, kept); err != nil {
-			s.log.Warn("idempotency key of a cached answer not kept: a repeat is read again", "user", id.UserID,
-				"request_id", requestID(c), "err", err)
+	if r.key != "" {
+		kept := budget.Answer{Fingerprint: a.Fingerprint, IdempotencyKey: r.key, Status: http.StatusOK, Body: body}
+		if err := s.d.Answers.KeepAnswer(r.who.UserID, r.start, kept); err != nil {
+			s.log.Warn("idempotency key of a cached answer not kept: a repeat is read again", "user", r.who.UserID,
+				"request_id", r.id, "err", err)
 		}
 	}
-	return writeJSON(c, http.StatusOK, body)
+	return writeJSON(r.c, http.StatusOK, body)
 }
 
 // readsInFlight are the reads under way that the dedupe window may
@@ -220,9 +220,9 @@ func (r *readsInFlight) lead(user string, fp [32]byte) (done func(), wait <-chan
 }
 
 // recordAnswered records a read answered from storage in the statistics.
-func (s *Server) recordAnswered(c echo.Context, start time.Time, id keys.Identity, outcome string) {
+func (s *Server) recordAnswered(r *ocrRequest, outcome string) {
 	s.d.Events.Record(detect.Event{
-		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: "/v1/ocr",
+		Time: r.start, UserID: r.who.UserID, KeyID: r.who.KeyID, Plan: r.who.Plan, IP: r.ip, Route: ocrRoute,
 		Outcome: outcome, Status: http.StatusOK,
 	})
 }

@@ -295,8 +295,8 @@ func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
 	}
 	cfg, deps := Config{}, Deps{
-		Keys: kr, Limiter: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake,
-		Plans: plans, Reader: reader, Usage: db, Events: events, Logger: log,
+		Keys: kr, Budget: layers.Brake, Plans: plans, Reader: reader, Events: events, Logger: log,
+		Layers:      guard.Layers{Rate: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake, Usage: db},
 		Operator:    operator.New(kr, codes, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, plans.All, time.UTC, operator.Options{}),
 		InviteCodes: db, InviteKey: key,
 	}

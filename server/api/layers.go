@@ -1,15 +1,11 @@
 package api
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
 	"time"
 
-	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/limiter"
 )
@@ -18,6 +14,9 @@ import (
 // and 3 fail open: each is one of several, so when its own machinery fails
 // (a panic, a persistence error) the request goes on and the fault is
 // counted. Money integrity (quota, usage record) fails closed elsewhere.
+// The guard runs every fail-open check (guard.Guard for the layers of
+// POST /v1/ocr and of the guarded routes, guard.FailOpen for the invite
+// limits and the routes' fail limits); its FailedOpen hook is failOpens.note.
 
 // Defaults of [limits.user], layer 1: what a key left out of config.toml
 // means. Only an explicit 0 switches the rate or the burst limit off.
@@ -31,27 +30,6 @@ const (
 // Decode config.toml over it, so that an absent key keeps its default.
 func DefaultUserLimits() limiter.Config {
 	return limiter.Config{Rate: DefaultUserRate, Window: DefaultUserWindow, Burst: DefaultUserBurst, Mode: limiter.ModeEnforce}
-}
-
-// RateLimiter is layer 1: limiter.Limiter keyed by user id.
-type RateLimiter interface {
-	Allow(key string, now time.Time) error
-}
-
-// AttemptCounter is layer 2: budget.Attempts.
-type AttemptCounter interface {
-	Check(user string, line int64, now time.Time) error
-	Take(user string, line int64, now time.Time) error
-}
-
-// Brake is layer 3: budget.Global.
-type Brake interface {
-	Check(now time.Time) error
-	Claim(worst int64, now time.Time) (budget.Reservation, error)
-	Commit(ctx context.Context, r *budget.Reservation) error
-	Settle(ctx context.Context, r budget.Reservation, actual int64) error
-	Settled(r budget.Reservation, actual int64)
-	Status(now time.Time) budget.Status
 }
 
 // failOpens counts fail-open events and logs each layer's at most once a
@@ -105,23 +83,3 @@ func (f *failOpens) note(layer string, err error) {
 	f.mu.Unlock()
 	f.log.Error("defense layer failed open: request let through", "layer", layer, "err", err, "unlogged_since_last", missed)
 }
-
-// defend runs one fail-open layer's check. A refusal (isRefusal) is
-// returned; anything else that goes wrong, a panic included, is counted
-// and the request let through.
-func (s *Server) defend(layer string, check func() error, isRefusal func(error) bool) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			s.failOpen.note(layer, fmt.Errorf("panic: %v", r))
-			err = nil
-		}
-	}()
-	err = check()
-	if err != nil && !isRefusal(err) {
-		s.failOpen.note(layer, err)
-		return nil
-	}
-	return err
-}
-
-func isRateRefusal(err error) bool { return errors.Is(err, limiter.ErrLimited) }

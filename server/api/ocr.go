@@ -79,6 +79,41 @@ func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, er
 	return id, banned, nil
 }
 
+// ocrRequest is one POST /v1/ocr as its steps work on it, built once
+// after layer 0: who asks and under which plan, from where, since when,
+// and the lines the guard checks. The Echo context stays in it for the
+// body, the answer and the client's going away only.
+type ocrRequest struct {
+	c     echo.Context
+	id    string    // the request id
+	ip    string    // the client's address, from trusted proxies only
+	start time.Time // when the handler took the request: the time of its records
+	who   keys.Identity
+	plan  budget.Plan
+	guard guard.Request // the layers' key and lines
+	key   string        // the Idempotency-Key; "": none
+}
+
+// newOCRRequest establishes who is asking (layer 0) and reads the
+// Idempotency-Key, into one request value.
+func (s *Server) newOCRRequest(c echo.Context) (ocrRequest, error) {
+	start := s.now()
+	id, plan, err := s.identify(c) // layer 0
+	if err != nil {
+		return ocrRequest{}, err
+	}
+	key, err := idempotencyKey(c.Request().Header)
+	if err != nil {
+		return ocrRequest{}, err
+	}
+	ip := c.RealIP()
+	return ocrRequest{
+		c: c, id: requestID(c), ip: ip, start: start, who: id, plan: plan, key: key,
+		guard: guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota,
+			ShadowDaily: plan.ShadowDaily(), Client: limiter.ClientKey(ip), Route: ocrRoute, Plan: id.Plan},
+	}, nil
+}
+
 // handleOCR reads serial numbers off one image. It walks the layer table
 // of README.md: nothing that costs money runs before every check has
 // passed, a refusal by layers 0-3 writes nothing to disk, and no result
@@ -86,62 +121,57 @@ func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, er
 // request, or the same image again within the dedupe window, is answered
 // from what the first read's usage transaction kept, without a call.
 func (s *Server) handleOCR(c echo.Context) error {
-	start := s.now()
-	id, plan, err := s.identify(c) // layer 0
+	req, err := s.newOCRRequest(c)
 	if err != nil {
 		return err
 	}
-	req := guard.Request{Key: id.UserID, DailyLine: plan.DailyAttempts, MonthlyQuota: plan.MonthlyQuota,
-		ShadowDaily: plan.ShadowDaily(), Client: limiter.ClientKey(c.RealIP()), Route: ocrRoute, Plan: id.Plan}
-	key, err := idempotencyKey(c.Request().Header)
-	if err != nil {
-		return err
-	}
-	if key != "" {
-		return s.handleIdempotentOCR(c, start, id, plan, req, key)
+	r := &req
+	if r.key != "" {
+		return s.handleIdempotentOCR(r)
 	}
 	// Layers 1-3 from memory, before the body is read.
-	t, refused := s.guard.Admit(req, start)
+	t, refused := s.guard.Admit(r.guard, r.start)
 	if refused != nil {
-		return s.refusalOf(req, start, refused)
+		return s.refusalOf(r.guard, r.start, refused)
 	}
 	defer t.Release() // whatever happens from here on, a panic too
-	in, err := s.receive(c, id)
+	in, err := s.receive(r)
 	if err != nil {
 		return err
 	}
 	defer in.mem.close()
-	return s.readOnce(c, start, id, plan, req, t, in, "")
+	return s.readOnce(r, t, in)
 }
 
 // handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
 // only layer 1 is checked before the stored answer is looked up, since a
 // repeat uses nothing else; a first request goes on as any other.
-func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, key string) error {
-	if !s.pending.acquire(id.UserID, key) {
+func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
+	if !s.pending.acquire(r.who.UserID, r.key) {
 		return errIdempotencyKeyInUse.withRetryAfter(1)
 	}
-	defer s.pending.release(id.UserID, key)
-	if refused := s.guard.Count(req, start); refused != nil {
-		return s.refusalOf(req, start, refused)
+	defer s.pending.release(r.who.UserID, r.key)
+	if refused := s.guard.Count(r.guard, r.start); refused != nil {
+		return s.refusalOf(r.guard, r.start, refused)
 	}
-	in, err := s.receive(c, id)
+	in, err := s.receive(r)
 	if err != nil {
 		return err
 	}
 	defer in.mem.close()
-	if a, ok := s.storedAnswer(id.UserID, key); ok {
+	now := in.end // the upload may have taken a while
+	if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
 		if a.Fingerprint != in.fp {
 			return errIdempotencyKeyReused
 		}
-		return s.replay(c, start, id, a)
+		return s.replay(r, a)
 	}
-	t, refused := s.guard.Look(req, s.now())
+	t, refused := s.guard.Look(r.guard, now)
 	if refused != nil {
-		return s.refusalOf(req, s.now(), refused)
+		return s.refusalOf(r.guard, now, refused)
 	}
 	defer t.Release()
-	return s.readOnce(c, start, id, plan, req, t, in, key)
+	return s.readOnce(r, t, in)
 }
 
 // readOnce answers the image from the dedupe window when it was read
@@ -153,22 +183,22 @@ func (s *Server) handleIdempotentOCR(c echo.Context, start time.Time, id keys.Id
 // attempt is still the request's own; a waiter whose client goes away
 // stops waiting (499). The waiters are bounded by max_in_flight_per_user,
 // since each holds one of its user's slots.
-func (s *Server) readOnce(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, t *guard.Ticket, in received, key string) error {
+func (s *Server) readOnce(r *ocrRequest, t *guard.Ticket, in received) error {
 	if s.d.Answers == nil || s.d.DedupeWindow <= 0 {
-		return s.read(c, start, id, plan, req, t, in, key)
+		return s.read(r, t, in, in.end)
 	}
-	for {
-		if a, ok := s.recentRead(id.UserID, in.fp); ok {
-			return s.answerCached(c, start, id, plan.MonthlyQuota, a, key)
+	for now := in.end; ; now = s.now() { // after a wait, the time again
+		if a, ok := s.recentRead(r.who.UserID, in.fp, now); ok {
+			return s.answerCached(r, a, now)
 		}
-		done, wait := s.reading.lead(id.UserID, in.fp)
+		done, wait := s.reading.lead(r.who.UserID, in.fp)
 		if wait == nil {
 			defer done()
-			return s.read(c, start, id, plan, req, t, in, key)
+			return s.read(r, t, in, now)
 		}
 		select {
 		case <-wait:
-		case <-c.Request().Context().Done():
+		case <-r.c.Request().Context().Done():
 			return errClientGone
 		}
 	}
@@ -181,66 +211,72 @@ type received struct {
 	fp   [32]byte
 	mem  *lease
 	at   time.Time // when the guard's checks before the body ended
+	end  time.Time // when the upload was read and checked
 }
 
 // receive takes an in-flight slot and the body's memory, reads the upload
 // and checks it cheaply: type sniffing and the image header. The caller
 // closes mem.
-func (s *Server) receive(c echo.Context, id keys.Identity) (received, error) {
-	mem, err := s.enter(id)
+func (s *Server) receive(r *ocrRequest) (received, error) {
+	mem, err := s.enter(r.who)
 	if err != nil {
 		return received{}, err
 	}
 	in := received{mem: mem, at: s.now()}
-	in.data, in.img, err = readValidImage(c.Request(), s.cfg, mem)
+	in.data, in.img, err = readValidImage(r.c.Request(), s.cfg, mem)
 	if err != nil {
 		mem.close()
 		return received{}, err
 	}
 	in.fp = fingerprint(in.img)
+	in.end = s.now()
 	return in, nil
 }
 
 // read makes the paid call for an admitted, validated upload: layers 2,
 // 2b and 3 take their share, the claim goes to disk before the call, and
-// the usage record (with what a repeat needs) before the answer.
-func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan budget.Plan, req guard.Request, t *guard.Ticket, in received, key string) error {
+// the usage record (with what a repeat needs) before the answer. now is
+// when the upload was in (or a read of the same image ended); the clock
+// is read once per step after it: the checks, the claim's commit, the
+// call.
+func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time) error {
 	price := s.price.Load()
-	ctx := context.WithoutCancel(c.Request().Context()) // a paid call outlives its client
-	now := s.now()                                      // the upload may have taken a while
+	ctx := context.WithoutCancel(r.c.Request().Context()) // a paid call outlives its client
 	worst := price.WorstCase(in.img.Width, in.img.Height)
 	if refused := t.Reserve(worst, now); refused != nil {
-		return s.refusalOf(req, now, refused)
+		return s.refusalOf(r.guard, now, refused)
 	}
 	checked := s.now()
-	s.d.Metrics.guard.Observe((in.at.Sub(start) + checked.Sub(now)).Seconds())
+	s.d.Metrics.guard.Observe((in.at.Sub(r.start) + checked.Sub(now)).Seconds())
 	refused := t.Commit(ctx, checked)
 	committed := s.now()
 	s.d.Metrics.reserveLatency.Observe(committed.Sub(checked).Seconds())
-	s.d.Metrics.guardOverhead.Observe((in.at.Sub(start) + committed.Sub(now)).Seconds())
+	s.d.Metrics.guardOverhead.Observe((in.at.Sub(r.start) + committed.Sub(now)).Seconds())
 	if refused != nil {
 		t.Cancel(ctx) // no call is made
-		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", id.UserID, "request_id", requestID(c),
+		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", r.who.UserID, "request_id", r.id,
 			"pause", guard.UsagePause)
 		s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
-			map[string]string{"user": id.UserID, "request_id": requestID(c)})
-		return s.refusalOf(req, now, refused)
+			map[string]string{"user": r.who.UserID, "request_id": r.id})
+		return s.refusalOf(r.guard, now, refused)
 	}
 	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
-	if c.Request().Context().Err() != nil {
+	if r.c.Request().Context().Err() != nil {
 		t.Cancel(ctx) // gone before the call: nothing is spent
 		return errClientGone
 	}
 
 	// The expensive call, with its one retry claimed like the call. It
 	// starts when the reservation is committed: only a check lies between.
-	res, err := s.d.Reader.Read(ctx, in.img, func() bool { return s.claimRetry(ctx, c, t, worst) })
-	latency := s.now().Sub(committed)
-	cost := s.callCost(c, price, res.Usage, err, worst)
+	requestID := r.id // the closure holds the id, not the request
+	res, err := s.d.Reader.Read(ctx, in.img, func() bool { return s.claimRetry(ctx, requestID, t, worst) })
+	called := s.now()
+	latency := called.Sub(committed)
+	cost := s.callCost(r.id, price, res.Usage, err, worst)
 	s.countCall(latency, res.Usage, err)
 	s.d.Metrics.cost.Add(usd(cost))
 	event := detect.Event{
-		Time: start, UserID: id.UserID, KeyID: id.KeyID, Plan: id.Plan, IP: c.RealIP(), Route: ocrRoute,
+		Time: r.start, UserID: r.who.UserID, KeyID: r.who.KeyID, Plan: r.who.Plan, IP: r.ip, Route: ocrRoute,
 		Bytes: int64(len(in.data)), LatencyMS: latency.Milliseconds(),
 		PromptTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CandidatesTokens + res.Usage.ThoughtsTokens,
 		CostMicroUSD: cost,
@@ -252,7 +288,7 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 		t.Fail(ctx, cost)
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
-		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
+		s.log.Warn("upstream read failed", "user", r.who.UserID, "request_id", r.id, "err", err)
 		if errors.Is(err, ocr.ErrKeyRefused) {
 			// Every read fails until the operator fixes the key: say so
 			// now, not in tomorrow's digest.
@@ -261,13 +297,13 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 		}
 		return errUpstream
 	}
-	return s.record(c, ctx, t, plan, id, event, s.usageRecord(c, start, id, res, in, cost, latency), res, in, key)
+	return s.record(ctx, r, t, event, s.usageRecord(r, res, in, cost, latency), res, in, called)
 }
 
 // usageRecord is the row of a successful read.
-func (s *Server) usageRecord(c echo.Context, start time.Time, id keys.Identity, res ocr.Result, in received, cost int64, latency time.Duration) budget.UsageRecord {
+func (s *Server) usageRecord(r *ocrRequest, res ocr.Result, in received, cost int64, latency time.Duration) budget.UsageRecord {
 	return budget.UsageRecord{
-		Time: start, UserID: id.UserID, KeyID: id.KeyID, RequestID: requestID(c), Model: res.Model, Outcome: "ok",
+		Time: r.start, UserID: r.who.UserID, KeyID: r.who.KeyID, RequestID: r.id, Model: res.Model, Outcome: "ok",
 		Bytes: int64(len(in.data)), PromptTokens: res.Usage.PromptTokens, CandidatesTokens: res.Usage.CandidatesTokens,
 		ThoughtsTokens: res.Usage.ThoughtsTokens, CostMicroUSD: cost, LatencyMS: latency.Milliseconds(),
 	}
@@ -276,53 +312,53 @@ func (s *Server) usageRecord(c echo.Context, start time.Time, id keys.Identity, 
 // record is "$": the quota increment, the usage row, the settlement and
 // what a repeat needs, in one durable transaction before the answer. With
 // an idempotency key the answer is made first, so that what is kept is
-// what is sent.
-func (s *Server) record(c echo.Context, ctx context.Context, t *guard.Ticket, plan budget.Plan, id keys.Identity,
-	event detect.Event, rec budget.UsageRecord, res ocr.Result, in received, key string) error {
+// what is sent. now is when the call ended: the commit starts then.
+func (s *Server) record(ctx context.Context, r *ocrRequest, t *guard.Ticket, event detect.Event, rec budget.UsageRecord,
+	res ocr.Result, in received, now time.Time) error {
 	var body []byte
-	if key != "" || s.d.DedupeWindow > 0 {
+	if r.key != "" || s.d.DedupeWindow > 0 {
 		rec.Answer = &budget.Answer{Fingerprint: in.fp, Serials: res.Serials, Rejected: res.Rejected, Simulated: res.Simulated}
 	}
-	if key != "" {
-		body = answerBody(res, plan.MonthlyQuota, s.guard.Used(id.UserID, s.now())+1)
-		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = key, http.StatusOK, body
+	if r.key != "" {
+		body = answerBody(res, r.plan.MonthlyQuota, s.guard.Used(r.who.UserID, now)+1)
+		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = r.key, http.StatusOK, body
 	}
-	commitStart := s.now()
-	used, err := t.Record(ctx, rec, event.CostMicroUSD, commitStart)
-	s.d.Metrics.commitLatency.Observe(s.now().Sub(commitStart).Seconds())
+	used, err := t.Record(ctx, rec, event.CostMicroUSD, now)
+	s.d.Metrics.commitLatency.Observe(s.now().Sub(now).Seconds())
 	if err != nil {
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
-		s.log.Error("usage record not written: result withheld, paid calls paused", "user", id.UserID, "request_id", rec.RequestID,
+		s.log.Error("usage record not written: result withheld, paid calls paused", "user", r.who.UserID, "request_id", r.id,
 			"pause", guard.UsagePause, "err", err)
 		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
-			map[string]string{"user": id.UserID, "request_id": rec.RequestID, "error": err.Error()})
+			map[string]string{"user": r.who.UserID, "request_id": r.id, "error": err.Error()})
 		return errUsageUnavailable
 	}
 	failpoint.Hit(failpoint.Recorded) // crash tests only: a kill between the usage record and the answer
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
 	if body == nil {
-		body = answerBody(res, plan.MonthlyQuota, used)
+		body = answerBody(res, r.plan.MonthlyQuota, used)
 	}
-	return writeJSON(c, http.StatusOK, body)
+	return writeJSON(r.c, http.StatusOK, body)
 }
 
 // callCost is what a call is billed: its reported tokens at the prices in
 // force when it started, or its worst case when the bill is unknown (a failure without
-// usage, or a reply that reports none).
-func (s *Server) callCost(c echo.Context, price *ocr.Price, u ocr.Usage, err error, worst int64) int64 {
+// usage, or a reply that reports none). requestID names the request in
+// the log.
+func (s *Server) callCost(requestID string, price *ocr.Price, u ocr.Usage, err error, worst int64) int64 {
 	cost := price.Cost(u)
 	switch {
 	case !u.Known():
 		if err == nil {
 			s.log.Warn("the upstream answered without token usage: the call counts at its worst case",
-				"request_id", requestID(c), "worst_micro_usd", worst)
+				"request_id", requestID, "worst_micro_usd", worst)
 		}
 		return worst
 	case cost > worst:
 		s.log.Warn("the upstream reported more tokens than the worst case allowed for: check ocr.price and the image limits",
-			"request_id", requestID(c), "cost_micro_usd", cost, "worst_micro_usd", worst)
+			"request_id", requestID, "cost_micro_usd", cost, "worst_micro_usd", worst)
 	}
 	return cost
 }
@@ -330,9 +366,9 @@ func (s *Server) callCost(c echo.Context, price *ocr.Price, u ocr.Usage, err err
 // claimRetry is asked by the upstream client before its one retry: the
 // retry is a second paid call, claimed and committed like the first, and
 // made only if the budget has room for it.
-func (s *Server) claimRetry(ctx context.Context, c echo.Context, t *guard.Ticket, worst int64) bool {
+func (s *Server) claimRetry(ctx context.Context, requestID string, t *guard.Ticket, worst int64) bool {
 	if !t.ClaimRetry(ctx, worst, s.now()) {
-		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID(c))
+		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID)
 		return false
 	}
 	s.d.Metrics.callsFailed.Inc() // the busy first call

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -21,7 +20,6 @@ import (
 
 	"breakwater/detect"
 	"breakwater/limiter"
-	"breakwater/server/guard"
 	"breakwater/server/routes"
 )
 
@@ -148,25 +146,20 @@ func (s *Server) beginFails(c echo.Context, call *routeCall, now time.Time) (ref
 	if err != nil {
 		return true, err
 	}
-	err = s.defend(call.rt.layer, func() (err error) {
+	r := call.rt.failsOpen.Check(func() (err error) {
 		call.attempt, err = call.rt.fails.Begin(keys, now)
 		return err
-	}, isRateRefusal)
-	var rl *limiter.Refusal
-	if !errors.As(err, &rl) {
-		return false, nil
+	})
+	if r == nil || s.routeRefused(call.rt, call.cfg, r.Reason, r, now) == nil {
+		return false, nil // passed, or shadow mode
 	}
-	r := &guard.Refusal{Layer: call.rt.layer, Reason: rl.Reason, RetryAfter: rl.RetryAfter}
-	if s.routeRefused(call.rt, call.cfg, rl.Reason, r, now) == nil {
-		return false, nil // shadow mode
-	}
-	s.d.Metrics.routeFailures.WithLabelValues(call.rt.name, rl.Reason).Inc()
+	s.d.Metrics.routeFailures.WithLabelValues(call.rt.name, r.Reason).Inc()
 	if u := call.cfg.Fail.UniformStatus; u != 0 {
-		s.refused(call.rt.layer, rl.Reason) // answered here, not by the error handler
+		s.refused(call.rt.layer, r.Reason) // answered here, not by the error handler
 		writeUniform(c.Response(), u)
 		return true, nil
 	}
-	return true, errTooManyFailures.withRetryAfter(rl.RetryAfterSeconds()).countedAs(call.rt.layer, rl.Reason)
+	return true, errTooManyFailures.withRetryAfter(ceilSeconds(r.RetryAfter)).countedAs(call.rt.layer, r.Reason)
 }
 
 // failKeys are the fail limit's keys of a request: "ip:ADDRESS" and

@@ -46,7 +46,10 @@ type guardedRoute struct {
 	windows *limiter.Limiter
 	guard   *guard.Guard
 	fails   *limiter.FailLimiter
-	proxy   *httputil.ReverseProxy // nil: forward auth only
+	// failsOpen runs the fail limit's check, failing open as the guard's
+	// layers do.
+	failsOpen *guard.FailOpen
+	proxy     *httputil.ReverseProxy // nil: forward auth only
 }
 
 // newRoutes builds the routes' guards and proxies, and the two tables
@@ -66,6 +69,7 @@ func (s *Server) newRoutes(rs []Route) error {
 			return err
 		}
 		rt := &guardedRoute{name: cfg.Name, layer: routeLayer(cfg.Name), windows: r.Windows, guard: g, fails: r.Fails}
+		rt.failsOpen = guard.NewFailOpen(rt.layer, guard.Hooks{FailedOpen: s.failOpen.note})
 		rt.cfg.Store(&cfg)
 		if cfg.Upstream != "" {
 			target, err := url.Parse(cfg.Upstream)

@@ -37,11 +37,10 @@ type Reader interface {
 	Read(ctx context.Context, img ocr.Image, mayRetry func() bool) (ocr.Result, error)
 }
 
-// UsageRecorder commits a successful read (its quota increment, its usage
-// row and its budget settlement) durably, returning only once it is on
-// disk.
-type UsageRecorder interface {
-	RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error
+// BudgetStatus is the global budget's figures and ceilings, for the
+// metrics read at scrape time: budget.Global.
+type BudgetStatus interface {
+	Status(now time.Time) budget.Status
 }
 
 // AnswerStore reads what usage transactions kept of earlier reads
@@ -69,17 +68,19 @@ type CommitCounter interface {
 // Deps are the components a Server works with. All but JWT, Metrics,
 // Commits, InviteLimits, Alerts, AdminToken, Logger and Now are required.
 type Deps struct {
-	Keys     *keys.Keyring
-	JWT      *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
-	Limiter  RateLimiter       // layer 1, keyed by user id
-	Attempts AttemptCounter    // layer 2
-	Quotas   guard.Quotas      // layer 2b: budget.Quotas
-	Brake    Brake             // layer 3
-	Plans    *keys.Plans
-	Reader   Reader
-	Usage    UsageRecorder
-	Events   EventRecorder
-	Price    ocr.Price // to bound each call's cost before it and price it after
+	Keys *keys.Keyring
+	JWT  *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
+	// Layers are POST /v1/ocr's layers 1-3 and "$", every one required:
+	// the rate limit keyed by user id, the daily line, the quota, the
+	// global budget and the usage recorder.
+	Layers guard.Layers
+	// Budget is layer 3's figures for /metrics: the same budget.Global as
+	// Layers.Brake.
+	Budget BudgetStatus
+	Plans  *keys.Plans
+	Reader Reader
+	Events EventRecorder
+	Price  ocr.Price // to bound each call's cost before it and price it after
 	// Answers keeps reads for Idempotency-Key repeats and the dedupe
 	// window; nil: both are off.
 	Answers AnswerStore
@@ -121,6 +122,7 @@ type Server struct {
 	clients      *clientIP
 	failOpen     *failOpens
 	inviteLimits *invites.Limits
+	invitesOpen  *guard.FailOpen           // runs the invite limits' checks, failing open
 	price        atomic.Pointer[ocr.Price] // swapped by a config reload
 	calendar     *budget.Calendar          // today's key for the refusal counts
 	guard        *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
@@ -155,10 +157,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d.Keys == nil || d.Limiter == nil || d.Attempts == nil || d.Quotas == nil || d.Brake == nil ||
-		d.Reader == nil || d.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
+	l := d.Layers
+	if d.Keys == nil || l.Rate == nil || l.Attempts == nil || l.Quotas == nil || l.Brake == nil || d.Budget == nil ||
+		d.Reader == nil || l.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
 		d.InviteCodes == nil || d.InviteKey == nil {
-		return nil, errors.New("server: keys, every layer, plans, reader, usage recorder, event recorder, operator, invites and their key are all required")
+		return nil, errors.New("server: keys, every layer, the budget's status, plans, reader, usage recorder, event recorder, operator, invites and their key are all required")
 	}
 	if d.InviteLimits == nil {
 		g, err := invites.NewLimits(invites.Config{})
@@ -201,12 +204,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.recordCtx.now = s.wallClock
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
-	g, err := guard.New(guard.Layers{Rate: d.Limiter, Attempts: d.Attempts, Quotas: d.Quotas, Brake: d.Brake, Usage: d.Usage},
-		guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note, Shadowed: s.shadowedBy})
+	g, err := guard.New(d.Layers, guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note, Shadowed: s.shadowedBy})
 	if err != nil {
 		return nil, err
 	}
 	s.guard = g
+	s.invitesOpen = guard.NewFailOpen(invites.Layer, guard.Hooks{FailedOpen: s.failOpen.note})
 	if err := s.newRoutes(d.Routes); err != nil {
 		return nil, err
 	}
@@ -217,7 +220,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.public = s.newEcho(s.countRefusal, s.front(d.Metrics, access))
 	s.admin = s.newEcho(nil, s.front(nil, nil))
-	d.Metrics.observeBudget(func() budget.Status { return d.Brake.Status(d.Now()) })
+	d.Metrics.observeBudget(func() budget.Status { return d.Budget.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
 	}

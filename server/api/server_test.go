@@ -140,25 +140,25 @@ type env struct {
 }
 
 type envOptions struct {
-	quota      int64            // alice's monthly quota; default 100
-	timeout    time.Duration    // ocr.timeout; default 5s
-	usage      UsageRecorder    // default the database
-	cfg        func(*Config)    // server config changes
-	gemini     *fakeGemini      // reuse one across restarts
-	dir        string           // reuse a database across restarts
-	adminToken string           // default "admin-secret"
-	logTo      *bytes.Buffer    // captured logs
-	plans      map[string]int64 // extra plans
-	attempts   int64            // the free plan's daily line; 0: none
-	limits     limiter.Config   // layer 1; zero: off
-	budget     budget.Config    // layer 3; zero: off
-	clock      func() time.Time // the server's clock; default time.Now
-	ledger     budget.Ledger    // default the database
-	rate       RateLimiter      // default e.windows
-	invites    invites.Config   // [invites]; zero: the defaults
-	alerts     Alerter          // default none
-	counters   *detect.Counters // layer 4's metrics; default fresh
-	jwt        jwtauth.Config   // [auth.jwt]; JWKSURL empty: JWT sign-in off
+	quota      int64               // alice's monthly quota; default 100
+	timeout    time.Duration       // ocr.timeout; default 5s
+	usage      guard.UsageRecorder // default the database
+	cfg        func(*Config)       // server config changes
+	gemini     *fakeGemini         // reuse one across restarts
+	dir        string              // reuse a database across restarts
+	adminToken string              // default "admin-secret"
+	logTo      *bytes.Buffer       // captured logs
+	plans      map[string]int64    // extra plans
+	attempts   int64               // the free plan's daily line; 0: none
+	limits     limiter.Config      // layer 1; zero: off
+	budget     budget.Config       // layer 3; zero: off
+	clock      func() time.Time    // the server's clock; default time.Now
+	ledger     budget.Ledger       // default the database
+	rate       guard.RateLimiter   // default e.windows
+	invites    invites.Config      // [invites]; zero: the defaults
+	alerts     Alerter             // default none
+	counters   *detect.Counters    // layer 4's metrics; default fresh
+	jwt        jwtauth.Config      // [auth.jwt]; JWKSURL empty: JWT sign-in off
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -221,7 +221,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	}
 	e.events = detect.NewRecorder(db, detect.RecorderOptions{Logger: log, FlushInterval: 10 * time.Millisecond, Now: o.clock})
 	t.Cleanup(func() { e.events.Close(context.Background()) })
-	var usage UsageRecorder = db
+	var usage guard.UsageRecorder = db
 	if o.usage != nil {
 		usage = o.usage
 	}
@@ -248,8 +248,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Cleanup(e.verifier.Close)
 	}
 	srv, err := New(cfg, Deps{
-		Keys: e.keys, JWT: e.verifier, Limiter: cmp.Or[RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake,
-		Plans: e.plans, Reader: reader, Usage: usage, Events: e.events, Price: ocfg.Price,
+		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
+		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
 		InviteCodes: db, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,

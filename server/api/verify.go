@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -74,16 +73,11 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	ipKey := "ip:" + limiter.ClientKey(ip)
 
 	// 1. The IP rate limit and burst, in memory; fails open.
-	err := s.defend(invites.Layer, func() error { return s.inviteLimits.Windows.Allow(ipKey, start) }, isRateRefusal)
-	var rl *limiter.Refusal
-	if errors.As(err, &rl) {
-		if s.inviteShadowed(start, ip, "", rl.Reason) {
-			rl = nil
-		} else {
-			s.recordInviteLayer(start, ip, "", detect.OutcomeLayerRefused)
-			s.d.Metrics.inviteRefusals.WithLabelValues(rl.Reason).Inc()
-			return errInviteRateLimited.withRetryAfter(rl.RetryAfterSeconds())
-		}
+	if r := s.invitesOpen.Check(func() error { return s.inviteLimits.Windows.Allow(ipKey, start) }); r != nil &&
+		!s.inviteShadowed(start, ip, "", r.Reason) {
+		s.recordInviteLayer(start, ip, "", detect.OutcomeLayerRefused)
+		s.d.Metrics.inviteRefusals.WithLabelValues(r.Reason).Inc()
+		return errInviteRateLimited.withRetryAfter(ceilSeconds(r.RetryAfter))
 	}
 
 	req, err := decodeVerifyRequest(c.Request().Body)
@@ -102,16 +96,16 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	// 2 and 3. The fail limit per IP and per e-mail, and the service-wide
 	// net: checked and counted in one step.
 	var attempt *limiter.Attempt
-	err = s.defend(invites.Layer, func() (err error) {
+	refused := s.invitesOpen.Check(func() (err error) {
 		attempt, err = s.inviteLimits.Fails.Begin([]string{ipKey, "email:" + email}, start)
 		return err
-	}, isRateRefusal)
+	})
 	defer attempt.Cancel() // a no-op once the attempt has an outcome
 
-	// The lookup runs whatever the guard said, for comparable work.
+	// The lookup runs whatever the fail limit said, for comparable work.
 	outcome, lookupErr := s.d.InviteCodes.CheckInvite(hash, email, start)
-	if errors.As(err, &rl) && !s.inviteShadowed(start, ip, email, rl.Reason) {
-		return s.inviteRefusal(c, start, rl.Reason, email)
+	if refused != nil && !s.inviteShadowed(start, ip, email, refused.Reason) {
+		return s.inviteRefusal(c, start, refused.Reason, email)
 	}
 	if lookupErr != nil {
 		s.log.Error("invite lookup failed", "request_id", requestID(c), "err", lookupErr)

@@ -628,3 +628,27 @@ func TestVerifyRefusalFloodIsBounded(t *testing.T) {
 		t.Errorf("the second line does not say %s", want)
 	}
 }
+
+// The invite limits fail open through the guard as the OCR layers do: a
+// broken IP limit or fail limit (here each panics on its first use) lets
+// the verification through, and is counted under layer "invites" and
+// logged once a minute.
+func TestInviteLimitsFailOpen(t *testing.T) {
+	e := newEnv(t, envOptions{invites: loose(invites.Config{})})
+	e.inviteLimits.Windows, e.inviteLimits.Fails = nil, nil // before any request
+	code, _ := e.newInvite(3, 0)
+	for _, email := range []string{"ann@example.com", "bob@example.com", "cat@example.com"} {
+		wantValid(t, e, code, email)
+	}
+	var r refusedBody
+	r.wantVerify(t, e, code, "dan@example.com") // used up: the lookup still decides
+	if got, want := e.inviteRefusals("used_up"), 1; got != want {
+		t.Errorf("%d used_up refusals, want %d", got, want)
+	}
+	if metrics, want := scrape(t, e), `breakwater_layer_failopen_total{layer="invites"} 8`; !strings.Contains(metrics, want) {
+		t.Errorf("metrics lack %s", want)
+	}
+	if n := strings.Count(e.logs.String(), "defense layer failed open"); n != 1 {
+		t.Errorf("%d fail-open log lines, want 1 (one a minute per layer):\n%s", n, e.logs.String())
+	}
+}

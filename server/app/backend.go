@@ -21,7 +21,6 @@ var (
 	_ state.StateLoader    = (*storage.DB)(nil)
 	_ operator.Store       = (*storage.DB)(nil)
 	_ operator.RecordStore = (*storage.DB)(nil)
-	_ api.UsageRecorder    = (*storage.DB)(nil)
 	_ api.AnswerStore      = (*storage.DB)(nil)
 	_ api.CommitCounter    = (*storage.DB)(nil)
 )

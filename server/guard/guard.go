@@ -14,7 +14,9 @@
 //
 // A Guard is configured with the layers a route uses; a nil layer is
 // skipped. The OCR endpoint uses them all; a guarded route of the app may
-// use only a rate limit and a daily line.
+// use only a rate limit and a daily line. A FailOpen runs one fail-open
+// layer whose checks its caller interleaves with its own work (the invite
+// limits, a route's fail limit), through the same fail-open code.
 package guard
 
 import (
@@ -298,22 +300,8 @@ func shadowBit(layer string) shadows {
 }
 
 // try is open without reporting the refusal.
-func (g *Guard) try(layer string, check func() error) (r *Refusal) {
-	defer func() {
-		if p := recover(); p != nil {
-			g.failedOpen(layer, fmt.Errorf("panic: %v", p))
-			r = nil
-		}
-	}()
-	err := check()
-	if err == nil {
-		return nil
-	}
-	if r := refusalOf(err); r != nil {
-		return r
-	}
-	g.failedOpen(layer, err)
-	return nil
+func (g *Guard) try(layer string, check func() error) *Refusal {
+	return g.hooks.try(layer, check)
 }
 
 // closed turns a fail-closed layer's answer into a refusal: the quota
@@ -333,12 +321,6 @@ func (g *Guard) refuse(r *Refusal) *Refusal {
 		g.hooks.Refused(r)
 	}
 	return r
-}
-
-func (g *Guard) failedOpen(layer string, err error) {
-	if g.hooks.FailedOpen != nil {
-		g.hooks.FailedOpen(layer, err)
-	}
 }
 
 // Used is key's confirmed reads of the quota this month; 0 without a

@@ -394,3 +394,51 @@ func TestShadowRefusesMoney(t *testing.T) {
 		}
 	}
 }
+
+// A layer run on its own (the invite limits, a route's fail limit) fails
+// open as the pipeline's layers do: a refusal comes back under the
+// runner's layer, a broken check or a panic is reported and let through.
+func TestFailOpenCheck(t *testing.T) {
+	fails, err := limiter.NewFail(limiter.FailConfig{Limit: 1, Cooldown: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := fails.Begin([]string{"ip:192.0.2.1"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Fail(now) // one failure starts the cooldown
+	for _, tt := range []struct {
+		name       string
+		check      func() error
+		wantReason string // "": let through
+		wantFaults int
+	}{
+		{"passes", func() error { return nil }, "", 0},
+		{"refuses", func() error { _, err := fails.Begin([]string{"ip:192.0.2.1"}, now); return err }, limiter.ReasonCooldown, 0},
+		{"breaks", func() error { return errors.New("limiter: state lost") }, "", 1},
+		{"panics", func() error { panic("limiter: corrupt") }, "", 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var faults []string
+			f := NewFailOpen("route:login", Hooks{FailedOpen: func(layer string, _ error) { faults = append(faults, layer) }})
+			r := f.Check(tt.check)
+			switch {
+			case tt.wantReason == "" && r != nil:
+				t.Errorf("refused %+v, want let through", r)
+			case tt.wantReason != "" && r == nil:
+				t.Errorf("let through, want refused for %s", tt.wantReason)
+			case r != nil && (r.Layer != "route:login" || r.Reason != tt.wantReason || r.RetryAfter <= 0):
+				t.Errorf("refusal %+v, want layer route:login, reason %s and a retry-after", r, tt.wantReason)
+			}
+			if got, want := len(faults), tt.wantFaults; got != want {
+				t.Errorf("reported %d faults (%v), want %d", got, faults, want)
+			}
+			for _, l := range faults {
+				if l != "route:login" {
+					t.Errorf("fault reported under %q, want route:login", l)
+				}
+			}
+		})
+	}
+}

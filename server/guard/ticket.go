@@ -105,7 +105,7 @@ func (t *Ticket) Commit(ctx context.Context, now time.Time) *Refusal {
 func (t *Ticket) commit(ctx context.Context, claim *budget.Reservation) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			t.g.failedOpen(LayerBudget, fmt.Errorf("panic: %v", p))
+			t.g.hooks.failedOpen(LayerBudget, fmt.Errorf("panic: %v", p))
 			err = nil
 		}
 	}()
@@ -234,6 +234,6 @@ func (t *Ticket) releaseSlot() {
 // claim keeps counting at its worst case, which errs on the safe side.
 func (t *Ticket) settle(ctx context.Context, c budget.Reservation, cost int64) {
 	if err := t.g.layers.Brake.Settle(ctx, c, cost); err != nil {
-		t.g.failedOpen(LayerBudget, err)
+		t.g.hooks.failedOpen(LayerBudget, err)
 	}
 }

@@ -31,7 +31,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"breakwater/server/keys"
-	"breakwater/storage/userid"
+	"breakwater/server/keys/userid"
 )
 
 // KeyID is the Identity.KeyID of a JWT user, who has no API key.

@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"breakwater/storage/userid"
+	"breakwater/server/keys/userid"
 )
 
 // API keys are "bw_" and keySecretLen Base62 characters from crypto/rand:

@@ -15,7 +15,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
-	"breakwater/server/guard"
 )
 
 // LayerStore is what LoadLayers reads: the written-behind defense state,
@@ -32,36 +31,55 @@ type LayerStore interface {
 // Layers are the in-memory state of layers 1 to 3, as LoadLayers rebuilds
 // it from storage. Its fields are what the guard, the operator, the reload
 // and the write-behind call, so that another backend's layers could stand
-// in for the in-memory ones.
+// in for the in-memory ones. Each interface spells out the methods of the
+// guard's own (server/guard's Layers) that the wiring hands it, so that
+// state does not import the guard it lies under.
 type Layers struct {
 	Windows  RateWindows    // layer 1, per user: limiter.Limiter
 	Attempts AttemptCounter // layer 2: budget.Attempts
-	Quotas   guard.Quotas   // layer 2b: budget.Quotas
+	Quotas   Quotas         // layer 2b: budget.Quotas
 	Brake    Brake          // layer 3: budget.Global
 }
 
-// RateWindows is layer 1 as Layers holds it: the guard's check, the
-// reload's config swap and the write-behind's snapshot.
+// RateWindows is layer 1 as Layers holds it: the guard's check (Allow),
+// the reload's config swap and the write-behind's snapshot.
 type RateWindows interface {
-	guard.RateLimiter
+	Allow(key string, now time.Time) error
 	SetConfig(cfg limiter.Config)
 	WindowSource
 }
 
 // AttemptCounter is layer 2 as Layers holds it: the guard's check and
-// count, the operator's figures and the write-behind's snapshot.
+// count (Check, Take), the operator's figures and the write-behind's
+// snapshot.
 type AttemptCounter interface {
-	guard.AttemptCounter
+	Check(key string, line int64, now time.Time) error
+	Take(key string, line int64, now time.Time) error
 	Count(user string, now time.Time) int64
 	Top(n int, now time.Time) []budget.UserCount
 	DailySource
 }
 
-// Brake is layer 3 as Layers holds it: the guard's claims, and the status,
-// the operator's manual switch, the reload's config swap, and Close, which
-// gives the unused budget lease back at shutdown.
+// Quotas is layer 2b as Layers holds it: the guard's check, reservation
+// and confirmation, and the operator's figures (Used).
+type Quotas interface {
+	Check(user string, limit int64, now time.Time) error
+	Reserve(user string, limit int64, now time.Time) (budget.Slot, error)
+	Confirm(s budget.Slot) (used int64)
+	Release(s budget.Slot)
+	Used(user string, now time.Time) int64
+}
+
+// Brake is layer 3 as Layers holds it: the guard's claims (Check to
+// Settled), and the status, the operator's manual switch, the reload's
+// config swap, and Close, which gives the unused budget lease back at
+// shutdown.
 type Brake interface {
-	guard.Brake
+	Check(now time.Time) error
+	Claim(worst int64, now time.Time) (budget.Reservation, error)
+	Commit(ctx context.Context, r *budget.Reservation) error
+	Settle(ctx context.Context, r budget.Reservation, actual int64) error
+	Settled(r budget.Reservation, actual int64)
 	Status(now time.Time) budget.Status
 	SetManual(on bool)
 	SetConfig(cfg budget.Config)
