@@ -87,33 +87,44 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 			t.Fatalf("package %s not found among %d packages read", pkg, len(pkgs))
 		}
 	}
+	checkDecidersKnowNeitherStorageNorHTTP(t, pkgs)
+	checkRecordOwnersKnowNoStorage(t, pkgs)
+	t.Run("detect without budget", func(t *testing.T) { checkDetectWithoutBudget(t, pkgs) })
+	t.Run("server root", func(t *testing.T) { checkServerRootIsAMap(t, pkgs) })
+	t.Run("server subpackages", func(t *testing.T) { checkServerPartsKnowNoEdge(t, pkgs) })
+	t.Run("no package under server imports its parent", func(t *testing.T) { checkNoServerPackageImportsItsParent(t, pkgs) })
+	checkLibrariesStayInTheirPackage(t, pkgs)
+}
 
-	// deps returns every package of the module that pkg depends on,
-	// directly or not, with the chain of imports that leads to it.
-	deps := func(pkg string) map[string][]string {
-		chains := map[string][]string{}
-		var walk func(from string, chain []string)
-		walk = func(from string, chain []string) {
-			for _, imp := range pkgs[from] {
-				if !within(imp, module) {
-					continue
-				}
-				if _, seen := chains[imp]; seen {
-					continue
-				}
-				chains[imp] = append(slices.Clone(chain), imp)
-				walk(imp, chains[imp])
+// moduleDeps returns every package of the module that pkg depends on,
+// directly or not, with the chain of imports that leads to it.
+func moduleDeps(pkgs map[string][]string, pkg string) map[string][]string {
+	chains := map[string][]string{}
+	var walk func(from string, chain []string)
+	walk = func(from string, chain []string) {
+		for _, imp := range pkgs[from] {
+			if !within(imp, module) {
+				continue
 			}
+			if _, seen := chains[imp]; seen {
+				continue
+			}
+			chains[imp] = append(slices.Clone(chain), imp)
+			walk(imp, chains[imp])
 		}
-		walk(pkg, []string{pkg})
-		return chains
 	}
-	// The packages that decide, and the guard's state and replay, know
-	// neither storage nor the transport nor Echo, even through another
-	// package of ours; the guard's own subpackages may use the guard.
+	walk(pkg, []string{pkg})
+	return chains
+}
+
+// checkDecidersKnowNeitherStorageNorHTTP: the packages that decide, and
+// the guard's state and replay, know neither storage nor the transport
+// nor Echo, even through another package of ours; the guard's own
+// subpackages may use the guard.
+func checkDecidersKnowNeitherStorageNorHTTP(t *testing.T, pkgs map[string][]string) {
 	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard", "breakwater/server/guard/replay", "breakwater/server/guard/state"} {
 		t.Run(pkg, func(t *testing.T) {
-			chains := deps(pkg)
+			chains := moduleDeps(pkgs, pkg)
 			chains[pkg] = []string{pkg}
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {
 				if within(dep, "breakwater/storage") || (within(dep, "breakwater/server") && !within(dep, "breakwater/server/guard")) {
@@ -125,16 +136,18 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 			}
 		})
 	}
+}
 
-	// The owners of the records the edge and the command line use (keys
-	// and users, invites and their outcomes, and each one's not-found)
-	// declare them with the interfaces a backend implements, so neither
-	// they nor the HTTP edge know the database, even through another
-	// package of ours: a second backend stands in for bolt in the wiring
-	// alone.
+// checkRecordOwnersKnowNoStorage: the owners of the records the edge and
+// the command line use (keys and users, invites and their outcomes, and
+// each one's not-found) declare them with the interfaces a backend
+// implements, so neither they nor the HTTP edge know the database, even
+// through another package of ours: a second backend stands in for bolt
+// in the wiring alone.
+func checkRecordOwnersKnowNoStorage(t *testing.T, pkgs map[string][]string) {
 	for _, pkg := range []string{"breakwater/server/keys", "breakwater/server/invites", "breakwater/server/api"} {
 		t.Run(pkg+" without storage", func(t *testing.T) {
-			chains := deps(pkg)
+			chains := moduleDeps(pkgs, pkg)
 			chains[pkg] = []string{pkg}
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {
 				if within(dep, "breakwater/storage") {
@@ -146,82 +159,90 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 			}
 		})
 	}
+}
 
-	// Detection reads only its own statistics, never billing code: nothing
-	// under detect depends on budget (replay, which runs the budget's
-	// layers, lives with the guard).
-	t.Run("detect without budget", func(t *testing.T) {
-		for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-			if !within(pkg, "breakwater/detect") {
-				continue
-			}
-			if chain, ok := deps(pkg)["breakwater/budget"]; ok {
-				t.Errorf("%s depends on breakwater/budget: %s", pkg, strings.Join(chain, " -> "))
-			}
+// checkDetectWithoutBudget: detection reads only its own statistics,
+// never billing code: nothing under detect depends on budget (replay,
+// which runs the budget's layers, lives with the guard).
+func checkDetectWithoutBudget(t *testing.T, pkgs map[string][]string) {
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if !within(pkg, "breakwater/detect") {
+			continue
 		}
-	})
+		if chain, ok := moduleDeps(pkgs, pkg)["breakwater/budget"]; ok {
+			t.Errorf("%s depends on breakwater/budget: %s", pkg, strings.Join(chain, " -> "))
+		}
+	}
+}
 
-	// server/ is a map, not a package of code: its root holds only
-	// doc.go, which imports nothing.
-	t.Run("server root", func(t *testing.T) {
-		entries, err := os.ReadDir("server")
-		if err != nil {
-			t.Fatal(err)
+// checkServerRootIsAMap: server/ is a map, not a package of code: its
+// root holds only doc.go, which imports nothing.
+func checkServerRootIsAMap(t *testing.T, pkgs map[string][]string) {
+	entries, err := os.ReadDir("server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasSuffix(e.Name(), ".go") && e.Name() != "doc.go" {
+			t.Errorf("server/%s: server/ holds only doc.go; code goes into a package under it (the HTTP edge into server/api)", e.Name())
 		}
-		for _, e := range entries {
-			if !e.IsDir() && strings.HasSuffix(e.Name(), ".go") && e.Name() != "doc.go" {
-				t.Errorf("server/%s: server/ holds only doc.go; code goes into a package under it (the HTTP edge into server/api)", e.Name())
-			}
-		}
-		if imps := pkgs["breakwater/server"]; len(imps) > 0 {
-			t.Errorf("breakwater/server imports %v: its doc.go only maps the packages under it", imps)
-		}
-	})
+	}
+	if imps := pkgs["breakwater/server"]; len(imps) > 0 {
+		t.Errorf("breakwater/server imports %v: its doc.go only maps the packages under it", imps)
+	}
+}
 
-	// The parts of server/ (keys, JWTs, invites, the operator service,
-	// the guard and its state) do not know the HTTP edge, even through
-	// another package of ours; only the wiring puts them together with it.
-	t.Run("server subpackages", func(t *testing.T) {
-		for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-			if !within(pkg, "breakwater/server") || within(pkg, "breakwater/server/api") || wiring(pkg) {
-				continue
-			}
-			if chain, ok := deps(pkg)["breakwater/server/api"]; ok {
-				t.Errorf("%s depends on breakwater/server/api: %s", pkg, strings.Join(chain, " -> "))
+// checkServerPartsKnowNoEdge: the parts of server/ (keys, JWTs, invites,
+// the operator service, the guard and its state) do not know the HTTP
+// edge, even through another package of ours; only the wiring puts them
+// together with it.
+func checkServerPartsKnowNoEdge(t *testing.T, pkgs map[string][]string) {
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if !within(pkg, "breakwater/server") || within(pkg, "breakwater/server/api") || wiring(pkg) {
+			continue
+		}
+		if chain, ok := moduleDeps(pkgs, pkg)["breakwater/server/api"]; ok {
+			t.Errorf("%s depends on breakwater/server/api: %s", pkg, strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// checkNoServerPackageImportsItsParent: arrows point down: no package
+// under server/ imports a package it lies under (server/guard/state
+// declares the layer methods it holds rather than importing the guard).
+func checkNoServerPackageImportsItsParent(t *testing.T, pkgs map[string][]string) {
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if !within(pkg, "breakwater/server") {
+			continue
+		}
+		for _, imp := range pkgs[pkg] {
+			if imp != pkg && within(pkg, imp) {
+				t.Errorf("%s imports its parent %s", pkg, imp)
 			}
 		}
-	})
+	}
+}
 
-	// Arrows point down: no package under server/ imports a package it
-	// lies under (server/guard/state declares the layer methods it holds
-	// rather than importing the guard).
-	t.Run("no package under server imports its parent", func(t *testing.T) {
-		for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-			if !within(pkg, "breakwater/server") {
-				continue
-			}
-			for _, imp := range pkgs[pkg] {
-				if imp != pkg && within(pkg, imp) {
-					t.Errorf("%s imports its parent %s", pkg, imp)
-				}
-			}
-		}
-	})
+// libraryRules says which packages of ours may import each library that
+// must stay inside one package: the transport and the database.
+var libraryRules = []struct {
+	name    string
+	lib     string                // an imported library and its subpackages
+	allowed func(pkg string) bool // the packages of ours that may import it
+	needed  string                // one that does: the check reads real imports
+}{
+	{"echo", "github.com/labstack/echo/v4", func(pkg string) bool {
+		// bench/load runs a bare Echo handler as the baseline it
+		// measures against; it is a tool, not part of the service.
+		return pkg == module || pkg == "breakwater/server/api" || wiring(pkg) || pkg == "breakwater/bench/load"
+	}, "breakwater/server/api"},
+	{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
+}
 
-	// The transport and the database each stay inside their package.
-	for _, tt := range []struct {
-		name    string
-		lib     string                // an imported library and its subpackages
-		allowed func(pkg string) bool // the packages of ours that may import it
-		needed  string                // one that does: the check reads real imports
-	}{
-		{"echo", "github.com/labstack/echo/v4", func(pkg string) bool {
-			// bench/load runs a bare Echo handler as the baseline it
-			// measures against; it is a tool, not part of the service.
-			return pkg == module || pkg == "breakwater/server/api" || wiring(pkg) || pkg == "breakwater/bench/load"
-		}, "breakwater/server/api"},
-		{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
-	} {
+// checkLibrariesStayInTheirPackage: the transport and the database each
+// stay inside their package.
+func checkLibrariesStayInTheirPackage(t *testing.T, pkgs map[string][]string) {
+	for _, tt := range libraryRules {
 		t.Run(tt.name, func(t *testing.T) {
 			if !slices.ContainsFunc(pkgs[tt.needed], func(imp string) bool { return within(imp, tt.lib) }) {
 				t.Fatalf("%s does not import %s: the imports were not read", tt.needed, tt.lib)
