@@ -2,10 +2,12 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/build"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"io/fs"
 	"maps"
 	"os"
@@ -349,5 +351,119 @@ func TestImportsGrouped(t *testing.T) {
 	}
 	if files < 100 {
 		t.Fatalf("only %d Go files read", files)
+	}
+}
+
+// maxFuncLines is the most lines a function may span, from func to its
+// closing brace, tests included.
+const maxFuncLines = 100
+
+// longFunctions returns, for each function of f declared over more than
+// maxFuncLines lines (and each function literal outside a function,
+// such as one a package variable holds), where it starts, its name and
+// its length.
+func longFunctions(fset *token.FileSet, f *ast.File) []string {
+	var long []string
+	report := func(node ast.Node, name string) {
+		start, end := fset.Position(node.Pos()), fset.Position(node.End())
+		if n := end.Line - start.Line + 1; n > maxFuncLines {
+			long = append(long, fmt.Sprintf("%s:%d: %s is %d lines", start.Filename, start.Line, name, n))
+		}
+	}
+	for _, decl := range f.Decls {
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			if d.Body == nil {
+				continue
+			}
+			name := d.Name.Name
+			if d.Recv != nil && len(d.Recv.List) == 1 {
+				name = "(" + types.ExprString(d.Recv.List[0].Type) + ")." + name
+			}
+			report(d, name)
+		case *ast.GenDecl:
+			ast.Inspect(d, func(n ast.Node) bool {
+				if lit, ok := n.(*ast.FuncLit); ok {
+					report(lit, "a function literal")
+					return false
+				}
+				return true
+			})
+		}
+	}
+	return long
+}
+
+// TestNoFunctionOver100Lines keeps every function of the module, tests
+// included, within maxFuncLines lines: a longer one is split into named
+// parts (a table into a package variable, setup into a helper, phases
+// into checks named for what they check). It reads every .go file
+// outside testdata and dot-folders.
+func TestNoFunctionOver100Lines(t *testing.T) {
+	files := 0
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "." && (name == "testdata" || strings.HasPrefix(name, ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		files++
+		for _, l := range longFunctions(fset, f) {
+			t.Errorf("%s; at most %d: split it into named parts", l, maxFuncLines)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("only %d Go files read", files)
+	}
+}
+
+// TestLongFunctionsCountsLines checks the measure TestNoFunctionOver100Lines
+// applies: a function of maxFuncLines lines passes, one line more does
+// not, for a function, a method and a package variable's function
+// literal alike.
+func TestLongFunctionsCountsLines(t *testing.T) {
+	body := func(lines int) string { // a body spanning lines lines, braces included
+		return "{\n" + strings.Repeat("\t_ = 0\n", lines-2) + "}\n"
+	}
+	src := "package p\n\ntype T struct{}\n\n" +
+		"func fits() " + body(maxFuncLines) + "\n" +
+		"func tooLong() " + body(maxFuncLines+1) + "\n" +
+		"func (*T) method() " + body(maxFuncLines+1) + "\n" +
+		"var v = func() " + body(maxFuncLines+1) + "\n" +
+		"var w = func() " + body(maxFuncLines) + "\n" +
+		"func outer() {\n\t_ = func() " + body(maxFuncLines-2) + "}\n"
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "p.go", src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(longFunctions(fset, f), "\n")
+	// fits starts on line 5; each declaration is followed by a blank line.
+	tooLong := 5 + maxFuncLines + 1
+	method := tooLong + maxFuncLines + 2
+	v := method + maxFuncLines + 2
+	want := strings.Join([]string{
+		fmt.Sprintf("p.go:%d: tooLong is %d lines", tooLong, maxFuncLines+1),
+		fmt.Sprintf("p.go:%d: (*T).method is %d lines", method, maxFuncLines+1),
+		fmt.Sprintf("p.go:%d: a function literal is %d lines", v, maxFuncLines+1),
+	}, "\n")
+	if got != want {
+		t.Errorf("long functions:\n%s\nwant:\n%s", got, want)
 	}
 }
