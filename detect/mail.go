@@ -70,6 +70,9 @@ func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if !cfg.MailOn() {
+		return nil, errors.New("alerts.smtp_host: required for mail")
+	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = DefaultMailQueue
 	}
@@ -177,7 +180,10 @@ func (m *Mailer) SendNow(subject, body string) (reply string, err error) {
 // sendOnce makes one delivery attempt over a new connection, and returns
 // the server's answer to the message.
 func (m *Mailer) sendOnce(msg message) (string, error) {
-	mm := gomail.NewMsg()
+	// 8bit: the body is sent as written, UTF-8, so that it reads cleanly
+	// in a terminal mail reader (quoted-printable, go-mail's default,
+	// shows "=3D" and soft line breaks there). Bodies are short lines.
+	mm := gomail.NewMsg(gomail.WithEncoding(gomail.NoEncoding))
 	if err := mm.From(m.cfg.From); err != nil {
 		return "", fmt.Errorf("from: %w", err)
 	}
