@@ -252,13 +252,7 @@ func (s *Server) read(c echo.Context, start time.Time, id keys.Identity, plan bu
 		t.Fail(ctx, cost)
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
-		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "err", err)
-		if errors.Is(err, ocr.ErrKeyRefused) {
-			// Every read fails until the operator fixes the key: say so
-			// now, not in tomorrow's digest.
-			s.alert(detect.KindUpstreamKeyRefused, "Gemini refused GEMINI_API_KEY: every read fails (502) until the key is fixed",
-				map[string]string{"error": err.Error()})
-		}
+		s.log.Warn("upstream read failed", "user", id.UserID, "request_id", requestID(c), "reason", ReasonOf(err), "err", err)
 		return errUpstream
 	}
 	return s.record(c, ctx, t, plan, id, event, s.usageRecord(c, start, id, res, in, cost, latency), res, in, key)
@@ -387,6 +381,7 @@ func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 		calls = m.callsFailed
 	}
 	calls.Inc()
+	s.noteUpstream(err) // its reason, and the alerts it calls for
 	m.upstreamLatency.Observe(d.Seconds())
 	m.promptTokens.Add(float64(u.PromptTokens))
 	m.outputTokens.Add(float64(u.CandidatesTokens))
