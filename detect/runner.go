@@ -391,17 +391,33 @@ func plural[N int | int64](n N, noun string) string {
 	return fmt.Sprintf("%d %ss", n, noun)
 }
 
-// namesText lists names, escaped, and how many of total it leaves out.
+// namesText lists names, escaped, and how many of total it leaves out,
+// wrapped after about 72 columns onto lines indented like the first
+// (users' ids may be 128 bytes each: one line could pass the 998 bytes a
+// mail line may hold).
 func namesText(names []string, total int64) string {
-	esc := make([]string, len(names))
+	const indent = "\n           "
+	var b strings.Builder
+	col := 0
 	for i, n := range names {
-		esc[i] = Escape(n)
+		item := Escape(n)
+		if i < len(names)-1 {
+			item += ","
+		}
+		if col > 0 && col+1+len(item) > 60 {
+			b.WriteString(indent)
+			col = 0
+		} else if col > 0 {
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(item)
+		col += len(item)
 	}
-	s := strings.Join(esc, ", ")
 	if more := total - int64(len(names)); more > 0 {
-		s += fmt.Sprintf(" and %d more", more)
+		fmt.Fprintf(&b, " and %d more", more)
 	}
-	return s
+	return b.String()
 }
 
 // FiguresText formats a finding's figures as "key=value ..." in key order.
