@@ -265,3 +265,22 @@ func TestDigestMail(t *testing.T) {
 	}
 	golden(t, "digest.txt", body)
 }
+
+// The manual switch has no value and no reopening time: the alert says
+// how to release it, and gives the day's figures.
+func TestBrakeAlertOfTheManualSwitch(t *testing.T) {
+	f := detect.BudgetFigures{Calls: 12, DayMicroUSD: 40_000, MonthMicroUSD: 1_250_000}
+	summary, details := detect.BrakeAlert("manual", f, time.Date(2026, 3, 4, 15, 0, 0, 0, time.UTC), time.UTC)
+	if !strings.Contains(summary, "manual switch") {
+		t.Errorf("summary %q", summary)
+	}
+	for k, want := range map[string]string{
+		"ceiling":    "manual (breakwater brake on)",
+		"count":      "12 calls and $0.04 today, $1.25 this month",
+		"reopens at": "when the operator releases it: breakwater brake off",
+	} {
+		if got := details[k]; got != want {
+			t.Errorf("%s: %q, want %q", k, got, want)
+		}
+	}
+}
