@@ -140,10 +140,11 @@ type watched struct {
 	of              func(BudgetFigures) (figure int64, period string)
 }
 
-func (w *Warner) watch(c string, now time.Time, f BudgetFigures) watched {
-	l := now.In(w.o.Location)
-	dayStart := time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, w.o.Location)
-	day := func(t time.Time) string { return t.In(w.o.Location).Format("2006-01-02") }
+// watchOf is ceiling c's figure, value and period at now in loc.
+func watchOf(c string, now time.Time, f BudgetFigures, loc *time.Location) watched {
+	l := now.In(loc)
+	dayStart := time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, loc)
+	day := func(t time.Time) string { return t.In(loc).Format("2006-01-02") }
 	switch c {
 	case CeilingDailyRequests:
 		return watched{figure: f.Calls, ceiling: f.DailyRequests, period: day, periodStart: dayStart, reopens: dayStart.AddDate(0, 0, 1),
@@ -152,9 +153,9 @@ func (w *Warner) watch(c string, now time.Time, f BudgetFigures) watched {
 		return watched{figure: f.DayMicroUSD, ceiling: f.DailyMicroUSD, money: true, period: day, periodStart: dayStart, reopens: dayStart.AddDate(0, 0, 1),
 			of: func(f BudgetFigures) (int64, string) { return f.DayMicroUSD, f.Day }}
 	}
-	monthStart := time.Date(l.Year(), l.Month(), 1, 0, 0, 0, 0, w.o.Location)
+	monthStart := time.Date(l.Year(), l.Month(), 1, 0, 0, 0, 0, loc)
 	return watched{figure: f.MonthMicroUSD, ceiling: f.MonthlyMicroUSD, money: true,
-		period: func(t time.Time) string { return t.In(w.o.Location).Format("2006-01") }, periodStart: monthStart, reopens: monthStart.AddDate(0, 1, 0),
+		period: func(t time.Time) string { return t.In(loc).Format("2006-01") }, periodStart: monthStart, reopens: monthStart.AddDate(0, 1, 0),
 		of: func(f BudgetFigures) (int64, string) { return f.MonthMicroUSD, f.Month }}
 }
 
@@ -162,7 +163,7 @@ func (w *Warner) watch(c string, now time.Time, f BudgetFigures) watched {
 // figure has reached and that was not sent this period; the lower shares
 // reached with it are stored as sent, so they do not follow.
 func (w *Warner) checkCeiling(c string, now time.Time, f BudgetFigures) {
-	wt := w.watch(c, now, f)
+	wt := watchOf(c, now, f, w.o.Location)
 	if wt.ceiling <= 0 {
 		return
 	}
@@ -282,8 +283,7 @@ func BrakeAlert(ceiling string, f BudgetFigures, now time.Time, loc *time.Locati
 				"reopens at": "when the operator releases it: breakwater brake off",
 			}
 	}
-	w := &Warner{o: WarnerOptions{Location: loc}}
-	wt := w.watch(ceiling, now, f)
+	wt := watchOf(ceiling, now, f, loc)
 	amount := func(v int64) string {
 		if wt.money {
 			return usdText(v)

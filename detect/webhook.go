@@ -198,7 +198,12 @@ func (w *Webhook) SendNow(ctx context.Context, n Notice) (string, error) {
 	}
 	resp, err := w.o.Client.Do(req)
 	if err != nil {
-		return "", errors.New(Escape(strings.ReplaceAll(err.Error(), w.url, "$"+w.cfg.URLEnv)))
+		// The URL is a secret: say what failed without it.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("post to $%s: %s", w.cfg.URLEnv, Escape(strings.ReplaceAll(err.Error(), w.url, "$"+w.cfg.URLEnv)))
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 200))

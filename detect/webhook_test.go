@@ -278,3 +278,19 @@ func TestWebhookConfigValidation(t *testing.T) {
 		t.Errorf("warn_at = [] became %v, want it kept off", got)
 	}
 }
+
+// A receiver that cannot be reached: the error names the variable, never
+// the URL (a secret), even one with a login in it.
+func TestWebhookErrorHidesTheURL(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	secretURL := strings.Replace(srv.URL, "http://", "http://user:pw@", 1) + "/T000/B000/XXXXsecretpath"
+	srv.Close() // nothing listens there now
+	w := newWebhook(t, detect.FormatSlack, secretURL, "", detect.WebhookOptions{Timeout: 5 * time.Second})
+	_, err := w.SendNow(context.Background(), testNotice())
+	if err == nil || !strings.Contains(err.Error(), "$HOOK_URL") {
+		t.Fatalf("SendNow = %v, want an error naming $HOOK_URL", err)
+	}
+	if strings.Contains(err.Error(), "secretpath") || strings.Contains(err.Error(), "pw") {
+		t.Errorf("the error shows the URL: %v", err)
+	}
+}
