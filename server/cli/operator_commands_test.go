@@ -129,3 +129,22 @@ func TestAlertsTestWebhooks(t *testing.T) {
 		t.Errorf("a webhook URL, a secret, was printed: %s %v", out.String(), err)
 	}
 }
+
+// config check says where alerts go: each webhook by the variable that
+// holds its URL, and that an unset one would be left out.
+func TestConfigCheckNamesAlertChannels(t *testing.T) {
+	path := writeConfig(t, fmt.Sprintf("[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n[alerts]\nwarn_at = []\n"+
+		"[[alerts.webhook]]\nformat = \"ntfy\"\nurl_env = \"NTFY_URL\"\nsecret_env = \"NTFY_SECRET\"\n", filepath.Join(t.TempDir(), "bw.db")))
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"webhook 1: ntfy to $NTFY_URL, signed with $NTFY_SECRET", "warning: NTFY_URL is not set", "no early warning"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("config check printed %q, want %q", out.String(), want)
+		}
+	}
+	if strings.Contains(out.String(), "mail: alerts go to") {
+		t.Errorf("config check says mail is on without smtp_host:\n%s", out.String())
+	}
+}
