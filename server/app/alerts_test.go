@@ -1,9 +1,20 @@
 package app
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"image"
+	"image/png"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"breakwater/detect"
 )
@@ -61,4 +72,70 @@ func TestWebhooksFromTheEnvironment(t *testing.T) {
 		t.Errorf("name %q", got[1].Name)
 	}
 	got[1].Hook.Close(t.Context())
+}
+
+// Through the whole App: a webhook without mail gets the alert of an
+// upstream refusal that stops every read, signed, in the json format.
+func TestAppSendsAlertsToAWebhookWithoutMail(t *testing.T) {
+	gemini := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":{"code":429,"message":"Your prepayment credits are depleted. Please go to AI Studio at https://ai.studio/projects to manage your project and billing.","status":"RESOURCE_EXHAUSTED"}}`)
+	}))
+	defer gemini.Close()
+	got := make(chan *http.Request, 4)
+	bodies := make(chan []byte, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- r
+		bodies <- b
+	}))
+	defer hook.Close()
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n[ocr]\nbase_url = %q\n"+minimal+
+		"[alerts]\ndashboard_url = \"https://ops.example/admin/dashboard\"\n[[alerts.webhook]]\nformat = \"json\"\nurl_env = \"HOOK_URL\"\nsecret_env = \"HOOK_SECRET\"\n",
+		filepath.Join(t.TempDir(), "bw.db"), gemini.URL))
+	secrets := map[string]string{"GEMINI_API_KEY": "k", "HOOK_URL": hook.URL, "HOOK_SECRET": "s3cret"}
+	cfg, err := Load(path, env(secrets))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Open(context.Background(), cfg, Options{Getenv: env(secrets)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	key, _, err := a.keys.Create("alice", "free")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var img bytes.Buffer
+	png.Encode(&img, image.NewGray(image.Rect(0, 0, 8, 8)))
+	req, _ := http.NewRequest(http.MethodPost, "http://"+a.Addr()+"/v1/ocr", &img)
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "image/png")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502", resp.StatusCode)
+	}
+	select {
+	case r := <-got:
+		body := <-bodies
+		if sig := r.Header.Get(detect.SignatureHeader); sig != detect.Sign("s3cret", body) {
+			t.Errorf("signature %q", sig)
+		}
+		var n detect.JSONNotice
+		if err := json.Unmarshal(body, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.Kind != detect.KindUpstreamCredits || n.Severity != detect.SeverityCritical || n.Dashboard != "https://ops.example/admin/dashboard" ||
+			n.Details["reason"] != "credits_depleted" {
+			t.Errorf("notice %+v", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the webhook got no alert")
+	}
 }
