@@ -139,3 +139,33 @@ func TestAppSendsAlertsToAWebhookWithoutMail(t *testing.T) {
 		t.Fatal("the webhook got no alert")
 	}
 }
+
+// warn_at is a list of numbers; from the environment it is
+// comma-separated like every list, and a word in it is refused.
+func TestWarnAtFromTheEnvironment(t *testing.T) {
+	saved := environ
+	t.Cleanup(func() { environ = saved })
+	for _, tc := range []struct {
+		value string
+		want  []float64
+		err   string
+	}{
+		{"0.6, 0.9", []float64{0.6, 0.9}, ""},
+		{"half", nil, `"half" is not a number`},
+	} {
+		environ = func() []string { return []string{"BREAKWATER_ALERTS__WARN_AT=" + tc.value} }
+		c, err := Load(writeConfig(t, minimal+"[alerts]\n"), env(map[string]string{"BREAKWATER_ALERTS__WARN_AT": tc.value}))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "alerts.warn_at") {
+				t.Errorf("%q: %v, want an error naming alerts.warn_at", tc.value, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.AlertSettings().WarnAt; !slices.Equal(got, tc.want) {
+			t.Errorf("%q: warn_at %v, want %v", tc.value, got, tc.want)
+		}
+	}
+}

@@ -634,6 +634,15 @@ func strictValues(from, to reflect.Type, data any) (any, error) {
 			return nil, fmt.Errorf("%v is not a whole number", f)
 		}
 		return int64(f), nil
+	case from.Kind() == reflect.String && to.Kind() == reflect.Float64:
+		// An element of a list of numbers set from the environment
+		// (BREAKWATER_ALERTS__WARN_AT=0.5,0.9), which envValue splits
+		// into strings: it must be a number all the same.
+		f, err := strconv.ParseFloat(strings.TrimSpace(data.(string)), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", data)
+		}
+		return f, nil
 	}
 	return data, nil
 }
