@@ -37,6 +37,9 @@ var actions = map[string][]string{
 	KindUpstreamModel: {
 		"Set ocr.model in config.toml to a model the API serves (the model may be retired), then restart",
 	},
+	KindUpstreamBilling: {
+		"Enable billing for the project of GEMINI_API_KEY (Google AI Studio, Billing), or run the server where the API serves the project's tier",
+	},
 	KindUpstreamRateLimited: {
 		"The project's rate or tier limit is reached: see its limits in Google AI Studio, request a higher tier, or lower [limits.user] rates",
 	},
@@ -71,6 +74,7 @@ var upstreamSummaries = map[string]string{
 	KindUpstreamSpendCap:    "Gemini refused calls: the project's spend cap is reached; every read fails (502) until it is raised",
 	KindUpstreamCredits:     "Gemini refused calls: the project's prepaid credits are used up; every read fails (502) until more are bought",
 	KindUpstreamModel:       "Gemini does not serve ocr.model (not found or retired): every read fails (502) until it is changed",
+	KindUpstreamBilling:     "Gemini refused calls: the project's billing is off or not set up; every read fails (502) until it is",
 	KindUpstreamRateLimited: "Gemini refused calls in a row for its rate or tier limit (429 RESOURCE_EXHAUSTED): reads fail (502) while it lasts",
 }
 

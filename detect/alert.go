@@ -31,6 +31,9 @@ const (
 	// KindUpstreamModel: the upstream does not know ocr.model (not found
 	// or retired): every read fails.
 	KindUpstreamModel = "upstream_model_not_found"
+	// KindUpstreamBilling: the upstream refused a call because the
+	// project's billing is off or not set up: every read fails.
+	KindUpstreamBilling = "upstream_billing"
 	// KindUpstreamRateLimited: a run of calls refused by the upstream's
 	// rate or tier limit (429 RESOURCE_EXHAUSTED); one alone is no alert.
 	KindUpstreamRateLimited = "upstream_rate_limited"
@@ -48,7 +51,7 @@ const (
 // criticalKinds stop reads: every call is refused or fails.
 var criticalKinds = map[string]bool{
 	KindBrakeEngaged: true, KindUsageCommitFailed: true, KindUpstreamKeyRefused: true,
-	KindUpstreamSpendCap: true, KindUpstreamCredits: true, KindUpstreamModel: true,
+	KindUpstreamSpendCap: true, KindUpstreamCredits: true, KindUpstreamModel: true, KindUpstreamBilling: true,
 }
 
 // SeverityOf is the severity of an alert of kind.

@@ -33,13 +33,17 @@ var (
 	// ErrModelNotFound: the upstream does not serve ocr.model (Reason
 	// "model_not_found").
 	ErrModelNotFound = errors.New("ocr: the upstream does not serve the model")
+	// ErrBilling: the project's billing is off or its precondition unmet
+	// (Reason "billing").
+	ErrBilling = errors.New("ocr: the upstream project's billing is off or not set up")
 )
 
 // StopsEveryRead reports whether err is an upstream refusal that every
 // read will meet until the operator acts: the key refused, the spend cap
-// reached, the prepaid credits used up, the model unknown.
+// reached, the prepaid credits used up, the model unknown, billing off.
 func StopsEveryRead(err error) bool {
-	return errors.Is(err, ErrKeyRefused) || errors.Is(err, ErrSpendCap) || errors.Is(err, ErrCreditsDepleted) || errors.Is(err, ErrModelNotFound)
+	return errors.Is(err, ErrKeyRefused) || errors.Is(err, ErrSpendCap) || errors.Is(err, ErrCreditsDepleted) ||
+		errors.Is(err, ErrModelNotFound) || errors.Is(err, ErrBilling)
 }
 
 // UpstreamError is any failed upstream call; HTTP layers map it to 502.
@@ -265,6 +269,7 @@ var refusalLog = map[string]string{
 	ReasonSpendCap:      "the upstream refused the call: the project's spend cap is reached",
 	ReasonCredits:       "the upstream refused the call: the project's prepaid credits are depleted",
 	ReasonModelNotFound: "the upstream refused the call: it does not serve ocr.model",
+	ReasonBilling:       "the upstream refused the call: the project's billing is off or not set up",
 }
 
 // statusError turns a non-2xx response into an *UpstreamError. The
@@ -281,6 +286,8 @@ func statusError(status int, data []byte) *UpstreamError {
 	case status == http.StatusTooManyRequests && (strings.Contains(msg, "spend cap") || strings.Contains(msg, "spending cap") ||
 		strings.Contains(msg, "spend limit") || strings.Contains(msg, "spending limit")):
 		return &UpstreamError{Status: status, Reason: ReasonSpendCap, Err: ErrSpendCap}
+	case (status == http.StatusForbidden && billingOff(eb)) || (status == http.StatusBadRequest && eb.Error.Status == "FAILED_PRECONDITION"):
+		return &UpstreamError{Status: status, Reason: ReasonBilling, Err: ErrBilling}
 	case status == http.StatusUnauthorized || status == http.StatusForbidden || (status == http.StatusBadRequest && keyInvalid(data)):
 		return &UpstreamError{Status: status, Reason: ReasonAuth, Err: ErrKeyRefused}
 	case status == http.StatusNotFound && eb.Error.Status == "NOT_FOUND":
@@ -293,6 +300,17 @@ func statusError(status int, data []byte) *UpstreamError {
 		word = ReasonUnknown
 	}
 	return &UpstreamError{Status: status, Reason: word}
+}
+
+// billingOff reports whether a 403 body says the project's billing is
+// off rather than the key refused.
+func billingOff(eb errorBody) bool {
+	for _, d := range eb.Error.Details {
+		if d.Reason == "BILLING_DISABLED" {
+			return true
+		}
+	}
+	return strings.Contains(strings.ToLower(eb.Error.Message), "billing to be enabled")
 }
 
 // keyInvalid reports whether a 400 body says the API key is bad.

@@ -60,6 +60,10 @@ const (
 	// ReasonModelNotFound: a 404 NOT_FOUND, the model unknown or retired;
 	// Err is ErrModelNotFound.
 	ReasonModelNotFound = "model_not_found"
+	// ReasonBilling: the project's billing is off or a precondition of
+	// it is not met (403 BILLING_DISABLED, 400 FAILED_PRECONDITION: the
+	// free tier not offered where the server runs); Err is ErrBilling.
+	ReasonBilling = "billing"
 	// ReasonRateLimited: any other 429 RESOURCE_EXHAUSTED, the project's
 	// rate or tier limit: worth one retry.
 	ReasonRateLimited = "rate_limited"

@@ -24,6 +24,8 @@ func TestGeminiRefusalsToldApart(t *testing.T) {
 		{"credits depleted (429)", reply{429, "err_429_credits.json", ""}, ReasonCredits, ErrCreditsDepleted, 1},
 		{"credits depleted (403)", reply{403, "err_403_credits.json", ""}, ReasonCredits, ErrCreditsDepleted, 1},
 		{"model not found", reply{404, "err_404_model.json", ""}, ReasonModelNotFound, ErrModelNotFound, 1},
+		{"billing disabled", reply{403, "err_403_billing.json", ""}, ReasonBilling, ErrBilling, 1},
+		{"free tier not offered", reply{400, "err_400_precondition.json", ""}, ReasonBilling, ErrBilling, 1},
 		{"rate limit", reply{429, "err_429.json", ""}, ReasonRateLimited, nil, 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,7 +21,7 @@ const RefusalCountsLayer = "refusal_counts"
 // alertKinds are the immediate alerts the service raises.
 var alertKinds = []string{detect.KindBrakeEngaged, detect.KindUsageCommitFailed, detect.KindFailOpen,
 	detect.KindInviteNet, detect.KindUpstreamKeyRefused, detect.KindUpstreamSpendCap, detect.KindUpstreamCredits,
-	detect.KindUpstreamModel, detect.KindUpstreamRateLimited}
+	detect.KindUpstreamModel, detect.KindUpstreamBilling, detect.KindUpstreamRateLimited}
 
 // inviteReasons are the reasons of breakwater_invite_refusals_total.
 var inviteReasons = []string{reasonInvalid, reasonExpired, reasonUsedUp, reasonRevoked,

@@ -20,7 +20,7 @@ const RateLimitRun = 5
 // upstreamReasons are the reasons of breakwater_upstream_failures_total
 // that exist from start at 0; the upstream's other status words are added
 // as they are seen.
-var upstreamReasons = []string{ocr.ReasonAuth, ocr.ReasonSpendCap, ocr.ReasonCredits, ocr.ReasonModelNotFound,
+var upstreamReasons = []string{ocr.ReasonAuth, ocr.ReasonSpendCap, ocr.ReasonCredits, ocr.ReasonModelNotFound, ocr.ReasonBilling,
 	ocr.ReasonRateLimited, ocr.ReasonTimeout, ocr.ReasonTransport, ocr.ReasonBadOutput, ocr.ReasonBlocked, ocr.ReasonUnknown}
 
 // refusalKinds are the alert kinds of the upstream refusals that stop
@@ -28,12 +28,13 @@ var upstreamReasons = []string{ocr.ReasonAuth, ocr.ReasonSpendCap, ocr.ReasonCre
 var refusalKinds = map[string]string{
 	ocr.ReasonAuth: detect.KindUpstreamKeyRefused, ocr.ReasonSpendCap: detect.KindUpstreamSpendCap,
 	ocr.ReasonCredits: detect.KindUpstreamCredits, ocr.ReasonModelNotFound: detect.KindUpstreamModel,
+	ocr.ReasonBilling: detect.KindUpstreamBilling,
 }
 
 func newUpstreamFailures() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "breakwater_upstream_failures_total",
-		Help: "Failed upstream calls by reason: auth, spend_cap, credits_depleted, model_not_found, rate_limited, timeout, transport, bad_output, blocked, or the upstream's status word.",
+		Help: "Failed upstream calls by reason: auth, spend_cap, credits_depleted, model_not_found, billing, rate_limited, timeout, transport, bad_output, blocked, or the upstream's status word.",
 	}, []string{"reason"})
 }
 

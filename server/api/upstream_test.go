@@ -18,7 +18,9 @@ var (
 	bodySpendCap   = `{"error":{"code":429,"message":"Your project has exceeded its monthly spend cap. Please go to AI Studio at https://ai.studio/projects to manage your project and billing.","status":"RESOURCE_EXHAUSTED"}}`
 	bodyCredits    = `{"error":{"code":429,"message":"Your prepayment credits are depleted. Please go to AI Studio at https://ai.studio/projects to manage your project and billing.","status":"RESOURCE_EXHAUSTED"}}`
 	bodyNotFound   = `{"error":{"code":404,"message":"models/gemini-1.5-flash is not found for API version v1beta, or is not supported for generateContent. Call ListModels to see the list of available models and their supported methods.","status":"NOT_FOUND"}}`
-	bodyRateLimit  = `{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.","status":"RESOURCE_EXHAUSTED",` +
+	bodyBilling    = `{"error":{"code":403,"message":"This API method requires billing to be enabled. Please enable billing on project #123456789 then retry.","status":"PERMISSION_DENIED",` +
+		`"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"BILLING_DISABLED","domain":"googleapis.com"}]}}`
+	bodyRateLimit = `{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.","status":"RESOURCE_EXHAUSTED",` +
 		`"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"1s"}]}}`
 )
 
@@ -43,6 +45,7 @@ func TestUpstreamRefusalsToldApart(t *testing.T) {
 		{"spend cap", bodySpendCap, "spend_cap", detect.KindUpstreamSpendCap, 429},
 		{"credits depleted", bodyCredits, "credits_depleted", detect.KindUpstreamCredits, 429},
 		{"model not found", bodyNotFound, "model_not_found", detect.KindUpstreamModel, 404},
+		{"billing disabled", bodyBilling, "billing", detect.KindUpstreamBilling, 403},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &recordingAlerter{}
