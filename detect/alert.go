@@ -227,6 +227,22 @@ func (a *Alerter) AlertOnce(kind string, period func(time.Time) string, summary 
 	return true
 }
 
+// Rearm forgets that alerts of kinds were sent, in memory and in the
+// store (a state with no SentAt), so that each may be sent again: the
+// early warnings of a ceiling the operator raised.
+func (a *Alerter) Rearm(kinds ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range kinds {
+		if last, ok := a.last[k]; !ok || last.SentAt.IsZero() || a.queue.Closed() {
+			continue
+		}
+		st := AlertState{Kind: k}
+		a.last[k] = st
+		a.queue.Push(pending{st: st, silent: true})
+	}
+}
+
 // SentIn reports whether an alert of kind was sent in the period of now.
 func (a *Alerter) SentIn(kind string, period func(time.Time) string, now time.Time) bool {
 	a.mu.Lock()
@@ -254,7 +270,9 @@ func (a *Alerter) Recent() []AlertState {
 	defer a.mu.Unlock()
 	out := make([]AlertState, 0, len(a.last))
 	for _, st := range a.last {
-		out = append(out, st)
+		if !st.SentAt.IsZero() { // not a re-armed warning
+			out = append(out, st)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SentAt.After(out[j].SentAt) })
 	return out

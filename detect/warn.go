@@ -66,6 +66,9 @@ type Warner struct {
 	figures func(time.Time) BudgetFigures
 	o       WarnerOptions
 	samples []sample // the last rateWindow of figures, oldest first
+	// ceilings are the values last seen, by ceiling name: a raised
+	// ceiling re-arms the shares the figure no longer reaches.
+	ceilings map[string]int64
 }
 
 type sample struct {
@@ -92,7 +95,7 @@ func NewWarner(a *Alerter, figures func(time.Time) BudgetFigures, o WarnerOption
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Warner{a: a, figures: figures, o: o}, nil
+	return &Warner{a: a, figures: figures, o: o, ceilings: map[string]int64{}}, nil
 }
 
 // Run checks the figures every o.Every until ctx ends.
@@ -164,8 +167,21 @@ func watchOf(c string, now time.Time, f BudgetFigures, loc *time.Location) watch
 // reached with it are stored as sent, so they do not follow.
 func (w *Warner) checkCeiling(c string, now time.Time, f BudgetFigures) {
 	wt := watchOf(c, now, f, w.o.Location)
+	prev, seen := w.ceilings[c]
+	w.ceilings[c] = wt.ceiling
 	if wt.ceiling <= 0 {
 		return
+	}
+	if seen && wt.ceiling > prev {
+		// The operator raised the ceiling (the warnings' own advice): the
+		// shares the figure is now below warn again when reached.
+		var rearm []string
+		for _, s := range w.o.Shares {
+			if float64(wt.figure) < s*float64(wt.ceiling) {
+				rearm = append(rearm, WarnKind(c, s))
+			}
+		}
+		w.a.Rearm(rearm...)
 	}
 	var due []string
 	top := -1.0

@@ -284,3 +284,39 @@ func TestBrakeAlertOfTheManualSwitch(t *testing.T) {
 		}
 	}
 }
+
+// Raising a ceiling, as a warning advises, re-arms the shares the figure
+// is now below, also across a restart; the ones it still reaches are not
+// sent again.
+func TestEarlyWarningsRearmedByARaisedCeiling(t *testing.T) {
+	db := mustOpen(t)
+	c := &clock{t: time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)}
+	figures := &budgetFigures{f: detect.BudgetFigures{DayMicroUSD: 8e6, DailyMicroUSD: 10e6}}
+	h := &hook{}
+	a, w := startWarner(t, db, c, h, nil, figures)
+	w.Check(c.now()) // 80% of $10: one warning, 50% covered
+	c.add(time.Minute)
+	figures.set(func(f *detect.BudgetFigures) { f.DailyMicroUSD = 20e6 }) // raised: now 40%
+	w.Check(c.now())
+	closeAlerter(t, a)
+	if got := strings.Join(h.kinds(), " "); got != "budget_warn_daily_usd_80" {
+		t.Fatalf("warnings %s, want the 80%% one only", got)
+	}
+	h = &hook{}
+	a, w = startWarner(t, db, c, h, nil, figures) // a restart keeps the re-arming
+	c.add(time.Minute)
+	figures.set(func(f *detect.BudgetFigures) { f.DayMicroUSD = 10e6 }) // 50% of $20
+	w.Check(c.now())
+	c.add(time.Minute)
+	figures.set(func(f *detect.BudgetFigures) { f.DayMicroUSD = 16e6 }) // 80% of $20
+	w.Check(c.now())
+	closeAlerter(t, a)
+	if got := strings.Join(h.kinds(), " "); got != "budget_warn_daily_usd_50 budget_warn_daily_usd_80" {
+		t.Errorf("after raising the ceiling, warnings %s, want 50%% and 80%% again", got)
+	}
+	for _, st := range a.Recent() {
+		if st.SentAt.IsZero() {
+			t.Errorf("Recent lists a re-armed kind %s", st.Kind)
+		}
+	}
+}
