@@ -292,7 +292,7 @@ func TestGeminiReadStatus(t *testing.T) {
 		{"503 then ok", []reply{{503, "err_503.json", ""}, {200, "ok.json", ""}}, 2, 0, ""},
 		{"503 twice", []reply{{503, "err_503.json", ""}, {503, "err_503.json", ""}}, 2, 503, "UNAVAILABLE"},
 		{"429 then 503", []reply{{429, "err_429.json", ""}, {503, "err_503.json", ""}}, 2, 503, "UNAVAILABLE"},
-		{"429 twice", []reply{{429, "err_429.json", ""}}, 2, 429, "RESOURCE_EXHAUSTED"},
+		{"429 twice", []reply{{429, "err_429.json", ""}}, 2, 429, ReasonRateLimited},
 		{"500 not retried", []reply{{500, "err_500.json", ""}, {200, "ok.json", ""}}, 1, 500, "INTERNAL"},
 		{"400 not retried", []reply{{400, "err_400_invalid.json", ""}, {200, "ok.json", ""}}, 1, 400, "INVALID_ARGUMENT"},
 		{"504 not retried", []reply{{504, "", `{"error":{"code":504,"status":"DEADLINE_EXCEEDED"}}`}}, 1, 504, "DEADLINE_EXCEEDED"},
@@ -359,8 +359,8 @@ func TestGeminiReadNoRetryWithoutTime(t *testing.T) {
 	g.now = func() time.Time { return time.Now().Add(DefaultTimeout - 2*time.Second) }
 
 	_, err := g.Read(t.Context(), testImage, alwaysRetry)
-	if ue := upstreamError(t, err); ue.Status != 429 || ue.Reason != "RESOURCE_EXHAUSTED" {
-		t.Errorf("error = %d %q, want 429 RESOURCE_EXHAUSTED", ue.Status, ue.Reason)
+	if ue := upstreamError(t, err); ue.Status != 429 || ue.Reason != ReasonRateLimited {
+		t.Errorf("error = %d %q, want 429 rate_limited", ue.Status, ue.Reason)
 	}
 	if got := fake.calls.Load(); got != 1 {
 		t.Errorf("calls = %d, want 1", got)

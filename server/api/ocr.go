@@ -288,13 +288,7 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 		t.Fail(ctx, cost)
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
-		s.log.Warn("upstream read failed", "user", r.who.UserID, "request_id", r.id, "err", err)
-		if errors.Is(err, ocr.ErrKeyRefused) {
-			// Every read fails until the operator fixes the key: say so
-			// now, not in tomorrow's digest.
-			s.alert(detect.KindUpstreamKeyRefused, "Gemini refused GEMINI_API_KEY: every read fails (502) until the key is fixed",
-				map[string]string{"error": err.Error()})
-		}
+		s.log.Warn("upstream read failed", "user", r.who.UserID, "request_id", r.id, "reason", ReasonOf(err), "err", err)
 		return errUpstream
 	}
 	return s.record(ctx, r, t, event, s.usageRecord(r, res, in, cost, latency), res, in, called)
@@ -423,6 +417,7 @@ func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 		calls = m.callsFailed
 	}
 	calls.Inc()
+	s.noteUpstream(err) // its reason, and the alerts it calls for
 	m.upstreamLatency.Observe(d.Seconds())
 	m.promptTokens.Add(float64(u.PromptTokens))
 	m.outputTokens.Add(float64(u.CandidatesTokens))

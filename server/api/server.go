@@ -141,6 +141,7 @@ type Server struct {
 	csrf          formToken     // the dashboard's brake form
 	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
 	refusalLog    logEvery      // rate-limits the log lines of invite refusals
+	rateRun       atomic.Int64  // upstream calls in a row refused for its rate limit (upstream.go)
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute
