@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -251,4 +252,72 @@ func (db *DB) DeleteInvite(id string) (invites.Invite, error) {
 		return invites.Invite{}, fmt.Errorf("delete invite %s: %w", id, err)
 	}
 	return inv, nil
+}
+
+// metaInviteKey names the mark of the secret the invites are keyed with.
+const metaInviteKey = "invite_key"
+
+// ErrInviteKeyChanged is returned by RekeyInvites when the invites were
+// keyed with another secret than the one given: codes made before do not
+// verify until that secret is back. Every instance must run with the same
+// secret (BREAKWATER_SECRET): one with another gets this error.
+var ErrInviteKeyChanged = errors.New("postgres: invite codes were keyed with another server secret")
+
+// RekeyInvites makes sure every invite is stored under its keyed hash for
+// the secret mark names. The first time (no mark stored: invites under
+// their unkeyed digest, as a database copied from an old bolt file holds
+// them) it moves every invite and its redemptions from hash k to rekey(k)
+// and stores mark, in one transaction, and returns how many it moved.
+// With mark stored it does nothing; with another mark stored, nothing
+// either, and ErrInviteKeyChanged. Instances starting together take
+// turns (the mark's row is written under an advisory lock).
+func (db *DB) RekeyInvites(mark []byte, rekey func(digest [32]byte) [32]byte) (int, error) {
+	if len(mark) == 0 {
+		return 0, fmt.Errorf("rekey invites: %w: empty mark", ErrInvalid)
+	}
+	ctx, cancel := opContext()
+	defer cancel()
+	moved := 0
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		moved = 0
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLock+1); err != nil {
+			return err
+		}
+		var old []byte
+		switch err := tx.QueryRow(ctx, `SELECT value FROM meta WHERE name = $1`, metaInviteKey).Scan(&old); {
+		case err == nil && bytes.Equal(old, mark):
+			return nil
+		case err == nil:
+			return ErrInviteKeyChanged
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT hash FROM invites`)
+		if err != nil {
+			return err
+		}
+		digests, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		for _, d := range digests {
+			if len(d) != 32 {
+				return fmt.Errorf("invite %x: hash of %d bytes", d, len(d))
+			}
+			keyed := rekey([32]byte(d))
+			b.Queue(`UPDATE invites SET hash = $2 WHERE hash = $1`, d, keyed[:])
+			b.Queue(`UPDATE invite_redemptions SET hash = $2 WHERE hash = $1`, d, keyed[:])
+		}
+		b.Queue(`INSERT INTO meta (name, value) VALUES ($1, $2)`, metaInviteKey, mark)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		moved = len(digests)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("rekey invites: %w", err)
+	}
+	return moved, nil
 }

@@ -39,6 +39,13 @@ CREATE TABLE invite_redemptions (
     PRIMARY KEY (hash, email)
 );
 
+-- Marks that must hold for every instance, such as the mark of the server
+-- secret the invites are keyed with (RekeyInvites).
+CREATE TABLE meta (
+    name  text PRIMARY KEY,
+    value bytea NOT NULL
+);
+
 -- Answers kept for idempotency keys (replayed byte for byte) and for
 -- recent reads of the same image (the dedupe window), per user; and the
 -- claims of idempotency keys whose read is in flight on some instance.
