@@ -166,6 +166,22 @@ func (db *DB) Keys() ([]keys.Key, error) {
 	return list, nil
 }
 
+// Key returns the key with the given id, active or revoked, or
+// keys.ErrNotFound (wrapped): what a listener reads on a notification of
+// KindKey, rather than every key.
+func (db *DB) Key(id string) (keys.Key, error) {
+	ctx, cancel := opContext()
+	defer cancel()
+	k, err := scanKey(db.pool.QueryRow(ctx, `SELECT id, hash, user_id, created_at, revoked_at FROM api_keys WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = keys.ErrNotFound
+	}
+	if err != nil {
+		return keys.Key{}, fmt.Errorf("key %s: %w", id, err)
+	}
+	return k, nil
+}
+
 const userColumns = `id, plan, banned, created_at`
 
 func scanUser(row pgx.Row) (keys.User, error) {

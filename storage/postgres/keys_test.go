@@ -191,6 +191,12 @@ func TestKeysAcrossInstances(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Active() {
 		t.Fatalf("A's Keys() after B's revoke = %+v, %v", list, err)
 	}
+	if k, err := a.Key("k1"); err != nil || k != list[0] {
+		t.Errorf("A's Key(k1) = %+v, %v; want %+v", k, err, list[0])
+	}
+	if _, err := a.Key("nope"); !errors.Is(err, keys.ErrNotFound) {
+		t.Errorf("Key(unknown) = %v, want keys.ErrNotFound", err)
+	}
 	u, err := b.User("alice")
 	if err != nil || u.Plan != "pro" {
 		t.Fatalf("B's User(alice) = %+v, %v", u, err)
