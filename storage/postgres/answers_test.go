@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -187,5 +188,61 @@ func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
 	}
 	if _, err := a.ClaimAnswer(ctx, "alice", "", time.Minute); err == nil {
 		t.Error("a claim of an empty key succeeded")
+	}
+}
+
+// The protocol the HTTP edge follows with a kept answer and a claim: look
+// for the answer; if none, claim the key; the winner looks again, reads
+// (one upstream call) and keeps the answer with its usage record; a loser
+// waits for the kept answer. Ten requests with one key over two instances
+// make one call and all get its answer.
+func TestOneUpstreamCallPerIdempotencyKey(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	dbs := []*postgres.DB{open(t, url), open(t, url)}
+	var calls atomic.Int32
+	request := func(db *postgres.DB) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for {
+			if a, _, found, err := db.StoredAnswer("alice", "idem"); err != nil || found {
+				return a.Body, err
+			}
+			won, err := db.ClaimAnswer(ctx, "alice", "idem", time.Minute)
+			if err != nil {
+				return nil, err
+			}
+			if won {
+				if a, _, found, err := db.StoredAnswer("alice", "idem"); err != nil || found {
+					return a.Body, err
+				}
+				body := []byte(fmt.Sprintf(`{"call":%d}`, calls.Add(1)))
+				rec := readRecord("alice", t0, &budget.Answer{IdempotencyKey: "idem", Status: 200, Body: body})
+				return body, db.KeepReadAnswer(ctx, rec)
+			}
+			select { // another instance reads: wait for its answer
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	bodies := make([][]byte, 10)
+	var wg sync.WaitGroup
+	for i := range bodies {
+		wg.Go(func() {
+			var err error
+			if bodies[i], err = request(dbs[i%2]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := calls.Load(); got != 1 {
+		t.Fatalf("%d upstream calls for one idempotency key, want 1", got)
+	}
+	for i, b := range bodies {
+		if string(b) != `{"call":1}` {
+			t.Errorf("request %d got %q, want the one call's answer", i, b)
+		}
 	}
 }
