@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"breakwater/server/invites"
 )
@@ -68,6 +69,12 @@ func (db *DB) CreateInvite(inv invites.Invite) error {
 	return nil
 }
 
+// querier is what decide needs: the pool, or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // checkInviteSQL reads, in one statement, the invite under $1 (NULLs when
 // there is none) and whether e-mail $2 redeemed it. A hit and a miss cost
 // the same two index probes, so the time an answer takes does not tell
@@ -81,7 +88,7 @@ const checkInviteSQL = `SELECT i.hash, i.id, i.max_uses, i.note, i.created_at, i
 // of q: the read that follows, a statement of its own, then sees every
 // redemption committed before the lock was granted (a single SELECT ...
 // FOR UPDATE would judge them by its snapshot from before the wait).
-func decide(ctx context.Context, q pgx.Tx, hash [32]byte, email string, now time.Time, lock bool) (invites.RedeemOutcome, error) {
+func decide(ctx context.Context, q querier, hash [32]byte, email string, now time.Time, lock bool) (invites.RedeemOutcome, error) {
 	if lock {
 		if _, err := q.Exec(ctx, `SELECT 1 FROM invites WHERE hash = $1 FOR UPDATE`, hash[:]); err != nil {
 			return invites.InviteUnknown, err
@@ -106,16 +113,11 @@ func decide(ctx context.Context, q pgx.Tx, hash [32]byte, email string, now time
 
 // CheckInvite tells what RedeemInvite(hash, email, now) would give,
 // without writing anything: invites.InviteUnknown when no invite has that
-// hash. Only RedeemInvite's answer is binding.
+// hash, from one statement. Only RedeemInvite's answer is binding.
 func (db *DB) CheckInvite(hash [32]byte, email string, now time.Time) (invites.RedeemOutcome, error) {
 	ctx, cancel := opContext()
 	defer cancel()
-	var outcome invites.RedeemOutcome
-	err := pgx.BeginTxFunc(ctx, db.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var err error
-		outcome, err = decide(ctx, tx, hash, email, now, false)
-		return err
-	})
+	outcome, err := decide(ctx, db.pool, hash, email, now, false)
 	if err != nil {
 		return invites.InviteUnknown, fmt.Errorf("check invite: %w", err)
 	}

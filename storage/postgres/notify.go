@@ -61,7 +61,7 @@ func notifyTx(ctx context.Context, tx pgx.Tx, kind, id string) error {
 // the first included (a change made between the caller's load and the
 // LISTEN would be missed otherwise), it calls fn(KindResync, ""). fn runs
 // on Listen's goroutine: a slow fn delays the next notification, not
-// another instance.
+// another instance. Close does not end Listen: cancel ctx first.
 func (db *DB) Listen(ctx context.Context, fn func(kind, id string)) error {
 	wait := listenBackoffMin
 	for {
