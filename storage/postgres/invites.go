@@ -323,3 +323,34 @@ func (db *DB) RekeyInvites(mark []byte, rekey func(digest [32]byte) [32]byte) (i
 	}
 	return moved, nil
 }
+
+// ImportInvite stores inv as it is, its use count included, with the
+// e-mails that redeemed it, in one transaction: for copying a bolt
+// database (`breakwater migrate --from`). An invite whose hash or id is
+// already stored is left as it is and reported false, so a second copy
+// copies nothing twice.
+func (db *DB) ImportInvite(inv invites.Invite, redeemed []Redemption) (bool, error) {
+	if inv.ID == "" || inv.Hash == [32]byte{} || inv.CreatedAt.IsZero() {
+		return false, fmt.Errorf("import invite %s: %w: no id, hash or creation time", inv.ID, ErrInvalid)
+	}
+	ctx, cancel := opContext()
+	defer cancel()
+	copied := false
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO invites (`+inviteColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`,
+			inv.Hash[:], inv.ID, inv.MaxUses, inv.Note, inv.CreatedAt, nullTime(inv.ExpiresAt), nullTime(inv.RevokedAt), inv.Used)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		copied = true
+		b := &pgx.Batch{}
+		for _, r := range redeemed {
+			b.Queue(`INSERT INTO invite_redemptions (hash, email, at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, inv.Hash[:], r.Email, r.At)
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return false, fmt.Errorf("import invite %s: %w", inv.ID, err)
+	}
+	return copied, nil
+}
