@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,7 +91,7 @@ func (db *DB) EachEvent(from, to time.Time, fn func(detect.Event) error) error {
 func (db *DB) eventPage(page []detect.Event, at time.Time, id int64, to time.Time) ([]detect.Event, time.Time, int64, error) {
 	ctx, cancel := opContext()
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT id, `+joinColumns(eventColumns)+` FROM events
+	rows, err := db.pool.Query(ctx, `SELECT id, `+strings.Join(eventColumns, ", ")+` FROM events
 		WHERE (at, id) > ($1, $2) AND at < $3 ORDER BY at, id LIMIT $4`, at, id, to, eventPage)
 	if err != nil {
 		return page, at, id, err
@@ -106,17 +107,6 @@ func (db *DB) eventPage(page []detect.Event, at time.Time, id int64, to time.Tim
 		page = append(page, e)
 	}
 	return page, at, id, rows.Err()
-}
-
-func joinColumns(cols []string) string {
-	s := ""
-	for i, c := range cols {
-		if i > 0 {
-			s += ", "
-		}
-		s += c
-	}
-	return s
 }
 
 // Events returns the statistics events with from <= Time < to, all at
