@@ -60,6 +60,21 @@ type Ledger interface {
 	Settle(ctx context.Context, s Settlement) error
 }
 
+// SharedLedger is a ledger that several instances of the service write at
+// once (PostgreSQL). Deciding from one instance's memory whether a lease
+// fits would let each instance spend the whole budget; with a shared
+// ledger, Global asks the ledger instead, and a lease is taken only if
+// every ceiling still holds after it.
+type SharedLedger interface {
+	Ledger
+	// LeaseUnder adds calls and microUSD to day's totals and its month's
+	// durably only if every ceiling of lim that is on still holds after
+	// it, and in the same transaction subtracts each giveBack from its own
+	// day (whether or not the lease fits). It reports whether the lease
+	// was taken, and the day's and month's totals after the transaction.
+	LeaseUnder(ctx context.Context, day string, calls, microUSD int64, lim Ceilings, giveBack ...LedgerDay) (SharedTotals, bool, error)
+}
+
 // Reservation is one upstream call's claim on the global budget.
 type Reservation struct {
 	// ID is the ledger's id of a reservation row, as versions before
@@ -129,6 +144,15 @@ type Global struct {
 	// topUp serialises lease writes, so that committers that need more
 	// headroom at once share one write. It is never held under mu.
 	topUp sync.Mutex
+
+	// shared is the ledger when other instances write it too: then a
+	// top-up is taken only if the ledger's totals, every instance's, stay
+	// under the ceilings (see topUpShared), and the totals it returns
+	// refresh this instance's view.
+	shared SharedLedger
+	// lastNow is the latest clock reading Claim or Check was given, for
+	// the retry-after of a refusal that Commit makes.
+	lastNow time.Time
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -151,11 +175,13 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 	if ledger == nil || loc == nil {
 		return nil, errors.New("budget: the global budget needs a ledger and a time zone")
 	}
-	return &Global{
+	g := &Global{
 		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg),
 		day: state.Day, requests: state.Requests, spend: state.Spend,
 		month: state.Month, monthSpend: state.MonthSpend,
-	}, nil
+	}
+	g.shared, _ = ledger.(SharedLedger)
+	return g, nil
 }
 
 // SetConfig applies new ceilings at once; what was spent is kept. A lease
@@ -181,6 +207,9 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(g.cal.Keys(now))
+	if now.After(g.lastNow) {
+		g.lastNow = now
+	}
 	if err := g.check(worst, now); err != nil {
 		return Reservation{}, err
 	}
@@ -237,7 +266,11 @@ func (g *Global) SetManual(on bool) {
 }
 
 // Commit covers a claim with durable budget, so that it still counts
-// after a crash; call it once per claim, before the upstream call. It takes the claim from
+// after a crash; call it once per claim, before the upstream call. With a
+// SharedLedger, a top-up the ledger refuses (other instances have taken
+// the room) refuses the claim with a *PausedError: the claim is dropped
+// (r.Day becomes "", so settling it writes nothing) and the call must not
+// be made. It takes the claim from
 // the lease when the lease holds a call and the claim's worst case, with
 // no write; otherwise it tops the lease up with one durable write (shared
 // by the committers waiting for it) and takes the claim from that. If the
@@ -257,6 +290,9 @@ func (g *Global) Commit(ctx context.Context, r *Reservation) error {
 	defer g.topUp.Unlock()
 	if g.take(r) { // another committer's top-up had room for this claim too
 		return nil
+	}
+	if g.shared != nil {
+		return g.topUpShared(ctx, r)
 	}
 	return g.topUpFor(ctx, r)
 }

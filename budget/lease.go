@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -248,4 +249,137 @@ func monthOf(day string) string {
 		return ""
 	}
 	return day[:len("2006-01")]
+}
+
+// sharedTries bounds the top-ups of one claim on a shared ledger: a
+// refused top-up is tried again, sized from the ledger's fresh totals, as
+// long as they leave room for a smaller one.
+const sharedTries = 3
+
+// topUpShared is topUpFor on a ledger other instances write too: the
+// ledger takes the top-up only if its totals stay under every ceiling,
+// and returns them, which refresh this instance's view of the day and the
+// month (the other instances' calls included). A refused top-up is tried
+// again sized from the fresh totals (near a ceiling, one call); if even
+// that does not fit, the claim is refused with a *PausedError and dropped.
+// g.topUp is held.
+func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
+	var next int64 // the size of the next try, from the totals of a refusal
+	for try := 1; ; try++ {
+		g.mu.Lock()
+		day := r.Day
+		n := int64(1)
+		var hand DayTotals
+		if day == g.day {
+			hand, g.lease = g.lease, DayTotals{}
+			n = g.leaseSize(r.Worst)
+			if next > 0 {
+				n = min(n, next)
+			}
+		}
+		calls := max(0, n-hand.Requests)
+		spend := max(0, n*r.Worst-hand.SpendMicroUSD)
+		give := slices.Clone(g.giveBack)
+		lim := Ceilings{DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro}
+		g.mu.Unlock()
+
+		tot, ok, err := g.shared.LeaseUnder(ctx, day, calls, spend, lim, give...)
+
+		g.mu.Lock()
+		if err != nil {
+			if hand != (DayTotals{}) {
+				cover(&hand, r)
+			} else {
+				g.coverFromGiveBack(r)
+			}
+			g.keep(day, hand)
+			g.mu.Unlock()
+			return fmt.Errorf("%w: %w", ErrLedger, err)
+		}
+		g.gaveBack(give) // given back whether or not the lease fitted
+		if ok {
+			hand.Requests += calls
+			hand.SpendMicroUSD += spend
+			cover(&hand, r)
+		}
+		g.keep(day, hand)
+		g.refresh(day, tot, ok, r)
+		if ok {
+			g.mu.Unlock()
+			return nil
+		}
+		next = min(n-1, fits(tot, hand, r.Worst, lim))
+		if try < sharedTries && next >= 1 {
+			g.mu.Unlock()
+			continue
+		}
+		err = g.refuseShared(r, lim, tot, calls, spend)
+		g.mu.Unlock()
+		return err
+	}
+}
+
+// fits is how many calls at worst a lease may hold, counting hand (this
+// instance's unused lease, which the totals include), under the ceilings
+// of lim given a shared ledger's totals.
+func fits(tot SharedTotals, hand DayTotals, worst int64, lim Ceilings) int64 {
+	n := int64(LeaseCalls)
+	if lim.DailyRequests > 0 {
+		n = min(n, lim.DailyRequests-tot.Requests+hand.Requests)
+	}
+	if worst > 0 {
+		if lim.DailyMicroUSD > 0 {
+			n = min(n, (lim.DailyMicroUSD-tot.SpendMicroUSD+hand.SpendMicroUSD)/worst)
+		}
+		if lim.MonthlyMicroUSD > 0 {
+			n = min(n, (lim.MonthlyMicroUSD-tot.MonthMicroUSD+hand.SpendMicroUSD)/worst)
+		}
+	}
+	return n
+}
+
+// refresh sets the view of day and its month from a shared ledger's
+// totals: every instance's calls and money, less this instance's unused
+// lease (which the view does not count as spent). A claim the lease did
+// not take (refused is false) is not in the totals and leaves the view.
+// g.mu is held.
+func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservation) {
+	if day == g.day {
+		g.requests = max(tot.Requests-g.lease.Requests, 0)
+		g.spend = max(tot.SpendMicroUSD-g.lease.SpendMicroUSD, 0)
+		if !taken {
+			g.open = max(g.open-r.Worst, 0)
+		}
+	}
+	if monthOf(day) == g.month {
+		g.monthSpend = max(tot.MonthMicroUSD-g.lease.SpendMicroUSD, 0)
+		if !taken {
+			g.monthOpen = max(g.monthOpen-r.Worst, 0)
+		}
+	}
+}
+
+// refuseShared drops a claim the shared ledger refused and returns its
+// refusal: the ceiling that the top-up would have passed, until its period
+// ends, or busy when this instance's view still has room (what blocks the
+// call is held by calls in flight, here or on other instances). g.mu is
+// held.
+func (g *Global) refuseShared(r *Reservation, lim Ceilings, tot SharedTotals, calls, spend int64) error {
+	now := g.lastNow
+	r.Day, r.Month = "", ""
+	ceiling, reset := "monthly_usd", nextMonth(now, g.loc).Sub(now)
+	switch {
+	case lim.DailyRequests > 0 && tot.Requests+calls > lim.DailyRequests:
+		ceiling, reset = "daily_requests", nextDay(now, g.loc).Sub(now)
+	case lim.DailyMicroUSD > 0 && tot.SpendMicroUSD+spend > lim.DailyMicroUSD:
+		ceiling, reset = "daily_usd", nextDay(now, g.loc).Sub(now)
+	}
+	var pe *PausedError
+	if errors.As(g.check(max(r.Worst, 1), now), &pe) && pe.Ceiling == ceiling {
+		return pe
+	}
+	if ceiling == "daily_requests" {
+		return &PausedError{Ceiling: ceiling, RetryAfter: reset}
+	}
+	return &PausedError{Ceiling: ceiling, RetryAfter: min(BusyRetryAfter, reset), Busy: true}
 }
