@@ -47,6 +47,16 @@ const (
 	// staleOwner is how long after its last heartbeat an instance's rows
 	// are removed by the next instance that starts.
 	staleOwner = 24 * time.Hour
+	// writers is how many group transactions one instance runs at once:
+	// while one waits for its commit to reach the disk, the next group
+	// may go.
+	writers = 2
+	// crowd is how many writes must be waiting for a group to go while
+	// another is being committed; fewer wait for the next free writer.
+	// Under light load a second writer would only split the groups (more
+	// transactions per read for no gain); under heavy load it doubles the
+	// rate.
+	crowd = 8
 	// retries is how often a group transaction that PostgreSQL aborted
 	// to break a deadlock or a serialisation conflict is run again.
 	retries = 5
@@ -81,10 +91,13 @@ type Money struct {
 	opTO  time.Duration
 	keep  func(b *pgx.Batch, rec budget.UsageRecord) error
 
-	queue chan *groupOp
-	stop  chan struct{}
-	done  sync.WaitGroup
-	once  sync.Once
+	queue   chan *groupOp
+	groups  chan []*groupOp // from the dispatcher to the committers
+	freed   chan struct{}   // a committer is free again
+	stop    chan struct{}
+	stopped chan struct{} // closed once the writers have ended
+	done    sync.WaitGroup
+	once    sync.Once
 
 	// txs counts the group transactions committed, for benchmarks.
 	txs atomic.Int64
@@ -105,7 +118,8 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 	m := &Money{
 		db: db, loc: opts.Location, cal: budget.NewCalendar(opts.Location), now: opts.Now, log: opts.Logger,
 		owner: hex.EncodeToString(id[:]), opTO: opts.OpTimeout, keep: opts.KeepAnswer,
-		queue: make(chan *groupOp, maxGroup), stop: make(chan struct{}),
+		queue: make(chan *groupOp, maxGroup), groups: make(chan []*groupOp), freed: make(chan struct{}, writers),
+		stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	if m.now == nil {
 		m.now = time.Now
@@ -127,8 +141,14 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: remove stale instances: %w", err)
 	}
+	var writing sync.WaitGroup
+	writing.Add(writers + 1)
+	go func() { defer writing.Done(); m.dispatch() }()
+	for range writers {
+		go func() { defer writing.Done(); m.commit() }()
+	}
 	m.done.Add(2)
-	go m.writer()
+	go func() { defer m.done.Done(); writing.Wait(); close(m.stopped) }()
 	go m.beat()
 	return m, nil
 }
@@ -229,18 +249,48 @@ func (m *Money) do(ctx context.Context, op *groupOp) error {
 	case <-ctx.Done():
 		return fmt.Errorf("postgres: money queue: %w", ctx.Err())
 	}
-	return <-op.done
+	select {
+	case err := <-op.done:
+		return err
+	case <-m.stopped: // queued as the writers ended: answered, or never
+		select {
+		case err := <-op.done:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
 }
 
-// writer commits the queued writes, as many in one transaction as are
-// waiting, until Close; then it fails what is left.
-func (m *Money) writer() {
-	defer m.done.Done()
+// dispatch forms the groups: it gathers the waiting writes and hands them
+// to a free committer, at once when none is busy, and while one is busy
+// only once crowd writes wait. On Close it fails what is left.
+func (m *Money) dispatch() {
+	var (
+		group []*groupOp
+		busy  int
+	)
 	for {
-		var first *groupOp
+		var send chan []*groupOp
+		if len(group) > 0 && (busy == 0 || (busy < writers && len(group) >= crowd)) {
+			send = m.groups
+		}
+		queue := m.queue
+		if len(group) >= maxGroup {
+			queue = nil
+		}
 		select {
-		case first = <-m.queue:
+		case op := <-queue:
+			group = append(group, op)
+		case send <- group:
+			group, busy = nil, busy+1
+		case <-m.freed:
+			busy--
 		case <-m.stop:
+			close(m.groups)
+			for _, op := range group {
+				op.done <- ErrClosed
+			}
 			for {
 				select {
 				case op := <-m.queue:
@@ -250,17 +300,14 @@ func (m *Money) writer() {
 				}
 			}
 		}
-		ops := []*groupOp{first}
-	drain:
-		for len(ops) < maxGroup {
-			select {
-			case op := <-m.queue:
-				ops = append(ops, op)
-			default:
-				break drain
-			}
-		}
-		m.commitGroup(ops)
+	}
+}
+
+// commit commits the groups dispatch hands it, until Close.
+func (m *Money) commit() {
+	for group := range m.groups {
+		m.commitGroup(group)
+		m.freed <- struct{}{} // buffered for every committer: never blocks
 	}
 }
 
@@ -313,14 +360,13 @@ func (m *Money) runGroup(ops []*groupOp) error {
 func (m *Money) runSteps(steps []step) error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
 	defer cancel()
-	err := pgx.BeginFunc(ctx, m.db.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		for _, s := range steps {
-			s.queue(b)
-		}
-		return tx.SendBatch(ctx, b).Close()
-	})
-	if err != nil {
+	// One pipeline with one Sync: PostgreSQL runs it as one implicit
+	// transaction (all or nothing), in one round trip.
+	b := &pgx.Batch{}
+	for _, s := range steps {
+		s.queue(b)
+	}
+	if err := m.db.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("postgres: money transaction: %w", err)
 	}
 	m.txs.Add(1)
