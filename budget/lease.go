@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // The lease: Commit does not write each claim. One durable write adds a
@@ -382,4 +383,33 @@ func (g *Global) refuseShared(r *Reservation, lim Ceilings, tot SharedTotals, ca
 		return &PausedError{Ceiling: ceiling, RetryAfter: reset}
 	}
 	return &PausedError{Ceiling: ceiling, RetryAfter: min(BusyRetryAfter, reset), Busy: true}
+}
+
+// Refresh sets the view of today and this month from a shared ledger's
+// totals, every instance's calls and money, and gives back what waits to
+// be given back; with any other ledger it does nothing. Call it now and
+// then (every second, say): Check, Claim and Status then see the other
+// instances' spending between this instance's top-ups.
+func (g *Global) Refresh(ctx context.Context, now time.Time) error {
+	if g.shared == nil {
+		return nil
+	}
+	g.topUp.Lock()
+	defer g.topUp.Unlock()
+	g.mu.Lock()
+	g.rollover(g.cal.Keys(now))
+	day := g.day
+	give := slices.Clone(g.giveBack)
+	g.mu.Unlock()
+	tot, _, err := g.shared.LeaseUnder(ctx, day, 0, 0, Ceilings{}, give...)
+	if err != nil {
+		return fmt.Errorf("%w: refresh from the shared ledger: %w", ErrLedger, err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gaveBack(give)
+	if day == g.day {
+		g.refresh(day, tot, true, nil)
+	}
+	return nil
 }

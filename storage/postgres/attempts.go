@@ -89,13 +89,57 @@ func (a *Attempts) Take(user string, line int64, now time.Time) error {
 	return nil
 }
 
-// Count returns user's attempts today as this instance last saw them.
+// Count returns user's attempts on the day holding now, every instance's
+// (as this instance last saw them if the database cannot answer).
 func (a *Attempts) Count(user string, now time.Time) int64 {
+	m := a.m
+	day := m.cal.Day(now)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	var n int64
+	err := m.db.pool.QueryRow(ctx, "SELECT coalesce(max(count), 0) FROM attempt_counts WHERE user_id = $1 AND day = $2", user, day).Scan(&n)
+	if err == nil {
+		m.attempts.set(user, day, n)
+	}
+	c := &m.attempts
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.at(day)
+	return c.count[user]
+}
+
+// Top returns the n users with the most attempts on the day holding now,
+// every instance's, most first (nil if the database cannot answer).
+func (a *Attempts) Top(n int, now time.Time) []budget.UserCount {
+	m := a.m
+	ctx, cancel := m.ctx()
+	defer cancel()
+	rows, err := m.db.pool.Query(ctx, `SELECT user_id, count FROM attempt_counts WHERE day = $1
+		ORDER BY count DESC, user_id LIMIT $2`, m.cal.Day(now), n)
+	if err != nil {
+		m.log.Warn("postgres: top users", "error", err)
+		return nil
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (budget.UserCount, error) {
+		var u budget.UserCount
+		err := row.Scan(&u.User, &u.Count)
+		return u, err
+	})
+	if err != nil {
+		m.log.Warn("postgres: top users", "error", err)
+		return nil
+	}
+	return out
+}
+
+// Dirty is the write-behind's look at the counts to save: none, since
+// every attempt is written as it is taken. It returns today's key as
+// the write-behind expects.
+func (a *Attempts) Dirty() (day string, entries map[string][]byte) {
 	c := &a.m.attempts
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.at(a.m.cal.Day(now))
-	return c.count[user]
+	return c.day, map[string][]byte{}
 }
 
 func lineError(now time.Time, loc *time.Location) *budget.LineError {

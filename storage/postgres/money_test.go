@@ -11,6 +11,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/server/guard"
+	"breakwater/server/guard/state"
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
 )
@@ -18,6 +19,7 @@ import (
 var (
 	_ guard.Quotas         = (*postgres.Quotas)(nil)
 	_ guard.AttemptCounter = (*postgres.Attempts)(nil)
+	_ state.AttemptCounter = (*postgres.Attempts)(nil)
 	_ guard.UsageRecorder  = (*postgres.Money)(nil)
 	_ budget.SharedLedger  = (*postgres.Money)(nil)
 )
@@ -456,5 +458,60 @@ func TestMoneyFailsClosedWhilePostgresIsDown(t *testing.T) {
 	}
 	if err := g.Commit(ctx, &r); err != nil {
 		t.Fatalf("Commit after the restart: %v", err)
+	}
+}
+
+// Refresh brings the other instances' calls into an instance's view, so
+// that its Status (the dashboard's figures) and Check are the service's.
+func TestBudgetRefreshSeesTheOtherInstance(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	cfg := budget.Config{DailyRequests: 5}
+	a, b := newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)
+	for range 5 {
+		r, err := a.Claim(10, testNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Commit(ctx, &r); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Settle(ctx, r, 7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Check(testNow); err != nil {
+		t.Fatalf("B before a refresh: %v (its view is its own)", err)
+	}
+	if err := b.Refresh(ctx, testNow); err != nil {
+		t.Fatal(err)
+	}
+	st := b.Status(testNow)
+	if st.Requests != 5 || st.SpendMicroUSD != 35 || st.MonthMicroUSD != 35 || !st.Engaged || st.EngagedBy != "daily_requests" {
+		t.Fatalf("B's status after a refresh: %+v, want A's 5 calls and 35 µ$, engaged by daily_requests", st)
+	}
+	if err := b.Check(testNow); !errors.Is(err, budget.ErrPaused) {
+		t.Fatalf("B's Check after a refresh: %v, want paused", err)
+	}
+}
+
+// The operator's figures of the daily line are every instance's.
+func TestAttemptsCountAndTopAcrossInstances(t *testing.T) {
+	in := twoInstances(t)
+	for i, user := range []string{"gina", "gina", "gina", "hank", "hank", "ivan"} {
+		if err := in[i%2].m.Attempts().Take(user, 0, testNow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := in[0].m.Attempts().Count("hank", testNow); n != 2 {
+		t.Fatalf("Count(hank) = %d, want 2", n)
+	}
+	top := in[1].m.Attempts().Top(2, testNow)
+	want := []budget.UserCount{{User: "gina", Count: 3}, {User: "hank", Count: 2}}
+	if len(top) != 2 || top[0] != want[0] || top[1] != want[1] {
+		t.Fatalf("Top(2) = %+v, want %+v", top, want)
+	}
+	if day, dirty := in[0].m.Attempts().Dirty(); day != "2026-12-03" || len(dirty) != 0 {
+		t.Fatalf("Dirty = %q %v, want today and nothing to write behind", day, dirty)
 	}
 }
