@@ -153,6 +153,11 @@ type Global struct {
 	// lastNow is the latest clock reading Claim or Check was given, for
 	// the retry-after of a refusal that Commit makes.
 	lastNow time.Time
+	// settled is, with a shared ledger, today's settled costs (every
+	// instance's, as its totals last said, and this instance's since):
+	// the money spent, without the worst cases that calls in flight on
+	// other instances hold.
+	settled int64
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -210,7 +215,7 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	if now.After(g.lastNow) {
 		g.lastNow = now
 	}
-	if err := g.check(worst, now); err != nil {
+	if err := g.decide(worst, now); err != nil {
 		return Reservation{}, err
 	}
 	g.requests++
@@ -228,7 +233,20 @@ func (g *Global) Check(now time.Time) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(g.cal.Keys(now))
-	return g.check(1, now) // the cheapest call: one micro-dollar
+	return g.decide(1, now) // the cheapest call: one micro-dollar
+}
+
+// decide is check as Claim and Check apply it: with a shared ledger, a
+// money ceiling held only by calls in flight (busy) does not refuse, since
+// this instance's view counts other instances' calls in flight at their
+// worst case until it is refreshed, and the ledger decides at Commit.
+// g.mu is held.
+func (g *Global) decide(worst int64, now time.Time) error {
+	err := g.check(worst, now)
+	if pe, ok := err.(*PausedError); ok && pe.Busy && g.shared != nil {
+		return nil
+	}
+	return err
 }
 
 // check is Claim's test of worst against every ceiling; g.mu is held.
@@ -240,7 +258,11 @@ func (g *Global) check(worst int64, now time.Time) error {
 	case lim.requests > 0 && g.requests+1 > lim.requests:
 		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
-		return moneyPaused("daily_usd", g.spend-g.open+worst <= lim.dailyMicro, nextDay(now, g.loc).Sub(now))
+		spent := g.spend - g.open
+		if g.shared != nil {
+			spent = g.settled
+		}
+		return moneyPaused("daily_usd", spent+worst <= lim.dailyMicro, nextDay(now, g.loc).Sub(now))
 	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
 		return moneyPaused("monthly_usd", g.monthSpend-g.monthOpen+worst <= lim.monthlyMicro, nextMonth(now, g.loc).Sub(now))
 	}
@@ -338,6 +360,7 @@ func (g *Global) Settled(r Reservation, actual int64) {
 	defer g.mu.Unlock()
 	delta := actual - r.Worst
 	if r.Day == g.day {
+		g.settled += actual
 		g.spend += delta
 		g.open = max(g.open-r.Worst, 0)
 	}
@@ -388,7 +411,7 @@ func (g *Global) Status(now time.Time) Status {
 func (g *Global) rollover(day, month string) {
 	if day > g.day {
 		g.returnLease() // the old day's rest, to its own day
-		g.day, g.requests, g.spend, g.open = day, 0, 0, 0
+		g.day, g.requests, g.spend, g.open, g.settled = day, 0, 0, 0, 0
 	}
 	if month > g.month {
 		g.month, g.monthSpend, g.monthOpen = month, 0, 0

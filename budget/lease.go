@@ -348,6 +348,7 @@ func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservatio
 	if day == g.day {
 		g.requests = max(tot.Requests-g.lease.Requests, 0)
 		g.spend = max(tot.SpendMicroUSD-g.lease.SpendMicroUSD, 0)
+		g.settled = tot.SettledMicroUSD
 		if !taken {
 			g.open = max(g.open-r.Worst, 0)
 		}
@@ -362,27 +363,25 @@ func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservatio
 
 // refuseShared drops a claim the shared ledger refused and returns its
 // refusal: the ceiling that the top-up would have passed, until its period
-// ends, or busy when this instance's view still has room (what blocks the
-// call is held by calls in flight, here or on other instances). g.mu is
-// held.
+// ends, or, for daily_usd, busy when the money settled that day still
+// leaves room for the call (what blocks it is the worst cases of calls in
+// flight and leases' rests, here or on other instances, which settle in
+// seconds). g.mu is held.
 func (g *Global) refuseShared(r *Reservation, lim Ceilings, tot SharedTotals, calls, spend int64) error {
 	now := g.lastNow
+	worst := max(r.Worst, 1)
 	r.Day, r.Month = "", ""
-	ceiling, reset := "monthly_usd", nextMonth(now, g.loc).Sub(now)
 	switch {
 	case lim.DailyRequests > 0 && tot.Requests+calls > lim.DailyRequests:
-		ceiling, reset = "daily_requests", nextDay(now, g.loc).Sub(now)
+		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.DailyMicroUSD > 0 && tot.SpendMicroUSD+spend > lim.DailyMicroUSD:
-		ceiling, reset = "daily_usd", nextDay(now, g.loc).Sub(now)
+		return moneyPaused("daily_usd", tot.SettledMicroUSD+worst <= lim.DailyMicroUSD, nextDay(now, g.loc).Sub(now))
 	}
 	var pe *PausedError
-	if errors.As(g.check(max(r.Worst, 1), now), &pe) && pe.Ceiling == ceiling {
+	if errors.As(g.check(worst, now), &pe) && pe.Ceiling == "monthly_usd" {
 		return pe
 	}
-	if ceiling == "daily_requests" {
-		return &PausedError{Ceiling: ceiling, RetryAfter: reset}
-	}
-	return &PausedError{Ceiling: ceiling, RetryAfter: min(BusyRetryAfter, reset), Busy: true}
+	return moneyPaused("monthly_usd", true, nextMonth(now, g.loc).Sub(now))
 }
 
 // Refresh sets the view of today and this month from a shared ledger's

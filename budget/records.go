@@ -89,5 +89,8 @@ type Ceilings struct {
 // lease left them: every instance's calls, claims and leases.
 type SharedTotals struct {
 	DayTotals
-	MonthMicroUSD int64
+	// SettledMicroUSD is the day's settled costs alone: the money spent,
+	// without the worst cases of calls in flight and leases' rests.
+	SettledMicroUSD int64
+	MonthMicroUSD   int64
 }

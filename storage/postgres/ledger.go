@@ -62,9 +62,9 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 	)
 	var err error
 	for range retries { // a deadlock's victim is rolled back whole: run it again
-		err = m.db.pool.QueryRow(ctx, "SELECT ok, day_calls, day_micro, month_micro FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+		err = m.db.pool.QueryRow(ctx, "SELECT ok, day_calls, day_micro, day_settled, month_micro FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)",
 			day, calls, microUSD, lim.DailyRequests, lim.DailyMicroUSD, lim.MonthlyMicroUSD, days, backCalls, backMicro,
-		).Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.MonthMicroUSD)
+		).Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD)
 		if !retryable(err) {
 			break
 		}

@@ -515,3 +515,70 @@ func TestAttemptsCountAndTopAcrossInstances(t *testing.T) {
 		t.Fatalf("Dirty = %q %v, want today and nothing to write behind", day, dirty)
 	}
 }
+
+// A daily_usd refusal from the shared ledger is busy (a short wait) while
+// only the worst cases of calls in flight on another instance fill the
+// day, and paused until midnight once settled money does.
+func TestBudgetDailyUSDRefusalBusyThenPaused(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	cfg := budget.Config{DailyUSD: 0.01} // 10000 µ$: two calls at their worst case of 5000
+	a, b := newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)
+	var flying []budget.Reservation
+	for range 2 {
+		r, err := a.Claim(5000, testNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Commit(ctx, &r); err != nil {
+			t.Fatal(err)
+		}
+		flying = append(flying, r)
+	}
+	commitB := func() error {
+		r, err := b.Claim(5000, testNow)
+		if err != nil {
+			return err
+		}
+		return b.Commit(ctx, &r)
+	}
+	var pe *budget.PausedError
+	if err := commitB(); !errors.As(err, &pe) || pe.Ceiling != "daily_usd" || !pe.Busy || pe.RetryAfter != budget.BusyRetryAfter {
+		t.Fatalf("B with A's two calls in flight: %v, want daily_usd busy", err)
+	}
+	for _, r := range flying {
+		if err := a.Settle(ctx, r, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rb, err := b.Claim(5000, testNow)
+	if err != nil {
+		t.Fatalf("B once A's calls settled at 1000 µ$ each: %v", err)
+	}
+	if err := b.Commit(ctx, &rb); err != nil {
+		t.Fatalf("B once A's calls settled at 1000 µ$ each: %v", err)
+	}
+	// The day holds 2000 settled and B's 5000 in flight: A is busy.
+	commitA := func() error {
+		r, err := a.Claim(5000, testNow)
+		if err != nil {
+			return err
+		}
+		return a.Commit(ctx, &r)
+	}
+	if err := commitA(); !errors.As(err, &pe) || pe.Ceiling != "daily_usd" || !pe.Busy {
+		t.Fatalf("A with B's call in flight: %v, want daily_usd busy", err)
+	}
+	// B's call settles at its worst: 7000 spent, a call of 5000 does not
+	// fit today, whatever settles.
+	if err := b.Settle(ctx, rb, 5000); err != nil {
+		t.Fatal(err)
+	}
+	if err := commitA(); !errors.As(err, &pe) || pe.Ceiling != "daily_usd" || pe.Busy || pe.RetryAfter != 12*time.Hour {
+		t.Fatalf("A once 7000 are settled: %v, want daily_usd paused until midnight", err)
+	}
+	d, settled, err := in[0].m.LedgerDay(ctx, "2026-12-03")
+	if err != nil || d.SpendMicroUSD != 7000 || settled != 7000 {
+		t.Fatalf("ledger %+v settled %d (%v), want 7000 and 7000", d, settled, err)
+	}
+}

@@ -82,8 +82,8 @@ CREATE INDEX usage_rows_user_month ON usage_rows (user_id, month);
 -- p_day and its month only if every ceiling that is on (> 0) still holds
 -- after it, and gives back the unused rest of earlier leases (back_*),
 -- never below zero. The give-back is applied whether or not the lease fits.
--- It returns whether the lease was taken and the day's and month's totals
--- after it. Rows are locked days first, then months, each in order, as
+-- It returns whether the lease was taken and the day's totals (with its
+-- settled costs alone) and the month's after it. Rows are locked days first, then months, each in order, as
 -- every other writer of the ledger does, so that writers never deadlock.
 -- Each UPDATE re-reads its row under the lock (READ COMMITTED), so that
 -- the test of a ceiling and the addition are one step.
@@ -91,7 +91,7 @@ CREATE FUNCTION bw_lease(
     p_day text, p_calls bigint, p_micro bigint,
     max_calls bigint, max_day bigint, max_month bigint,
     back_days text[], back_calls bigint[], back_micro bigint[],
-    OUT ok boolean, OUT day_calls bigint, OUT day_micro bigint, OUT month_micro bigint)
+    OUT ok boolean, OUT day_calls bigint, OUT day_micro bigint, OUT day_settled bigint, OUT month_micro bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     d text;
@@ -130,7 +130,8 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
-    SELECT coalesce(max(calls), 0), coalesce(max(micro_usd), 0) INTO day_calls, day_micro FROM ledger_days WHERE day = p_day;
+    SELECT coalesce(max(calls), 0), coalesce(max(micro_usd), 0), coalesce(max(settled_micro_usd), 0)
+        INTO day_calls, day_micro, day_settled FROM ledger_days WHERE day = p_day;
     SELECT coalesce(max(micro_usd), 0) INTO month_micro FROM ledger_months WHERE month = left(p_day, 7);
 END
 $$;
