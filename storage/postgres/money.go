@@ -370,6 +370,7 @@ func (m *Money) runSteps(steps []step) error {
 		return fmt.Errorf("postgres: money transaction: %w", err)
 	}
 	m.txs.Add(1)
+	m.db.countCommit(len(steps))
 	return nil
 }
 
