@@ -51,5 +51,5 @@ var (
 	_ guard.UsageRecorder = (*storage.DB)(nil)
 	_ guard.UsageRecorder = (*postgres.Money)(nil)
 	_ api.CommitCounter   = (*storage.DB)(nil)
-	_ api.CommitCounter   = (*postgres.DB)(nil)
+	_ api.CommitCounter   = (*postgres.Money)(nil)
 )

@@ -29,18 +29,18 @@ func (a *App) openPostgres(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	a.db, a.commits = db, db
+	a.db = db
 	a.onClose(func() {
 		if err := db.Close(); err != nil {
 			a.log.Error("close database", "err", err)
 		}
 	})
 	loc, _ := cfg.Budget.Location() // checked by Load
-	money, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: loc, Now: a.opts.Now, Logger: a.log, KeepAnswer: db.KeepAnswerIn})
+	money, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: loc, Now: a.opts.Now, Logger: a.log, KeepAnswer: db.QueueAnswers})
 	if err != nil {
 		return err
 	}
-	a.usage = money
+	a.usage, a.commits = money, money
 	a.onClose(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()

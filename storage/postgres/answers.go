@@ -17,7 +17,7 @@ import (
 // to replay a request, and by image fingerprint, to answer the same image
 // again within the dedupe window, both under the user, so one user's
 // answer is never another's. A read's answers are written in its usage
-// transaction (queueAnswers); KeepAnswer binds a key to an answer that
+// transaction (QueueAnswers); KeepAnswer binds a key to an answer that
 // made no read of its own.
 //
 // An idempotency key whose read is in flight is claimed (ClaimAnswer), so
@@ -25,14 +25,18 @@ import (
 // call: the instance that wins the claim reads; the other waits for the
 // kept answer.
 
-// queueAnswers queues in b the statements that keep rec's answer, if any:
-// by idempotency key when it has one, and by image. The usage record's
-// transaction sends b, so the answer is durable exactly when the record
-// is. It also releases this instance's claim of the key.
-func (db *DB) queueAnswers(b *pgx.Batch, rec budget.UsageRecord) {
+// QueueAnswers queues in b the statements that keep rec's answer, if
+// any: by idempotency key when it has one, and by image. The usage
+// record's transaction sends b, so the answer is durable exactly when the
+// record is: it is MoneyOptions.KeepAnswer. It also releases this
+// instance's claim of the key.
+func (db *DB) QueueAnswers(b *pgx.Batch, rec budget.UsageRecord) error {
 	a := rec.Answer
 	if a == nil {
-		return
+		return nil
+	}
+	if rec.UserID == "" || rec.Time.IsZero() {
+		return fmt.Errorf("keep answer: %w: no user or time", ErrInvalid)
 	}
 	if a.IdempotencyKey != "" {
 		queueKeyAnswer(b, rec.UserID, rec.Time, *a)
@@ -42,6 +46,7 @@ func (db *DB) queueAnswers(b *pgx.Batch, rec budget.UsageRecord) {
 		ON CONFLICT (user_id, fingerprint) DO UPDATE SET at = excluded.at, serials = excluded.serials,
 		rejected = excluded.rejected, simulated = excluded.simulated`,
 		rec.UserID, a.Fingerprint[:], rec.Time, nonNil(a.Serials), nonNil(a.Rejected), a.Simulated)
+	return nil
 }
 
 func queueKeyAnswer(b *pgx.Batch, user string, at time.Time, a budget.Answer) {

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
@@ -71,6 +72,9 @@ func TestAnswersAcrossInstances(t *testing.T) {
 	}
 	if err := b.KeepAnswer("alice", later, budget.Answer{}); err == nil {
 		t.Error("KeepAnswer without a key succeeded")
+	}
+	if err := a.KeepReadAnswer(ctx, readRecord("", t0, &budget.Answer{Fingerprint: fp2})); !errors.Is(err, postgres.ErrInvalid) {
+		t.Errorf("an answer without a user = %v, want ErrInvalid", err)
 	}
 }
 

@@ -100,7 +100,8 @@ type Money struct {
 	once    sync.Once
 
 	// txs counts the group transactions committed, for benchmarks.
-	txs atomic.Int64
+	txs    atomic.Int64
+	writes atomic.Int64 // the statements those transactions carried
 
 	cache    quotaCache
 	attempts attemptCache
@@ -158,6 +159,11 @@ func (m *Money) Owner() string { return m.owner }
 
 // Transactions is how many group transactions this instance committed.
 func (m *Money) Transactions() int64 { return m.txs.Load() }
+
+// Writes is how many statements those transactions carried (an attempt, a
+// quota slot, a usage record's insert and updates): with Transactions,
+// api.CommitCounter, for metrics.
+func (m *Money) Writes() int64 { return m.writes.Load() }
 
 // Close stops the writer and the heartbeat, and gives back this
 // instance's quota holds and registration: call it once no request is in
@@ -370,7 +376,7 @@ func (m *Money) runSteps(steps []step) error {
 		return fmt.Errorf("postgres: money transaction: %w", err)
 	}
 	m.txs.Add(1)
-	m.db.countCommit(len(steps))
+	m.writes.Add(int64(len(steps)))
 	return nil
 }
 

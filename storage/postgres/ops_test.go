@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS ledger_months (month text PRIMARY KEY, micro_usd bigi
 CREATE TABLE IF NOT EXISTS quota_counts (user_id text, month text, used bigint, PRIMARY KEY (user_id, month));`
 
 // withMoney opens a fresh database that holds the money tables, with two
-// usage rows (one whose body is the record's JSON, one of columns only)
+// usage rows (one whose body is the record's JSON, one of columns only,
+// its body empty: the column is NOT NULL in the money path's migration)
 // and two ledger days.
 func withMoney(t *testing.T) (*postgres.DB, string, []budget.UsageRecord) {
 	t.Helper()
@@ -48,7 +49,7 @@ func withMoney(t *testing.T) (*postgres.DB, string, []budget.UsageRecord) {
 	for _, r := range []struct {
 		rec  budget.UsageRecord
 		body []byte
-	}{{full, body}, {columns, nil}} {
+	}{{full, body}, {columns, []byte{}}} {
 		if _, err := db.Pool().Exec(ctx, `INSERT INTO usage_rows (at, day, month, user_id, key_id, request_id, calls, micro_usd,
 			input_tokens, output_tokens, simulated, model, body) VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, false, $10, $11)`,
 			r.rec.Time, r.rec.Time.Format(time.DateOnly), r.rec.Time.Format("2006-01"), r.rec.UserID, r.rec.KeyID, r.rec.RequestID,
