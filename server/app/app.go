@@ -566,6 +566,14 @@ func CheckStart(cfg Config, getenv func(string) string) error {
 		errs = append(errs, errNoGeminiKey)
 	}
 	errs = append(errs, CheckAdminListen(cfg.Server.AdminListen, getenv("BREAKWATER_ADMIN_TOKEN")))
+	if cfg.Storage.Backend == storage.BackendPostgres {
+		if getenv(postgres.EnvURL) == "" {
+			errs = append(errs, postgres.ErrNoURL)
+		}
+		if getenv("BREAKWATER_SECRET") == "" {
+			errs = append(errs, errNoSharedSecret)
+		}
+	}
 	return errors.Join(errs...)
 }
 

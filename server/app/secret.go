@@ -95,14 +95,18 @@ func writeNew(path string, data []byte) error {
 	return dir.Sync()
 }
 
+// errNoSharedSecret refuses to start an instance on PostgreSQL without
+// BREAKWATER_SECRET.
+var errNoSharedSecret = errors.New("BREAKWATER_SECRET is not set: with storage.backend = \"postgres\" every instance (and every command) " +
+	"must have the same server secret in the environment (openssl rand -hex 32)")
+
 // openInviteKey loads the server secret and moves invites stored before
 // the key to their keyed hash (once; see storage.DB.RekeyInvites).
 func (a *App) openInviteKey(c Config) error {
 	if c.Storage.Backend == storage.BackendPostgres && a.opts.Getenv("BREAKWATER_SECRET") == "" {
 		// A file beside one instance would key its invites apart from
 		// the others': a code made on one would not verify on another.
-		return errors.New("BREAKWATER_SECRET is not set: with storage.backend = \"postgres\" every instance (and every command) " +
-			"must have the same server secret in the environment (openssl rand -hex 32)")
+		return errNoSharedSecret
 	}
 	secret, err := serverSecret(c.Storage.Path, a.opts.Getenv, a.log)
 	if err != nil {
