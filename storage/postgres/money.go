@@ -204,10 +204,11 @@ func (m *Money) beat() {
 }
 
 // A step is one statement of a group write, queued in lock order: by rank
-// (the table: attempt rows, then quota rows, then ledger days, then ledger
-// months, then inserts), then by key (the row). Every writer of these
-// tables locks in this order, so that two instances' transactions never
-// wait on each other in a circle.
+// (the table: attempt rows, then quota counts, then quota holds, then
+// ledger days, then ledger months, then inserts), then by key (the row).
+// Every writer of these tables locks in this order, so that two
+// transactions never wait on each other in a circle: not two instances',
+// nor two groups of one instance (its writers run two at once).
 type step struct {
 	rank  int
 	key   string
@@ -218,6 +219,7 @@ type step struct {
 const (
 	rankAttempt = iota
 	rankQuota
+	rankHold
 	rankDay
 	rankMonth
 	rankInsert

@@ -582,3 +582,97 @@ func TestBudgetDailyUSDRefusalBusyThenPaused(t *testing.T) {
 		t.Fatalf("ledger %+v settled %d (%v), want 7000 and 7000", d, settled, err)
 	}
 }
+
+// 300 whole reads over two instances and five users who contend for the
+// same rows: Take, Reserve, Claim, Commit, then a usage record, or for
+// every seventh read a failure that gives the slot back. No write fails
+// (the group transactions lock in one order), and every count is exact:
+// each user's quota holds the reads recorded and never passes its limit,
+// the daily line the attempts, the ledger the calls.
+func TestWholeReadsAcrossInstancesStayExact(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	cfg := budget.Config{DailyRequests: 1000, DailyUSD: 100}
+	brakes := [2]*budget.Global{newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)}
+	const quota, line = 40, 55
+	users := []string{"u0", "u1", "u2", "u3", "u4"}
+	var recorded [5]atomic.Int64
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, u := i%2, i%len(users)
+			m, g := in[k].m, brakes[k]
+			if err := m.Attempts().Take(users[u], line, testNow); errors.Is(err, budget.ErrDailyLine) {
+				return
+			} else if err != nil {
+				t.Errorf("Take: %v", err)
+				return
+			}
+			slot, err := m.Quotas().Reserve(users[u], quota, testNow)
+			if errors.Is(err, budget.ErrQuotaExhausted) {
+				return
+			} else if err != nil {
+				t.Errorf("Reserve: %v", err)
+				return
+			}
+			r, err := g.Claim(1000, testNow)
+			if err == nil {
+				err = g.Commit(ctx, &r)
+			}
+			if err != nil {
+				t.Errorf("Claim or Commit: %v", err)
+				m.Quotas().Release(slot)
+				return
+			}
+			calls.Add(1)
+			if i%7 == 3 { // the upstream call failed
+				if err := g.Settle(ctx, r, 1000); err != nil {
+					t.Errorf("Settle: %v", err)
+				}
+				m.Quotas().Release(slot)
+				return
+			}
+			if err := m.RecordUsage(ctx, slot.Month, usageRecord(users[u]), r.Settlement(300)); err != nil {
+				t.Errorf("RecordUsage: %v", err)
+				return
+			}
+			g.Settled(r, 300)
+			m.Quotas().Confirm(slot)
+			recorded[u].Add(1)
+		}()
+	}
+	wg.Wait()
+	for _, g := range brakes {
+		if err := g.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used, err := in[0].m.QuotaUsed(ctx, "2026-12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows, total int64
+	for u, user := range users {
+		total += recorded[u].Load()
+		if used[user] != recorded[u].Load() || used[user] > quota {
+			t.Errorf("%s: quota count %d, %d reads recorded, limit %d", user, used[user], recorded[u].Load(), quota)
+		}
+		if n := in[1].m.Attempts().Count(user, testNow); n != min(60, line) {
+			t.Errorf("%s: %d attempts counted, want %d", user, n, min(60, line))
+		}
+	}
+	if err := in[0].db.Pool().QueryRow(ctx, "SELECT count(*) FROM usage_rows").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	d, settled, err := in[0].m.LedgerDay(ctx, "2026-12-03")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := calls.Load() - total
+	if rows != total || d.Requests != calls.Load() || settled != total*300+failed*1000 || d.SpendMicroUSD != settled {
+		t.Fatalf("%d usage rows, %d recorded; ledger %+v settled %d, for %d calls (%d failed)", rows, total, d, settled, calls.Load(), failed)
+	}
+}
