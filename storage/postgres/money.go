@@ -80,7 +80,15 @@ type MoneyOptions struct {
 }
 
 // Money is one instance's money path on db. Make one per process
-// (NewMoney) and Close it on a clean stop, before db.
+// (NewMoney) and Close it on a clean stop, before db. Wiring, in order:
+//
+//	db, err := postgres.Open(ctx, os.Getenv(postgres.EnvURL), postgres.Options{...})
+//	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: loc, Now: now})
+//	st, err := m.GlobalState(ctx, now())
+//	brake, err := budget.NewGlobal(cfg, loc, m, st) // m is a budget.SharedLedger
+//	guard.Layers{Attempts: m.Attempts(), Quotas: m.Quotas(), Brake: brake, Usage: m, ...}
+//	every second or so: brake.Refresh(ctx, now())
+//	at a clean stop, no request in flight: brake.Close(ctx); m.Close(ctx); db.Close()
 type Money struct {
 	db    *DB
 	loc   *time.Location
@@ -99,8 +107,9 @@ type Money struct {
 	done    sync.WaitGroup
 	once    sync.Once
 
-	// txs counts the group transactions committed, for benchmarks.
-	txs atomic.Int64
+	// txs counts the transactions committed (groups and leases), writes
+	// the writes they carried, for metrics and benchmarks.
+	txs, writes atomic.Int64
 
 	cache    quotaCache
 	attempts attemptCache
@@ -156,8 +165,13 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 // Owner is this instance's id among the quota holders.
 func (m *Money) Owner() string { return m.owner }
 
-// Transactions is how many group transactions this instance committed.
+// Transactions is how many transactions this instance's money path
+// committed: group transactions and leases.
 func (m *Money) Transactions() int64 { return m.txs.Load() }
+
+// Writes is how many writes (an attempt, a reservation, a usage record, a
+// settlement, a lease) those transactions carried.
+func (m *Money) Writes() int64 { return m.writes.Load() }
 
 // Close stops the writer and the heartbeat, and gives back this
 // instance's quota holds and registration: call it once no request is in
@@ -354,6 +368,9 @@ func (m *Money) runGroup(ops []*groupOp) error {
 		if err = m.runSteps(steps); err == nil || !retryable(err) {
 			break
 		}
+	}
+	if err == nil {
+		m.writes.Add(int64(len(ops)))
 	}
 	return err
 }

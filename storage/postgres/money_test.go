@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/api"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/storage/postgres"
@@ -18,6 +19,8 @@ import (
 
 var (
 	_ guard.Quotas         = (*postgres.Quotas)(nil)
+	_ api.UsageRecorder    = (*postgres.Money)(nil)
+	_ api.CommitCounter    = (*postgres.Money)(nil)
 	_ guard.AttemptCounter = (*postgres.Attempts)(nil)
 	_ state.AttemptCounter = (*postgres.Attempts)(nil)
 	_ guard.UsageRecorder  = (*postgres.Money)(nil)
