@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"breakwater/budget"
 	"breakwater/server/api"
 	"breakwater/server/guard"
@@ -677,5 +679,59 @@ func TestWholeReadsAcrossInstancesStayExact(t *testing.T) {
 	failed := calls.Load() - total
 	if rows != total || d.Requests != calls.Load() || settled != total*300+failed*1000 || d.SpendMicroUSD != settled {
 		t.Fatalf("%d usage rows, %d recorded; ledger %+v settled %d, for %d calls (%d failed)", rows, total, d, settled, calls.Load(), failed)
+	}
+}
+
+// A clean Close gives this instance's holds back at once.
+func TestQuotaHoldsGivenBackOnClose(t *testing.T) {
+	in := twoInstances(t)
+	if _, err := in[0].m.Quotas().Reserve("judy", 1, testNow); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in[1].m.Quotas().Reserve("judy", 1, testNow); !errors.Is(err, budget.ErrQuotaExhausted) {
+		t.Fatalf("while A holds the slot: %v, want the quota's refusal", err)
+	}
+	if err := in[0].m.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in[1].m.Quotas().Reserve("judy", 1, testNow); err != nil {
+		t.Fatalf("after A's Close: %v, want the slot", err)
+	}
+	if _, err := in[0].m.Quotas().Reserve("judy", 5, testNow); !errors.Is(err, postgres.ErrClosed) {
+		t.Fatalf("Reserve on a closed money path: %v, want ErrClosed", err)
+	}
+}
+
+// MoneyOptions.KeepAnswer's statements run in the usage record's
+// transaction: a kept answer and its read are one commit, and a failing
+// one fails the record whole.
+func TestKeepAnswerInTheUsageTransaction(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	db := open(t, url)
+	if _, err := db.Pool().Exec(ctx, "CREATE TABLE kept (request_id text PRIMARY KEY, body bytea NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, KeepAnswer: func(b *pgx.Batch, rec budget.UsageRecord) error {
+		b.Queue("INSERT INTO kept (request_id, body) VALUES ($1, $2)", rec.RequestID, rec.Answer.Body)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	rec := usageRecord("kate")
+	rec.Answer = &budget.Answer{Status: 200, Body: []byte(`{"serials":["A1"]}`)}
+	if err := m.RecordUsage(ctx, "2026-12", rec, budget.Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RecordUsage(ctx, "2026-12", rec, budget.Settlement{}); err == nil {
+		t.Fatal("a record whose kept answer fails (the same request id) was committed")
+	}
+	var kept, rows, used int64
+	err = db.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM kept), (SELECT count(*) FROM usage_rows),
+		(SELECT used FROM quota_counts WHERE user_id = 'kate')`).Scan(&kept, &rows, &used)
+	if err != nil || kept != 1 || rows != 1 || used != 1 {
+		t.Fatalf("kept %d, usage rows %d, quota used %d (%v): want one of each", kept, rows, used, err)
 	}
 }
