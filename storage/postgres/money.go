@@ -188,8 +188,8 @@ func (m *Money) Close(ctx context.Context) error {
 	return nil
 }
 
-// heartbeat says this instance is alive, and applies the releases of
-// quota holds that failed to write.
+// heartbeat says this instance is alive: its quota holds keep counting
+// for HoldTTL from now.
 func (m *Money) heartbeat(ctx context.Context) error {
 	now := m.now()
 	_, err := m.db.pool.Exec(ctx, `INSERT INTO money_owners (owner, started_at, seen_at) VALUES ($1, $2, $2)
@@ -197,7 +197,8 @@ func (m *Money) heartbeat(ctx context.Context) error {
 	return err
 }
 
-// beat runs the heartbeat until Close.
+// beat runs the heartbeat until Close, and writes the releases of quota
+// holds that failed to write.
 func (m *Money) beat() {
 	defer m.done.Done()
 	t := time.NewTicker(HoldHeartbeat)
