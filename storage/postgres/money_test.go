@@ -735,3 +735,41 @@ func TestKeepAnswerInTheUsageTransaction(t *testing.T) {
 		t.Fatalf("kept %d, usage rows %d, quota used %d (%v): want one of each", kept, rows, used, err)
 	}
 }
+
+// monthly_usd is checked on the month's row: a lease that fits the day
+// but not the month is refused whole (the day keeps nothing of it).
+func TestBudgetMonthlyUSDAcrossDays(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	if err := in[0].m.Lease(ctx, "2026-12-01", 3, 8000); err != nil { // spent earlier this month
+		t.Fatal(err)
+	}
+	g := newBrake(t, in[1], budget.Config{MonthlyUSD: 0.01})
+	r, err := g.Claim(1500, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Commit(ctx, &r); err != nil {
+		t.Fatalf("a call of 1500 with 2000 left this month: %v", err)
+	}
+	r, err = g.Claim(1500, testNow)
+	if err == nil {
+		err = g.Commit(ctx, &r)
+	}
+	var pe *budget.PausedError
+	if !errors.As(err, &pe) || pe.Ceiling != "monthly_usd" {
+		t.Fatalf("a second call of 1500: %v, want monthly_usd", err)
+	}
+	d, _, err := in[0].m.LedgerDay(ctx, "2026-12-03")
+	if err != nil || d.Requests != 1 || d.SpendMicroUSD != 1500 {
+		t.Fatalf("today %+v (%v), want the one call of 1500", d, err)
+	}
+	st, err := in[0].m.GlobalState(ctx, testNow)
+	if err != nil || st.MonthSpend != 9500 {
+		t.Fatalf("month %+v (%v), want 9500", st, err)
+	}
+	tot, ok, err := in[0].m.LeaseUnder(ctx, "2026-12-03", 1, 1500, budget.Ceilings{DailyMicroUSD: 100000, MonthlyMicroUSD: 10000})
+	if err != nil || ok || tot.Requests != 1 || tot.SpendMicroUSD != 1500 || tot.MonthMicroUSD != 9500 {
+		t.Fatalf("LeaseUnder past the month: %+v %v %v, want refused with the day as it was", tot, ok, err)
+	}
+}
