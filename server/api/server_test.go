@@ -163,7 +163,9 @@ type envOptions struct {
 
 const testAdminToken = "admin-secret-for-tests"
 
-func newEnv(t testing.TB, o envOptions) *env {
+// withDefaults fills in the options left out with their defaults (a
+// fresh directory and fake Gemini among them).
+func (o envOptions) withDefaults(t testing.TB) envOptions {
 	t.Helper()
 	if o.quota == 0 {
 		o.quota = 100
@@ -183,10 +185,16 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if o.logTo == nil {
 		o.logTo = &bytes.Buffer{}
 	}
-	log := slog.New(slog.NewTextHandler(&syncWriter{w: o.logTo}, nil))
 	if o.clock == nil {
 		o.clock = time.Now
 	}
+	return o
+}
+
+func newEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	o = o.withDefaults(t)
+	log := slog.New(slog.NewTextHandler(&syncWriter{w: o.logTo}, nil))
 	e := &env{t: t, dir: o.dir, gemini: o.gemini, now: o.clock(), loc: time.UTC, logs: o.logTo}
 
 	db, err := storage.Open(filepath.Join(o.dir, "bw.db"), storage.Options{Timeout: time.Second, Logger: log})
@@ -230,15 +238,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
-	if e.inviteKey, err = invites.NewKey([]byte("a server secret for the tests")); err != nil {
-		t.Fatal(err)
-	}
-	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock, Key: e.inviteKey}); err != nil {
-		t.Fatal(err)
-	}
-	if e.inviteLimits, err = invites.LoadLimits(db, o.invites, e.now); err != nil {
-		t.Fatal(err)
-	}
+	e.openInvites(o)
 	if o.jwt.Enabled() {
 		e.verifier, err = jwtauth.NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
 			jwtauth.Options{Logger: log, Now: o.clock})
@@ -264,6 +264,21 @@ func newEnv(t testing.TB, o envOptions) *env {
 	t.Cleanup(e.admin.Close)
 	e.key = e.newKey("alice", "")
 	return e
+}
+
+// openInvites gives e its invite key, codes and limits, on e's database.
+func (e *env) openInvites(o envOptions) {
+	e.t.Helper()
+	var err error
+	if e.inviteKey, err = invites.NewKey([]byte("a server secret for the tests")); err != nil {
+		e.t.Fatal(err)
+	}
+	if e.invites, err = invites.NewCodes(e.db, invites.Options{Now: o.clock, Key: e.inviteKey}); err != nil {
+		e.t.Fatal(err)
+	}
+	if e.inviteLimits, err = invites.LoadLimits(e.db, o.invites, e.now); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // ledgerOverride is the database with another budget ledger.
