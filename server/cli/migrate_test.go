@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -81,7 +82,7 @@ func TestMigrateFromBolt(t *testing.T) {
 	boltPath := filepath.Join(dir, "old.db")
 	secret := boltToMigrate(t, boltPath, now)
 	url := pgtest.NewDatabase(t)
-	cfg := writeConfig(t, "[storage]\nbackend = \"postgres\"\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
+	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
 	env := envFrom(map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": secret})
 	migrate := func() string {
 		var out, errOut bytes.Buffer
@@ -101,6 +102,22 @@ func TestMigrateFromBolt(t *testing.T) {
 		t.Errorf("second run copied again:\n%s", second)
 	}
 	checkMigrated(t, url, now)
+}
+
+// instancesTOML is the config block docs/INSTANCES.md tells every
+// instance to carry, as written.
+func instancesTOML(t *testing.T) string {
+	t.Helper()
+	doc, err := os.ReadFile("docs/INSTANCES.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```toml\n")
+	block, _, closed := strings.Cut(block, "```")
+	if !ok || !closed || !strings.Contains(block, `backend = "postgres"`) {
+		t.Fatalf("docs/INSTANCES.md has no toml block setting the postgres backend")
+	}
+	return block
 }
 
 // checkMigrated reads the PostgreSQL database back through the backend.
