@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
 )
@@ -69,10 +71,18 @@ func newGatedGemini(t *testing.T) *gatedGemini {
 // twoInstances opens two Apps on one fresh PostgreSQL database with gemini
 // as their upstream, and returns them with an API key of ann made before
 // the second started.
-func twoInstances(t *testing.T, gemini *gatedGemini) (a, b *App, key string) {
+func twoInstances(t *testing.T, gemini *gatedGemini, now func() time.Time) (a, b *App, key string) {
 	t.Helper()
+	a, b, key, _ = twoInstancesAt(t, gemini, now)
+	return a, b, key
+}
+
+// twoInstancesAt is twoInstances that also returns the database's URL.
+func twoInstancesAt(t *testing.T, gemini *gatedGemini, now func() time.Time) (a, b *App, key, url string) {
+	t.Helper()
+	url = pgtest.NewDatabase(t)
 	secrets := env(map[string]string{
-		"GEMINI_API_KEY": "test-key", postgres.EnvURL: pgtest.NewDatabase(t),
+		"GEMINI_API_KEY": "test-key", postgres.EnvURL: url,
 		"BREAKWATER_SECRET": "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
 	})
 	cfg, err := Load(writeConfig(t, fmt.Sprintf(`
@@ -93,7 +103,7 @@ monthly_quota = 100
 		t.Fatal(err)
 	}
 	open := func() *App {
-		a, err := Open(context.Background(), cfg, Options{Getenv: secrets, Logger: slog.New(slog.DiscardHandler)})
+		a, err := Open(context.Background(), cfg, Options{Getenv: secrets, Logger: slog.New(slog.DiscardHandler), Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +114,7 @@ monthly_quota = 100
 	if key, _, err = a.Keys().Create("ann", "free"); err != nil {
 		t.Fatal(err)
 	}
-	return a, open(), key
+	return a, open(), key, url
 }
 
 type answer struct {
@@ -169,7 +179,7 @@ func usageRows(t *testing.T, a *App) int {
 // instance gives the key back, so a retry on the other reads at once.
 func TestIdempotencyAcrossInstances(t *testing.T) {
 	gemini := newGatedGemini(t)
-	a, b, key := twoInstances(t, gemini)
+	a, b, key := twoInstances(t, gemini, time.Now)
 
 	open := gemini.hold() // the first read waits until both have asked
 	img := grayPNG(t, 1)
@@ -229,5 +239,55 @@ func TestIdempotencyAcrossInstances(t *testing.T) {
 	if again := postOCR(t, b, key, "pay-4", grayPNG(t, 4)); again.status != http.StatusOK || again.replayed != "" {
 		t.Errorf("retry of a failed read on the other instance: %d %q (replayed %q), want a read of its own",
 			again.status, again.body, again.replayed)
+	}
+}
+
+// pgClock is a settable clock for the Apps.
+type pgClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *pgClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *pgClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// A claim left by an instance that crashed while reading (its row in
+// answer_claims, never given back) holds the key no longer than its ttl:
+// until then the key is in flight (409), after it the key is read.
+func TestIdempotencyClaimOfACrashedInstanceLapses(t *testing.T) {
+	gemini := newGatedGemini(t)
+	clk := &pgClock{t: time.Now()}
+	a, b, key, url := twoInstancesAt(t, gemini, clk.now)
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `INSERT INTO answer_claims (user_id, key, owner, expires_at) VALUES ($1, $2, $3, $4)`,
+		"ann", "pay-9", "a-crashed-instance", clk.now().Add(3*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	img := grayPNG(t, 9)
+	for _, inst := range []*App{a, b} {
+		if got := postOCR(t, inst, key, "pay-9", img); got.status != http.StatusConflict {
+			t.Errorf("key claimed by a crashed instance: %d %q, want 409 until the claim lapses", got.status, got.body)
+		}
+	}
+	clk.add(3*time.Minute + time.Second)
+	if got := postOCR(t, b, key, "pay-9", img); got.status != http.StatusOK || got.replayed != "" {
+		t.Errorf("after the claim lapsed: %d %q (replayed %q), want a read", got.status, got.body, got.replayed)
+	}
+	if retry := postOCR(t, a, key, "pay-9", img); retry.replayed != "true" || gemini.calls.Load() != 1 {
+		t.Errorf("its retry on the other instance: %d (replayed %q), %d calls; want the kept answer, 1 call",
+			retry.status, retry.replayed, gemini.calls.Load())
 	}
 }
