@@ -169,10 +169,14 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.setCooldowns(guarded)
+	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
+	if pg, ok := db.(*postgres.DB); ok {
+		claims = pg
+	}
 	a.srv, err = api.New(cfg.Server, api.Deps{
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
 		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
-		Answers: db, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Answers: db, Claims: claims, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
