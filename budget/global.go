@@ -60,6 +60,21 @@ type Ledger interface {
 	Settle(ctx context.Context, s Settlement) error
 }
 
+// SharedLedger is a ledger that several instances of the service write at
+// once (PostgreSQL). Deciding from one instance's memory whether a lease
+// fits would let each instance spend the whole budget; with a shared
+// ledger, Global asks the ledger instead, and a lease is taken only if
+// every ceiling still holds after it.
+type SharedLedger interface {
+	Ledger
+	// LeaseUnder adds calls and microUSD to day's totals and its month's
+	// durably only if every ceiling of lim that is on still holds after
+	// it, and in the same transaction subtracts each giveBack from its own
+	// day (whether or not the lease fits). It reports whether the lease
+	// was taken, and the day's and month's totals after the transaction.
+	LeaseUnder(ctx context.Context, day string, calls, microUSD int64, lim Ceilings, giveBack ...LedgerDay) (SharedTotals, bool, error)
+}
+
 // Reservation is one upstream call's claim on the global budget.
 type Reservation struct {
 	// ID is the ledger's id of a reservation row, as versions before
@@ -129,6 +144,20 @@ type Global struct {
 	// topUp serialises lease writes, so that committers that need more
 	// headroom at once share one write. It is never held under mu.
 	topUp sync.Mutex
+
+	// shared is the ledger when other instances write it too: then a
+	// top-up is taken only if the ledger's totals, every instance's, stay
+	// under the ceilings (see topUpShared), and the totals it returns
+	// refresh this instance's view.
+	shared SharedLedger
+	// lastNow is the latest clock reading Claim or Check was given, for
+	// the retry-after of a refusal that Commit makes.
+	lastNow time.Time
+	// settled is, with a shared ledger, today's settled costs (every
+	// instance's, as its totals last said, and this instance's since):
+	// the money spent, without the worst cases that calls in flight on
+	// other instances hold.
+	settled int64
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -151,11 +180,13 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 	if ledger == nil || loc == nil {
 		return nil, errors.New("budget: the global budget needs a ledger and a time zone")
 	}
-	return &Global{
+	g := &Global{
 		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg),
 		day: state.Day, requests: state.Requests, spend: state.Spend,
 		month: state.Month, monthSpend: state.MonthSpend,
-	}, nil
+	}
+	g.shared, _ = ledger.(SharedLedger)
+	return g, nil
 }
 
 // SetConfig applies new ceilings at once; what was spent is kept. A lease
@@ -181,7 +212,10 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(g.cal.Keys(now))
-	if err := g.check(worst, now); err != nil {
+	if now.After(g.lastNow) {
+		g.lastNow = now
+	}
+	if err := g.decide(worst, now); err != nil {
 		return Reservation{}, err
 	}
 	g.requests++
@@ -199,7 +233,20 @@ func (g *Global) Check(now time.Time) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rollover(g.cal.Keys(now))
-	return g.check(1, now) // the cheapest call: one micro-dollar
+	return g.decide(1, now) // the cheapest call: one micro-dollar
+}
+
+// decide is check as Claim and Check apply it: with a shared ledger, a
+// money ceiling held only by calls in flight (busy) does not refuse, since
+// this instance's view counts other instances' calls in flight at their
+// worst case until it is refreshed, and the ledger decides at Commit.
+// g.mu is held.
+func (g *Global) decide(worst int64, now time.Time) error {
+	err := g.check(worst, now)
+	if pe, ok := err.(*PausedError); ok && pe.Busy && g.shared != nil {
+		return nil
+	}
+	return err
 }
 
 // check is Claim's test of worst against every ceiling; g.mu is held.
@@ -211,7 +258,11 @@ func (g *Global) check(worst int64, now time.Time) error {
 	case lim.requests > 0 && g.requests+1 > lim.requests:
 		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
-		return moneyPaused("daily_usd", g.spend-g.open+worst <= lim.dailyMicro, nextDay(now, g.loc).Sub(now))
+		spent := g.spend - g.open
+		if g.shared != nil {
+			spent = g.settled
+		}
+		return moneyPaused("daily_usd", spent+worst <= lim.dailyMicro, nextDay(now, g.loc).Sub(now))
 	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
 		return moneyPaused("monthly_usd", g.monthSpend-g.monthOpen+worst <= lim.monthlyMicro, nextMonth(now, g.loc).Sub(now))
 	}
@@ -237,7 +288,11 @@ func (g *Global) SetManual(on bool) {
 }
 
 // Commit covers a claim with durable budget, so that it still counts
-// after a crash; call it once per claim, before the upstream call. It takes the claim from
+// after a crash; call it once per claim, before the upstream call. With a
+// SharedLedger, a top-up the ledger refuses (other instances have taken
+// the room) refuses the claim with a *PausedError: the claim is dropped
+// (r.Day becomes "", so settling it writes nothing) and the call must not
+// be made. It takes the claim from
 // the lease when the lease holds a call and the claim's worst case, with
 // no write; otherwise it tops the lease up with one durable write (shared
 // by the committers waiting for it) and takes the claim from that. If the
@@ -257,6 +312,9 @@ func (g *Global) Commit(ctx context.Context, r *Reservation) error {
 	defer g.topUp.Unlock()
 	if g.take(r) { // another committer's top-up had room for this claim too
 		return nil
+	}
+	if g.shared != nil {
+		return g.topUpShared(ctx, r)
 	}
 	return g.topUpFor(ctx, r)
 }
@@ -302,6 +360,7 @@ func (g *Global) Settled(r Reservation, actual int64) {
 	defer g.mu.Unlock()
 	delta := actual - r.Worst
 	if r.Day == g.day {
+		g.settled += actual
 		g.spend += delta
 		g.open = max(g.open-r.Worst, 0)
 	}
@@ -352,7 +411,7 @@ func (g *Global) Status(now time.Time) Status {
 func (g *Global) rollover(day, month string) {
 	if day > g.day {
 		g.returnLease() // the old day's rest, to its own day
-		g.day, g.requests, g.spend, g.open = day, 0, 0, 0
+		g.day, g.requests, g.spend, g.open, g.settled = day, 0, 0, 0, 0
 	}
 	if month > g.month {
 		g.month, g.monthSpend, g.monthOpen = month, 0, 0

@@ -2,8 +2,10 @@ package budget
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // The lease: Commit does not write each claim. One durable write adds a
@@ -248,4 +250,165 @@ func monthOf(day string) string {
 		return ""
 	}
 	return day[:len("2006-01")]
+}
+
+// sharedTries bounds the top-ups of one claim on a shared ledger: a
+// refused top-up is tried again, sized from the ledger's fresh totals, as
+// long as they leave room for a smaller one.
+const sharedTries = 3
+
+// topUpShared is topUpFor on a ledger other instances write too: the
+// ledger takes the top-up only if its totals stay under every ceiling,
+// and returns them, which refresh this instance's view of the day and the
+// month (the other instances' calls included). A refused top-up is tried
+// again sized from the fresh totals (near a ceiling, one call); if even
+// that does not fit, the claim is refused with a *PausedError and dropped.
+// g.topUp is held.
+func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
+	var next int64 // the size of the next try, from the totals of a refusal
+	for try := 1; ; try++ {
+		g.mu.Lock()
+		day := r.Day
+		n := int64(1)
+		var hand DayTotals
+		if day == g.day {
+			hand, g.lease = g.lease, DayTotals{}
+			n = g.leaseSize(r.Worst)
+			if next > 0 {
+				n = min(n, next)
+			}
+		}
+		calls := max(0, n-hand.Requests)
+		spend := max(0, n*r.Worst-hand.SpendMicroUSD)
+		give := slices.Clone(g.giveBack)
+		lim := Ceilings{DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro}
+		g.mu.Unlock()
+
+		tot, ok, err := g.shared.LeaseUnder(ctx, day, calls, spend, lim, give...)
+
+		g.mu.Lock()
+		if err != nil {
+			if hand != (DayTotals{}) {
+				cover(&hand, r)
+			} else {
+				g.coverFromGiveBack(r)
+			}
+			g.keep(day, hand)
+			g.mu.Unlock()
+			return fmt.Errorf("%w: %w", ErrLedger, err)
+		}
+		g.gaveBack(give) // given back whether or not the lease fitted
+		if ok {
+			hand.Requests += calls
+			hand.SpendMicroUSD += spend
+			cover(&hand, r)
+		}
+		g.keep(day, hand)
+		g.refresh(day, tot, ok, r)
+		if ok {
+			g.mu.Unlock()
+			return nil
+		}
+		next = min(n-1, fits(tot, hand, r.Worst, lim))
+		if try < sharedTries && next >= 1 {
+			g.mu.Unlock()
+			continue
+		}
+		err = g.refuseShared(r, lim, tot, calls, spend)
+		g.mu.Unlock()
+		return err
+	}
+}
+
+// fits is how many calls at worst a lease may hold, counting hand (this
+// instance's unused lease, which the totals include), under the ceilings
+// of lim given a shared ledger's totals.
+func fits(tot SharedTotals, hand DayTotals, worst int64, lim Ceilings) int64 {
+	n := int64(LeaseCalls)
+	if lim.DailyRequests > 0 {
+		n = min(n, lim.DailyRequests-tot.Requests+hand.Requests)
+	}
+	if worst > 0 {
+		if lim.DailyMicroUSD > 0 {
+			n = min(n, (lim.DailyMicroUSD-tot.SpendMicroUSD+hand.SpendMicroUSD)/worst)
+		}
+		if lim.MonthlyMicroUSD > 0 {
+			n = min(n, (lim.MonthlyMicroUSD-tot.MonthMicroUSD+hand.SpendMicroUSD)/worst)
+		}
+	}
+	return n
+}
+
+// refresh sets the view of day and its month from a shared ledger's
+// totals: every instance's calls and money, less this instance's unused
+// lease (which the view does not count as spent). A claim the lease did
+// not take (refused is false) is not in the totals and leaves the view.
+// g.mu is held.
+func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservation) {
+	if day == g.day {
+		g.requests = max(tot.Requests-g.lease.Requests, 0)
+		g.spend = max(tot.SpendMicroUSD-g.lease.SpendMicroUSD, 0)
+		g.settled = tot.SettledMicroUSD
+		if !taken {
+			g.open = max(g.open-r.Worst, 0)
+		}
+	}
+	if monthOf(day) == g.month {
+		g.monthSpend = max(tot.MonthMicroUSD-g.lease.SpendMicroUSD, 0)
+		if !taken {
+			g.monthOpen = max(g.monthOpen-r.Worst, 0)
+		}
+	}
+}
+
+// refuseShared drops a claim the shared ledger refused and returns its
+// refusal: the ceiling that the top-up would have passed, until its period
+// ends, or, for daily_usd, busy when the money settled that day still
+// leaves room for the call (what blocks it is the worst cases of calls in
+// flight and leases' rests, here or on other instances, which settle in
+// seconds). g.mu is held.
+func (g *Global) refuseShared(r *Reservation, lim Ceilings, tot SharedTotals, calls, spend int64) error {
+	now := g.lastNow
+	worst := max(r.Worst, 1)
+	r.Day, r.Month = "", ""
+	switch {
+	case lim.DailyRequests > 0 && tot.Requests+calls > lim.DailyRequests:
+		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
+	case lim.DailyMicroUSD > 0 && tot.SpendMicroUSD+spend > lim.DailyMicroUSD:
+		return moneyPaused("daily_usd", tot.SettledMicroUSD+worst <= lim.DailyMicroUSD, nextDay(now, g.loc).Sub(now))
+	}
+	var pe *PausedError
+	if errors.As(g.check(worst, now), &pe) && pe.Ceiling == "monthly_usd" {
+		return pe
+	}
+	return moneyPaused("monthly_usd", true, nextMonth(now, g.loc).Sub(now))
+}
+
+// Refresh sets the view of today and this month from a shared ledger's
+// totals, every instance's calls and money, and gives back what waits to
+// be given back; with any other ledger it does nothing. Call it now and
+// then (every second, say): Check, Claim and Status then see the other
+// instances' spending between this instance's top-ups.
+func (g *Global) Refresh(ctx context.Context, now time.Time) error {
+	if g.shared == nil {
+		return nil
+	}
+	g.topUp.Lock()
+	defer g.topUp.Unlock()
+	g.mu.Lock()
+	g.rollover(g.cal.Keys(now))
+	day := g.day
+	give := slices.Clone(g.giveBack)
+	g.mu.Unlock()
+	tot, _, err := g.shared.LeaseUnder(ctx, day, 0, 0, Ceilings{}, give...)
+	if err != nil {
+		return fmt.Errorf("%w: refresh from the shared ledger: %w", ErrLedger, err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gaveBack(give)
+	if day == g.day {
+		g.refresh(day, tot, true, nil)
+	}
+	return nil
 }

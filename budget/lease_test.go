@@ -574,3 +574,82 @@ func TestLeaseFailedTopUpNearTheCeiling(t *testing.T) {
 	}
 	l.assertClean(t)
 }
+
+// sharedBook is a SharedLedger in memory: the bookLedger's totals, which
+// several Globals write, and a lease taken only under the ceilings.
+type sharedBook struct{ *bookLedger }
+
+func (s sharedBook) LeaseUnder(ctx context.Context, day string, calls, micro int64, lim Ceilings, give ...LedgerDay) (SharedTotals, bool, error) {
+	s.mu.Lock()
+	d := s.days[day]
+	var month int64
+	for k, v := range s.days {
+		if monthOf(k) == monthOf(day) {
+			month += v.SpendMicroUSD
+		}
+	}
+	for _, g := range give {
+		if g.Day == day {
+			d.Requests -= g.Requests
+			d.SpendMicroUSD -= g.SpendMicroUSD
+		}
+		if monthOf(g.Day) == monthOf(day) {
+			month -= g.SpendMicroUSD
+		}
+	}
+	fits := (lim.DailyRequests == 0 || d.Requests+calls <= lim.DailyRequests) &&
+		(lim.DailyMicroUSD == 0 || d.SpendMicroUSD+micro <= lim.DailyMicroUSD) &&
+		(lim.MonthlyMicroUSD == 0 || month+micro <= lim.MonthlyMicroUSD)
+	s.mu.Unlock()
+	if !fits {
+		calls, micro = 0, 0
+	}
+	if err := s.Lease(ctx, day, calls, micro, give...); err != nil {
+		return SharedTotals{}, false, err
+	}
+	if fits {
+		d.Requests += calls
+		d.SpendMicroUSD += micro
+		month += micro
+	}
+	return SharedTotals{DayTotals: d, MonthMicroUSD: month}, fits, nil
+}
+
+// Two instances on a shared ledger: the second one's view is stale, its
+// first top-up (sized for an empty day) is refused, and the next one is
+// sized from the ledger's fresh totals to what is left; past that, its
+// claims are refused with the ceiling's PausedError and dropped.
+func TestLeaseSharedShrinksToWhatIsLeft(t *testing.T) {
+	cfg := Config{DailyRequests: 1000} // leases of 10 calls
+	book := newBook(cfg)
+	l := sharedBook{book}
+	a, b := mustGlobal(t, cfg, l, GlobalState{}), mustGlobal(t, cfg, l, GlobalState{})
+	for range 993 {
+		call(t, a, l, 0, 0, leaseNoon)
+	}
+	if err := a.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if d := book.day(leaseDay); d.Requests != 993 {
+		t.Fatalf("after A: %+v, want 993 calls", d)
+	}
+	call(t, b, l, 0, 0, leaseNoon)
+	if book.lastLease[0] != 7 {
+		t.Errorf("B's lease after the refusal: %d calls, want the 7 left", book.lastLease[0])
+	}
+	for range 6 {
+		call(t, b, l, 0, 0, leaseNoon)
+	}
+	r, err := b.Claim(0, leaseNoon)
+	if err == nil {
+		err = b.Commit(t.Context(), &r)
+	}
+	var pe *PausedError
+	if !errors.As(err, &pe) || pe.Ceiling != "daily_requests" || pe.Busy {
+		t.Fatalf("B's 8th call: %v, want daily_requests", err)
+	}
+	if d := book.day(leaseDay); d.Requests != 1000 {
+		t.Errorf("ledger %+v, want 1000 calls", d)
+	}
+	book.assertClean(t)
+}

@@ -76,3 +76,21 @@ type LedgerDay struct {
 	Day string // "2006-01-02"
 	DayTotals
 }
+
+// Ceilings are the global budget's ceilings in integer units, as a shared
+// ledger checks them; 0 means off.
+type Ceilings struct {
+	DailyRequests   int64
+	DailyMicroUSD   int64
+	MonthlyMicroUSD int64
+}
+
+// SharedTotals are a day's and its month's totals in a shared ledger, as a
+// lease left them: every instance's calls, claims and leases.
+type SharedTotals struct {
+	DayTotals
+	// SettledMicroUSD is the day's settled costs alone: the money spent,
+	// without the worst cases of calls in flight and leases' rests.
+	SettledMicroUSD int64
+	MonthMicroUSD   int64
+}

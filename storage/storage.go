@@ -136,9 +136,23 @@ var (
 	ErrInvalid = errors.New("storage: invalid record")
 )
 
+// The backends [storage] backend names.
+const (
+	// BackendBolt is one BoltDB file, owned by one process: the default.
+	BackendBolt = "bolt"
+	// BackendPostgres is a PostgreSQL database that several instances
+	// share (package storage/postgres); its URL comes only from the
+	// environment, BREAKWATER_POSTGRES_URL.
+	BackendPostgres = "postgres"
+)
+
 // Config is the [storage] section of config.toml.
 type Config struct {
-	// Path is the database file. Its parent folders are created (mode 0700)
+	// Backend is where the records live: BackendBolt (default) or
+	// BackendPostgres.
+	Backend string `koanf:"backend"`
+
+	// Path is the database file of the bolt backend. Its parent folders are created (mode 0700)
 	// when missing. Default DefaultPath.
 	Path string `koanf:"path"`
 
@@ -151,6 +165,9 @@ type Config struct {
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
+	if c.Backend == "" {
+		c.Backend = BackendBolt
+	}
 	if c.Path == "" {
 		c.Path = DefaultPath
 	}
@@ -163,6 +180,11 @@ func (c Config) WithDefaults() Config {
 // Validate reports the first invalid setting of c, naming its config key.
 // Zero fields are valid: they mean the defaults.
 func (c Config) Validate() error {
+	switch c.Backend {
+	case "", BackendBolt, BackendPostgres:
+	default:
+		return fmt.Errorf("storage.backend: %q is neither %q nor %q", c.Backend, BackendBolt, BackendPostgres)
+	}
 	if c.StatsRetentionDays < 0 {
 		return fmt.Errorf("storage.stats_retention_days: %d is negative", c.StatsRetentionDays)
 	}

@@ -84,6 +84,10 @@ type Deps struct {
 	// Answers keeps reads for Idempotency-Key repeats and the dedupe
 	// window; nil: both are off.
 	Answers AnswerStore
+	// Claims holds idempotency keys in flight across the instances that
+	// share a database; nil: one instance, whose keys in flight are held
+	// in its memory only.
+	Claims AnswerClaimer
 	// IdempotencyTTL and DedupeWindow are ocr.idempotency_ttl and
 	// ocr.dedupe_window (0: the window is off).
 	IdempotencyTTL, DedupeWindow time.Duration

@@ -159,6 +159,9 @@ type envOptions struct {
 	alerts     Alerter             // default none
 	counters   *detect.Counters    // layer 4's metrics; default fresh
 	jwt        jwtauth.Config      // [auth.jwt]; JWKSURL empty: JWT sign-in off
+	answers    bool                // keep answers (the database) for Idempotency-Key, 24h
+	dedupe     time.Duration       // ocr.dedupe_window, with answers; 0: off
+	claims     AnswerClaimer       // keys in flight across instances; nil: none
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -247,7 +250,13 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 		t.Cleanup(e.verifier.Close)
 	}
+	var answers AnswerStore
+	var ttl time.Duration
+	if o.answers {
+		answers, ttl = db, 24*time.Hour
+	}
 	srv, err := New(cfg, Deps{
+		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
 		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),

@@ -28,6 +28,7 @@ import (
 	"breakwater/server/keys"
 	"breakwater/server/operator"
 	"breakwater/storage"
+	"breakwater/storage/postgres"
 )
 
 // Bounds of the orderly stop.
@@ -87,7 +88,9 @@ type App struct {
 	opts Options
 	log  *slog.Logger
 
-	db           *storage.DB
+	db           Backend
+	usage        guard.UsageRecorder // the usage records: db itself on bolt, the money path on postgres
+	commits      api.CommitCounter   // the money writer's transactions, for metrics
 	layers       state.Layers
 	inviteLimits *invites.Limits
 	plans        *keys.Plans
@@ -166,10 +169,14 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.setCooldowns(guarded)
+	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
+	if pg, ok := db.(*postgres.DB); ok {
+		claims = pg
+	}
 	a.srv, err = api.New(cfg.Server, api.Deps{
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
-		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: db},
-		Answers: db, Commits: db, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
+		Answers: db, Claims: claims, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
@@ -182,6 +189,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.background(func(ctx context.Context) { a.pruneAnswers(ctx, cfg.OCR) })
+	if pg, ok := db.(*postgres.DB); ok {
+		a.background(func(ctx context.Context) { a.followChanges(ctx, pg) })
+	}
 
 	// Close stops HTTP first: in-flight requests finish and are recorded
 	// before anything they need is stopped.
@@ -190,7 +200,11 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	if adminToken == "" {
-		log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
+		if cfg.Storage.Backend == storage.BackendPostgres {
+			log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API and the dashboard are off; the operator commands work on the database directly")
+		} else {
+			log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
+		}
 	} else if a.adminAddr, err = a.listen("admin", cfg.Server.AdminListen, a.srv.AdminHandler()); err != nil {
 		return nil, err
 	}
@@ -204,7 +218,11 @@ func (a *App) logStart(cfg Config, adminToken string) {
 	if adminToken == "" {
 		admin = "off (BREAKWATER_ADMIN_TOKEN unset)"
 	}
-	a.log.Info("starting breakwater", "storage", cfg.Storage.Path, "provider", cfg.OCR.Provider, "model", cfg.OCR.Model,
+	where := cfg.Storage.Path
+	if cfg.Storage.Backend == storage.BackendPostgres {
+		where = "postgres (" + postgres.EnvURL + ")"
+	}
+	a.log.Info("starting breakwater", "storage", where, "provider", cfg.OCR.Provider, "model", cfg.OCR.Model,
 		"base_url", cfg.OCR.BaseURL, "listen", cfg.Server.Listen, "admin_listen", admin, "layers", cfg.LayersText())
 	for _, w := range cfg.OffSwitches() {
 		a.log.Warn("LIMIT OFF: " + w)
@@ -355,23 +373,13 @@ func (a *App) startWriteBehind(guarded []api.Route) error {
 // rate windows, attempt counts, quotas, the budget and its manual switch,
 // the invite limits, the plans and the keyring.
 func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error {
-	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log, MustExist: mustExist})
-	if errors.Is(err, storage.ErrNoDatabase) {
-		return fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder); "+
-			"serve and keys create make a new one", cfg.Storage.Path)
+	var err error
+	if cfg.Storage.Backend == storage.BackendPostgres {
+		err = a.openPostgres(cfg)
+	} else {
+		err = a.openBolt(cfg, timeout, mustExist)
 	}
 	if err != nil {
-		return err
-	}
-	a.db = db
-	a.onClose(func() {
-		if err := db.Close(); err != nil {
-			a.log.Error("close database", "err", err)
-		}
-	})
-	loc, _ := cfg.Budget.Location() // checked by Load
-	now := a.opts.Now()
-	if a.layers, err = state.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, now, a.log); err != nil {
 		return err
 	}
 	// The budget's lease is given back after HTTP has stopped (no call is
@@ -385,14 +393,37 @@ func (a *App) openState(cfg Config, timeout time.Duration, mustExist bool) error
 			a.log.Warn("budget lease not given back: today's ledger counts its unused calls as made", "err", err, "max_calls", budget.MaxLease(cfg.Budget))
 		}
 	})
+	db := a.db
 	if err := state.LoadBrake(a.layers.Brake, db.Flag); err != nil {
 		return err
 	}
-	if a.inviteLimits, err = invites.LoadLimits(db, cfg.Invites, now); err != nil {
+	if a.inviteLimits, err = invites.LoadLimits(db, cfg.Invites, a.opts.Now()); err != nil {
 		return err
 	}
 	a.plans = keys.NewPlans(cfg.Plans)
 	a.keys, err = keys.NewKeyring(db, a.plans.Has, keys.Options{Now: a.opts.Now})
+	return err
+}
+
+// openBolt opens the BoltDB file, which this process then owns, and
+// loads the layers from it.
+func (a *App) openBolt(cfg Config, timeout time.Duration, mustExist bool) error {
+	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: timeout, Logger: a.log, MustExist: mustExist})
+	if errors.Is(err, storage.ErrNoDatabase) {
+		return fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder); "+
+			"serve and keys create make a new one", cfg.Storage.Path)
+	}
+	if err != nil {
+		return err
+	}
+	a.db, a.usage, a.commits = db, db, db
+	a.onClose(func() {
+		if err := db.Close(); err != nil {
+			a.log.Error("close database", "err", err)
+		}
+	})
+	loc, _ := cfg.Budget.Location() // checked by Load
+	a.layers, err = state.LoadLayers(db, cfg.Limits.User, cfg.Budget, loc, a.opts.Now(), a.log)
 	return err
 }
 
@@ -599,6 +630,14 @@ func CheckStart(cfg Config, getenv func(string) string) error {
 		errs = append(errs, errNoGeminiKey)
 	}
 	errs = append(errs, CheckAdminListen(cfg.Server.AdminListen, getenv("BREAKWATER_ADMIN_TOKEN")))
+	if cfg.Storage.Backend == storage.BackendPostgres {
+		if getenv(postgres.EnvURL) == "" {
+			errs = append(errs, postgres.ErrNoURL)
+		}
+		if getenv("BREAKWATER_SECRET") == "" {
+			errs = append(errs, errNoSharedSecret)
+		}
+	}
 	return errors.Join(errs...)
 }
 

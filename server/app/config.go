@@ -259,8 +259,11 @@ func (c *Config) relax(warnings *[]string) error {
 		fallback(err, "[server] takes its defaults, but for admin_listen")
 	}
 	if err := c.Storage.Validate(); err != nil {
-		c.Storage = storage.Config{Path: c.Storage.Path}.WithDefaults()
-		fallback(err, "[storage] takes its defaults, but for path")
+		if err := (storage.Config{Backend: c.Storage.Backend}).Validate(); err != nil {
+			return err // the commands cannot guess where the records are
+		}
+		c.Storage = storage.Config{Backend: c.Storage.Backend, Path: c.Storage.Path}.WithDefaults()
+		fallback(err, "[storage] takes its defaults, but for backend and path")
 	}
 	if err := c.OCR.Validate(); err != nil {
 		c.OCR = ocr.Config{}.WithDefaults()

@@ -13,6 +13,7 @@ import (
 
 	"breakwater/server/invites"
 	"breakwater/storage"
+	"breakwater/storage/postgres"
 )
 
 // SecretFile is the name of the file beside the database that holds the
@@ -94,9 +95,19 @@ func writeNew(path string, data []byte) error {
 	return dir.Sync()
 }
 
+// errNoSharedSecret refuses to start an instance on PostgreSQL without
+// BREAKWATER_SECRET.
+var errNoSharedSecret = errors.New("BREAKWATER_SECRET is not set: with storage.backend = \"postgres\" every instance (and every command) " +
+	"must have the same server secret in the environment (openssl rand -hex 32)")
+
 // openInviteKey loads the server secret and moves invites stored before
 // the key to their keyed hash (once; see storage.DB.RekeyInvites).
 func (a *App) openInviteKey(c Config) error {
+	if c.Storage.Backend == storage.BackendPostgres && a.opts.Getenv("BREAKWATER_SECRET") == "" {
+		// A file beside one instance would key its invites apart from
+		// the others': a code made on one would not verify on another.
+		return errNoSharedSecret
+	}
 	secret, err := serverSecret(c.Storage.Path, a.opts.Getenv, a.log)
 	if err != nil {
 		return err
@@ -108,7 +119,7 @@ func (a *App) openInviteKey(c Config) error {
 	a.inviteKey = key
 	n, err := a.db.RekeyInvites(key.Mark(), key.Rekey)
 	switch {
-	case errors.Is(err, storage.ErrInviteKeyChanged):
+	case errors.Is(err, storage.ErrInviteKeyChanged), errors.Is(err, postgres.ErrInviteKeyChanged):
 		// Not fatal: keys, quotas and the budget do not depend on it.
 		a.log.Error("invite codes made before were keyed with another server secret and will not verify: "+
 			"restore that BREAKWATER_SECRET or "+SecretFile+", or delete and remake the invites", "err", err)

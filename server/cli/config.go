@@ -1,14 +1,18 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"breakwater/detect"
 	"breakwater/server/app"
+	"breakwater/storage"
+	"breakwater/storage/postgres"
 )
 
 func configCmd(e *env) *cobra.Command {
@@ -41,7 +45,11 @@ func (e *env) configCheck() error {
 	if c.OCR.Provider == "simulated" {
 		fmt.Fprintln(out, "note: ocr.provider is \"simulated\": no real reads are made")
 	}
-	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
+	if c.Storage.Backend == storage.BackendPostgres {
+		if err := e.checkPostgres(); err != nil {
+			return fmt.Errorf("serve would refuse to start: %w", err)
+		}
+	} else if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
 		fmt.Fprintln(out, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
 	printAlerts(out, c.AlertSettings(), getenv)
@@ -98,4 +106,33 @@ func printAlerts(out io.Writer, a detect.AlertsConfig, getenv func(string) strin
 	if len(a.WarnAt) == 0 {
 		fmt.Fprintln(out, "note: alerts.warn_at = []: no early warning before the brake engages")
 	}
+}
+
+// checkPostgres connects to the database of storage.backend = "postgres"
+// and says what it found, writing nothing.
+func (e *env) checkPostgres() error {
+	out, getenv := e.stdout, e.getenv
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f, err := postgres.Probe(ctx, getenv(postgres.EnvURL))
+	if err != nil {
+		return fmt.Errorf("storage.backend = \"postgres\": %w", err)
+	}
+	fmt.Fprintf(out, "storage: postgres, database %s at %s (PostgreSQL %s)\n", f.Database, f.Host, f.Server)
+	records := fmt.Sprintf("%d active %s, %d %s", f.Keys, plural(int(f.Keys), "key", "keys"), f.Users, plural(int(f.Users), "user", "users"))
+	switch {
+	case f.Schema == 0:
+		fmt.Fprintf(out, "storage: no Breakwater tables yet: serve (or keys create) makes them (schema %d)\n", f.Latest)
+	case f.Schema < f.Latest:
+		fmt.Fprintf(out, "storage: schema %d, this binary's is %d: the first instance to start migrates it; %s\n", f.Schema, f.Latest, records)
+	default:
+		fmt.Fprintf(out, "storage: schema %d (current); %s\n", f.Schema, records)
+	}
+	if f.SynchronousCommit != "on" {
+		fmt.Fprintf(out, "note: the server's synchronous_commit is %q; Breakwater's sessions set it on\n", f.SynchronousCommit)
+	}
+	if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
+		fmt.Fprintln(out, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API and the dashboard are off; the operator commands work on the database directly")
+	}
+	return nil
 }

@@ -442,3 +442,70 @@ func TestFailOpenCheck(t *testing.T) {
 		})
 	}
 }
+
+// fullLedger is a shared ledger (budget.SharedLedger) that other
+// instances have filled: it refuses every lease.
+type fullLedger struct {
+	ledger
+	calls int64 // the day's calls, every instance's
+}
+
+func (l *fullLedger) LeaseUnder(context.Context, string, int64, int64, budget.Ceilings, ...budget.LedgerDay) (budget.SharedTotals, bool, error) {
+	return budget.SharedTotals{DayTotals: budget.DayTotals{Requests: l.calls}}, false, nil
+}
+
+// A claim a shared ledger refuses (other instances took the day) is a
+// budget refusal with its ceiling and retry-after, not a failing ledger:
+// paid calls do not pause, and the claim settles to nothing.
+func TestSharedLedgerRefusalIsABudgetRefusal(t *testing.T) {
+	l := &fullLedger{calls: 10}
+	brake, err := budget.NewGlobal(budget.Config{DailyRequests: 10}, time.UTC, l, budget.GlobalState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Layers{Brake: brake}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, r := g.Admit(alice, now)
+	if r != nil {
+		t.Fatalf("Admit: %+v", r)
+	}
+	if r := tk.Reserve(100, now); r != nil {
+		t.Fatalf("Reserve: %+v (this instance's view has room)", r)
+	}
+	r = tk.Commit(t.Context(), now)
+	if r == nil || r.Layer != LayerBudget || r.Reason != "daily_requests" || r.RetryAfter != 12*time.Hour {
+		t.Fatalf("Commit: %+v, want the budget's daily_requests refusal until midnight", r)
+	}
+	tk.Cancel(t.Context())
+	if len(l.settled) != 0 {
+		t.Errorf("the refused claim was settled in the ledger: %+v", l.settled)
+	}
+	if _, r := g.Admit(alice, now.Add(time.Second)); r == nil || r.Layer != LayerBudget {
+		t.Errorf("the next request: %+v, want the brake engaged from the refreshed view, not a usage pause", r)
+	}
+}
+
+// A retry a shared ledger refuses is not made, and leaves the ticket as it
+// was: the first call is settled at its own cost.
+func TestSharedLedgerRefusedRetryLeavesTheFirstCall(t *testing.T) {
+	l := &fullLedger{calls: 2}
+	brake, err := budget.NewGlobal(budget.Config{DailyRequests: 2}, time.UTC, l, budget.GlobalState{Day: "2026-11-30", Month: "2026-11"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Layers{Brake: brake}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, _ := g.Admit(alice, now)
+	tk.Reserve(100, now) // the first call's claim (its Commit is not needed here)
+	if tk.ClaimRetry(t.Context(), 100, now) {
+		t.Fatal("a retry the shared ledger refuses was allowed")
+	}
+	tk.Fail(t.Context(), 40)
+	if len(l.settled) != 1 || l.settled[0].ActualMicroUSD != 40 {
+		t.Fatalf("settled %+v, want the first call once, at its cost of 40", l.settled)
+	}
+}

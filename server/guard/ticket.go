@@ -83,7 +83,9 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 
 // Commit covers the claims with durable budget (the brake's lease, which
 // writes about once per budget.LeaseCalls calls), so that they still count
-// after a crash; call it before the upstream call. A claim the ledger cannot take
+// after a crash; call it before the upstream call. A claim a shared ledger
+// refuses under its ceilings (budget.SharedLedger: other instances took
+// the room) is a budget refusal. A claim the ledger cannot take
 // refuses the call (layer "usage", reason "ledger_failing") and pauses
 // paid calls as a failed usage record does: the ledger and the usage
 // records share one database, so the read would be paid for and then
@@ -92,6 +94,11 @@ func (t *Ticket) Commit(ctx context.Context, now time.Time) *Refusal {
 	for i := range t.claims() {
 		if !t.claimed[i].Committed() {
 			if err := t.commit(ctx, &t.claimed[i]); err != nil {
+				if r := refusalOf(err); r != nil {
+					// A shared ledger's refusal: other instances took
+					// the room. An answer, not a failing ledger.
+					return t.g.refuse(r)
+				}
 				t.g.records.start(now)
 				return t.g.refuse(&Refusal{Layer: LayerUsage, Reason: "ledger_failing", RetryAfter: UsagePause})
 			}
@@ -135,6 +142,13 @@ func (t *Ticket) ClaimRetry(ctx context.Context, worst int64, now time.Time) boo
 	}
 	t.addClaim(claim) // held, so that it is settled whatever happens next
 	if err := t.commit(ctx, &t.claimed[t.n-1]); err != nil {
+		if refusalOf(err) != nil {
+			// A shared ledger's refusal: no room, nothing failing. The
+			// claim was dropped (nothing to settle): forget it, so that
+			// the first call stays the one that answers.
+			t.n--
+			return false
+		}
 		// As in Commit: no retry on a ledger that cannot take its claim.
 		t.g.records.start(now)
 		return false

@@ -149,6 +149,31 @@ func NewKeyring(store KeyStore, knownPlan func(string) bool, o Options) (*Keyrin
 	return k, nil
 }
 
+// Reload reads every key and user again: what an instance does when
+// another may have changed them while it was not listening (a shared
+// database's notifications resumed).
+func (k *Keyring) Reload() error { return k.load() }
+
+// Refresh applies a key that another instance created or revoked: an
+// active key is let in, a revoked one shut out at once.
+func (k *Keyring) Refresh(key Key) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if key.RevokedAt.IsZero() {
+		k.activate(key)
+	} else {
+		delete(k.active, key.Hash)
+	}
+}
+
+// RefreshUser applies a user that another instance changed (a ban, a
+// plan): every active key of the user sees it at once.
+func (k *Keyring) RefreshUser(u User) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.putUser(u)
+}
+
 func (k *Keyring) load() error {
 	keys, err := k.store.Keys()
 	if err != nil {

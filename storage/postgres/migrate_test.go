@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -56,8 +57,14 @@ func TestOpenMigratesOnceWhenInstancesStartTogether(t *testing.T) {
 	if err := dbs[0].Pool().QueryRow(context.Background(), "SELECT count(*), count(DISTINCT version) FROM breakwater_schema").Scan(&rows, &distinct); err != nil {
 		t.Fatal(err)
 	}
-	if rows != postgres.LatestSchema() || distinct != rows {
-		t.Errorf("breakwater_schema holds %d rows (%d versions), want one per migration (%d)", rows, distinct, postgres.LatestSchema())
+	// Counted from the files: parts of the backend developed side by side
+	// number theirs apart (odd, even), so the versions may have gaps.
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != len(files) || distinct != rows {
+		t.Errorf("breakwater_schema holds %d rows (%d versions), want one per migration (%d)", rows, distinct, len(files))
 	}
 }
 

@@ -62,6 +62,8 @@ type DB struct {
 	now  func() time.Time
 	// schema is the version the database is at after Open.
 	schema int
+	// rec is this instance's part of the records (ops.go).
+	rec records
 }
 
 // Open connects to the database at url, brings its schema up to this

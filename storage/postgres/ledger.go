@@ -1,0 +1,154 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"breakwater/budget"
+)
+
+// The global budget's ledger, shared by the instances: ledger_days (calls
+// and micro-dollars per day, the rest of every lease included) and
+// ledger_months (the days' micro-dollars per month). A lease is one call
+// of bw_lease (migrations/0003_money.sql): one statement, its own
+// transaction, committed with synchronous_commit on before the calls it
+// covers; it is taken only if every ceiling holds after it, so N instances
+// together never lease past a ceiling. A settlement moves its day and month
+// from the call's leased worst case to its actual cost, in the group
+// transaction of the usage record that carries it, or in one of its own.
+
+var (
+	_ budget.Ledger       = (*Money)(nil)
+	_ budget.SharedLedger = (*Money)(nil)
+)
+
+// Lease adds calls and microUSD to day unconditionally (the ceilings are
+// the caller's), and gives back giveBack; budget.Global uses LeaseUnder
+// instead, and Lease only to give back (Close).
+func (m *Money) Lease(ctx context.Context, day string, calls, microUSD int64, giveBack ...budget.LedgerDay) error {
+	_, _, err := m.LeaseUnder(ctx, day, calls, microUSD, budget.Ceilings{}, giveBack...)
+	return err
+}
+
+// LeaseUnder adds calls and microUSD to day and its month if every ceiling
+// of lim that is on still holds after it, and gives back giveBack in the
+// same transaction whether or not it does; it returns the totals after
+// it. day may be "" when calls and microUSD are 0.
+func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int64, lim budget.Ceilings, giveBack ...budget.LedgerDay) (budget.SharedTotals, bool, error) {
+	if calls < 0 || microUSD < 0 {
+		return budget.SharedTotals{}, false, errors.New("postgres: negative lease")
+	}
+	if (calls != 0 || microUSD != 0) && !validDay(day) {
+		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease on %q: not a day", day)
+	}
+	days := make([]string, 0, len(giveBack))
+	backCalls := make([]int64, 0, len(giveBack))
+	backMicro := make([]int64, 0, len(giveBack))
+	for _, b := range giveBack {
+		if !validDay(b.Day) || b.Requests < 0 || b.SpendMicroUSD < 0 {
+			return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease given back to %q: invalid", b.Day)
+		}
+		days = append(days, b.Day)
+		backCalls = append(backCalls, b.Requests)
+		backMicro = append(backMicro, b.SpendMicroUSD)
+	}
+	var (
+		tot budget.SharedTotals
+		ok  bool
+	)
+	var err error
+	for range retries { // a deadlock's victim is rolled back whole: run it again
+		err = m.db.pool.QueryRow(ctx, "SELECT ok, day_calls, day_micro, day_settled, month_micro FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+			day, calls, microUSD, lim.DailyRequests, lim.DailyMicroUSD, lim.MonthlyMicroUSD, days, backCalls, backMicro,
+		).Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD)
+		if !retryable(err) {
+			break
+		}
+	}
+	if err != nil {
+		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease budget on %s: %w", day, err)
+	}
+	m.txs.Add(1)
+	m.writes.Add(1)
+	return tot, ok, nil
+}
+
+// Settle settles one call at its actual cost (see budget.Settlement), in
+// a group transaction. A settlement with an ID (a reservation row of the
+// bolt backend's earlier versions, which this backend never has) is
+// settled by its day as one without.
+func (m *Money) Settle(ctx context.Context, s budget.Settlement) error {
+	steps, err := settleSteps(s)
+	if err != nil || len(steps) == 0 {
+		return err
+	}
+	return m.do(ctx, &groupOp{steps: steps})
+}
+
+// settleSteps are the statements that settle s: its day's row, then its
+// month's. A call no lease counted is added to its day.
+func settleSteps(s budget.Settlement) ([]step, error) {
+	if s == (budget.Settlement{}) {
+		return nil, nil
+	}
+	if s.ActualMicroUSD < 0 || s.LeasedMicroUSD < 0 {
+		return nil, errors.New("postgres: settlement with a negative cost")
+	}
+	if !validDay(s.Day) {
+		return nil, fmt.Errorf("postgres: settlement on %q: not a day", s.Day)
+	}
+	var calls int64
+	if !s.Leased {
+		calls = 1
+	}
+	delta := s.ActualMicroUSD - s.LeasedMicroUSD
+	month := s.Day[:len("2006-01")]
+	return []step{
+		{rank: rankDay, key: s.Day, queue: func(b *pgx.Batch) {
+			b.Queue(`INSERT INTO ledger_days AS l (day, calls, micro_usd, settled_micro_usd) VALUES ($1, $2, greatest($3::bigint, 0), $4)
+				ON CONFLICT (day) DO UPDATE SET calls = l.calls + $2, micro_usd = greatest(l.micro_usd + $3, 0),
+				settled_micro_usd = l.settled_micro_usd + $4`, s.Day, calls, delta, s.ActualMicroUSD)
+		}},
+		{rank: rankMonth, key: month, queue: func(b *pgx.Batch) {
+			b.Queue(`INSERT INTO ledger_months AS l (month, micro_usd) VALUES ($1, greatest($2::bigint, 0))
+				ON CONFLICT (month) DO UPDATE SET micro_usd = greatest(l.micro_usd + $2, 0)`, month, delta)
+		}},
+	}, nil
+}
+
+// LedgerDay is day's totals in the shared ledger, and the settled costs
+// alone; a day without calls is zero.
+func (m *Money) LedgerDay(ctx context.Context, day string) (t budget.DayTotals, settled int64, err error) {
+	err = m.db.pool.QueryRow(ctx, `SELECT coalesce(max(calls), 0), coalesce(max(micro_usd), 0), coalesce(max(settled_micro_usd), 0)
+		FROM ledger_days WHERE day = $1`, day).Scan(&t.Requests, &t.SpendMicroUSD, &settled)
+	if err != nil {
+		return budget.DayTotals{}, 0, fmt.Errorf("postgres: ledger day %s: %w", day, err)
+	}
+	return t, settled, nil
+}
+
+// GlobalState is what budget.NewGlobal starts from at now: the shared
+// ledger's totals of today and this month, every instance's included.
+func (m *Money) GlobalState(ctx context.Context, now time.Time) (budget.GlobalState, error) {
+	st := budget.GlobalState{Day: m.cal.Day(now), Month: m.cal.Month(now)}
+	d, _, err := m.LedgerDay(ctx, st.Day)
+	if err != nil {
+		return budget.GlobalState{}, err
+	}
+	st.Requests, st.Spend = d.Requests, d.SpendMicroUSD
+	err = m.db.pool.QueryRow(ctx, "SELECT coalesce(max(micro_usd), 0) FROM ledger_months WHERE month = $1", st.Month).Scan(&st.MonthSpend)
+	if err != nil {
+		return budget.GlobalState{}, fmt.Errorf("postgres: ledger month %s: %w", st.Month, err)
+	}
+	return st, nil
+}
+
+// validDay reports whether day is "2006-01-02".
+func validDay(day string) bool {
+	_, err := time.Parse(time.DateOnly, day)
+	return err == nil && len(day) == len(time.DateOnly)
+}

@@ -1,0 +1,406 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"breakwater/budget"
+)
+
+// The money path of one instance: the ledger of the global budget, plan
+// quotas, the daily attempt line and the usage records, each exact across
+// every instance that shares the database. Their writes (an attempt taken,
+// a quota slot reserved or released, a usage record) go through one group
+// commit: whatever callers are waiting when the writer is free share one
+// transaction, so that under load an accepted read costs a fraction of a
+// PostgreSQL transaction. Each limit is still decided row by row, under
+// the row's lock, by a conditional statement: sharing a transaction
+// changes when a decision is durable, not what it is.
+
+// Money sizing and timing.
+const (
+	// maxGroup is the most writes one transaction carries.
+	maxGroup = 512
+	// DefaultOpTimeout bounds one group transaction, and the wait of a
+	// caller that has no context of its own (Reserve, Take): with the
+	// database unreachable, the request fails closed after it.
+	DefaultOpTimeout = 5 * time.Second
+	// HoldHeartbeat is how often an instance says it is alive, which
+	// keeps its quota holds counting.
+	HoldHeartbeat = 5 * time.Second
+	// HoldTTL is how long after its last heartbeat an instance's quota
+	// holds stop counting: a crashed instance's reads in flight hold their
+	// slots for at most this long. It is far longer than HoldHeartbeat and
+	// than any clock skew between the instances' hosts.
+	HoldTTL = 30 * time.Second
+	// staleOwner is how long after its last heartbeat an instance's rows
+	// are removed by the next instance that starts.
+	staleOwner = 24 * time.Hour
+	// writers is how many group transactions one instance runs at once:
+	// while one waits for its commit to reach the disk, the next group
+	// may go.
+	writers = 2
+	// crowd is how many writes must be waiting for a group to go while
+	// another is being committed; fewer wait for the next free writer.
+	// Under light load a second writer would only split the groups (more
+	// transactions per read for no gain); under heavy load it doubles the
+	// rate.
+	crowd = 8
+	// retries is how often a group transaction that PostgreSQL aborted
+	// to break a deadlock or a serialisation conflict is run again.
+	retries = 5
+)
+
+// MoneyOptions tune NewMoney.
+type MoneyOptions struct {
+	// Location is the zone of the budget's days and months (required).
+	Location *time.Location
+	// Now is the clock of the heartbeat. Default time.Now.
+	Now func() time.Time
+	// OpTimeout bounds one group transaction. Default DefaultOpTimeout.
+	OpTimeout time.Duration
+	// Logger receives the few log lines. Default the DB's.
+	Logger *slog.Logger
+	// KeepAnswer, when set, queues in a usage record's transaction the
+	// statements that keep rec.Answer (the kept answers' part of the
+	// backend), so that a read and its answer are one commit. Without it
+	// a record's Answer is not kept.
+	KeepAnswer func(b *pgx.Batch, rec budget.UsageRecord) error
+}
+
+// Money is one instance's money path on db. Make one per process
+// (NewMoney) and Close it on a clean stop, before db. Wiring, in order:
+//
+//	db, err := postgres.Open(ctx, os.Getenv(postgres.EnvURL), postgres.Options{...})
+//	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: loc, Now: now})
+//	st, err := m.GlobalState(ctx, now())
+//	brake, err := budget.NewGlobal(cfg, loc, m, st) // m is a budget.SharedLedger
+//	guard.Layers{Attempts: m.Attempts(), Quotas: m.Quotas(), Brake: brake, Usage: m, ...}
+//	every second or so: brake.Refresh(ctx, now())
+//	at a clean stop, no request in flight: brake.Close(ctx); m.Close(ctx); db.Close()
+type Money struct {
+	db    *DB
+	loc   *time.Location
+	cal   *budget.Calendar
+	now   func() time.Time
+	log   *slog.Logger
+	owner string // this instance's id in money_owners and quota_holds
+	opTO  time.Duration
+	keep  func(b *pgx.Batch, rec budget.UsageRecord) error
+
+	queue   chan *groupOp
+	groups  chan []*groupOp // from the dispatcher to the committers
+	freed   chan struct{}   // a committer is free again
+	stop    chan struct{}
+	stopped chan struct{} // closed once the writers have ended
+	done    sync.WaitGroup
+	once    sync.Once
+
+	// txs counts the transactions committed (groups and leases), writes
+	// the writes they carried, for metrics and benchmarks.
+	txs, writes atomic.Int64
+
+	cache    quotaCache
+	attempts attemptCache
+	releases releaseDebt
+}
+
+// NewMoney registers this instance as a quota holder, starts its
+// heartbeat and the group writer, and returns its money path.
+func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
+	if db == nil || opts.Location == nil {
+		return nil, errors.New("postgres: the money path needs a database and a time zone")
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	m := &Money{
+		db: db, loc: opts.Location, cal: budget.NewCalendar(opts.Location), now: opts.Now, log: opts.Logger,
+		owner: hex.EncodeToString(id[:]), opTO: opts.OpTimeout, keep: opts.KeepAnswer,
+		queue: make(chan *groupOp, maxGroup), groups: make(chan []*groupOp), freed: make(chan struct{}, writers),
+		stop: make(chan struct{}), stopped: make(chan struct{}),
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	if m.log == nil {
+		m.log = db.log
+	}
+	if m.opTO <= 0 {
+		m.opTO = DefaultOpTimeout
+	}
+	if err := m.heartbeat(ctx); err != nil {
+		return nil, fmt.Errorf("postgres: register the instance: %w", err)
+	}
+	// Instances gone for a day (crashed, never restarted with this id)
+	// leave rows that no longer count: remove them. No one else writes
+	// them, so this takes no lock out of order.
+	_, err := db.pool.Exec(ctx, `WITH gone AS (DELETE FROM money_owners WHERE seen_at < $1 RETURNING owner)
+		DELETE FROM quota_holds WHERE owner IN (SELECT owner FROM gone)`, m.now().Add(-staleOwner))
+	if err != nil {
+		return nil, fmt.Errorf("postgres: remove stale instances: %w", err)
+	}
+	var writing sync.WaitGroup
+	writing.Add(writers + 1)
+	go func() { defer writing.Done(); m.dispatch() }()
+	for range writers {
+		go func() { defer writing.Done(); m.commit() }()
+	}
+	m.done.Add(2)
+	go func() { defer m.done.Done(); writing.Wait(); close(m.stopped) }()
+	go m.beat()
+	return m, nil
+}
+
+// Owner is this instance's id among the quota holders.
+func (m *Money) Owner() string { return m.owner }
+
+// Transactions is how many transactions this instance's money path
+// committed: group transactions and leases.
+func (m *Money) Transactions() int64 { return m.txs.Load() }
+
+// Writes is how many writes (an attempt, a reservation, a usage record, a
+// settlement, a lease) those transactions carried.
+func (m *Money) Writes() int64 { return m.writes.Load() }
+
+// Close stops the writer and the heartbeat, and gives back this
+// instance's quota holds and registration: call it once no request is in
+// flight, after budget.Global.Close and before db.Close. A process that
+// dies without it leaves its holds to expire (HoldTTL).
+func (m *Money) Close(ctx context.Context) error {
+	m.once.Do(func() { close(m.stop) })
+	m.done.Wait()
+	_, err := m.db.pool.Exec(ctx, `WITH h AS (DELETE FROM quota_holds WHERE owner = $1)
+		DELETE FROM money_owners WHERE owner = $1`, m.owner)
+	if err != nil {
+		return fmt.Errorf("postgres: give the quota holds back: %w", err)
+	}
+	return nil
+}
+
+// heartbeat says this instance is alive: its quota holds keep counting
+// for HoldTTL from now.
+func (m *Money) heartbeat(ctx context.Context) error {
+	now := m.now()
+	_, err := m.db.pool.Exec(ctx, `INSERT INTO money_owners (owner, started_at, seen_at) VALUES ($1, $2, $2)
+		ON CONFLICT (owner) DO UPDATE SET seen_at = $2`, m.owner, now)
+	return err
+}
+
+// beat runs the heartbeat until Close, and writes the releases of quota
+// holds that failed to write.
+func (m *Money) beat() {
+	defer m.done.Done()
+	t := time.NewTicker(HoldHeartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
+		if err := m.heartbeat(ctx); err != nil {
+			m.log.Warn("postgres heartbeat failed: this instance's quota holds stop counting after the TTL", "error", err, "ttl", HoldTTL)
+		}
+		cancel()
+		m.retryReleases()
+	}
+}
+
+// A step is one statement of a group write, queued in lock order: by rank
+// (the table: attempt rows, then quota counts, then quota holds, then
+// ledger days, then ledger months, then inserts), then by key (the row).
+// Every writer of these tables locks in this order, so that two
+// transactions never wait on each other in a circle: not two instances',
+// nor two groups of one instance (its writers run two at once).
+type step struct {
+	rank  int
+	key   string
+	queue func(b *pgx.Batch)
+}
+
+// Ranks of the steps, in lock order.
+const (
+	rankAttempt = iota
+	rankQuota
+	rankHold
+	rankDay
+	rankMonth
+	rankInsert
+)
+
+// groupOp is one caller's write: its statements, and reset, which clears
+// what their callbacks recorded before a run (a group may run more than
+// once).
+type groupOp struct {
+	steps []step
+	reset func()
+	done  chan error // buffered
+}
+
+// do runs op in the next group transaction and returns once that
+// transaction committed (or failed). ctx bounds only the wait for a place
+// in the queue: once queued, the caller must learn its write's fate.
+func (m *Money) do(ctx context.Context, op *groupOp) error {
+	op.done = make(chan error, 1)
+	select {
+	case <-m.stop:
+		return ErrClosed
+	default:
+	}
+	select {
+	case m.queue <- op:
+	case <-m.stop:
+		return ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("postgres: money queue: %w", ctx.Err())
+	}
+	select {
+	case err := <-op.done:
+		return err
+	case <-m.stopped: // queued as the writers ended: answered, or never
+		select {
+		case err := <-op.done:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
+}
+
+// dispatch forms the groups: it gathers the waiting writes and hands them
+// to a free committer, at once when none is busy, and while one is busy
+// only once crowd writes wait. On Close it fails what is left.
+func (m *Money) dispatch() {
+	var (
+		group []*groupOp
+		busy  int
+	)
+	for {
+		var send chan []*groupOp
+		if len(group) > 0 && (busy == 0 || (busy < writers && len(group) >= crowd)) {
+			send = m.groups
+		}
+		queue := m.queue
+		if len(group) >= maxGroup {
+			queue = nil
+		}
+		select {
+		case op := <-queue:
+			group = append(group, op)
+		case send <- group:
+			group, busy = nil, busy+1
+		case <-m.freed:
+			busy--
+		case <-m.stop:
+			close(m.groups)
+			for _, op := range group {
+				op.done <- ErrClosed
+			}
+			for {
+				select {
+				case op := <-m.queue:
+					op.done <- ErrClosed
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// commit commits the groups dispatch hands it, until Close.
+func (m *Money) commit() {
+	for group := range m.groups {
+		m.commitGroup(group)
+		m.freed <- struct{}{} // buffered for every committer: never blocks
+	}
+}
+
+// commitGroup runs ops in one transaction and tells each its outcome. A
+// statement that fails with the server's error (one op's bad input) would
+// fail them all: the group is then run again one op at a time, so that
+// only that op fails.
+func (m *Money) commitGroup(ops []*groupOp) {
+	err := m.runGroup(ops)
+	var pgErr *pgconn.PgError
+	if err != nil && len(ops) > 1 && errors.As(err, &pgErr) {
+		for _, op := range ops {
+			op.done <- m.runGroup([]*groupOp{op})
+		}
+		return
+	}
+	for _, op := range ops {
+		op.done <- err
+	}
+}
+
+// runGroup runs ops in one transaction, again after a deadlock or a
+// serialisation failure.
+func (m *Money) runGroup(ops []*groupOp) error {
+	var steps []step
+	for _, op := range ops {
+		steps = append(steps, op.steps...)
+	}
+	sort.SliceStable(steps, func(i, j int) bool {
+		if steps[i].rank != steps[j].rank {
+			return steps[i].rank < steps[j].rank
+		}
+		return steps[i].key < steps[j].key
+	})
+	var err error
+	for range retries {
+		for _, op := range ops {
+			if op.reset != nil {
+				op.reset()
+			}
+		}
+		if err = m.runSteps(steps); err == nil || !retryable(err) {
+			break
+		}
+	}
+	if err == nil {
+		m.writes.Add(int64(len(ops)))
+	}
+	return err
+}
+
+// runSteps is one try of a group transaction.
+func (m *Money) runSteps(steps []step) error {
+	ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
+	defer cancel()
+	// One pipeline with one Sync: PostgreSQL runs it as one implicit
+	// transaction (all or nothing), in one round trip.
+	b := &pgx.Batch{}
+	for _, s := range steps {
+		s.queue(b)
+	}
+	if err := m.db.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("postgres: money transaction: %w", err)
+	}
+	m.txs.Add(1)
+	return nil
+}
+
+// retryable reports a transaction PostgreSQL aborted so that another could
+// go on: run again, it succeeds.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
+// ctx is a context for a caller that brings none (Reserve, Take).
+func (m *Money) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), m.opTO)
+}

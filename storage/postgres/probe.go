@@ -1,0 +1,63 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Found is what Probe found in a database.
+type Found struct {
+	Server   string // the server's version, "15.14 (Debian 15.14-0+deb12u1)"
+	Database string // the database's name
+	Host     string // the host (or socket folder) connected to
+	// Schema is the database's schema version, 0 for a database that
+	// Breakwater has not used yet; Latest is this binary's.
+	Schema, Latest int
+	// Keys and Users count the records, when Schema > 0.
+	Keys, Users int64
+	// SynchronousCommit is the server's own setting; Breakwater's
+	// sessions set it on whatever it says.
+	SynchronousCommit string
+}
+
+// Probe connects to the database at url and says what it holds, writing
+// nothing (no migration): what `config check` reports. A database whose
+// schema is newer than this binary's is an error, as at Open.
+func Probe(ctx context.Context, url string) (Found, error) {
+	if url == "" {
+		return Found{}, ErrNoURL
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return Found{}, errors.New("postgres: " + EnvURL + " is not a valid connection string")
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return Found{}, fmt.Errorf("postgres: connect to %s: %w", cfg.Host, err)
+	}
+	defer conn.Close(context.Background())
+	f := Found{Database: cfg.Database, Host: cfg.Host, Latest: LatestSchema()}
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit')").Scan(&f.Server, &f.SynchronousCommit); err != nil {
+		return f, fmt.Errorf("postgres: %w", err)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
+		return f, err
+	}
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM breakwater_schema").Scan(&f.Schema); err != nil {
+		return f, fmt.Errorf("postgres: read the schema version: %w", err)
+	}
+	if f.Schema > f.Latest {
+		return f, fmt.Errorf("%w: the database is at schema %d, this binary knows up to %d", ErrNewerSchema, f.Schema, f.Latest)
+	}
+	if f.Schema >= 2 { // the migration that made the keys and users
+		err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL), (SELECT count(*) FROM users)").Scan(&f.Keys, &f.Users)
+		if err != nil {
+			return f, fmt.Errorf("postgres: count keys: %w", err)
+		}
+	}
+	return f, nil
+}
