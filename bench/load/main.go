@@ -197,6 +197,9 @@ type report struct {
 	// postgres describes the server of the postgres cases (-postgres);
 	// empty in the other runs.
 	postgres string
+	// loadAvg is the machine's load average when the rounds started
+	// (-postgres): whether other work shared the cores.
+	loadAvg string
 }
 
 // figure is one case's medians across the rounds.
@@ -279,6 +282,7 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %s\n", thousands(float64(p.users)))
 	if r.postgres != "" {
 		fmt.Fprintf(w, "postgres: %s;\n  two instances share one database and the connections, half each; every case with the budget ceilings on\n", r.postgres)
+		fmt.Fprintf(w, "load average when the rounds started (1, 5, 15 min): %s\n", r.loadAvg)
 	}
 	fmt.Fprintln(w)
 

@@ -486,10 +486,19 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 	if err != nil {
 		return nil, err
 	}
-	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, postgres: b.pg.describe()}
+	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, postgres: b.pg.describe(), loadAvg: loadAverage()}
 	r.samples = b.rounds()
 	r.profiles = b.profiles
 	return r, b.profileErr
+}
+
+// loadAverage is the first three fields of /proc/loadavg.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], ", ")
+	}
+	return "unknown"
 }
 
 // describe says which server the postgres cases ran on.

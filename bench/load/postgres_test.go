@@ -71,7 +71,7 @@ func TestSmokePostgres(t *testing.T) {
 	if pgCases != 4 {
 		t.Errorf("%d cases on postgres, want 4", pgCases)
 	}
-	for _, want := range []string{"postgres, 2 instances ÷ bolt, 1 user", "PostgreSQL transactions per accepted read", "where the time goes", "PostgreSQL 1"} {
+	for _, want := range []string{"postgres, 2 instances ÷ bolt, 1 user", "load average when the rounds started", "PostgreSQL transactions per accepted read", "where the time goes", "PostgreSQL 1"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report does not show %q", want)
 		}
