@@ -200,6 +200,9 @@ type report struct {
 	// loadAvg is the machine's load average when the rounds started
 	// (-postgres): whether other work shared the cores.
 	loadAvg string
+	// pgCPUCounted says PostgreSQL's CPU was counted (a cluster the
+	// harness started).
+	pgCPUCounted bool
 }
 
 // figure is one case's medians across the rounds.

@@ -486,7 +486,8 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 	if err != nil {
 		return nil, err
 	}
-	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, postgres: b.pg.describe(), loadAvg: loadAverage()}
+	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, postgres: b.pg.describe(), loadAvg: loadAverage(),
+		pgCPUCounted: b.pg.cluster != nil}
 	r.samples = b.rounds()
 	r.profiles = b.profiles
 	return r, b.profileErr
@@ -578,8 +579,12 @@ func (r *report) printPostgres(w io.Writer) {
 			perRead, perCommit = f.commits/f.rps, f.writes/f.commits
 		}
 		verdict := metLabel(ok && tx <= maxTxPerRead)
-		fmt.Fprintf(w, "%-*s %8.2f %8s  %-8s %9.1f%% %13.2f %14.1f %7.2f\n", lw, c.label, tx, "≤ "+strconv.FormatFloat(maxTxPerRead, 'f', 1, 64), verdict,
-			r.rolledBack(c.id), perRead, perCommit, median(r.pgCPUs(c.id)))
+		pgCPU := "–" // a server the harness did not start: its CPU is not counted
+		if r.pgCPUCounted {
+			pgCPU = strconv.FormatFloat(median(r.pgCPUs(c.id)), 'f', 2, 64)
+		}
+		fmt.Fprintf(w, "%-*s %8.2f %8s  %-8s %9.1f%% %13.2f %14.1f %7s\n", lw, c.label, tx, "≤ "+strconv.FormatFloat(maxTxPerRead, 'f', 1, 64), verdict,
+			r.rolledBack(c.id), perRead, perCommit, pgCPU)
 	}
 	fmt.Fprintln(w, "(rolled back: the share of those transactions; commits/read and writes/commit: the instances' own group-commit")
 	fmt.Fprintln(w, " counters over the measured time; pg cpu: cores used by PostgreSQL's processes, a part of srv cpu)")
