@@ -7,6 +7,7 @@
 //
 //	go run ./bench/load          # the full run (about 5 minutes)
 //	go run ./bench/load -quick   # under a minute: fewer, shorter rounds, no memory figures
+//	go run ./bench/load -postgres  # the accepted path on bolt, one postgres instance and two on one database
 //
 // It never talks to anything but 127.0.0.1, and it does not judge timing
 // for CI: the smoke test only proves that every case runs and answers as
