@@ -56,6 +56,26 @@ type tcase struct {
 	pids    func() []int // the processes that serve it, for their CPU time
 	request func(buf []byte, seq int64, s *clientScratch) []byte
 	expect  int // the status every answer should have
+	// also is the second instance of a two-instance case (on one
+	// PostgreSQL database): the clients are split between bw and also.
+	also *breakwater
+	// pg is the database of a case on PostgreSQL, whose transactions are
+	// counted per accepted read; nil on bolt and for the peers.
+	pg *pgDatabase
+	// extraCPU, if set, is the CPU time of serving processes that pids
+	// does not name (the PostgreSQL server and its backends).
+	extraCPU func() time.Duration
+}
+
+// instances are the Breakwater instances that serve c.
+func (c tcase) instances() []*breakwater {
+	switch {
+	case c.bw == nil:
+		return nil
+	case c.also == nil:
+		return []*breakwater{c.bw}
+	}
+	return []*breakwater{c.bw, c.also}
 }
 
 // sample is one case's figures in one round.
@@ -72,6 +92,20 @@ type sample struct {
 	statuses        map[int]int64
 	errors          int64
 	firstErr        error
+	// mean is the mean latency of the counted answers.
+	mean time.Duration
+	// stages are the instances' histograms over the measured time, as
+	// sum of seconds and count (where the time goes).
+	stages map[string]stageSum
+	// pgCommits, pgRollbacks and served are, for a case on PostgreSQL,
+	// its database's transactions (pg_stat_database) and the accepted
+	// reads its instances counted, over the whole case, its warm-up and
+	// the wait for the statistics included; pgErr says why they are
+	// missing. pgCPU is the cores PostgreSQL used over the measured time
+	// (a share of srvCPU; 0 for a server the harness did not start).
+	pgCommits, pgRollbacks, served float64
+	pgCPU                          float64
+	pgErr                          error
 }
 
 // bench holds everything one run started.
@@ -82,6 +116,8 @@ type bench struct {
 
 	echo, peer, redis *process
 	on, off, reject   *breakwater
+	others            []*breakwater // the postgres cases' instances (-postgres)
+	pg                *pgServer     // their server (-postgres)
 	cases             []tcase
 
 	profiles   []string // the CPU profiles written (plan.profile)
@@ -298,7 +334,7 @@ func (b *bench) primeRejecting() error {
 
 // close stops every server the run started.
 func (b *bench) close() {
-	for _, bw := range []*breakwater{b.on, b.off, b.reject} {
+	for _, bw := range append([]*breakwater{b.on, b.off, b.reject}, b.others...) {
 		if bw != nil {
 			bw.stop()
 		}
@@ -306,41 +342,79 @@ func (b *bench) close() {
 	b.peer.stop()
 	b.redis.stop()
 	b.echo.stop()
+	b.pg.close() // after the instances: it drops their databases
 }
 
 // measure runs one case once; with profile, it also writes a CPU profile
-// of the serving instance over the measured time (see profileCase).
+// of the serving instance over the measured time (see profileCase). A
+// case on PostgreSQL also counts its database's transactions around it.
 func (b *bench) measure(c tcase, profile bool) sample {
+	var before pgCounts
+	if c.pg != nil {
+		before = c.pg.counts(c)
+	}
+	s := b.measureLoad(c, profile)
+	if c.pg != nil {
+		time.Sleep(pgStatsSettle) // the instances' sessions go idle and flush their statistics
+		after := c.pg.counts(c)
+		s.pgCommits, s.pgRollbacks = after.commits-before.commits, after.rollbacks-before.rollbacks
+		s.served = after.served - before.served
+		s.pgErr = errors.Join(before.err, after.err)
+	}
+	return s
+}
+
+// caseCounters are the serving instances' counters at one moment.
+type caseCounters struct {
+	commits commitCounts
+	stages  map[string]stageSum
+	err     error
+}
+
+// counters reads c's instances' counters (Breakwater cases only).
+func (c tcase) counters() caseCounters {
+	var out caseCounters
+	for _, bw := range c.instances() {
+		cc, err := bw.commitCounts()
+		out.commits.commits += cc.commits
+		out.commits.writes += cc.writes
+		st, err2 := bw.stageSums()
+		out.err = errors.Join(out.err, err, err2)
+		out.stages = addStages(out.stages, st)
+	}
+	return out
+}
+
+// measureLoad is measure's load and its figures.
+func (b *bench) measureLoad(c tcase, profile bool) sample {
 	pids := c.pids()
 	self := os.Getpid()
-	cpu := func() (srv, gen time.Duration) {
+	cpu := func() (srv, extra, gen time.Duration) {
 		for _, pid := range pids {
 			srv += cpuTime(pid)
 		}
-		return srv, cpuTime(self)
+		if c.extraCPU != nil {
+			extra = c.extraCPU()
+		}
+		return srv + extra, extra, cpuTime(self)
 	}
 	l := load{addr: c.addr, clients: b.plan.clients, warmup: b.plan.warmup, duration: b.plan.duration, request: c.request}
 	// CPU is read at the start and end of the measured time, from a
 	// goroutine beside the clients.
-	var srv0, gen0, srv1, gen1 time.Duration
+	var srv0, pg0, gen0, srv1, pg1, gen1 time.Duration
 	var t0, t1 time.Time
-	var commits0, commits1 commitCounts
-	var commitErr0, commitErr1 error
+	var k0, k1 caseCounters
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		time.Sleep(l.warmup)
 		t0 = time.Now()
-		srv0, gen0 = cpu()
-		if c.bw != nil {
-			commits0, commitErr0 = c.bw.commitCounts()
-		}
+		srv0, pg0, gen0 = cpu()
+		k0 = c.counters()
 		time.Sleep(l.duration)
 		t1 = time.Now()
-		srv1, gen1 = cpu()
-		if c.bw != nil {
-			commits1, commitErr1 = c.bw.commitCounts()
-		}
+		srv1, pg1, gen1 = cpu()
+		k1 = c.counters()
 	}()
 	profiled := make(chan struct{})
 	if profile {
@@ -352,16 +426,21 @@ func (b *bench) measure(c tcase, profile bool) sample {
 	} else {
 		close(profiled)
 	}
-	out := generate(l)
+	var out outcome
+	if c.also != nil {
+		out = generateSplit(l, c.also.addr)
+	} else {
+		out = generate(l)
+	}
 	<-done
 	<-profiled // the next case may profile the same instance: one profile at a time
 	wall := t1.Sub(t0).Seconds()
 	return sample{
-		rps: out.rps(), p50: out.percentile(0.50), p99: out.percentile(0.99),
-		srvCPU: (srv1 - srv0).Seconds() / wall, genCPU: (gen1 - gen0).Seconds() / wall,
-		commits: (commits1.commits - commits0.commits) / wall, writes: (commits1.writes - commits0.writes) / wall,
-		commitErr: errors.Join(commitErr0, commitErr1),
-		expected:  out.share(c.expect), statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
+		rps: out.rps(), p50: out.percentile(0.50), p99: out.percentile(0.99), mean: out.mean(),
+		srvCPU: (srv1 - srv0).Seconds() / wall, genCPU: (gen1 - gen0).Seconds() / wall, pgCPU: (pg1 - pg0).Seconds() / wall,
+		commits: (k1.commits.commits - k0.commits.commits) / wall, writes: (k1.commits.writes - k0.commits.writes) / wall,
+		commitErr: errors.Join(k0.err, k1.err), stages: subStages(k1.stages, k0.stages),
+		expected: out.share(c.expect), statuses: out.statuses, errors: out.errors, firstErr: out.firstErr,
 	}
 }
 

@@ -7,6 +7,7 @@
 //
 //	go run ./bench/load          # the full run (about 5 minutes)
 //	go run ./bench/load -quick   # under a minute: fewer, shorter rounds, no memory figures
+//	go run ./bench/load -postgres  # the accepted path on bolt, one postgres instance and two on one database
 //
 // It never talks to anything but 127.0.0.1, and it does not judge timing
 // for CI: the smoke test only proves that every case runs and answers as
@@ -58,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	root := fs.String("root", "", "the breakwater module to build (default: the module of the current directory)")
 	keep := fs.Bool("keep", false, "keep the temporary directory (configs, databases, server logs) and print its path")
 	profile := fs.String("profile", "", "write a CPU profile of each Breakwater case, over its measured time in the first round, to `DIR`/CASE.pprof")
+	pgCases := fs.Bool("postgres", false, "run the postgres cases instead: the accepted path on one instance on bolt, one on PostgreSQL and two sharing one database (3 rounds of 3 s, -quick 2 of 1.5 s)")
+	pgURL := fs.String("postgres-url", "", "with -postgres: the `URL` of a PostgreSQL role that may create databases (default: a throwaway cluster the harness starts)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,7 +68,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	p, form := fullPlan, "full run"
-	if *quick {
+	if *pgCases {
+		p, form = pgPlan, "postgres cases (-postgres)"
+		if *quick {
+			p, form = quickPlan, "postgres cases, quick form (-postgres -quick)"
+		}
+	} else if *pgURL != "" {
+		return errors.New("-postgres-url goes with -postgres")
+	} else if *quick {
 		p, form = quickPlan, "quick form (-quick)"
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "mem" && *mem {
@@ -125,7 +135,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 			os.Exit(130)
 		}
 	}()
-	r, err := benchmark(p, *root, dir, func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) })
+	progress := func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
+	var r *report
+	if *pgCases {
+		r, err = benchmarkPostgres(p, *root, dir, *pgURL, progress)
+	} else {
+		r, err = benchmark(p, *root, dir, progress)
+	}
 	if r != nil {
 		r.form = form
 		r.print(stdout)
@@ -179,6 +195,15 @@ type report struct {
 	overhead overheadFigures
 	// profiles are the CPU profiles written (-profile).
 	profiles []string
+	// postgres describes the server of the postgres cases (-postgres);
+	// empty in the other runs.
+	postgres string
+	// loadAvg is the machine's load average when the rounds started
+	// (-postgres): whether other work shared the cores.
+	loadAvg string
+	// pgCPUCounted says PostgreSQL's CPU was counted (a cluster the
+	// harness started).
+	pgCPUCounted bool
 }
 
 // figure is one case's medians across the rounds.
@@ -258,16 +283,27 @@ func (r *report) print(w io.Writer) {
 		p.clients, runtime.NumCPU())
 	fmt.Fprintf(w, "rounds: %d, every case once per round (interleaved), %s measured per case after a %s warm-up; figures are medians of the rounds\n",
 		p.rounds, p.duration, p.warmup)
-	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %s\n\n", thousands(float64(p.users)))
+	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %s\n", thousands(float64(p.users)))
+	if r.postgres != "" {
+		fmt.Fprintf(w, "postgres: %s;\n  two instances share one database and the connections, half each; every case with the budget ceilings on\n", r.postgres)
+		fmt.Fprintf(w, "load average when the rounds started (1, 5, 15 min): %s\n", r.loadAvg)
+	}
+	fmt.Fprintln(w)
 
-	fmt.Fprintf(w, "%-42s %8s %15s %9s %9s %7s %7s  %s\n", "case", "req/s", "rounds' range", "p50", "p99", "srv cpu", "gen cpu", "answers")
+	lw := r.labelWidth()
+	fmt.Fprintf(w, "%-*s %8s %15s %9s %9s %7s %7s  %s\n", lw, "case", "req/s", "rounds' range", "p50", "p99", "srv cpu", "gen cpu", "answers")
 	for _, c := range r.cases {
 		f := r.figure(c.id)
-		fmt.Fprintf(w, "%-42s %8s %15s %9s %9s %7.2f %7.2f  %s\n", c.label, thousands(f.rps),
+		fmt.Fprintf(w, "%-*s %8s %15s %9s %9s %7.2f %7.2f  %s\n", lw, c.label, thousands(f.rps),
 			thousands(f.minRPS)+"–"+thousands(f.maxRPS), roundDuration(f.p50), roundDuration(f.p99),
 			f.srvCPU, f.genCPU, statusSummary(sample{statuses: f.statuses, errors: f.errors, expected: f.expected}))
 	}
 	fmt.Fprintln(w, "(req/s, p50, p99, cpu: medians over the rounds; srv cpu: cores used by the serving processes,")
+	if r.postgres != "" {
+		fmt.Fprintln(w, " both instances and PostgreSQL's processes together; gen cpu: cores used by the load generator)")
+		r.printPostgres(w)
+		return
+	}
 	fmt.Fprintln(w, " the peer's with its redis-server; gen cpu: cores used by the load generator)")
 
 	fmt.Fprintf(w, "\n%-50s %7s %8s  %s\n", "ratio (req/s over req/s)", "value", "target", "")
@@ -350,6 +386,9 @@ func (r *report) problems() error {
 	if o := r.overhead; o.series != nil && (o.expected < 0.99 || o.series[overheadSeries[0].name].count() == 0) {
 		errs = append(errs, fmt.Errorf("half load: %.1f%% of answers were 200, %.0f guard observations", 100*o.expected,
 			o.series[overheadSeries[0].name].count()))
+	}
+	if r.postgres != "" {
+		errs = append(errs, r.pgProblems())
 	}
 	for _, pt := range append(r.memory.activeKeys, r.memory.clientIPs...) {
 		if pt.expected < 0.99 {

@@ -261,6 +261,10 @@ type bwConfig struct {
 	maxConnections  int           // server.max_connections
 	trustLoopback   bool          // trust X-Forwarded-For from 127.0.0.1
 	pprof           bool          // server.admin_pprof (-profile)
+	// postgresURL, when set, puts the instance on PostgreSQL (storage
+	// backend "postgres", the URL in its environment) instead of its own
+	// BoltDB file.
+	postgresURL string
 }
 
 // breakwater is one instance of the real binary with its own config and
@@ -268,6 +272,7 @@ type bwConfig struct {
 type breakwater struct {
 	name, bin, dir, config string
 	addr, admin, token     string
+	postgresURL            string // "" on bolt
 	proc                   *process
 	starts                 int
 }
@@ -290,9 +295,14 @@ func newBreakwater(name, bin, dir string, c bwConfig) (*breakwater, error) {
 	_, _ = rand.Read(token)
 	b := &breakwater{
 		name: name, bin: bin, dir: dir, config: filepath.Join(dir, "config.toml"),
-		addr:  fmt.Sprintf("127.0.0.1:%d", port),
-		admin: fmt.Sprintf("127.0.0.1:%d", adminPort),
-		token: hex.EncodeToString(token),
+		addr:        fmt.Sprintf("127.0.0.1:%d", port),
+		admin:       fmt.Sprintf("127.0.0.1:%d", adminPort),
+		token:       hex.EncodeToString(token),
+		postgresURL: c.postgresURL,
+	}
+	store := fmt.Sprintf("path = %q", filepath.Join(dir, "data", "breakwater.db"))
+	if c.postgresURL != "" {
+		store = `backend = "postgres" # its URL is in the environment`
 	}
 	budget := "daily_requests = 1000000000\ndaily_usd = 1000000000.0\nmonthly_usd = 1000000000.0"
 	if !c.ceilings {
@@ -315,7 +325,7 @@ max_in_flight_per_user = %d
 max_connections = %d
 %s
 [storage]
-path = %q
+%s
 
 [ocr]
 provider = "simulated"
@@ -338,20 +348,33 @@ global_fail_per_hour = 1000000000
 monthly_quota = 1000000000
 daily_attempts = 1000000000
 `, b.addr, b.admin, trusted, c.inFlightPerUser, c.maxConnections, profiler,
-		filepath.Join(dir, "data", "breakwater.db"), c.latency.String(),
+		store, c.latency.String(),
 		c.rate, c.window, c.burst, budget)
 	return b, os.WriteFile(b.config, []byte(cfg), 0o644)
 }
 
 func (b *breakwater) env() []string {
-	return childEnv("BREAKWATER_ADMIN_TOKEN=" + b.token)
+	return append(b.storageEnv(), "BREAKWATER_ADMIN_TOKEN="+b.token)
+}
+
+// benchSecret is BREAKWATER_SECRET of the instances on PostgreSQL: every
+// instance on one database needs the same.
+const benchSecret = "bench-load-secret-0123456789abcdef"
+
+// storageEnv is the environment the instance and its commands need to
+// reach their storage: on PostgreSQL its URL and the shared secret.
+func (b *breakwater) storageEnv() []string {
+	if b.postgresURL == "" {
+		return childEnv()
+	}
+	return childEnv("BREAKWATER_POSTGRES_URL="+b.postgresURL, "BREAKWATER_SECRET="+benchSecret)
 }
 
 // createKeyStopped runs `breakwater keys create --user USER` on the stopped
 // instance and returns the key (the last line of its output).
 func (b *breakwater) createKeyStopped(user string) (string, error) {
 	cmd := exec.Command(b.bin, "keys", "create", "--user", user, "--config", b.config)
-	cmd.Env = childEnv() // no admin token: the command opens the database itself
+	cmd.Env = b.storageEnv() // no admin token: the command opens the database itself
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError

@@ -281,3 +281,21 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// Start starts a throwaway cluster outside a test (a benchmark harness,
+// say); the caller removes it with Remove. Its server dies with the caller.
+func Start() (*Cluster, error) { return startCluster() }
+
+// Remove stops the cluster's server and deletes its folder.
+func (c *Cluster) Remove() { c.remove() }
+
+// PID is the process id of the cluster's server (the postmaster), 0 while
+// it is stopped: its backends are its children.
+func (c *Cluster) PID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.srv == nil {
+		return 0
+	}
+	return c.srv.Process.Pid
+}

@@ -1,0 +1,667 @@
+package main
+
+// The postgres cases (-postgres, issue 28): the accepted path with the
+// ceilings on, served by one instance on BoltDB, one instance on
+// PostgreSQL, and two instances sharing one PostgreSQL database (the
+// clients split between them, the same number in all), interleaved in the
+// same rounds. For the cases on PostgreSQL the harness counts the
+// database's transactions (pg_stat_database) per accepted read, and for
+// every case it reads where a read's time goes from the instances' own
+// histograms.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"breakwater/storage/postgres/pgtest"
+)
+
+// pgStatsSettle is how long the harness waits after a case on PostgreSQL
+// before it reads the database's transactions: a backend reports its
+// counts when its session goes idle, at most once a second.
+const pgStatsSettle = 1500 * time.Millisecond
+
+// pgPlan is the postgres cases' full run: short cases, the database
+// sharing the cores with everything else.
+var pgPlan = plan{rounds: 3, warmup: time.Second, duration: 3 * time.Second, clients: 64, users: 1000}
+
+// pgServer is the PostgreSQL server of the postgres cases: a throwaway
+// cluster the harness started, or the server -postgres-url names.
+type pgServer struct {
+	admin   string          // the URL of a role that may create databases
+	cluster *pgtest.Cluster // nil with -postgres-url
+	dbs     []string        // the databases made, dropped at the end
+	version string
+}
+
+// startPostgres returns the server at adminURL, or starts a throwaway
+// cluster when adminURL is empty.
+func startPostgres(adminURL string, progress func(string, ...any)) (*pgServer, error) {
+	s := &pgServer{admin: adminURL}
+	if adminURL == "" {
+		progress("starting a throwaway PostgreSQL cluster")
+		c, err := pgtest.Start()
+		if err != nil {
+			return nil, fmt.Errorf("the postgres cases need PostgreSQL and none could be started (pass -postgres-url, or install Debian's postgresql): %w", err)
+		}
+		s.admin, s.cluster = c.URL("postgres"), c
+	}
+	err := s.withConn(func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, "SHOW server_version").Scan(&s.version)
+	})
+	return s, err
+}
+
+// withConn runs f on a fresh connection to the admin URL.
+func (s *pgServer) withConn(f func(context.Context, *pgx.Conn) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.admin)
+	if err != nil {
+		return fmt.Errorf("postgres: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	return f(ctx, conn)
+}
+
+// newDatabase creates an empty database for a case.
+func (s *pgServer) newDatabase(name string) (*pgDatabase, error) {
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	name = "bench_" + name + "_" + hex.EncodeToString(r[:])
+	err := s.withConn(func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "CREATE DATABASE "+name)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("postgres: create database: %w", err)
+	}
+	s.dbs = append(s.dbs, name)
+	u, err := url.Parse(s.admin)
+	if err != nil {
+		return nil, errors.New("postgres: the admin URL does not parse")
+	}
+	u.Path = "/" + name
+	return &pgDatabase{name: name, url: u.String(), server: s}, nil
+}
+
+// close drops the databases made (stopping the cluster, if the harness
+// started one, drops everything).
+func (s *pgServer) close() {
+	if s == nil {
+		return
+	}
+	if s.cluster != nil {
+		s.cluster.Remove()
+		return
+	}
+	for _, name := range s.dbs {
+		_ = s.withConn(func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			return err
+		})
+	}
+}
+
+// cpu is the CPU time of the cluster's server: the postmaster, its live
+// children (the backends, the WAL writer, the checkpointer) and the
+// children it has reaped. Zero for a server the harness did not start.
+func (s *pgServer) cpu() time.Duration {
+	if s.cluster == nil {
+		return 0
+	}
+	pm := s.cluster.PID()
+	total := cpuTimeWithChildren(pm)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == pm {
+			continue
+		}
+		if ppid, t := statOf(pid); ppid == pm {
+			total += t
+		}
+	}
+	return total
+}
+
+// statOf returns the parent and the CPU time (user + system) of pid.
+func statOf(pid int) (ppid int, cpu time.Duration) {
+	f := procStat(pid)
+	if len(f) < 13 {
+		return 0, 0
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return ppid, ticks(f[11]) + ticks(f[12])
+}
+
+// cpuTimeWithChildren is pid's CPU time and that of its reaped children.
+func cpuTimeWithChildren(pid int) time.Duration {
+	f := procStat(pid)
+	if len(f) < 15 {
+		return 0
+	}
+	return ticks(f[11]) + ticks(f[12]) + ticks(f[13]) + ticks(f[14])
+}
+
+// procStat returns the fields of /proc/PID/stat after the command name:
+// the state is field 0, the parent 1, utime 11, stime 12, cutime 13,
+// cstime 14.
+func procStat(pid int) []string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(data[i+1:]))
+}
+
+func ticks(field string) time.Duration {
+	n, _ := strconv.ParseInt(field, 10, 64)
+	const ticksPerSecond = 100 // USER_HZ
+	return time.Duration(n) * time.Second / ticksPerSecond
+}
+
+// pgDatabase is one case's database.
+type pgDatabase struct {
+	name, url string
+	server    *pgServer
+}
+
+// pgCounts are a postgres case's whole-case counters at one moment.
+type pgCounts struct {
+	commits, rollbacks, served float64
+	err                        error
+}
+
+// counts reads the database's transactions, committed and rolled back
+// (pg_stat_database, from a session on another database, so that reading
+// adds none), and the accepted reads c's instances have counted.
+func (d *pgDatabase) counts(c tcase) pgCounts {
+	var out pgCounts
+	for _, bw := range c.instances() {
+		n, err := bw.acceptedReads()
+		out.served += n
+		out.err = errors.Join(out.err, err)
+	}
+	err := d.server.withConn(func(ctx context.Context, conn *pgx.Conn) error {
+		var commits, rollbacks int64
+		err := conn.QueryRow(ctx, "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1", d.name).Scan(&commits, &rollbacks)
+		out.commits, out.rollbacks = float64(commits), float64(rollbacks)
+		return err
+	})
+	out.err = errors.Join(out.err, err)
+	return out
+}
+
+// acceptedReads is the instance's count of successful upstream calls.
+func (b *breakwater) acceptedReads() (float64, error) {
+	body, err := b.metrics()
+	if err != nil {
+		return 0, err
+	}
+	const name = `breakwater_upstream_calls_total{outcome="ok"}`
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, nil // no call yet
+}
+
+// stageSeries are the histograms that say where an accepted read's time
+// goes, in the order printed.
+var stageSeries = []struct{ name, label string }{
+	{"breakwater_guard_overhead_seconds", "guard"},
+	{"breakwater_reservation_commit_seconds", "of which commit"},
+	{"breakwater_usage_commit_seconds", "usage record"},
+}
+
+// stageSum is one histogram's sum of seconds and count.
+type stageSum struct{ sum, count float64 }
+
+// stageSums reads the stage histograms' sums and counts.
+func (b *breakwater) stageSums() (map[string]stageSum, error) {
+	body, err := b.metrics()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]stageSum{}
+	for line := range strings.Lines(string(body)) {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), " ")
+		for _, s := range stageSeries {
+			var dst *float64
+			st := out[s.name]
+			switch name {
+			case s.name + "_sum":
+				dst = &st.sum
+			case s.name + "_count":
+				dst = &st.count
+			default:
+				continue
+			}
+			if *dst, err = strconv.ParseFloat(value, 64); err != nil {
+				return nil, fmt.Errorf("%s: metrics: %q: %w", b.name, line, err)
+			}
+			out[s.name] = st
+		}
+	}
+	return out, nil
+}
+
+func addStages(a, b map[string]stageSum) map[string]stageSum {
+	out := map[string]stageSum{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = stageSum{out[k].sum + v.sum, out[k].count + v.count}
+	}
+	return out
+}
+
+func subStages(a, b map[string]stageSum) map[string]stageSum {
+	if a == nil {
+		return nil
+	}
+	out := map[string]stageSum{}
+	for k, v := range a {
+		out[k] = stageSum{v.sum - b[k].sum, v.count - b[k].count}
+	}
+	return out
+}
+
+// generateSplit runs l with its clients split between l.addr and other,
+// the two halves taking the requests in turn (even numbers to the first,
+// odd to the second, so that they do not send the same user's key at the
+// same moment), and merges what they measured.
+func generateSplit(l load, other string) outcome {
+	first, second := l, l
+	first.clients, second.clients = (l.clients+1)/2, l.clients/2
+	second.addr = other
+	first.request = func(buf []byte, seq int64, s *clientScratch) []byte { return l.request(buf, 2*seq, s) }
+	second.request = func(buf []byte, seq int64, s *clientScratch) []byte { return l.request(buf, 2*seq+1, s) }
+	var a, b outcome
+	var wg sync.WaitGroup
+	wg.Go(func() { a = generate(first) })
+	b = generate(second)
+	wg.Wait()
+	o := outcome{requests: a.requests + b.requests, elapsed: a.elapsed, statuses: map[int]int64{}, errors: a.errors + b.errors}
+	o.latencies = mergeSorted(a.latencies, b.latencies)
+	for _, x := range []outcome{a, b} {
+		for s, n := range x.statuses {
+			o.statuses[s] += n
+		}
+		if o.firstErr == nil {
+			o.firstErr = x.firstErr
+		}
+	}
+	return o
+}
+
+func mergeSorted(a, b []time.Duration) []time.Duration {
+	out := make([]time.Duration, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if a[0] <= b[0] {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
+}
+
+// mean is the mean latency of the counted answers.
+func (o outcome) mean() time.Duration {
+	if len(o.latencies) == 0 {
+		return 0
+	}
+	var total time.Duration
+	for _, d := range o.latencies {
+		total += d
+	}
+	return total / time.Duration(len(o.latencies))
+}
+
+// setupPostgres builds breakwater, starts or reaches PostgreSQL, and
+// starts the instances of the postgres cases: one on bolt, one on a
+// database of its own, two on another.
+func setupPostgres(p plan, root, dir, adminURL string, progress func(string, ...any)) (*bench, error) {
+	b := &bench{plan: p, dir: dir, progress: progress}
+	progress("building breakwater from %s", root)
+	var err error
+	if b.bin, err = buildBreakwater(root, dir); err != nil {
+		return b, err
+	}
+	if b.pg, err = startPostgres(adminURL, progress); err != nil {
+		return b, err
+	}
+	one, err := b.pg.newDatabase("one")
+	if err != nil {
+		return b, err
+	}
+	two, err := b.pg.newDatabase("two")
+	if err != nil {
+		return b, err
+	}
+	groups := []struct {
+		names []string
+		db    *pgDatabase
+	}{{[]string{"bolt"}, nil}, {[]string{"postgres-1"}, one}, {[]string{"postgres-2a", "postgres-2b"}, two}}
+	img := testPNG()
+	for _, g := range groups {
+		insts, one, many, err := b.startGroup(g.names, g.db)
+		if err != nil {
+			return b, err
+		}
+		b.cases = append(b.cases, b.pgCases(insts, g.db, img, one, many)...)
+	}
+	// One user's cases first, then the many users', so that a round
+	// starting one case later still runs each kind on every backend.
+	b.cases = append(append([]tcase{}, b.cases[0], b.cases[2], b.cases[4]), b.cases[1], b.cases[3], b.cases[5])
+	// The setup's own transactions (the keys made) are counted by the
+	// time the instances' sessions have been idle a moment.
+	time.Sleep(pgStatsSettle)
+	return b, nil
+}
+
+// startGroup starts the instances of one backend (on db, or bolt when it
+// is nil) with the accepted path's config, the ceilings on, and makes the
+// keys: one user's with the first instance stopped, the many users'
+// through its admin API. A second instance must take the last key
+// before the rounds start.
+func (b *bench) startGroup(names []string, db *pgDatabase) ([]*breakwater, string, []string, error) {
+	cfg := bwConfig{rate: 100_000, window: "1s", burst: 100_000, inFlightPerUser: 1024, maxConnections: 8192, ceilings: true,
+		pprof: b.plan.profile != ""}
+	if db != nil {
+		cfg.postgresURL = db.url
+	}
+	var insts []*breakwater
+	for _, name := range names {
+		bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), cfg)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		insts = append(insts, bw)
+	}
+	key, err := insts[0].createKeyStopped("bench-one")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	var many []string
+	for i, bw := range insts {
+		b.progress("starting breakwater (%s) on %s", bw.name, bw.addr)
+		if err := bw.start(); err != nil {
+			return nil, "", nil, err
+		}
+		b.others = append(b.others, bw)
+		if i == 0 {
+			if many, err = bw.createKeys(userIDs("bench-many-", b.plan.users)); err != nil {
+				return nil, "", nil, err
+			}
+			continue
+		}
+		if err := waitAccepted(bw, many[len(many)-1]); err != nil {
+			return nil, "", nil, err
+		}
+	}
+	return insts, key, many, nil
+}
+
+// waitAccepted sends one read with key to bw until it is accepted, for at
+// most 10 s: the key was made through another instance.
+func waitAccepted(bw *breakwater, key string) error {
+	req := oneOf(ocrRequest(bw.addr, key, testPNG()))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := generate(load{addr: bw.addr, clients: 1, total: 1, request: req})
+		if out.statuses[http.StatusOK] == 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: a key made through the other instance still gets %v (errors %d: %v) after 10 s",
+				bw.name, out.statuses, out.errors, out.firstErr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// pgCases are one backend's two cases: one user, and many users in turn.
+func (b *bench) pgCases(insts []*breakwater, db *pgDatabase, img []byte, one string, many []string) []tcase {
+	backend := "bolt, 1 instance"
+	id := "bolt"
+	switch {
+	case db != nil && len(insts) == 1:
+		backend, id = "postgres, 1 instance", "pg1"
+	case db != nil:
+		backend, id = "postgres, 2 instances", "pg2"
+	}
+	first := insts[0]
+	base := tcase{addr: first.addr, bw: first, pg: db, expect: http.StatusOK,
+		pids: func() []int {
+			var out []int
+			for _, bw := range insts {
+				out = append(out, bw.proc.pid())
+			}
+			return out
+		}}
+	if len(insts) > 1 {
+		base.also = insts[1]
+	}
+	if db != nil {
+		base.extraCPU = b.pg.cpu
+	}
+	reqs := make([][]byte, len(many))
+	for i, k := range many {
+		reqs[i] = ocrRequest(first.addr, k, img)
+	}
+	c1, cN := base, base
+	c1.id, c1.label, c1.request = id+"-1", "accepted, 1 user, "+backend, oneOf(ocrRequest(first.addr, one, img))
+	cN.id, cN.label, cN.request = id+"-N", "accepted, "+thousands(float64(b.plan.users))+" users, "+backend, oneOf(reqs...)
+	return []tcase{c1, cN}
+}
+
+// benchmarkPostgres runs the postgres cases.
+func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string, ...any)) (*report, error) {
+	b, err := setupPostgres(p, root, dir, adminURL, progress)
+	defer b.close()
+	if err != nil {
+		return nil, err
+	}
+	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, postgres: b.pg.describe(), loadAvg: loadAverage(),
+		pgCPUCounted: b.pg.cluster != nil}
+	r.samples = b.rounds()
+	r.profiles = b.profiles
+	return r, b.profileErr
+}
+
+// loadAverage is the first three fields of /proc/loadavg.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], ", ")
+	}
+	return "unknown"
+}
+
+// describe says which server the postgres cases ran on.
+func (s *pgServer) describe() string {
+	if s.cluster != nil {
+		return fmt.Sprintf("PostgreSQL %s, a throwaway cluster on the same cores (initdb's defaults: fsync and synchronous_commit on); srv cpu counts its processes", s.version)
+	}
+	return fmt.Sprintf("PostgreSQL %s at -postgres-url; srv cpu does not count it", s.version)
+}
+
+// pgRatios are the postgres cases' targets (issue 28) and two figures
+// shown beside them.
+func pgRatios(users int) []ratio {
+	many := thousands(float64(users)) + " users"
+	return []ratio{
+		{"postgres, 2 instances ÷ bolt, 1 user", "pg2-1", "bolt-1", 0.5},
+		{"postgres, 2 instances ÷ bolt, " + many, "pg2-N", "bolt-N", 0.5},
+		{"postgres, 1 instance ÷ bolt, 1 user", "pg1-1", "bolt-1", 0},
+		{"postgres, 1 instance ÷ bolt, " + many, "pg1-N", "bolt-N", 0},
+	}
+}
+
+// maxTxPerRead is issue 28's bound on PostgreSQL transactions per
+// accepted read.
+const maxTxPerRead = 1.2
+
+// txPerRead is a postgres case's median over the rounds of its
+// database's transactions per accepted read; ok is false when no round
+// counted any read.
+func (r *report) txPerRead(id string) (float64, bool) {
+	var vs []float64
+	for _, s := range r.samples[id] {
+		if s.served > 0 && s.pgErr == nil {
+			vs = append(vs, (s.pgCommits+s.pgRollbacks)/s.served)
+		}
+	}
+	return median(vs), len(vs) > 0
+}
+
+// stageMean is a case's median over the rounds of a stage's mean time.
+func (r *report) stageMean(id, name string) time.Duration {
+	var vs []time.Duration
+	for _, s := range r.samples[id] {
+		if st := s.stages[name]; st.count > 0 {
+			vs = append(vs, time.Duration(st.sum/st.count*float64(time.Second)))
+		}
+	}
+	return median(vs)
+}
+
+// printPostgres writes the postgres cases' tables after the case table.
+func (r *report) printPostgres(w io.Writer) {
+	fmt.Fprintf(w, "\n%-50s %7s %8s  %s\n", "ratio (req/s over req/s)", "value", "target", "")
+	for _, q := range pgRatios(r.plan.users) {
+		v := 0.0
+		if d := r.figure(q.den).rps; d > 0 {
+			v = r.figure(q.num).rps / d
+		}
+		if q.target == 0 {
+			fmt.Fprintf(w, "%-50s %7.2f %8s\n", q.label, v, "–")
+			continue
+		}
+		fmt.Fprintf(w, "%-50s %7.2f %8s  %s\n", q.label, v, "≥ "+strconv.FormatFloat(q.target, 'f', 2, 64), metLabel(v >= q.target))
+	}
+	fmt.Fprintln(w, "\nPostgreSQL transactions per accepted read (pg_stat_database: xact_commit + xact_rollback of the case's database")
+	fmt.Fprintln(w, " over the whole case, warm-up and background work included, over the reads its instances counted; medians)")
+	lw := r.labelWidth()
+	fmt.Fprintf(w, "%-*s %8s %8s  %-8s %10s %13s %14s %7s\n", lw, "case", "tx/read", "target", "", "rolled back", "commits/read", "writes/commit", "pg cpu")
+	for _, c := range r.cases {
+		if c.pg == nil {
+			continue
+		}
+		f := r.figure(c.id)
+		tx, ok := r.txPerRead(c.id)
+		perRead, perCommit := 0.0, 0.0
+		if f.rps > 0 && f.commits > 0 {
+			perRead, perCommit = f.commits/f.rps, f.writes/f.commits
+		}
+		verdict := metLabel(ok && tx <= maxTxPerRead)
+		pgCPU := "–" // a server the harness did not start: its CPU is not counted
+		if r.pgCPUCounted {
+			pgCPU = strconv.FormatFloat(median(r.pgCPUs(c.id)), 'f', 2, 64)
+		}
+		fmt.Fprintf(w, "%-*s %8.2f %8s  %-8s %9.1f%% %13.2f %14.1f %7s\n", lw, c.label, tx, "≤ "+strconv.FormatFloat(maxTxPerRead, 'f', 1, 64), verdict,
+			r.rolledBack(c.id), perRead, perCommit, pgCPU)
+	}
+	fmt.Fprintln(w, "(rolled back: the share of those transactions; commits/read and writes/commit: the instances' own group-commit")
+	fmt.Fprintln(w, " counters over the measured time; pg cpu: cores used by PostgreSQL's processes, a part of srv cpu)")
+
+	fmt.Fprintln(w, "\nwhere the time goes (mean per accepted read over the measured time; the instances' histograms, the client's latency)")
+	fmt.Fprintf(w, "%-*s %9s %14s %16s %14s %14s\n", lw, "case", "latency", "guard", "of which commit", "usage record", "the rest")
+	for _, c := range r.cases {
+		lat := r.meanLatency(c.id)
+		guard, lease, usage := r.stageMean(c.id, stageSeries[0].name), r.stageMean(c.id, stageSeries[1].name), r.stageMean(c.id, stageSeries[2].name)
+		share := func(d time.Duration) string {
+			if lat <= 0 {
+				return roundDuration(d)
+			}
+			return fmt.Sprintf("%s %3.0f%%", roundDuration(d), 100*float64(d)/float64(lat))
+		}
+		fmt.Fprintf(w, "%-*s %9s %14s %16s %14s %14s\n", lw, c.label, roundDuration(lat), share(guard), share(lease), share(usage), share(max(lat-guard-usage, 0)))
+	}
+	fmt.Fprintln(w, "(guard: arrival to the committed reservation, the upload excluded: the layers, the attempt and quota slot, the budget;")
+	fmt.Fprintln(w, " of which commit: the wait for the reservation's commit; usage record: its commit wait after the call;")
+	fmt.Fprintln(w, " the rest: latency less guard and usage record: the HTTP exchange, the upload, the simulated call, queueing for the cores)")
+}
+
+// rolledBack is the share of a postgres case's transactions that were
+// rolled back, over all its rounds.
+func (r *report) rolledBack(id string) float64 {
+	var all, back float64
+	for _, s := range r.samples[id] {
+		all, back = all+s.pgCommits+s.pgRollbacks, back+s.pgRollbacks
+	}
+	if all == 0 {
+		return 0
+	}
+	return 100 * back / all
+}
+
+func (r *report) pgCPUs(id string) []float64 {
+	var vs []float64
+	for _, s := range r.samples[id] {
+		vs = append(vs, s.pgCPU)
+	}
+	return vs
+}
+
+// labelWidth is the width of the case column: the longest label.
+func (r *report) labelWidth() int {
+	w := 42
+	for _, c := range r.cases {
+		w = max(w, utf8.RuneCountInString(c.label))
+	}
+	return w
+}
+
+// meanLatency is a case's median over the rounds of its mean latency.
+func (r *report) meanLatency(id string) time.Duration {
+	var vs []time.Duration
+	for _, s := range r.samples[id] {
+		vs = append(vs, s.mean)
+	}
+	return median(vs)
+}
+
+// pgProblems reports a postgres case whose transactions could not be
+// counted.
+func (r *report) pgProblems() error {
+	var errs []error
+	for _, c := range r.cases {
+		if c.pg == nil {
+			continue
+		}
+		for _, s := range r.samples[c.id] {
+			if s.pgErr != nil {
+				errs = append(errs, fmt.Errorf("case %q: %w", c.label, s.pgErr))
+			}
+		}
+		if _, ok := r.txPerRead(c.id); !ok {
+			errs = append(errs, fmt.Errorf("case %q: no accepted read counted by its instances", c.label))
+		}
+	}
+	return errors.Join(errs...)
+}
