@@ -1,0 +1,244 @@
+package multi
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"breakwater/budget"
+	"breakwater/storage/postgres/pgtest"
+	"breakwater/test/harness"
+)
+
+// load is clients sending fresh images to both instances in turn, each
+// request recorded, until stopped.
+type load struct {
+	p      *pair
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu sync.Mutex
+	rs []result
+}
+
+// startLoad starts workers clients.
+func (p *pair) startLoad(ctx context.Context, workers int) *load {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &load{p: p, cancel: cancel}
+	client := &http.Client{Timeout: 15 * time.Second}
+	for w := range workers {
+		l.wg.Go(func() {
+			for k := w; ctx.Err() == nil; k += workers {
+				r := p.send(ctx, client, k%2, k%len(p.keys), nil)
+				if ctx.Err() != nil && r.answer.Status == 0 {
+					return // cut off by the end of the load, not an answer
+				}
+				l.mu.Lock()
+				l.rs = append(l.rs, r)
+				l.mu.Unlock()
+				if r.answer.Status != http.StatusOK {
+					time.Sleep(2 * time.Millisecond) // a refused client does not spin
+				}
+			}
+		})
+	}
+	return l
+}
+
+// stop ends the load and returns every request's result.
+func (l *load) stop() []result {
+	l.cancel()
+	l.wg.Wait()
+	return l.results()
+}
+
+func (l *load) results() []result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]result(nil), l.rs...)
+}
+
+// waitFor waits (at most limit) until cond holds, checking every 10 ms.
+func waitFor(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cond()
+}
+
+func upstreamCalls(p *pair) int64 {
+	_, n := p.gemini.Calls()
+	return n
+}
+
+// TestKillOneInstanceUnderLoad: instance A is killed (SIGKILL) under load
+// and started again, while B serves on; the load runs into
+// daily_requests. Every 200 a client saw has its usage row, the ceiling
+// is not passed, and the ledger counts at most one lease more than the
+// calls the fake received (the killed instance's unused lease).
+func TestKillOneInstanceUnderLoad(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const ceiling = 200
+	lease := budget.MaxLease(budget.Config{DailyRequests: ceiling})
+	p := newPair(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: ceiling}, 10, 5*time.Millisecond)
+	l := p.startLoad(ctx, 12)
+	if !waitFor(30*time.Second, func() bool { return upstreamCalls(p) >= 60 }) {
+		l.stop()
+		t.Fatalf("only %d upstream calls under load\n%s", upstreamCalls(p), p.logs())
+	}
+	killed := p.proc(0)
+	killed.Kill()
+	if !killed.Killed() {
+		t.Fatalf("instance A was not killed\n%s", p.logs())
+	}
+	atKill := upstreamCalls(p)
+	// B serves on while A is down.
+	if !waitFor(20*time.Second, func() bool { return upstreamCalls(p) >= atKill+20 }) {
+		t.Errorf("B made %d calls in the 20 s A was down", upstreamCalls(p)-atKill)
+	}
+	p.start(0)
+	paused := func() bool { // both instances refuse: the ceiling is reached
+		rs := l.results()
+		seen := [2]bool{}
+		for _, r := range rs[max(0, len(rs)-24):] {
+			if r.answer.Code == "budget_paused" {
+				seen[r.instance] = true
+			}
+		}
+		return seen[0] && seen[1]
+	}
+	if !waitFor(30*time.Second, paused) {
+		t.Errorf("the load did not reach the ceiling: %d upstream calls", upstreamCalls(p))
+	}
+	rs := l.stop()
+	p.stopAll()
+	upstream := upstreamCalls(p)
+	t.Logf("kill -9 of A at %d upstream calls: %v; %d upstream calls", atKill, tally(rs), upstream)
+	if upstream > ceiling {
+		t.Errorf("%d upstream calls, the ceiling is %d", upstream, ceiling)
+	}
+	b := readBooks(t, p.dbURL)
+	t.Logf("the ledger counts %d calls (a lease is at most %d)", b.ledger.calls, lease)
+	checkRows(t, b, rs, upstream)
+	if b.ledger.calls > ceiling {
+		t.Errorf("the ledger counts %d calls, over the ceiling %d", b.ledger.calls, ceiling)
+	}
+	if lost := b.ledger.calls - upstream; lost > lease {
+		t.Errorf("the ledger counts %d calls the fake never received, more than one lease (%d)", lost, lease)
+	}
+}
+
+// TestPostgresStoppedUnderLoad: the database (a cluster of the test's
+// own) is stopped under load and started again. While it is down no
+// upstream call is made (counted at the fake, once the calls in flight
+// at the stop have ended), requests are refused, and nothing is
+// returned without a usage row; started again, each instance serves again
+// within 10 s, and the ceiling is not passed.
+func TestPostgresStoppedUnderLoad(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cluster := pgtest.NewCluster(t)
+	dbURL := createDatabase(ctx, t, cluster.URL("postgres"), "bw_multi")
+	const ceiling = 1000
+	p := newPair(t, dbURL, harness.Config{DailyRequests: ceiling}, 4, 5*time.Millisecond)
+	l := p.startLoad(ctx, 8)
+	if !waitFor(30*time.Second, func() bool { return len(ok(l.results())) >= 30 }) {
+		l.stop()
+		t.Fatalf("only %d 200s under load\n%s", len(ok(l.results())), p.logs())
+	}
+
+	stopping := time.Now()
+	cluster.Stop()
+	stopped := time.Now()
+	// The calls in flight at the stop end within the fake's latency and
+	// the usage record's failure; from then on none may start.
+	const settle = time.Second
+	time.Sleep(settle)
+	settled, down := upstreamCalls(p), time.Now()
+	time.Sleep(3 * time.Second)
+	during := upstreamCalls(p) - settled
+	restart := time.Now()
+	if err := cluster.Start(); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	t.Logf("PostgreSQL stopped in %v, down for %v", stopped.Sub(stopping), started.Sub(stopped))
+
+	back := [2]time.Duration{-1, -1}
+	waitFor(15*time.Second, func() bool {
+		for _, r := range l.results() {
+			if r.answer.Status == http.StatusOK && r.sent.After(started) && back[r.instance] < 0 {
+				back[r.instance] = r.sent.Sub(started)
+			}
+		}
+		return back[0] >= 0 && back[1] >= 0
+	})
+	rs := l.stop()
+	p.stopAll()
+
+	if during != 0 {
+		t.Errorf("%d upstream calls while PostgreSQL was down, want none", during)
+	}
+	var downAnswers []result
+	for _, r := range rs {
+		if r.sent.After(down) && r.sent.Before(restart) {
+			downAnswers = append(downAnswers, r)
+		}
+	}
+	t.Logf("answers to requests sent while it was down: %v", tally(downAnswers))
+	if len(downAnswers) == 0 {
+		t.Error("no request was sent while PostgreSQL was down")
+	}
+	for _, r := range downAnswers {
+		if r.answer.Status == http.StatusOK {
+			t.Errorf("instance %d answered 200 to a request sent while PostgreSQL was down", r.instance)
+			break
+		}
+	}
+	for i, d := range back {
+		t.Logf("instance %d served again %v after PostgreSQL started", i, d)
+		if d < 0 || d > 10*time.Second {
+			t.Errorf("instance %d did not serve again within 10 s of PostgreSQL's start (%v)\n%s", i, d, p.logs())
+		}
+	}
+	upstream := upstreamCalls(p)
+	t.Logf("%v; %d upstream calls", tally(rs), upstream)
+	if upstream > ceiling {
+		t.Errorf("%d upstream calls, the ceiling is %d", upstream, ceiling)
+	}
+	b := readBooks(t, p.dbURL)
+	checkRows(t, b, rs, upstream)
+	if b.ledger.calls > ceiling {
+		t.Errorf("the ledger counts %d calls, over the ceiling %d", b.ledger.calls, ceiling)
+	}
+}
+
+// createDatabase creates database name on the server at adminURL and
+// returns its URL.
+func createDatabase(ctx context.Context, t *testing.T, adminURL, name string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
