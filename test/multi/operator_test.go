@@ -19,8 +19,10 @@ const propagationBound = time.Second
 
 // TestOperatorChangesReachTheOtherInstance: a key revoked through A's
 // admin API is refused by B within a second; the brake switched on
-// through B's admin API refuses on A within a second. Each delay is
-// measured from the admin call's answer to the first refusal, and printed.
+// through B's admin API refuses on A within a second; a user banned
+// through B is refused by A; the brake switched through the CLI holds on
+// both. Each delay is measured from the change's answer to the first
+// request that shows it, and printed.
 func TestOperatorChangesReachTheOtherInstance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -35,18 +37,48 @@ func TestOperatorChangesReachTheOtherInstance(t *testing.T) {
 	}
 
 	p.admin(ctx, t, 0, "/api/keys/"+p.keys[0].ID+"/revoke", "")
-	d := p.until(ctx, t, 1, 0, http.StatusUnauthorized, "")
+	changed := time.Now()
+	d := p.until(ctx, t, changed, 1, 0, http.StatusUnauthorized, "")
 	t.Logf("key revoked through A: refused by B after %v", d)
 	if r := p.send(ctx, client, 1, 1, nil); r.answer.Status != http.StatusOK {
 		t.Errorf("another user's key on B after the revocation: %d %s, want 200", r.answer.Status, r.answer.Code)
 	}
 
 	p.admin(ctx, t, 1, "/api/brake", `{"on":true}`)
-	d = p.until(ctx, t, 0, 1, http.StatusServiceUnavailable, "paused_by_operator")
+	changed = time.Now()
+	d = p.until(ctx, t, changed, 0, 1, http.StatusServiceUnavailable, "paused_by_operator")
 	t.Logf("brake on through B: refused by A after %v", d)
 	p.admin(ctx, t, 1, "/api/brake", `{"on":false}`)
-	d = p.until(ctx, t, 0, 1, http.StatusOK, "")
+	changed = time.Now()
+	d = p.until(ctx, t, changed, 0, 1, http.StatusOK, "")
 	t.Logf("brake off through B: A serves again after %v", d)
+
+	p.admin(ctx, t, 1, "/api/users/user1", `{"banned":true}`)
+	changed = time.Now()
+	d = p.until(ctx, t, changed, 0, 1, http.StatusForbidden, "banned")
+	t.Logf("user banned through B: refused by A after %v", d)
+	p.admin(ctx, t, 0, "/api/users/user1", `{"banned":false}`)
+	changed = time.Now()
+	d = p.until(ctx, t, changed, 1, 1, http.StatusOK, "")
+	t.Logf("user unbanned through A: B serves again after %v", d)
+
+	// The CLI works on the database itself: both instances follow it.
+	if _, err := harness.Command(ctx, bin, p.config, p.env, "brake", "on"); err != nil {
+		t.Fatal(err)
+	}
+	changed = time.Now()
+	for i := range 2 {
+		d = p.until(ctx, t, changed, i, 1, http.StatusServiceUnavailable, "paused_by_operator")
+		t.Logf("brake on through the CLI: refused by instance %d after %v", i, d)
+	}
+	if _, err := harness.Command(ctx, bin, p.config, p.env, "brake", "off"); err != nil {
+		t.Fatal(err)
+	}
+	changed = time.Now()
+	for i := range 2 {
+		d = p.until(ctx, t, changed, i, 1, http.StatusOK, "")
+		t.Logf("brake off through the CLI: instance %d serves again after %v", i, d)
+	}
 }
 
 // admin posts body to instance i's admin API at path and fails t unless
@@ -72,13 +104,12 @@ func (p *pair) admin(ctx context.Context, t *testing.T, i int, path, body string
 }
 
 // until sends user's requests to instance i until one answers status (and
-// code, if not empty), and returns how long that took; it fails t past
+// code, if not empty), and returns how long after start that was; it fails t past
 // propagationBound (it keeps trying for a few seconds more, to say how
 // late the change came).
-func (p *pair) until(ctx context.Context, t *testing.T, i, user, status int, code string) time.Duration {
+func (p *pair) until(ctx context.Context, t *testing.T, start time.Time, i, user, status int, code string) time.Duration {
 	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second}
-	start := time.Now()
 	var last harness.Answer
 	for time.Since(start) < propagationBound+5*time.Second {
 		last = p.send(ctx, client, i, user, nil).answer
