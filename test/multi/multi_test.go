@@ -81,7 +81,8 @@ type pair struct {
 }
 
 // newPair writes cfg (on postgres at dbURL), creates users API keys with
-// the CLI and starts two instances.
+// the CLI (none: the database stays untouched) and starts two instances
+// at once.
 func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration) *pair {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -113,8 +114,18 @@ func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency 
 		p.keys = append(p.keys, k)
 	}
 	t.Cleanup(p.stopAll)
+	// Both at once: on a database no command has touched yet, the two
+	// race to migrate its schema.
+	var errs [2]error
+	var wg sync.WaitGroup
 	for i := range 2 {
-		p.start(i)
+		wg.Go(func() { errs[i] = p.startErr(i) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	return p
 }
@@ -122,17 +133,24 @@ func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency 
 // start starts instance i (again).
 func (p *pair) start(i int) {
 	p.t.Helper()
+	if err := p.startErr(i); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *pair) startErr(i int) error {
 	p.mu.Lock()
 	p.runs++
 	log := filepath.Join(p.dir, fmt.Sprintf("instance%d-run%d.log", i, p.runs))
 	p.mu.Unlock()
 	proc, err := harness.Start(bin, p.config, log, p.env...)
 	if err != nil {
-		p.t.Fatal(err)
+		return err
 	}
 	p.mu.Lock()
 	p.procs[i] = proc
 	p.mu.Unlock()
+	return nil
 }
 
 // proc is instance i's current process.

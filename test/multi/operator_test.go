@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"breakwater/storage/postgres/pgtest"
 	"breakwater/test/harness"
@@ -149,5 +152,41 @@ func TestIdempotentRetryOnTheOtherInstance(t *testing.T) {
 	b := readBooks(t, p.dbURL)
 	if upstream != 1 || b.rowCount != 1 || b.rows[first.RequestID] != 1 {
 		t.Errorf("%d upstream calls, %d usage rows (%d for the first request), want 1 each", upstream, b.rowCount, b.rows[first.RequestID])
+	}
+}
+
+// TestStartTogetherOnAFreshDatabase: two instances started at the same
+// moment on an empty database both come up (one migrates the schema under
+// the advisory lock, the other waits and finds it done), and a key the
+// CLI creates afterwards works on both.
+func TestStartTogetherOnAFreshDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dbURL := pgtest.NewDatabase(t)
+	p := newPair(t, dbURL, harness.Config{DailyRequests: 100000}, 0, 0)
+	k, err := harness.NewKey(ctx, bin, p.config, "late", plan, p.env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.keys = append(p.keys, k)
+	for i := range 2 {
+		d := p.until(ctx, t, time.Now(), i, 0, http.StatusOK, "")
+		t.Logf("a key created by the CLI after both started: served by instance %d after %v", i, d)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var migrations int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM breakwater_schema").Scan(&migrations); err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("storage/postgres/migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("the migrations: %v %v", files, err)
+	}
+	if migrations != len(files) {
+		t.Errorf("breakwater_schema records %d migrations, want each of the %d once", migrations, len(files))
 	}
 }
