@@ -81,16 +81,46 @@ func upstreamCalls(p *pair) int64 {
 }
 
 // TestKillOneInstanceUnderLoad: instance A is killed (SIGKILL) under load
-// and started again, while B serves on; the load runs into
-// daily_requests. Every 200 a client saw has its usage row, the ceiling
-// is not passed, and the ledger counts at most one lease more than the
-// calls the fake received (the killed instance's unused lease).
+// and started again, while B serves on; the load runs into the ceiling
+// (daily_requests, or daily_usd below it). Every 200 a client saw has its
+// usage row, no ceiling is passed, and the ledger counts at most one lease
+// more than the calls the fake received (the killed instance's unused
+// lease).
 func TestKillOneInstanceUnderLoad(t *testing.T) {
+	const ceiling = 200
+	for _, tc := range []struct {
+		name string
+		usd  int64 // daily_usd in micro-dollars; 0: off
+	}{
+		{"daily_requests", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := harness.Config{DailyRequests: ceiling, DailyUSD: float64(tc.usd) / 1e6, MaxOutputTokens: 40}
+			rs, upstream, b := killUnderLoad(t, cfg)
+			if upstream > ceiling || b.ledger.calls > ceiling {
+				t.Errorf("%d upstream calls, the ledger counts %d; the ceiling is %d", upstream, b.ledger.calls, ceiling)
+			}
+			if tc.usd > 0 && (upstream*oneCallMicro > tc.usd || b.ledger.microUSD > tc.usd || b.rowMicro > tc.usd) {
+				t.Errorf("%d upstream calls cost %d micro-dollars, the ledger holds %d, the usage rows %d; daily_usd is %d",
+					upstream, upstream*oneCallMicro, b.ledger.microUSD, b.rowMicro, tc.usd)
+			}
+			checkRows(t, b, rs, upstream)
+			lease := budget.MaxLease(budget.Config{DailyRequests: ceiling})
+			if lost := b.ledger.calls - upstream; lost > lease {
+				t.Errorf("the ledger counts %d calls the fake never received, more than one lease (%d)", lost, lease)
+			}
+		})
+	}
+}
+
+// killUnderLoad runs two instances on cfg under load, kills A after 60
+// calls, starts it again once B has served on, loads both into the
+// ceiling, stops both cleanly and returns what the clients saw, the
+// upstream calls and the books.
+func killUnderLoad(t *testing.T, cfg harness.Config) ([]result, int64, books) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	const ceiling = 200
-	lease := budget.MaxLease(budget.Config{DailyRequests: ceiling})
-	p := newPair(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: ceiling}, 10, 5*time.Millisecond)
+	p := newPair(t, pgtest.NewDatabase(t), cfg, 10, 5*time.Millisecond)
 	l := p.startLoad(ctx, 12)
 	if !waitFor(30*time.Second, func() bool { return upstreamCalls(p) >= 60 }) {
 		l.stop()
@@ -123,19 +153,10 @@ func TestKillOneInstanceUnderLoad(t *testing.T) {
 	rs := l.stop()
 	p.stopAll()
 	upstream := upstreamCalls(p)
-	t.Logf("kill -9 of A at %d upstream calls: %v; %d upstream calls", atKill, tally(rs), upstream)
-	if upstream > ceiling {
-		t.Errorf("%d upstream calls, the ceiling is %d", upstream, ceiling)
-	}
 	b := readBooks(t, p.dbURL)
-	t.Logf("the ledger counts %d calls (a lease is at most %d)", b.ledger.calls, lease)
-	checkRows(t, b, rs, upstream)
-	if b.ledger.calls > ceiling {
-		t.Errorf("the ledger counts %d calls, over the ceiling %d", b.ledger.calls, ceiling)
-	}
-	if lost := b.ledger.calls - upstream; lost > lease {
-		t.Errorf("the ledger counts %d calls the fake never received, more than one lease (%d)", lost, lease)
-	}
+	t.Logf("kill -9 of A at %d upstream calls: %v; %d upstream calls; the ledger counts %d calls, %d micro-dollars",
+		atKill, tally(rs), upstream, b.ledger.calls, b.ledger.microUSD)
+	return rs, upstream, b
 }
 
 // TestPostgresStoppedUnderLoad: the database (a cluster of the test's
