@@ -73,12 +73,12 @@ func Build(ctx context.Context, root, dir string, tags ...string) (string, error
 type Config struct {
 	DBPath        string // storage.path
 	GeminiURL     string // ocr.base_url
-	DailyRequests int64  // budget.daily_requests; the only ceiling on
-	Plan          string // the one plan's name; no quota or daily line to speak of
+	DailyRequests int64  // budget.daily_requests; the one ceiling on unless DailyUSD is set
+	Plan          string // the one plan's name; no quota or daily line to speak of unless set below
 
 	// Backend is storage.backend: "" or "bolt", or "postgres" (its URL
 	// then comes from BREAKWATER_POSTGRES_URL in the server's environment,
-	// with BREAKWATER_SECRET: see Env).
+	// with BREAKWATER_SECRET: pass them to Start, NewKey and Command).
 	Backend         string
 	DailyUSD        float64 // budget.daily_usd; 0: off
 	MonthlyQuota    int64   // the plan's monthly_quota; 0: 100,000,000
