@@ -2,10 +2,12 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/build"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"io/fs"
 	"maps"
 	"os"
@@ -87,33 +89,44 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 			t.Fatalf("package %s not found among %d packages read", pkg, len(pkgs))
 		}
 	}
+	checkDecidersKnowNeitherStorageNorHTTP(t, pkgs)
+	checkRecordOwnersKnowNoStorage(t, pkgs)
+	t.Run("detect without budget", func(t *testing.T) { checkDetectWithoutBudget(t, pkgs) })
+	t.Run("server root", func(t *testing.T) { checkServerRootIsAMap(t, pkgs) })
+	t.Run("server subpackages", func(t *testing.T) { checkServerPartsKnowNoEdge(t, pkgs) })
+	t.Run("no package under server imports its parent", func(t *testing.T) { checkNoServerPackageImportsItsParent(t, pkgs) })
+	checkLibrariesStayInTheirPackage(t, pkgs)
+}
 
-	// deps returns every package of the module that pkg depends on,
-	// directly or not, with the chain of imports that leads to it.
-	deps := func(pkg string) map[string][]string {
-		chains := map[string][]string{}
-		var walk func(from string, chain []string)
-		walk = func(from string, chain []string) {
-			for _, imp := range pkgs[from] {
-				if !within(imp, module) {
-					continue
-				}
-				if _, seen := chains[imp]; seen {
-					continue
-				}
-				chains[imp] = append(slices.Clone(chain), imp)
-				walk(imp, chains[imp])
+// moduleDeps returns every package of the module that pkg depends on,
+// directly or not, with the chain of imports that leads to it.
+func moduleDeps(pkgs map[string][]string, pkg string) map[string][]string {
+	chains := map[string][]string{}
+	var walk func(from string, chain []string)
+	walk = func(from string, chain []string) {
+		for _, imp := range pkgs[from] {
+			if !within(imp, module) {
+				continue
 			}
+			if _, seen := chains[imp]; seen {
+				continue
+			}
+			chains[imp] = append(slices.Clone(chain), imp)
+			walk(imp, chains[imp])
 		}
-		walk(pkg, []string{pkg})
-		return chains
 	}
-	// The packages that decide, and the guard's state and replay, know
-	// neither storage nor the transport nor Echo, even through another
-	// package of ours; the guard's own subpackages may use the guard.
+	walk(pkg, []string{pkg})
+	return chains
+}
+
+// checkDecidersKnowNeitherStorageNorHTTP: the packages that decide, and
+// the guard's state and replay, know neither storage nor the transport
+// nor Echo, even through another package of ours; the guard's own
+// subpackages may use the guard.
+func checkDecidersKnowNeitherStorageNorHTTP(t *testing.T, pkgs map[string][]string) {
 	for _, pkg := range []string{"breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server/guard", "breakwater/server/guard/replay", "breakwater/server/guard/state"} {
 		t.Run(pkg, func(t *testing.T) {
-			chains := deps(pkg)
+			chains := moduleDeps(pkgs, pkg)
 			chains[pkg] = []string{pkg}
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {
 				if within(dep, "breakwater/storage") || (within(dep, "breakwater/server") && !within(dep, "breakwater/server/guard")) {
@@ -125,16 +138,18 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 			}
 		})
 	}
+}
 
-	// The owners of the records the edge and the command line use (keys
-	// and users, invites and their outcomes, and each one's not-found)
-	// declare them with the interfaces a backend implements, so neither
-	// they nor the HTTP edge know the database, even through another
-	// package of ours: a second backend stands in for bolt in the wiring
-	// alone.
+// checkRecordOwnersKnowNoStorage: the owners of the records the edge and
+// the command line use (keys and users, invites and their outcomes, and
+// each one's not-found) declare them with the interfaces a backend
+// implements, so neither they nor the HTTP edge know the database, even
+// through another package of ours: a second backend stands in for bolt
+// in the wiring alone.
+func checkRecordOwnersKnowNoStorage(t *testing.T, pkgs map[string][]string) {
 	for _, pkg := range []string{"breakwater/server/keys", "breakwater/server/invites", "breakwater/server/api"} {
 		t.Run(pkg+" without storage", func(t *testing.T) {
-			chains := deps(pkg)
+			chains := moduleDeps(pkgs, pkg)
 			chains[pkg] = []string{pkg}
 			for _, dep := range slices.Sorted(maps.Keys(chains)) {
 				if within(dep, "breakwater/storage") {
@@ -146,82 +161,90 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 			}
 		})
 	}
+}
 
-	// Detection reads only its own statistics, never billing code: nothing
-	// under detect depends on budget (replay, which runs the budget's
-	// layers, lives with the guard).
-	t.Run("detect without budget", func(t *testing.T) {
-		for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-			if !within(pkg, "breakwater/detect") {
-				continue
-			}
-			if chain, ok := deps(pkg)["breakwater/budget"]; ok {
-				t.Errorf("%s depends on breakwater/budget: %s", pkg, strings.Join(chain, " -> "))
-			}
+// checkDetectWithoutBudget: detection reads only its own statistics,
+// never billing code: nothing under detect depends on budget (replay,
+// which runs the budget's layers, lives with the guard).
+func checkDetectWithoutBudget(t *testing.T, pkgs map[string][]string) {
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if !within(pkg, "breakwater/detect") {
+			continue
 		}
-	})
+		if chain, ok := moduleDeps(pkgs, pkg)["breakwater/budget"]; ok {
+			t.Errorf("%s depends on breakwater/budget: %s", pkg, strings.Join(chain, " -> "))
+		}
+	}
+}
 
-	// server/ is a map, not a package of code: its root holds only
-	// doc.go, which imports nothing.
-	t.Run("server root", func(t *testing.T) {
-		entries, err := os.ReadDir("server")
-		if err != nil {
-			t.Fatal(err)
+// checkServerRootIsAMap: server/ is a map, not a package of code: its
+// root holds only doc.go, which imports nothing.
+func checkServerRootIsAMap(t *testing.T, pkgs map[string][]string) {
+	entries, err := os.ReadDir("server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasSuffix(e.Name(), ".go") && e.Name() != "doc.go" {
+			t.Errorf("server/%s: server/ holds only doc.go; code goes into a package under it (the HTTP edge into server/api)", e.Name())
 		}
-		for _, e := range entries {
-			if !e.IsDir() && strings.HasSuffix(e.Name(), ".go") && e.Name() != "doc.go" {
-				t.Errorf("server/%s: server/ holds only doc.go; code goes into a package under it (the HTTP edge into server/api)", e.Name())
-			}
-		}
-		if imps := pkgs["breakwater/server"]; len(imps) > 0 {
-			t.Errorf("breakwater/server imports %v: its doc.go only maps the packages under it", imps)
-		}
-	})
+	}
+	if imps := pkgs["breakwater/server"]; len(imps) > 0 {
+		t.Errorf("breakwater/server imports %v: its doc.go only maps the packages under it", imps)
+	}
+}
 
-	// The parts of server/ (keys, JWTs, invites, the operator service,
-	// the guard and its state) do not know the HTTP edge, even through
-	// another package of ours; only the wiring puts them together with it.
-	t.Run("server subpackages", func(t *testing.T) {
-		for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-			if !within(pkg, "breakwater/server") || within(pkg, "breakwater/server/api") || wiring(pkg) {
-				continue
-			}
-			if chain, ok := deps(pkg)["breakwater/server/api"]; ok {
-				t.Errorf("%s depends on breakwater/server/api: %s", pkg, strings.Join(chain, " -> "))
+// checkServerPartsKnowNoEdge: the parts of server/ (keys, JWTs, invites,
+// the operator service, the guard and its state) do not know the HTTP
+// edge, even through another package of ours; only the wiring puts them
+// together with it.
+func checkServerPartsKnowNoEdge(t *testing.T, pkgs map[string][]string) {
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if !within(pkg, "breakwater/server") || within(pkg, "breakwater/server/api") || wiring(pkg) {
+			continue
+		}
+		if chain, ok := moduleDeps(pkgs, pkg)["breakwater/server/api"]; ok {
+			t.Errorf("%s depends on breakwater/server/api: %s", pkg, strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// checkNoServerPackageImportsItsParent: arrows point down: no package
+// under server/ imports a package it lies under (server/guard/state
+// declares the layer methods it holds rather than importing the guard).
+func checkNoServerPackageImportsItsParent(t *testing.T, pkgs map[string][]string) {
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if !within(pkg, "breakwater/server") {
+			continue
+		}
+		for _, imp := range pkgs[pkg] {
+			if imp != pkg && within(pkg, imp) {
+				t.Errorf("%s imports its parent %s", pkg, imp)
 			}
 		}
-	})
+	}
+}
 
-	// Arrows point down: no package under server/ imports a package it
-	// lies under (server/guard/state declares the layer methods it holds
-	// rather than importing the guard).
-	t.Run("no package under server imports its parent", func(t *testing.T) {
-		for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-			if !within(pkg, "breakwater/server") {
-				continue
-			}
-			for _, imp := range pkgs[pkg] {
-				if imp != pkg && within(pkg, imp) {
-					t.Errorf("%s imports its parent %s", pkg, imp)
-				}
-			}
-		}
-	})
+// libraryRules says which packages of ours may import each library that
+// must stay inside one package: the transport and the database.
+var libraryRules = []struct {
+	name    string
+	lib     string                // an imported library and its subpackages
+	allowed func(pkg string) bool // the packages of ours that may import it
+	needed  string                // one that does: the check reads real imports
+}{
+	{"echo", "github.com/labstack/echo/v4", func(pkg string) bool {
+		// bench/load runs a bare Echo handler as the baseline it
+		// measures against; it is a tool, not part of the service.
+		return pkg == module || pkg == "breakwater/server/api" || wiring(pkg) || pkg == "breakwater/bench/load"
+	}, "breakwater/server/api"},
+	{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
+}
 
-	// The transport and the database each stay inside their package.
-	for _, tt := range []struct {
-		name    string
-		lib     string                // an imported library and its subpackages
-		allowed func(pkg string) bool // the packages of ours that may import it
-		needed  string                // one that does: the check reads real imports
-	}{
-		{"echo", "github.com/labstack/echo/v4", func(pkg string) bool {
-			// bench/load runs a bare Echo handler as the baseline it
-			// measures against; it is a tool, not part of the service.
-			return pkg == module || pkg == "breakwater/server/api" || wiring(pkg) || pkg == "breakwater/bench/load"
-		}, "breakwater/server/api"},
-		{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
-	} {
+// checkLibrariesStayInTheirPackage: the transport and the database each
+// stay inside their package.
+func checkLibrariesStayInTheirPackage(t *testing.T, pkgs map[string][]string) {
+	for _, tt := range libraryRules {
 		t.Run(tt.name, func(t *testing.T) {
 			if !slices.ContainsFunc(pkgs[tt.needed], func(imp string) bool { return within(imp, tt.lib) }) {
 				t.Fatalf("%s does not import %s: the imports were not read", tt.needed, tt.lib)
@@ -328,5 +351,119 @@ func TestImportsGrouped(t *testing.T) {
 	}
 	if files < 100 {
 		t.Fatalf("only %d Go files read", files)
+	}
+}
+
+// maxFuncLines is the most lines a function may span, from func to its
+// closing brace, tests included.
+const maxFuncLines = 100
+
+// longFunctions returns, for each function of f declared over more than
+// maxFuncLines lines (and each function literal outside a function,
+// such as one a package variable holds), where it starts, its name and
+// its length.
+func longFunctions(fset *token.FileSet, f *ast.File) []string {
+	var long []string
+	report := func(node ast.Node, name string) {
+		start, end := fset.Position(node.Pos()), fset.Position(node.End())
+		if n := end.Line - start.Line + 1; n > maxFuncLines {
+			long = append(long, fmt.Sprintf("%s:%d: %s is %d lines", start.Filename, start.Line, name, n))
+		}
+	}
+	for _, decl := range f.Decls {
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			if d.Body == nil {
+				continue
+			}
+			name := d.Name.Name
+			if d.Recv != nil && len(d.Recv.List) == 1 {
+				name = "(" + types.ExprString(d.Recv.List[0].Type) + ")." + name
+			}
+			report(d, name)
+		case *ast.GenDecl:
+			ast.Inspect(d, func(n ast.Node) bool {
+				if lit, ok := n.(*ast.FuncLit); ok {
+					report(lit, "a function literal")
+					return false
+				}
+				return true
+			})
+		}
+	}
+	return long
+}
+
+// TestNoFunctionOver100Lines keeps every function of the module, tests
+// included, within maxFuncLines lines: a longer one is split into named
+// parts (a table into a package variable, setup into a helper, phases
+// into checks named for what they check). It reads every .go file
+// outside testdata and dot-folders.
+func TestNoFunctionOver100Lines(t *testing.T) {
+	files := 0
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "." && (name == "testdata" || strings.HasPrefix(name, ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		files++
+		for _, l := range longFunctions(fset, f) {
+			t.Errorf("%s; at most %d: split it into named parts", l, maxFuncLines)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("only %d Go files read", files)
+	}
+}
+
+// TestLongFunctionsCountsLines checks the measure TestNoFunctionOver100Lines
+// applies: a function of maxFuncLines lines passes, one line more does
+// not, for a function, a method and a package variable's function
+// literal alike.
+func TestLongFunctionsCountsLines(t *testing.T) {
+	body := func(lines int) string { // a body spanning lines lines, braces included
+		return "{\n" + strings.Repeat("\t_ = 0\n", lines-2) + "}\n"
+	}
+	src := "package p\n\ntype T struct{}\n\n" +
+		"func fits() " + body(maxFuncLines) + "\n" +
+		"func tooLong() " + body(maxFuncLines+1) + "\n" +
+		"func (*T) method() " + body(maxFuncLines+1) + "\n" +
+		"var v = func() " + body(maxFuncLines+1) + "\n" +
+		"var w = func() " + body(maxFuncLines) + "\n" +
+		"func outer() {\n\t_ = func() " + body(maxFuncLines-2) + "}\n"
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "p.go", src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(longFunctions(fset, f), "\n")
+	// fits starts on line 5; each declaration is followed by a blank line.
+	tooLong := 5 + maxFuncLines + 1
+	method := tooLong + maxFuncLines + 2
+	v := method + maxFuncLines + 2
+	want := strings.Join([]string{
+		fmt.Sprintf("p.go:%d: tooLong is %d lines", tooLong, maxFuncLines+1),
+		fmt.Sprintf("p.go:%d: (*T).method is %d lines", method, maxFuncLines+1),
+		fmt.Sprintf("p.go:%d: a function literal is %d lines", v, maxFuncLines+1),
+	}, "\n")
+	if got != want {
+		t.Errorf("long functions:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -1,6 +1,8 @@
 package detect
 
 import (
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -264,6 +266,9 @@ func (a *Aggregator) Done() DayStats {
 	a.ips.each(func(key string, r *ipRow) {
 		d := r.day
 		d.Users = int64(len(r.users))
+		if len(r.users) > 1 { // a shared IP: name its users, a bounded few
+			d.UserIDs = slices.Sorted(maps.Keys(r.users))[:min(len(r.users), MaxNamedUsers)]
+		}
 		s.IPs[key] = d
 	})
 	s.Emails = map[string]IPDay{}

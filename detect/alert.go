@@ -22,7 +22,68 @@ const (
 	KindFailOpen           = "layer_failing_open"   // a defense layer failed open repeatedly
 	KindInviteNet          = "invite_net_tripped"   // the invite service-wide fail net tripped
 	KindUpstreamKeyRefused = "upstream_key_refused" // the upstream refused GEMINI_API_KEY: every read fails
+	// KindUpstreamSpendCap: the upstream refused a call because the
+	// project's own spend cap is reached: every read fails.
+	KindUpstreamSpendCap = "upstream_spend_cap"
+	// KindUpstreamCredits: the upstream refused a call because the
+	// project's prepaid credit is used up: every read fails.
+	KindUpstreamCredits = "upstream_credits_depleted"
+	// KindUpstreamModel: the upstream does not know ocr.model (not found
+	// or retired): every read fails.
+	KindUpstreamModel = "upstream_model_not_found"
+	// KindUpstreamBilling: the upstream refused a call because the
+	// project's billing is off or not set up: every read fails.
+	KindUpstreamBilling = "upstream_billing"
+	// KindUpstreamRateLimited: a run of calls refused by the upstream's
+	// rate or tier limit (429 RESOURCE_EXHAUSTED); one alone is no alert.
+	KindUpstreamRateLimited = "upstream_rate_limited"
+	// KindTest is the alert of breakwater alerts test.
+	KindTest = "test"
 )
+
+// Severities of a Notice.
+const (
+	SeverityCritical = "critical" // reads are refused or failing now
+	SeverityWarning  = "warning"  // something to act on soon
+	SeverityInfo     = "info"     // a test
+)
+
+// criticalKinds stop reads: every call is refused or fails.
+var criticalKinds = map[string]bool{
+	KindBrakeEngaged: true, KindUsageCommitFailed: true, KindUpstreamKeyRefused: true,
+	KindUpstreamSpendCap: true, KindUpstreamCredits: true, KindUpstreamModel: true, KindUpstreamBilling: true,
+}
+
+// SeverityOf is the severity of an alert of kind.
+func SeverityOf(kind string) string {
+	switch {
+	case criticalKinds[kind]:
+		return SeverityCritical
+	case kind == KindTest:
+		return SeverityInfo
+	}
+	return SeverityWarning
+}
+
+// Notice is one alert as a channel delivers it.
+type Notice struct {
+	Kind     string
+	Severity string
+	Summary  string            // one line, escaped
+	Details  map[string]string // the figures, escaped
+	Time     time.Time
+	// Dashboard is the link to the dashboard ([alerts] dashboard_url);
+	// empty without one.
+	Dashboard string
+	Subject   string // the mail's subject, without the "[breakwater] " prefix
+	Text      string // the mail's plain-text body
+}
+
+// Notifier delivers an alert on one channel without waiting (a Webhook),
+// and reports false when it dropped it.
+type Notifier interface {
+	Notify(n Notice) bool
+}
 
 // DefaultAlertQueue is how many alerts wait to be stored and mailed.
 const DefaultAlertQueue = 64
@@ -41,11 +102,15 @@ type AlerterOptions struct {
 	Location    *time.Location // budget.timezone, whose midnight re-arms every kind; required
 	// Mail sends the alerts; nil means mail is off (alerts are logged at
 	// WARN either way).
-	Mail      Sender
-	QueueSize int // default DefaultAlertQueue
-	Counters  *Counters
-	Logger    *slog.Logger
-	Now       func() time.Time
+	Mail Sender
+	// Hooks are the other channels (webhooks); none by default.
+	Hooks []Notifier
+	// DashboardURL is the link notices carry; empty: none.
+	DashboardURL string
+	QueueSize    int // default DefaultAlertQueue
+	Counters     *Counters
+	Logger       *slog.Logger
+	Now          func() time.Time
 }
 
 // Alerter raises immediate alerts: each kind at most once per
@@ -68,6 +133,9 @@ type Alerter struct {
 type pending struct {
 	st      AlertState
 	details map[string]string
+	// silent: only store st (a lower share of an early warning, covered
+	// by the alert of a higher one).
+	silent bool
 }
 
 // NewAlerter loads the alert state from store and starts the Alerter.
@@ -130,6 +198,63 @@ func (a *Alerter) Alert(kind, summary string, details map[string]string) {
 	}
 }
 
+// AlertOnce raises an alert of kind once per period, whatever
+// MinInterval: unless the last alert of kind was sent in the same period,
+// as period names the times (a day or a month key). The kinds in covers
+// are stored as sent too, without an alert of their own: lower shares
+// crossed at the same time as this one. It reports whether the alert was
+// raised; like Alert, it never blocks.
+func (a *Alerter) AlertOnce(kind string, period func(time.Time) string, summary string, details map[string]string, covers ...string) bool {
+	now := a.o.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.queue.Closed() || a.sentIn(kind, period, now) {
+		return false
+	}
+	for _, c := range covers {
+		if a.sentIn(c, period, now) {
+			continue
+		}
+		st := AlertState{Kind: c, SentAt: now, Summary: "covered by " + kind}
+		a.last[c] = st
+		a.queue.Push(pending{st: st, silent: true})
+	}
+	st := AlertState{Kind: kind, SentAt: now, Summary: summary}
+	a.last[kind] = st
+	if !a.queue.Push(pending{st: st, details: details}) {
+		a.o.Counters.AlertFailures.Add(1)
+	}
+	return true
+}
+
+// Rearm forgets that alerts of kinds were sent, in memory and in the
+// store (a state with no SentAt), so that each may be sent again: the
+// early warnings of a ceiling the operator raised.
+func (a *Alerter) Rearm(kinds ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range kinds {
+		if last, ok := a.last[k]; !ok || last.SentAt.IsZero() || a.queue.Closed() {
+			continue
+		}
+		st := AlertState{Kind: k}
+		a.last[k] = st
+		a.queue.Push(pending{st: st, silent: true})
+	}
+}
+
+// SentIn reports whether an alert of kind was sent in the period of now.
+func (a *Alerter) SentIn(kind string, period func(time.Time) string, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sentIn(kind, period, now)
+}
+
+func (a *Alerter) sentIn(kind string, period func(time.Time) string, now time.Time) bool {
+	last := a.last[kind]
+	return !last.SentAt.IsZero() && period(last.SentAt) == period(now)
+}
+
 // suppressed reports whether an alert sent as last holds back one at now.
 func (a *Alerter) suppressed(last AlertState, now time.Time) bool {
 	if last.SentAt.IsZero() {
@@ -145,7 +270,9 @@ func (a *Alerter) Recent() []AlertState {
 	defer a.mu.Unlock()
 	out := make([]AlertState, 0, len(a.last))
 	for _, st := range a.last {
-		out = append(out, st)
+		if !st.SentAt.IsZero() { // not a re-armed warning
+			out = append(out, st)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SentAt.After(out[j].SentAt) })
 	return out
@@ -170,10 +297,30 @@ func (a *Alerter) loop() {
 			a.o.Counters.AlertFailures.Add(1)
 			a.log.Error("alert state not stored: a restart may repeat this alert", "kind", p.st.Kind, "err", err)
 		}
-		a.log.Warn("ALERT "+p.st.Kind, "summary", Escape(p.st.Summary), "details", detailsText(p.details))
-		if a.o.Mail != nil {
-			a.o.Mail.Send(AlertSubject(p.st.Kind), AlertBody(p.st, p.details, a.o.Location))
+		if p.silent {
+			continue
 		}
+		a.log.Warn("ALERT "+p.st.Kind, "summary", Escape(p.st.Summary), "details", detailsText(p.details))
+		n := NewNotice(p.st, p.details, a.o.Location, a.o.DashboardURL)
+		if a.o.Mail != nil {
+			a.o.Mail.Send(n.Subject, n.Text)
+		}
+		for _, h := range a.o.Hooks {
+			h.Notify(n)
+		}
+	}
+}
+
+// NewNotice is the alert st with its details as every channel delivers
+// it: its mail's subject and body, and the fields of a webhook's body.
+func NewNotice(st AlertState, details map[string]string, loc *time.Location, dashboard string) Notice {
+	esc := make(map[string]string, len(details))
+	for k, v := range details {
+		esc[Escape(k)] = Escape(v)
+	}
+	return Notice{
+		Kind: st.Kind, Severity: SeverityOf(st.Kind), Summary: Escape(st.Summary), Details: esc,
+		Time: st.SentAt, Dashboard: dashboard, Subject: AlertSubject(st.Kind), Text: AlertBody(st, details, loc, dashboard),
 	}
 }
 
@@ -184,13 +331,23 @@ func AlertSubject(kind string) string {
 }
 
 // AlertBody is an alert's plain-text body: the summary on one line, then
-// the details, every value escaped.
-func AlertBody(st AlertState, details map[string]string, loc *time.Location) string {
+// the details, every value escaped, then what the operator can do (fixed
+// text per kind) and the dashboard's link when there is one.
+func AlertBody(st AlertState, details map[string]string, loc *time.Location, dashboard string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\nkind: %s\ntime: %s\n", Escape(st.Summary), st.Kind, st.SentAt.In(loc).Format("2006-01-02 15:04:05 MST"))
 	keys := slices.Sorted(maps.Keys(details))
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s: %s\n", Escape(k), Escape(details[k]))
+	}
+	if act := actionsOf(st.Kind); len(act) > 0 {
+		b.WriteString("\nWhat to do:\n")
+		for _, line := range act {
+			b.WriteString("- " + line + "\n")
+		}
+	}
+	if dashboard != "" {
+		fmt.Fprintf(&b, "\ndashboard: %s\n", dashboard)
 	}
 	return b.String()
 }

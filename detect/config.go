@@ -3,7 +3,11 @@ package detect
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/mail"
+	"net/url"
+	"regexp"
+	"slices"
 	"time"
 )
 
@@ -148,29 +152,74 @@ const (
 	DefaultMinInterval = time.Hour
 )
 
-// AlertsConfig is the [alerts] section of config.toml: where alert e-mails
-// go. Without the section, alerts are only logged, at WARN. The SMTP
+// DefaultWarnAt are the shares of each global budget ceiling whose first
+// crossing, each day (each month for monthly_usd), raises an early
+// warning: [alerts] warn_at left out.
+var DefaultWarnAt = []float64{0.5, 0.8, 0.95}
+
+// Webhook formats.
+const (
+	FormatSlack = "slack" // {"text": ...}: Slack, Mattermost, Discord's /slack endpoint
+	FormatNtfy  = "ntfy"  // plain-text body, Title and Priority headers: ntfy.sh or a server of one's own
+	FormatJSON  = "json"  // the documented JSON body of a Notice
+)
+
+// WebhookConfig is one [[alerts.webhook]] entry: a channel that gets
+// every immediate alert, beside mail or instead of it. The URL and the
+// secret are secrets, so config.toml names the environment variables that
+// hold them.
+type WebhookConfig struct {
+	// Format is "slack", "ntfy" or "json". Required.
+	Format string `koanf:"format"`
+	// URLEnv is the name of the environment variable that holds the URL
+	// (http or https). Required.
+	URLEnv string `koanf:"url_env"`
+	// SecretEnv, when set, is the name of the environment variable that
+	// holds the secret of the X-Breakwater-Signature header, an
+	// HMAC-SHA256 over the body. Optional.
+	SecretEnv string `koanf:"secret_env"`
+}
+
+// AlertsConfig is the [alerts] section of config.toml: the early warnings
+// and where immediate alerts go (mail, webhooks, or both). Alerts are
+// always logged at WARN. Mail is on when smtp_host is set; the SMTP
 // password comes only from the environment (BREAKWATER_SMTP_PASSWORD).
 type AlertsConfig struct {
-	// SMTPHost is the mail server's host name. Required.
+	// SMTPHost is the mail server's host name; empty: no mail (webhooks
+	// may still be on).
 	SMTPHost string `koanf:"smtp_host"`
 	// SMTPPort is the mail server's port. Default 587 for "starttls", 465
 	// for "tls", 25 for "none".
 	SMTPPort int `koanf:"smtp_port"`
 	// SMTPUsername is the login; empty means no authentication.
 	SMTPUsername string `koanf:"smtp_username"`
-	// From is the sender address. Required.
+	// From is the sender address. Required with smtp_host.
 	From string `koanf:"from"`
-	// To lists the recipients. At least one.
+	// To lists the recipients. At least one with smtp_host.
 	To []string `koanf:"to"`
 	// TLS is "starttls" (default: upgrade a plain connection, and refuse
 	// to go on without TLS), "tls" (TLS from the first byte), or "none"
 	// (plain text, for a relay on the same machine).
 	TLS string `koanf:"tls"`
 	// MinInterval is the least time between two alerts of one kind; a new
-	// day (budget.timezone) re-arms every kind. Default 1h.
+	// day (budget.timezone) re-arms every kind. Default 1h. Early
+	// warnings are sent once per share and period instead.
 	MinInterval time.Duration `koanf:"min_interval"`
+	// WarnAt are the shares (between 0 and 1, whole percents) of each
+	// global budget ceiling whose first crossing each day (month, for
+	// monthly_usd) raises an early warning. Left out: DefaultWarnAt;
+	// an explicit empty list switches early warnings off.
+	WarnAt []float64 `koanf:"warn_at"`
+	// DashboardURL is the link alerts give to the dashboard (the admin
+	// listener's /admin/dashboard as the operator reaches it); empty: no
+	// link.
+	DashboardURL string `koanf:"dashboard_url"`
+	// Webhooks are the [[alerts.webhook]] entries.
+	Webhooks []WebhookConfig `koanf:"webhook"`
 }
+
+// MailOn reports whether the section sends mail: smtp_host is set.
+func (c AlertsConfig) MailOn() bool { return c.SMTPHost != "" }
 
 // WithDefaults returns c with every zero field set to its default.
 func (c AlertsConfig) WithDefaults() AlertsConfig {
@@ -190,15 +239,49 @@ func (c AlertsConfig) WithDefaults() AlertsConfig {
 	if c.MinInterval == 0 {
 		c.MinInterval = DefaultMinInterval
 	}
+	if c.WarnAt == nil {
+		c.WarnAt = slices.Clone(DefaultWarnAt)
+	}
 	return c
 }
 
 // Validate reports every invalid setting, naming its key.
 func (c AlertsConfig) Validate() error {
 	var errs []error
-	if c.SMTPHost == "" {
-		errs = append(errs, errors.New("alerts.smtp_host: required in an [alerts] section"))
+	if c.MailOn() {
+		errs = append(errs, c.validateMail()...)
+	} else if c.From != "" || len(c.To) > 0 || c.SMTPUsername != "" {
+		errs = append(errs, errors.New("alerts.smtp_host: required when from, to or smtp_username are set"))
 	}
+	if c.MinInterval < 0 {
+		errs = append(errs, fmt.Errorf("alerts.min_interval: must not be negative, got %s", c.MinInterval))
+	}
+	seen := map[int]bool{}
+	for _, s := range c.WarnAt {
+		pct := sharePercent(s)
+		if !(s > 0 && s < 1) || math.Abs(s*100-float64(pct)) > 1e-9 || pct < 1 || pct > 99 {
+			errs = append(errs, fmt.Errorf("alerts.warn_at: %v is not a whole percent between 0.01 and 0.99", s))
+		} else if seen[pct] {
+			errs = append(errs, fmt.Errorf("alerts.warn_at: %v is listed twice", s))
+		}
+		seen[pct] = true
+	}
+	if c.DashboardURL != "" {
+		if u, err := url.Parse(c.DashboardURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("alerts.dashboard_url: %q is not an http or https URL", c.DashboardURL))
+		}
+	}
+	for i, w := range c.Webhooks {
+		errs = append(errs, w.validate(i)...)
+	}
+	return errors.Join(errs...)
+}
+
+// sharePercent is a share of warn_at in whole percents.
+func sharePercent(s float64) int { return int(math.Round(s * 100)) }
+
+func (c AlertsConfig) validateMail() []error {
+	var errs []error
 	if c.SMTPPort < 0 || c.SMTPPort > 65535 {
 		errs = append(errs, fmt.Errorf("alerts.smtp_port: %d is not a port", c.SMTPPort))
 	}
@@ -218,8 +301,24 @@ func (c AlertsConfig) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("alerts.tls: %q is not \"starttls\", \"tls\" or \"none\"", c.TLS))
 	}
-	if c.MinInterval < 0 {
-		errs = append(errs, fmt.Errorf("alerts.min_interval: must not be negative, got %s", c.MinInterval))
+	return errs
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+func (w WebhookConfig) validate(i int) []error {
+	var errs []error
+	key := fmt.Sprintf("alerts.webhook[%d]", i+1)
+	switch w.Format {
+	case FormatSlack, FormatNtfy, FormatJSON:
+	default:
+		errs = append(errs, fmt.Errorf("%s.format: %q is not \"slack\", \"ntfy\" or \"json\"", key, w.Format))
 	}
-	return errors.Join(errs...)
+	if !envName.MatchString(w.URLEnv) {
+		errs = append(errs, fmt.Errorf("%s.url_env: %q is not the name of an environment variable", key, w.URLEnv))
+	}
+	if w.SecretEnv != "" && !envName.MatchString(w.SecretEnv) {
+		errs = append(errs, fmt.Errorf("%s.secret_env: %q is not the name of an environment variable", key, w.SecretEnv))
+	}
+	return errs
 }

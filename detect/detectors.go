@@ -141,9 +141,11 @@ func detectSharedIP(cfg Config, h History) []Finding {
 	var out []Finding
 	for ip, d := range h.Today.IPs {
 		if ip != Other && d.Users >= cfg.IPUsers {
-			out = append(out, finding(h, DetectorSharedIP, ip, map[string]float64{
+			f := finding(h, DetectorSharedIP, ip, map[string]float64{
 				"users": float64(d.Users), "attempts": float64(d.Attempts),
-			}))
+			})
+			f.Users = slices.Clone(d.UserIDs)
+			out = append(out, f)
 		}
 	}
 	return out

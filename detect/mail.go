@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	gomail "github.com/wneessen/go-mail"
 )
@@ -69,6 +71,9 @@ func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if !cfg.MailOn() {
+		return nil, errors.New("alerts.smtp_host: required for mail")
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = DefaultMailQueue
@@ -177,7 +182,10 @@ func (m *Mailer) SendNow(subject, body string) (reply string, err error) {
 // sendOnce makes one delivery attempt over a new connection, and returns
 // the server's answer to the message.
 func (m *Mailer) sendOnce(msg message) (string, error) {
-	mm := gomail.NewMsg()
+	// 8bit: the body is sent as written, UTF-8, so that it reads cleanly
+	// in a terminal mail reader (quoted-printable, go-mail's default,
+	// shows "=3D" and soft line breaks there). Bodies are short lines.
+	mm := gomail.NewMsg(gomail.WithEncoding(gomail.NoEncoding))
 	if err := mm.From(m.cfg.From); err != nil {
 		return "", fmt.Errorf("from: %w", err)
 	}
@@ -187,7 +195,7 @@ func (m *Mailer) sendOnce(msg message) (string, error) {
 	mm.Subject(subjectPrefix + Escape(msg.subject))
 	mm.SetDate()
 	mm.SetMessageID()
-	mm.SetBodyString(gomail.TypeTextPlain, msg.body)
+	mm.SetBodyString(gomail.TypeTextPlain, foldLong(msg.body))
 
 	opts := []gomail.Option{
 		gomail.WithPort(m.cfg.SMTPPort), gomail.WithTimeout(m.o.Timeout),
@@ -215,4 +223,29 @@ func (m *Mailer) sendOnce(msg message) (string, error) {
 		return "", errors.New(Escape(err.Error()))
 	}
 	return Escape(mm.ServerResponse()), nil
+}
+
+// maxLine is the most bytes foldLong leaves on one line of a body sent
+// 8bit; a mail line may hold 998 (RFC 5322).
+const maxLine = 900
+
+// foldLong breaks every line longer than maxLine bytes, at a character
+// boundary, so that an 8bit body stays within the mail line limit
+// whatever a detail holds.
+func foldLong(body string) string {
+	lines := strings.Split(body, "\n")
+	for i, line := range lines {
+		var b strings.Builder
+		for len(line) > maxLine {
+			cut := maxLine
+			for cut > 0 && !utf8.RuneStart(line[cut]) {
+				cut--
+			}
+			b.WriteString(line[:cut] + "\n")
+			line = line[cut:]
+		}
+		b.WriteString(line)
+		lines[i] = b.String()
+	}
+	return strings.Join(lines, "\n")
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"breakwater/detect/smtptest"
 )
@@ -216,6 +217,26 @@ func TestMailUntrustedCertificateNotDelivered(t *testing.T) {
 			c := srv.Counts()
 			if c.AuthOK+c.AuthFailed != 0 || c.Mail != 0 || len(srv.Messages()) != 0 {
 				t.Errorf("counts %+v and %d messages, want no login and no mail", c, len(srv.Messages()))
+			}
+		})
+	}
+}
+
+func TestFoldLong(t *testing.T) {
+	long := strings.Repeat("é", 1000) // 2000 bytes
+	for _, tc := range []struct{ name, in string }{
+		{"short", "a\nb\n"},
+		{"long", "x\n" + long + "\ny"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := foldLong(tc.in)
+			for _, line := range strings.Split(got, "\n") {
+				if len(line) > maxLine || !utf8.ValidString(line) {
+					t.Errorf("line of %d bytes (valid UTF-8: %v)", len(line), utf8.ValidString(line))
+				}
+			}
+			if strings.ReplaceAll(got, "\n", "") != strings.ReplaceAll(tc.in, "\n", "") {
+				t.Error("folding changed the text")
 			}
 		})
 	}

@@ -74,7 +74,14 @@ type IPDay struct {
 	Attempts        int64 `json:"attempts"`         // OCR attempts
 	InviteFailures  int64 `json:"invite_failures"`  // invite checks refused, for any reason
 	InviteCooldowns int64 `json:"invite_cooldowns"` // invite checks refused by a cooldown
+	// UserIDs names the first MaxNamedUsers of Users (sorted) when more
+	// than one user came from the IP; empty on older rows and on e-mails.
+	UserIDs []string `json:"user_ids,omitempty"`
 }
+
+// MaxNamedUsers is the most users an IP's figures and a shared_ip
+// finding name.
+const MaxNamedUsers = 10
 
 // ServiceDay is the whole service's figures for one day.
 type ServiceDay struct {
@@ -103,6 +110,9 @@ type Finding struct {
 	Detector string             `json:"detector"`
 	Subject  string             `json:"subject"` // a user id, an IP, an e-mail or "service"
 	Figures  map[string]float64 `json:"figures"`
+	// Users names the users of a shared_ip finding, at most
+	// MaxNamedUsers of them; empty on other findings.
+	Users []string `json:"users,omitempty"`
 }
 
 // RunRecord records one run of the daily detection.

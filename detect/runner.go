@@ -20,6 +20,11 @@ type Counters struct {
 	RunFailures   atomic.Uint64 // detection runs that failed
 	AlertsSent    atomic.Uint64 // e-mails delivered (alerts and digests)
 	AlertFailures atomic.Uint64 // failed deliveries, and mail or alerts dropped by a full queue
+	// Webhooks: notices delivered, failed attempts, and notices dropped
+	// (a full queue, or given up after their attempts).
+	WebhooksSent    atomic.Uint64
+	WebhookFailures atomic.Uint64
+	WebhookDropped  atomic.Uint64
 }
 
 // Sender queues a plain-text e-mail without waiting: the Mailer. It
@@ -214,9 +219,9 @@ func (r *Runner) Digest(reps []Report) bool {
 		}
 		return false
 	}
-	subject := fmt.Sprintf("detection digest for %s: %d findings", days[0].Day, n)
+	subject := fmt.Sprintf("detection digest for %s: %s", days[0].Day, plural(n, "finding"))
 	if len(days) > 1 {
-		subject = fmt.Sprintf("detection digest for %s to %s: %d findings", days[0].Day, days[len(days)-1].Day, n)
+		subject = fmt.Sprintf("detection digest for %s to %s: %s", days[0].Day, days[len(days)-1].Day, plural(n, "finding"))
 	}
 	bodies := make([]string, len(days))
 	for i, rep := range days {
@@ -364,12 +369,53 @@ func (r *Runner) retentionCut() time.Time {
 // escaped.
 func DigestBody(rep Report) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Breakwater detection for %s: %d findings.\n\n", rep.Day, len(rep.Findings))
+	fmt.Fprintf(&b, "Breakwater detection for %s: %s.\n\n", rep.Day, plural(len(rep.Findings), "finding"))
 	s := rep.Service
-	fmt.Fprintf(&b, "service: %d attempts, %d ok, %d failed, %d users, %d IPs, $%.6f, %d invite checks\n\n",
-		s.Attempts, s.Successes, s.Failures, s.Users, s.IPs, float64(s.CostMicroUSD)/1e6, s.Invites)
+	fmt.Fprintf(&b, "service: %s, %d ok, %d failed, %s, %s, $%.6f, %s\n\n",
+		plural(s.Attempts, "attempt"), s.Successes, s.Failures, plural(s.Users, "user"), plural(s.IPs, "IP"),
+		float64(s.CostMicroUSD)/1e6, plural(s.Invites, "invite check"))
 	for _, f := range rep.Findings {
 		fmt.Fprintf(&b, "%s  %s  %s\n", f.Detector, Escape(f.Subject), FiguresText(f.Figures))
+		if len(f.Users) > 0 {
+			fmt.Fprintf(&b, "    users: %s\n", namesText(f.Users, int64(f.Figures["users"])))
+		}
+	}
+	return b.String()
+}
+
+// plural is n and noun, with an s unless n is 1: "1 finding", "2 findings".
+func plural[N int | int64](n N, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// namesText lists names, escaped, and how many of total it leaves out,
+// wrapped after about 72 columns onto lines indented like the first
+// (users' ids may be 128 bytes each: one line could pass the 998 bytes a
+// mail line may hold).
+func namesText(names []string, total int64) string {
+	const indent = "\n           "
+	var b strings.Builder
+	col := 0
+	for i, n := range names {
+		item := Escape(n)
+		if i < len(names)-1 {
+			item += ","
+		}
+		if col > 0 && col+1+len(item) > 60 {
+			b.WriteString(indent)
+			col = 0
+		} else if col > 0 {
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(item)
+		col += len(item)
+	}
+	if more := total - int64(len(names)); more > 0 {
+		fmt.Fprintf(&b, " and %d more", more)
 	}
 	return b.String()
 }

@@ -205,7 +205,7 @@ func TestDigestCoversSeveralDays(t *testing.T) {
 		t.Errorf("subject %q, want %q", got, want)
 	}
 	body := mail.bodies[0]
-	for _, want := range []string{"for 2026-03-01: 1 findings", "for 2026-03-03: 2 findings", "192.0.2.1", "192.0.2.2", "192.0.2.3"} {
+	for _, want := range []string{"for 2026-03-01: 1 finding.", "for 2026-03-03: 2 findings", "192.0.2.1", "192.0.2.2", "192.0.2.3"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("body lacks %q:\n%s", want, body)
 		}

@@ -70,103 +70,119 @@ func runFailSteps(t *testing.T, f *limiter.FailLimiter, steps []failStep) {
 	}
 }
 
+// The fail limiter configurations the steps run under: five failures in
+// ten minutes start a ten-minute cooldown; backoff doubles it up to 25
+// minutes; decay lets a success take one failure off.
+var (
+	failBase    = limiter.FailConfig{Limit: 5, Window: 10 * m, Cooldown: 10 * m}
+	failBackoff = func() limiter.FailConfig {
+		c := failBase
+		c.Backoff, c.MaxCooldown = true, 25*m
+		return c
+	}()
+	failDecay = func() limiter.FailConfig {
+		c := failBase
+		c.Decay = true
+		return c
+	}()
+)
+
+// failCase is one fail limiter configuration and the attempts it sees.
+type failCase struct {
+	name  string
+	cfg   limiter.FailConfig
+	steps []failStep
+}
+
+// failCases are the steps TestFailLimiterSteps runs.
+var failCases = []failCase{
+	{"five failures within the window start a cooldown", failBase, []failStep{
+		fail(0), fail(m), fail(2 * m), fail(3 * m), fail(4 * m),
+		cooling(4*m+time.Second, 14*m), cooling(13*m, 14*m),
+	}},
+	{"four failures do not", failBase, []failStep{
+		fail(0), fail(m), fail(2 * m), fail(3 * m), succeed(4 * m),
+	}},
+	{"each failure within the window of the previous, not of the first", failBase, []failStep{
+		fail(0), fail(9 * m), fail(18 * m), fail(27 * m), fail(36 * m),
+		cooling(37*m, 46*m),
+	}},
+	{"failures 11 minutes apart do not accumulate", failBase, []failStep{
+		fail(0), fail(11 * m), fail(22 * m), fail(33 * m), fail(44 * m), fail(55 * m), fail(66 * m),
+		fail(77 * m), succeed(78 * m),
+	}},
+	{"exactly the window apart still counts", failBase, []failStep{
+		fail(0), fail(10 * m), fail(20 * m), fail(30 * m), fail(40 * m),
+		cooling(40*m, 50*m),
+	}},
+	{"a gap breaks the run and the count starts again", failBase, []failStep{
+		fail(0), fail(m), fail(2 * m), fail(3 * m), // 4 in a run
+		fail(14 * m),                                           // 11 minutes later: a run of 1
+		fail(15 * m), fail(16 * m), fail(17 * m), fail(18 * m), // 5
+		cooling(18*m, 28*m),
+	}},
+	{"cooldown expiry", failBase, []failStep{
+		fail(0), fail(0), fail(0), fail(0), fail(0),
+		cooling(10*m-time.Nanosecond, 10*m), succeed(10 * m),
+		// after it a fresh run is needed
+		fail(11 * m), fail(11 * m), fail(11 * m), fail(11 * m), succeed(11 * m),
+	}},
+	{"a failure right after a cooldown starts a new run", failBase, []failStep{
+		fail(0), fail(0), fail(0), fail(0), fail(0),
+		fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), succeed(10 * m),
+	}},
+	{"success resets the run", failBase, []failStep{
+		fail(0), fail(0), fail(0), fail(0), succeed(m),
+		fail(m), fail(m), fail(m), fail(m), succeed(2 * m),
+	}},
+	{"decay takes one failure off", failDecay, []failStep{
+		fail(0), fail(0), fail(0), fail(0), succeed(m), // run 3
+		fail(m), succeed(m), // 4, then 3
+		fail(m), fail(m), // 5
+		cooling(m+1, 11*m),
+	}},
+	{"decay: a success after the window has nothing to take", failDecay, []failStep{
+		fail(0), fail(0), fail(0), fail(0), succeed(20 * m),
+		fail(20 * m), fail(20 * m), fail(20 * m), fail(20 * m), succeed(20 * m),
+	}},
+	{"a neutral attempt does not reset the run", failBase, []failStep{
+		fail(0), neutral(0), fail(0), neutral(0), fail(0), fail(0), neutral(m), fail(m),
+		cooling(m, 11*m),
+	}},
+	{"a neutral attempt does not decay the run", failDecay, []failStep{
+		fail(0), fail(0), fail(0), fail(0), neutral(m), neutral(m), fail(m),
+		cooling(m, 11*m),
+	}},
+	{"a neutral attempt does not keep a run alive past the window", failBase, []failStep{
+		fail(0), fail(0), fail(0), fail(0), neutral(9 * m), // the window runs from 0, not 9m
+		fail(11 * m), fail(11 * m), fail(11 * m), fail(11 * m), succeed(11 * m),
+	}},
+	{"a neutral attempt during a cooldown is refused like any other", failBase, []failStep{
+		fail(0), fail(0), fail(0), fail(0), fail(0),
+		{at: m, neutral: true, refused: limiter.ReasonCooldown, until: 10 * m},
+	}},
+	{"backoff doubles and is capped", failBackoff, []failStep{
+		fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m), // 10m
+		fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m),
+		cooling(10*m, 30*m), // 20m
+		fail(30 * m), fail(30 * m), fail(30 * m), fail(30 * m), fail(30 * m),
+		cooling(30*m, 55*m), // 40m, capped at 25m
+	}},
+	{"backoff forgets after 24 hours", failBackoff, []failStep{
+		fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m),
+		fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour),
+		fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour),
+		cooling(10*m+24*time.Hour, 20*m+24*time.Hour), // 10m again
+	}},
+	{"without backoff every cooldown is the same", failBase, []failStep{
+		fail(0), fail(0), fail(0), fail(0), fail(0),
+		fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m),
+		cooling(10*m, 20*m),
+	}},
+}
+
 func TestFailLimiterSteps(t *testing.T) {
-	m := time.Minute
-	base := limiter.FailConfig{Limit: 5, Window: 10 * m, Cooldown: 10 * m}
-	backoff := base
-	backoff.Backoff, backoff.MaxCooldown = true, 25*m
-	decay := base
-	decay.Decay = true
-	cases := []struct {
-		name  string
-		cfg   limiter.FailConfig
-		steps []failStep
-	}{
-		{"five failures within the window start a cooldown", base, []failStep{
-			fail(0), fail(m), fail(2 * m), fail(3 * m), fail(4 * m),
-			cooling(4*m+time.Second, 14*m), cooling(13*m, 14*m),
-		}},
-		{"four failures do not", base, []failStep{
-			fail(0), fail(m), fail(2 * m), fail(3 * m), succeed(4 * m),
-		}},
-		{"each failure within the window of the previous, not of the first", base, []failStep{
-			fail(0), fail(9 * m), fail(18 * m), fail(27 * m), fail(36 * m),
-			cooling(37*m, 46*m),
-		}},
-		{"failures 11 minutes apart do not accumulate", base, []failStep{
-			fail(0), fail(11 * m), fail(22 * m), fail(33 * m), fail(44 * m), fail(55 * m), fail(66 * m),
-			fail(77 * m), succeed(78 * m),
-		}},
-		{"exactly the window apart still counts", base, []failStep{
-			fail(0), fail(10 * m), fail(20 * m), fail(30 * m), fail(40 * m),
-			cooling(40*m, 50*m),
-		}},
-		{"a gap breaks the run and the count starts again", base, []failStep{
-			fail(0), fail(m), fail(2 * m), fail(3 * m), // 4 in a run
-			fail(14 * m),                                           // 11 minutes later: a run of 1
-			fail(15 * m), fail(16 * m), fail(17 * m), fail(18 * m), // 5
-			cooling(18*m, 28*m),
-		}},
-		{"cooldown expiry", base, []failStep{
-			fail(0), fail(0), fail(0), fail(0), fail(0),
-			cooling(10*m-time.Nanosecond, 10*m), succeed(10 * m),
-			// after it a fresh run is needed
-			fail(11 * m), fail(11 * m), fail(11 * m), fail(11 * m), succeed(11 * m),
-		}},
-		{"a failure right after a cooldown starts a new run", base, []failStep{
-			fail(0), fail(0), fail(0), fail(0), fail(0),
-			fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), succeed(10 * m),
-		}},
-		{"success resets the run", base, []failStep{
-			fail(0), fail(0), fail(0), fail(0), succeed(m),
-			fail(m), fail(m), fail(m), fail(m), succeed(2 * m),
-		}},
-		{"decay takes one failure off", decay, []failStep{
-			fail(0), fail(0), fail(0), fail(0), succeed(m), // run 3
-			fail(m), succeed(m), // 4, then 3
-			fail(m), fail(m), // 5
-			cooling(m+1, 11*m),
-		}},
-		{"decay: a success after the window has nothing to take", decay, []failStep{
-			fail(0), fail(0), fail(0), fail(0), succeed(20 * m),
-			fail(20 * m), fail(20 * m), fail(20 * m), fail(20 * m), succeed(20 * m),
-		}},
-		{"a neutral attempt does not reset the run", base, []failStep{
-			fail(0), neutral(0), fail(0), neutral(0), fail(0), fail(0), neutral(m), fail(m),
-			cooling(m, 11*m),
-		}},
-		{"a neutral attempt does not decay the run", decay, []failStep{
-			fail(0), fail(0), fail(0), fail(0), neutral(m), neutral(m), fail(m),
-			cooling(m, 11*m),
-		}},
-		{"a neutral attempt does not keep a run alive past the window", base, []failStep{
-			fail(0), fail(0), fail(0), fail(0), neutral(9 * m), // the window runs from 0, not 9m
-			fail(11 * m), fail(11 * m), fail(11 * m), fail(11 * m), succeed(11 * m),
-		}},
-		{"a neutral attempt during a cooldown is refused like any other", base, []failStep{
-			fail(0), fail(0), fail(0), fail(0), fail(0),
-			{at: m, neutral: true, refused: limiter.ReasonCooldown, until: 10 * m},
-		}},
-		{"backoff doubles and is capped", backoff, []failStep{
-			fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m), // 10m
-			fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m),
-			cooling(10*m, 30*m), // 20m
-			fail(30 * m), fail(30 * m), fail(30 * m), fail(30 * m), fail(30 * m),
-			cooling(30*m, 55*m), // 40m, capped at 25m
-		}},
-		{"backoff forgets after 24 hours", backoff, []failStep{
-			fail(0), fail(0), fail(0), fail(0), fail(0), cooling(0, 10*m),
-			fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour),
-			fail(10*m + 24*time.Hour), fail(10*m + 24*time.Hour),
-			cooling(10*m+24*time.Hour, 20*m+24*time.Hour), // 10m again
-		}},
-		{"without backoff every cooldown is the same", base, []failStep{
-			fail(0), fail(0), fail(0), fail(0), fail(0),
-			fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m), fail(10 * m),
-			cooling(10*m, 20*m),
-		}},
-	}
-	for _, c := range cases {
+	for _, c := range failCases {
 		t.Run(c.name, func(t *testing.T) {
 			runFailSteps(t, mustNewFail(t, c.cfg), c.steps)
 		})

@@ -76,174 +76,180 @@ const (
 	m  = time.Minute
 )
 
+// allowCase is one limiter configuration and the requests it sees, in order.
+type allowCase struct {
+	name  string
+	cfg   limiter.Config
+	steps []step
+}
+
+// allowCases are the steps TestAllowSteps runs: rate, burst, both, the
+// limits switched off, keys, a clock going backwards and stored offsets.
+var allowCases = []allowCase{
+	{
+		name: "rate 5 per minute",
+		cfg:  limiter.Config{Rate: 5, Window: m},
+		steps: []step{
+			ok(0), ok(1 * s), ok(2 * s), ok(3 * s), ok(4 * s),
+			no(5*s, 55*s, "rate"), // until the request at t0 leaves
+			no(30*s, 30*s, "rate"),
+		},
+	},
+	{
+		// The window seen at t is (t-W, t]: the request at t0 is
+		// still in it at t0+W-1ns and has left at t0+W.
+		name: "boundary W-1ns refused, W admitted",
+		cfg:  limiter.Config{Rate: 5, Window: m},
+		steps: []step{
+			ok(0), ok(1 * s), ok(2 * s), ok(3 * s), ok(4 * s),
+			no(m-ns, ns, "rate"),
+			ok(m),
+			no(m, 1*s, "rate"), // the next oldest is t0+1s
+			no(m+s-ns, ns, "rate"),
+			ok(m + s),
+		},
+	},
+	{
+		name: "rate arrivals at one instant",
+		cfg:  limiter.Config{Rate: 3, Window: 10 * s},
+		steps: []step{
+			ok(7 * ns), ok(7 * ns), ok(7 * ns),
+			no(7*ns, 10*s, "rate"),
+			no(10*s+6*ns, ns, "rate"),
+			ok(10*s + 7*ns), ok(10*s + 7*ns), ok(10*s + 7*ns),
+			no(10*s+7*ns, 10*s, "rate"),
+		},
+	},
+	{
+		name: "burst 2: third within a second refused, next second ok",
+		cfg:  limiter.Config{Burst: 2},
+		steps: []step{
+			ok(0), ok(500 * ms),
+			no(900*ms, 100*ms, "burst"),
+			no(s-ns, ns, "burst"),
+			ok(s), // [t0, t0+1s) holds two; t0+1s starts the next second
+			no(1400*ms, 100*ms, "burst"),
+			ok(1500 * ms),
+			no(1500*ms, 500*ms, "burst"),
+			ok(2 * s),
+		},
+	},
+	{
+		name: "rate and burst together",
+		cfg:  limiter.Config{Rate: 5, Window: m, Burst: 2},
+		steps: []step{
+			ok(0), ok(100 * ms),
+			no(200*ms, 800*ms, "burst"),
+			ok(s), ok(1500 * ms),
+			no(1600*ms, 400*ms, "burst"),
+			ok(2 * s),
+			// five in the window: rate frees at t0+1m, burst at
+			// t0+2.5s; the refusal names the later one.
+			no(2100*ms, m-2100*ms, "rate"),
+			no(3*s, 57*s, "rate"),
+			ok(m),
+			no(m, 100*ms, "rate"),
+			ok(m + 100*ms),
+			no(m+200*ms, 800*ms, "rate"), // both free at t0+1m+1s
+			ok(m + s),
+			no(m+s, 500*ms, "rate"),
+		},
+	},
+	{
+		name: "refusal names the limit that frees last",
+		cfg:  limiter.Config{Rate: 3, Window: 2 * s, Burst: 2},
+		steps: []step{
+			ok(0), ok(1200 * ms), ok(1400 * ms),
+			no(1900*ms, 300*ms, "burst"), // rate would free in 100ms
+			no(2100*ms, 100*ms, "burst"),
+			ok(2200 * ms),
+		},
+	},
+	{
+		name: "rate 0 is off",
+		cfg:  limiter.Config{Rate: 0, Burst: 3},
+		steps: []step{
+			ok(0), ok(0), ok(0), no(0, s, "burst"),
+			ok(s), ok(s), ok(s), ok(2 * s), ok(2 * s), ok(2 * s),
+			ok(3 * s), ok(3 * s), ok(3 * s), no(3*s, s, "burst"),
+		},
+	},
+	{
+		name: "burst 0 is off",
+		cfg:  limiter.Config{Rate: 3, Window: m, Burst: 0},
+		steps: []step{
+			ok(0), ok(0), ok(0), no(0, m, "rate"),
+		},
+	},
+	{
+		name: "burst above rate is implied by rate",
+		cfg:  limiter.Config{Rate: 2, Window: 2 * s, Burst: 5},
+		steps: []step{
+			ok(0), ok(0), no(0, 2*s, "rate"), ok(2 * s),
+		},
+	},
+	{
+		name: "keys are independent",
+		cfg:  limiter.Config{Rate: 1, Window: m},
+		steps: []step{
+			{at: 0, key: "a"}, {at: 0, key: "b"},
+			{at: s, key: "a", retryAfter: 59 * s},
+			{at: 2 * s, key: "b", retryAfter: 58 * s},
+			{at: 2 * s, key: "c"},
+		},
+	},
+	{
+		// A clock step backwards admits nothing extra: the request
+		// at "t0" is recorded at t0+10s, the newest one.
+		name: "clock goes backwards",
+		cfg:  limiter.Config{Rate: 2, Window: m},
+		steps: []step{
+			ok(10 * s),
+			ok(0),
+			no(5*s, 65*s, "rate"),
+			no(70*s-ns, ns, "rate"),
+			ok(70 * s),
+			no(-time.Hour, time.Hour+70*s, "rate"),
+		},
+	},
+	{
+		// Offsets from a key's first request are stored in
+		// microseconds, rounded up: t0+1s+500ns is stored as
+		// t0+1s+1µs, and leaves its window 500ns late.
+		name: "sub-microsecond times round up, never down",
+		cfg:  limiter.Config{Rate: 1, Window: s},
+		steps: []step{
+			ok(0),
+			ok(s + 500*ns),
+			no(2*s+500*ns, 500*ns, "rate"),
+			no(2*s+999*ns, ns, "rate"),
+			ok(2*s + us),
+		},
+	},
+	{
+		// Past 2^32µs (about 71 minutes) from a key's base the
+		// offsets are rebased; nothing that counts is lost.
+		name: "long-lived key rebases its offsets",
+		cfg:  limiter.Config{Rate: 2, Window: time.Hour},
+		steps: []step{
+			ok(0), ok(30 * m),
+			no(59*m, m, "rate"),
+			ok(60 * m),
+			no(75*m, 15*m, "rate"),
+			ok(90 * m), // base passes 71.6 minutes here
+			no(119*m, m, "rate"),
+			no(120*m-ns, ns, "rate"),
+			ok(120 * m),
+			no(120*m, 30*m, "rate"),
+			ok(1000 * time.Hour), // long idle: a fresh start
+			ok(1000 * time.Hour),
+			no(1000*time.Hour+m, 59*m, "rate"),
+		},
+	},
+}
+
 func TestAllowSteps(t *testing.T) {
-	tests := []struct {
-		name  string
-		cfg   limiter.Config
-		steps []step
-	}{
-		{
-			name: "rate 5 per minute",
-			cfg:  limiter.Config{Rate: 5, Window: m},
-			steps: []step{
-				ok(0), ok(1 * s), ok(2 * s), ok(3 * s), ok(4 * s),
-				no(5*s, 55*s, "rate"), // until the request at t0 leaves
-				no(30*s, 30*s, "rate"),
-			},
-		},
-		{
-			// The window seen at t is (t-W, t]: the request at t0 is
-			// still in it at t0+W-1ns and has left at t0+W.
-			name: "boundary W-1ns refused, W admitted",
-			cfg:  limiter.Config{Rate: 5, Window: m},
-			steps: []step{
-				ok(0), ok(1 * s), ok(2 * s), ok(3 * s), ok(4 * s),
-				no(m-ns, ns, "rate"),
-				ok(m),
-				no(m, 1*s, "rate"), // the next oldest is t0+1s
-				no(m+s-ns, ns, "rate"),
-				ok(m + s),
-			},
-		},
-		{
-			name: "rate arrivals at one instant",
-			cfg:  limiter.Config{Rate: 3, Window: 10 * s},
-			steps: []step{
-				ok(7 * ns), ok(7 * ns), ok(7 * ns),
-				no(7*ns, 10*s, "rate"),
-				no(10*s+6*ns, ns, "rate"),
-				ok(10*s + 7*ns), ok(10*s + 7*ns), ok(10*s + 7*ns),
-				no(10*s+7*ns, 10*s, "rate"),
-			},
-		},
-		{
-			name: "burst 2: third within a second refused, next second ok",
-			cfg:  limiter.Config{Burst: 2},
-			steps: []step{
-				ok(0), ok(500 * ms),
-				no(900*ms, 100*ms, "burst"),
-				no(s-ns, ns, "burst"),
-				ok(s), // [t0, t0+1s) holds two; t0+1s starts the next second
-				no(1400*ms, 100*ms, "burst"),
-				ok(1500 * ms),
-				no(1500*ms, 500*ms, "burst"),
-				ok(2 * s),
-			},
-		},
-		{
-			name: "rate and burst together",
-			cfg:  limiter.Config{Rate: 5, Window: m, Burst: 2},
-			steps: []step{
-				ok(0), ok(100 * ms),
-				no(200*ms, 800*ms, "burst"),
-				ok(s), ok(1500 * ms),
-				no(1600*ms, 400*ms, "burst"),
-				ok(2 * s),
-				// five in the window: rate frees at t0+1m, burst at
-				// t0+2.5s; the refusal names the later one.
-				no(2100*ms, m-2100*ms, "rate"),
-				no(3*s, 57*s, "rate"),
-				ok(m),
-				no(m, 100*ms, "rate"),
-				ok(m + 100*ms),
-				no(m+200*ms, 800*ms, "rate"), // both free at t0+1m+1s
-				ok(m + s),
-				no(m+s, 500*ms, "rate"),
-			},
-		},
-		{
-			name: "refusal names the limit that frees last",
-			cfg:  limiter.Config{Rate: 3, Window: 2 * s, Burst: 2},
-			steps: []step{
-				ok(0), ok(1200 * ms), ok(1400 * ms),
-				no(1900*ms, 300*ms, "burst"), // rate would free in 100ms
-				no(2100*ms, 100*ms, "burst"),
-				ok(2200 * ms),
-			},
-		},
-		{
-			name: "rate 0 is off",
-			cfg:  limiter.Config{Rate: 0, Burst: 3},
-			steps: []step{
-				ok(0), ok(0), ok(0), no(0, s, "burst"),
-				ok(s), ok(s), ok(s), ok(2 * s), ok(2 * s), ok(2 * s),
-				ok(3 * s), ok(3 * s), ok(3 * s), no(3*s, s, "burst"),
-			},
-		},
-		{
-			name: "burst 0 is off",
-			cfg:  limiter.Config{Rate: 3, Window: m, Burst: 0},
-			steps: []step{
-				ok(0), ok(0), ok(0), no(0, m, "rate"),
-			},
-		},
-		{
-			name: "burst above rate is implied by rate",
-			cfg:  limiter.Config{Rate: 2, Window: 2 * s, Burst: 5},
-			steps: []step{
-				ok(0), ok(0), no(0, 2*s, "rate"), ok(2 * s),
-			},
-		},
-		{
-			name: "keys are independent",
-			cfg:  limiter.Config{Rate: 1, Window: m},
-			steps: []step{
-				{at: 0, key: "a"}, {at: 0, key: "b"},
-				{at: s, key: "a", retryAfter: 59 * s},
-				{at: 2 * s, key: "b", retryAfter: 58 * s},
-				{at: 2 * s, key: "c"},
-			},
-		},
-		{
-			// A clock step backwards admits nothing extra: the request
-			// at "t0" is recorded at t0+10s, the newest one.
-			name: "clock goes backwards",
-			cfg:  limiter.Config{Rate: 2, Window: m},
-			steps: []step{
-				ok(10 * s),
-				ok(0),
-				no(5*s, 65*s, "rate"),
-				no(70*s-ns, ns, "rate"),
-				ok(70 * s),
-				no(-time.Hour, time.Hour+70*s, "rate"),
-			},
-		},
-		{
-			// Offsets from a key's first request are stored in
-			// microseconds, rounded up: t0+1s+500ns is stored as
-			// t0+1s+1µs, and leaves its window 500ns late.
-			name: "sub-microsecond times round up, never down",
-			cfg:  limiter.Config{Rate: 1, Window: s},
-			steps: []step{
-				ok(0),
-				ok(s + 500*ns),
-				no(2*s+500*ns, 500*ns, "rate"),
-				no(2*s+999*ns, ns, "rate"),
-				ok(2*s + us),
-			},
-		},
-		{
-			// Past 2^32µs (about 71 minutes) from a key's base the
-			// offsets are rebased; nothing that counts is lost.
-			name: "long-lived key rebases its offsets",
-			cfg:  limiter.Config{Rate: 2, Window: time.Hour},
-			steps: []step{
-				ok(0), ok(30 * m),
-				no(59*m, m, "rate"),
-				ok(60 * m),
-				no(75*m, 15*m, "rate"),
-				ok(90 * m), // base passes 71.6 minutes here
-				no(119*m, m, "rate"),
-				no(120*m-ns, ns, "rate"),
-				ok(120 * m),
-				no(120*m, 30*m, "rate"),
-				ok(1000 * time.Hour), // long idle: a fresh start
-				ok(1000 * time.Hour),
-				no(1000*time.Hour+m, 59*m, "rate"),
-			},
-		},
-	}
-	for _, tt := range tests {
+	for _, tt := range allowCases {
 		t.Run(tt.name, func(t *testing.T) {
 			runSteps(t, mustNew(t, tt.cfg), tt.steps)
 		})

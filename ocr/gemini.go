@@ -22,6 +22,30 @@ import (
 // with Reason "auth".
 var ErrKeyRefused = errors.New("ocr: GEMINI_API_KEY was refused by the upstream")
 
+// Refusals of the upstream that stop every read until the operator acts,
+// each wrapped in an *UpstreamError with its Reason.
+var (
+	// ErrSpendCap: the project's spend cap is reached (Reason "spend_cap").
+	ErrSpendCap = errors.New("ocr: the upstream project's spend cap is reached")
+	// ErrCreditsDepleted: the project's prepaid credits are used up
+	// (Reason "credits_depleted").
+	ErrCreditsDepleted = errors.New("ocr: the upstream project's prepaid credits are depleted")
+	// ErrModelNotFound: the upstream does not serve ocr.model (Reason
+	// "model_not_found").
+	ErrModelNotFound = errors.New("ocr: the upstream does not serve the model")
+	// ErrBilling: the project's billing is off or its precondition unmet
+	// (Reason "billing").
+	ErrBilling = errors.New("ocr: the upstream project's billing is off or not set up")
+)
+
+// StopsEveryRead reports whether err is an upstream refusal that every
+// read will meet until the operator acts: the key refused, the spend cap
+// reached, the prepaid credits used up, the model unknown, billing off.
+func StopsEveryRead(err error) bool {
+	return errors.Is(err, ErrKeyRefused) || errors.Is(err, ErrSpendCap) || errors.Is(err, ErrCreditsDepleted) ||
+		errors.Is(err, ErrModelNotFound) || errors.Is(err, ErrBilling)
+}
+
 // UpstreamError is any failed upstream call; HTTP layers map it to 502.
 // Its text holds the HTTP status and the upstream's status word, never the
 // upstream's message or the API key.
@@ -160,11 +184,11 @@ func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Res
 			return parseResponse(data, status, g.pattern, g.cfg.Model)
 		}
 		uerr := statusError(status, data)
-		if errors.Is(uerr, ErrKeyRefused) {
-			g.logger.Error("GEMINI_API_KEY was refused by the upstream", "status", status, "upstream_status", upstreamStatus(data))
+		if StopsEveryRead(uerr) {
+			g.logger.Error(refusalLog[uerr.Reason], "status", status, "upstream_status", upstreamStatus(data), "reason", uerr.Reason)
 			return res, uerr
 		}
-		if attempt > 1 || (status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable) || !g.timeLeft(ctx) {
+		if attempt > 1 || (uerr.Reason != ReasonRateLimited && status != http.StatusServiceUnavailable) || !g.timeLeft(ctx) {
 			return res, uerr
 		}
 		if mayRetry == nil || !mayRetry() {
@@ -245,16 +269,54 @@ func upstreamStatus(data []byte) string {
 	return ""
 }
 
-// statusError turns a non-2xx response into an *UpstreamError.
+// refusalLog is the log line of each refusal that stops every read.
+var refusalLog = map[string]string{
+	ReasonAuth:          "GEMINI_API_KEY was refused by the upstream",
+	ReasonSpendCap:      "the upstream refused the call: the project's spend cap is reached",
+	ReasonCredits:       "the upstream refused the call: the project's prepaid credits are depleted",
+	ReasonModelNotFound: "the upstream refused the call: it does not serve ocr.model",
+	ReasonBilling:       "the upstream refused the call: the project's billing is off or not set up",
+}
+
+// statusError turns a non-2xx response into an *UpstreamError. The
+// refusals that stop every read are told apart by status and message, as
+// Gemini's error reference shows them; credits come first, since Gemini
+// has sent their message with 429 and with 403.
 func statusError(status int, data []byte) *UpstreamError {
-	word := upstreamStatus(data)
-	if status == http.StatusUnauthorized || status == http.StatusForbidden || (status == http.StatusBadRequest && keyInvalid(data)) {
+	var eb errorBody
+	_ = json.Unmarshal(data, &eb) // best effort: a broken body says nothing
+	msg := strings.ToLower(eb.Error.Message)
+	switch {
+	case strings.Contains(msg, "credits are depleted") || strings.Contains(msg, "credit balance is depleted"):
+		return &UpstreamError{Status: status, Reason: ReasonCredits, Err: ErrCreditsDepleted}
+	case status == http.StatusTooManyRequests && (strings.Contains(msg, "spend cap") || strings.Contains(msg, "spending cap") ||
+		strings.Contains(msg, "spend limit") || strings.Contains(msg, "spending limit")):
+		return &UpstreamError{Status: status, Reason: ReasonSpendCap, Err: ErrSpendCap}
+	case (status == http.StatusForbidden && billingOff(eb)) || (status == http.StatusBadRequest && eb.Error.Status == "FAILED_PRECONDITION"):
+		return &UpstreamError{Status: status, Reason: ReasonBilling, Err: ErrBilling}
+	case status == http.StatusUnauthorized || status == http.StatusForbidden || (status == http.StatusBadRequest && keyInvalid(data)):
 		return &UpstreamError{Status: status, Reason: ReasonAuth, Err: ErrKeyRefused}
+	case status == http.StatusNotFound && eb.Error.Status == "NOT_FOUND":
+		return &UpstreamError{Status: status, Reason: ReasonModelNotFound, Err: ErrModelNotFound}
+	case status == http.StatusTooManyRequests:
+		return &UpstreamError{Status: status, Reason: ReasonRateLimited}
 	}
+	word := upstreamStatus(data)
 	if word == "" {
 		word = ReasonUnknown
 	}
 	return &UpstreamError{Status: status, Reason: word}
+}
+
+// billingOff reports whether a 403 body says the project's billing is
+// off rather than the key refused.
+func billingOff(eb errorBody) bool {
+	for _, d := range eb.Error.Details {
+		if d.Reason == "BILLING_DISABLED" {
+			return true
+		}
+	}
+	return strings.Contains(strings.ToLower(eb.Error.Message), "billing to be enabled")
 }
 
 // keyInvalid reports whether a 400 body says the API key is bad.

@@ -292,7 +292,7 @@ func TestGeminiReadStatus(t *testing.T) {
 		{"503 then ok", []reply{{503, "err_503.json", ""}, {200, "ok.json", ""}}, 2, 0, ""},
 		{"503 twice", []reply{{503, "err_503.json", ""}, {503, "err_503.json", ""}}, 2, 503, "UNAVAILABLE"},
 		{"429 then 503", []reply{{429, "err_429.json", ""}, {503, "err_503.json", ""}}, 2, 503, "UNAVAILABLE"},
-		{"429 twice", []reply{{429, "err_429.json", ""}}, 2, 429, "RESOURCE_EXHAUSTED"},
+		{"429 twice", []reply{{429, "err_429.json", ""}}, 2, 429, ReasonRateLimited},
 		{"500 not retried", []reply{{500, "err_500.json", ""}, {200, "ok.json", ""}}, 1, 500, "INTERNAL"},
 		{"400 not retried", []reply{{400, "err_400_invalid.json", ""}, {200, "ok.json", ""}}, 1, 400, "INVALID_ARGUMENT"},
 		{"504 not retried", []reply{{504, "", `{"error":{"code":504,"status":"DEADLINE_EXCEEDED"}}`}}, 1, 504, "DEADLINE_EXCEEDED"},
@@ -359,8 +359,8 @@ func TestGeminiReadNoRetryWithoutTime(t *testing.T) {
 	g.now = func() time.Time { return time.Now().Add(DefaultTimeout - 2*time.Second) }
 
 	_, err := g.Read(t.Context(), testImage, alwaysRetry)
-	if ue := upstreamError(t, err); ue.Status != 429 || ue.Reason != "RESOURCE_EXHAUSTED" {
-		t.Errorf("error = %d %q, want 429 RESOURCE_EXHAUSTED", ue.Status, ue.Reason)
+	if ue := upstreamError(t, err); ue.Status != 429 || ue.Reason != ReasonRateLimited {
+		t.Errorf("error = %d %q, want 429 rate_limited", ue.Status, ue.Reason)
 	}
 	if got := fake.calls.Load(); got != 1 {
 		t.Errorf("calls = %d, want 1", got)
@@ -469,22 +469,29 @@ func candidate(text, finish string) string {
 		"usageMetadata":{"promptTokenCount":298,"candidatesTokenCount":24,"totalTokenCount":322},"modelVersion":"gemini-2.5-flash-001"}`, quoted, finish)
 }
 
-func TestGeminiReadOutputs(t *testing.T) {
+// readOutputCase is one answer of the fake Gemini and what Read must make
+// of it: an upstream error with wantReason, or the serials and rejects.
+type readOutputCase struct {
+	name         string
+	reply        reply
+	wantReason   string // "" for success
+	wantUsage    Usage
+	wantSerials  int
+	wantRejected []string // nil: only the count below is checked
+	wantNRej     int
+}
+
+// readOutputCases are the answers TestGeminiReadOutputs feeds to Read:
+// malformed output, odd values, many items, finish reasons and bodies
+// that are not what the REST API promises.
+func readOutputCases() []readOutputCase {
 	var many, manyBad []string
 	for i := range 1000 {
 		many = append(many, fmt.Sprintf("%q", fmt.Sprintf("SN-%04d", i)))
 		manyBad = append(manyBad, fmt.Sprintf("%q", fmt.Sprintf("bad %d", i)))
 	}
 	usage := Usage{PromptTokens: 298, CandidatesTokens: 24}
-	for _, tt := range []struct {
-		name         string
-		reply        reply
-		wantReason   string // "" for success
-		wantUsage    Usage
-		wantSerials  int
-		wantRejected []string // nil: only the count below is checked
-		wantNRej     int
-	}{
+	return []readOutputCase{
 		{name: "not JSON", reply: reply{200, "", candidate("The serial is SN-12345.", "STOP")}, wantReason: ReasonBadOutput, wantUsage: usage},
 		{name: "code fence", reply: reply{200, "", candidate("```json\n{\"serials\":[\"SN-12345\"]}\n```", "STOP")}, wantReason: ReasonBadOutput, wantUsage: usage},
 		{name: "empty text", reply: reply{200, "", candidate("", "STOP")}, wantReason: ReasonBadOutput, wantUsage: usage},
@@ -547,47 +554,55 @@ func TestGeminiReadOutputs(t *testing.T) {
 			wantSerials:  1,
 			wantRejected: []string{},
 		},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			fake := newFakeGemini(t, DefaultMaxOutputTokens, tt.reply)
-			g, _, _ := newTestGemini(t, Config{}, fake.URL)
+	}
+}
 
-			res, err := g.Read(t.Context(), testImage, alwaysRetry)
-			if got := fake.calls.Load(); got != 1 {
-				t.Errorf("calls = %d, want 1", got)
-			}
-			if res.Usage != tt.wantUsage {
-				t.Errorf("Usage = %+v, want %+v", res.Usage, tt.wantUsage)
-			}
-			if res.Model == "" {
-				t.Errorf("Model is empty")
-			}
-			if tt.wantReason != "" {
-				ue := upstreamError(t, err)
-				if ue.Reason != tt.wantReason || ue.Status != 200 {
-					t.Errorf("error = %d %q, want 200 %q", ue.Status, ue.Reason, tt.wantReason)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Read: %v", err)
-			}
-			if got := len(res.Serials); got != tt.wantSerials {
-				t.Errorf("len(Serials) = %d, want %d: %q", got, tt.wantSerials, res.Serials)
-			}
-			for _, s := range res.Serials {
-				if !g.pattern.MatchString(s) {
-					t.Errorf("serial %q does not match the pattern", s)
-				}
-			}
-			if tt.wantRejected != nil {
-				if got, want := fmt.Sprintf("%q", res.Rejected), fmt.Sprintf("%q", tt.wantRejected); got != want {
-					t.Errorf("Rejected = %s, want %s", got, want)
-				}
-			} else if got := len(res.Rejected); got != tt.wantNRej {
-				t.Errorf("len(Rejected) = %d, want %d", got, tt.wantNRej)
-			}
-		})
+func TestGeminiReadOutputs(t *testing.T) {
+	for _, tt := range readOutputCases() {
+		t.Run(tt.name, func(t *testing.T) { checkReadOutput(t, tt) })
+	}
+}
+
+// checkReadOutput feeds tt's answer to Read through a fake Gemini, once,
+// and checks the usage, the error or the serials and rejects.
+func checkReadOutput(t *testing.T, tt readOutputCase) {
+	fake := newFakeGemini(t, DefaultMaxOutputTokens, tt.reply)
+	g, _, _ := newTestGemini(t, Config{}, fake.URL)
+
+	res, err := g.Read(t.Context(), testImage, alwaysRetry)
+	if got := fake.calls.Load(); got != 1 {
+		t.Errorf("calls = %d, want 1", got)
+	}
+	if res.Usage != tt.wantUsage {
+		t.Errorf("Usage = %+v, want %+v", res.Usage, tt.wantUsage)
+	}
+	if res.Model == "" {
+		t.Errorf("Model is empty")
+	}
+	if tt.wantReason != "" {
+		ue := upstreamError(t, err)
+		if ue.Reason != tt.wantReason || ue.Status != 200 {
+			t.Errorf("error = %d %q, want 200 %q", ue.Status, ue.Reason, tt.wantReason)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	if got := len(res.Serials); got != tt.wantSerials {
+		t.Errorf("len(Serials) = %d, want %d: %q", got, tt.wantSerials, res.Serials)
+	}
+	for _, s := range res.Serials {
+		if !g.pattern.MatchString(s) {
+			t.Errorf("serial %q does not match the pattern", s)
+		}
+	}
+	if tt.wantRejected != nil {
+		if got, want := fmt.Sprintf("%q", res.Rejected), fmt.Sprintf("%q", tt.wantRejected); got != want {
+			t.Errorf("Rejected = %s, want %s", got, want)
+		}
+	} else if got := len(res.Rejected); got != tt.wantNRej {
+		t.Errorf("len(Rejected) = %d, want %d", got, tt.wantNRej)
 	}
 }
 

@@ -51,6 +51,22 @@ const (
 	ReasonBlocked   = "blocked"    // the prompt or the answer was blocked (safety and the like)
 	ReasonAuth      = "auth"       // the API key was refused; Err is ErrKeyRefused
 	ReasonUnknown   = "unknown"    // a non-2xx response without a readable status word
+	// ReasonSpendCap: a 429 whose message names the project's spend cap;
+	// Err is ErrSpendCap.
+	ReasonSpendCap = "spend_cap"
+	// ReasonCredits: the project's prepaid credits are used up ("Your
+	// prepayment credits are depleted"); Err is ErrCreditsDepleted.
+	ReasonCredits = "credits_depleted"
+	// ReasonModelNotFound: a 404 NOT_FOUND, the model unknown or retired;
+	// Err is ErrModelNotFound.
+	ReasonModelNotFound = "model_not_found"
+	// ReasonBilling: the project's billing is off or a precondition of
+	// it is not met (403 BILLING_DISABLED, 400 FAILED_PRECONDITION: the
+	// free tier not offered where the server runs); Err is ErrBilling.
+	ReasonBilling = "billing"
+	// ReasonRateLimited: any other 429 RESOURCE_EXHAUSTED, the project's
+	// rate or tier limit: worth one retry.
+	ReasonRateLimited = "rate_limited"
 )
 
 // Errors held in UpstreamError.Err for bad output. They describe the

@@ -496,3 +496,17 @@ func moveBucket(parent *bbolt.Bucket, from, to []byte) error {
 	}
 	return parent.DeleteBucket(from)
 }
+
+// InviteKeyMark is the mark of the secret the invites are keyed with
+// (RekeyInvites), nil when none is stored: what a copy of the database
+// into another backend carries along.
+func (db *DB) InviteKeyMark() ([]byte, error) {
+	var mark []byte
+	err := db.view(func(tx *bbolt.Tx) error {
+		if m := tx.Bucket(bucketMeta).Get(keyInviteKey); m != nil {
+			mark = bytes.Clone(m)
+		}
+		return nil
+	})
+	return mark, err
+}

@@ -111,7 +111,21 @@ func dumpBuckets(t *testing.T, tx *bbolt.Tx, names ...[]byte) map[string]string 
 	return out
 }
 
-func TestMigrateV1InviteRedemptions(t *testing.T) {
+// migratedV1 is a version 1 database, with the invites it was written
+// with, after Open migrated it.
+type migratedV1 struct {
+	db                              *DB
+	logs                            *bytes.Buffer // what Open logged
+	user                            []byte        // the one user record, as written
+	old                             []inviteV1    // every invite written
+	full, part, none, revoked, beta inviteV1
+}
+
+// openMigratedV1 writes a version 1 database with five invites (used up,
+// partly used, unused, revoked, and one with 1000 redemptions) and a
+// user, then opens it, which migrates it.
+func openMigratedV1(t *testing.T) migratedV1 {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "v1.db")
 	full, part, none, revoked, beta := v1Invite("inv_full", 3, 3), v1Invite("inv_part", 5, 2), v1Invite("inv_none", 1, 0), v1Invite("inv_rev", 4, 1), v1Invite("inv_beta", 10000, 1000)
 	revoked.RevokedAt = t0.Add(time.Hour)
@@ -124,126 +138,143 @@ func TestMigrateV1InviteRedemptions(t *testing.T) {
 
 	var logs bytes.Buffer
 	db := mustOpenPath(t, path, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	return migratedV1{db: db, logs: &logs, user: user, old: old, full: full, part: part, none: none, revoked: revoked, beta: beta}
+}
 
-	t.Run("schema version and log", func(t *testing.T) {
-		err := db.view(func(tx *bbolt.Tx) error {
-			if got, want := tx.Bucket(bucketMeta).Get(keySchemaVersion), encodeUint64(SchemaVersion); !bytes.Equal(got, want) {
-				t.Errorf("schema version %x, want %x", got, want)
-			}
-			if got := tx.Bucket(bucketUsers).Get([]byte("u1")); !bytes.Equal(got, user) {
-				t.Errorf("user record changed to %s", got)
+func TestMigrateV1InviteRedemptions(t *testing.T) {
+	m := openMigratedV1(t)
+	t.Run("schema version and log", func(t *testing.T) { checkMigratedSchemaAndLog(t, m) })
+	t.Run("records and redemptions", func(t *testing.T) { checkMigratedRecords(t, m) })
+	t.Run("redeeming after the migration", func(t *testing.T) { checkRedeemingAfterMigration(t, m) })
+	t.Run("migrating again changes nothing", func(t *testing.T) { checkMigratingAgain(t, m) })
+}
+
+// checkMigratedSchemaAndLog: the schema version is the current one, the
+// user record is untouched, and the log reports the redemptions moved.
+func checkMigratedSchemaAndLog(t *testing.T, m migratedV1) {
+	err := m.db.view(func(tx *bbolt.Tx) error {
+		if got, want := tx.Bucket(bucketMeta).Get(keySchemaVersion), encodeUint64(SchemaVersion); !bytes.Equal(got, want) {
+			t.Errorf("schema version %x, want %x", got, want)
+		}
+		if got := tx.Bucket(bucketUsers).Get([]byte("u1")); !bytes.Equal(got, m.user) {
+			t.Errorf("user record changed to %s", got)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m.logs.String(), "database migrated") || !strings.Contains(m.logs.String(), "redemptions_moved=1006") {
+		t.Errorf("log does not report the migration with 1006 redemptions:\n%s", m.logs.String())
+	}
+}
+
+// checkMigratedRecords: every invite keeps its fields, its uses and its
+// redemptions, which no longer live in the invite's record.
+func checkMigratedRecords(t *testing.T, m migratedV1) {
+	for _, o := range m.old {
+		inv, err := m.db.InviteByHash(o.Hash)
+		if err != nil {
+			t.Fatalf("%s: %v", o.ID, err)
+		}
+		if inv.ID != o.ID || inv.MaxUses != o.MaxUses || inv.Note != o.Note || !inv.CreatedAt.Equal(o.CreatedAt) ||
+			!inv.ExpiresAt.Equal(o.ExpiresAt) || !inv.RevokedAt.Equal(o.RevokedAt) {
+			t.Errorf("%s: record %+v does not match the old one", o.ID, inv)
+		}
+		if got, want := inv.Used, len(o.Redeemed); got != want {
+			t.Errorf("%s: %d uses, want %d", o.ID, got, want)
+		}
+		reds, err := m.db.Redemptions(o.Hash)
+		if err != nil {
+			t.Fatalf("%s: %v", o.ID, err)
+		}
+		want := make([]Redemption, 0, len(o.Redeemed))
+		for _, r := range o.Redeemed {
+			want = append(want, Redemption{Email: r.Email, At: r.At})
+		}
+		if got, want := fmt.Sprint(reds), fmt.Sprint(want); got != want {
+			t.Errorf("%s: redemptions\n%.300s\nwant\n%.300s", o.ID, got, want)
+		}
+	}
+	err := m.db.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketInvites).ForEach(func(k, v []byte) error {
+			if bytes.Contains(v, []byte("Redeemed")) {
+				t.Errorf("invite %x still holds its list: %.200s", k, v)
 			}
 			return nil
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(logs.String(), "database migrated") || !strings.Contains(logs.String(), "redemptions_moved=1006") {
-			t.Errorf("log does not report the migration with 1006 redemptions:\n%s", logs.String())
-		}
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
-	t.Run("records and redemptions", func(t *testing.T) {
-		for _, o := range old {
-			inv, err := db.InviteByHash(o.Hash)
-			if err != nil {
-				t.Fatalf("%s: %v", o.ID, err)
-			}
-			if inv.ID != o.ID || inv.MaxUses != o.MaxUses || inv.Note != o.Note || !inv.CreatedAt.Equal(o.CreatedAt) ||
-				!inv.ExpiresAt.Equal(o.ExpiresAt) || !inv.RevokedAt.Equal(o.RevokedAt) {
-				t.Errorf("%s: record %+v does not match the old one", o.ID, inv)
-			}
-			if got, want := inv.Used, len(o.Redeemed); got != want {
-				t.Errorf("%s: %d uses, want %d", o.ID, got, want)
-			}
-			reds, err := db.Redemptions(o.Hash)
-			if err != nil {
-				t.Fatalf("%s: %v", o.ID, err)
-			}
-			want := make([]Redemption, 0, len(o.Redeemed))
-			for _, r := range o.Redeemed {
-				want = append(want, Redemption{Email: r.Email, At: r.At})
-			}
-			if got, want := fmt.Sprint(reds), fmt.Sprint(want); got != want {
-				t.Errorf("%s: redemptions\n%.300s\nwant\n%.300s", o.ID, got, want)
-			}
-		}
-		err := db.view(func(tx *bbolt.Tx) error {
-			return tx.Bucket(bucketInvites).ForEach(func(k, v []byte) error {
-				if bytes.Contains(v, []byte("Redeemed")) {
-					t.Errorf("invite %x still holds its list: %.200s", k, v)
-				}
-				return nil
-			})
-		})
+// checkRedeemingAfterMigration: old e-mails are still in, the counts go
+// on from the migrated uses, and a revoked invite stays revoked.
+func checkRedeemingAfterMigration(t *testing.T, m migratedV1) {
+	ctx := context.Background()
+	steps := []struct {
+		name  string
+		inv   inviteV1
+		email string
+		want  invites.RedeemOutcome
+	}{
+		{"full: an old e-mail is still in", m.full, m.full.Redeemed[2].Email, invites.InviteAlreadyRedeemed},
+		{"full: a new e-mail finds it used up", m.full, "new@example.com", invites.InviteUsedUp},
+		{"part: an old e-mail is still in", m.part, m.part.Redeemed[0].Email, invites.InviteAlreadyRedeemed},
+		{"part: third use", m.part, "c@example.com", invites.InviteRedeemed},
+		{"part: fourth use", m.part, "d@example.com", invites.InviteRedeemed},
+		{"part: fifth use", m.part, "e@example.com", invites.InviteRedeemed},
+		{"part: no sixth", m.part, "f@example.com", invites.InviteUsedUp},
+		{"none: first use", m.none, "a@example.com", invites.InviteRedeemed},
+		{"revoked stays revoked", m.revoked, "a@example.com", invites.InviteRevoked},
+		{"beta: an old e-mail", m.beta, m.beta.Redeemed[999].Email, invites.InviteAlreadyRedeemed},
+		{"beta: a new one", m.beta, "new@example.com", invites.InviteRedeemed},
+	}
+	for _, s := range steps {
+		got, err := m.db.RedeemInvite(ctx, s.inv.Hash, s.email, t0.Add(24*time.Hour))
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", s.name, err)
 		}
-	})
+		if got != s.want {
+			t.Errorf("%s: %v, want %v", s.name, got, s.want)
+		}
+	}
+	if inv, _ := m.db.InviteByHash(m.part.Hash); inv.Used != 5 {
+		t.Errorf("part: %d uses, want 5", inv.Used)
+	}
+	if inv, _ := m.db.InviteByHash(m.beta.Hash); inv.Used != 1001 {
+		t.Errorf("beta: %d uses, want 1001", inv.Used)
+	}
+}
 
-	t.Run("redeeming after the migration", func(t *testing.T) {
-		ctx := context.Background()
-		steps := []struct {
-			name  string
-			inv   inviteV1
-			email string
-			want  invites.RedeemOutcome
-		}{
-			{"full: an old e-mail is still in", full, full.Redeemed[2].Email, invites.InviteAlreadyRedeemed},
-			{"full: a new e-mail finds it used up", full, "new@example.com", invites.InviteUsedUp},
-			{"part: an old e-mail is still in", part, part.Redeemed[0].Email, invites.InviteAlreadyRedeemed},
-			{"part: third use", part, "c@example.com", invites.InviteRedeemed},
-			{"part: fourth use", part, "d@example.com", invites.InviteRedeemed},
-			{"part: fifth use", part, "e@example.com", invites.InviteRedeemed},
-			{"part: no sixth", part, "f@example.com", invites.InviteUsedUp},
-			{"none: first use", none, "a@example.com", invites.InviteRedeemed},
-			{"revoked stays revoked", revoked, "a@example.com", invites.InviteRevoked},
-			{"beta: an old e-mail", beta, beta.Redeemed[999].Email, invites.InviteAlreadyRedeemed},
-			{"beta: a new one", beta, "new@example.com", invites.InviteRedeemed},
-		}
-		for _, s := range steps {
-			got, err := db.RedeemInvite(ctx, s.inv.Hash, s.email, t0.Add(24*time.Hour))
-			if err != nil {
-				t.Fatalf("%s: %v", s.name, err)
-			}
-			if got != s.want {
-				t.Errorf("%s: %v, want %v", s.name, got, s.want)
-			}
-		}
-		if inv, _ := db.InviteByHash(part.Hash); inv.Used != 5 {
-			t.Errorf("part: %d uses, want 5", inv.Used)
-		}
-		if inv, _ := db.InviteByHash(beta.Hash); inv.Used != 1001 {
-			t.Errorf("beta: %d uses, want 1001", inv.Used)
-		}
+// checkMigratingAgain: running the migration on migrated data changes
+// nothing.
+func checkMigratingAgain(t *testing.T, m migratedV1) {
+	var before, after map[string]string
+	_ = m.db.view(func(tx *bbolt.Tx) error {
+		before = dumpBuckets(t, tx, bucketInvites, bucketRedemptions)
+		return nil
 	})
-
-	t.Run("migrating again changes nothing", func(t *testing.T) {
-		var before, after map[string]string
-		_ = db.view(func(tx *bbolt.Tx) error {
-			before = dumpBuckets(t, tx, bucketInvites, bucketRedemptions)
-			return nil
-		})
-		err := db.update(func(tx *bbolt.Tx) error {
-			_, err := migrateInviteRedemptions(tx)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = db.view(func(tx *bbolt.Tx) error {
-			after = dumpBuckets(t, tx, bucketInvites, bucketRedemptions)
-			return nil
-		})
-		if len(before) < 1000 || !maps.Equal(before, after) {
-			t.Errorf("a second migration changed the data: %d entries before, %d after", len(before), len(after))
-			for _, k := range slices.Sorted(maps.Keys(before)) {
-				if before[k] != after[k] {
-					t.Errorf("%s: %.100q -> %.100q", k, before[k], after[k])
-				}
+	err := m.db.update(func(tx *bbolt.Tx) error {
+		_, err := migrateInviteRedemptions(tx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = m.db.view(func(tx *bbolt.Tx) error {
+		after = dumpBuckets(t, tx, bucketInvites, bucketRedemptions)
+		return nil
+	})
+	if len(before) < 1000 || !maps.Equal(before, after) {
+		t.Errorf("a second migration changed the data: %d entries before, %d after", len(before), len(after))
+		for _, k := range slices.Sorted(maps.Keys(before)) {
+			if before[k] != after[k] {
+				t.Errorf("%s: %.100q -> %.100q", k, before[k], after[k])
 			}
 		}
-	})
+	}
 }
 
 // TestMigrateV1TwiceInOneRecord: an e-mail twice in an old list (version 1

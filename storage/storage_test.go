@@ -59,18 +59,24 @@ func TestConfig(t *testing.T) {
 		{
 			name: "zero means defaults",
 			in:   Config{},
-			want: Config{Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays},
+			want: Config{Backend: BackendBolt, Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays},
 		},
 		{
 			name: "set values kept",
-			in:   Config{Path: "/var/lib/bw.db", StatsRetentionDays: 7},
-			want: Config{Path: "/var/lib/bw.db", StatsRetentionDays: 7},
+			in:   Config{Backend: BackendPostgres, Path: "/var/lib/bw.db", StatsRetentionDays: 7},
+			want: Config{Backend: BackendPostgres, Path: "/var/lib/bw.db", StatsRetentionDays: 7},
 		},
 		{
 			name:    "negative retention",
 			in:      Config{StatsRetentionDays: -1},
-			want:    Config{Path: DefaultPath, StatsRetentionDays: -1},
+			want:    Config{Backend: BackendBolt, Path: DefaultPath, StatsRetentionDays: -1},
 			wantErr: "storage.stats_retention_days",
+		},
+		{
+			name:    "unknown backend",
+			in:      Config{Backend: "sqlite"},
+			want:    Config{Backend: "sqlite", Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays},
+			wantErr: "storage.backend",
 		},
 	}
 	for _, tt := range tests {

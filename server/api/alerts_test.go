@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,9 +84,15 @@ func TestBrakeEngagedMailsOnceWithinMinInterval(t *testing.T) {
 	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 
 	msgs := smtp.WaitFor(t, 1, 5*time.Second)
-	if !strings.Contains(msgs[0].Headers(), "Subject: [breakwater] alert: brake engaged") ||
-		!strings.Contains(msgs[0].Data, "ceiling: daily_requests") {
+	if !strings.Contains(msgs[0].Headers(), "Subject: [breakwater] alert: brake engaged") {
 		t.Errorf("alert e-mail:\n%s", msgs[0].Data)
+	}
+	// The operator's mail names the ceiling, its value, the count, when it
+	// reopens and how to release it; the client's 503 named none of it.
+	for _, want := range []string{"ceiling: daily_requests = 1 call\r\n", "count: 1 call today\r\n", "reopens at: ", "config.toml [budget]"} {
+		if !strings.Contains(msgs[0].Data, want) {
+			t.Errorf("alert e-mail lacks %q:\n%s", want, msgs[0].Data)
+		}
 	}
 
 	// A second engagement within min_interval sends nothing.
@@ -247,5 +255,76 @@ func TestRefusedUpstreamKeyAlertsAtOnce(t *testing.T) {
 	e.post(e.key, "image/png", pngBytes(t, 8, 8))
 	if got := rec.got(); len(got) != 1 {
 		t.Errorf("alerts after a 500: %v, want still only the key alert", got)
+	}
+}
+
+// TestDeadWebhookDoesNotSlowRequests: a webhook receiver that takes the
+// connection and never answers holds only the webhook's goroutine. The
+// refusals that raise the brake alert are measured against the same
+// service without a webhook: each stays under a loose bound, and their
+// median within a margin of the other's.
+func TestDeadWebhookDoesNotSlowRequests(t *testing.T) {
+	release := make(chan struct{})
+	dead := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	t.Cleanup(dead.Close)
+	measure := func(hooks []detect.Notifier) time.Duration {
+		dir := t.TempDir()
+		db, err := storage.Open(dir+"/alerts.db", storage.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		// A min_interval of zero lets every refusal raise the alert.
+		alerter, err := detect.NewAlerter(db, detect.AlerterOptions{MinInterval: time.Nanosecond, Location: time.UTC, Hooks: hooks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			alerter.Close(ctx)
+		})
+		e := newEnv(t, envOptions{dir: dir, budget: budget.Config{DailyRequests: 1}, alerts: alerter})
+		img := pngBytes(t, 16, 16)
+		resp, data := e.post(e.key, "image/png", img)
+		decodeOK(t, resp, data)
+		var took []time.Duration
+		for range 15 {
+			start := time.Now()
+			resp, data := e.post(e.key, "image/png", img)
+			took = append(took, time.Since(start))
+			decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+			if d := took[len(took)-1]; d > time.Second {
+				t.Errorf("a refusal took %s", d)
+			}
+		}
+		slices.Sort(took)
+		return took[len(took)/2]
+	}
+	counters := &detect.Counters{}
+	hook, err := detect.NewWebhook(detect.WebhookConfig{Format: detect.FormatJSON, URLEnv: "HOOK"}, dead.URL, "",
+		detect.WebhookOptions{QueueSize: 2, Timeout: time.Minute, Counters: counters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hook.Close(ctx)
+	})
+	t.Cleanup(func() { close(release) }) // runs before the webhook closes: the receiver lets go
+	withDead := measure([]detect.Notifier{hook})
+	without := measure(nil)
+	if withDead > without+250*time.Millisecond {
+		t.Errorf("median refusal %s with a dead webhook, %s without", withDead, without)
+	}
+	// The alerts that did not fit the webhook's queue were dropped and
+	// counted, not waited for.
+	deadline := time.Now().Add(5 * time.Second)
+	for counters.WebhookDropped.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if counters.WebhookDropped.Load() == 0 {
+		t.Error("no webhook alert dropped: the dead receiver's queue never filled")
 	}
 }

@@ -176,6 +176,8 @@ func (s *Server) answerCached(r *ocrRequest, a budget.Answer, now time.Time) err
 		if err := s.d.Answers.KeepAnswer(r.who.UserID, r.start, kept); err != nil {
 			s.log.Warn("idempotency key of a cached answer not kept: a repeat is read again", "user", r.who.UserID,
 				"request_id", r.id, "err", err)
+		} else {
+			r.kept = true
 		}
 	}
 	return writeJSON(r.c, http.StatusOK, body)

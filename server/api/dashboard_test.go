@@ -242,8 +242,13 @@ func TestDashboardInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatalf("chromium: %v", err)
 	}
-	dom := string(out)
+	checkDashboardFigures(t, e, string(out))
+	checkDashboardScreenshot(t, ctx, bin, url)
+}
 
+// checkDashboardFigures checks the figures of the page Chromium rendered,
+// dom, against the database.
+func checkDashboardFigures(t *testing.T, e *env, dom string) {
 	// Until the brake gives its lease back, today's ledger also holds the
 	// lease's unused calls; the page shows the calls made.
 	if err := e.brake.Close(t.Context()); err != nil {
@@ -282,12 +287,15 @@ func TestDashboardInChromium(t *testing.T) {
 	if !strings.Contains(dom, `id="brake-button"`) || !strings.Contains(dom, "Engage the brake") {
 		t.Error("the brake button is missing")
 	}
+}
 
-	// A screenshot, for a person to judge (-dashboard.screenshot=FILE
-	// keeps it); here only that Chromium drew a page of that size with
-	// the chart's colours in it.
+// checkDashboardScreenshot takes a screenshot of the page at url, for a
+// person to judge (-dashboard.screenshot=FILE keeps it); here it checks
+// only that Chromium drew a page of that size with the chart's colours in
+// it.
+func checkDashboardScreenshot(t *testing.T, ctx context.Context, bin, url string) {
 	shot := filepath.Join(t.TempDir(), "dashboard.png")
-	cmd = exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
 		"--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic", "--hide-scrollbars",
 		"--user-data-dir="+filepath.Join(t.TempDir(), "profile"), "--window-size=1024,1500", "--screenshot="+shot, url)
 	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())

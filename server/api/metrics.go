@@ -43,6 +43,7 @@ type Metrics struct {
 	shadowRefusals                             *prometheus.CounterVec // layer, reason: routemetrics.go
 	routeFailures                              *prometheus.CounterVec // route, reason: routemetrics.go
 	alertsRaised                               *prometheus.CounterVec // kind
+	upstreamFailures                           *prometheus.CounterVec // reason: upstream.go
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -179,6 +180,9 @@ func (m *Metrics) observeDetect(c *detect.Counters) {
 	counterFunc(m, "breakwater_alert_failures_total", "Failed e-mail deliveries (each attempt), and alerts or e-mails dropped by a full queue.", c.AlertFailures.Load)
 	counterFunc(m, "breakwater_detect_runs_total", "Daily detection runs finished (one per day run, scheduled or by the operator).", c.Runs.Load)
 	counterFunc(m, "breakwater_detect_failures_total", "Daily detection runs that failed.", c.RunFailures.Load)
+	counterFunc(m, "breakwater_webhooks_sent_total", "Alerts delivered to webhooks.", c.WebhooksSent.Load)
+	counterFunc(m, "breakwater_webhook_failures_total", "Failed webhook delivery attempts (each try).", c.WebhookFailures.Load)
+	counterFunc(m, "breakwater_webhook_dropped_total", "Webhook alerts dropped: a full queue, a refusal, or their tries used up.", c.WebhookDropped.Load)
 }
 
 // observeTransport exports the body memory and the connections in use.

@@ -92,6 +92,7 @@ type ocrRequest struct {
 	plan  budget.Plan
 	guard guard.Request // the layers' key and lines
 	key   string        // the Idempotency-Key; "": none
+	kept  bool          // an answer was kept under key (and the key's claim given back with it)
 }
 
 // newOCRRequest establishes who is asking (layer 0) and reads the
@@ -161,10 +162,18 @@ func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 	defer in.mem.close()
 	now := in.end // the upload may have taken a while
 	if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
-		if a.Fingerprint != in.fp {
-			return errIdempotencyKeyReused
+		return s.replayStored(r, a, in)
+	}
+	release, err := s.claimKey(r) // the other instances
+	if err != nil {
+		return err
+	}
+	defer release()
+	if s.d.Claims != nil {
+		// Kept by another instance between the look and the claim?
+		if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
+			return s.replayStored(r, a, in)
 		}
-		return s.replay(r, a)
 	}
 	t, refused := s.guard.Look(r.guard, now)
 	if refused != nil {
@@ -172,6 +181,15 @@ func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 	}
 	defer t.Release()
 	return s.readOnce(r, t, in)
+}
+
+// replayStored answers a repeat of r's key with a, the answer kept under
+// it: byte for byte when it is for the same image, 422 otherwise.
+func (s *Server) replayStored(r *ocrRequest, a budget.Answer, in received) error {
+	if a.Fingerprint != in.fp {
+		return errIdempotencyKeyReused
+	}
+	return s.replay(r, a)
 }
 
 // readOnce answers the image from the dedupe window when it was read
@@ -288,13 +306,7 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 		t.Fail(ctx, cost)
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
-		s.log.Warn("upstream read failed", "user", r.who.UserID, "request_id", r.id, "err", err)
-		if errors.Is(err, ocr.ErrKeyRefused) {
-			// Every read fails until the operator fixes the key: say so
-			// now, not in tomorrow's digest.
-			s.alert(detect.KindUpstreamKeyRefused, "Gemini refused GEMINI_API_KEY: every read fails (502) until the key is fixed",
-				map[string]string{"error": err.Error()})
-		}
+		s.log.Warn("upstream read failed", "user", r.who.UserID, "request_id", r.id, "reason", ReasonOf(err), "err", err)
 		return errUpstream
 	}
 	return s.record(ctx, r, t, event, s.usageRecord(r, res, in, cost, latency), res, in, called)
@@ -334,6 +346,7 @@ func (s *Server) record(ctx context.Context, r *ocrRequest, t *guard.Ticket, eve
 			map[string]string{"user": r.who.UserID, "request_id": r.id, "error": err.Error()})
 		return errUsageUnavailable
 	}
+	r.kept = r.key != ""              // the answer went with the record
 	failpoint.Hit(failpoint.Recorded) // crash tests only: a kill between the usage record and the answer
 	event.Outcome, event.Status = "ok", http.StatusOK
 	s.d.Events.Record(event)
@@ -423,6 +436,7 @@ func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
 		calls = m.callsFailed
 	}
 	calls.Inc()
+	s.noteUpstream(err) // its reason, and the alerts it calls for
 	m.upstreamLatency.Observe(d.Seconds())
 	m.promptTokens.Add(float64(u.PromptTokens))
 	m.outputTokens.Add(float64(u.CandidatesTokens))

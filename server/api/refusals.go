@@ -143,8 +143,11 @@ func refusalProblem(r *guard.Refusal) *Problem {
 // is counted when it is answered, not here.
 func (s *Server) refusedBy(r *guard.Refusal) {
 	if r.Layer == guard.LayerBudget && !r.Busy {
-		s.alert(detect.KindBrakeEngaged, "the global budget brake is engaged: upstream calls are refused (503)",
-			map[string]string{"ceiling": r.Reason, "retry_after": r.RetryAfter.Round(time.Second).String()})
+		// The ceiling's value and the count go to the operator only; the
+		// refusal answered to the client names no figure.
+		now := s.now()
+		summary, details := detect.BrakeAlert(r.Reason, Figures(s.d.Budget.Status(now)), now, s.d.Operator.Location())
+		s.alert(detect.KindBrakeEngaged, summary, details)
 	}
 }
 

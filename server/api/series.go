@@ -20,7 +20,8 @@ const RefusalCountsLayer = "refusal_counts"
 
 // alertKinds are the immediate alerts the service raises.
 var alertKinds = []string{detect.KindBrakeEngaged, detect.KindUsageCommitFailed, detect.KindFailOpen,
-	detect.KindInviteNet, detect.KindUpstreamKeyRefused}
+	detect.KindInviteNet, detect.KindUpstreamKeyRefused, detect.KindUpstreamSpendCap, detect.KindUpstreamCredits,
+	detect.KindUpstreamModel, detect.KindUpstreamBilling, detect.KindUpstreamRateLimited}
 
 // inviteReasons are the reasons of breakwater_invite_refusals_total.
 var inviteReasons = []string{reasonInvalid, reasonExpired, reasonUsedUp, reasonRevoked,
@@ -37,6 +38,11 @@ func (m *Metrics) startAtZero() {
 	m.reg.MustRegister(m.alertsRaised)
 	for _, kind := range alertKinds {
 		m.alertsRaised.WithLabelValues(kind)
+	}
+	m.upstreamFailures = newUpstreamFailures()
+	m.reg.MustRegister(m.upstreamFailures)
+	for _, reason := range upstreamReasons {
+		m.upstreamFailures.WithLabelValues(reason)
 	}
 	for _, layer := range failOpenLayers {
 		m.failOpen.WithLabelValues(layer)

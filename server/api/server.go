@@ -84,6 +84,10 @@ type Deps struct {
 	// Answers keeps reads for Idempotency-Key repeats and the dedupe
 	// window; nil: both are off.
 	Answers AnswerStore
+	// Claims holds idempotency keys in flight across the instances that
+	// share a database; nil: one instance, whose keys in flight are held
+	// in its memory only.
+	Claims AnswerClaimer
 	// IdempotencyTTL and DedupeWindow are ocr.idempotency_ttl and
 	// ocr.dedupe_window (0: the window is off).
 	IdempotencyTTL, DedupeWindow time.Duration
@@ -141,6 +145,7 @@ type Server struct {
 	csrf          formToken     // the dashboard's brake form
 	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
 	refusalLog    logEvery      // rate-limits the log lines of invite refusals
+	rateRun       atomic.Int64  // upstream calls in a row refused for its rate limit (upstream.go)
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute

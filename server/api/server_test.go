@@ -159,11 +159,16 @@ type envOptions struct {
 	alerts     Alerter             // default none
 	counters   *detect.Counters    // layer 4's metrics; default fresh
 	jwt        jwtauth.Config      // [auth.jwt]; JWKSURL empty: JWT sign-in off
+	answers    bool                // keep answers (the database) for Idempotency-Key, 24h
+	dedupe     time.Duration       // ocr.dedupe_window, with answers; 0: off
+	claims     AnswerClaimer       // keys in flight across instances; nil: none
 }
 
 const testAdminToken = "admin-secret-for-tests"
 
-func newEnv(t testing.TB, o envOptions) *env {
+// withDefaults fills in the options left out with their defaults (a
+// fresh directory and fake Gemini among them).
+func (o envOptions) withDefaults(t testing.TB) envOptions {
 	t.Helper()
 	if o.quota == 0 {
 		o.quota = 100
@@ -183,10 +188,16 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if o.logTo == nil {
 		o.logTo = &bytes.Buffer{}
 	}
-	log := slog.New(slog.NewTextHandler(&syncWriter{w: o.logTo}, nil))
 	if o.clock == nil {
 		o.clock = time.Now
 	}
+	return o
+}
+
+func newEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	o = o.withDefaults(t)
+	log := slog.New(slog.NewTextHandler(&syncWriter{w: o.logTo}, nil))
 	e := &env{t: t, dir: o.dir, gemini: o.gemini, now: o.clock(), loc: time.UTC, logs: o.logTo}
 
 	db, err := storage.Open(filepath.Join(o.dir, "bw.db"), storage.Options{Timeout: time.Second, Logger: log})
@@ -230,15 +241,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.cfg(&cfg)
 	}
 	e.metrics = NewMetrics()
-	if e.inviteKey, err = invites.NewKey([]byte("a server secret for the tests")); err != nil {
-		t.Fatal(err)
-	}
-	if e.invites, err = invites.NewCodes(db, invites.Options{Now: o.clock, Key: e.inviteKey}); err != nil {
-		t.Fatal(err)
-	}
-	if e.inviteLimits, err = invites.LoadLimits(db, o.invites, e.now); err != nil {
-		t.Fatal(err)
-	}
+	e.openInvites(o)
 	if o.jwt.Enabled() {
 		e.verifier, err = jwtauth.NewVerifier(context.Background(), o.jwt, func(p string) bool { _, ok := plans[p]; return ok },
 			jwtauth.Options{Logger: log, Now: o.clock})
@@ -247,7 +250,13 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 		t.Cleanup(e.verifier.Close)
 	}
+	var answers AnswerStore
+	var ttl time.Duration
+	if o.answers {
+		answers, ttl = db, 24*time.Hour
+	}
 	srv, err := New(cfg, Deps{
+		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
 		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
@@ -264,6 +273,21 @@ func newEnv(t testing.TB, o envOptions) *env {
 	t.Cleanup(e.admin.Close)
 	e.key = e.newKey("alice", "")
 	return e
+}
+
+// openInvites gives e its invite key, codes and limits, on e's database.
+func (e *env) openInvites(o envOptions) {
+	e.t.Helper()
+	var err error
+	if e.inviteKey, err = invites.NewKey([]byte("a server secret for the tests")); err != nil {
+		e.t.Fatal(err)
+	}
+	if e.invites, err = invites.NewCodes(e.db, invites.Options{Now: o.clock, Key: e.inviteKey}); err != nil {
+		e.t.Fatal(err)
+	}
+	if e.inviteLimits, err = invites.LoadLimits(e.db, o.invites, e.now); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // ledgerOverride is the database with another budget ledger.

@@ -169,10 +169,14 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.setCooldowns(guarded)
+	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
+	if pg, ok := db.(*postgres.DB); ok {
+		claims = pg
+	}
 	a.srv, err = api.New(cfg.Server, api.Deps{
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
 		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
-		Answers: db, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Answers: db, Claims: claims, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
@@ -248,13 +252,16 @@ func (a *App) openVerifier(ctx context.Context, cfg Config) (*jwtauth.Verifier, 
 	return verifier, nil
 }
 
-// openAlerts starts the immediate alerts and the daily detection's
-// schedule; both stop after HTTP, before the statistics writer and the
-// database.
+// openAlerts starts the immediate alerts, their webhooks, the early
+// warnings and the daily detection's schedule; all stop after HTTP, before
+// the statistics writer and the database, the webhooks after the alerts
+// that hand them their notices.
 func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter, error) {
 	loc, _ := cfg.Budget.Location() // checked by Load
+	settings := cfg.AlertSettings()
 	alerter, err := detect.NewAlerter(a.db, detect.AlerterOptions{
-		MinInterval: alertInterval(cfg), Location: loc, Mail: a.mail, Counters: counters, Logger: a.log,
+		MinInterval: alertInterval(cfg), Location: loc, Mail: a.mail, Hooks: a.openWebhooks(settings, counters),
+		DashboardURL: settings.DashboardURL, Counters: counters, Logger: a.log, Now: a.opts.Now,
 	})
 	if err != nil {
 		return nil, err
@@ -271,7 +278,64 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 		return nil, err
 	}
 	a.background(scheduler.Run)
+	// Early warnings read the brake's figures in memory, on a ticker.
+	brake := a.layers.Brake
+	warner, err := detect.NewWarner(alerter, func(now time.Time) detect.BudgetFigures { return api.Figures(brake.Status(now)) },
+		detect.WarnerOptions{Shares: settings.WarnAt, Location: loc, Logger: a.log, Now: a.opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	a.background(warner.Run)
 	return alerter, nil
+}
+
+// openWebhooks starts a Webhook for each [[alerts.webhook]] whose URL is
+// in the environment; one whose variable is empty is left out, loudly.
+// Each is closed after the Alerter, which hands it its notices.
+func (a *App) openWebhooks(settings detect.AlertsConfig, counters *detect.Counters) []detect.Notifier {
+	var hooks []detect.Notifier
+	for _, w := range Webhooks(settings, a.opts.Getenv, counters, a.log) {
+		if w.Err != nil {
+			a.log.Error("webhook left out", "err", w.Err)
+			continue
+		}
+		hook := w.Hook
+		hooks = append(hooks, hook)
+		a.onClose(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+			defer cancel()
+			if err := hook.Close(ctx); err != nil {
+				a.log.Warn("webhook alerts not all delivered before shutdown", "webhook", hook.Name(), "err", err)
+			}
+		})
+	}
+	return hooks
+}
+
+// OpenedWebhook is one [[alerts.webhook]] entry, started, or why not.
+type OpenedWebhook struct {
+	Name string // "webhook FORMAT ($URL_ENV)": never the URL, a secret
+	Hook *detect.Webhook
+	Err  error
+}
+
+// Webhooks starts the [[alerts.webhook]] entries of settings, reading
+// their URLs and secrets with getenv; the caller closes each Hook.
+func Webhooks(settings detect.AlertsConfig, getenv func(string) string, counters *detect.Counters, log *slog.Logger) []OpenedWebhook {
+	var out []OpenedWebhook
+	for i, w := range settings.Webhooks {
+		name := fmt.Sprintf("webhook %s ($%s)", w.Format, w.URLEnv)
+		secret := ""
+		if w.SecretEnv != "" {
+			secret = getenv(w.SecretEnv)
+		}
+		hook, err := detect.NewWebhook(w, getenv(w.URLEnv), secret, detect.WebhookOptions{Counters: counters, Logger: log})
+		if err != nil {
+			err = fmt.Errorf("alerts.webhook[%d]: %w", i+1, err)
+		}
+		out = append(out, OpenedWebhook{Name: name, Hook: hook, Err: err})
+	}
+	return out
 }
 
 // startWriteBehind copies the defense layers' memory to the database
@@ -484,7 +548,7 @@ func ShutdownTimeout(c Config) time.Duration {
 // mail is still queued.
 func (a *App) openDetection(c Config, counters *detect.Counters) error {
 	loc, _ := c.Budget.Location() // checked by Load
-	if c.Alerts != nil {
+	if c.AlertSettings().MailOn() {
 		m, err := detect.NewMailer(*c.Alerts, detect.MailerOptions{
 			Password: a.opts.Getenv("BREAKWATER_SMTP_PASSWORD"), Counters: counters, Logger: a.log,
 		})

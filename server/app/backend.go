@@ -52,4 +52,5 @@ var (
 	_ guard.UsageRecorder = (*postgres.Money)(nil)
 	_ api.CommitCounter   = (*storage.DB)(nil)
 	_ api.CommitCounter   = (*postgres.Money)(nil)
+	_ api.AnswerClaimer   = (*postgres.DB)(nil) // keys in flight across instances
 )

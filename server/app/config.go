@@ -51,8 +51,9 @@ type Config struct {
 	} `koanf:"auth"`
 	Invites invites.Config `koanf:"invites"`
 	Detect  detect.Config  `koanf:"detect"`
-	// Alerts is nil when config.toml has no [alerts] section: mail is off
-	// and alerts are only logged.
+	// Alerts is nil when config.toml has no [alerts] section: mail and
+	// webhooks are off, alerts are only logged, and the early warnings
+	// take their defaults (see AlertSettings).
 	Alerts *detect.AlertsConfig `koanf:"alerts"`
 	// Routes are the app's own routes that Breakwater guards.
 	Routes []routes.Config `koanf:"routes"`
@@ -305,7 +306,7 @@ func (c *Config) relax(warnings *[]string) error {
 	if c.Alerts != nil {
 		if err := c.Alerts.Validate(); err != nil {
 			c.Alerts = nil
-			*warnings = append(*warnings, fmt.Sprintf("%v: mail is off", err))
+			*warnings = append(*warnings, fmt.Sprintf("%v: mail and webhooks are off, early warnings take their defaults", err))
 		}
 	}
 	if err := routes.Validate(c.Routes); err != nil {
@@ -410,7 +411,8 @@ func (c Config) LayersText() string {
 			onOff(budget.MicroUSD(b.DailyUSD), fmt.Sprintf("$%g", b.DailyUSD))+"/day, "+
 			onOff(budget.MicroUSD(b.MonthlyUSD), fmt.Sprintf("$%g", b.MonthlyUSD))+"/month",
 		"jwt "+onOff(boolInt(c.Auth.JWT.Enabled()), "on"),
-		"mail "+onOff(boolInt(c.Alerts != nil), "on"))
+		"mail "+onOff(boolInt(c.AlertSettings().MailOn()), "on"),
+		fmt.Sprintf("webhooks %d", len(c.AlertSettings().Webhooks)))
 	return strings.Join(parts, "; ")
 }
 
@@ -419,6 +421,15 @@ func boolInt(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// AlertSettings is the [alerts] section, or its defaults without one:
+// no mail, no webhook, the default early warnings.
+func (c Config) AlertSettings() detect.AlertsConfig {
+	if c.Alerts == nil {
+		return detect.AlertsConfig{}.WithDefaults()
+	}
+	return *c.Alerts
 }
 
 // Validate checks every section; errors name the key.
@@ -626,6 +637,15 @@ func strictValues(from, to reflect.Type, data any) (any, error) {
 			return nil, fmt.Errorf("%v is not a whole number", f)
 		}
 		return int64(f), nil
+	case from.Kind() == reflect.String && to.Kind() == reflect.Float64:
+		// An element of a list of numbers set from the environment
+		// (BREAKWATER_ALERTS__WARN_AT=0.5,0.9), which envValue splits
+		// into strings: it must be a number all the same.
+		f, err := strconv.ParseFloat(strings.TrimSpace(data.(string)), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", data)
+		}
+		return f, nil
 	}
 	return data, nil
 }

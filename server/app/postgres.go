@@ -73,29 +73,53 @@ func (a *App) openPostgres(cfg Config) error {
 // notification be lost without the listener's connection failing.
 const resyncEvery = 30 * time.Second
 
-// followChanges applies, until ctx ends, the operator's changes that any
-// instance (or a command) makes in the shared database: a key created or
-// revoked, a user banned or moved to another plan, the brake. They arrive
-// by notification within milliseconds, and are read again every
-// resyncEvery besides.
+// refreshEvery is how often an instance reads the budget's shared totals
+// between its own leases, so that its checks, the dashboard and /metrics
+// see every instance's calls and spend.
+const refreshEvery = time.Second
+
+// followChanges applies, until ctx ends, what other instances and the
+// operator's commands change in the shared database: a key created or
+// revoked, a user banned or moved to another plan, the brake (by
+// notification, within milliseconds, and every resyncEvery besides), and
+// the budget's totals (every refreshEvery).
 func (a *App) followChanges(ctx context.Context, db *postgres.DB) {
 	var ticking sync.WaitGroup
 	defer ticking.Wait()
 	ticking.Add(1)
 	go func() {
 		defer ticking.Done()
-		t := time.NewTicker(resyncEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				a.applyChange(db, postgres.KindResync, "")
-			}
-		}
+		a.refreshShared(ctx, db)
 	}()
 	_ = db.Listen(ctx, func(kind, id string) { a.applyChange(db, kind, id) })
+}
+
+// refreshShared reads the budget's totals every refreshEvery and
+// everything every resyncEvery, until ctx ends.
+func (a *App) refreshShared(ctx context.Context, db *postgres.DB) {
+	brake, _ := a.layers.Brake.(interface {
+		Refresh(ctx context.Context, now time.Time) error
+	})
+	t := time.NewTicker(refreshEvery)
+	defer t.Stop()
+	lastResync := a.opts.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := a.opts.Now()
+		if brake != nil {
+			if err := brake.Refresh(ctx, now); err != nil && ctx.Err() == nil {
+				a.log.Debug("budget totals not refreshed", "err", err)
+			}
+		}
+		if now.Sub(lastResync) >= resyncEvery {
+			lastResync = now
+			a.applyChange(db, postgres.KindResync, "")
+		}
+	}
 }
 
 // applyChange brings this instance's memory up to one change.

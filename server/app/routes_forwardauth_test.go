@@ -34,15 +34,19 @@ window = "1m"
 burst = 0
 `
 
-// Forward auth with Caddy's, Traefik's and nginx's header conventions:
-// allowed with the identity headers, refused with the real status (as
-// 403 plus X-Breakwater-Status under nginx's), every spelling of a
-// route's path matched as the route, a request of no route let through
-// with no identity, an unreadable URI or a client's X-Breakwater-* header
-// refused, and no answer to an untrusted peer.
-func TestForwardAuth(t *testing.T) {
-	e := startRoutes(t, "", forwardAuthRoutes)
-	alice := e.key("alice")
+// forwardAuthCase is one forward-auth check: the proxy's headers and the
+// answer they must get.
+type forwardAuthCase struct {
+	name       string
+	header     http.Header
+	status     int
+	realStatus string // X-Breakwater-Status
+	retryAfter bool
+}
+
+// forwardAuthCases are the checks TestForwardAuth sends with alice, the
+// API key of user alice, under each proxy's header conventions.
+func forwardAuthCases(alice string) []forwardAuthCase {
 	caddy := func(method, uri string) http.Header {
 		return hdr("X-Forwarded-Method", method, "X-Forwarded-Uri", uri, "X-Forwarded-For", "203.0.113.7", "Authorization", "Bearer "+alice)
 	}
@@ -55,14 +59,7 @@ func TestForwardAuth(t *testing.T) {
 	nginx := func(method, uri string) http.Header {
 		return hdr("X-Original-Method", method, "X-Original-URI", uri, "X-Forwarded-For", "203.0.113.7", "Authorization", "Bearer "+alice)
 	}
-
-	for _, tc := range []struct {
-		name       string
-		header     http.Header
-		status     int
-		realStatus string // X-Breakwater-Status
-		retryAfter bool
-	}{
+	return []forwardAuthCase{
 		{"caddy allowed", caddy("POST", "/api/checkout?step=1"), 200, "", false},
 		{"caddy rate limited", caddy("POST", "/api/checkout"), 429, "429", true},
 		{"traefik rate limited", traefik("post", "/api/checkout"), 429, "429", true},
@@ -129,7 +126,18 @@ func TestForwardAuth(t *testing.T) {
 		}(), 403, "403", false},
 		{"prefix route, nginx", nginx("GET", "/api/billing/invoices/7"), 200, "", false},
 		{"no credentials on a user route", hdr("X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/api/checkout"), 401, "401", false},
-	} {
+	}
+}
+
+// Forward auth with Caddy's, Traefik's and nginx's header conventions:
+// allowed with the identity headers, refused with the real status (as
+// 403 plus X-Breakwater-Status under nginx's), every spelling of a
+// route's path matched as the route, a request of no route let through
+// with no identity, an unreadable URI or a client's X-Breakwater-* header
+// refused, and no answer to an untrusted peer.
+func TestForwardAuth(t *testing.T) {
+	e := startRoutes(t, "", forwardAuthRoutes)
+	for _, tc := range forwardAuthCases(e.key("alice")) {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := e.do("GET", "/v1/forward-auth", "", tc.header, "")
 			if resp.StatusCode != tc.status || resp.Header.Get("X-Breakwater-Status") != tc.realStatus || (resp.Header.Get("Retry-After") != "") != tc.retryAfter {
@@ -144,7 +152,12 @@ func TestForwardAuth(t *testing.T) {
 			}
 		})
 	}
+	checkForwardAuthByName(t, e)
+}
 
+// checkForwardAuthByName: forward auth by a route's name; an unknown name
+// is 404, and a peer that is not a trusted proxy gets 403.
+func checkForwardAuthByName(t *testing.T, e *routeEnv) {
 	// By name; an unknown name is 404.
 	if resp, _ := e.do("POST", "/v1/forward-auth/billing", "", hdr("X-Forwarded-For", "203.0.113.8"), ""); resp.StatusCode != 200 {
 		t.Errorf("by name: %d", resp.StatusCode)

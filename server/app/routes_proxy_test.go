@@ -54,6 +54,17 @@ func TestRouteProxyPerUser(t *testing.T) {
 		t.Fatalf("the app got %d requests without credentials", n)
 	}
 
+	checkCheckoutLimits(t, e, auth)
+	checkAppGotAlice(t, e, up, alice)
+	checkCheckoutOtherMethodsAndBan(t, e, up, auth)
+	checkAppDown(t, e)
+}
+
+// checkCheckoutLimits sends as alice (auth) until each of the checkout
+// route's limits refuses: the burst, the rate, the daily line.
+func checkCheckoutLimits(t *testing.T, e *routeEnv, auth http.Header) {
+	var resp *http.Response
+	var body string
 	// The burst: 2 in one second, the third refused until the second
 	// has passed.
 	for i := range 2 {
@@ -86,7 +97,12 @@ func TestRouteProxyPerUser(t *testing.T) {
 	if resp.StatusCode != http.StatusTooManyRequests || problemCode(t, body) != "daily_limit" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("fifth today: %d %s", resp.StatusCode, body)
 	}
+}
 
+// checkAppGotAlice: the app got the 4 requests allowed, the first with
+// alice's identity, her Authorization unchanged, the forwarding headers
+// and Breakwater's request id (not the forged one), and its body.
+func checkAppGotAlice(t *testing.T, e *routeEnv, up *testApp, alice string) {
 	got := up.requests()
 	if len(got) != 4 {
 		t.Fatalf("the app got %d requests, want the 4 allowed", len(got))
@@ -107,7 +123,14 @@ func TestRouteProxyPerUser(t *testing.T) {
 	if r.path != "/api/checkout" || r.body != `{"item":1}` {
 		t.Errorf("the app got %s %q", r.path, r.body)
 	}
+}
 
+// checkCheckoutOtherMethodsAndBan, a day later: max_body is 413 from the
+// declared length; another method goes on to the app with no identity and
+// counts against nothing; a banned user is refused.
+func checkCheckoutOtherMethodsAndBan(t *testing.T, e *routeEnv, up *testApp, auth http.Header) {
+	var resp *http.Response
+	var body string
 	// max_body: 413 from the declared length, before the body is read;
 	// another method is not guarded: it goes on to the app with no
 	// identity (a forged one dropped) and counts against nothing.
@@ -133,9 +156,11 @@ func TestRouteProxyPerUser(t *testing.T) {
 	if resp, body = e.do("POST", "/api/checkout", "{}", auth, ""); resp.StatusCode != http.StatusForbidden || problemCode(t, body) != "banned" {
 		t.Errorf("banned: %d %s", resp.StatusCode, body)
 	}
+}
 
-	// An app that is down: 502 upstream_failed, logged.
-	resp, body = e.do("GET", "/api/down", "", nil, "")
+// checkAppDown: an app that is down is 502 upstream_failed, logged.
+func checkAppDown(t *testing.T, e *routeEnv) {
+	resp, body := e.do("GET", "/api/down", "", nil, "")
 	if resp.StatusCode != http.StatusBadGateway || problemCode(t, body) != "upstream_failed" {
 		t.Errorf("app down: %d %s", resp.StatusCode, body)
 	}

@@ -192,6 +192,35 @@ func rawRequest(t *testing.T, addr, from, method, target string, header http.Hea
 }
 
 // The README's snippets, run verbatim by real Caddy and nginx in front of
+// spellingRoute is one of the README's example routes as the spelling
+// test sends to it.
+type spellingRoute struct {
+	name, path string
+	limit      int // how many requests of one client pass, all at one instant
+	body       func(i int) string
+}
+
+// spellingRoutes are the README's example routes with their limits.
+var spellingRoutes = []spellingRoute{
+	{"checkout", "/api/checkout", 2, func(int) string { return "{}" }},                                                         // burst = 2
+	{"contact", "/contact", 1, func(int) string { return "hello" }},                                                            // burst = 1
+	{"referral", "/api/referral/check", 5, func(i int) string { return referral("WRONG", fmt.Sprintf("r%d@example.com", i)) }}, // fail limit 5
+}
+
+// spellingSent is what one client sent: sent requests to route by one
+// spelling of its path, from one address (and for checkout as one user).
+type spellingSent struct {
+	route, path, spelling, from, user string
+	sent                              int
+}
+
+// withForgedIdentity sets a forged Breakwater identity on h.
+func withForgedIdentity(h http.Header) http.Header {
+	h.Set("X-Breakwater-User", "victim")
+	h.Set("X-Breakwater-Plan", "gold")
+	return h
+}
+
 // Breakwater with the README's example routes and an app that serves
 // every spelling of a path as the path: for each route and each spelling
 // (its own client, its own user), more requests than the limit reach the
@@ -205,106 +234,105 @@ func rawRequest(t *testing.T, addr, from, method, target string, header http.Hea
 // X_Breakwater_User, their requests reached the app unguarded under both
 // proxies, and Caddy passed X_Breakwater_User: victim on to the app.
 func TestRealProxiesGuardEverySpelling(t *testing.T) {
-	type route struct {
-		name, path string
-		limit      int // how many requests of one client pass, all at one instant
-		body       func(i int) string
-	}
-	guarded := []route{
-		{"checkout", "/api/checkout", 2, func(int) string { return "{}" }},                                                         // burst = 2
-		{"contact", "/contact", 1, func(int) string { return "hello" }},                                                            // burst = 1
-		{"referral", "/api/referral/check", 5, func(i int) string { return referral("WRONG", fmt.Sprintf("r%d@example.com", i)) }}, // fail limit 5
-	}
 	for _, proxy := range []string{"caddy", "nginx"} {
 		t.Run(proxy, func(t *testing.T) {
 			app := newLenientApp(t)
 			e := startRoutes(t, "", strings.ReplaceAll(snippet(t, "routes-config"), "http://127.0.0.1:3000", app.URL))
 			addr := startRealProxy(t, proxy, e, app.URL)
 
-			forged := func(h http.Header) http.Header {
-				h.Set("X-Breakwater-User", "victim")
-				h.Set("X-Breakwater-Plan", "gold")
-				return h
-			}
-			// Each spelling is sent by a client of its own (a loopback
-			// address, and for checkout a user) so that each meets the
-			// limit afresh.
-			client := 0
-			type result struct {
-				route, path, spelling, from, user string
-				sent                              int
-			}
-			var results []result
-			for _, r := range guarded {
-				for _, sp := range append(spellings(r.path), oddSpellings(r.path)...) {
-					client++
-					from := fmt.Sprintf("127.0.0.%d", 10+client)
-					h := forged(hdr("Content-Type", "application/json"))
-					res := result{route: r.name, path: r.path, spelling: sp, from: from, sent: r.limit + 2}
-					if r.name == "checkout" {
-						res.user = fmt.Sprintf("user%d", client)
-						h.Set("Authorization", "Bearer "+e.key(res.user))
-					}
-					for range res.sent {
-						rawRequest(t, addr, from, http.MethodPost, sp, h, r.body(client))
-					}
-					results = append(results, res)
-				}
-			}
-			// A client's X-Breakwater-* headers on paths of no route:
-			// removed, or the request refused.
-			for i, target := range []string{"/", "/page", "/api/profile", "/API/CHECKOUT/extra"} {
-				h := forged(hdr())
-				if i%2 == 1 {
-					h.Set("X-Breakwater-Anything", "1")
-				}
-				rawRequest(t, addr, "127.0.0.9", http.MethodGet, target, h, "")
-			}
-			// The same names with '_', one name with '-' to a CGI, WSGI or
-			// Rack server: removed, or the request refused, through
-			// forward auth and through Breakwater's proxy alike.
-			underscored := hdr("Authorization", "Bearer "+e.key("underscored"), "Content-Type", "application/json")
-			underscored["X_Breakwater_User"] = []string{"victim"}
-			underscored["X-Breakwater_Plan"] = []string{"gold"}
-			for _, target := range []string{"/page", "/api/checkout", "/api/checkout/", "/contact", "/CONTACT/", "/api/referral/check"} {
-				rawRequest(t, addr, "127.0.0.9", http.MethodPost, target, underscored, referral("RIGHT", "u@example.com"))
-			}
-			if status, body := rawRequest(t, addr, "127.0.0.9", http.MethodGet, "/page", forged(hdr()), ""); status != http.StatusOK || body != "page" {
-				t.Errorf("a page of no route with a forged identity: %d %q, want the app's 200 (the header removed)", status, body)
-			}
-
-			runs := app.ran()
-			for _, run := range runs {
-				if run.user == "victim" || run.plan == "gold" || (run.handler != "checkout" && len(run.breakwater) != 0) {
-					t.Errorf("a client's X-Breakwater-* header reached the app's %s handler: %+v", run.handler, run)
-				}
-			}
-			for _, res := range results {
-				n := 0
-				for _, run := range runs {
-					if run.handler != res.route || run.client != res.from {
-						continue
-					}
-					n++
-					if res.route == "checkout" && (run.user != res.user || len(run.breakwater) != 2) {
-						t.Errorf("checkout spelled %q: the app got %v, want only %s's identity", res.spelling, run.breakwater, res.user)
-					}
-				}
-				limit := 0
-				for _, r := range guarded {
-					if r.name == res.route {
-						limit = r.limit
-					}
-				}
-				t.Logf("%s spelled %q: the handler ran %d of %d times", res.route, res.spelling, n, res.sent)
-				if n > limit {
-					t.Errorf("%s spelled %q: %d requests, the handler ran %d times; the limit is %d", res.route, res.spelling, res.sent, n, limit)
-				}
-				if res.spelling == res.path && n != limit {
-					t.Errorf("%s as written: the handler ran %d times, want %d", res.route, n, limit)
-				}
-			}
+			results := sendEverySpelling(t, e, addr)
+			sendForgedIdentities(t, e, addr)
+			checkSpellingRuns(t, app.ran(), results)
 		})
+	}
+}
+
+// sendEverySpelling sends more than its limit to each route in every
+// spelling of its path, with a forged identity. Each spelling is sent by
+// a client of its own (a loopback address, and for checkout a user) so
+// that each meets the limit afresh.
+func sendEverySpelling(t *testing.T, e *routeEnv, addr string) []spellingSent {
+	client := 0
+	var results []spellingSent
+	for _, r := range spellingRoutes {
+		for _, sp := range append(spellings(r.path), oddSpellings(r.path)...) {
+			client++
+			from := fmt.Sprintf("127.0.0.%d", 10+client)
+			h := withForgedIdentity(hdr("Content-Type", "application/json"))
+			res := spellingSent{route: r.name, path: r.path, spelling: sp, from: from, sent: r.limit + 2}
+			if r.name == "checkout" {
+				res.user = fmt.Sprintf("user%d", client)
+				h.Set("Authorization", "Bearer "+e.key(res.user))
+			}
+			for range res.sent {
+				rawRequest(t, addr, from, http.MethodPost, sp, h, r.body(client))
+			}
+			results = append(results, res)
+		}
+	}
+	return results
+}
+
+// sendForgedIdentities sends a client's X-Breakwater-* headers on paths
+// of no route and, spelled with '_', on the routes: each must be removed,
+// or the request refused.
+func sendForgedIdentities(t *testing.T, e *routeEnv, addr string) {
+	// A client's X-Breakwater-* headers on paths of no route:
+	// removed, or the request refused.
+	for i, target := range []string{"/", "/page", "/api/profile", "/API/CHECKOUT/extra"} {
+		h := withForgedIdentity(hdr())
+		if i%2 == 1 {
+			h.Set("X-Breakwater-Anything", "1")
+		}
+		rawRequest(t, addr, "127.0.0.9", http.MethodGet, target, h, "")
+	}
+	// The same names with '_', one name with '-' to a CGI, WSGI or
+	// Rack server: removed, or the request refused, through
+	// forward auth and through Breakwater's proxy alike.
+	underscored := hdr("Authorization", "Bearer "+e.key("underscored"), "Content-Type", "application/json")
+	underscored["X_Breakwater_User"] = []string{"victim"}
+	underscored["X-Breakwater_Plan"] = []string{"gold"}
+	for _, target := range []string{"/page", "/api/checkout", "/api/checkout/", "/contact", "/CONTACT/", "/api/referral/check"} {
+		rawRequest(t, addr, "127.0.0.9", http.MethodPost, target, underscored, referral("RIGHT", "u@example.com"))
+	}
+	if status, body := rawRequest(t, addr, "127.0.0.9", http.MethodGet, "/page", withForgedIdentity(hdr()), ""); status != http.StatusOK || body != "page" {
+		t.Errorf("a page of no route with a forged identity: %d %q, want the app's 200 (the header removed)", status, body)
+	}
+}
+
+// checkSpellingRuns checks the app's handler runs: no forged identity
+// reached the app, and each spelling ran its route's handler at most the
+// limit's number of times (exactly that, as written).
+func checkSpellingRuns(t *testing.T, runs []appRun, results []spellingSent) {
+	for _, run := range runs {
+		if run.user == "victim" || run.plan == "gold" || (run.handler != "checkout" && len(run.breakwater) != 0) {
+			t.Errorf("a client's X-Breakwater-* header reached the app's %s handler: %+v", run.handler, run)
+		}
+	}
+	for _, res := range results {
+		n := 0
+		for _, run := range runs {
+			if run.handler != res.route || run.client != res.from {
+				continue
+			}
+			n++
+			if res.route == "checkout" && (run.user != res.user || len(run.breakwater) != 2) {
+				t.Errorf("checkout spelled %q: the app got %v, want only %s's identity", res.spelling, run.breakwater, res.user)
+			}
+		}
+		limit := 0
+		for _, r := range spellingRoutes {
+			if r.name == res.route {
+				limit = r.limit
+			}
+		}
+		t.Logf("%s spelled %q: the handler ran %d of %d times", res.route, res.spelling, n, res.sent)
+		if n > limit {
+			t.Errorf("%s spelled %q: %d requests, the handler ran %d times; the limit is %d", res.route, res.spelling, res.sent, n, limit)
+		}
+		if res.spelling == res.path && n != limit {
+			t.Errorf("%s as written: the handler ran %d times, want %d", res.route, n, limit)
+		}
 	}
 }
 

@@ -122,23 +122,49 @@ const (
 	soakQuota         = 2
 )
 
-func soak(t *testing.T, dir, tz, from string, days int) {
-	loc, err := time.LoadLocation(tz)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := time.ParseInLocation(time.DateOnly, from, loc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The service's clock: the bubble's, moved to the first day's start.
-	offset := first.Sub(time.Now())
-	now := func() time.Time { return time.Now().Add(offset) }
-	log := &soakLog{now: now, loc: loc, runs: map[string][]time.Time{}, alerts: map[string]int{}}
+// soakRun is one soak case: the service, its clock and its log, the keys
+// of the three users, and what the test saw.
+type soakRun struct {
+	t        *testing.T
+	tz       string
+	loc      *time.Location
+	first    time.Time // the first day's start, in loc
+	now      func() time.Time
+	log      *soakLog
+	dbPath   string
+	a        *App
+	closed   bool
+	h        http.Handler
+	key      map[string]string // plan -> API key
+	calls    map[string]int64  // local day -> 200s
+	refusals int
+}
 
-	dbPath := filepath.Join(dir, "bw.db")
-	cfgPath := filepath.Join(dir, "config.toml")
-	toml := fmt.Sprintf(`[server]
+func soak(t *testing.T, dir, tz, from string, days int) {
+	r := openSoak(t, dir, tz, from)
+	defer func() {
+		if !r.closed {
+			r.a.Close()
+		}
+	}()
+	for i := range days {
+		r.day(i)
+	}
+	last := time.Date(r.first.Year(), r.first.Month(), r.first.Day()+days-1, 0, 0, 0, 0, r.loc)
+	r.until(last, 23, 59)
+	r.a.Close()
+	r.closed = true
+
+	detections := r.checkLog(days)
+	total := r.checkLedger(last, days)
+	t.Logf("%s: %d simulated days from %s, %d reads, %d detection runs, %d refusals checked", tz, days, r.first.Format(time.DateOnly), total, detections, r.refusals)
+}
+
+// soakConfig is the service's config.toml for a soak in time zone tz
+// with its database at dbPath: three plans (a monthly quota, a daily
+// line, neither) under a daily_requests ceiling.
+func soakConfig(dbPath, tz string) string {
+	return fmt.Sprintf(`[server]
 listen = "127.0.0.1:0"
 [storage]
 path = %q
@@ -165,145 +191,193 @@ daily_attempts = %d
 monthly_quota = 1000000
 daily_attempts = 0
 `, dbPath, tz, soakDailyRequests, soakQuota, soakLine)
-	if err := os.WriteFile(cfgPath, []byte(toml), 0o600); err != nil {
+}
+
+// openSoak opens the service in dir with its clock at the start of the
+// day from in tz, and makes a key on each of the plans month, line and
+// bulk.
+func openSoak(t *testing.T, dir, tz, from string) *soakRun {
+	loc, err := time.LoadLocation(tz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := time.ParseInLocation(time.DateOnly, from, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The service's clock: the bubble's, moved to the first day's start.
+	offset := first.Sub(time.Now())
+	now := func() time.Time { return time.Now().Add(offset) }
+	r := &soakRun{t: t, tz: tz, loc: loc, first: first, now: now, dbPath: filepath.Join(dir, "bw.db"),
+		log: &soakLog{now: now, loc: loc, runs: map[string][]time.Time{}, alerts: map[string]int{}},
+		key: map[string]string{}, calls: map[string]int64{}}
+
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(soakConfig(r.dbPath, tz)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := Load(cfgPath, env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := Open(context.Background(), cfg, Options{
+	r.a, err = Open(context.Background(), cfg, Options{
 		Getenv: env(map[string]string{"BREAKWATER_SECRET": "a secret for the soak test"}),
-		Logger: slog.New(log), Now: now,
+		Logger: slog.New(r.log), Now: now,
 		Listen: func(string, string) (net.Listener, error) { return &memListener{closed: make(chan struct{})}, nil },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			a.Close()
-		}
-	}()
-	key := map[string]string{}
 	for _, plan := range []string{"month", "line", "bulk"} {
-		if key[plan], _, err = a.Keys().Create("soak-"+plan, plan); err != nil {
+		if r.key[plan], _, err = r.a.Keys().Create("soak-"+plan, plan); err != nil {
+			r.a.Close()
 			t.Fatal(err)
 		}
 	}
-	h := a.Handler()
-	calls := map[string]int64{} // local day -> 200s
-	refusals := 0
-	read := func(plan string) (int, string) {
-		req := httptest.NewRequest(http.MethodPost, "/v1/ocr", strings.NewReader(string(soakImage())))
-		req.Header.Set("Authorization", "Bearer "+key[plan])
-		req.Header.Set("Content-Type", "image/png")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		if rec.Code != http.StatusOK {
-			refusals++
-		}
-		if rec.Code == http.StatusOK {
-			calls[now().In(loc).Format(time.DateOnly)]++
-			return rec.Code, ""
-		}
-		var code string
-		if _, after, ok := strings.Cut(rec.Body.String(), `"code":"`); ok {
-			code, _, _ = strings.Cut(after, `"`)
-		}
-		return rec.Code, code
+	r.h = r.a.Handler()
+	return r
+}
+
+// read sends one read as the user on plan and returns the status and,
+// for a refusal, the problem's code.
+func (r *soakRun) read(plan string) (int, string) {
+	req := httptest.NewRequest(http.MethodPost, "/v1/ocr", strings.NewReader(string(soakImage())))
+	req.Header.Set("Authorization", "Bearer "+r.key[plan])
+	req.Header.Set("Content-Type", "image/png")
+	rec := httptest.NewRecorder()
+	r.h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		r.refusals++
 	}
-	until := func(day time.Time, hour, minute int) {
-		target := time.Date(day.Year(), day.Month(), day.Day(), hour, minute, 0, 0, loc)
-		if d := target.Sub(now()); d > 0 {
-			time.Sleep(d)
-		}
-		synctest.Wait() // the service's background work of the moment is done
+	if rec.Code == http.StatusOK {
+		r.calls[r.now().In(r.loc).Format(time.DateOnly)]++
+		return rec.Code, ""
 	}
-
-	for i := range days {
-		day := time.Date(first.Year(), first.Month(), first.Day()+i, 0, 0, 0, 0, loc)
-		name := day.Format(time.DateOnly)
-		yesterday := day.AddDate(0, 0, -1).Format(time.DateOnly)
-
-		until(day, 0, 5)
-		status, code := read("month")
-		switch {
-		case i == 0 || day.Day() == 1:
-			if status != http.StatusOK {
-				t.Errorf("%s 00:05: a new quota month's first read got %d %s", name, status, code)
-			}
-			if status, _ = read("month"); status != http.StatusOK {
-				t.Errorf("%s 00:05: the second read of the month got %d", name, status)
-			}
-			if status, code = read("month"); code != "quota_exceeded" {
-				t.Errorf("%s 00:05: a read past the quota got %d %s", name, status, code)
-			}
-		case code != "quota_exceeded":
-			t.Errorf("%s 00:05: the quota used up this month: %d %s, want 429 quota_exceeded", name, status, code)
-		}
-
-		until(day, 0, 20)
-		log.mu.Lock()
-		runs := log.runs[yesterday]
-		log.mu.Unlock()
-		runAt := time.Date(day.Year(), day.Month(), day.Day(), 0, 15, 0, 0, loc)
-		if len(runs) != 1 {
-			t.Errorf("%s 00:20: the detection of %s ran %d times, want once", name, yesterday, len(runs))
-		} else if i > 0 && (runs[0].Before(runAt) || runs[0].After(runAt.Add(time.Minute))) {
-			t.Errorf("%s: the detection of %s ran at %s, want at 00:15", name, yesterday, runs[0].In(loc).Format(time.TimeOnly))
-		}
-
-		until(day, 0, 30)
-		passed := 0
-		for range soakLine + 2 {
-			if status, code := read("line"); status == http.StatusOK {
-				passed++
-			} else if code != "daily_limit" {
-				t.Errorf("%s 00:30: %d %s, want 200 or 429 daily_limit", name, status, code)
-			}
-		}
-		if passed != soakLine {
-			t.Errorf("%s 00:30: %d of %d passed a daily line of %d: yesterday's attempts carried over, or the line did not hold", name, passed, soakLine+2, soakLine)
-		}
-
-		until(day, 12, 0)
-		for range soakDailyRequests + 1 {
-			if status, code = read("bulk"); status != http.StatusOK {
-				break
-			}
-		}
-		if code != "budget_paused" || calls[name] != soakDailyRequests {
-			t.Errorf("%s 12:00: %d calls, then %d %s; want %d calls, then 503 budget_paused", name, calls[name], status, code, soakDailyRequests)
-		}
-		for m := 10; m <= 50; m += 10 {
-			until(day, 12, m)
-			if status, code := read("bulk"); code != "budget_paused" {
-				t.Errorf("%s 12:%02d: the brake let a call through: %d %s", name, m, status, code)
-			}
-		}
-
-		until(day, 23, 58)
-		if status, code := read("month"); code != "quota_exceeded" {
-			t.Errorf("%s 23:58: the quota reset before midnight in %s: %d %s", name, tz, status, code)
-		}
-		log.mu.Lock()
-		if got := log.alerts["brake_engaged "+name]; got != 1 {
-			t.Errorf("%s: %d brake alerts, want 1 (engaged once, at 12:00)", name, got)
-		}
-		log.mu.Unlock()
+	var code string
+	if _, after, ok := strings.Cut(rec.Body.String(), `"code":"`); ok {
+		code, _, _ = strings.Cut(after, `"`)
 	}
-	last := time.Date(first.Year(), first.Month(), first.Day()+days-1, 0, 0, 0, 0, loc)
-	until(last, 23, 59)
-	a.Close()
-	closed = true
+	return rec.Code, code
+}
 
-	// Every alert was a brake alert, once a day; every day before the
-	// last was detected once; no error was logged.
+// until moves the clock to hour:minute of day and waits for the
+// service's background work of the moment.
+func (r *soakRun) until(day time.Time, hour, minute int) {
+	target := time.Date(day.Year(), day.Month(), day.Day(), hour, minute, 0, 0, r.loc)
+	if d := target.Sub(r.now()); d > 0 {
+		time.Sleep(d)
+	}
+	synctest.Wait() // the service's background work of the moment is done
+}
+
+// day runs and checks the i-th simulated day, as the comment on
+// TestSoakAcrossMidnightMonthEndAndDST lists.
+func (r *soakRun) day(i int) {
+	day := time.Date(r.first.Year(), r.first.Month(), r.first.Day()+i, 0, 0, 0, 0, r.loc)
+	name := day.Format(time.DateOnly)
+	r.until(day, 0, 5)
+	r.checkMonthlyQuota(i, day, name)
+	r.until(day, 0, 20)
+	r.checkDetectionRan(i, day, name)
+	r.until(day, 0, 30)
+	r.checkDailyLine(name)
+	r.until(day, 12, 0)
+	r.checkBrake(day, name)
+
+	r.until(day, 23, 58)
+	if status, code := r.read("month"); code != "quota_exceeded" {
+		r.t.Errorf("%s 23:58: the quota reset before midnight in %s: %d %s", name, r.tz, status, code)
+	}
+	r.log.mu.Lock()
+	if got := r.log.alerts["brake_engaged "+name]; got != 1 {
+		r.t.Errorf("%s: %d brake alerts, want 1 (engaged once, at 12:00)", name, got)
+	}
+	r.log.mu.Unlock()
+}
+
+// checkMonthlyQuota, at 00:05: the quota user is refused, except on the
+// first day and on the 1st, when it has its two reads and no third.
+func (r *soakRun) checkMonthlyQuota(i int, day time.Time, name string) {
+	t := r.t
+	status, code := r.read("month")
+	switch {
+	case i == 0 || day.Day() == 1:
+		if status != http.StatusOK {
+			t.Errorf("%s 00:05: a new quota month's first read got %d %s", name, status, code)
+		}
+		if status, _ = r.read("month"); status != http.StatusOK {
+			t.Errorf("%s 00:05: the second read of the month got %d", name, status)
+		}
+		if status, code = r.read("month"); code != "quota_exceeded" {
+			t.Errorf("%s 00:05: a read past the quota got %d %s", name, status, code)
+		}
+	case code != "quota_exceeded":
+		t.Errorf("%s 00:05: the quota used up this month: %d %s, want 429 quota_exceeded", name, status, code)
+	}
+}
+
+// checkDetectionRan, at 00:20: yesterday was detected once, at 00:15.
+func (r *soakRun) checkDetectionRan(i int, day time.Time, name string) {
+	yesterday := day.AddDate(0, 0, -1).Format(time.DateOnly)
+	r.log.mu.Lock()
+	runs := r.log.runs[yesterday]
+	r.log.mu.Unlock()
+	runAt := time.Date(day.Year(), day.Month(), day.Day(), 0, 15, 0, 0, r.loc)
+	if len(runs) != 1 {
+		r.t.Errorf("%s 00:20: the detection of %s ran %d times, want once", name, yesterday, len(runs))
+	} else if i > 0 && (runs[0].Before(runAt) || runs[0].After(runAt.Add(time.Minute))) {
+		r.t.Errorf("%s: the detection of %s ran at %s, want at 00:15", name, yesterday, runs[0].In(r.loc).Format(time.TimeOnly))
+	}
+}
+
+// checkDailyLine, at 00:30: of 7 reads on a daily line of 5, exactly 5
+// pass.
+func (r *soakRun) checkDailyLine(name string) {
+	passed := 0
+	for range soakLine + 2 {
+		if status, code := r.read("line"); status == http.StatusOK {
+			passed++
+		} else if code != "daily_limit" {
+			r.t.Errorf("%s 00:30: %d %s, want 200 or 429 daily_limit", name, status, code)
+		}
+	}
+	if passed != soakLine {
+		r.t.Errorf("%s 00:30: %d of %d passed a daily line of %d: yesterday's attempts carried over, or the line did not hold", name, passed, soakLine+2, soakLine)
+	}
+}
+
+// checkBrake, from 12:00: the day's calls stop at daily_requests exactly,
+// and the brake holds every 10 minutes until 12:50.
+func (r *soakRun) checkBrake(day time.Time, name string) {
+	var status int
+	var code string
+	for range soakDailyRequests + 1 {
+		if status, code = r.read("bulk"); status != http.StatusOK {
+			break
+		}
+	}
+	if code != "budget_paused" || r.calls[name] != soakDailyRequests {
+		r.t.Errorf("%s 12:00: %d calls, then %d %s; want %d calls, then 503 budget_paused", name, r.calls[name], status, code, soakDailyRequests)
+	}
+	for m := 10; m <= 50; m += 10 {
+		r.until(day, 12, m)
+		if status, code := r.read("bulk"); code != "budget_paused" {
+			r.t.Errorf("%s 12:%02d: the brake let a call through: %d %s", name, m, status, code)
+		}
+	}
+}
+
+// checkLog: every alert was a brake alert or the early warning of the
+// day's calls, each once a day (the calls reach the ceiling between two
+// looks of the warner: one warning, of the highest share); every day
+// before the last was detected once; no error was logged. It returns the number
+// of days detected.
+func (r *soakRun) checkLog(days int) int {
+	t, log := r.t, r.log
 	log.mu.Lock()
+	defer log.mu.Unlock()
 	for k, n := range log.alerts {
-		if !strings.HasPrefix(k, "brake_engaged ") {
+		if !strings.HasPrefix(k, "brake_engaged ") && !strings.HasPrefix(k, "budget_warn_daily_requests_95 ") || n != 1 {
 			t.Errorf("unexpected alert %s (%d)", k, n)
 		}
 	}
@@ -318,27 +392,33 @@ daily_attempts = 0
 	if len(log.errors) > 0 {
 		t.Errorf("errors logged: %q", log.errors)
 	}
-	detections := len(log.runs)
-	log.mu.Unlock()
+	return len(log.runs)
+}
 
-	db, err := storage.Open(dbPath, storage.Options{Logger: slog.New(slog.DiscardHandler)})
+// checkLedger, with the service closed: the ledger's days hold exactly
+// the calls the test saw each day and the settled cost of that day's
+// usage rows, with no reservation open. It returns the number of usage
+// rows.
+func (r *soakRun) checkLedger(last time.Time, days int) int64 {
+	t := r.t
+	db, err := storage.Open(r.dbPath, storage.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	lastName := last.Format(time.DateOnly)
-	ledger, err := db.BudgetDays(first.Format(time.DateOnly), lastName)
+	ledger, err := db.BudgetDays(r.first.Format(time.DateOnly), lastName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := db.Usage(first.Add(-time.Hour), last.AddDate(0, 0, 2))
+	rows, err := db.Usage(r.first.Add(-time.Hour), last.AddDate(0, 0, 2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cost := map[string]int64{}
 	var total int64
-	for _, r := range rows {
-		cost[r.Time.In(loc).Format(time.DateOnly)] += r.CostMicroUSD
+	for _, row := range rows {
+		cost[row.Time.In(r.loc).Format(time.DateOnly)] += row.CostMicroUSD
 		total++
 	}
 	if len(ledger) != days {
@@ -347,8 +427,8 @@ daily_attempts = 0
 	var ledgerCalls int64
 	for _, d := range ledger {
 		ledgerCalls += d.Requests
-		if d.Requests != calls[d.Day] || d.Requests != soakDailyRequests {
-			t.Errorf("ledger %s: %d requests, the test saw %d calls; want %d", d.Day, d.Requests, calls[d.Day], soakDailyRequests)
+		if d.Requests != r.calls[d.Day] || d.Requests != soakDailyRequests {
+			t.Errorf("ledger %s: %d requests, the test saw %d calls; want %d", d.Day, d.Requests, r.calls[d.Day], soakDailyRequests)
 		}
 		if d.SpendMicroUSD != cost[d.Day] || d.SpendMicroUSD == 0 {
 			t.Errorf("ledger %s: spend %d µ$, the day's usage rows cost %d µ$", d.Day, d.SpendMicroUSD, cost[d.Day])
@@ -360,7 +440,7 @@ daily_attempts = 0
 	if n, err := db.OpenReservations(); err != nil || n != 0 {
 		t.Errorf("open reservations after the soak: %d %v", n, err)
 	}
-	t.Logf("%s: %d simulated days from %s, %d reads, %d detection runs, %d refusals checked", tz, days, first.Format(time.DateOnly), total, detections, refusals)
+	return total
 }
 
 // soakImage is a small PNG; ocr.dedupe_window is off, so every read of

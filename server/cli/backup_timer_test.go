@@ -42,24 +42,7 @@ var datedBackupRE = regexp.MustCompile(`^breakwater-\d{4}-\d{2}-\d{2}T\d{4}Z\.db
 // copies and touches no other file. systemd-analyze verifies the units
 // when it is installed.
 func TestBackupTimerAsWritten(t *testing.T) {
-	service := readmeUnit(t, "breakwater-backup.service")
-	m := regexp.MustCompile(`(?m)^ExecStart=(.*)$`).FindStringSubmatch(service)
-	if m == nil {
-		t.Fatalf("the backup service has no ExecStart:\n%s", service)
-	}
-	if strings.Contains(m[1], "%") {
-		t.Errorf("ExecStart %q holds a %% that systemd would expand", m[1])
-	}
-	args := strings.Fields(m[1])
-	if args[0] != "/usr/local/bin/breakwater" || args[1] != "backup" {
-		t.Fatalf("ExecStart %q does not run breakwater backup", m[1])
-	}
-	args = args[1:]
-	state := regexp.MustCompile(`(?m)^StateDirectory=(\S+)$`).FindStringSubmatch(service)
-	if state == nil || !slices.Contains(args, "/var/lib/"+state[1]) {
-		t.Errorf("ExecStart %q does not write into the unit's StateDirectory %v", m[1], state)
-	}
-
+	args, line := backupExecStart(t)
 	// Run it as written, with the test's config and folder in place of
 	// /etc/breakwater and /var/lib.
 	dir := t.TempDir()
@@ -81,8 +64,42 @@ func TestBackupTimerAsWritten(t *testing.T) {
 		fmt.Sscan(args[i+1], &keep)
 	}
 	if keep < 1 {
-		t.Fatalf("ExecStart %q keeps every copy: the folder would grow without end", m[1])
+		t.Fatalf("ExecStart %q keeps every copy: the folder would grow without end", line)
 	}
+	checkBackupKeepsItsOwn(t, args, backups, keep)
+	checkBackupMakesItsFolder(t, dir, config)
+	verifyBackupUnits(t)
+}
+
+// backupExecStart reads the README's backup service: its ExecStart,
+// which runs breakwater backup into the unit's StateDirectory with no %
+// for systemd to expand. It returns breakwater's arguments and the line.
+func backupExecStart(t *testing.T) (args []string, line string) {
+	service := readmeUnit(t, "breakwater-backup.service")
+	m := regexp.MustCompile(`(?m)^ExecStart=(.*)$`).FindStringSubmatch(service)
+	if m == nil {
+		t.Fatalf("the backup service has no ExecStart:\n%s", service)
+	}
+	if strings.Contains(m[1], "%") {
+		t.Errorf("ExecStart %q holds a %% that systemd would expand", m[1])
+	}
+	args = strings.Fields(m[1])
+	if args[0] != "/usr/local/bin/breakwater" || args[1] != "backup" {
+		t.Fatalf("ExecStart %q does not run breakwater backup", m[1])
+	}
+	args = args[1:]
+	state := regexp.MustCompile(`(?m)^StateDirectory=(\S+)$`).FindStringSubmatch(service)
+	if state == nil || !slices.Contains(args, "/var/lib/"+state[1]) {
+		t.Errorf("ExecStart %q does not write into the unit's StateDirectory %v", m[1], state)
+	}
+	return args, m[1]
+}
+
+// checkBackupKeepsItsOwn runs breakwater with args, a backup into
+// backups that keeps keep copies, beside earlier dated copies and files
+// it did not write: it keeps the new copy and the newest before it, and
+// touches nothing else.
+func checkBackupKeepsItsOwn(t *testing.T, args []string, backups string, keep int) {
 	// Earlier dated copies, more than --keep, oldest first, and files
 	// the command did not write.
 	if err := os.MkdirAll(backups, 0o700); err != nil {
@@ -127,7 +144,10 @@ func TestBackupTimerAsWritten(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(backups, newest)); err != nil || fi.Size() < 4096 {
 		t.Errorf("the new copy: %v %v", fi, err)
 	}
+}
 
+// checkBackupMakesItsFolder: a folder that is not there is made, 0700.
+func checkBackupMakesItsFolder(t *testing.T, dir, config string) {
 	// A folder that is not there is made, 0700.
 	fresh := filepath.Join(dir, "fresh", "backups")
 	if err := run(context.Background(), []string{"backup", "--config", config, "--dir", fresh}, envFrom(nil), io.Discard, io.Discard); err != nil {
@@ -139,7 +159,11 @@ func TestBackupTimerAsWritten(t *testing.T) {
 	if entries, _ := os.ReadDir(fresh); len(entries) != 1 || !datedBackupRE.MatchString(entries[0].Name()) {
 		t.Errorf("the fresh folder holds %v, want one dated copy", entries)
 	}
+}
 
+// verifyBackupUnits runs systemd's own check of both units, when the tool
+// is there.
+func verifyBackupUnits(t *testing.T) {
 	// systemd's own check of both units, when the tool is there.
 	tool, err := exec.LookPath("systemd-analyze")
 	if err != nil {

@@ -140,7 +140,7 @@ the bill run away. With no command it serves, as "breakwater serve".`,
 	add("service", serveCmd(e), demoCmd(e), selftestCmd(e))
 	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e), cooldownsCmd(e),
 		replayCmd(e), thresholdsCmd(e))
-	add("other", alertsCmd(e), configCmd(e), versionCmd(e))
+	add("other", alertsCmd(e), configCmd(e), migrateCmd(e), versionCmd(e))
 	root.SetHelpCommandGroupID("other")
 	root.SetCompletionCommandGroupID("other")
 	adoptDefaults(root)

@@ -3,11 +3,13 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"breakwater/detect"
 	"breakwater/server/app"
 	"breakwater/storage"
 	"breakwater/storage/postgres"
@@ -50,14 +52,7 @@ func (e *env) configCheck() error {
 	} else if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
 		fmt.Fprintln(out, "note: BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 	}
-	if a := c.Alerts; a == nil {
-		fmt.Fprintln(out, "note: no [alerts] section: mail is off; alerts and findings are only logged (WARN)")
-	} else {
-		fmt.Fprintf(out, "mail: alerts go to %s through %s:%d (tls %s)\n", strings.Join(a.To, ", "), a.SMTPHost, a.SMTPPort, a.TLS)
-		if a.SMTPUsername != "" && getenv("BREAKWATER_SMTP_PASSWORD") == "" {
-			fmt.Fprintln(out, "note: alerts.smtp_username is set but BREAKWATER_SMTP_PASSWORD is not: the mail server will refuse the login")
-		}
-	}
+	printAlerts(out, c.AlertSettings(), getenv)
 	if warning := c.JWTAudienceWarning(); warning != "" {
 		fmt.Fprintln(out, "warning:", warning)
 	}
@@ -84,6 +79,33 @@ func (e *env) configCheck() error {
 		return fmt.Errorf("serve would refuse to start: %w", err)
 	}
 	return nil
+}
+
+// printAlerts says where alerts go: mail, each webhook (by the variable
+// that holds its URL, never the URL), or only the log.
+func printAlerts(out io.Writer, a detect.AlertsConfig, getenv func(string) string) {
+	if !a.MailOn() && len(a.Webhooks) == 0 {
+		fmt.Fprintln(out, "note: no [alerts] channel (smtp_host or [[alerts.webhook]]): alerts and findings are only logged (WARN)")
+	}
+	if a.MailOn() {
+		fmt.Fprintf(out, "mail: alerts go to %s through %s:%d (tls %s)\n", strings.Join(a.To, ", "), a.SMTPHost, a.SMTPPort, a.TLS)
+		if a.SMTPUsername != "" && getenv("BREAKWATER_SMTP_PASSWORD") == "" {
+			fmt.Fprintln(out, "note: alerts.smtp_username is set but BREAKWATER_SMTP_PASSWORD is not: the mail server will refuse the login")
+		}
+	}
+	for i, w := range a.Webhooks {
+		fmt.Fprintf(out, "webhook %d: %s to $%s", i+1, w.Format, w.URLEnv)
+		if w.SecretEnv != "" {
+			fmt.Fprintf(out, ", signed with $%s", w.SecretEnv)
+		}
+		fmt.Fprintln(out)
+		if getenv(w.URLEnv) == "" {
+			fmt.Fprintf(out, "warning: %s is not set: serve leaves this webhook out\n", w.URLEnv)
+		}
+	}
+	if len(a.WarnAt) == 0 {
+		fmt.Fprintln(out, "note: alerts.warn_at = []: no early warning before the brake engages")
+	}
 }
 
 // checkPostgres connects to the database of storage.backend = "postgres"

@@ -74,14 +74,11 @@ func TestCooldownsListAndClear(t *testing.T) {
 	}
 }
 
-// A guarded route's fail limit is listed and lifted with the invite
-// guard's: five wrong answers from the app put the client's IP in a
-// cooldown that cooldowns list shows under route:referral, a bare key
-// still means the invite guard, and clear --source route:referral lets
-// the next request reach the app; while serving and while stopped.
-func TestCooldownsListAndClearRoute(t *testing.T) {
-	var reached atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// newReferralApp is an app whose referral check answers 200 to a body
+// holding "RIGHT" and 404 to any other; reached counts its requests.
+func newReferralApp(t *testing.T) (up *httptest.Server, reached *atomic.Int64) {
+	reached = &atomic.Int64{}
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(string(body), "RIGHT") {
@@ -91,8 +88,13 @@ func TestCooldownsListAndClearRoute(t *testing.T) {
 		w.WriteHeader(http.StatusNotFound)
 	}))
 	t.Cleanup(up.Close)
-	dir := t.TempDir()
-	path := operatorConfig(t, freeAddr(t), filepath.Join(dir, "bw.db"), fmt.Sprintf(`
+	return up, reached
+}
+
+// referralRoute is a guarded route to upstream's referral check that
+// puts an IP in a ten-minute cooldown after five 404s.
+func referralRoute(upstream string) string {
+	return fmt.Sprintf(`
 [[routes]]
 name = "referral"
 methods = ["POST"]
@@ -108,7 +110,18 @@ by = ["ip"]
 limit = 5
 window = "10m"
 cooldown = "10m"
-`, up.URL))
+`, upstream)
+}
+
+// A guarded route's fail limit is listed and lifted with the invite
+// guard's: five wrong answers from the app put the client's IP in a
+// cooldown that cooldowns list shows under route:referral, a bare key
+// still means the invite guard, and clear --source route:referral lets
+// the next request reach the app; while serving and while stopped.
+func TestCooldownsListAndClearRoute(t *testing.T) {
+	up, reached := newReferralApp(t)
+	dir := t.TempDir()
+	path := operatorConfig(t, freeAddr(t), filepath.Join(dir, "bw.db"), referralRoute(up.URL))
 	env := envFrom(map[string]string{"BREAKWATER_ADMIN_TOKEN": "cooldowns-test-token"})
 	cmd := cliOn(path, env)
 	if _, err := cmd("keys", "create", "--user", "ann"); err != nil {

@@ -542,6 +542,17 @@ monthly_quota = 10
 		t.Fatalf("the admin API without a token: %d", status)
 	}
 
+	key := checkKeysWhileServing(t, path, env)
+	checkDetectRunWhileServing(t, path, env)
+	checkOperatorWhileServing(t, dir, path, env)
+	checkInFlightAtShutdown(t, addr, key, geminiCalled, cancel, done)
+	checkKeysStopped(t, path, key)
+}
+
+// checkKeysWhileServing: a second server on the database at path is
+// refused; keys create goes through the admin API and prints the key,
+// which it returns; without the admin token a command says what to set.
+func checkKeysWhileServing(t *testing.T, path string, env func(string) string) string {
 	// A second server on the same database is refused at once.
 	err := run(context.Background(), []string{"serve", "--config", path}, env, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "locked by another breakwater process") {
@@ -563,9 +574,14 @@ monthly_quota = 10
 	if err == nil || !strings.Contains(err.Error(), "BREAKWATER_ADMIN_TOKEN") {
 		t.Errorf("keys list without token: %v", err)
 	}
+	return key
+}
 
+// checkDetectRunWhileServing: detect run while serving goes through POST
+// /api/detect/run; a day not YYYY-MM-DD or pruned is refused.
+func checkDetectRunWhileServing(t *testing.T, path string, env func(string) string) {
 	// detect run while serving goes through POST /api/detect/run.
-	out.Reset()
+	var out bytes.Buffer
 	yesterday := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02")
 	if err := run(context.Background(), []string{"detect", "run", "--day", yesterday, "--no-mail", "--config", path}, env, &out, io.Discard); err != nil {
 		t.Fatalf("detect run while serving: %v", err)
@@ -579,14 +595,18 @@ monthly_quota = 10
 	if err := run(context.Background(), []string{"detect", "run", "--day", "2020-03-01", "--config", path}, env, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "stats_retention_days") {
 		t.Errorf("detect run of a pruned day: %v", err)
 	}
+}
 
+// checkOperatorWhileServing: bans, the brake, budget --json and backup
+// (into dir) go through the admin API while serving.
+func checkOperatorWhileServing(t *testing.T, dir, path string, env func(string) string) {
 	// Operator commands through the admin API while serving.
+	var out bytes.Buffer
 	for _, args := range [][]string{{"users", "ban", "erin"}, {"users", "unban", "erin"}, {"brake", "on"}, {"brake", "off"}} {
 		if err := run(context.Background(), append(args, "--config", path), env, io.Discard, io.Discard); err != nil {
 			t.Fatalf("%v: %v", args, err)
 		}
 	}
-	out.Reset()
 	if err := run(context.Background(), []string{"budget", "--json", "--config", path}, env, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
@@ -604,7 +624,12 @@ monthly_quota = 10
 	if fi, err := os.Stat(backup); err != nil || fi.Size() == 0 {
 		t.Errorf("backup file: %v", err)
 	}
+}
 
+// checkInFlightAtShutdown: a request in flight when shutdown starts (by
+// cancel, once the upstream holds the call) still completes, and serve
+// returns no error.
+func checkInFlightAtShutdown(t *testing.T, addr, key string, geminiCalled <-chan struct{}, cancel func(), done <-chan error) {
 	// A request in flight when shutdown starts still completes: the stop
 	// begins while the upstream holds the call.
 	type result struct {
@@ -630,9 +655,14 @@ monthly_quota = 10
 	if err := <-done; err != nil {
 		t.Errorf("serve returned %v", err)
 	}
+}
 
+// checkKeysStopped: with the server stopped, keys commands open the
+// database directly; the key made while serving is listed, not shown,
+// and can be revoked.
+func checkKeysStopped(t *testing.T, path, key string) {
 	// Stopped: keys commands open the database directly; the read was recorded.
-	out.Reset()
+	var out bytes.Buffer
 	if err := run(context.Background(), []string{"keys", "list", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,7 +92,59 @@ func TestAlertsTest(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "refused the mail") || !strings.Contains(err.Error(), "Please authenticate first") {
 		t.Errorf("alerts test against a refusing server: %v", err)
 	}
-	if err := run(context.Background(), []string{"alerts", "test", "--config", writeConfig(t, minimalConfig)}, envFrom(nil), io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "no [alerts] section") {
+	if err := run(context.Background(), []string{"alerts", "test", "--config", writeConfig(t, minimalConfig)}, envFrom(nil), io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "no [alerts] channel") {
 		t.Errorf("alerts test without [alerts]: %v", err)
+	}
+}
+
+// alerts test sends to every channel, webhooks without mail included, and
+// prints each answer; a channel that refuses fails the command after the
+// others were tried.
+func TestAlertsTestWebhooks(t *testing.T) {
+	var got atomic.Value
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got.Store(string(body))
+		io.WriteString(w, "ok")
+	}))
+	defer ok.Close()
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "no such hook", http.StatusNotFound) }))
+	defer gone.Close()
+	config := writeConfig(t, fmt.Sprintf("[storage]\npath = %q\n[plans.free]\nmonthly_quota = 10\n[alerts]\n"+
+		"[[alerts.webhook]]\nformat = \"json\"\nurl_env = \"OPS_HOOK\"\n"+
+		"[[alerts.webhook]]\nformat = \"slack\"\nurl_env = \"GONE_HOOK\"\n", filepath.Join(t.TempDir(), "bw.db")))
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"alerts", "test", "--config", config},
+		envFrom(map[string]string{"OPS_HOOK": ok.URL, "GONE_HOOK": gone.URL}), &out, io.Discard)
+	if !strings.Contains(out.String(), "webhook json ($OPS_HOOK): the receiver said: 200 OK: ok") {
+		t.Errorf("alerts test printed %q, want the json receiver's answer", out.String())
+	}
+	if body, _ := got.Load().(string); !strings.Contains(body, `"kind":"test"`) || !strings.Contains(body, `"severity":"info"`) {
+		t.Errorf("the receiver got %q", body)
+	}
+	if err == nil || !strings.Contains(err.Error(), "webhook slack ($GONE_HOOK)") || !strings.Contains(err.Error(), "404") {
+		t.Errorf("alerts test with a refusing webhook: %v", err)
+	}
+	if strings.Contains(out.String()+fmt.Sprint(err), gone.URL) {
+		t.Errorf("a webhook URL, a secret, was printed: %s %v", out.String(), err)
+	}
+}
+
+// config check says where alerts go: each webhook by the variable that
+// holds its URL, and that an unset one would be left out.
+func TestConfigCheckNamesAlertChannels(t *testing.T) {
+	path := writeConfig(t, fmt.Sprintf("[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 10\n[alerts]\nwarn_at = []\n"+
+		"[[alerts.webhook]]\nformat = \"ntfy\"\nurl_env = \"NTFY_URL\"\nsecret_env = \"NTFY_SECRET\"\n", filepath.Join(t.TempDir(), "bw.db")))
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"webhook 1: ntfy to $NTFY_URL, signed with $NTFY_SECRET", "warning: NTFY_URL is not set", "no early warning"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("config check printed %q, want %q", out.String(), want)
+		}
+	}
+	if strings.Contains(out.String(), "mail: alerts go to") {
+		t.Errorf("config check says mail is on without smtp_host:\n%s", out.String())
 	}
 }

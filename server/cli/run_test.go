@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"breakwater/server/cli"
+	"breakwater/storage/postgres/pgtest"
 )
 
 // The command tests of this package run the command line as the binary
@@ -45,7 +46,7 @@ func TestMain(m *testing.M) {
 		err := run(context.Background(), strings.Fields(args), os.Getenv, os.Stdout, os.Stderr)
 		os.Exit(cli.ExitCode(err, os.Stderr)) // as main does
 	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m)) // stops the PostgreSQL cluster a test started
 }
 
 // run runs the command line as main does, with the shipped config.

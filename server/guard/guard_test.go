@@ -486,3 +486,26 @@ func TestSharedLedgerRefusalIsABudgetRefusal(t *testing.T) {
 		t.Errorf("the next request: %+v, want the brake engaged from the refreshed view, not a usage pause", r)
 	}
 }
+
+// A retry a shared ledger refuses is not made, and leaves the ticket as it
+// was: the first call is settled at its own cost.
+func TestSharedLedgerRefusedRetryLeavesTheFirstCall(t *testing.T) {
+	l := &fullLedger{calls: 2}
+	brake, err := budget.NewGlobal(budget.Config{DailyRequests: 2}, time.UTC, l, budget.GlobalState{Day: "2026-11-30", Month: "2026-11"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Layers{Brake: brake}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, _ := g.Admit(alice, now)
+	tk.Reserve(100, now) // the first call's claim (its Commit is not needed here)
+	if tk.ClaimRetry(t.Context(), 100, now) {
+		t.Fatal("a retry the shared ledger refuses was allowed")
+	}
+	tk.Fail(t.Context(), 40)
+	if len(l.settled) != 1 || l.settled[0].ActualMicroUSD != 40 {
+		t.Fatalf("settled %+v, want the first call once, at its cost of 40", l.settled)
+	}
+}

@@ -143,7 +143,11 @@ func (t *Ticket) ClaimRetry(ctx context.Context, worst int64, now time.Time) boo
 	t.addClaim(claim) // held, so that it is settled whatever happens next
 	if err := t.commit(ctx, &t.claimed[t.n-1]); err != nil {
 		if refusalOf(err) != nil {
-			return false // a shared ledger's refusal: no room, nothing failing
+			// A shared ledger's refusal: no room, nothing failing. The
+			// claim was dropped (nothing to settle): forget it, so that
+			// the first call stays the one that answers.
+			t.n--
+			return false
 		}
 		// As in Commit: no retry on a ledger that cannot take its claim.
 		t.g.records.start(now)

@@ -73,6 +73,7 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease budget on %s: %w", day, err)
 	}
 	m.txs.Add(1)
+	m.writes.Add(1)
 	return tot, ok, nil
 }
 

@@ -80,7 +80,15 @@ type MoneyOptions struct {
 }
 
 // Money is one instance's money path on db. Make one per process
-// (NewMoney) and Close it on a clean stop, before db.
+// (NewMoney) and Close it on a clean stop, before db. Wiring, in order:
+//
+//	db, err := postgres.Open(ctx, os.Getenv(postgres.EnvURL), postgres.Options{...})
+//	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: loc, Now: now})
+//	st, err := m.GlobalState(ctx, now())
+//	brake, err := budget.NewGlobal(cfg, loc, m, st) // m is a budget.SharedLedger
+//	guard.Layers{Attempts: m.Attempts(), Quotas: m.Quotas(), Brake: brake, Usage: m, ...}
+//	every second or so: brake.Refresh(ctx, now())
+//	at a clean stop, no request in flight: brake.Close(ctx); m.Close(ctx); db.Close()
 type Money struct {
 	db    *DB
 	loc   *time.Location
@@ -99,9 +107,9 @@ type Money struct {
 	done    sync.WaitGroup
 	once    sync.Once
 
-	// txs counts the group transactions committed, for benchmarks.
-	txs    atomic.Int64
-	writes atomic.Int64 // the statements those transactions carried
+	// txs counts the transactions committed (groups and leases), writes
+	// the writes they carried, for metrics and benchmarks.
+	txs, writes atomic.Int64
 
 	cache    quotaCache
 	attempts attemptCache
@@ -157,12 +165,12 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 // Owner is this instance's id among the quota holders.
 func (m *Money) Owner() string { return m.owner }
 
-// Transactions is how many group transactions this instance committed.
+// Transactions is how many transactions this instance's money path
+// committed: group transactions and leases.
 func (m *Money) Transactions() int64 { return m.txs.Load() }
 
-// Writes is how many statements those transactions carried (an attempt, a
-// quota slot, a usage record's insert and updates): with Transactions,
-// api.CommitCounter, for metrics.
+// Writes is how many writes (an attempt, a reservation, a usage record, a
+// settlement, a lease) those transactions carried.
 func (m *Money) Writes() int64 { return m.writes.Load() }
 
 // Close stops the writer and the heartbeat, and gives back this
@@ -180,8 +188,8 @@ func (m *Money) Close(ctx context.Context) error {
 	return nil
 }
 
-// heartbeat says this instance is alive, and applies the releases of
-// quota holds that failed to write.
+// heartbeat says this instance is alive: its quota holds keep counting
+// for HoldTTL from now.
 func (m *Money) heartbeat(ctx context.Context) error {
 	now := m.now()
 	_, err := m.db.pool.Exec(ctx, `INSERT INTO money_owners (owner, started_at, seen_at) VALUES ($1, $2, $2)
@@ -189,7 +197,8 @@ func (m *Money) heartbeat(ctx context.Context) error {
 	return err
 }
 
-// beat runs the heartbeat until Close.
+// beat runs the heartbeat until Close, and writes the releases of quota
+// holds that failed to write.
 func (m *Money) beat() {
 	defer m.done.Done()
 	t := time.NewTicker(HoldHeartbeat)
@@ -210,10 +219,11 @@ func (m *Money) beat() {
 }
 
 // A step is one statement of a group write, queued in lock order: by rank
-// (the table: attempt rows, then quota rows, then ledger days, then ledger
-// months, then inserts), then by key (the row). Every writer of these
-// tables locks in this order, so that two instances' transactions never
-// wait on each other in a circle.
+// (the table: attempt rows, then quota counts, then quota holds, then
+// ledger days, then ledger months, then inserts), then by key (the row).
+// Every writer of these tables locks in this order, so that two
+// transactions never wait on each other in a circle: not two instances',
+// nor two groups of one instance (its writers run two at once).
 type step struct {
 	rank  int
 	key   string
@@ -224,6 +234,7 @@ type step struct {
 const (
 	rankAttempt = iota
 	rankQuota
+	rankHold
 	rankDay
 	rankMonth
 	rankInsert
@@ -359,6 +370,9 @@ func (m *Money) runGroup(ops []*groupOp) error {
 			break
 		}
 	}
+	if err == nil {
+		m.writes.Add(int64(len(ops)))
+	}
 	return err
 }
 
@@ -376,7 +390,6 @@ func (m *Money) runSteps(steps []step) error {
 		return fmt.Errorf("postgres: money transaction: %w", err)
 	}
 	m.txs.Add(1)
-	m.writes.Add(int64(len(steps)))
 	return nil
 }
 

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"breakwater/budget"
+	"breakwater/server/api"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/storage/postgres"
@@ -18,6 +21,7 @@ import (
 
 var (
 	_ guard.Quotas         = (*postgres.Quotas)(nil)
+	_ api.CommitCounter    = (*postgres.Money)(nil)
 	_ guard.AttemptCounter = (*postgres.Attempts)(nil)
 	_ state.AttemptCounter = (*postgres.Attempts)(nil)
 	_ guard.UsageRecorder  = (*postgres.Money)(nil)
@@ -580,5 +584,191 @@ func TestBudgetDailyUSDRefusalBusyThenPaused(t *testing.T) {
 	d, settled, err := in[0].m.LedgerDay(ctx, "2026-12-03")
 	if err != nil || d.SpendMicroUSD != 7000 || settled != 7000 {
 		t.Fatalf("ledger %+v settled %d (%v), want 7000 and 7000", d, settled, err)
+	}
+}
+
+// 300 whole reads over two instances and five users who contend for the
+// same rows: Take, Reserve, Claim, Commit, then a usage record, or for
+// every seventh read a failure that gives the slot back. No write fails
+// (the group transactions lock in one order), and every count is exact:
+// each user's quota holds the reads recorded and never passes its limit,
+// the daily line the attempts, the ledger the calls.
+func TestWholeReadsAcrossInstancesStayExact(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	cfg := budget.Config{DailyRequests: 1000, DailyUSD: 100}
+	brakes := [2]*budget.Global{newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)}
+	const quota, line = 40, 55
+	users := []string{"u0", "u1", "u2", "u3", "u4"}
+	var recorded [5]atomic.Int64
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, u := i%2, i%len(users)
+			m, g := in[k].m, brakes[k]
+			if err := m.Attempts().Take(users[u], line, testNow); errors.Is(err, budget.ErrDailyLine) {
+				return
+			} else if err != nil {
+				t.Errorf("Take: %v", err)
+				return
+			}
+			slot, err := m.Quotas().Reserve(users[u], quota, testNow)
+			if errors.Is(err, budget.ErrQuotaExhausted) {
+				return
+			} else if err != nil {
+				t.Errorf("Reserve: %v", err)
+				return
+			}
+			r, err := g.Claim(1000, testNow)
+			if err == nil {
+				err = g.Commit(ctx, &r)
+			}
+			if err != nil {
+				t.Errorf("Claim or Commit: %v", err)
+				m.Quotas().Release(slot)
+				return
+			}
+			calls.Add(1)
+			if i%7 == 3 { // the upstream call failed
+				if err := g.Settle(ctx, r, 1000); err != nil {
+					t.Errorf("Settle: %v", err)
+				}
+				m.Quotas().Release(slot)
+				return
+			}
+			if err := m.RecordUsage(ctx, slot.Month, usageRecord(users[u]), r.Settlement(300)); err != nil {
+				t.Errorf("RecordUsage: %v", err)
+				return
+			}
+			g.Settled(r, 300)
+			m.Quotas().Confirm(slot)
+			recorded[u].Add(1)
+		}()
+	}
+	wg.Wait()
+	for _, g := range brakes {
+		if err := g.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used, err := in[0].m.QuotaUsed(ctx, "2026-12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows, total int64
+	for u, user := range users {
+		total += recorded[u].Load()
+		if used[user] != recorded[u].Load() || used[user] > quota {
+			t.Errorf("%s: quota count %d, %d reads recorded, limit %d", user, used[user], recorded[u].Load(), quota)
+		}
+		if n := in[1].m.Attempts().Count(user, testNow); n != min(60, line) {
+			t.Errorf("%s: %d attempts counted, want %d", user, n, min(60, line))
+		}
+	}
+	if err := in[0].db.Pool().QueryRow(ctx, "SELECT count(*) FROM usage_rows").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	d, settled, err := in[0].m.LedgerDay(ctx, "2026-12-03")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := calls.Load() - total
+	if rows != total || d.Requests != calls.Load() || settled != total*300+failed*1000 || d.SpendMicroUSD != settled {
+		t.Fatalf("%d usage rows, %d recorded; ledger %+v settled %d, for %d calls (%d failed)", rows, total, d, settled, calls.Load(), failed)
+	}
+}
+
+// A clean Close gives this instance's holds back at once.
+func TestQuotaHoldsGivenBackOnClose(t *testing.T) {
+	in := twoInstances(t)
+	if _, err := in[0].m.Quotas().Reserve("judy", 1, testNow); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in[1].m.Quotas().Reserve("judy", 1, testNow); !errors.Is(err, budget.ErrQuotaExhausted) {
+		t.Fatalf("while A holds the slot: %v, want the quota's refusal", err)
+	}
+	if err := in[0].m.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in[1].m.Quotas().Reserve("judy", 1, testNow); err != nil {
+		t.Fatalf("after A's Close: %v, want the slot", err)
+	}
+	if _, err := in[0].m.Quotas().Reserve("judy", 5, testNow); !errors.Is(err, postgres.ErrClosed) {
+		t.Fatalf("Reserve on a closed money path: %v, want ErrClosed", err)
+	}
+}
+
+// MoneyOptions.KeepAnswer's statements run in the usage record's
+// transaction: a kept answer and its read are one commit, and a failing
+// one fails the record whole.
+func TestKeepAnswerInTheUsageTransaction(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	db := open(t, url)
+	if _, err := db.Pool().Exec(ctx, "CREATE TABLE kept (request_id text PRIMARY KEY, body bytea NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, KeepAnswer: func(b *pgx.Batch, rec budget.UsageRecord) error {
+		b.Queue("INSERT INTO kept (request_id, body) VALUES ($1, $2)", rec.RequestID, rec.Answer.Body)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	rec := usageRecord("kate")
+	rec.Answer = &budget.Answer{Status: 200, Body: []byte(`{"serials":["A1"]}`)}
+	if err := m.RecordUsage(ctx, "2026-12", rec, budget.Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RecordUsage(ctx, "2026-12", rec, budget.Settlement{}); err == nil {
+		t.Fatal("a record whose kept answer fails (the same request id) was committed")
+	}
+	var kept, rows, used int64
+	err = db.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM kept), (SELECT count(*) FROM usage_rows),
+		(SELECT used FROM quota_counts WHERE user_id = 'kate')`).Scan(&kept, &rows, &used)
+	if err != nil || kept != 1 || rows != 1 || used != 1 {
+		t.Fatalf("kept %d, usage rows %d, quota used %d (%v): want one of each", kept, rows, used, err)
+	}
+}
+
+// monthly_usd is checked on the month's row: a lease that fits the day
+// but not the month is refused whole (the day keeps nothing of it).
+func TestBudgetMonthlyUSDAcrossDays(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	if err := in[0].m.Lease(ctx, "2026-12-01", 3, 8000); err != nil { // spent earlier this month
+		t.Fatal(err)
+	}
+	g := newBrake(t, in[1], budget.Config{MonthlyUSD: 0.01})
+	r, err := g.Claim(1500, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Commit(ctx, &r); err != nil {
+		t.Fatalf("a call of 1500 with 2000 left this month: %v", err)
+	}
+	r, err = g.Claim(1500, testNow)
+	if err == nil {
+		err = g.Commit(ctx, &r)
+	}
+	var pe *budget.PausedError
+	if !errors.As(err, &pe) || pe.Ceiling != "monthly_usd" {
+		t.Fatalf("a second call of 1500: %v, want monthly_usd", err)
+	}
+	d, _, err := in[0].m.LedgerDay(ctx, "2026-12-03")
+	if err != nil || d.Requests != 1 || d.SpendMicroUSD != 1500 {
+		t.Fatalf("today %+v (%v), want the one call of 1500", d, err)
+	}
+	st, err := in[0].m.GlobalState(ctx, testNow)
+	if err != nil || st.MonthSpend != 9500 {
+		t.Fatalf("month %+v (%v), want 9500", st, err)
+	}
+	tot, ok, err := in[0].m.LeaseUnder(ctx, "2026-12-03", 1, 1500, budget.Ceilings{DailyMicroUSD: 100000, MonthlyMicroUSD: 10000})
+	if err != nil || ok || tot.Requests != 1 || tot.SpendMicroUSD != 1500 || tot.MonthMicroUSD != 9500 {
+		t.Fatalf("LeaseUnder past the month: %+v %v %v, want refused with the day as it was", tot, ok, err)
 	}
 }

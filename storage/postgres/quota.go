@@ -16,11 +16,14 @@ import (
 // user's recorded reads per month; quota_holds the reads in flight, per
 // user, month and instance. Reserve takes a slot only if used plus every
 // live instance's holds stays under the limit: in one group transaction it
-// first locks the user's quota_counts row (an upsert), then, in a statement
-// that starts after the lock is ours and so sees every other instance's
-// committed holds, adds a hold only under the limit. The usage record
-// turns the hold into a used read in its own transaction (quota_counts
-// +1, the hold -1); Release drops it.
+// first locks the user's quota_counts row (an upsert), then, in a later
+// statement (a new snapshot, taken after the lock is ours, so it sees
+// every other instance's committed holds), adds a hold only under the
+// limit. Every writer that adds to a user's holds or used count holds
+// that lock first: the usage record turns the hold into a used read in
+// one transaction (quota_counts +1, the hold -1). Release only drops a
+// hold; a reservation that reads the hold before the drop commits refuses
+// when it need not, never the other way round.
 //
 // A crashed instance's holds must not keep slots forever. They expire by
 // owner and heartbeat, not one by one: each instance says it is alive in
@@ -106,7 +109,7 @@ func (q *Quotas) Reserve(user string, limit int64, now time.Time) (budget.Slot, 
 				ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING used`, user, month,
 			).QueryRow(func(row pgx.Row) error { return row.Scan(&used) })
 		}},
-		{rank: rankQuota, key: key, queue: func(b *pgx.Batch) {
+		{rank: rankHold, key: key + holdTake, queue: func(b *pgx.Batch) {
 			b.Queue(`INSERT INTO quota_holds AS h (user_id, month, owner, n)
 				SELECT $1, $2, $3, 1
 				WHERE (SELECT used FROM quota_counts WHERE user_id = $1 AND month = $2)
@@ -129,6 +132,16 @@ func (q *Quotas) Reserve(user string, limit int64, now time.Time) (budget.Slot, 
 	m.cache.addInFlight(user, month, 1)
 	return budget.Slot{User: user, Month: month, Limit: limit}, nil
 }
+
+// Hold steps of one user and month touch one row (this instance's), in
+// the order of these key suffixes: the holds that end (a usage record, a
+// release) before those taken, so that a reservation in the same group as
+// a record of the same user does not count that read twice (used, and
+// still held).
+const (
+	holdEnd  = "\x000"
+	holdTake = "\x001"
+)
 
 // scanTaken reads a conditional write's RETURNING: a row means it was
 // taken, none that its condition refused.
@@ -257,7 +270,7 @@ func (m *Money) retryReleases() {
 	}
 	op := &groupOp{}
 	for k, n := range owed {
-		op.steps = append(op.steps, step{rank: rankQuota, key: k[0] + "\x00" + k[1], queue: func(b *pgx.Batch) {
+		op.steps = append(op.steps, step{rank: rankHold, key: k[0] + "\x00" + k[1] + holdEnd, queue: func(b *pgx.Batch) {
 			b.Queue("UPDATE quota_holds SET n = greatest(n - $4, 0) WHERE user_id = $1 AND month = $2 AND owner = $3", k[0], k[1], m.owner, n)
 		}})
 	}

@@ -46,7 +46,7 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 				ON CONFLICT (user_id, month) DO UPDATE SET used = q.used + 1 RETURNING used`, rec.UserID, month,
 			).QueryRow(func(row pgx.Row) error { return row.Scan(&used) })
 		}},
-		step{rank: rankQuota, key: key, queue: func(b *pgx.Batch) {
+		step{rank: rankHold, key: key + holdEnd, queue: func(b *pgx.Batch) {
 			b.Queue("UPDATE quota_holds SET n = greatest(n - 1, 0) WHERE user_id = $1 AND month = $2 AND owner = $3", rec.UserID, month, m.owner)
 		}},
 		step{rank: rankInsert, queue: func(b *pgx.Batch) {

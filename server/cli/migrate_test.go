@@ -1,0 +1,182 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/server/guard/state"
+	"breakwater/server/invites"
+	"breakwater/server/keys"
+	"breakwater/storage"
+	"breakwater/storage/postgres"
+	"breakwater/storage/postgres/pgtest"
+)
+
+const migrateSecret = "0123456789abcdef0123456789abcdef"
+
+// boltToMigrate writes a bolt database as a server would leave it: two
+// users with a key each (one revoked), an invite redeemed once, three paid
+// reads of today with their ledger day, and the brake on.
+func boltToMigrate(t *testing.T, path string, now time.Time) (secret string) {
+	t.Helper()
+	db, err := storage.Open(path, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for i, user := range []string{"alice", "bob"} {
+		k := keys.Key{ID: "key_" + user, Hash: sha256.Sum256([]byte("bw_secret_of_" + user)), UserID: user, CreatedAt: now.Add(-time.Hour)}
+		if i == 1 {
+			k.RevokedAt = now.Add(-time.Minute)
+		}
+		if err := db.CreateKey(k, keys.User{ID: user, Plan: "free", CreatedAt: now.Add(-time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key, err := invites.NewKey([]byte(migrateSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RekeyInvites(key.Mark(), key.Rekey); err != nil {
+		t.Fatal(err)
+	}
+	inv := invites.Invite{ID: "inv_1", Hash: key.Rekey(sha256.Sum256([]byte("CODE-1"))), MaxUses: 3, CreatedAt: now.Add(-time.Hour)}
+	if err := db.CreateInvite(inv); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RedeemInvite(context.Background(), inv.Hash, "carol@example.com", now.Add(-30*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	day, month := budget.DayKey(now, time.UTC), budget.MonthKey(now, time.UTC)
+	if err := db.Lease(context.Background(), day, 3, 3000); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		rec := budget.UsageRecord{Time: now.Add(time.Duration(i-10) * time.Minute), UserID: "alice", KeyID: "key_alice",
+			RequestID: "req-" + string(rune('a'+i)), Model: "gemini-3.5-flash-lite", CostMicroUSD: 700}
+		s := budget.Settlement{Day: day, ActualMicroUSD: 700, Leased: true, LeasedMicroUSD: 1000}
+		if err := db.RecordUsage(context.Background(), month, rec, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.SetFlag(state.BrakeFlag, true); err != nil {
+		t.Fatal(err)
+	}
+	return migrateSecret
+}
+
+// migrate --from copies every kind once: a second run copies nothing, the
+// keys keep their hashes (so they keep working), and the money records
+// (usage, quotas, the ledger) and the brake arrive whole.
+func TestMigrateFromBolt(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now().UTC()
+	boltPath := filepath.Join(dir, "old.db")
+	secret := boltToMigrate(t, boltPath, now)
+	url := pgtest.NewDatabase(t)
+	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
+	env := envFrom(map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": secret})
+	migrate := func() string {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), []string{"migrate", "--from", boltPath, "--config", cfg}, env, &out, &errOut); err != nil {
+			t.Fatalf("migrate: %v\n%s%s", err, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	first := migrate()
+	for kind, want := range map[string]string{"users": "2 copied of 2", "keys": "2 copied of 2", "invites": "1 copied of 1",
+		"usage rows": "3 copied of 3", "ledger days": "1 copied of 1", "quotas": "1 copied of 1", "brake": "1 copied of 1"} {
+		if !regexp.MustCompile(`(?m)^` + kind + ` +` + want + `$`).MatchString(first) {
+			t.Errorf("first run: no %q line %q in\n%s", kind, want, first)
+		}
+	}
+	if second := migrate(); regexp.MustCompile(`[1-9]\d* copied`).MatchString(second) || !strings.Contains(second, "0 copied of 3") {
+		t.Errorf("second run copied again:\n%s", second)
+	}
+	checkMigrated(t, url, now)
+}
+
+// instancesTOML is the config block docs/INSTANCES.md tells every
+// instance to carry, as written.
+func instancesTOML(t *testing.T) string {
+	t.Helper()
+	doc, err := os.ReadFile("docs/INSTANCES.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```toml\n")
+	block, _, closed := strings.Cut(block, "```")
+	if !ok || !closed || !strings.Contains(block, `backend = "postgres"`) {
+		t.Fatalf("docs/INSTANCES.md has no toml block setting the postgres backend")
+	}
+	return block
+}
+
+// checkMigrated reads the PostgreSQL database back through the backend.
+func checkMigrated(t *testing.T, url string, now time.Time) {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), url, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	list, err := db.Keys()
+	if err != nil || len(list) != 2 {
+		t.Fatalf("keys: %v, %v", list, err)
+	}
+	for _, k := range list {
+		if k.Hash != sha256.Sum256([]byte("bw_secret_of_"+k.UserID)) {
+			t.Errorf("key %s lost its hash: it would not authenticate", k.ID)
+		}
+		if revoked := !k.RevokedAt.IsZero(); revoked != (k.UserID == "bob") {
+			t.Errorf("key %s revoked = %v", k.ID, revoked)
+		}
+	}
+	money, err := postgres.NewMoney(context.Background(), db, postgres.MoneyOptions{Location: time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer money.Close(context.Background())
+	used, err := money.QuotaUsed(context.Background(), budget.MonthKey(now, time.UTC))
+	if err != nil || used["alice"] != 3 {
+		t.Errorf("alice's quota: %v, %v; want 3 used", used, err)
+	}
+	day, settled, err := money.LedgerDay(context.Background(), budget.DayKey(now, time.UTC))
+	if err != nil || day.Requests != 3 || day.SpendMicroUSD != 2100 || settled != 2100 {
+		t.Errorf("ledger day: %+v settled %d (%v); want 3 calls, 2100 µ$ spent and settled", day, settled, err)
+	}
+	rows, err := db.Usage(now.Add(-time.Hour), now.Add(time.Hour))
+	if err != nil || len(rows) != 3 {
+		t.Errorf("usage rows: %d (%v), want 3", len(rows), err)
+	}
+	if on, err := db.Flag(state.BrakeFlag); err != nil || !on {
+		t.Errorf("brake: %v, %v; want on", on, err)
+	}
+}
+
+// The copy must see the database at rest: one a server holds is refused,
+// and nothing is written.
+func TestMigrateRefusesAHeldDatabase(t *testing.T) {
+	boltPath := filepath.Join(t.TempDir(), "held.db")
+	held, err := storage.Open(boltPath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	url := pgtest.NewDatabase(t)
+	cfg := writeConfig(t, "[storage]\nbackend = \"postgres\"\n[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), []string{"migrate", "--from", boltPath, "--config", cfg},
+		envFrom(map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": migrateSecret}), &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "stop it first") {
+		t.Fatalf("migrate of a held database: %v, want a refusal that says to stop the server", err)
+	}
+}
