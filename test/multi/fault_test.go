@@ -212,7 +212,10 @@ func TestPostgresStoppedUnderLoad(t *testing.T) {
 	}
 	var downAnswers []result
 	for _, r := range rs {
-		if r.sent.After(down) && r.sent.Before(restart) {
+		// Sent and answered while it was down: a request sent just
+		// before the start may wait for the database and be served
+		// once it is back.
+		if r.sent.After(down) && r.answered.Before(restart) {
 			downAnswers = append(downAnswers, r)
 		}
 	}
@@ -226,6 +229,14 @@ func TestPostgresStoppedUnderLoad(t *testing.T) {
 			break
 		}
 	}
+	// A quota reservation the database cannot answer is refused as 503,
+	// not as 429 quota_exceeded (the quota is 100,000,000).
+	for _, r := range downAnswers {
+		if r.answer.Status != http.StatusServiceUnavailable {
+			t.Errorf("instance %d answered %d %s while PostgreSQL was down, want 503", r.instance, r.answer.Status, r.answer.Code)
+			break
+		}
+	}
 	for i, d := range back {
 		t.Logf("instance %d served again %v after PostgreSQL started", i, d)
 		if d < 0 || d > 10*time.Second {
@@ -234,6 +245,9 @@ func TestPostgresStoppedUnderLoad(t *testing.T) {
 	}
 	upstream := upstreamCalls(p)
 	t.Logf("%v; %d upstream calls", tally(rs), upstream)
+	if n := tally(rs)["429 quota_exceeded"]; n > 0 {
+		t.Errorf("%d answers 429 quota_exceeded with a quota of 100,000,000: the database's failure told as a used-up quota", n)
+	}
 	if upstream > ceiling {
 		t.Errorf("%d upstream calls, the ceiling is %d", upstream, ceiling)
 	}

@@ -190,6 +190,7 @@ type result struct {
 	instance int
 	user     int
 	sent     time.Time
+	answered time.Time
 	answer   harness.Answer
 }
 
@@ -198,6 +199,7 @@ func (p *pair) send(ctx context.Context, client *http.Client, i, user int, h htt
 	r := result{instance: i, user: user, sent: time.Now()}
 	proc := p.proc(i)
 	r.answer = harness.PostHeader(ctx, client, proc.Addr, p.keys[user].Secret, harness.NthPNG(imageSeq.Add(1)), h)
+	r.answered = time.Now()
 	return r
 }
 
