@@ -93,6 +93,10 @@ func TestKillOneInstanceUnderLoad(t *testing.T) {
 		usd  int64 // daily_usd in micro-dollars; 0: off
 	}{
 		{"daily_requests", 0},
+		// Once the killed instance's lease holds the last room under
+		// daily_usd, the survivors answer budget_busy only until it is
+		// dead (HoldTTL), then budget_paused, not busy all day.
+		{"daily_usd", 150 * oneCallMicro},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := harness.Config{DailyRequests: ceiling, DailyUSD: float64(tc.usd) / 1e6, MaxOutputTokens: 40}
