@@ -105,6 +105,9 @@ type GlobalState struct {
 	Spend      int64  // micro-dollars that day, open claims and a lease's rest at worst case
 	Month      string // "2006-01"
 	MonthSpend int64  // micro-dollars that month
+	// With a shared ledger, the day's settled calls and costs (the
+	// service's figures, see Status) and the rests of dead instances.
+	SettledCalls, Settled, Dead int64
 }
 
 // Global is layer 3, the emergency brake: a service-wide ceiling on
@@ -156,8 +159,12 @@ type Global struct {
 	// settled is, with a shared ledger, today's settled costs (every
 	// instance's, as its totals last said, and this instance's since):
 	// the money spent, without the worst cases that calls in flight on
-	// other instances hold.
-	settled int64
+	// other instances hold; settledCalls the calls they were.
+	settled, settledCalls int64
+	// dead is, with a shared ledger, the money of today that instances
+	// no longer alive hold unsettled (SharedTotals.DeadMicroUSD): spent as
+	// far as the ceilings are concerned, since it will never settle.
+	dead int64
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -184,6 +191,7 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg),
 		day: state.Day, requests: state.Requests, spend: state.Spend,
 		month: state.Month, monthSpend: state.MonthSpend,
+		settled: state.Settled, settledCalls: state.SettledCalls, dead: state.Dead,
 	}
 	g.shared, _ = ledger.(SharedLedger)
 	return g, nil
@@ -260,7 +268,13 @@ func (g *Global) check(worst int64, now time.Time) error {
 	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
 		spent := g.spend - g.open
 		if g.shared != nil {
-			spent = g.settled
+			// Busy only while what blocks the call may still settle: the
+			// worst cases of calls in flight and the rests of live
+			// instances' leases. A dead instance's rest never settles; it
+			// counts as spent, so that once only dead rests hold the
+			// ceiling it is reached (paused, with its alert), not busy for
+			// the rest of the day.
+			spent = g.settled + g.dead
 		}
 		return moneyPaused("daily_usd", spent+worst <= lim.dailyMicro, nextDay(now, g.loc).Sub(now))
 	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
@@ -361,6 +375,7 @@ func (g *Global) Settled(r Reservation, actual int64) {
 	delta := actual - r.Worst
 	if r.Day == g.day {
 		g.settled += actual
+		g.settledCalls++
 		g.spend += delta
 		g.open = max(g.open-r.Worst, 0)
 	}
@@ -396,6 +411,12 @@ func (g *Global) Status(now time.Time) Status {
 		DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro,
 		Manual: g.manual,
 	}
+	if g.shared != nil {
+		// The service's figures: the calls every instance made today and
+		// their cost, as settled; the ledger's totals also hold every
+		// instance's unused lease, which was not spent.
+		st.Requests, st.SpendMicroUSD = g.settledCalls, g.settled
+	}
 	var pe *PausedError
 	if errors.As(g.check(1, now), &pe) && !pe.Busy {
 		st.Engaged, st.EngagedBy = true, pe.Ceiling
@@ -411,7 +432,8 @@ func (g *Global) Status(now time.Time) Status {
 func (g *Global) rollover(day, month string) {
 	if day > g.day {
 		g.returnLease() // the old day's rest, to its own day
-		g.day, g.requests, g.spend, g.open, g.settled = day, 0, 0, 0, 0
+		g.day, g.requests, g.spend, g.open = day, 0, 0, 0
+		g.settled, g.settledCalls, g.dead = 0, 0, 0
 	}
 	if month > g.month {
 		g.month, g.monthSpend, g.monthOpen = month, 0, 0

@@ -348,7 +348,7 @@ func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservatio
 	if day == g.day {
 		g.requests = max(tot.Requests-g.lease.Requests, 0)
 		g.spend = max(tot.SpendMicroUSD-g.lease.SpendMicroUSD, 0)
-		g.settled = tot.SettledMicroUSD
+		g.settled, g.settledCalls, g.dead = tot.SettledMicroUSD, tot.SettledCalls, tot.DeadMicroUSD
 		if !taken {
 			g.open = max(g.open-r.Worst, 0)
 		}
@@ -363,10 +363,10 @@ func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservatio
 
 // refuseShared drops a claim the shared ledger refused and returns its
 // refusal: the ceiling that the top-up would have passed, until its period
-// ends, or, for daily_usd, busy when the money settled that day still
-// leaves room for the call (what blocks it is the worst cases of calls in
-// flight and leases' rests, here or on other instances, which settle in
-// seconds). g.mu is held.
+// ends, or, for daily_usd, busy when the money settled that day and the
+// rests of dead instances still leave room for the call (what blocks it is
+// the worst cases of calls in flight and live instances' lease rests,
+// which settle in seconds). g.mu is held.
 func (g *Global) refuseShared(r *Reservation, lim Ceilings, tot SharedTotals, calls, spend int64) error {
 	now := g.lastNow
 	worst := max(r.Worst, 1)
@@ -375,7 +375,7 @@ func (g *Global) refuseShared(r *Reservation, lim Ceilings, tot SharedTotals, ca
 	case lim.DailyRequests > 0 && tot.Requests+calls > lim.DailyRequests:
 		return &PausedError{Ceiling: "daily_requests", RetryAfter: nextDay(now, g.loc).Sub(now)}
 	case lim.DailyMicroUSD > 0 && tot.SpendMicroUSD+spend > lim.DailyMicroUSD:
-		return moneyPaused("daily_usd", tot.SettledMicroUSD+worst <= lim.DailyMicroUSD, nextDay(now, g.loc).Sub(now))
+		return moneyPaused("daily_usd", tot.SettledMicroUSD+tot.DeadMicroUSD+worst <= lim.DailyMicroUSD, nextDay(now, g.loc).Sub(now))
 	}
 	var pe *PausedError
 	if errors.As(g.check(worst, now), &pe) && pe.Ceiling == "monthly_usd" {

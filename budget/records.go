@@ -92,5 +92,13 @@ type SharedTotals struct {
 	// SettledMicroUSD is the day's settled costs alone: the money spent,
 	// without the worst cases of calls in flight and leases' rests.
 	SettledMicroUSD int64
-	MonthMicroUSD   int64
+	// SettledCalls is the day's settled calls alone: the calls made, as
+	// the figures shown count them.
+	SettledCalls  int64
+	MonthMicroUSD int64
+	// DeadMicroUSD is the part of the day's gap (micro-dollars counted,
+	// not settled) that instances no longer alive hold: the rest of a
+	// crashed instance's lease and its calls in flight at the crash. It
+	// will never settle, so it counts as spent, not in flight.
+	DeadMicroUSD int64
 }

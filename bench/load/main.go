@@ -121,20 +121,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	// Interrupted, the harness removes its directory and exits; its
-	// servers die with it (they are started with a parent-death signal).
-	interrupt := make(chan os.Signal, 1)
-	signal.Notify(interrupt, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(interrupt)
-	go func() {
-		if _, ok := <-interrupt; ok {
-			if !*keep {
-				os.RemoveAll(dir)
-			}
-			fmt.Fprintln(stderr, "load: interrupted")
-			os.Exit(130)
-		}
-	}()
+	defer onInterrupt(dir, *keep, stderr)()
 	progress := func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
 	var r *report
 	if *pgCases {
@@ -151,6 +138,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return r.problems()
+}
+
+// onInterrupt makes an interrupted harness remove dir (unless keep) and
+// exit; its servers die with it (they are started with a parent-death
+// signal). The returned func stops watching.
+func onInterrupt(dir string, keep bool, stderr io.Writer) (stop func()) {
+	interrupt := make(chan os.Signal, 1)
+	signal.Notify(interrupt, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-interrupt; ok {
+			if !keep {
+				os.RemoveAll(dir)
+			}
+			fmt.Fprintln(stderr, "load: interrupted")
+			os.Exit(130)
+		}
+	}()
+	return func() { signal.Stop(interrupt) }
 }
 
 // benchmark sets everything up, runs the rounds and the memory figures, and

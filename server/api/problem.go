@@ -79,6 +79,11 @@ var (
 		"The read could not be recorded, so no result is returned and nothing is counted. Try again shortly.")
 	errUsagePaused = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
 		"Reads cannot be recorded right now, so none are made and nothing is counted. Try again after the time in Retry-After.")
+	// errRecordsUnavailable is usage_unavailable for a quota the database
+	// could not answer (guard reason "unavailable"): the records that
+	// make a read are out of reach, which is not a used-up quota.
+	errRecordsUnavailable = problem(http.StatusServiceUnavailable, "usage_unavailable", "Service unavailable",
+		"Reads cannot be checked against your quota right now, so none are made and nothing is counted. Try again after the time in Retry-After.")
 	errUpstream = problem(http.StatusBadGateway, "upstream_failed", "Bad gateway",
 		"The OCR provider did not give a usable answer. Nothing was counted against your quota.")
 	errMissingImage = problem(http.StatusBadRequest, "missing_image", "Bad request",

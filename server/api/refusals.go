@@ -36,7 +36,7 @@ const (
 var knownRefusals = map[string][]string{
 	guard.LayerRate:     {"rate", "burst"},
 	guard.LayerAttempts: {"daily_line"},
-	guard.LayerQuota:    {"monthly_quota", "unavailable"},
+	guard.LayerQuota:    {"monthly_quota", guard.ReasonUnavailable},
 	guard.LayerUsage:    {"records_failing", "ledger_failing"},
 	guard.LayerBudget:   {"manual", "daily_requests", "daily_usd", "monthly_usd", "daily_usd_in_flight", "monthly_usd_in_flight"},
 	layerAuth:           {errUnauthorized.Code, errBanned.Code, errNoPlan.Code},
@@ -121,6 +121,10 @@ func refusalProblem(r *guard.Refusal) *Problem {
 		return errRateLimited.withRetryAfter(retry)
 	case r.Layer == guard.LayerAttempts:
 		return errDailyLimit.withRetryAfter(retry)
+	case r.Layer == guard.LayerQuota && r.Reason == guard.ReasonUnavailable:
+		// The database did not answer: the service's failure, not the
+		// user's quota (counted as quota/unavailable).
+		return errRecordsUnavailable.withRetryAfter(retry)
 	case r.Layer == guard.LayerQuota:
 		return errQuotaExceeded.withRetryAfter(retry)
 	case r.Layer == guard.LayerUsage:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"breakwater/limiter"
+	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/storage"
 )
@@ -302,5 +303,26 @@ func TestRefusalAllocations(t *testing.T) {
 				t.Errorf("%v allocations per refusal, want at most %v", allocs, most)
 			}
 		})
+	}
+}
+
+// TestQuotaUnavailableIsNotExceeded: a quota the database could not
+// answer is the service's failure, 503 usage_unavailable with a
+// Retry-After of seconds, never the user's 429 quota_exceeded; a used-up
+// quota stays 429.
+func TestQuotaUnavailableIsNotExceeded(t *testing.T) {
+	for _, tc := range []struct {
+		r      guard.Refusal
+		status int
+		code   string
+	}{
+		{guard.Refusal{Layer: guard.LayerQuota, Reason: guard.ReasonUnavailable, RetryAfter: 3 * time.Second}, http.StatusServiceUnavailable, "usage_unavailable"},
+		{guard.Refusal{Layer: guard.LayerQuota, Reason: "monthly_quota", RetryAfter: time.Hour}, http.StatusTooManyRequests, "quota_exceeded"},
+	} {
+		p := refusalProblem(&tc.r)
+		if p.Status != tc.status || p.Code != tc.code || p.retryAfter < 1 || p.retryAfter > ceilSeconds(tc.r.RetryAfter) {
+			t.Errorf("%s/%s: %d %s, Retry-After %d; want %d %s, Retry-After 1 to %d",
+				tc.r.Layer, tc.r.Reason, p.Status, p.Code, p.retryAfter, tc.status, tc.code, ceilSeconds(tc.r.RetryAfter))
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/server/guard/state"
 	"breakwater/server/keys"
+	"breakwater/server/operator"
 	"breakwater/storage/postgres"
 )
 
@@ -148,4 +149,36 @@ func (a *App) applyChange(db *postgres.DB, kind, id string) {
 	if err != nil {
 		a.log.Warn("a change made through another instance is not applied yet: read again within "+resyncEvery.String(), "kind", kind, "id", id, "err", err)
 	}
+}
+
+// figuresTimeout bounds the reads of the service's figures for the
+// operator (the dashboard, the CLI).
+const figuresTimeout = 2 * time.Second
+
+// serviceFigures makes the operator's figures on PostgreSQL the service's,
+// not this instance's: each user's reads this month from the shared counts
+// (the quota cache holds only what this instance has seen), and the
+// budget's status from the shared ledger read at once (refreshed, not as
+// the last tick left it). On bolt (usage is not the PostgreSQL money path)
+// nothing changes.
+func serviceFigures(l *operator.Layers, usage any) {
+	money, ok := usage.(*postgres.Money)
+	if !ok {
+		return
+	}
+	l.Quotas = money.Quotas().Recorded()
+	if g, ok := l.Brake.(*budget.Global); ok {
+		l.Brake = freshBrake{g}
+	}
+}
+
+// freshBrake is the budget whose status is read from the shared ledger
+// first; if it cannot be, the view as the last refresh left it.
+type freshBrake struct{ *budget.Global }
+
+func (b freshBrake) Status(now time.Time) budget.Status {
+	ctx, cancel := context.WithTimeout(context.Background(), figuresTimeout)
+	defer cancel()
+	_ = b.Refresh(ctx, now)
+	return b.Global.Status(now)
 }

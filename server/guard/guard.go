@@ -304,6 +304,15 @@ func (g *Guard) try(layer string, check func() error) *Refusal {
 	return g.hooks.try(layer, check)
 }
 
+// ReasonUnavailable is the reason of a quota refusal when the quota
+// could not be read or reserved (the database did not answer): a 503 to
+// the client, not a used-up quota.
+const ReasonUnavailable = "unavailable"
+
+// unavailableRetry is the Retry-After of a ReasonUnavailable refusal: a
+// database that restarts is back within a few seconds.
+const unavailableRetry = 3 * time.Second
+
 // closed turns a fail-closed layer's answer into a refusal: the quota
 // refuses, it never fails open.
 func (g *Guard) closed(err error) *Refusal {
@@ -313,7 +322,7 @@ func (g *Guard) closed(err error) *Refusal {
 	if r := refusalOf(err); r != nil {
 		return g.refuse(r)
 	}
-	return g.refuse(&Refusal{Layer: LayerQuota, Reason: "unavailable", RetryAfter: time.Second})
+	return g.refuse(&Refusal{Layer: LayerQuota, Reason: ReasonUnavailable, RetryAfter: unavailableRetry})
 }
 
 func (g *Guard) refuse(r *Refusal) *Refusal {

@@ -87,7 +87,7 @@ func (db *DB) ImportLedger(ctx context.Context, days []budget.LedgerDay, settled
 	return db.importBatch(ctx, "ledger days", len(days), func(b *pgx.Batch, i int) {
 		d := days[i]
 		b.Queue(`WITH added AS (
-				INSERT INTO ledger_days (day, calls, micro_usd, settled_micro_usd) VALUES ($1, $2, $3, $4)
+				INSERT INTO ledger_days (day, calls, micro_usd, settled_micro_usd, settled_calls) VALUES ($1, $2, $3, $4, $2)
 				ON CONFLICT DO NOTHING RETURNING micro_usd)
 			INSERT INTO ledger_months (month, micro_usd) SELECT $5, micro_usd FROM added
 			ON CONFLICT (month) DO UPDATE SET micro_usd = ledger_months.micro_usd + excluded.micro_usd`,

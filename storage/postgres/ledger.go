@@ -62,9 +62,11 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 	)
 	var err error
 	for range retries { // a deadlock's victim is rolled back whole: run it again
-		err = m.db.pool.QueryRow(ctx, "SELECT ok, day_calls, day_micro, day_settled, month_micro FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+		err = m.db.pool.QueryRow(ctx, `SELECT ok, day_calls, day_micro, day_settled, month_micro, day_settled_calls, day_dead_micro
+			FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
 			day, calls, microUSD, lim.DailyRequests, lim.DailyMicroUSD, lim.MonthlyMicroUSD, days, backCalls, backMicro,
-		).Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD)
+			m.owner, m.now().Add(-HoldTTL),
+		).Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD, &tot.SettledCalls, &tot.DeadMicroUSD)
 		if !retryable(err) {
 			break
 		}
@@ -82,16 +84,19 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 // bolt backend's earlier versions, which this backend never has) is
 // settled by its day as one without.
 func (m *Money) Settle(ctx context.Context, s budget.Settlement) error {
-	steps, err := settleSteps(s)
+	steps, err := settleSteps(s, m.owner)
 	if err != nil || len(steps) == 0 {
 		return err
 	}
 	return m.do(ctx, &groupOp{steps: steps})
 }
 
-// settleSteps are the statements that settle s: its day's row, then its
-// month's. A call no lease counted is added to its day.
-func settleSteps(s budget.Settlement) ([]step, error) {
+// settleSteps are the statements that settle s, a call of owner's: its
+// day's row, then its month's, then owner's rest of the day (what its
+// leases hold unsettled) loses what the call's lease held. A call no lease
+// counted is added to its day. Every settlement is one call made
+// (settled_calls).
+func settleSteps(s budget.Settlement, owner string) ([]step, error) {
 	if s == (budget.Settlement{}) {
 		return nil, nil
 	}
@@ -107,17 +112,28 @@ func settleSteps(s budget.Settlement) ([]step, error) {
 	}
 	delta := s.ActualMicroUSD - s.LeasedMicroUSD
 	month := s.Day[:len("2006-01")]
-	return []step{
+	steps := []step{
 		{rank: rankDay, key: s.Day, queue: func(b *pgx.Batch) {
-			b.Queue(`INSERT INTO ledger_days AS l (day, calls, micro_usd, settled_micro_usd) VALUES ($1, $2, greatest($3::bigint, 0), $4)
+			b.Queue(`INSERT INTO ledger_days AS l (day, calls, micro_usd, settled_micro_usd, settled_calls) VALUES ($1, $2, greatest($3::bigint, 0), $4, 1)
 				ON CONFLICT (day) DO UPDATE SET calls = l.calls + $2, micro_usd = greatest(l.micro_usd + $3, 0),
-				settled_micro_usd = l.settled_micro_usd + $4`, s.Day, calls, delta, s.ActualMicroUSD)
+				settled_micro_usd = l.settled_micro_usd + $4, settled_calls = l.settled_calls + 1`, s.Day, calls, delta, s.ActualMicroUSD)
 		}},
 		{rank: rankMonth, key: month, queue: func(b *pgx.Batch) {
 			b.Queue(`INSERT INTO ledger_months AS l (month, micro_usd) VALUES ($1, greatest($2::bigint, 0))
 				ON CONFLICT (month) DO UPDATE SET micro_usd = greatest(l.micro_usd + $2, 0)`, month, delta)
 		}},
-	}, nil
+	}
+	if s.Leased || s.LeasedMicroUSD > 0 {
+		var leasedCalls int64
+		if s.Leased {
+			leasedCalls = 1
+		}
+		steps = append(steps, step{rank: rankRest, key: s.Day, queue: func(b *pgx.Batch) {
+			b.Queue(`UPDATE ledger_rests SET calls = greatest(calls - $3, 0), micro_usd = greatest(micro_usd - $4, 0)
+				WHERE day = $1 AND owner = $2`, s.Day, owner, leasedCalls, s.LeasedMicroUSD)
+		}})
+	}
+	return steps, nil
 }
 
 // LedgerDay is day's totals in the shared ledger, and the settled costs
@@ -132,18 +148,17 @@ func (m *Money) LedgerDay(ctx context.Context, day string) (t budget.DayTotals, 
 }
 
 // GlobalState is what budget.NewGlobal starts from at now: the shared
-// ledger's totals of today and this month, every instance's included.
+// ledger's totals of today and this month, every instance's included (a
+// lease of nothing returns them, with the settled figures and the dead
+// instances' rests).
 func (m *Money) GlobalState(ctx context.Context, now time.Time) (budget.GlobalState, error) {
 	st := budget.GlobalState{Day: m.cal.Day(now), Month: m.cal.Month(now)}
-	d, _, err := m.LedgerDay(ctx, st.Day)
+	tot, _, err := m.LeaseUnder(ctx, st.Day, 0, 0, budget.Ceilings{})
 	if err != nil {
 		return budget.GlobalState{}, err
 	}
-	st.Requests, st.Spend = d.Requests, d.SpendMicroUSD
-	err = m.db.pool.QueryRow(ctx, "SELECT coalesce(max(micro_usd), 0) FROM ledger_months WHERE month = $1", st.Month).Scan(&st.MonthSpend)
-	if err != nil {
-		return budget.GlobalState{}, fmt.Errorf("postgres: ledger month %s: %w", st.Month, err)
-	}
+	st.Requests, st.Spend, st.MonthSpend = tot.Requests, tot.SpendMicroUSD, tot.MonthMicroUSD
+	st.SettledCalls, st.Settled, st.Dead = tot.SettledCalls, tot.SettledMicroUSD, tot.DeadMicroUSD
 	return st, nil
 }
 

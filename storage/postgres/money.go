@@ -237,6 +237,7 @@ const (
 	rankHold
 	rankDay
 	rankMonth
+	rankRest
 	rankInsert
 )
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -372,8 +373,10 @@ func TestBudgetRefusalFromTheSharedLedger(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Ceiling != "daily_requests" || pe.Busy || pe.RetryAfter != 12*time.Hour {
 		t.Fatalf("B's commit: %v, want daily_requests paused until midnight", err)
 	}
-	if st := b.Status(testNow); st.Requests != 2 || !st.Engaged {
-		t.Fatalf("B's view after the refusal: %+v, want A's 2 calls and the brake engaged", st)
+	// A's 2 calls fill the ledger: the brake is engaged. The figures
+	// shown count the calls made (settled): none yet.
+	if st := b.Status(testNow); st.Requests != 0 || !st.Engaged || st.EngagedBy != "daily_requests" {
+		t.Fatalf("B's view after the refusal: %+v, want no call made yet and the brake engaged by daily_requests", st)
 	}
 	if _, err := b.Claim(10, testNow); !errors.As(err, &pe) {
 		t.Fatalf("B's next claim: %v, want refused from its refreshed view", err)
@@ -770,5 +773,116 @@ func TestBudgetMonthlyUSDAcrossDays(t *testing.T) {
 	tot, ok, err := in[0].m.LeaseUnder(ctx, "2026-12-03", 1, 1500, budget.Ceilings{DailyMicroUSD: 100000, MonthlyMicroUSD: 10000})
 	if err != nil || ok || tot.Requests != 1 || tot.SpendMicroUSD != 1500 || tot.MonthMicroUSD != 9500 {
 		t.Fatalf("LeaseUnder past the month: %+v %v %v, want refused with the day as it was", tot, ok, err)
+	}
+}
+
+// openInstanceAt is openInstance with the clock now (of its lease's
+// dead-instance cutoff and its heartbeat).
+func openInstanceAt(t testing.TB, url string, now func() time.Time) *instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler), MaxConns: 8})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, Now: now, OpTimeout: 3 * time.Second})
+	if err != nil {
+		db.Close()
+		t.Fatalf("NewMoney: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = m.Close(ctx)
+		db.Close()
+	})
+	return &instance{db: db, m: m}
+}
+
+// TestBudgetDeadInstanceRestIsSpent: an instance crashes holding the rest
+// of daily_usd (two calls in flight at their worst case, never settled).
+// While it may still be alive (within HoldTTL of its last heartbeat) the
+// other instance is busy (the calls may settle); once it is dead its rest
+// counts as spent: the ceiling is reached, paused until midnight, and
+// Status says the brake is engaged. Before ledger_rests the other instance
+// stayed busy for the rest of the day.
+func TestBudgetDeadInstanceRestIsSpent(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	crashed := openInstance(t, url)
+	var clock atomic.Int64
+	clock.Store(testNow.UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+	survivor := openInstanceAt(t, url, now)
+	ctx := context.Background()
+	cfg := budget.Config{DailyUSD: 0.01} // 10000 µ$: two calls at their worst case of 5000
+	a, b := newBrake(t, crashed, cfg), newBrake(t, survivor, cfg)
+	for range 2 {
+		r, err := a.Claim(5000, testNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Commit(ctx, &r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crashed.db.Pool().Close() // the crash: its calls never settle
+	commitB := func(at time.Time) error {
+		clock.Store(at.UnixNano())
+		r, err := b.Claim(5000, at)
+		if err != nil {
+			return err
+		}
+		return b.Commit(ctx, &r)
+	}
+	var pe *budget.PausedError
+	if err := commitB(testNow.Add(postgres.HoldTTL / 2)); !errors.As(err, &pe) || pe.Ceiling != "daily_usd" || !pe.Busy {
+		t.Fatalf("within the TTL of the crashed instance's heartbeat: %v, want daily_usd busy", err)
+	}
+	late := testNow.Add(postgres.HoldTTL + time.Second)
+	if err := commitB(late); !errors.As(err, &pe) || pe.Ceiling != "daily_usd" || pe.Busy || pe.RetryAfter != 12*time.Hour-postgres.HoldTTL-time.Second {
+		t.Fatalf("once the crashed instance is dead: %v, want daily_usd paused until midnight", err)
+	}
+	if st := b.Status(late); !st.Engaged || st.EngagedBy != "daily_usd" {
+		t.Fatalf("Status once the crashed instance is dead: %+v, want engaged by daily_usd", st)
+	}
+}
+
+// TestBudgetFiguresAreTheCallsMade: the figures shown (Status on any
+// instance, BudgetDays) are the calls settled and their cost, every
+// instance's, while the ledger's totals also hold both instances' unused
+// leases.
+func TestBudgetFiguresAreTheCallsMade(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	cfg := budget.Config{DailyRequests: 10000} // a lease of 100 calls
+	a, b := newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)
+	for i, g := range []*budget.Global{a, a, a, b} {
+		r, err := g.Claim(500, testNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Commit(ctx, &r); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Settle(ctx, r, int64(100*(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, _, err := in[0].m.LedgerDay(ctx, "2026-12-03")
+	if err != nil || d.Requests != 2*budget.MaxLease(cfg) {
+		t.Fatalf("ledger %+v, %v: want two leases of %d", d, err, budget.MaxLease(cfg))
+	}
+	if err := a.Refresh(ctx, testNow); err != nil {
+		t.Fatal(err)
+	}
+	for name, g := range map[string]*budget.Global{"A": a, "B": b} {
+		if st := g.Status(testNow); st.Requests != 4 || st.SpendMicroUSD != 1000 {
+			t.Errorf("%s's Status: %d calls, %d µ$; want the service's 4 calls, 1000 µ$", name, st.Requests, st.SpendMicroUSD)
+		}
+	}
+	days, err := in[1].db.BudgetDays("2026-12-01", "2026-12-31")
+	if want := []budget.LedgerDay{{Day: "2026-12-03", DayTotals: budget.DayTotals{Requests: 4, SpendMicroUSD: 1000}}}; err != nil || !reflect.DeepEqual(days, want) {
+		t.Errorf("BudgetDays = %+v, %v; want %+v", days, err, want)
 	}
 }

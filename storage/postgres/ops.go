@@ -83,7 +83,9 @@ func deref(s *string) string {
 }
 
 // BudgetDays returns the ledger's days from..to inclusive, in day order:
-// the service's figures, whichever instance asks.
+// the service's figures, whichever instance asks: the calls settled (made)
+// and their cost, not the totals that also hold the instances' lease
+// rests.
 func (db *DB) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
 	if err := checkDay(from); err != nil {
 		return nil, fmt.Errorf("budget days: %w", err)
@@ -93,7 +95,7 @@ func (db *DB) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
 	}
 	ctx, cancel := opContext()
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT day, calls, micro_usd FROM ledger_days WHERE day >= $1 AND day <= $2 ORDER BY day`, from, to)
+	rows, err := db.pool.Query(ctx, `SELECT day, settled_calls, settled_micro_usd FROM ledger_days WHERE day >= $1 AND day <= $2 ORDER BY day`, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("budget days: %w", err)
 	}

@@ -25,7 +25,7 @@ import (
 const moneyTables = `
 CREATE TABLE IF NOT EXISTS usage_rows (id bigserial PRIMARY KEY, at timestamptz, day text, month text, user_id text, key_id text,
 	request_id text, calls int, micro_usd bigint, input_tokens bigint, output_tokens bigint, simulated bool, model text, body bytea);
-CREATE TABLE IF NOT EXISTS ledger_days (day text PRIMARY KEY, calls bigint, micro_usd bigint, settled_micro_usd bigint);
+CREATE TABLE IF NOT EXISTS ledger_days (day text PRIMARY KEY, calls bigint, micro_usd bigint, settled_micro_usd bigint, settled_calls bigint);
 CREATE TABLE IF NOT EXISTS ledger_months (month text PRIMARY KEY, micro_usd bigint);
 CREATE TABLE IF NOT EXISTS quota_counts (user_id text, month text, used bigint, PRIMARY KEY (user_id, month));`
 
@@ -57,8 +57,10 @@ func withMoney(t *testing.T) (*postgres.DB, string, []budget.UsageRecord) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := db.Pool().Exec(ctx, `INSERT INTO ledger_days (day, calls, micro_usd, settled_micro_usd)
-		VALUES ('2026-03-01', 3, 2100, 2000), ('2026-03-02', 1, 700, 700), ('2026-04-01', 5, 5, 5)`); err != nil {
+	// 2026-03-01 holds a lease's rest of one call and 100 µ$ besides the
+	// two calls made.
+	if _, err := db.Pool().Exec(ctx, `INSERT INTO ledger_days (day, calls, micro_usd, settled_micro_usd, settled_calls)
+		VALUES ('2026-03-01', 3, 2100, 2000, 2), ('2026-03-02', 1, 700, 700, 1), ('2026-04-01', 5, 5, 5, 5)`); err != nil {
 		t.Fatal(err)
 	}
 	return db, url, []budget.UsageRecord{full, columns}
@@ -77,7 +79,8 @@ func TestUsageAndBudgetDays(t *testing.T) {
 		t.Errorf("Usage to exclusive = %+v, %v; want alice's only", got, err)
 	}
 	days, err := other.BudgetDays("2026-03-01", "2026-03-31")
-	wantDays := []budget.LedgerDay{{Day: "2026-03-01", DayTotals: budget.DayTotals{Requests: 3, SpendMicroUSD: 2100}},
+	// The calls made and their cost, without the lease's rest.
+	wantDays := []budget.LedgerDay{{Day: "2026-03-01", DayTotals: budget.DayTotals{Requests: 2, SpendMicroUSD: 2000}},
 		{Day: "2026-03-02", DayTotals: budget.DayTotals{Requests: 1, SpendMicroUSD: 700}}}
 	if err != nil || !reflect.DeepEqual(days, wantDays) {
 		t.Errorf("BudgetDays = %+v, %v; want %+v", days, err, wantDays)

@@ -211,6 +211,30 @@ func (q *Quotas) Used(user string, now time.Time) int64 {
 	return used
 }
 
+// Recorded is the plan quotas as the operator reads them: each user's
+// recorded reads from quota_counts, every instance's, at each call (the
+// cache behind Used holds what this instance has seen).
+func (q *Quotas) Recorded() RecordedQuotas { return RecordedQuotas{m: q.m} }
+
+// RecordedQuotas reads the users' recorded reads from the database.
+type RecordedQuotas struct{ m *Money }
+
+// Used returns user's recorded reads in the month holding now, read from
+// the database; if it cannot answer, what this instance last saw.
+func (r RecordedQuotas) Used(user string, now time.Time) int64 {
+	m := r.m
+	month := m.cal.Month(now)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	var used int64
+	err := m.db.pool.QueryRow(ctx, "SELECT coalesce(max(used), 0) FROM quota_counts WHERE user_id = $1 AND month = $2", user, month).Scan(&used)
+	if err != nil {
+		return m.Quotas().Used(user, now)
+	}
+	m.cache.setUsed(user, month, used)
+	return used
+}
+
 // QuotaUsed returns each user's recorded reads in month ("2006-01"); users
 // without one are absent.
 func (m *Money) QuotaUsed(ctx context.Context, month string) (map[string]int64, error) {

@@ -34,7 +34,7 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 	if err != nil {
 		return fmt.Errorf("postgres: encode the usage record: %w", err)
 	}
-	settle, err := settleSteps(s)
+	settle, err := settleSteps(s, m.owner)
 	if err != nil {
 		return err
 	}

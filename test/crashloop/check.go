@@ -2,24 +2,18 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"time"
 
 	"breakwater/budget"
-	"breakwater/storage"
 )
 
 // check reads the database of the stopped server and checks every promise
 // against what the clients received and what the fake Gemini counted. A
-// database that does not open (or fails bbolt's consistency check) is a
-// violation and ends the loop: nothing after it could be trusted.
+// database that does not open (or, on bolt, fails bbolt's consistency
+// check) is a violation and ends the loop: nothing after it could be
+// trusted.
 func (l *loop) check(round int) error {
-	db, err := storage.Open(l.dbPath, storage.Options{
-		Timeout: 5 * time.Second,
-		Check:   true, // bbolt's tx.Check over every page
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	db, err := l.openBooks()
 	if err != nil {
 		l.violate("round %d: the database does not open or fails its consistency check: %v", round, err)
 		return fmt.Errorf("database: %w", err)
@@ -64,7 +58,7 @@ func (l *loop) reporter(round int) func(format string, args ...any) {
 }
 
 // readUsage reads every usage row and checks that no request has two.
-func (l *loop) readUsage(db *storage.DB, bad func(string, ...any)) (usage, error) {
+func (l *loop) readUsage(db books, bad func(string, ...any)) (usage, error) {
 	rows, err := db.Usage(time.Time{}, time.Time{})
 	if err != nil {
 		return usage{}, err
@@ -128,7 +122,7 @@ func (l *loop) checkKept(u usage, bad func(string, ...any)) {
 // checkQuota checks the quota used: exactly the usage rows, at least the
 // 200s, per user (summed over the months the run touched: a read's quota
 // month is the month it was reserved in, its row's time when it started).
-func (l *loop) checkQuota(db *storage.DB, u usage, okByUser map[string]int64, bad func(string, ...any)) error {
+func (l *loop) checkQuota(db books, u usage, okByUser map[string]int64, bad func(string, ...any)) error {
 	quota := map[string]int64{}
 	for m := u.first.UTC(); !m.After(time.Now().UTC().AddDate(0, 1, 0)); m = m.AddDate(0, 1, 0) {
 		used, err := db.QuotaUsed(m.Format("2006-01"))
@@ -154,7 +148,7 @@ func (l *loop) checkQuota(db *storage.DB, u usage, okByUser map[string]int64, ba
 // the provider would bill: the calls are in the wire format, no day is
 // over daily_requests in the ledger or upstream, and every call made is in
 // the ledger. It records the figures in the report.
-func (l *loop) checkBudget(db *storage.DB, u usage, bad func(string, ...any)) error {
+func (l *loop) checkBudget(db books, u usage, bad func(string, ...any)) error {
 	callsByDay, calls := l.gemini.Calls()
 	if n := l.gemini.Bad(); n > l.badSeen {
 		bad("%d calls at the fake Gemini were not in the wire format", n-l.badSeen)
@@ -170,14 +164,14 @@ func (l *loop) checkBudget(db *storage.DB, u usage, bad func(string, ...any)) er
 	var ledger int64
 	ledgerByDay := map[string]int64{}
 	for _, d := range sortedKeys(days) {
-		b, err := db.Budget(d)
+		requests, err := db.LedgerCalls(d)
 		if err != nil {
 			return err
 		}
-		ledgerByDay[d] = b.Requests
-		ledger += b.Requests
-		if b.Requests > l.o.DailyRequests {
-			bad("%s: the ledger holds %d calls, over daily_requests %d", d, b.Requests, l.o.DailyRequests)
+		ledgerByDay[d] = requests
+		ledger += requests
+		if requests > l.o.DailyRequests {
+			bad("%s: the ledger holds %d calls, over daily_requests %d", d, requests, l.o.DailyRequests)
 		}
 		if callsByDay[d] > l.o.DailyRequests {
 			bad("%s: the upstream received %d calls, over daily_requests %d", d, callsByDay[d], l.o.DailyRequests)
@@ -185,8 +179,8 @@ func (l *loop) checkBudget(db *storage.DB, u usage, bad func(string, ...any)) er
 		// A call made is in the ledger: its reservation was committed
 		// before it was made. (A reservation committed whose call the
 		// kill stopped is in the ledger and not at the fake: >=, not ==.)
-		if len(days) == 1 && b.Requests < callsByDay[d] {
-			bad("%s: the upstream received %d calls, the ledger holds %d: a reservation was lost", d, callsByDay[d], b.Requests)
+		if len(days) == 1 && requests < callsByDay[d] {
+			bad("%s: the upstream received %d calls, the ledger holds %d: a reservation was lost", d, callsByDay[d], requests)
 		}
 	}
 	if ledger < calls {

@@ -29,6 +29,8 @@ type Options struct {
 	Root          string // module root; "" asks go env GOMOD
 	Dir           string // work folder, kept; "" a temporary one, removed
 	PowerCut      bool
+	Backend       string // storage.backend: "" or "bolt", or "postgres"
+	PostgresURL   string // the database of backend "postgres"
 	Seed          int64
 	Log           func(format string, args ...any) // nil: quiet
 }
@@ -150,6 +152,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
+	if o.Backend == "" {
+		o.Backend = backendBolt
+	}
+	switch {
+	case o.Backend != backendBolt && o.Backend != backendPostgres:
+		return nil, fmt.Errorf("backend %q: want %q or %q", o.Backend, backendBolt, backendPostgres)
+	case o.Backend == backendPostgres && o.PostgresURL == "":
+		return nil, fmt.Errorf("backend %q needs the database's URL", backendPostgres)
+	case o.Backend == backendPostgres && o.PowerCut:
+		return nil, fmt.Errorf("a power cut is of the bolt file's disk: not with backend %q", backendPostgres)
+	}
 	l := &loop{
 		o:        o,
 		rng:      rand.New(rand.NewPCG(uint64(o.Seed), 0)),
@@ -166,8 +179,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer l.tearDown()
-	o.Log("crashloop: seed %d, %d rounds, %d users x %d keys, %d clients, daily_requests %d, power cut %v",
-		o.Seed, o.Rounds, o.Users, o.KeysPerUser, o.Workers, o.DailyRequests, o.PowerCut)
+	o.Log("crashloop: seed %d, %d rounds, %d users x %d keys, %d clients, daily_requests %d, backend %s, power cut %v",
+		o.Seed, o.Rounds, o.Users, o.KeysPerUser, o.Workers, o.DailyRequests, o.Backend, o.PowerCut)
 	for round := 1; round <= o.Rounds; round++ {
 		if err := ctx.Err(); err != nil {
 			return l.rep, fmt.Errorf("stopped after %d rounds: %w", round-1, err)
@@ -216,7 +229,7 @@ func (l *loop) setUp(ctx context.Context) error {
 	}
 	l.config = filepath.Join(l.dir, "config.toml")
 	err = harness.WriteConfig(l.config, harness.Config{
-		DBPath: l.dbPath, GeminiURL: l.gemini.URL, DailyRequests: l.o.DailyRequests, Plan: "crash",
+		DBPath: l.dbPath, GeminiURL: l.gemini.URL, DailyRequests: l.o.DailyRequests, Plan: "crash", Backend: l.o.Backend,
 	})
 	if err != nil {
 		return err
@@ -224,11 +237,11 @@ func (l *loop) setUp(ctx context.Context) error {
 	for u := range l.o.Users {
 		user := fmt.Sprintf("crash-user-%d", u+1)
 		for range l.o.KeysPerUser {
-			key, err := harness.CreateKey(ctx, l.bin, l.config, user, "crash")
+			key, err := harness.NewKey(ctx, l.bin, l.config, user, "crash", l.backendEnv()...)
 			if err != nil {
 				return err
 			}
-			l.keys = append(l.keys, apiKey{user: user, key: key})
+			l.keys = append(l.keys, apiKey{user: user, key: key.Secret})
 		}
 	}
 	return nil
@@ -248,10 +261,20 @@ func (l *loop) tearDown() {
 	}
 }
 
+// backendEnv is what the server and the CLI need in their environment for
+// the backend: on postgres the database's URL and the secret every
+// instance and command shares.
+func (l *loop) backendEnv() []string {
+	if l.o.Backend != backendPostgres {
+		return nil
+	}
+	return []string{"BREAKWATER_POSTGRES_URL=" + l.o.PostgresURL, "BREAKWATER_SECRET=crashloop-server-secret-0123456789"}
+}
+
 // round starts the server, loads it, kills it, and checks the database.
 func (l *loop) round(ctx context.Context, n int) error {
 	mode := l.roundMode(n)
-	env := []string{"GEMINI_API_KEY=crashloop-not-a-key"}
+	env := append([]string{"GEMINI_API_KEY=crashloop-not-a-key"}, l.backendEnv()...)
 	if mode == killReserved || mode == killRecorded {
 		p := 0.05 + 0.2*l.rng.Float64() // fires after about 4 to 20 hits
 		env = append(env, fmt.Sprintf("%s=%s:%.3f", failpoint.Env, mode, p))

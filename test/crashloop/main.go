@@ -20,8 +20,13 @@
 // Everything listens on 127.0.0.1; every round is bounded in time and the
 // whole run by -timeout. Exit status 1 on any violation.
 //
+// With -backend postgres the server runs on the PostgreSQL database that
+// BREAKWATER_POSTGRES_URL names (a fresh one: the loop checks every row in
+// it), and the checks read it there.
+//
 //	go run ./test/crashloop -rounds 50
 //	go run ./test/crashloop -rounds 20 -powercut
+//	BREAKWATER_POSTGRES_URL=postgres://... go run ./test/crashloop -backend postgres
 package main
 
 import (
@@ -45,6 +50,7 @@ func main() {
 	flag.StringVar(&o.Root, "module", "", "module root to build (default: from go env GOMOD)")
 	flag.StringVar(&o.Dir, "dir", "", "work folder, kept (default: a temporary one, removed)")
 	flag.BoolVar(&o.PowerCut, "powercut", false, "put the database on ext4 on a loop device and cut the power at each kill (root)")
+	flag.StringVar(&o.Backend, "backend", "bolt", `storage.backend: "bolt", or "postgres" on the database BREAKWATER_POSTGRES_URL names (its records are the loop's)`)
 	flag.Int64Var(&o.Seed, "seed", 0, "random seed (0: from the clock)")
 	timeout := flag.Duration("timeout", 20*time.Minute, "bound on the whole run")
 	flag.Parse()
@@ -54,6 +60,7 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	o.Log = func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	o.PostgresURL = os.Getenv("BREAKWATER_POSTGRES_URL")
 
 	rep, err := Run(ctx, o)
 	if rep != nil {

@@ -16,18 +16,30 @@ type Answer struct {
 	RequestID  string // X-Request-ID
 	RetryAfter int    // seconds, 0 if absent
 	Err        error  // the transport error, or the body's
+	Body       []byte // the body read (at most 1 MiB)
 }
 
 // Post sends img to addr's /v1/ocr with key. A status line is an answer
 // even when the body that follows is cut off: for the tests a 200 counts
 // as a result from its first byte.
 func Post(ctx context.Context, client *http.Client, addr, key string, img []byte) Answer {
+	return PostHeader(ctx, client, addr, key, img, nil)
+}
+
+// PostHeader is Post with the headers in h added to the request (an
+// Idempotency-Key, for example).
+func PostHeader(ctx context.Context, client *http.Client, addr, key string, img []byte, h http.Header) Answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
 	if err != nil {
 		return Answer{Err: err}
 	}
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "image/png")
+	for name, values := range h {
+		for _, v := range values {
+			req.Header.Add(name, v)
+		}
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return Answer{Err: err}
@@ -36,6 +48,7 @@ func Post(ctx context.Context, client *http.Client, addr, key string, img []byte
 	a := Answer{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-ID")}
 	a.RetryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	a.Body = body
 	if err != nil {
 		a.Err = err
 		return a

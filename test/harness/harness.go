@@ -67,23 +67,50 @@ func Build(ctx context.Context, root, dir string, tags ...string) (string, error
 }
 
 // Config is what WriteConfig puts in a config.toml for a test server.
+// The fields after Plan are optional: their zero value keeps what the
+// config has always said (bolt, no money ceiling, a quota and a daily
+// line out of the way, the shipped output cap).
 type Config struct {
 	DBPath        string // storage.path
 	GeminiURL     string // ocr.base_url
-	DailyRequests int64  // budget.daily_requests; the only ceiling on
-	Plan          string // the one plan's name; no quota or daily line to speak of
+	DailyRequests int64  // budget.daily_requests; the one ceiling on unless DailyUSD is set
+	Plan          string // the one plan's name; no quota or daily line to speak of unless set below
+
+	// Backend is storage.backend: "" or "bolt", or "postgres" (its URL
+	// then comes from BREAKWATER_POSTGRES_URL in the server's environment,
+	// with BREAKWATER_SECRET: pass them to Start, NewKey and Command).
+	Backend         string
+	DailyUSD        float64 // budget.daily_usd; 0: off
+	MonthlyQuota    int64   // the plan's monthly_quota; 0: 100,000,000
+	DailyAttempts   int64   // the plan's daily_attempts; 0: off
+	MaxOutputTokens int     // ocr.price.max_output_tokens; 0: the default
 }
 
 // WriteConfig writes a config for a test server to path: loopback only,
 // the real Gemini client pointed at cfg.GeminiURL, limits out of the way
-// except the global daily_requests ceiling, the admin API off (no token).
+// except the global daily_requests ceiling (and those cfg sets), the
+// admin API off unless BREAKWATER_ADMIN_TOKEN is in the server's
+// environment.
 func WriteConfig(path string, cfg Config) error {
+	backend := cfg.Backend
+	if backend == "" {
+		backend = "bolt"
+	}
+	quota := cfg.MonthlyQuota
+	if quota == 0 {
+		quota = 100000000
+	}
+	price := ""
+	if cfg.MaxOutputTokens > 0 {
+		price = fmt.Sprintf("\n[ocr.price]\nmax_output_tokens = %d\n", cfg.MaxOutputTokens)
+	}
 	body := fmt.Sprintf(`[server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 max_in_flight_per_user = 64
 
 [storage]
+backend = %q
 path = %q
 
 [ocr]
@@ -93,7 +120,7 @@ base_url = %q
 timeout = "10s"
 # Every read is a paid one: the tests check each 200 against its usage row.
 dedupe_window = "0s"
-
+%s
 [limits.user]
 rate = 100000
 window = "1m"
@@ -102,32 +129,64 @@ burst = 100000
 [budget]
 timezone = "UTC"
 daily_requests = %d
-daily_usd = 0
+daily_usd = %g
 monthly_usd = 0
 
 [plans.%s]
-monthly_quota = 100000000
-daily_attempts = 0
-`, cfg.DBPath, cfg.GeminiURL, cfg.DailyRequests, cfg.Plan)
+monthly_quota = %d
+daily_attempts = %d
+`, backend, cfg.DBPath, cfg.GeminiURL, price, cfg.DailyRequests, cfg.DailyUSD, cfg.Plan, quota, cfg.DailyAttempts)
 	return os.WriteFile(path, []byte(body), 0o600)
 }
 
 // CreateKey creates an API key for user on plan with the binary's own CLI
 // (the server must be stopped) and returns it.
 func CreateKey(ctx context.Context, bin, config, user, plan string) (string, error) {
+	k, err := NewKey(ctx, bin, config, user, plan)
+	return k.Secret, err
+}
+
+// Key is an API key the CLI created.
+type Key struct {
+	ID     string // what keys revoke takes
+	Secret string // what a client sends
+}
+
+var createdRE = regexp.MustCompile(`created key (\S+) for user`)
+
+// NewKey creates an API key for user on plan with the binary's own CLI,
+// env added to the command's environment (on bolt the server must be
+// stopped; on postgres the command works beside running servers).
+func NewKey(ctx context.Context, bin, config, user, plan string, env ...string) (Key, error) {
 	cmd := exec.CommandContext(ctx, bin, "keys", "create", "--user", user, "--plan", plan, "--config", config)
+	cmd.Env = append(os.Environ(), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("keys create %s: %w\n%s", user, err, stderr.String())
+		return Key{}, fmt.Errorf("keys create %s: %w\n%s", user, err, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	key := strings.TrimSpace(lines[len(lines)-1])
-	if !strings.HasPrefix(key, "bw_") {
-		return "", fmt.Errorf("keys create %s: no key in %q", user, out)
+	k := Key{Secret: strings.TrimSpace(lines[len(lines)-1])}
+	if m := createdRE.FindSubmatch(out); m != nil {
+		k.ID = string(m[1])
 	}
-	return key, nil
+	if !strings.HasPrefix(k.Secret, "bw_") || k.ID == "" {
+		return Key{}, fmt.Errorf("keys create %s: no key in %q", user, out)
+	}
+	return k, nil
+}
+
+// Command runs the binary's command args with --config config, env added
+// to its environment, and returns what it printed (stdout and stderr).
+func Command(ctx context.Context, bin, config string, env []string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, bin, append(args, "--config", config)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return out, nil
 }
 
 // Process is a running breakwater server.
@@ -280,7 +339,12 @@ func Tail(path string) string {
 }
 
 // PNG returns a small valid PNG image.
-func PNG() []byte {
+func PNG() []byte { return NthPNG(0) }
+
+// NthPNG returns a small valid PNG image, a different one for each n (the
+// bits of n are drawn in its last row), for tests where a repeated image
+// would be answered from the same-image window.
+func NthPNG(n uint64) []byte {
 	img := image.NewGray(image.Rect(0, 0, 64, 24))
 	for y := range 24 {
 		for x := range 64 {
@@ -289,6 +353,11 @@ func PNG() []byte {
 			} else {
 				img.SetGray(x, y, color.Gray{Y: 255})
 			}
+		}
+	}
+	for x := range 64 {
+		if n>>uint(x)&1 == 1 {
+			img.SetGray(x, 23, color.Gray{Y: 0})
 		}
 	}
 	var b bytes.Buffer

@@ -1,6 +1,10 @@
 package harness
 
-import "testing"
+import (
+	"bytes"
+	"image/png"
+	"testing"
+)
 
 // TestListeningWaitsForEveryListener: Start's check takes a server as up
 // only once each listener it opens has logged its address.
@@ -32,5 +36,24 @@ func TestListeningWaitsForEveryListener(t *testing.T) {
 				t.Errorf("address %q, want the public one", addr)
 			}
 		})
+	}
+}
+
+// TestNthPNGDistinct: each n gives another valid image, and PNG is the
+// first of them.
+func TestNthPNGDistinct(t *testing.T) {
+	seen := map[string]uint64{}
+	for _, n := range []uint64{0, 1, 2, 3, 255, 1 << 40, 1<<64 - 1} {
+		b := NthPNG(n)
+		if _, err := png.Decode(bytes.NewReader(b)); err != nil {
+			t.Fatalf("NthPNG(%d): %v", n, err)
+		}
+		if m, dup := seen[string(b)]; dup {
+			t.Fatalf("NthPNG(%d) is NthPNG(%d)", n, m)
+		}
+		seen[string(b)] = n
+	}
+	if !bytes.Equal(PNG(), NthPNG(0)) {
+		t.Error("PNG() is not NthPNG(0)")
 	}
 }
