@@ -95,6 +95,28 @@ func TestDegradeBeforeDeny(t *testing.T) {
 	if got := rec.got(); !slices.Contains(got, detect.KindDegraded) || slices.Contains(got, detect.KindRestored) {
 		t.Errorf("alerts: %v, want %s and not %s", got, detect.KindDegraded, detect.KindRestored)
 	}
+	d, err := e.srv.dashboard(context.Background(), clk.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := d.Budget; b.DegradedBy != "soft_daily_requests" || b.ReadsByModel[ocr.DefaultModel] != 5 || b.ReadsByModel[testFallback] != 5 {
+		t.Errorf("the dashboard's budget: degraded by %q, reads by model %v", b.DegradedBy, b.ReadsByModel)
+	}
+	var page strings.Builder
+	if err := dashboardPage.Execute(&page, d); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(page.String(), `id="model-state">fallback<`) ||
+		!strings.Contains(page.String(), testFallback+" 5") {
+		t.Error("the dashboard page does not show the fallback model and its reads")
+	}
+	users, err := e.srv.d.Operator.Usage(context.Background(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(users) != 1 || users[0].ReadsTodayByModel[testFallback] != 5 {
+		t.Errorf("breakwater usage's figures: %+v", users)
+	}
 	m := scrape(t, e)
 	for _, series := range []string{
 		`breakwater_upstream_calls_total{model="gemini-2.5-flash-lite",outcome="ok"} 5`,
