@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 
+	"breakwater/budget"
+	"breakwater/ocr"
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
 )
@@ -135,6 +137,20 @@ func TestDegradeWiring(t *testing.T) {
 			}
 			if c := gemini.count(); c["primary"] != 5 || c["fallback"] != 5 {
 				t.Errorf("upstream calls %v, want 5 and 5", c)
+			}
+			// The usage rows name the model, and the day counts each
+			// call at its model's price.
+			b, err := a.operator.Budget(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			usage := ocr.Usage{PromptTokens: 298, CandidatesTokens: 24}
+			primary, _ := cfg.OCR.PriceOf("gemini-3.5-flash-lite")
+			fallback, _ := cfg.OCR.PriceOf("gemini-2.5-flash-lite")
+			spend := 5*primary.Cost(usage) + 5*fallback.Cost(usage)
+			if b.ReadsByModel["gemini-3.5-flash-lite"] != 5 || b.ReadsByModel["gemini-2.5-flash-lite"] != 5 ||
+				b.DegradedBy != "soft_daily_requests" || budget.MicroUSD(b.SpendUSD+0.0000005) != spend {
+				t.Errorf("budget: %+v, want 5 reads per model and %d micro-dollars", b, spend)
 			}
 			if err := a.Reload(load(15, 20), "test"); err != nil {
 				t.Fatal(err)
