@@ -431,9 +431,8 @@ func (g *Global) Status(now time.Time) Status {
 	st := Status{
 		Day: g.day, Requests: g.requests, SpendMicroUSD: g.spend, Month: g.month, MonthMicroUSD: g.monthSpend,
 		DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro,
-		Manual: g.manual,
+		Manual: g.manual, Degraded: g.softLocked(),
 	}
-	st.Degraded = g.softLocked()
 	var pe *PausedError
 	if errors.As(g.check(1, now), &pe) && !pe.Busy {
 		st.Engaged, st.EngagedBy = true, pe.Ceiling

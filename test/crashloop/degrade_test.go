@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"image"
 	"image/png"
 	"net/http"
@@ -36,9 +37,13 @@ func TestKillKeepsDegradedMode(t *testing.T) {
 	defer g.Close()
 	config := filepath.Join(dir, "config.toml")
 	if err := harness.WriteConfig(config, harness.Config{DBPath: filepath.Join(dir, "bw.db"), GeminiURL: g.URL,
-		DailyRequests: 10, SoftDailyRequests: 5, Plan: "crash"}); err != nil {
+		DailyRequests: 10, Plan: "crash"}); err != nil {
 		t.Fatal(err)
 	}
+	// The soft ceiling and the fallback, from the environment (any key
+	// may be set so).
+	env := []string{"GEMINI_API_KEY=k", "BREAKWATER_BUDGET__SOFT_DAILY_REQUESTS=5",
+		"BREAKWATER_OCR__FALLBACK_MODEL=" + harness.Fallback}
 	key, err := harness.CreateKey(ctx, bin, config, "degrade-user", "crash")
 	if err != nil {
 		t.Fatal(err)
@@ -47,25 +52,25 @@ func TestKillKeepsDegradedMode(t *testing.T) {
 	var models []string
 	serve := func(run string, from, to int) *harness.Process {
 		t.Helper()
-		proc, err := harness.Start(bin, config, filepath.Join(dir, run+".log"), "GEMINI_API_KEY=k")
+		proc, err := harness.Start(bin, config, filepath.Join(dir, run+".log"), env...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i := from; i <= to; i++ {
-			a := harness.Post(ctx, client, proc.Addr, key, distinctPNG(t, i))
-			if a.Status != http.StatusOK {
+			status, model := postModel(ctx, t, client, proc.Addr, key, distinctPNG(t, i))
+			if status != http.StatusOK {
 				proc.Kill()
-				t.Fatalf("%s, read %d: %d %s %v", run, i, a.Status, a.Code, a.Err)
+				t.Fatalf("%s, read %d: %d", run, i, status)
 			}
-			models = append(models, a.Model)
+			models = append(models, model)
 		}
 		return proc
 	}
 	serve("killed", 1, 3).Kill()
 	proc := serve("restarted", 4, 10)
 	defer proc.Stop(20 * time.Second)
-	if a := harness.Post(ctx, client, proc.Addr, key, distinctPNG(t, 11)); a.Status != http.StatusServiceUnavailable {
-		t.Errorf("the 11th read: %d %s, want 503", a.Status, a.Code)
+	if status, _ := postModel(ctx, t, client, proc.Addr, key, distinctPNG(t, 11)); status != http.StatusServiceUnavailable {
+		t.Errorf("the 11th read: %d, want 503", status)
 	}
 	for i, m := range models {
 		want := harness.Model
@@ -79,6 +84,28 @@ func TestKillKeepsDegradedMode(t *testing.T) {
 	if p, f := g.CallsTo(harness.Model), g.CallsTo(harness.Fallback); p != 5 || f != 5 {
 		t.Errorf("upstream calls: %d to %s, %d to %s; want 5 and 5", p, harness.Model, f, harness.Fallback)
 	}
+}
+
+// postModel sends img to addr's /v1/ocr with key and returns the status
+// and the answer's "model".
+func postModel(ctx context.Context, t *testing.T, client *http.Client, addr, key string, img []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/ocr", bytes.NewReader(img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "image/png")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Model string }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body.Model
 }
 
 // distinctPNG is a small gray PNG that differs for each seed.

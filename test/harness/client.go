@@ -16,7 +16,6 @@ type Answer struct {
 	RequestID  string // X-Request-ID
 	RetryAfter int    // seconds, 0 if absent
 	Err        error  // the transport error, or the body's
-	Model      string // the model a 200 says read the image
 }
 
 // Post sends img to addr's /v1/ocr with key. A status line is an answer
@@ -41,15 +40,12 @@ func Post(ctx context.Context, client *http.Client, addr, key string, img []byte
 		a.Err = err
 		return a
 	}
-	var p struct {
-		Code  string `json:"code"`
-		Model string `json:"model"`
-	}
-	_ = json.Unmarshal(body, &p)
 	if resp.StatusCode != http.StatusOK {
+		var p struct {
+			Code string `json:"code"`
+		}
+		_ = json.Unmarshal(body, &p)
 		a.Code = p.Code
-	} else {
-		a.Model = p.Model
 	}
 	return a
 }

@@ -72,19 +72,12 @@ type Config struct {
 	GeminiURL     string // ocr.base_url
 	DailyRequests int64  // budget.daily_requests; the only ceiling on
 	Plan          string // the one plan's name; no quota or daily line to speak of
-	// SoftDailyRequests is budget.soft_daily_requests; when set,
-	// ocr.fallback_model is Fallback.
-	SoftDailyRequests int64
 }
 
 // WriteConfig writes a config for a test server to path: loopback only,
 // the real Gemini client pointed at cfg.GeminiURL, limits out of the way
 // except the global daily_requests ceiling, the admin API off (no token).
 func WriteConfig(path string, cfg Config) error {
-	fallback := ""
-	if cfg.SoftDailyRequests > 0 {
-		fallback = Fallback
-	}
 	body := fmt.Sprintf(`[server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
@@ -100,7 +93,6 @@ base_url = %q
 timeout = "10s"
 # Every read is a paid one: the tests check each 200 against its usage row.
 dedupe_window = "0s"
-fallback_model = %q
 
 [limits.user]
 rate = 100000
@@ -112,12 +104,11 @@ timezone = "UTC"
 daily_requests = %d
 daily_usd = 0
 monthly_usd = 0
-soft_daily_requests = %d
 
 [plans.%s]
 monthly_quota = 100000000
 daily_attempts = 0
-`, cfg.DBPath, cfg.GeminiURL, fallback, cfg.DailyRequests, cfg.SoftDailyRequests, cfg.Plan)
+`, cfg.DBPath, cfg.GeminiURL, cfg.DailyRequests, cfg.Plan)
 	return os.WriteFile(path, []byte(body), 0o600)
 }
 
