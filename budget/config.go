@@ -64,6 +64,19 @@ type Config struct {
 	// of the provider's own spend cap. Default DefaultMonthlyUSD ($100);
 	// an explicit 0 switches this ceiling off.
 	MonthlyUSD float64 `koanf:"monthly_usd"`
+	// SoftDailyRequests, SoftDailyUSD and SoftMonthlyUSD are the soft
+	// ceilings: above one, reads go to ocr.fallback_model instead of the
+	// primary model (degraded mode), and the hard ceilings above still
+	// refuse. They are opt-in: 0, the default, switches each off. A soft
+	// ceiling must stay below its hard ceiling when that is on.
+	SoftDailyRequests int64   `koanf:"soft_daily_requests"`
+	SoftDailyUSD      float64 `koanf:"soft_daily_usd"`
+	SoftMonthlyUSD    float64 `koanf:"soft_monthly_usd"`
+}
+
+// HasSoft reports whether any soft ceiling is on.
+func (c Config) HasSoft() bool {
+	return c.SoftDailyRequests > 0 || c.SoftDailyUSD > 0 || c.SoftMonthlyUSD > 0
 }
 
 // WithDefaults returns c with an empty Timezone set to DefaultTimezone. The
@@ -85,15 +98,39 @@ func (c Config) Validate() error {
 	if c.DailyRequests < 0 {
 		errs = append(errs, fmt.Errorf("budget.daily_requests: must not be negative, got %d", c.DailyRequests))
 	}
+	if c.SoftDailyRequests < 0 {
+		errs = append(errs, fmt.Errorf("budget.soft_daily_requests: must not be negative, got %d", c.SoftDailyRequests))
+	}
 	for _, f := range []struct {
 		key string
 		usd float64
-	}{{"budget.daily_usd", c.DailyUSD}, {"budget.monthly_usd", c.MonthlyUSD}} {
+	}{{"budget.daily_usd", c.DailyUSD}, {"budget.monthly_usd", c.MonthlyUSD},
+		{"budget.soft_daily_usd", c.SoftDailyUSD}, {"budget.soft_monthly_usd", c.SoftMonthlyUSD}} {
 		if f.usd < 0 || math.IsNaN(f.usd) || f.usd > 1e9 {
 			errs = append(errs, fmt.Errorf("%s: must be between 0 and 1e9 dollars, got %v", f.key, f.usd))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.validateSoft()...)...)
+}
+
+// validateSoft refuses a soft ceiling at or above its hard ceiling: it
+// would never switch to the fallback model before the brake refuses.
+func (c Config) validateSoft() []error {
+	var errs []error
+	if c.SoftDailyRequests > 0 && c.DailyRequests > 0 && c.SoftDailyRequests >= c.DailyRequests {
+		errs = append(errs, fmt.Errorf("budget.soft_daily_requests: must be below budget.daily_requests (%d), got %d",
+			c.DailyRequests, c.SoftDailyRequests))
+	}
+	for _, f := range []struct {
+		key, hardKey string
+		soft, hard   float64
+	}{{"budget.soft_daily_usd", "budget.daily_usd", c.SoftDailyUSD, c.DailyUSD},
+		{"budget.soft_monthly_usd", "budget.monthly_usd", c.SoftMonthlyUSD, c.MonthlyUSD}} {
+		if f.soft > 0 && f.hard > 0 && f.soft >= f.hard {
+			errs = append(errs, fmt.Errorf("%s: must be below %s ($%g), got $%g", f.key, f.hardKey, f.hard, f.soft))
+		}
+	}
+	return errs
 }
 
 // Location loads the configured time zone.
@@ -119,7 +156,20 @@ type Plan struct {
 	// daily line is counted as a would-be refusal and goes on. The
 	// monthly quota has no mode: it is what the user paid for.
 	DailyMode string `koanf:"daily_mode"`
+	// Model is which model reads for the plan's users: "auto" (the
+	// default, also when left out) reads with the primary model and with
+	// ocr.fallback_model above a soft ceiling; "primary" always reads with
+	// the primary model (refused at the hard ceilings only); "fallback"
+	// always reads with ocr.fallback_model.
+	Model string `koanf:"model"`
 }
+
+// Plan.Model values.
+const (
+	PlanModelAuto     = "auto"
+	PlanModelPrimary  = "primary"
+	PlanModelFallback = "fallback"
+)
 
 // ShadowDaily reports whether the plan's daily line is in shadow mode.
 func (p Plan) ShadowDaily() bool { return p.DailyMode == "shadow" }
@@ -142,6 +192,9 @@ func ValidatePlans(plans map[string]Plan) error {
 		}
 		if m := p.DailyMode; m != "" && m != "enforce" && m != "shadow" {
 			return fmt.Errorf("plans.%s.daily_mode: must be \"enforce\" or \"shadow\", got %q", name, m)
+		}
+		if m := p.Model; m != "" && m != PlanModelAuto && m != PlanModelPrimary && m != PlanModelFallback {
+			return fmt.Errorf("plans.%s.model: must be \"auto\", \"primary\" or \"fallback\", got %q", name, m)
 		}
 	}
 	return nil

@@ -123,6 +123,7 @@ type Global struct {
 	mu         sync.Mutex
 	manual     bool // the operator's kill switch
 	limits     ceilings
+	soft       ceilings // the soft ceilings: above one, reads degrade (see Soft)
 	day        string
 	requests   int64
 	spend      int64 // open claims at their worst case included
@@ -176,6 +177,10 @@ func ceilingsOf(cfg Config) ceilings {
 	return ceilings{requests: cfg.DailyRequests, dailyMicro: MicroUSD(cfg.DailyUSD), monthlyMicro: MicroUSD(cfg.MonthlyUSD)}
 }
 
+func softCeilingsOf(cfg Config) ceilings {
+	return ceilings{requests: cfg.SoftDailyRequests, dailyMicro: MicroUSD(cfg.SoftDailyUSD), monthlyMicro: MicroUSD(cfg.SoftMonthlyUSD)}
+}
+
 // MicroUSD converts dollars to integer micro-dollars, rounding down so a
 // ceiling is never raised by rounding.
 func MicroUSD(usd float64) int64 {
@@ -188,7 +193,7 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 		return nil, errors.New("budget: the global budget needs a ledger and a time zone")
 	}
 	g := &Global{
-		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg),
+		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg), soft: softCeilingsOf(cfg),
 		day: state.Day, requests: state.Requests, spend: state.Spend,
 		month: state.Month, monthSpend: state.MonthSpend,
 		settled: state.Settled, settledCalls: state.SettledCalls, dead: state.Dead,
@@ -209,6 +214,35 @@ func (g *Global) SetConfig(cfg Config) {
 		g.returnLease()
 	}
 	g.limits = next
+	g.soft = softCeilingsOf(cfg)
+}
+
+// Soft says which side of the soft ceilings the day (and month) is on: the
+// first soft ceiling reached ("soft_daily_requests", "soft_daily_usd" or
+// "soft_monthly_usd"), or "" when none is (or none is on). It follows from
+// the totals the brake holds, which a restart reloads from the ledger, so
+// a crash does not reset it. Calls in flight count at their worst case:
+// near the line, a call may degrade a little early, never late by more
+// than the calls in flight.
+func (g *Global) Soft(now time.Time) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.rollover(g.cal.Keys(now))
+	return g.softLocked()
+}
+
+// softLocked is Soft with g.mu held and the day rolled over.
+func (g *Global) softLocked() string {
+	lim := g.soft
+	switch {
+	case lim.requests > 0 && g.requests >= lim.requests:
+		return "soft_daily_requests"
+	case lim.dailyMicro > 0 && g.spend >= lim.dailyMicro:
+		return "soft_daily_usd"
+	case lim.monthlyMicro > 0 && g.monthSpend >= lim.monthlyMicro:
+		return "soft_monthly_usd"
+	}
+	return ""
 }
 
 // Claim takes one upstream call and worst micro-dollars in memory, or
@@ -397,8 +431,11 @@ type Status struct {
 	DailyMicroUSD   int64
 	MonthlyMicroUSD int64
 	Manual          bool
-	Engaged         bool   // the next cheapest call would be refused, and not only for calls in flight
-	EngagedBy       string // which ceiling, when Engaged
+	// Degraded names the soft ceiling reached (see Global.Soft), "" when
+	// reads go to the primary model.
+	Degraded  string
+	Engaged   bool   // the next cheapest call would be refused, and not only for calls in flight
+	EngagedBy string // which ceiling, when Engaged
 }
 
 // Status returns today's and this month's figures.
@@ -409,7 +446,7 @@ func (g *Global) Status(now time.Time) Status {
 	st := Status{
 		Day: g.day, Requests: g.requests, SpendMicroUSD: g.spend, Month: g.month, MonthMicroUSD: g.monthSpend,
 		DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro,
-		Manual: g.manual,
+		Manual: g.manual, Degraded: g.softLocked(),
 	}
 	if g.shared != nil {
 		// The service's figures: the calls every instance made today and

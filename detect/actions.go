@@ -43,6 +43,25 @@ var actions = map[string][]string{
 	KindUpstreamRateLimited: {
 		"The project's rate or tier limit is reached: see its limits in Google AI Studio, request a higher tier, or lower [limits.user] rates",
 	},
+	KindDegraded: {
+		"See the figures: breakwater budget (and the reads per model: breakwater usage)",
+		"Go back to the primary model now: raise the soft ceiling named above in config.toml [budget] (applied when the file is saved; an explicit 0 switches it off)",
+		"Or let the day (or month) end: reads return to ocr.model by themselves, with a budget_restored alert",
+	},
+	KindRestored: {
+		"Nothing to do: reads go to ocr.model again",
+	},
+}
+
+// DegradedSummary is the summary of a KindDegraded alert: ceiling is the
+// soft ceiling reached, fallback the model reads now go to.
+func DegradedSummary(ceiling, fallback string) string {
+	return "the soft ceiling " + ceiling + " is reached: reads go to the fallback model " + fallback + " until it is raised or the period ends"
+}
+
+// RestoredSummary is the summary of a KindRestored alert.
+func RestoredSummary(primary string) string {
+	return "no soft ceiling is reached any more: reads go to the primary model " + primary + " again"
 }
 
 // warnActions are what to do about an early warning of a ceiling.

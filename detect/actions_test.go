@@ -29,6 +29,11 @@ func TestEveryAlertKindDocumented(t *testing.T) {
 			t.Errorf("docs/OPERATIONS.md does not show the summary of %s: %q", kind, summary)
 		}
 	}
+	for _, summary := range []string{DegradedSummary("soft_daily_requests", "gemini-2.5-flash-lite"), RestoredSummary("gemini-3.5-flash-lite")} {
+		if !strings.Contains(string(doc), summary) {
+			t.Errorf("docs/OPERATIONS.md does not show the summary %q", summary)
+		}
+	}
 	for _, line := range warnActions("daily_usd") {
 		if !strings.Contains(string(doc), strings.ReplaceAll(line, "daily_usd", "daily_requests")) {
 			t.Errorf("docs/OPERATIONS.md does not show what an early warning says to do: %q", line)

@@ -37,6 +37,12 @@ const (
 	// KindUpstreamRateLimited: a run of calls refused by the upstream's
 	// rate or tier limit (429 RESOURCE_EXHAUSTED); one alone is no alert.
 	KindUpstreamRateLimited = "upstream_rate_limited"
+	// KindDegraded: a soft ceiling of [budget] is reached, and reads go
+	// to ocr.fallback_model (degraded mode).
+	KindDegraded = "budget_degraded"
+	// KindRestored: no soft ceiling is reached any more (a new day or
+	// month, or a raised ceiling), and reads go to ocr.model again.
+	KindRestored = "budget_restored"
 	// KindTest is the alert of breakwater alerts test.
 	KindTest = "test"
 )

@@ -47,6 +47,11 @@ type Config struct {
 	// ModelOverrides, which replaces it; false (its old default) is
 	// accepted, so old configs still load.
 	AllowUnknownModel bool `koanf:"allow_unknown_model"`
+	// FallbackModel is the cheaper model reads go to above a soft ceiling
+	// of [budget] (and always for a plan with model = "fallback"). It must
+	// be in the model table or in ModelOverrides, and is required when a
+	// soft ceiling is set. Default "" (none).
+	FallbackModel string `koanf:"fallback_model"`
 	// MediaResolution is the media_resolution level sent with every call
 	// to a model of Gemini 3 or later: "low" (280 tokens per image at
 	// most), "medium" (560), "high" (1120) or "ultra_high" (2240). Default
@@ -226,6 +231,9 @@ func (c Config) Validate() error {
 	}
 	if _, known := c.Lookup(c.Model); c.Provider == ProviderGemini && !known {
 		add("model", unknownModelError(c.Model))
+	}
+	if _, known := c.Lookup(c.FallbackModel); c.FallbackModel != "" && !known {
+		add("fallback_model", unknownModelError(c.FallbackModel))
 	}
 	if MediaResolutionTokens(c.MediaResolution) == 0 {
 		add("media_resolution", fmt.Sprintf("unknown level %q (want low, medium, high or ultra_high)", c.MediaResolution))

@@ -97,13 +97,14 @@ const prompt = "Read every serial number printed on this label. " +
 // Gemini reads serials with Google's generateContent REST API. It is safe
 // for concurrent use.
 type Gemini struct {
-	cfg      Config
-	model    ModelInfo // cfg.Model's entry: its image rule and thinking
-	apiKey   string
-	endpoint string
-	pattern  *regexp.Regexp
-	client   *http.Client
-	logger   *slog.Logger
+	cfg Config
+	// primary is cfg.Model, fallback cfg.FallbackModel (name "" when none
+	// is set): the two models a call may go to.
+	primary, fallback target
+	apiKey            string
+	pattern           *regexp.Regexp
+	client            *http.Client
+	logger            *slog.Logger
 
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
@@ -134,16 +135,21 @@ func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logg
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	info, known := cfg.Lookup(cfg.Model)
-	if !known { // Validate has refused it
-		return nil, fmt.Errorf("ocr.model: %s", unknownModelError(cfg.Model))
+	primary, err := targetOf(cfg, cfg.Model)
+	if err != nil { // Validate has refused it
+		return nil, fmt.Errorf("ocr.model: %w", err)
 	}
-	model := strings.TrimPrefix(cfg.Model, "models/")
+	var fallback target
+	if cfg.FallbackModel != "" {
+		if fallback, err = targetOf(cfg, cfg.FallbackModel); err != nil {
+			return nil, fmt.Errorf("ocr.fallback_model: %w", err)
+		}
+	}
 	return &Gemini{
 		cfg:      cfg,
-		model:    info,
+		primary:  primary,
+		fallback: fallback,
 		apiKey:   apiKey,
-		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/v1beta/models/" + url.PathEscape(model) + ":generateContent",
 		pattern:  pattern,
 		client:   &c,
 		logger:   logger.With("component", "ocr"),
@@ -152,7 +158,45 @@ func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logg
 	}, nil
 }
 
-// Read asks the model for the serials on img. The call, including one retry
+// target is a model a call may go to: its table entry (image rule and
+// thinking) and its generateContent URL.
+type target struct {
+	name     string
+	info     ModelInfo
+	endpoint string
+}
+
+// targetOf is model's target under cfg; an unknown model is an error.
+func targetOf(cfg Config, model string) (target, error) {
+	info, known := cfg.Lookup(model)
+	if !known {
+		return target{}, errors.New(unknownModelError(model))
+	}
+	bare := strings.TrimPrefix(model, "models/")
+	return target{name: model, info: info,
+		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/v1beta/models/" + url.PathEscape(bare) + ":generateContent"}, nil
+}
+
+// Read is ReadModel with ocr.model.
+func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Result, error) {
+	return g.ReadModel(ctx, "", img, mayRetry)
+}
+
+// targetFor is the target of a call to model: "" or cfg.Model is the
+// primary, cfg.FallbackModel the fallback; any other is an error, so that
+// no call goes to a model whose price the caller did not reserve.
+func (g *Gemini) targetFor(model string) (target, error) {
+	switch {
+	case model == "" || model == g.primary.name:
+		return g.primary, nil
+	case g.fallback.name != "" && model == g.fallback.name:
+		return g.fallback, nil
+	}
+	return target{}, fmt.Errorf("%w: %q is neither ocr.model nor ocr.fallback_model", ErrModelNotFound, model)
+}
+
+// ReadModel asks model (ocr.model or ocr.fallback_model; "" is ocr.model)
+// for the serials on img. The call, including one retry
 // on 429 or 503 when time remains for it, is bounded by cfg.Timeout.
 //
 // The retry is a second paid call, so it is made only if mayRetry, asked
@@ -163,9 +207,13 @@ func NewGemini(cfg Config, apiKey string, client *http.Client, logger *slog.Logg
 // is unusable (Reason "bad_output" or "blocked"), the Result is returned
 // with the error and holds the billed Usage; for other errors the cost is
 // unknown and the caller should assume Price.WorstCase.
-func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Result, error) {
-	res := Result{Model: g.cfg.Model}
-	body, err := g.body(img)
+func (g *Gemini) ReadModel(ctx context.Context, model string, img Image, mayRetry func() bool) (Result, error) {
+	to, err := g.targetFor(model)
+	if err != nil {
+		return Result{Model: model}, &UpstreamError{Reason: ReasonModelNotFound, Err: err}
+	}
+	res := Result{Model: to.name}
+	body, err := g.body(to, img)
 	if err != nil {
 		return res, &UpstreamError{Reason: ReasonBadOutput, Err: err}
 	}
@@ -173,7 +221,7 @@ func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Res
 	defer cancel()
 
 	for attempt := 1; ; attempt++ {
-		status, data, err := g.post(ctx, body)
+		status, data, err := g.post(ctx, to.endpoint, body)
 		if err != nil {
 			return res, transportError(ctx, err)
 		}
@@ -181,7 +229,7 @@ func (g *Gemini) Read(ctx context.Context, img Image, mayRetry func() bool) (Res
 			if len(data) > maxResponseBytes {
 				return res, &UpstreamError{Status: status, Reason: ReasonBadOutput, Err: errTooLarge}
 			}
-			return parseResponse(data, status, g.pattern, g.cfg.Model)
+			return parseResponse(data, status, g.pattern, to.name)
 		}
 		uerr := statusError(status, data)
 		if StopsEveryRead(uerr) {
@@ -211,8 +259,8 @@ func (g *Gemini) timeLeft(ctx context.Context) bool {
 // post sends one request and returns the status and at most
 // maxResponseBytes+1 bytes of the body. The body is encoded as it is
 // sent, afresh for each attempt.
-func (g *Gemini) post(ctx context.Context, body *requestBody) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.endpoint, body.open())
+func (g *Gemini) post(ctx context.Context, endpoint string, body *requestBody) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, body.open())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -385,19 +433,19 @@ type (
 // the model's least thinking level; for Gemini 2.5 its thinking budget
 // (0: off). maxOutputTokens caps thoughts and answer together, so the
 // output side of Price.WorstCase holds.
-func (g *Gemini) request(img Image) generateRequest {
+func (g *Gemini) request(to target, img Image) generateRequest {
 	image := part{InlineData: &inlineData{MIMEType: img.MIME, Data: img.Data}}
 	var thinking thinkingConfig
 	var media string
-	if g.model.Image == ImageMediaResolution {
+	if to.info.Image == ImageMediaResolution {
 		level := mediaLevels[g.cfg.MediaResolution].wire
 		image.MediaResolution = &partMediaResolution{Level: level}
 		if g.cfg.MediaResolution != MediaUltraHigh {
 			media = level
 		}
-		thinking.ThinkingLevel = g.model.ThinkingLevel
+		thinking.ThinkingLevel = to.info.ThinkingLevel
 	} else {
-		budget := g.model.ThinkingBudget
+		budget := to.info.ThinkingBudget
 		thinking.ThinkingBudget = &budget
 	}
 	return generateRequest{
@@ -425,7 +473,7 @@ func (g *Gemini) request(img Image) generateRequest {
 // while it is sent rather than before: the JSON around the image is
 // marshalled once (a few hundred bytes), and the image's 4/3 larger
 // encoding never exists in memory as a whole. The bytes sent are exactly
-// json.Marshal(g.request(img)).
+// json.Marshal(g.request(to, img)).
 type requestBody struct {
 	head, tail []byte // the JSON before and after the image's base64
 	data       []byte // the image
@@ -439,8 +487,8 @@ var dataField = []byte(`,"data":""`)
 // where the image's base64 belongs. The first such field is the image's:
 // inlineData is the first part, and a JSON string (the MIME type) cannot
 // hold an unescaped quote.
-func (g *Gemini) body(img Image) (*requestBody, error) {
-	req := g.request(Image{MIME: img.MIME, Data: []byte{}})
+func (g *Gemini) body(to target, img Image) (*requestBody, error) {
+	req := g.request(to, Image{MIME: img.MIME, Data: []byte{}})
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err

@@ -636,8 +636,8 @@ func TestNewGemini(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.endpoint != tt.want {
-			t.Errorf("endpoint(%q, %q) = %q, want %q", tt.base, tt.model, g.endpoint, tt.want)
+		if g.primary.endpoint != tt.want {
+			t.Errorf("endpoint(%q, %q) = %q, want %q", tt.base, tt.model, g.primary.endpoint, tt.want)
 		}
 	}
 }

@@ -191,10 +191,15 @@ func (c Config) Rules() []string {
 	if m.Image == ImageTiles {
 		thinking = fmt.Sprintf("thinkingBudget %d", m.ThinkingBudget)
 	}
-	return []string{
+	out := []string{
 		fmt.Sprintf("model %s (from %s): %s; list price $%g in / $%g out per million tokens", c.Model, source, c.Price.ImageRule(), m.InputUSDPerMillion, m.OutputUSDPerMillion),
 		fmt.Sprintf("charged at $%g in / $%g out per million tokens (thinking billed as output); each call sends maxOutputTokens %d and %s, "+
 			"so a call costs at most its image and prompt tokens plus %d output tokens", c.Price.InputUSDPerMillion, c.Price.OutputUSDPerMillion,
 			c.Price.MaxOutputTokens, thinking, c.Price.MaxOutputTokens),
 	}
+	if p, ok := c.PriceOf(c.FallbackModel); ok && c.FallbackModel != "" {
+		out = append(out, fmt.Sprintf("fallback model %s (above a soft ceiling of [budget]): %s; charged at $%g in / $%g out per million tokens",
+			c.FallbackModel, p.ImageRule(), p.InputUSDPerMillion, p.OutputUSDPerMillion))
+	}
+	return out
 }

@@ -45,8 +45,22 @@ func NewSimulated(cfg Config) (*Simulated, error) {
 // Serials that do not match a custom SerialPattern are Rejected. A context
 // that ends first gives an *UpstreamError with Reason "timeout" or
 // "canceled".
-func (s *Simulated) Read(ctx context.Context, img Image, _ func() bool) (Result, error) {
-	res := Result{Model: s.cfg.Model, Simulated: true}
+func (s *Simulated) Read(ctx context.Context, img Image, mayRetry func() bool) (Result, error) {
+	return s.ReadModel(ctx, "", img, mayRetry)
+}
+
+// ReadModel is Read as model would ("" is ocr.model): the usage is
+// counted by that model's image rule. A model that is neither ocr.model
+// nor ocr.fallback_model is an error, as with Gemini.
+func (s *Simulated) ReadModel(ctx context.Context, model string, img Image, _ func() bool) (Result, error) {
+	if model == "" {
+		model = s.cfg.Model
+	}
+	res := Result{Model: model, Simulated: true}
+	price, ok := s.cfg.PriceOf(model)
+	if !ok || (model != s.cfg.Model && model != s.cfg.FallbackModel) {
+		return res, &UpstreamError{Reason: ReasonModelNotFound, Err: fmt.Errorf("%w: %q is neither ocr.model nor ocr.fallback_model", ErrModelNotFound, model)}
+	}
 	if err := ctx.Err(); err != nil {
 		return res, transportError(ctx, err)
 	}
@@ -66,7 +80,7 @@ func (s *Simulated) Read(ctx context.Context, img Image, _ func() bool) (Result,
 			res.Rejected = append(res.Rejected, v)
 		}
 	}
-	res.Usage = SimulatedUsage(s.cfg.Price, img.Width, img.Height)
+	res.Usage = SimulatedUsage(price, img.Width, img.Height)
 	return res, nil
 }
 

@@ -51,11 +51,11 @@ func TestRequestBodyIsTheWireFormat(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			want, err := json.Marshal(g.request(tt.img))
+			want, err := json.Marshal(g.request(g.primary, tt.img))
 			if err != nil {
 				t.Fatal(err)
 			}
-			body, err := g.body(tt.img)
+			body, err := g.body(g.primary, tt.img)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestReadStreamsLargeImage(t *testing.T) {
 	var wantLen int64
 	{
 		g, _, _ := newTestGemini(t, Config{}, "http://127.0.0.1:1")
-		b, err := json.Marshal(g.request(img))
+		b, err := json.Marshal(g.request(g.primary, img))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -254,7 +254,7 @@ func writeJSON(c echo.Context, status int, body []byte) error {
 // ocrResponse, and a newline, written by hand into one buffer, since the
 // shape is fixed (TestAnswerBodyIsJSON holds the two to the same bytes).
 func answerBody(res ocr.Result, quota, used int64) []byte {
-	n := len(`{"serials":[],"rejected":[],"quota":{"limit":,"used":,"remaining":},"simulated":true}`) + 1 + 3*20
+	n := len(`{"serials":[],"rejected":[],"quota":{"limit":,"used":,"remaining":},"model":"","simulated":true}`) + 1 + 3*20 + 2*len(res.Model)
 	for _, s := range res.Serials {
 		n += len(s) + 3
 	}
@@ -273,6 +273,10 @@ func answerBody(res ocr.Result, quota, used int64) []byte {
 	b = append(b, `,"remaining":`...)
 	b = strconv.AppendInt(b, max(quota-used, 0), 10)
 	b = append(b, '}')
+	if res.Model != "" {
+		b = append(b, `,"model":`...)
+		b = appendJSONString(b, res.Model)
+	}
 	if res.Simulated {
 		b = append(b, `,"simulated":true`...)
 	}

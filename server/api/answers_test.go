@@ -15,8 +15,8 @@ func reflectAnswerBody(t testing.TB, res ocr.Result, quota, used int64) []byte {
 	t.Helper()
 	b, err := json.Marshal(ocrResponse{
 		Serials: nonNil(res.Serials), Rejected: nonNil(res.Rejected),
-		Quota:     quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},
-		Simulated: res.Simulated,
+		Quota: quotaResponse{Limit: quota, Used: used, Remaining: max(quota-used, 0)},
+		Model: res.Model, Simulated: res.Simulated,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -36,6 +36,8 @@ func TestAnswerBodyIsJSON(t *testing.T) {
 		{"empty lists", ocr.Result{Serials: []string{}, Rejected: []string{}}, 100, 100},
 		{"serials", ocr.Result{Serials: []string{"SN-0001", "AB12 CD34"}, Rejected: []string{"??"}}, 1000, 7},
 		{"simulated", ocr.Result{Serials: []string{"X"}, Simulated: true}, 10, 3},
+		{"model", ocr.Result{Serials: []string{"X"}, Model: "gemini-2.5-flash-lite"}, 10, 3},
+		{"model and simulated", ocr.Result{Model: "a\"<b>\u2028", Simulated: true}, 10, 3},
 		{"over the quota", ocr.Result{Serials: []string{"X"}}, 10, 12},
 		{"large figures", ocr.Result{}, math.MaxInt64, math.MinInt64 + 1},
 		{"html", ocr.Result{Serials: []string{"<script>&amp;</script>"}}, 1, 0},
@@ -70,7 +72,7 @@ func FuzzAnswerBody(f *testing.F) {
 // TestAnswerBodyAllocations: the answer is made in one buffer (encoding/json
 // took two, and its reflection most of the time).
 func TestAnswerBodyAllocations(t *testing.T) {
-	res := ocr.Result{Serials: []string{"SN-0001", "SN-0002"}, Rejected: []string{"S<0003"}, Simulated: true}
+	res := ocr.Result{Serials: []string{"SN-0001", "SN-0002"}, Rejected: []string{"S<0003"}, Model: "gemini-3.5-flash-lite", Simulated: true}
 	if got := testing.AllocsPerRun(100, func() { answerBody(res, 1000, 10) }); got > 1 {
 		t.Errorf("%v allocations per answer, want at most 1", got)
 	}

@@ -457,7 +457,7 @@ func TestChangedThresholdsTakeEffect(t *testing.T) {
 // panickingReader is an upstream client with a bug.
 type panickingReader struct{}
 
-func (panickingReader) Read(context.Context, ocr.Image, func() bool) (ocr.Result, error) {
+func (panickingReader) ReadModel(context.Context, string, ocr.Image, func() bool) (ocr.Result, error) {
 	panic("reader bug")
 }
 
@@ -569,7 +569,7 @@ func TestMetricsExposeTheService(t *testing.T) {
 		`breakwater_http_requests_total{route="/v1/ocr",status="200"} 1`,
 		`breakwater_http_requests_total{route="/v1/ocr",status="401"} 1`,
 		`breakwater_http_requests_total{route="unmatched",status="404"} 1`,
-		`breakwater_upstream_calls_total{outcome="ok"} 1`,
+		`breakwater_upstream_calls_total{model="gemini-3.5-flash-lite",outcome="ok"} 1`,
 		`breakwater_upstream_tokens_total{kind="prompt"} 298`,
 		`breakwater_upstream_tokens_total{kind="output"} 24`,
 		`breakwater_upstream_cost_usd_total 0.00015`,

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"maps"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,11 +30,13 @@ type Metrics struct {
 	requests        *prometheus.CounterVec // route, status
 	requestsBy      *counterTable[routeStatus]
 	refusalsBy      *counterTable[[2]string] // refusals by layer, reason
-	upstreamCalls   *prometheus.CounterVec   // outcome
+	upstreamCalls   *prometheus.CounterVec   // outcome, model
 	upstreamLatency prometheus.Histogram
 	tokens          *prometheus.CounterVec // kind
 	// A call's counters, resolved once: a call counts in all four.
-	callsOK, callsFailed                       prometheus.Counter
+	// modelCalls holds the calls counters of the configured models (see
+	// startModels), and no other: the label stays bounded.
+	modelCalls                                 atomic.Pointer[map[string]callCounters]
 	promptTokens, outputTokens, thoughtsTokens prometheus.Counter
 	cost                                       prometheus.Counter     // US dollars
 	commitLatency                              prometheus.Histogram   // the usage record's commit wait
@@ -44,6 +48,34 @@ type Metrics struct {
 	routeFailures                              *prometheus.CounterVec // route, reason: routemetrics.go
 	alertsRaised                               *prometheus.CounterVec // kind
 	upstreamFailures                           *prometheus.CounterVec // reason: upstream.go
+}
+
+// callCounters are one model's series of breakwater_upstream_calls_total.
+type callCounters struct{ ok, failed prometheus.Counter }
+
+// startModels creates the calls series of the configured models at zero;
+// "" (no fallback) is left out. The models' series made by an earlier
+// call stay: the label's values are the models configured since start.
+func (m *Metrics) startModels(models ...string) {
+	next := map[string]callCounters{}
+	if cur := m.modelCalls.Load(); cur != nil {
+		maps.Copy(next, *cur)
+	}
+	for _, model := range models {
+		if model != "" {
+			next[model] = callCounters{ok: m.upstreamCalls.WithLabelValues("ok", model), failed: m.upstreamCalls.WithLabelValues("failed", model)}
+		}
+	}
+	m.modelCalls.Store(&next)
+}
+
+// calls are model's calls counters; a model startModels was not told of
+// (not expected) counts under "other", so the label stays bounded.
+func (m *Metrics) calls(model string) callCounters {
+	if c, ok := (*m.modelCalls.Load())[model]; ok {
+		return c
+	}
+	return callCounters{ok: m.upstreamCalls.WithLabelValues("ok", "other"), failed: m.upstreamCalls.WithLabelValues("failed", "other")}
 }
 
 // NewMetrics registers every series on a registry of its own, with the Go
@@ -75,8 +107,8 @@ func NewMetrics() *Metrics {
 	}, []string{"route", "status"})
 	m.upstreamCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "breakwater_upstream_calls_total",
-		Help: "Calls to the OCR provider, by outcome (ok or failed).",
-	}, []string{"outcome"})
+		Help: "Calls to the OCR provider, by outcome (ok or failed) and model (ocr.model or ocr.fallback_model).",
+	}, []string{"outcome", "model"})
 	m.upstreamLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "breakwater_upstream_latency_seconds",
 		Help:    "Duration of calls to the OCR provider, including its one retry.",
@@ -109,7 +141,6 @@ func NewMetrics() *Metrics {
 		return []string{k.route, strconv.Itoa(k.status)}
 	})
 	m.refusalsBy = newCounterTable(m.refusals, func(k [2]string) []string { return k[:] })
-	m.callsOK, m.callsFailed = m.upstreamCalls.WithLabelValues("ok"), m.upstreamCalls.WithLabelValues("failed")
 	m.promptTokens, m.outputTokens = m.tokens.WithLabelValues("prompt"), m.tokens.WithLabelValues("output")
 	m.thoughtsTokens = m.tokens.WithLabelValues("thoughts")
 	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency,
@@ -122,6 +153,7 @@ func NewMetrics() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerRoutes()
 	m.startAtZero()
+	m.startModels()
 	return m
 }
 

@@ -31,6 +31,7 @@ type ocrResponse struct {
 	Serials   []string      `json:"serials"`
 	Rejected  []string      `json:"rejected"`
 	Quota     quotaResponse `json:"quota"`
+	Model     string        `json:"model,omitempty"` // the model that read it: ocr.model or ocr.fallback_model; none when cached
 	Simulated bool          `json:"simulated,omitempty"`
 	Cached    bool          `json:"cached,omitempty"` // answered from the dedupe window, without a call
 }
@@ -258,7 +259,7 @@ func (s *Server) receive(r *ocrRequest) (received, error) {
 // is read once per step after it: the checks, the claim's commit, the
 // call.
 func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time) error {
-	price := s.price.Load()
+	model, price := s.choose(r, now)
 	ctx := context.WithoutCancel(r.c.Request().Context()) // a paid call outlives its client
 	worst := price.WorstCase(in.img.Width, in.img.Height)
 	if refused := t.Reserve(worst, now); refused != nil {
@@ -287,11 +288,12 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 	// The expensive call, with its one retry claimed like the call. It
 	// starts when the reservation is committed: only a check lies between.
 	requestID := r.id // the closure holds the id, not the request
-	res, err := s.d.Reader.Read(ctx, in.img, func() bool { return s.claimRetry(ctx, requestID, t, worst) })
+	res, err := s.d.Reader.ReadModel(ctx, model, in.img, func() bool { return s.claimRetry(ctx, requestID, model, t, worst) })
+	res.Model = model // the configured name, as it was priced: answers, usage rows and metrics agree
 	called := s.now()
 	latency := called.Sub(committed)
 	cost := s.callCost(r.id, price, res.Usage, err, worst)
-	s.countCall(latency, res.Usage, err)
+	s.countCall(model, latency, res.Usage, err)
 	s.d.Metrics.cost.Add(usd(cost))
 	event := detect.Event{
 		Time: r.start, UserID: r.who.UserID, KeyID: r.who.KeyID, Plan: r.who.Plan, IP: r.ip, Route: ocrRoute,
@@ -379,12 +381,12 @@ func (s *Server) callCost(requestID string, price *ocr.Price, u ocr.Usage, err e
 // claimRetry is asked by the upstream client before its one retry: the
 // retry is a second paid call, claimed and committed like the first, and
 // made only if the budget has room for it.
-func (s *Server) claimRetry(ctx context.Context, requestID string, t *guard.Ticket, worst int64) bool {
+func (s *Server) claimRetry(ctx context.Context, requestID, model string, t *guard.Ticket, worst int64) bool {
 	if !t.ClaimRetry(ctx, worst, s.now()) {
 		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID)
 		return false
 	}
-	s.d.Metrics.callsFailed.Inc() // the busy first call
+	s.d.Metrics.calls(model).failed.Inc() // the busy first call
 	return true
 }
 
@@ -429,11 +431,12 @@ func readValidImage(r *http.Request, cfg Config, mem *lease) ([]byte, ocr.Image,
 }
 
 // countCall feeds one upstream call into the metrics.
-func (s *Server) countCall(d time.Duration, u ocr.Usage, err error) {
+func (s *Server) countCall(model string, d time.Duration, u ocr.Usage, err error) {
 	m := s.d.Metrics
-	calls := m.callsOK
+	c := m.calls(model)
+	calls := c.ok
 	if err != nil {
-		calls = m.callsFailed
+		calls = c.failed
 	}
 	calls.Inc()
 	s.noteUpstream(err) // its reason, and the alerts it calls for

@@ -52,9 +52,6 @@ func (m *Metrics) startAtZero() {
 			m.refusals.WithLabelValues(layer, reason)
 		}
 	}
-	for _, outcome := range []string{"ok", "failed"} {
-		m.upstreamCalls.WithLabelValues(outcome)
-	}
 	for _, kind := range []string{"prompt", "output", "thoughts"} {
 		m.tokens.WithLabelValues(kind)
 	}

@@ -32,15 +32,19 @@ const (
 
 // Reader reads serial numbers off an image: ocr.Gemini or ocr.Simulated.
 type Reader interface {
-	// Read calls the upstream; before a retry it asks mayRetry, which
-	// claims that second call against the global budget.
-	Read(ctx context.Context, img ocr.Image, mayRetry func() bool) (ocr.Result, error)
+	// ReadModel calls the upstream with model (ocr.model or
+	// ocr.fallback_model); before a retry it asks mayRetry, which claims
+	// that second call against the global budget.
+	ReadModel(ctx context.Context, model string, img ocr.Image, mayRetry func() bool) (ocr.Result, error)
 }
 
 // BudgetStatus is the global budget's figures and ceilings, for the
 // metrics read at scrape time: budget.Global.
 type BudgetStatus interface {
 	Status(now time.Time) budget.Status
+	// Soft names the soft ceiling the day is above ("" for none): reads
+	// of plans on "auto" then go to the fallback model.
+	Soft(now time.Time) string
 }
 
 // AnswerStore reads what usage transactions kept of earlier reads
@@ -81,6 +85,13 @@ type Deps struct {
 	Reader Reader
 	Events EventRecorder
 	Price  ocr.Price // to bound each call's cost before it and price it after
+	// Model is ocr.model, the primary model, named in answers, usage rows
+	// and metrics; "" is ocr.DefaultModel.
+	Model string
+	// FallbackModel is ocr.fallback_model ("" for none) and FallbackPrice
+	// the price its calls are reserved and settled at.
+	FallbackModel string
+	FallbackPrice ocr.Price
 	// Answers keeps reads for Idempotency-Key repeats and the dedupe
 	// window; nil: both are off.
 	Answers AnswerStore
@@ -126,12 +137,13 @@ type Server struct {
 	clients      *clientIP
 	failOpen     *failOpens
 	inviteLimits *invites.Limits
-	invitesOpen  *guard.FailOpen           // runs the invite limits' checks, failing open
-	price        atomic.Pointer[ocr.Price] // swapped by a config reload
-	calendar     *budget.Calendar          // today's key for the refusal counts
-	guard        *guard.Guard              // layers 1-3 and "$" for POST /v1/ocr
-	pending      pendingKeys               // idempotency keys whose first request is in flight
-	reading      readsInFlight             // images being read, for the dedupe window's waiters
+	invitesOpen  *guard.FailOpen          // runs the invite limits' checks, failing open
+	models       atomic.Pointer[modelSet] // the two models and their prices; swapped by a config reload
+	softSide     atomic.Pointer[string]   // the soft ceiling the last read found reached, for the alerts
+	calendar     *budget.Calendar         // today's key for the refusal counts
+	guard        *guard.Guard             // layers 1-3 and "$" for POST /v1/ocr
+	pending      pendingKeys              // idempotency keys whose first request is in flight
+	reading      readsInFlight            // images being read, for the dedupe window's waiters
 	// recordCtx bounds a paid read's wait to be recorded.
 	recordCtx recordContexts
 
@@ -218,7 +230,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err := s.newRoutes(d.Routes); err != nil {
 		return nil, err
 	}
-	s.price.Store(&d.Price)
+	if d.Model == "" {
+		d.Model = ocr.DefaultModel
+	}
+	s.models.Store(&modelSet{primary: d.Model, primaryPrice: d.Price, fallback: d.FallbackModel, fallbackPrice: d.FallbackPrice})
+	s.softSide.Store(new(string))
+	d.Metrics.startModels(d.Model, d.FallbackModel)
 	var access *slog.Logger
 	if cfg.AccessLog {
 		access = d.Logger.With("component", "access")
@@ -243,8 +260,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 // a metric, a rate-limited log line, an alert when they repeat.
 func (s *Server) FailedOpen(layer string, err error) { s.failOpen.note(layer, err) }
 
-// SetPrice applies new token prices to the calls that start from now on.
-func (s *Server) SetPrice(p ocr.Price) { s.price.Store(&p) }
+// SetPrice applies new token prices of the primary model to the calls
+// that start from now on.
+func (s *Server) SetPrice(p ocr.Price) {
+	m := *s.models.Load()
+	m.primaryPrice = p
+	s.models.Store(&m)
+}
 
 // Handler is the public API.
 func (s *Server) Handler() http.Handler { return s.public }

@@ -46,6 +46,8 @@ import (
 type fakeGemini struct {
 	*httptest.Server
 	calls atomic.Int64
+	// byModel counts the calls to each model, by the name in the URL.
+	byModel sync.Map // string -> *atomic.Int64
 	// respond writes the answer; nil answers two good serials.
 	respond atomic.Pointer[func(w http.ResponseWriter, r *http.Request)]
 }
@@ -61,12 +63,26 @@ func (f *fakeGemini) set(respond func(w http.ResponseWriter, r *http.Request)) {
 
 const geminiKey = "test-gemini-key"
 
+// testFallback is the fallback model the fake serves besides the default.
+const testFallback = "gemini-2.5-flash-lite"
+
+// callsTo is how many calls reached model.
+func (f *fakeGemini) callsTo(model string) int64 {
+	if n, ok := f.byModel.Load(model); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
 func newFakeGemini(t testing.TB) *fakeGemini {
 	t.Helper()
 	f := &fakeGemini{}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.calls.Add(1)
-		if r.Method != http.MethodPost || r.URL.Path != "/v1beta/models/"+ocr.DefaultModel+":generateContent" || r.Header.Get("x-goog-api-key") != geminiKey {
+		model, _ := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, "/v1beta/models/"), ":generateContent")
+		n, _ := f.byModel.LoadOrStore(model, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		if r.Method != http.MethodPost || (model != ocr.DefaultModel && model != testFallback) || r.Header.Get("x-goog-api-key") != geminiKey {
 			http.Error(w, `{"error":{"code":404,"message":"not found","status":"NOT_FOUND"}}`, http.StatusNotFound)
 			return
 		}
@@ -162,6 +178,8 @@ type envOptions struct {
 	answers    bool                // keep answers (the database) for Idempotency-Key, 24h
 	dedupe     time.Duration       // ocr.dedupe_window, with answers; 0: off
 	claims     AnswerClaimer       // keys in flight across instances; nil: none
+	fallback   string              // ocr.fallback_model; "" none
+	planModel  map[string]string   // plans' model keys ("free" included)
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -211,6 +229,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 	for name, q := range o.plans {
 		plans[name] = budget.Plan{MonthlyQuota: q}
 	}
+	for name, m := range o.planModel {
+		p := plans[name]
+		p.Model = m
+		plans[name] = p
+	}
 	e.plans = keys.NewPlans(plans)
 	e.keys, err = keys.NewKeyring(db, e.plans.Has, keys.Options{Now: o.clock})
 	if err != nil {
@@ -225,7 +248,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Fatal(err)
 	}
 	e.windows, e.attempts, e.quotas, e.brake = layers.Windows, layers.Attempts, layers.Quotas, layers.Brake
-	ocfg := ocr.Config{BaseURL: o.gemini.URL, Timeout: o.timeout}.WithDefaults()
+	ocfg := ocr.Config{BaseURL: o.gemini.URL, Timeout: o.timeout, FallbackModel: o.fallback}.WithDefaults()
+	fallbackPrice, _ := ocfg.PriceOf(o.fallback)
 	reader, err := ocr.NewGemini(ocfg, geminiKey, o.gemini.Client(), log)
 	if err != nil {
 		t.Fatal(err)
@@ -258,6 +282,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	srv, err := New(cfg, Deps{
 		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
+		Model: ocfg.Model, FallbackModel: o.fallback, FallbackPrice: fallbackPrice,
 		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
 		InviteCodes: db, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
@@ -385,6 +410,7 @@ type okBody struct {
 	Serials  []string      `json:"serials"`
 	Rejected []string      `json:"rejected"`
 	Quota    quotaResponse `json:"quota"`
+	Model    string        `json:"model"`
 }
 
 func decodeOK(t testing.TB, resp *http.Response, data []byte) okBody {

@@ -173,8 +173,11 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if pg, ok := db.(*postgres.DB); ok {
 		claims = pg
 	}
+	ocfg := cfg.OCR.WithDefaults()
+	fallbackPrice, _ := ocfg.PriceOf(ocfg.FallbackModel) // Validate has checked it is known
 	a.srv, err = api.New(cfg.Server, api.Deps{
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
+		Model: ocfg.Model, FallbackModel: ocfg.FallbackModel, FallbackPrice: fallbackPrice,
 		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
 		Answers: db, Claims: claims, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,

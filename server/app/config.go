@@ -440,7 +440,31 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
 		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate(),
-		c.Detect.Validate(), alerts, routes.Validate(c.Routes))
+		c.Detect.Validate(), alerts, routes.Validate(c.Routes), c.fallback())
+}
+
+// fallback checks that ocr.fallback_model is set where it is needed: a
+// soft ceiling of [budget], or a plan that always reads with it; and that
+// it is not ocr.model itself. Only main knows both sections.
+func (c Config) fallback() error {
+	model, fallback := c.OCR.WithDefaults().Model, c.OCR.FallbackModel
+	if fallback != "" && strings.TrimPrefix(fallback, "models/") == strings.TrimPrefix(model, "models/") {
+		return fmt.Errorf("ocr.fallback_model: must differ from ocr.model (%s): name the cheaper model reads go to above a soft ceiling", model)
+	}
+	if fallback != "" {
+		return nil
+	}
+	if c.Budget.HasSoft() {
+		return errors.New("ocr.fallback_model: required when a soft ceiling of [budget] is set (soft_daily_requests, soft_daily_usd or " +
+			"soft_monthly_usd): name the cheaper model reads go to above it, such as \"gemini-2.5-flash-lite\", or set the soft ceilings to 0")
+	}
+	names := slices.Sorted(maps.Keys(c.Plans))
+	for _, name := range names {
+		if c.Plans[name].Model == budget.PlanModelFallback {
+			return fmt.Errorf("plans.%s.model: \"fallback\" needs ocr.fallback_model; set it, or use \"auto\" or \"primary\"", name)
+		}
+	}
+	return nil
 }
 
 // JWTAudienceWarning explains the risk of accepting every token the issuer

@@ -700,6 +700,8 @@ func TestOperatorCommandsStopped(t *testing.T) {
 		{[]string{"users", "set-plan", "fay", "pro"}, "plan pro"},
 		{[]string{"users", "ban", "fay"}, "banned=true"},
 		{[]string{"usage", "fay"}, "fay"},
+		{[]string{"usage"}, "READS TODAY BY MODEL"},
+		{[]string{"budget"}, "reads today: -"},
 		{[]string{"brake", "on"}, "ENGAGED by manual"},
 		{[]string{"budget"}, "manual switch on"},
 		{[]string{"brake", "off"}, "released"},

@@ -19,8 +19,9 @@ func usageCmd(e *env) *cobra.Command {
 		Short: "today's attempts, this month's reads, quota and cost, per user",
 		Long: `Per user (or for one): attempts today against the daily line, reads
 (successes) today and this month against the quota, cost today and this month,
-and the requests today that a layer in shadow mode would have refused, per
-layer (while serving, live from the server; stopped, as recorded).`,
+the requests today that a layer in shadow mode would have refused, per
+layer, and today's reads per model (ocr.model, or ocr.fallback_model above a
+soft ceiling) (while serving, live from the server; stopped, as recorded).`,
 		Args:              positional(0, "ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
@@ -33,10 +34,11 @@ layer (while serving, live from the server; stopped, as recorded).`,
 				if err != nil {
 					return err
 				}
-				return printOut(e.stdout, asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS TODAY\tREADS THIS MONTH\tQUOTA\tCOST TODAY\tCOST THIS MONTH\tSHADOW REFUSALS TODAY", func(row func(...any)) {
+				return printOut(e.stdout, asJSON, list, "USER\tPLAN\tBANNED\tATTEMPTS TODAY\tDAILY LINE\tREADS TODAY\tREADS THIS MONTH\tQUOTA\tCOST TODAY\tCOST THIS MONTH\tSHADOW REFUSALS TODAY\tREADS TODAY BY MODEL", func(row func(...any)) {
 					for _, u := range list {
 						row(u.User, u.Plan, u.Banned, u.AttemptsToday, limitText(u.DailyLine), u.ReadsToday, u.ReadsMonth, u.MonthlyQuota,
-							fmt.Sprintf("$%.6f", u.CostTodayUSD), fmt.Sprintf("$%.6f", u.CostMonthUSD), shadowText(u.ShadowToday))
+							fmt.Sprintf("$%.6f", u.CostTodayUSD), fmt.Sprintf("$%.6f", u.CostMonthUSD), shadowText(u.ShadowToday),
+							shadowText(u.ReadsTodayByModel))
 					}
 				})
 			})
@@ -46,8 +48,8 @@ layer (while serving, live from the server; stopped, as recorded).`,
 	return c
 }
 
-// shadowText lists would-be refusals per layer, "rate 8, attempts 2";
-// "-" for none.
+// shadowText lists counts per name: would-be refusals per layer, "rate 8,
+// attempts 2", or reads per model; "-" for none.
 func shadowText(byLayer map[string]int64) string {
 	if len(byLayer) == 0 {
 		return "-"
@@ -123,5 +125,10 @@ func printBudget(w io.Writer, asJSON bool, b operator.BudgetInfo) error {
 			state = "ENGAGED by " + b.EngagedBy
 		}
 		row("brake", state, fmt.Sprintf("manual switch %s", onOff(b.Manual)))
+		model := "primary"
+		if b.DegradedBy != "" {
+			model = "FALLBACK above " + b.DegradedBy
+		}
+		row("model", model, "reads today: "+shadowText(b.ReadsByModel))
 	})
 }

@@ -235,6 +235,9 @@ type UsageInfo struct {
 	MonthlyQuota  int64   `json:"monthly_quota"`
 	CostTodayUSD  float64 `json:"cost_today_usd"`
 	CostMonthUSD  float64 `json:"cost_month_usd"`
+	// ReadsTodayByModel counts today's reads per model that read them
+	// (ocr.model, or ocr.fallback_model in degraded mode).
+	ReadsTodayByModel map[string]int64 `json:"reads_today_by_model,omitempty"`
 	// ShadowToday counts, per layer, the requests of today that a layer
 	// in shadow mode would have refused (they went on): the stored rows,
 	// and while the server runs the minute it still counts in memory.
@@ -253,11 +256,16 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 	}
 	today := budget.DayKey(now, o.loc)
 	cost, readsToday, costToday := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	byModel := map[string]map[string]int64{}
 	for _, r := range rows {
 		cost[r.UserID] += r.CostMicroUSD
 		if budget.DayKey(r.Time, o.loc) == today {
 			readsToday[r.UserID]++
 			costToday[r.UserID] += r.CostMicroUSD
+			if byModel[r.UserID] == nil {
+				byModel[r.UserID] = map[string]int64{}
+			}
+			byModel[r.UserID][r.Model]++
 		}
 	}
 	shadow := map[string]map[string]int64{}
@@ -302,6 +310,7 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 			AttemptsToday: o.layers.Attempts.Count(u.ID, now), DailyLine: p.DailyAttempts,
 			ReadsToday: readsToday[u.ID], ReadsMonth: o.layers.Quotas.Used(u.ID, now), MonthlyQuota: p.MonthlyQuota,
 			CostTodayUSD: usd(costToday[u.ID]), CostMonthUSD: usd(cost[u.ID]), ShadowToday: shadow[u.ID],
+			ReadsTodayByModel: byModel[u.ID],
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
@@ -321,16 +330,41 @@ type BudgetInfo struct {
 	Manual        bool    `json:"manual_brake"`
 	Engaged       bool    `json:"brake_engaged"`
 	EngagedBy     string  `json:"engaged_by,omitempty"`
+	// DegradedBy names the soft ceiling reached ("" for none): reads of
+	// plans on model = "auto" go to ocr.fallback_model.
+	DegradedBy string `json:"degraded_by,omitempty"`
+	// ReadsByModel counts today's reads per model that read them, from
+	// the usage rows.
+	ReadsByModel map[string]int64 `json:"reads_today_by_model,omitempty"`
 }
 
-// Budget reports today's and this month's spend against each ceiling.
+// Budget reports today's and this month's spend against each ceiling,
+// whether reads are degraded to the fallback model, and today's reads per
+// model.
 func (o *Operator) Budget(context.Context) (BudgetInfo, error) {
-	st := o.layers.Brake.Status(o.now())
+	now := o.now()
+	st := o.layers.Brake.Status(now)
+	start, end, err := detect.DayBounds(st.Day, o.loc)
+	if err != nil {
+		return BudgetInfo{}, err
+	}
+	rows, err := o.store.Usage(start, end)
+	if err != nil {
+		return BudgetInfo{}, err
+	}
+	var byModel map[string]int64
+	for _, r := range rows {
+		if byModel == nil {
+			byModel = map[string]int64{}
+		}
+		byModel[r.Model]++
+	}
 	return BudgetInfo{
 		Day: st.Day, Requests: st.Requests, DailyRequests: st.DailyRequests,
 		SpendUSD: usd(st.SpendMicroUSD), DailyUSD: usd(st.DailyMicroUSD),
 		Month: st.Month, MonthSpendUSD: usd(st.MonthMicroUSD), MonthlyUSD: usd(st.MonthlyMicroUSD),
 		Manual: st.Manual, Engaged: st.Engaged, EngagedBy: st.EngagedBy,
+		DegradedBy: st.Degraded, ReadsByModel: byModel,
 	}, nil
 }
 

@@ -24,13 +24,17 @@ type Gemini struct {
 	ln    net.Listener
 	reply []byte
 
-	mu    sync.Mutex
-	calls map[string]int64 // UTC day -> calls
-	bad   int64            // calls not in the wire format
+	mu      sync.Mutex
+	calls   map[string]int64 // UTC day -> calls
+	byModel map[string]int64 // model -> calls in the wire format
+	bad     int64            // calls not in the wire format
 }
 
 // Model is the model the fake serves; the server's ocr.model must be it.
 const Model = "gemini-3.5-flash-lite"
+
+// Fallback is the other model the fake serves, for ocr.fallback_model.
+const Fallback = "gemini-2.5-flash-lite"
 
 // NewGemini starts the fake. root is the module root (for its recorded
 // reply).
@@ -46,7 +50,7 @@ func NewGemini(root string, latency time.Duration) (*Gemini, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gemini{URL: "http://" + ln.Addr().String(), Latency: latency, ln: ln, reply: reply, calls: map[string]int64{}}
+	g := &Gemini{URL: "http://" + ln.Addr().String(), Latency: latency, ln: ln, reply: reply, calls: map[string]int64{}, byModel: map[string]int64{}}
 	g.srv = &http.Server{Handler: http.HandlerFunc(g.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = g.srv.Serve(ln) }()
 	return g, nil
@@ -73,8 +77,14 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the sender died during the upload: billed, never answered
 	}
-	ok := r.Method == http.MethodPost &&
-		r.URL.EscapedPath() == "/v1beta/models/"+Model+":generateContent" &&
+	path := r.URL.EscapedPath()
+	model := ""
+	for _, m := range []string{Model, Fallback} {
+		if path == "/v1beta/models/"+m+":generateContent" {
+			model = m
+		}
+	}
+	ok := r.Method == http.MethodPost && model != "" &&
 		r.Header.Get("x-goog-api-key") != "" && json.Unmarshal(body, &req) == nil &&
 		len(req.Contents) > 0 && hasImage(req.Contents[0].Parts)
 	if !ok {
@@ -86,6 +96,9 @@ func (g *Gemini) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"error":{"code":400,"message":"not the wire format","status":"INVALID_ARGUMENT"}}`))
 		return
 	}
+	g.mu.Lock()
+	g.byModel[model]++
+	g.mu.Unlock()
 	select {
 	case <-time.After(g.Latency):
 	case <-r.Context().Done():
@@ -118,6 +131,13 @@ func (g *Gemini) Calls() (byDay map[string]int64, total int64) {
 		total += n
 	}
 	return byDay, total
+}
+
+// CallsTo returns how many calls in the wire format went to model.
+func (g *Gemini) CallsTo(model string) int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byModel[model]
 }
 
 // Bad returns how many calls were not in the wire format (a call whose

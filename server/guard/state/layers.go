@@ -71,7 +71,7 @@ type Quotas interface {
 }
 
 // Brake is layer 3 as Layers holds it: the guard's claims (Check to
-// Settled), and the status, the operator's manual switch, the reload's
+// Settled), and the status and the soft ceilings' side, the operator's manual switch, the reload's
 // config swap, and Close, which gives the unused budget lease back at
 // shutdown.
 type Brake interface {
@@ -81,6 +81,7 @@ type Brake interface {
 	Settle(ctx context.Context, r budget.Reservation, actual int64) error
 	Settled(r budget.Reservation, actual int64)
 	Status(now time.Time) budget.Status
+	Soft(now time.Time) string
 	SetManual(on bool)
 	SetConfig(cfg budget.Config)
 	Close(ctx context.Context) error

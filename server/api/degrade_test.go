@@ -1,0 +1,176 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/detect"
+	"breakwater/ocr"
+)
+
+// stopCold ends e as a kill -9 would leave its database: the HTTP server,
+// the events and the file are closed, and nothing of the brake is (its
+// lease is not given back).
+func (e *env) stopCold() {
+	e.http.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+}
+
+// degradeCost is what the fake's answer (298 prompt and 24 output tokens)
+// costs at model's price.
+func degradeCost(t *testing.T, model string) int64 {
+	t.Helper()
+	p, ok := ocr.Config{FallbackModel: testFallback}.PriceOf(model)
+	if !ok {
+		t.Fatalf("no price for %s", model)
+	}
+	return p.Cost(ocr.Usage{PromptTokens: 298, CandidatesTokens: 24})
+}
+
+// Soft at 5 calls, hard at 10: calls 1-5 go to the primary model, 6-10 to
+// the fallback, the 11th is refused; the answers, the usage rows and the
+// ledger each name or count the model a call went to, at its price. A
+// crash after the third call (the process gone without closing anything)
+// keeps the rule: the restarted service reads the day's calls from the
+// ledger. Entering degraded mode raises one alert.
+func TestDegradeBeforeDeny(t *testing.T) {
+	clk := newClock(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	dir := t.TempDir()
+	rec := &recordingAlerter{}
+	o := envOptions{dir: dir, clock: clk.now, alerts: rec, fallback: testFallback,
+		budget: budget.Config{DailyRequests: 10, SoftDailyRequests: 5}}
+	e := newEnv(t, o)
+	key := e.key
+	var models []string
+	read := func(e *env, i int) {
+		t.Helper()
+		resp, data := e.post(key, "image/png", pngBytes(t, 16+i, 16))
+		models = append(models, decodeOK(t, resp, data).Model)
+	}
+	for i := 1; i <= 3; i++ {
+		read(e, i)
+	}
+	e.stopCold()
+	o.gemini = e.gemini
+	e = newEnv(t, o)
+	for i := 4; i <= 10; i++ {
+		read(e, i)
+	}
+	resp, data := e.post(key, "image/png", pngBytes(t, 40, 16))
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+
+	want := []string{ocr.DefaultModel, ocr.DefaultModel, ocr.DefaultModel, ocr.DefaultModel, ocr.DefaultModel,
+		testFallback, testFallback, testFallback, testFallback, testFallback}
+	if !slices.Equal(models, want) {
+		t.Errorf("the answers' models:\n got %v\nwant %v", models, want)
+	}
+	if p, f := e.gemini.callsTo(ocr.DefaultModel), e.gemini.callsTo(testFallback); p != 5 || f != 5 {
+		t.Errorf("upstream calls: %d to the primary, %d to the fallback; want 5 and 5", p, f)
+	}
+	day, err := e.db.Budget("2026-12-03")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSpend := 5*degradeCost(t, ocr.DefaultModel) + 5*degradeCost(t, testFallback)
+	if day.Requests != 10 || day.SpendMicroUSD != wantSpend {
+		t.Errorf("the ledger's day: %+v, want 10 calls and %d micro-dollars (each call at its model's price)", day, wantSpend)
+	}
+	rows, err := e.db.Usage(clk.now().Add(-time.Hour), clk.now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byModel := map[string]int64{}
+	for _, r := range rows {
+		byModel[r.Model] += r.CostMicroUSD
+	}
+	if len(rows) != 10 || byModel[ocr.DefaultModel] != 5*degradeCost(t, ocr.DefaultModel) || byModel[testFallback] != 5*degradeCost(t, testFallback) {
+		t.Errorf("usage rows: %d, cost by model %v", len(rows), byModel)
+	}
+	if got := rec.got(); !slices.Contains(got, detect.KindDegraded) || slices.Contains(got, detect.KindRestored) {
+		t.Errorf("alerts: %v, want %s and not %s", got, detect.KindDegraded, detect.KindRestored)
+	}
+	d, err := e.srv.dashboard(context.Background(), clk.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := d.Budget; b.DegradedBy != "soft_daily_requests" || b.ReadsByModel[ocr.DefaultModel] != 5 || b.ReadsByModel[testFallback] != 5 {
+		t.Errorf("the dashboard's budget: degraded by %q, reads by model %v", b.DegradedBy, b.ReadsByModel)
+	}
+	var page strings.Builder
+	if err := dashboardPage.Execute(&page, d); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(page.String(), `id="model-state">fallback<`) ||
+		!strings.Contains(page.String(), testFallback+" 5") {
+		t.Error("the dashboard page does not show the fallback model and its reads")
+	}
+	users, err := e.srv.d.Operator.Usage(context.Background(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(users) != 1 || users[0].ReadsTodayByModel[testFallback] != 5 {
+		t.Errorf("breakwater usage's figures: %+v", users)
+	}
+	m := scrape(t, e)
+	for _, series := range []string{
+		`breakwater_upstream_calls_total{model="gemini-2.5-flash-lite",outcome="ok"} 5`,
+		`breakwater_upstream_calls_total{model="gemini-3.5-flash-lite",outcome="ok"} 2`, // since the restart
+	} {
+		if !strings.Contains(m, series+"\n") {
+			t.Errorf("/metrics lacks %s", series)
+		}
+	}
+}
+
+// A reload that raises the soft ceiling above the day's calls returns the
+// reads to the primary model, with an alert; a plan on "primary" stays on
+// the primary model above the soft ceiling (and is refused at the hard
+// one), a plan on "fallback" always reads with the fallback.
+func TestDegradeReloadAndPlans(t *testing.T) {
+	clk := newClock(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	rec := &recordingAlerter{}
+	e := newEnv(t, envOptions{clock: clk.now, alerts: rec, fallback: testFallback,
+		plans:     map[string]int64{"pro": 100, "cheap": 100},
+		planModel: map[string]string{"pro": budget.PlanModelPrimary, "cheap": budget.PlanModelFallback},
+		budget:    budget.Config{DailyRequests: 6, SoftDailyRequests: 2}})
+	pro, cheap := e.newKey("paula", "pro"), e.newKey("carl", "cheap")
+	n := 0
+	read := func(key string) string {
+		t.Helper()
+		n++
+		resp, data := e.post(key, "image/png", pngBytes(t, 16+n, 16))
+		return decodeOK(t, resp, data).Model
+	}
+	for i, tt := range []struct{ key, want string }{
+		{cheap, testFallback},     // 1: below the soft line, but the plan takes the fallback
+		{e.key, ocr.DefaultModel}, // 2
+		{e.key, testFallback},     // 3: above
+		{pro, ocr.DefaultModel},   // 4: the plan opts out
+		{e.key, testFallback},     // 5
+	} {
+		if got := read(tt.key); got != tt.want {
+			t.Errorf("read %d: model %s, want %s", i+1, got, tt.want)
+		}
+	}
+	e.brake.SetConfig(budget.Config{DailyRequests: 6, SoftDailyRequests: 5}) // the day has 5 calls
+	if got := read(e.key); got != testFallback {
+		t.Errorf("at the raised line: model %s, want the fallback", got)
+	}
+	e.brake.SetConfig(budget.Config{DailyRequests: 20, SoftDailyRequests: 10})
+	if got := read(e.key); got != ocr.DefaultModel {
+		t.Errorf("after the reload that raised the soft ceiling: model %s, want the primary", got)
+	}
+	if got := rec.got(); !slices.Equal(got, []string{detect.KindDegraded, detect.KindRestored}) {
+		t.Errorf("alerts: %v, want degraded then restored", got)
+	}
+	e.brake.SetConfig(budget.Config{DailyRequests: 8, SoftDailyRequests: 2})
+	read(pro) // the 8th call, on the primary model
+	resp, data := e.post(pro, "image/png", pngBytes(t, 99, 16))
+	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+}
