@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -53,13 +52,9 @@ type MailerOptions struct {
 // subject is "[breakwater] " and a phrase of this package); text that
 // users control goes only in the body, escaped by the caller.
 type Mailer struct {
-	cfg   AlertsConfig
-	o     MailerOptions
-	log   *slog.Logger
-	queue *queue[message]
-	stop  chan struct{} // cuts retry waits short at Close
-	done  chan struct{}
-	once  sync.Once
+	cfg AlertsConfig
+	o   MailerOptions
+	box *outbox[message]
 }
 
 type message struct{ subject, body string }
@@ -75,18 +70,6 @@ func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
 	if !cfg.MailOn() {
 		return nil, errors.New("alerts.smtp_host: required for mail")
 	}
-	if o.QueueSize <= 0 {
-		o.QueueSize = DefaultMailQueue
-	}
-	if o.Attempts <= 0 {
-		o.Attempts = DefaultMailAttempts
-	}
-	if o.RetryBase <= 0 {
-		o.RetryBase = DefaultRetryBase
-	}
-	if o.RetryMax <= 0 {
-		o.RetryMax = DefaultRetryMax
-	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultMailTimeout
 	}
@@ -96,80 +79,33 @@ func NewMailer(cfg AlertsConfig, o MailerOptions) (*Mailer, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &Mailer{
-		cfg: cfg, o: o, log: o.Logger.With("component", "mail"),
-		queue: newQueue[message](o.QueueSize), stop: make(chan struct{}), done: make(chan struct{}),
-	}
-	go m.loop()
+	m := &Mailer{cfg: cfg, o: o}
+	m.box = newOutbox(outboxSpec[message]{
+		send: func(msg message) error { _, err := m.sendOnce(msg); return err },
+		size: o.QueueSize, attempts: o.Attempts, base: o.RetryBase, max: o.RetryMax,
+		log:   o.Logger.With("component", "mail"),
+		attrs: func(msg message) []any { return []any{"subject", msg.subject} },
+		text: outboxText{
+			dropped:  "e-mail dropped: the mail queue is full or closed",
+			sent:     "e-mail sent",
+			retry:    "e-mail not sent: will retry",
+			givenUp:  "e-mail given up",
+			shutdown: "e-mail given up at shutdown",
+		},
+		sent: &o.Counters.AlertsSent, failed: &o.Counters.AlertFailures, dropped: &o.Counters.AlertFailures,
+	})
 	return m, nil
 }
 
 // Send queues a message without waiting; false means it was dropped (a
 // full queue or a closed Mailer) and counted.
 func (m *Mailer) Send(subject, body string) bool {
-	if m.queue.Push(message{subject: subject, body: body}) {
-		return true
-	}
-	m.o.Counters.AlertFailures.Add(1)
-	m.log.Error("e-mail dropped: the mail queue is full or closed", "subject", subject)
-	return false
+	return m.box.Push(message{subject: subject, body: body})
 }
 
 // Close stops taking messages, cuts retry waits short and tries each
 // queued message once more, until ctx ends.
-func (m *Mailer) Close(ctx context.Context) error {
-	m.once.Do(func() {
-		m.queue.Close()
-		close(m.stop)
-	})
-	select {
-	case <-m.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (m *Mailer) loop() {
-	defer close(m.done)
-	for msg := range m.queue.Items() {
-		m.deliver(msg)
-	}
-}
-
-// deliver tries msg until it is sent, its attempts are used up, or the
-// Mailer stops.
-func (m *Mailer) deliver(msg message) {
-	wait := m.o.RetryBase
-	for attempt := 1; ; attempt++ {
-		_, err := m.sendOnce(msg)
-		if err == nil {
-			m.o.Counters.AlertsSent.Add(1)
-			m.log.Info("e-mail sent", "subject", msg.subject, "attempt", attempt)
-			return
-		}
-		m.o.Counters.AlertFailures.Add(1)
-		if attempt >= m.o.Attempts {
-			m.log.Error("e-mail given up", "subject", msg.subject, "attempts", attempt, "err", err)
-			return
-		}
-		m.log.Warn("e-mail not sent: will retry", "subject", msg.subject, "attempt", attempt, "retry_in", wait, "err", err)
-		timer := time.NewTimer(wait)
-		select {
-		case <-timer.C:
-		case <-m.stop:
-			timer.Stop()
-			if _, err := m.sendOnce(msg); err == nil {
-				m.o.Counters.AlertsSent.Add(1)
-			} else {
-				m.o.Counters.AlertFailures.Add(1)
-				m.log.Error("e-mail given up at shutdown", "subject", msg.subject, "err", err)
-			}
-			return
-		}
-		wait = min(wait*2, m.o.RetryMax)
-	}
-}
+func (m *Mailer) Close(ctx context.Context) error { return m.box.Close(ctx) }
 
 // SendNow sends one message at once over a new connection, past the
 // queue and without retries, and returns what the SMTP server answered to

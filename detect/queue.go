@@ -7,7 +7,8 @@ import (
 
 // queue is the bounded hand-over between a caller that must never wait
 // (a request, an alert) and the one goroutine that writes, stores or mails
-// what it gets: the Recorder, the Alerter and the Mailer each have one.
+// what it gets: the Recorder, the Alerter and each outbox (the Mailer's,
+// a Webhook's) have one.
 // Push drops an item when the queue is full or closed, and counts it;
 // the consumer ranges over Items until Close has been called and what was
 // queued before it is taken.

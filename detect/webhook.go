@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -46,11 +45,7 @@ type Webhook struct {
 	cfg         WebhookConfig
 	url, secret string
 	o           WebhookOptions
-	log         *slog.Logger
-	queue       *queue[Notice]
-	stop        chan struct{}
-	done        chan struct{}
-	once        sync.Once
+	box         *outbox[Notice]
 }
 
 var _ Notifier = (*Webhook)(nil)
@@ -67,18 +62,6 @@ func NewWebhook(cfg WebhookConfig, rawURL, secret string, o WebhookOptions) (*We
 	if cfg.SecretEnv != "" && secret == "" {
 		return nil, fmt.Errorf("alerts.webhook: %s is empty", cfg.SecretEnv)
 	}
-	if o.QueueSize <= 0 {
-		o.QueueSize = DefaultMailQueue
-	}
-	if o.Attempts <= 0 {
-		o.Attempts = DefaultMailAttempts
-	}
-	if o.RetryBase <= 0 {
-		o.RetryBase = DefaultRetryBase
-	}
-	if o.RetryMax <= 0 {
-		o.RetryMax = DefaultRetryMax
-	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultWebhookTimeout
 	}
@@ -91,12 +74,22 @@ func NewWebhook(cfg WebhookConfig, rawURL, secret string, o WebhookOptions) (*We
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Webhook{
-		cfg: cfg, url: rawURL, secret: secret, o: o,
+	w := &Webhook{cfg: cfg, url: rawURL, secret: secret, o: o}
+	w.box = newOutbox(outboxSpec[Notice]{
+		send: func(n Notice) error { _, err := w.SendNow(context.Background(), n); return err },
+		size: o.QueueSize, attempts: o.Attempts, base: o.RetryBase, max: o.RetryMax,
 		log:   o.Logger.With("component", "webhook", "format", cfg.Format, "url_env", cfg.URLEnv),
-		queue: newQueue[Notice](o.QueueSize), stop: make(chan struct{}), done: make(chan struct{}),
-	}
-	go w.loop()
+		attrs: func(n Notice) []any { return []any{"kind", n.Kind} },
+		text: outboxText{
+			dropped:  "webhook notice dropped: the queue is full or closed",
+			sent:     "webhook delivered",
+			retry:    "webhook not delivered: will retry",
+			givenUp:  "webhook notice given up",
+			shutdown: "webhook notice given up at shutdown",
+		},
+		sent: &o.Counters.WebhooksSent, failed: &o.Counters.WebhookFailures,
+		dropped: &o.Counters.WebhookDropped, givenUp: &o.Counters.WebhookDropped,
+	})
 	return w, nil
 }
 
@@ -104,76 +97,11 @@ func NewWebhook(cfg WebhookConfig, rawURL, secret string, o WebhookOptions) (*We
 func (w *Webhook) Name() string { return fmt.Sprintf("webhook %s ($%s)", w.cfg.Format, w.cfg.URLEnv) }
 
 // Notify queues n without waiting; false means it was dropped and counted.
-func (w *Webhook) Notify(n Notice) bool {
-	if w.queue.Push(n) {
-		return true
-	}
-	w.o.Counters.WebhookDropped.Add(1)
-	w.log.Error("webhook notice dropped: the queue is full or closed", "kind", n.Kind)
-	return false
-}
+func (w *Webhook) Notify(n Notice) bool { return w.box.Push(n) }
 
 // Close stops taking notices, cuts retry waits short and tries each
 // queued notice once more, until ctx ends.
-func (w *Webhook) Close(ctx context.Context) error {
-	w.once.Do(func() {
-		w.queue.Close()
-		close(w.stop)
-	})
-	select {
-	case <-w.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (w *Webhook) loop() {
-	defer close(w.done)
-	for n := range w.queue.Items() {
-		w.deliver(n)
-	}
-}
-
-// errPermanent marks an answer that a retry cannot change (a 4xx other
-// than 408 and 429).
-var errPermanent = errors.New("refused")
-
-// deliver tries n until it is taken, refused for good, its attempts are
-// used up, or the Webhook stops.
-func (w *Webhook) deliver(n Notice) {
-	wait := w.o.RetryBase
-	for attempt := 1; ; attempt++ {
-		_, err := w.SendNow(context.Background(), n)
-		if err == nil {
-			w.o.Counters.WebhooksSent.Add(1)
-			w.log.Info("webhook delivered", "kind", n.Kind, "attempt", attempt)
-			return
-		}
-		w.o.Counters.WebhookFailures.Add(1)
-		if attempt >= w.o.Attempts || errors.Is(err, errPermanent) {
-			w.o.Counters.WebhookDropped.Add(1)
-			w.log.Error("webhook notice given up", "kind", n.Kind, "attempts", attempt, "err", err)
-			return
-		}
-		w.log.Warn("webhook not delivered: will retry", "kind", n.Kind, "attempt", attempt, "retry_in", wait, "err", err)
-		timer := time.NewTimer(wait)
-		select {
-		case <-timer.C:
-		case <-w.stop:
-			timer.Stop()
-			if _, err := w.SendNow(context.Background(), n); err == nil {
-				w.o.Counters.WebhooksSent.Add(1)
-			} else {
-				w.o.Counters.WebhookFailures.Add(1)
-				w.o.Counters.WebhookDropped.Add(1)
-				w.log.Error("webhook notice given up at shutdown", "kind", n.Kind, "err", err)
-			}
-			return
-		}
-		wait = min(wait*2, w.o.RetryMax)
-	}
-}
+func (w *Webhook) Close(ctx context.Context) error { return w.box.Close(ctx) }
 
 // SendNow posts n once, past the queue and without retries, and returns
 // the receiver's answer ("200 OK: ok"); a status other than 2xx is an
