@@ -33,3 +33,4 @@ func TestBackendPersonal(t *testing.T)  { backendtest.Personal(t, boltKit()) }
 func TestBackendRekey(t *testing.T)     { backendtest.Rekey(t, boltKit()) }
 func TestBackendEvents(t *testing.T)    { backendtest.Events(t, boltKit()) }
 func TestBackendDetection(t *testing.T) { backendtest.Detection(t, boltKit()) }
+func TestBackendInvites(t *testing.T)   { backendtest.Invites(t, boltKit()) }

@@ -50,3 +50,4 @@ func TestBackendPersonal(t *testing.T)  { backendtest.Personal(t, pgKit()) }
 func TestBackendRekey(t *testing.T)     { backendtest.Rekey(t, pgKit()) }
 func TestBackendEvents(t *testing.T)    { backendtest.Events(t, pgKit()) }
 func TestBackendDetection(t *testing.T) { backendtest.Detection(t, pgKit()) }
+func TestBackendInvites(t *testing.T)   { backendtest.Invites(t, pgKit()) }
