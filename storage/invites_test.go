@@ -11,18 +11,15 @@ import (
 	"go.etcd.io/bbolt"
 
 	"breakwater/server/invites"
+	"breakwater/storage/backendtest"
 )
-
-func newInvite(id string, uses int) invites.Invite {
-	return invites.Invite{ID: id, Hash: sha256.Sum256([]byte("code-" + id)), MaxUses: uses, CreatedAt: t0, Note: "for " + id}
-}
 
 // TestInviteRedemptionFailsClosed: an invite whose redemptions bucket is
 // missing is an error for both the check and the redemption, never "not
 // redeemed yet", and nothing is written.
 func TestInviteRedemptionFailsClosed(t *testing.T) {
 	db := mustOpen(t)
-	inv := newInvite("inv_damaged", 3)
+	inv := backendtest.NewInvite("inv_damaged", 3)
 	if err := db.CreateInvite(inv); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +48,7 @@ func TestInviteRedemptionFailsClosed(t *testing.T) {
 // backendtest.Invites.)
 func TestDeleteInviteDropsItsBucket(t *testing.T) {
 	db := mustOpen(t)
-	inv, other := newInvite("inv_del", 3), newInvite("inv_keep", 3)
+	inv, other := backendtest.NewInvite("inv_del", 3), backendtest.NewInvite("inv_keep", 3)
 	for _, i := range []invites.Invite{inv, other} {
 		if err := db.CreateInvite(i); err != nil {
 			t.Fatal(err)
@@ -85,7 +82,7 @@ func TestDeleteInviteDropsItsBucket(t *testing.T) {
 func TestBackupKeepsRedemptions(t *testing.T) {
 	db := mustOpen(t)
 	ctx := context.Background()
-	inv := newInvite("inv_backup", 3)
+	inv := backendtest.NewInvite("inv_backup", 3)
 	if err := db.CreateInvite(inv); err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,10 @@ import (
 	"breakwater/server/invites"
 )
 
-// newInvite returns an invite with a hash derived from id.
-func newInvite(id string, uses int) invites.Invite {
+// NewInvite returns an invite with uses uses, created at the suite's
+// fixed time (2026-03-01 12:00 UTC), its hash derived from id; the
+// backends' own tests make theirs with it too.
+func NewInvite(id string, uses int) invites.Invite {
 	return invites.Invite{ID: id, Hash: sha256.Sum256([]byte("code-" + id)), MaxUses: uses, CreatedAt: t0, Note: "for " + id}
 }
 
@@ -35,7 +37,7 @@ func Invites(t *testing.T, kit Kit) {
 func redemptionOutcomes(t *testing.T, kit Kit) {
 	db := kit.Open(t)
 	ctx := context.Background()
-	one, two, exp, rev := newInvite("inv_one", 1), newInvite("inv_two", 2), newInvite("inv_exp", 5), newInvite("inv_rev", 5)
+	one, two, exp, rev := NewInvite("inv_one", 1), NewInvite("inv_two", 2), NewInvite("inv_exp", 5), NewInvite("inv_rev", 5)
 	exp.ExpiresAt = t0.Add(time.Hour)
 	for _, inv := range []invites.Invite{one, two, exp, rev} {
 		if err := db.CreateInvite(inv); err != nil {
@@ -93,7 +95,7 @@ func redemptionOutcomes(t *testing.T, kit Kit) {
 // would, and writes nothing.
 func checkAgreesWithRedeem(t *testing.T, kit Kit) {
 	db := kit.Open(t)
-	two, exp := newInvite("inv_two", 2), newInvite("inv_exp", 5)
+	two, exp := NewInvite("inv_two", 2), NewInvite("inv_exp", 5)
 	exp.ExpiresAt = t0.Add(time.Hour)
 	for _, inv := range []invites.Invite{two, exp} {
 		if err := db.CreateInvite(inv); err != nil {

@@ -17,7 +17,7 @@ import (
 // id is invites.ErrNotFound.
 func listRevokeErrors(t *testing.T, kit Kit) {
 	db := kit.Open(t)
-	a, b := newInvite("inv_a", 1), newInvite("inv_b", 1)
+	a, b := NewInvite("inv_a", 1), NewInvite("inv_b", 1)
 	b.CreatedAt = t0.Add(-time.Hour)
 	b.ExpiresAt = t0.Add(time.Hour)
 	for _, inv := range []invites.Invite{a, b} {
@@ -70,7 +70,7 @@ func sameInvite(a, b invites.Invite) bool {
 func deleteInvite(t *testing.T, kit Kit) {
 	db := kit.Open(t)
 	ctx := context.Background()
-	inv, other := newInvite("inv_del", 3), newInvite("inv_keep", 3)
+	inv, other := NewInvite("inv_del", 3), NewInvite("inv_keep", 3)
 	for _, i := range []invites.Invite{inv, other} {
 		if err := db.CreateInvite(i); err != nil {
 			t.Fatal(err)
@@ -94,7 +94,7 @@ func deleteInvite(t *testing.T, kit Kit) {
 	if reds, err := kit.Redemptions(db, other.Hash); err != nil || len(reds) != 1 {
 		t.Errorf("the other invite's redemptions: %v, %v; want its one", reds, err)
 	}
-	recreated := newInvite("inv_del", 3)
+	recreated := NewInvite("inv_del", 3)
 	recreated.CreatedAt = t0.Add(time.Minute)
 	if err := db.CreateInvite(recreated); err != nil {
 		t.Fatal(err)

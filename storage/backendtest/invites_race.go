@@ -51,7 +51,7 @@ func twoInstances(t *testing.T, kit Kit) []Backend {
 // exactly one in.
 func oneUseInParallel(t *testing.T, kit Kit) {
 	dbs := twoInstances(t, kit)
-	inv := newInvite("inv_race", 1)
+	inv := NewInvite("inv_race", 1)
 	if err := dbs[0].CreateInvite(inv); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func oneUseInParallel(t *testing.T, kit Kit) {
 // error); 30 e-mails on 25 uses: exactly 25 in.
 func sameEmailInParallel(t *testing.T, kit Kit) {
 	dbs := twoInstances(t, kit)
-	inv := newInvite("inv_many", 100)
+	inv := NewInvite("inv_many", 100)
 	if err := dbs[0].CreateInvite(inv); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func sameEmailInParallel(t *testing.T, kit Kit) {
 	if got[invites.InviteRedeemed] != 1 || got[invites.InviteAlreadyRedeemed] != 19 {
 		t.Errorf("outcomes %v, want 1 redeemed and 19 already redeemed", got)
 	}
-	few := newInvite("inv_few", 25)
+	few := NewInvite("inv_few", 25)
 	if err := dbs[1].CreateInvite(few); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func sameEmailInParallel(t *testing.T, kit Kit) {
 func manyUsesInParallel(t *testing.T, kit Kit) {
 	const uses, emails, tries = 5, 40, 3
 	dbs := twoInstances(t, kit)
-	inv := newInvite("inv_race_many", uses)
+	inv := NewInvite("inv_race_many", uses)
 	if err := dbs[0].CreateInvite(inv); err != nil {
 		t.Fatal(err)
 	}

@@ -2,25 +2,21 @@ package postgres_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"reflect"
 	"testing"
 	"time"
 
 	"breakwater/server/invites"
+	"breakwater/storage/backendtest"
 	"breakwater/storage/postgres"
 )
-
-func newInvite(id string, uses int) invites.Invite {
-	return invites.Invite{ID: id, Hash: sha256.Sum256([]byte("code-" + id)), MaxUses: uses, CreatedAt: t0, Note: "for " + id}
-}
 
 // An invite copied from bolt keeps its use count and its e-mails; a
 // second copy copies nothing.
 func TestImportInvite(t *testing.T) {
 	db := newDB(t)
-	inv := newInvite("inv_old", 3)
+	inv := backendtest.NewInvite("inv_old", 3)
 	inv.Used = 2
 	reds := []postgres.Redemption{{Email: "a@x", At: t0}, {Email: "b@x", At: t0.Add(time.Minute)}}
 	for i, want := range []bool{true, false} {
