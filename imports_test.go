@@ -95,6 +95,7 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 	t.Run("server root", func(t *testing.T) { checkServerRootIsAMap(t, pkgs) })
 	t.Run("server subpackages", func(t *testing.T) { checkServerPartsKnowNoEdge(t, pkgs) })
 	t.Run("no package under server imports its parent", func(t *testing.T) { checkNoServerPackageImportsItsParent(t, pkgs) })
+	t.Run("backendtest only in tests", func(t *testing.T) { checkBackendSuiteOnlyInTests(t, pkgs) })
 	checkLibrariesStayInTheirPackage(t, pkgs)
 }
 
@@ -221,6 +222,29 @@ func checkNoServerPackageImportsItsParent(t *testing.T, pkgs map[string][]string
 			if imp != pkg && within(pkg, imp) {
 				t.Errorf("%s imports its parent %s", pkg, imp)
 			}
+		}
+	}
+}
+
+// backendSuite is the behaviour suite both storage backends' tests run.
+const backendSuite = "breakwater/storage/backendtest"
+
+// checkBackendSuiteOnlyInTests: the storage backends' common suite
+// imports testing, so only test files import it (a binary would carry
+// the test flags); and it knows no backend, so that each backend's tests,
+// bolt's in package storage itself, can run it without a cycle.
+func checkBackendSuiteOnlyInTests(t *testing.T, pkgs map[string][]string) {
+	if _, ok := pkgs[backendSuite]; !ok {
+		t.Fatalf("package %s not found", backendSuite)
+	}
+	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
+		if slices.Contains(pkgs[pkg], backendSuite) {
+			t.Errorf("%s imports %s outside its tests", pkg, backendSuite)
+		}
+	}
+	for dep, chain := range moduleDeps(pkgs, backendSuite) {
+		if within(dep, "breakwater/storage") {
+			t.Errorf("%s depends on a backend: %s", backendSuite, strings.Join(chain, " -> "))
 		}
 	}
 }

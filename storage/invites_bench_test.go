@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"breakwater/server/invites"
+	"breakwater/storage/backendtest"
 )
 
 // BenchmarkInviteRedeemManyUses redeems one multi-use code redeemUses
@@ -33,7 +34,7 @@ func BenchmarkInviteRedeemManyUses(b *testing.B) {
 			var first, last time.Duration
 			runs := 0
 			for b.Loop() {
-				inv := newInvite(fmt.Sprintf("inv_bench%d", runs), redeemUses)
+				inv := backendtest.NewInvite(fmt.Sprintf("inv_bench%d", runs), redeemUses)
 				if err := db.CreateInvite(inv); err != nil {
 					b.Fatal(err)
 				}

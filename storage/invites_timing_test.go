@@ -2,7 +2,6 @@ package storage
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"breakwater/server/invites"
+	"breakwater/storage/backendtest"
 )
 
 // TestCheckInviteMissDoesTheWorkOfAHit: a code that finds no invite costs
@@ -23,33 +23,11 @@ import (
 // skipped them allocates less than half as much.
 func TestCheckInviteMissDoesTheWorkOfAHit(t *testing.T) {
 	db := mustOpen(t)
-	ctx := context.Background()
 	now := t0.Add(time.Hour)
 	if got, err := db.CheckInvite(sha256.Sum256([]byte("x")), "ann@example.com", now); err != nil || got != invites.InviteUnknown {
 		t.Fatalf("no invites stored: %v %v, want unknown", got, err)
 	}
-	for i := range 12 { // every state a hit can find
-		inv := newInvite(fmt.Sprintf("inv_%02d", i), 1+i%2)
-		switch i % 4 {
-		case 1:
-			inv.ExpiresAt = now.Add(-time.Minute)
-		case 2:
-			inv.ExpiresAt = now.Add(time.Hour)
-		}
-		if err := db.CreateInvite(inv); err != nil {
-			t.Fatal(err)
-		}
-		if i%3 == 0 {
-			if _, err := db.RedeemInvite(ctx, inv.Hash, "ann@example.com", t0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if i%5 == 4 {
-			if _, err := db.RevokeInvite(inv.ID, t0); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	backendtest.InvitesInEveryState(t, db, now)
 	var first, last [32]byte
 	for i := range last {
 		last[i] = 0xff

@@ -1,13 +1,12 @@
 package postgres_test
 
 import (
-	"context"
 	"crypto/sha256"
-	"fmt"
 	"testing"
 	"time"
 
 	"breakwater/server/invites"
+	"breakwater/storage/backendtest"
 )
 
 // A code that finds no invite costs the client what one that finds an
@@ -18,33 +17,8 @@ import (
 // is two index probes either way.
 func TestCheckInviteMissDoesTheWorkOfAHit(t *testing.T) {
 	db := newDB(t)
-	ctx := context.Background()
 	now := t0.Add(time.Hour)
-	var hits [][32]byte
-	for i := range 12 { // every state a hit can find
-		inv := newInvite(fmt.Sprintf("inv_%02d", i), 1+i%2)
-		inv.Note = fmt.Sprintf("a note of some length %0*d", i*10, i)
-		switch i % 4 {
-		case 1:
-			inv.ExpiresAt = now.Add(-time.Minute)
-		case 2:
-			inv.ExpiresAt = now.Add(time.Hour)
-		}
-		if err := db.CreateInvite(inv); err != nil {
-			t.Fatal(err)
-		}
-		if i%3 == 0 {
-			if _, err := db.RedeemInvite(ctx, inv.Hash, "ann@example.com", t0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if i%5 == 4 {
-			if _, err := db.RevokeInvite(inv.ID, t0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		hits = append(hits, inv.Hash)
-	}
+	hits := backendtest.InvitesInEveryState(t, db, now)
 	allocs := func(hash [32]byte, email string) (float64, invites.RedeemOutcome) {
 		var out invites.RedeemOutcome
 		var err error

@@ -15,6 +15,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/server/keys"
+	"breakwater/storage/backendtest"
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
 )
@@ -138,7 +139,7 @@ func TestBackupRestores(t *testing.T) {
 	if err := db.CreateKey(newKey("k1", "alice", t0), keys.User{Plan: "pro"}); err != nil {
 		t.Fatal(err)
 	}
-	inv := newInvite("inv_1", 2)
+	inv := backendtest.NewInvite("inv_1", 2)
 	if err := db.CreateInvite(inv); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package postgres_test
+package backendtest
 
 import (
 	"errors"
@@ -7,11 +7,21 @@ import (
 	"time"
 
 	"breakwater/detect"
-	"breakwater/storage/postgres"
 )
 
-func TestSaveDetectionReplacesTheDay(t *testing.T) {
-	db := newDB(t)
+// Detection checks the detection half of detect.Store and
+// detect.AlertStore: a day's aggregate, findings and run saved together
+// and replaced by a re-run, the count of unfinished runs, alert states.
+func Detection(t *testing.T, kit Kit) {
+	t.Run("SaveDetectionReplacesTheDay", func(t *testing.T) { saveDetection(t, kit) })
+	t.Run("DetectRunAttempts", func(t *testing.T) { detectRunAttempts(t, kit) })
+	t.Run("AlertStates", func(t *testing.T) { alertStates(t, kit) })
+}
+
+// saveDetection: a re-run of a day replaces its aggregate, findings and
+// run; aggregates and findings round-trip exactly; a bad day is refused.
+func saveDetection(t *testing.T, kit Kit) {
+	db := kit.Open(t)
 	if _, err := db.LastDetectRun(); !errors.Is(err, detect.ErrNoRun) {
 		t.Fatalf("LastDetectRun on a new database = %v, want detect.ErrNoRun", err)
 	}
@@ -47,34 +57,15 @@ func TestSaveDetectionReplacesTheDay(t *testing.T) {
 	if err != nil || run.Day != "2026-03-08" || run.Findings != 1 || !run.RanAt.Equal(t0) {
 		t.Errorf("LastDetectRun = %+v, %v; want 2026-03-08 with 1 finding", run, err)
 	}
-	if err := db.SaveDetection(detect.DayStats{Day: "8 March"}, nil, detect.RunRecord{}); !errors.Is(err, postgres.ErrInvalid) {
+	if err := db.SaveDetection(detect.DayStats{Day: "8 March"}, nil, detect.RunRecord{}); !errors.Is(err, kit.ErrInvalid) {
 		t.Errorf("bad day: %v, want ErrInvalid", err)
 	}
 }
 
-func TestAlertStates(t *testing.T) {
-	db := newDB(t)
-	for _, st := range []detect.AlertState{{Kind: "usage_commit_failed", SentAt: t0}, {Kind: "brake_engaged", SentAt: t0},
-		{Kind: "brake_engaged", SentAt: t0.Add(time.Hour), Summary: "again"}} {
-		if err := db.SaveAlertState(st); err != nil {
-			t.Fatal(err)
-		}
-	}
-	states, err := db.AlertStates()
-	want := []detect.AlertState{{Kind: "brake_engaged", SentAt: t0.Add(time.Hour), Summary: "again"}, {Kind: "usage_commit_failed", SentAt: t0}}
-	if err != nil || len(states) != 2 || states[0].Kind != want[0].Kind || !states[0].SentAt.Equal(want[0].SentAt) ||
-		states[0].Summary != "again" || states[1].Kind != want[1].Kind {
-		t.Errorf("AlertStates = %+v, %v; want %+v", states, err, want)
-	}
-	if err := db.SaveAlertState(detect.AlertState{}); !errors.Is(err, postgres.ErrInvalid) {
-		t.Errorf("no kind: %v, want ErrInvalid", err)
-	}
-}
-
-// A started run counts until it is saved, given up or ended; a crash
-// (nothing after the start) leaves the count.
-func TestDetectRunAttempts(t *testing.T) {
-	db := newDB(t)
+// detectRunAttempts: a started run counts until it is saved, given up or
+// ended; a crash (nothing after the start) leaves the count.
+func detectRunAttempts(t *testing.T, kit Kit) {
+	db := kit.Open(t)
 	const day = "2026-03-08"
 	for want := range 3 { // three starts, as three crashed runs leave them
 		if got, err := db.StartDetectRun(day); err != nil || got != want {
@@ -109,7 +100,27 @@ func TestDetectRunAttempts(t *testing.T) {
 	if got, _ := db.StartDetectRun("2026-03-09"); got != 0 {
 		t.Errorf("after SaveDetectRun: %d unfinished runs, want 0", got)
 	}
-	if _, err := db.StartDetectRun("8 March"); !errors.Is(err, postgres.ErrInvalid) {
+	if _, err := db.StartDetectRun("8 March"); !errors.Is(err, kit.ErrInvalid) {
 		t.Errorf("bad day: %v, want ErrInvalid", err)
+	}
+}
+
+// alertStates: one state per kind, the last saved kept with its summary,
+// listed by kind; a state without kind is refused.
+func alertStates(t *testing.T, kit Kit) {
+	db := kit.Open(t)
+	for _, st := range []detect.AlertState{{Kind: "usage_commit_failed", SentAt: t0}, {Kind: "brake_engaged", SentAt: t0},
+		{Kind: "brake_engaged", SentAt: t0.Add(time.Hour), Summary: "again"}} {
+		if err := db.SaveAlertState(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	states, err := db.AlertStates()
+	if err != nil || len(states) != 2 || states[0].Kind != "brake_engaged" || !states[0].SentAt.Equal(t0.Add(time.Hour)) ||
+		states[0].Summary != "again" || states[1].Kind != "usage_commit_failed" || !states[1].SentAt.Equal(t0) {
+		t.Errorf("AlertStates = %+v, %v; want brake_engaged at 13:00 (again), then usage_commit_failed at 12:00", states, err)
+	}
+	if err := db.SaveAlertState(detect.AlertState{}); !errors.Is(err, kit.ErrInvalid) {
+		t.Errorf("no kind: %v, want ErrInvalid", err)
 	}
 }

@@ -1,0 +1,53 @@
+package postgres_test
+
+import (
+	"sync"
+	"testing"
+
+	"breakwater/storage/backendtest"
+	"breakwater/storage/postgres"
+	"breakwater/storage/postgres/pgtest"
+)
+
+// pgKit opens a fresh database of the test's own (pgtest.NewDatabase)
+// for the suite both backends run.
+func pgKit() backendtest.Kit {
+	var mu sync.Mutex
+	urls := map[backendtest.Backend]string{}
+	return backendtest.Kit{
+		Open: func(t *testing.T) backendtest.Backend {
+			url := pgtest.NewDatabase(t)
+			db := open(t, url)
+			mu.Lock()
+			defer mu.Unlock()
+			urls[db] = url
+			return db
+		},
+		ErrExists:           postgres.ErrExists,
+		ErrInvalid:          postgres.ErrInvalid,
+		ErrInviteKeyChanged: postgres.ErrInviteKeyChanged,
+		Redemptions: func(b backendtest.Backend, hash [32]byte) ([]backendtest.Redemption, error) {
+			reds, err := b.(*postgres.DB).Redemptions(hash)
+			out := make([]backendtest.Redemption, 0, len(reds))
+			for _, r := range reds {
+				out = append(out, backendtest.Redemption(r))
+			}
+			return out, err
+		},
+		Another: func(t *testing.T, b backendtest.Backend) backendtest.Backend {
+			mu.Lock()
+			url := urls[b]
+			mu.Unlock()
+			return open(t, url)
+		},
+		EventPage: 1024,  // EachEvent's page
+		PrunePage: 10000, // PruneEvents's batch
+	}
+}
+
+func TestBackendKeys(t *testing.T)      { backendtest.Keys(t, pgKit()) }
+func TestBackendPersonal(t *testing.T)  { backendtest.Personal(t, pgKit()) }
+func TestBackendRekey(t *testing.T)     { backendtest.Rekey(t, pgKit()) }
+func TestBackendEvents(t *testing.T)    { backendtest.Events(t, pgKit()) }
+func TestBackendDetection(t *testing.T) { backendtest.Detection(t, pgKit()) }
+func TestBackendInvites(t *testing.T)   { backendtest.Invites(t, pgKit()) }
