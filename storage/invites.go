@@ -35,17 +35,8 @@ var errUnknownInvite = fmt.Errorf("%w (%w)", ErrNotFound, invites.ErrNotFound)
 // CreateInvite stores inv, unused, with its empty redemptions bucket. It
 // returns ErrExists if an invite with the same hash or ID is stored.
 func (db *DB) CreateInvite(inv invites.Invite) error {
-	switch {
-	case inv.ID == "":
-		return fmt.Errorf("create invite: %w: empty id", ErrInvalid)
-	case inv.Hash == [32]byte{}:
-		return fmt.Errorf("create invite %s: %w: empty hash", inv.ID, ErrInvalid)
-	case inv.MaxUses < 1:
-		return fmt.Errorf("create invite %s: %w: max uses %d", inv.ID, ErrInvalid, inv.MaxUses)
-	case inv.CreatedAt.IsZero():
-		return fmt.Errorf("create invite %s: %w: zero creation time", inv.ID, ErrInvalid)
-	case inv.Used != 0:
-		return fmt.Errorf("create invite %s: %w: %d uses taken before creation", inv.ID, ErrInvalid, inv.Used)
+	if problem := inv.Problem(); problem != "" {
+		return fmt.Errorf("create invite %s: %w: %s", inv.ID, ErrInvalid, problem)
 	}
 	err := db.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInvites)

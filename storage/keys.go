@@ -29,17 +29,8 @@ func (db *DB) CreateKey(k keys.Key, u keys.User) error {
 	if u.ID == "" {
 		u.ID = k.UserID
 	}
-	switch {
-	case k.ID == "":
-		return fmt.Errorf("create key: %w: empty key id", ErrInvalid)
-	case k.UserID == "":
-		return fmt.Errorf("create key %s: %w: empty user id", k.ID, ErrInvalid)
-	case u.ID != k.UserID:
-		return fmt.Errorf("create key %s: %w: user %q is not the key's user %q", k.ID, ErrInvalid, u.ID, k.UserID)
-	case k.Hash == [32]byte{}:
-		return fmt.Errorf("create key %s: %w: empty hash", k.ID, ErrInvalid)
-	case k.CreatedAt.IsZero():
-		return fmt.Errorf("create key %s: %w: zero creation time", k.ID, ErrInvalid)
+	if problem := k.Problem(u); problem != "" {
+		return fmt.Errorf("create key %s: %w: %s", k.ID, ErrInvalid, problem)
 	}
 
 	err := db.update(func(tx *bbolt.Tx) error {

@@ -3,6 +3,7 @@ package invites
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -25,6 +26,25 @@ type Invite struct {
 	// transaction as each redemption, so the max-uses check never counts
 	// the redemptions.
 	Used int
+}
+
+// Problem says what keeps inv from being created, "" when nothing does:
+// every backend refuses such an invite, with its own error for an invalid
+// record, and writes nothing.
+func (inv Invite) Problem() string {
+	switch {
+	case inv.ID == "":
+		return "empty id"
+	case inv.Hash == [32]byte{}:
+		return "empty hash"
+	case inv.MaxUses < 1:
+		return fmt.Sprintf("max uses %d", inv.MaxUses)
+	case inv.CreatedAt.IsZero():
+		return "zero creation time"
+	case inv.Used != 0:
+		return fmt.Sprintf("%d uses taken before creation", inv.Used)
+	}
+	return ""
 }
 
 // Check tells what a redemption of inv at now would give, given whether

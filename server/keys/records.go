@@ -2,6 +2,7 @@ package keys
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -21,6 +22,25 @@ type Key struct {
 	UserID    string
 	CreatedAt time.Time
 	RevokedAt time.Time // zero means the key is active
+}
+
+// Problem says what keeps k (with its user u) from being stored, "" when
+// nothing does: every backend refuses such a key, with its own error for
+// an invalid record, and writes nothing.
+func (k Key) Problem(u User) string {
+	switch {
+	case k.ID == "":
+		return "empty key id"
+	case k.UserID == "":
+		return "empty user id"
+	case u.ID != k.UserID:
+		return fmt.Sprintf("user %q is not the key's user %q", u.ID, k.UserID)
+	case k.Hash == [32]byte{}:
+		return "empty hash"
+	case k.CreatedAt.IsZero():
+		return "zero creation time"
+	}
+	return ""
 }
 
 // Active reports whether k has not been revoked.
