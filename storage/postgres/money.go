@@ -228,6 +228,9 @@ type step struct {
 	rank  int
 	key   string
 	queue func(b *pgx.Batch)
+	// sum, if set, replaces queue: the steps of one row with a sum are
+	// summed into one statement (sumSteps).
+	sum *ledgerSum
 }
 
 // Ranks of the steps, in lock order.
@@ -360,6 +363,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 		}
 		return steps[i].key < steps[j].key
 	})
+	steps = sumSteps(steps)
 	var err error
 	for range retries {
 		for _, op := range ops {
