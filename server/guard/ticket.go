@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,12 +50,16 @@ func (t *Ticket) addClaim(claim budget.Reservation) {
 // take one atomic step. On a refusal nothing stays reserved.
 func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	g, l, req := t.g, t.g.layers, t.req
-	if l.Attempts != nil {
+	both, r := t.takeAndReserve(now)
+	if r != nil {
+		return r
+	}
+	if l.Attempts != nil && !both {
 		if r := g.open(LayerAttempts, req, &t.shadowed, func() error { return l.Attempts.Take(req.Key, req.DailyLine, now) }); r != nil {
 			return r
 		}
 	}
-	if l.Quotas != nil {
+	if l.Quotas != nil && !both {
 		slot, err := l.Quotas.Reserve(req.Key, req.MonthlyQuota, now)
 		if r := g.closed(err); r != nil {
 			return r
@@ -79,6 +84,47 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	}
 	t.reserve = true
 	return nil
+}
+
+// AttemptsAndQuotas is what the quotas (layer 2b) may also be: a backend
+// that writes the daily attempt line (layer 2) and the quota slots through
+// one group commit (storage/postgres) takes the attempt and reserves the
+// slot in one write, so that a read waits for one commit before its call,
+// not two. SharesCommit reports whether attempts is its own counter;
+// TakeAndReserve then answers for both: take as AttemptCounter.Take, slot
+// and reserve as Quotas.Reserve, the slot held whatever take says.
+type AttemptsAndQuotas interface {
+	SharesCommit(attempts any) bool
+	TakeAndReserve(user string, line, limit int64, now time.Time) (slot budget.Slot, take, reserve error)
+}
+
+// takeAndReserve is layers 2 and 2b of Reserve in one write when the
+// quotas are AttemptsAndQuotas sharing the attempt counter's commit (both
+// reports that it ran); the refusals are as when they run one after the
+// other: the attempt's open (shadowed, or failing open), the quota's
+// closed, and a slot held for an attempt refused is given back.
+func (t *Ticket) takeAndReserve(now time.Time) (both bool, r *Refusal) {
+	g, l, req := t.g, t.g.layers, t.req
+	aq, ok := l.Quotas.(AttemptsAndQuotas)
+	if !ok || l.Attempts == nil || !aq.SharesCommit(l.Attempts) {
+		return false, nil
+	}
+	var slot budget.Slot
+	reserve := errors.New("guard: the quota slot was not reserved") // kept if TakeAndReserve panics
+	if r := g.open(LayerAttempts, req, &t.shadowed, func() (take error) {
+		slot, take, reserve = aq.TakeAndReserve(req.Key, req.DailyLine, req.MonthlyQuota, now)
+		return take
+	}); r != nil {
+		if reserve == nil {
+			l.Quotas.Release(slot)
+		}
+		return true, r
+	}
+	if r := g.closed(reserve); r != nil {
+		return true, r
+	}
+	t.slot = slot
+	return true, nil
 }
 
 // Commit covers the claims with durable budget (the brake's lease, which

@@ -64,6 +64,17 @@ func (a *Attempts) Check(user string, line int64, now time.Time) error {
 // count, or refuses with a *budget.LineError when every instance's attempts
 // today reach it. An error that is not a refusal is the database failing.
 func (a *Attempts) Take(user string, line int64, now time.Time) error {
+	op, done := a.takeOp(user, line, now)
+	ctx, cancel := a.m.ctx()
+	defer cancel()
+	if err := a.m.do(ctx, op); err != nil {
+		return err
+	}
+	return done()
+}
+
+// takeOp is Take's write, and what Take answers once it is committed.
+func (a *Attempts) takeOp(user string, line int64, now time.Time) (*groupOp, func() error) {
 	m := a.m
 	day := m.cal.Day(now)
 	var (
@@ -76,17 +87,14 @@ func (a *Attempts) Take(user string, line int64, now time.Time) error {
 			RETURNING count`, user, day, line,
 		).QueryRow(func(row pgx.Row) error { return scanTaken(row, &count, &taken) })
 	}}}}
-	ctx, cancel := m.ctx()
-	defer cancel()
-	if err := m.do(ctx, op); err != nil {
-		return err
+	return op, func() error {
+		if !taken {
+			m.attempts.set(user, day, line)
+			return lineError(now, m.loc)
+		}
+		m.attempts.set(user, day, count)
+		return nil
 	}
-	if !taken {
-		m.attempts.set(user, day, line)
-		return lineError(now, m.loc)
-	}
-	m.attempts.set(user, day, count)
-	return nil
 }
 
 // Count returns user's attempts on the day holding now, every instance's

@@ -106,34 +106,101 @@ func settleSteps(s budget.Settlement, owner string) ([]step, error) {
 	if !validDay(s.Day) {
 		return nil, fmt.Errorf("postgres: settlement on %q: not a day", s.Day)
 	}
-	var calls int64
-	if !s.Leased {
-		calls = 1
+	sum := &ledgerSum{calls: 1, n: 1, settled: s.ActualMicroUSD, owner: owner}
+	if s.Leased {
+		sum.calls = 0
 	}
-	delta := s.ActualMicroUSD - s.LeasedMicroUSD
-	month := s.Day[:len("2006-01")]
+	if delta := s.ActualMicroUSD - s.LeasedMicroUSD; delta < 0 {
+		sum.less = delta
+	} else {
+		sum.more = delta
+	}
 	steps := []step{
-		{rank: rankDay, key: s.Day, queue: func(b *pgx.Batch) {
-			b.Queue(`INSERT INTO ledger_days AS l (day, calls, micro_usd, settled_micro_usd, settled_calls) VALUES ($1, $2, greatest($3::bigint, 0), $4, 1)
-				ON CONFLICT (day) DO UPDATE SET calls = l.calls + $2, micro_usd = greatest(l.micro_usd + $3, 0),
-				settled_micro_usd = l.settled_micro_usd + $4, settled_calls = l.settled_calls + 1`, s.Day, calls, delta, s.ActualMicroUSD)
-		}},
-		{rank: rankMonth, key: month, queue: func(b *pgx.Batch) {
-			b.Queue(`INSERT INTO ledger_months AS l (month, micro_usd) VALUES ($1, greatest($2::bigint, 0))
-				ON CONFLICT (month) DO UPDATE SET micro_usd = greatest(l.micro_usd + $2, 0)`, month, delta)
-		}},
+		{rank: rankDay, key: s.Day, sum: sum},
+		{rank: rankMonth, key: s.Day[:len("2006-01")], sum: sum},
 	}
 	if s.Leased || s.LeasedMicroUSD > 0 {
-		var leasedCalls int64
+		rest := &ledgerSum{restMicro: s.LeasedMicroUSD, owner: owner}
 		if s.Leased {
-			leasedCalls = 1
+			rest.restCalls = 1
 		}
-		steps = append(steps, step{rank: rankRest, key: s.Day, queue: func(b *pgx.Batch) {
-			b.Queue(`UPDATE ledger_rests SET calls = greatest(calls - $3, 0), micro_usd = greatest(micro_usd - $4, 0)
-				WHERE day = $1 AND owner = $2`, s.Day, owner, leasedCalls, s.LeasedMicroUSD)
-		}})
+		steps = append(steps, step{rank: rankRest, key: s.Day, sum: rest})
 	}
 	return steps, nil
+}
+
+// ledgerSum is what settlements add to one ledger row: a group's
+// settlements of one day are summed into one update of its day's row, one
+// of its month's and one of this instance's rest, not one each, so that a
+// group holds those rows (every instance's settlements write them) for
+// fewer statements. A row's micro-dollars never go below zero: the sum
+// takes the decreases first, then the increases, which counts at least
+// as much as any order of the settlements one by one would.
+type ledgerSum struct {
+	calls   int64 // calls no lease counted
+	less    int64 // the sum of the negative deltas (actual - leased)
+	more    int64 // the sum of the positive ones
+	settled int64 // actual micro-dollars settled
+	n       int64 // settlements
+	owner   string
+
+	restCalls, restMicro int64 // what leaves the owner's rest of the day
+}
+
+// plus is the sum of a and b.
+func (a ledgerSum) plus(b *ledgerSum) ledgerSum {
+	a.calls += b.calls
+	a.less += b.less
+	a.more += b.more
+	a.settled += b.settled
+	a.n += b.n
+	a.restCalls += b.restCalls
+	a.restMicro += b.restMicro
+	return a
+}
+
+// queue queues the one statement of sum on the row of rank and key.
+func (sum ledgerSum) queue(rank int, key string) func(b *pgx.Batch) {
+	switch rank {
+	case rankDay:
+		return func(b *pgx.Batch) {
+			b.Queue(`INSERT INTO ledger_days AS l (day, calls, micro_usd, settled_micro_usd, settled_calls) VALUES ($1, $2, $4, $5, $6)
+				ON CONFLICT (day) DO UPDATE SET calls = l.calls + $2, micro_usd = greatest(l.micro_usd + $3, 0) + $4,
+				settled_micro_usd = l.settled_micro_usd + $5, settled_calls = l.settled_calls + $6`,
+				key, sum.calls, sum.less, sum.more, sum.settled, sum.n)
+		}
+	case rankMonth:
+		return func(b *pgx.Batch) {
+			b.Queue(`INSERT INTO ledger_months AS l (month, micro_usd) VALUES ($1, $3)
+				ON CONFLICT (month) DO UPDATE SET micro_usd = greatest(l.micro_usd + $2, 0) + $3`, key, sum.less, sum.more)
+		}
+	default:
+		return func(b *pgx.Batch) {
+			b.Queue(`UPDATE ledger_rests SET calls = greatest(calls - $3, 0), micro_usd = greatest(micro_usd - $4, 0)
+				WHERE day = $1 AND owner = $2`, key, sum.owner, sum.restCalls, sum.restMicro)
+		}
+	}
+}
+
+// sumSteps replaces each run of steps with a sum on the same row (sorted
+// steps: a row's are next to each other) by one statement.
+func sumSteps(steps []step) []step {
+	out := steps[:0:0]
+	for i := 0; i < len(steps); {
+		s := steps[i]
+		if s.sum == nil {
+			out = append(out, s)
+			i++
+			continue
+		}
+		var total ledgerSum
+		total.owner = s.sum.owner
+		for ; i < len(steps) && steps[i].sum != nil && steps[i].rank == s.rank && steps[i].key == s.key; i++ {
+			total = total.plus(steps[i].sum)
+		}
+		out = append(out, step{rank: s.rank, key: s.key, queue: total.queue(s.rank, s.key)})
+	}
+	return out
 }
 
 // LedgerDay is day's totals in the shared ledger, and the settled costs

@@ -47,16 +47,9 @@ const (
 	// staleOwner is how long after its last heartbeat an instance's rows
 	// are removed by the next instance that starts.
 	staleOwner = 24 * time.Hour
-	// writers is how many group transactions one instance runs at once:
-	// while one waits for its commit to reach the disk, the next group
-	// may go.
-	writers = 2
-	// crowd is how many writes must be waiting for a group to go while
-	// another is being committed; fewer wait for the next free writer.
-	// Under light load a second writer would only split the groups (more
-	// transactions per read for no gain); under heavy load it doubles the
-	// rate.
-	crowd = 8
+	// writers is how many group transactions one instance runs at once,
+	// one per lane (see lanes).
+	writers = lanes
 	// retries is how often a group transaction that PostgreSQL aborted
 	// to break a deadlock or a serialisation conflict is run again.
 	retries = 5
@@ -101,7 +94,7 @@ type Money struct {
 
 	queue   chan *groupOp
 	groups  chan []*groupOp // from the dispatcher to the committers
-	freed   chan struct{}   // a committer is free again
+	freed   chan int        // a committer of this lane is free again
 	stop    chan struct{}
 	stopped chan struct{} // closed once the writers have ended
 	done    sync.WaitGroup
@@ -127,7 +120,7 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 	m := &Money{
 		db: db, loc: opts.Location, cal: budget.NewCalendar(opts.Location), now: opts.Now, log: opts.Logger,
 		owner: hex.EncodeToString(id[:]), opTO: opts.OpTimeout, keep: opts.KeepAnswer,
-		queue: make(chan *groupOp, maxGroup), groups: make(chan []*groupOp), freed: make(chan struct{}, writers),
+		queue: make(chan *groupOp, maxGroup), groups: make(chan []*groupOp), freed: make(chan int, writers),
 		stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	if m.now == nil {
@@ -228,6 +221,9 @@ type step struct {
 	rank  int
 	key   string
 	queue func(b *pgx.Batch)
+	// sum, if set, replaces queue: the steps of one row with a sum are
+	// summed into one statement (sumSteps).
+	sum *ledgerSum
 }
 
 // Ranks of the steps, in lock order.
@@ -245,6 +241,7 @@ const (
 // what their callbacks recorded before a run (a group may run more than
 // once).
 type groupOp struct {
+	lane  int
 	steps []step
 	reset func()
 	done  chan error // buffered
@@ -255,6 +252,7 @@ type groupOp struct {
 // in the queue: once queued, the caller must learn its write's fate.
 func (m *Money) do(ctx context.Context, op *groupOp) error {
 	op.done = make(chan error, 1)
+	op.lane = laneOf(op.steps)
 	select {
 	case <-m.stop:
 		return ErrClosed
@@ -280,33 +278,61 @@ func (m *Money) do(ctx context.Context, op *groupOp) error {
 	}
 }
 
-// dispatch forms the groups: it gathers the waiting writes and hands them
-// to a free committer, at once when none is busy, and while one is busy
-// only once crowd writes wait. On Close it fails what is left.
+// The writes go in two lanes, each its own group transaction, one of
+// each at a time: those that settle calls on the ledger rows every
+// instance writes (usage records, settlements), and the rest (attempts,
+// quota slots taken or given back). A reservation then does not wait
+// behind the ledger rows' locks, which the usage records of every
+// instance take in turn, each until its commit reaches the disk; the two
+// lanes' commits reach it together. Both lock in the one order of the
+// steps, so that they never wait on each other in a circle.
+const (
+	laneRows   = iota // no ledger row
+	laneLedger        // a ledger row
+	lanes
+)
+
+// laneOf is the lane of a write of steps.
+func laneOf(steps []step) int {
+	for _, s := range steps {
+		if s.rank == rankDay || s.rank == rankMonth || s.rank == rankRest {
+			return laneLedger
+		}
+	}
+	return laneRows
+}
+
+// dispatch forms the groups: it gathers the waiting writes by lane and
+// hands a lane's to a free committer once that lane has no group being
+// committed. On Close it fails what is left.
 func (m *Money) dispatch() {
 	var (
-		group []*groupOp
-		busy  int
+		group [lanes][]*groupOp
+		busy  [lanes]bool
 	)
 	for {
 		var send chan []*groupOp
-		if len(group) > 0 && (busy == 0 || (busy < writers && len(group) >= crowd)) {
-			send = m.groups
+		lane := 0
+		for l := range lanes {
+			if len(group[l]) > 0 && !busy[l] {
+				send, lane = m.groups, l
+				break
+			}
 		}
 		queue := m.queue
-		if len(group) >= maxGroup {
+		if len(group[laneRows]) >= maxGroup || len(group[laneLedger]) >= maxGroup {
 			queue = nil
 		}
 		select {
 		case op := <-queue:
-			group = append(group, op)
-		case send <- group:
-			group, busy = nil, busy+1
-		case <-m.freed:
-			busy--
+			group[op.lane] = append(group[op.lane], op)
+		case send <- group[lane]:
+			group[lane], busy[lane] = nil, true
+		case l := <-m.freed:
+			busy[l] = false
 		case <-m.stop:
 			close(m.groups)
-			for _, op := range group {
+			for _, op := range append(group[laneRows], group[laneLedger]...) {
 				op.done <- ErrClosed
 			}
 			for {
@@ -325,7 +351,7 @@ func (m *Money) dispatch() {
 func (m *Money) commit() {
 	for group := range m.groups {
 		m.commitGroup(group)
-		m.freed <- struct{}{} // buffered for every committer: never blocks
+		m.freed <- group[0].lane // buffered for every committer: never blocks
 	}
 }
 
@@ -360,6 +386,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 		}
 		return steps[i].key < steps[j].key
 	})
+	steps = sumSteps(steps)
 	var err error
 	for range retries {
 		for _, op := range ops {

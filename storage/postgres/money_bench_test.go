@@ -15,8 +15,9 @@ import (
 
 // BenchmarkMoneyReadCycle drives the money path of accepted reads over two
 // instances on one database, with the ceilings on: per read, the daily
-// line's Take, the quota's Reserve, the brake's Claim and Commit, and the
-// usage record with its settlement, as the guard runs them. It reports
+// line's attempt and the quota's slot in one write (TakeAndReserve), the
+// brake's Claim and Commit, and the usage record with its settlement, as
+// the guard runs them. It reports
 // accepted reads per second and PostgreSQL transactions per read (from
 // pg_stat_database.xact_commit, every instance's, heartbeats and leases
 // included; the target is at most 1.2) and the money path's own
@@ -75,11 +76,11 @@ func benchCycles(b *testing.B, conc int) {
 // readCycle is one accepted read's money path.
 func readCycle(in *instance, g *budget.Global, user string) error {
 	ctx := context.Background()
-	if err := in.m.Attempts().Take(user, 0, testNow); err != nil {
-		return err
-	}
 	q := in.m.Quotas()
-	slot, err := q.Reserve(user, 1<<40, testNow)
+	slot, take, err := q.TakeAndReserve(user, 0, 1<<40, testNow)
+	if take != nil {
+		return take
+	}
 	if err != nil {
 		return err
 	}

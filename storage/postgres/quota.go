@@ -94,10 +94,23 @@ func (q *Quotas) Check(user string, limit int64, now time.Time) error {
 // holds reach it. It fails (closed) when the database cannot answer.
 func (q *Quotas) Reserve(user string, limit int64, now time.Time) (budget.Slot, error) {
 	m := q.m
-	month := m.cal.Month(now)
 	if limit <= 0 {
 		return budget.Slot{}, quotaError(limit, now, m.loc)
 	}
+	op, done := q.reserveOp(user, limit, now)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	if err := m.do(ctx, op); err != nil {
+		return budget.Slot{}, fmt.Errorf("postgres: reserve a quota slot: %w", err)
+	}
+	return done()
+}
+
+// reserveOp is Reserve's write (limit > 0), and what Reserve answers once
+// it is committed.
+func (q *Quotas) reserveOp(user string, limit int64, now time.Time) (*groupOp, func() (budget.Slot, error)) {
+	m := q.m
+	month := m.cal.Month(now)
 	var (
 		used int64
 		held bool
@@ -120,17 +133,49 @@ func (q *Quotas) Reserve(user string, limit int64, now time.Time) (budget.Slot, 
 			).QueryRow(func(row pgx.Row) error { var n int64; return scanTaken(row, &n, &held) })
 		}},
 	}}
+	return op, func() (budget.Slot, error) {
+		m.cache.setUsed(user, month, used)
+		if !held {
+			return budget.Slot{}, quotaError(limit, now, m.loc)
+		}
+		m.cache.addInFlight(user, month, 1)
+		return budget.Slot{User: user, Month: month, Limit: limit}, nil
+	}
+}
+
+// SharesCommit reports whether attempts is this instance's daily line
+// (Money.Attempts): TakeAndReserve then serves for both.
+func (q *Quotas) SharesCommit(attempts any) bool {
+	a, ok := attempts.(*Attempts)
+	return ok && a.m == q.m
+}
+
+// TakeAndReserve is Attempts.Take and Reserve in one group write, so that
+// a read waits for one commit before its call, not two: take is Take's
+// answer, and slot and reserve Reserve's. The slot is held whatever take
+// says (a caller that enforces a refused attempt Releases it), as when
+// the two are called one after the other. On a database error both are
+// that error.
+func (q *Quotas) TakeAndReserve(user string, line, limit int64, now time.Time) (slot budget.Slot, take, reserve error) {
+	m := q.m
+	a := m.Attempts()
+	if limit <= 0 {
+		return budget.Slot{}, a.Take(user, line, now), quotaError(limit, now, m.loc)
+	}
+	takeOp, took := a.takeOp(user, line, now)
+	reserveOp, reserved := q.reserveOp(user, limit, now)
+	op := &groupOp{
+		steps: append(takeOp.steps, reserveOp.steps...),
+		reset: func() { takeOp.reset(); reserveOp.reset() },
+	}
 	ctx, cancel := m.ctx()
 	defer cancel()
 	if err := m.do(ctx, op); err != nil {
-		return budget.Slot{}, fmt.Errorf("postgres: reserve a quota slot: %w", err)
+		return budget.Slot{}, err, fmt.Errorf("postgres: reserve a quota slot: %w", err)
 	}
-	m.cache.setUsed(user, month, used)
-	if !held {
-		return budget.Slot{}, quotaError(limit, now, m.loc)
-	}
-	m.cache.addInFlight(user, month, 1)
-	return budget.Slot{User: user, Month: month, Limit: limit}, nil
+	take = took()
+	slot, reserve = reserved()
+	return slot, take, reserve
 }
 
 // Hold steps of one user and month touch one row (this instance's), in
