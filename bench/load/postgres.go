@@ -212,19 +212,27 @@ func (d *pgDatabase) counts(c tcase) pgCounts {
 	return out
 }
 
-// acceptedReads is the instance's count of successful upstream calls.
+// acceptedReads is the instance's count of successful upstream calls,
+// summed over the series of every model (primary and fallback).
 func (b *breakwater) acceptedReads() (float64, error) {
 	body, err := b.metrics()
 	if err != nil {
 		return 0, err
 	}
-	const name = `breakwater_upstream_calls_total{outcome="ok"}`
+	total := 0.0
 	for line := range strings.Lines(string(body)) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
-			return strconv.ParseFloat(v, 64)
+		series, value, _ := strings.Cut(strings.TrimSpace(line), " ")
+		name, labels, _ := strings.Cut(series, "{")
+		if name != "breakwater_upstream_calls_total" || !strings.Contains(labels, `outcome="ok"`) {
+			continue
 		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0, err
+		}
+		total += v
 	}
-	return 0, nil // no call yet
+	return total, nil // 0: no call yet
 }
 
 // stageSeries are the histograms that say where an accepted read's time
