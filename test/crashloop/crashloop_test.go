@@ -19,9 +19,18 @@ import (
 // five rounds (a kill at each failpoint, one at a random moment, two at
 // the budget ceiling) with zero violations.
 func TestCrashLoopShort(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	runShortLoop(t, 90*time.Second, Options{})
+}
+
+// runShortLoop runs the crash loop's short form (five rounds) with o and
+// checks what every backend promises: zero violations, a kill of each
+// kind, the ceiling reached and the load run, each 200 with its usage row.
+func runShortLoop(t *testing.T, timeout time.Duration, o Options) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	rep, err := Run(ctx, Options{Rounds: 5, Dir: t.TempDir(), Log: t.Logf})
+	o.Rounds, o.Dir, o.Log = 5, t.TempDir(), t.Logf
+	rep, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +46,8 @@ func TestCrashLoopShort(t *testing.T) {
 	if !rep.CeilingReached {
 		t.Errorf("the loop did not reach daily_requests %d (ledger %d)", rep.DailyRequests, rep.Ledger)
 	}
-	if rep.OK == 0 || rep.Calls == 0 {
-		t.Errorf("%d 200s and %d upstream calls: the load did not run", rep.OK, rep.Calls)
+	if rep.OK == 0 || rep.Calls == 0 || rep.UsageRows == 0 {
+		t.Errorf("%d 200s, %d upstream calls, %d usage rows: the load did not run", rep.OK, rep.Calls, rep.UsageRows)
 	}
 }
 
@@ -159,6 +168,25 @@ func call(t *testing.T, g *harness.Gemini) {
 	}
 }
 
+// buildWithGemini builds the binary into a folder of t's and starts a fake
+// Gemini that counts calls; t's end closes it.
+func buildWithGemini(ctx context.Context, t *testing.T) (dir, bin string, g *harness.Gemini) {
+	t.Helper()
+	root, err := harness.ModuleRoot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	if bin, err = harness.Build(ctx, root, dir); err != nil {
+		t.Fatal(err)
+	}
+	if g, err = harness.NewGemini(root, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return dir, bin, g
+}
+
 // TestKillWithALeaseOpen kills the real server (SIGKILL) while its budget
 // lease has headroom no call used: after the kill the ledger covers every
 // call made, and counts at most one lease more. After a restart and a
@@ -167,20 +195,7 @@ func call(t *testing.T, g *harness.Gemini) {
 func TestKillWithALeaseOpen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	root, err := harness.ModuleRoot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bin, err := harness.Build(ctx, root, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := harness.NewGemini(root, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	dir, bin, g := buildWithGemini(ctx, t)
 	const dailyRequests = budget.LeaseCalls * budget.LeaseShare // a lease of budget.LeaseCalls
 	lease := budget.MaxLease(budget.Config{DailyRequests: dailyRequests})
 	if lease != budget.LeaseCalls {

@@ -21,20 +21,7 @@ import (
 func TestKillKeepsDegradedMode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	root, err := harness.ModuleRoot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bin, err := harness.Build(ctx, root, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := harness.NewGemini(root, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	dir, bin, g := buildWithGemini(ctx, t)
 	config := filepath.Join(dir, "config.toml")
 	if err := harness.WriteConfig(config, harness.Config{DBPath: filepath.Join(dir, "bw.db"), GeminiURL: g.URL,
 		DailyRequests: 10, Plan: "crash"}); err != nil {
