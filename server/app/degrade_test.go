@@ -109,8 +109,10 @@ func TestDegradeWiring(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got []string
+			var lastBody []byte
 			read := func(a *App, i int) int {
 				res := postOCR(t, a, key, fmt.Sprintf("k-%d", i), grayPNG(t, uint8(i)))
+				lastBody = res.body
 				var body struct{ Model string }
 				json.Unmarshal(res.body, &body)
 				if res.status == http.StatusOK {
@@ -118,15 +120,21 @@ func TestDegradeWiring(t *testing.T) {
 				}
 				return res.status
 			}
+			mustRead := func(a *App, i int) {
+				t.Helper()
+				if status := read(a, i); status != http.StatusOK {
+					t.Errorf("read %d: %d %s, want 200", i, status, lastBody)
+				}
+			}
 			for i := 1; i <= 3; i++ {
-				read(a, i)
+				mustRead(a, i)
 			}
 			if backend == "bolt" {
 				a.Close()
 			}
 			a = open()
 			for i := 4; i <= 10; i++ {
-				read(a, i)
+				mustRead(a, i)
 			}
 			if status := read(a, 11); status != http.StatusServiceUnavailable {
 				t.Errorf("the 11th read: %d, want 503", status)

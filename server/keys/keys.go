@@ -101,7 +101,13 @@ type Keyring struct {
 	knownPlan func(string) bool
 	now       func() time.Time
 
-	write  sync.Mutex // serialises user updates (read, change, store)
+	// write serialises every change: a user update (read, change, store),
+	// a key created or revoked (store, then memory), a change another
+	// instance made (applied from a read made after its commit), and a
+	// Reload (read, then swap). So a Reload whose read missed a change
+	// that was being made cannot put its older view over it: the change
+	// is applied after the swap, or the read comes after the change.
+	write  sync.Mutex
 	mu     sync.RWMutex
 	active map[[sha256.Size]byte]activeKey // by hash; revoked keys are absent
 	users  map[string]*user                // changed in place, under mu
@@ -152,11 +158,17 @@ func NewKeyring(store KeyStore, knownPlan func(string) bool, o Options) (*Keyrin
 // Reload reads every key and user again: what an instance does when
 // another may have changed them while it was not listening (a shared
 // database's notifications resumed).
-func (k *Keyring) Reload() error { return k.load() }
+func (k *Keyring) Reload() error {
+	k.write.Lock()
+	defer k.write.Unlock()
+	return k.load()
+}
 
 // Refresh applies a key that another instance created or revoked: an
 // active key is let in, a revoked one shut out at once.
 func (k *Keyring) Refresh(key Key) {
+	k.write.Lock()
+	defer k.write.Unlock()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if key.RevokedAt.IsZero() {
@@ -169,6 +181,8 @@ func (k *Keyring) Refresh(key Key) {
 // RefreshUser applies a user that another instance changed (a ban, a
 // plan): every active key of the user sees it at once.
 func (k *Keyring) RefreshUser(u User) {
+	k.write.Lock()
+	defer k.write.Unlock()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.putUser(u)
@@ -307,6 +321,8 @@ func (k *Keyring) Create(userID, plan string) (secret string, info KeyInfo, err 
 
 // Revoke disables a key at once: the next request with it gets 401.
 func (k *Keyring) Revoke(id string) (KeyInfo, error) {
+	k.write.Lock()
+	defer k.write.Unlock()
 	key, err := k.store.RevokeKey(id, k.now().UTC())
 	if err != nil {
 		return KeyInfo{}, fmt.Errorf("revoke key %s: %w", id, err)
