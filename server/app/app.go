@@ -109,6 +109,8 @@ type App struct {
 	// closers unwind what Open built, in reverse order.
 	closers []func()
 
+	changes sync.Mutex // serialises the changes other instances make (postgres)
+
 	mu  sync.Mutex // serialises Reload
 	cfg Config     // the config in force
 }

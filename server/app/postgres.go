@@ -124,7 +124,14 @@ func (a *App) refreshShared(ctx context.Context, db *postgres.DB) {
 }
 
 // applyChange brings this instance's memory up to one change.
+// Changes are applied one at a time (a.changes): each reads the record
+// after the change's commit and applies it, so a resync whose read came
+// before a change cannot apply its older view after the change's own
+// notification did (the brake would stay off on this instance until the
+// next resync).
 func (a *App) applyChange(db *postgres.DB, kind, id string) {
+	a.changes.Lock()
+	defer a.changes.Unlock()
 	var err error
 	switch kind {
 	case postgres.KindResync:
