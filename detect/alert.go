@@ -188,15 +188,29 @@ var kindPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,40}$`)
 // or names, shown in the body only, escaped (they may come from users).
 // It never blocks: a full queue drops the alert and counts it.
 func (a *Alerter) Alert(kind, summary string, details map[string]string) {
+	a.AlertWith(kind, func() (string, map[string]string) { return summary, details })
+}
+
+// AlertWith is Alert with the summary and details made by build, called
+// only when the alert is raised: a caller that would raise the same alert
+// on every refused request (the brake) makes its text once per
+// MinInterval, not once per request. build runs without the Alerter's
+// lock held.
+func (a *Alerter) AlertWith(kind string, build func() (summary string, details map[string]string)) {
 	if !kindPattern.MatchString(kind) {
 		kind = "alert"
 	}
 	now := a.o.Now()
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.queue.Closed() || a.suppressed(a.last[kind], now) {
+		a.mu.Unlock()
 		return
 	}
+	a.last[kind] = AlertState{Kind: kind, SentAt: now} // holds back the same kind while the text is made
+	a.mu.Unlock()
+	summary, details := build()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	st := AlertState{Kind: kind, SentAt: now, Summary: summary}
 	a.last[kind] = st
 	if !a.queue.Push(pending{st: st, details: details}) {

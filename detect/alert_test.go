@@ -75,6 +75,32 @@ func TestAlertOncePerIntervalAcrossRestartsRearmedAtMidnight(t *testing.T) {
 	}
 }
 
+// AlertWith makes the text only for an alert it raises: a flood of brake
+// refusals inside MinInterval builds it once, and the one mail carries it.
+func TestAlertWithBuildsOnlyWhatItRaises(t *testing.T) {
+	db := mustOpen(t)
+	c := &clock{t: time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)}
+	mail := &fakeSender{}
+	a := newAlerter(t, db, c, mail)
+	built := 0
+	build := func() (string, map[string]string) {
+		built++
+		return "brake engaged", map[string]string{"ceiling": "daily_requests"}
+	}
+	for range 1000 {
+		a.AlertWith(detect.KindBrakeEngaged, build)
+	}
+	c.add(time.Hour) // the interval has passed: raised, and built, again
+	a.AlertWith(detect.KindBrakeEngaged, build)
+	closeAlerter(t, a)
+	if built != 2 {
+		t.Errorf("the text was made %d times, want 2 (once per alert raised)", built)
+	}
+	if got := mail.count(); got != 2 || mail.subjects[0] != "alert: brake engaged" {
+		t.Errorf("%d mails %v, want 2 with the built summary", got, mail.subjects)
+	}
+}
+
 func TestAlertLoggedWithoutMail(t *testing.T) {
 	db := mustOpen(t)
 	var logs strings.Builder

@@ -51,6 +51,26 @@ func (s *Server) alert(kind, summary string, details map[string]string) {
 	s.d.Alerts.Alert(kind, summary, details)
 }
 
+// lazyAlerter is an Alerter that makes an alert's text only when it
+// raises it (detect.Alerter).
+type lazyAlerter interface {
+	AlertWith(kind string, build func() (summary string, details map[string]string))
+}
+
+var _ lazyAlerter = (*detect.Alerter)(nil)
+
+// alertWith is alert for a text that costs something to make: with a lazy
+// Alerter it is made only when the alert is raised, not on every call.
+func (s *Server) alertWith(kind string, build func() (string, map[string]string)) {
+	if la, ok := s.d.Alerts.(lazyAlerter); ok {
+		s.d.Metrics.alertsRaised.WithLabelValues(kind).Inc()
+		la.AlertWith(kind, build)
+		return
+	}
+	summary, details := build()
+	s.alert(kind, summary, details)
+}
+
 // dashboardFindings lists the last week's findings, newest day first, and
 // the last alert of each kind, for the dashboard.
 func (s *Server) dashboardFindings(now time.Time) []string {

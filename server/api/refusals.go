@@ -149,9 +149,12 @@ func (s *Server) refusedBy(r *guard.Refusal) {
 	if r.Layer == guard.LayerBudget && !r.Busy {
 		// The ceiling's value and the count go to the operator only; the
 		// refusal answered to the client names no figure.
-		now := s.now()
-		summary, details := detect.BrakeAlert(r.Reason, Figures(s.d.Budget.Status(now)), now, s.d.Operator.Location())
-		s.alert(detect.KindBrakeEngaged, summary, details)
+		// Made once per alert, not on every refusal of a flood.
+		reason := r.Reason
+		s.alertWith(detect.KindBrakeEngaged, func() (string, map[string]string) {
+			now := s.now()
+			return detect.BrakeAlert(reason, Figures(s.d.Budget.Status(now)), now, s.d.Operator.Location())
+		})
 	}
 }
 
