@@ -212,11 +212,15 @@ func (m *Money) beat() {
 }
 
 // A step is one statement of a group write, queued in lock order: by rank
-// (the table: attempt rows, then quota counts, then quota holds, then
-// ledger days, then ledger months, then inserts), then by key (the row).
-// Every writer of these tables locks in this order, so that two
-// transactions never wait on each other in a circle: not two instances',
-// nor two groups of one instance (its writers run two at once).
+// (the table: inserts, then attempt rows, then quota counts, then quota
+// holds, then ledger days, then ledger months, then this instance's rests),
+// then by key (the row). Every writer of these tables locks in this order,
+// so that two transactions never wait on each other in a circle: not two
+// instances', nor two groups of one instance (its writers run two at
+// once). The rows every instance writes (a user's counts, the ledger's day
+// and month) come last, so that a group holds them only from its update
+// to its commit, not while its inserts run: the other instances' groups
+// wait on them for no longer than that.
 type step struct {
 	rank  int
 	key   string
@@ -228,13 +232,13 @@ type step struct {
 
 // Ranks of the steps, in lock order.
 const (
-	rankAttempt = iota
+	rankInsert = iota
+	rankAttempt
 	rankQuota
 	rankHold
 	rankDay
 	rankMonth
 	rankRest
-	rankInsert
 )
 
 // groupOp is one caller's write: its statements, and reset, which clears
