@@ -13,7 +13,8 @@ import (
 // holds each user's attempts per day, every instance's. Take is one
 // conditional upsert that counts the attempt only while the count is under
 // the line (the row's lock makes the test and the count one step), in the
-// group transaction of whatever else is being written; a refusal counts
+// group transaction of whatever else is being written (the takes of one
+// user in one group are one statement: rows.go); a refusal counts
 // nothing, as in memory. Check answers from the counts this instance has
 // seen: Take decides.
 
@@ -81,12 +82,8 @@ func (a *Attempts) takeOp(user string, line int64, now time.Time) (*groupOp, fun
 		count int64
 		taken bool
 	)
-	op := &groupOp{reset: func() { count, taken = 0, false }, steps: []step{{rank: rankAttempt, key: user + "\x00" + day, queue: func(b *pgx.Batch) {
-		b.Queue(`INSERT INTO attempt_counts AS a (user_id, day, count) VALUES ($1, $2, 1)
-			ON CONFLICT (user_id, day) DO UPDATE SET count = a.count + 1 WHERE $3 <= 0 OR a.count < $3
-			RETURNING count`, user, day, line,
-		).QueryRow(func(row pgx.Row) error { return scanTaken(row, &count, &taken) })
-	}}}}
+	op := &groupOp{reset: func() { count, taken = 0, false }, steps: []step{{rank: rankAttempt, key: user + "\x00" + day,
+		row: &rowStep{kind: rowAttempt, user: user, period: day, bound: line, taken: &taken, value: &count}}}}
 	return op, func() error {
 		if !taken {
 			m.attempts.set(user, day, line)

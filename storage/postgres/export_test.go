@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,4 +18,48 @@ func (db *DB) KeepReadAnswer(ctx context.Context, rec budget.UsageRecord) error 
 		return err
 	}
 	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() })
+}
+
+// TakeTogether makes n attempts of user in one group transaction, as n
+// callers arriving together would, and returns how many were taken and
+// the count each taken one saw: for the tests of merged takes.
+func (a *Attempts) TakeTogether(user string, line int64, n int, now time.Time) (taken int, counts []int64, err error) {
+	op := &groupOp{}
+	oks := make([]bool, n)
+	counts = make([]int64, n)
+	day := a.m.cal.Day(now)
+	for i := range n {
+		op.steps = append(op.steps, step{rank: rankAttempt, key: user + "\x00" + day,
+			row: &rowStep{kind: rowAttempt, user: user, period: day, bound: line, taken: &oks[i], value: &counts[i]}})
+	}
+	if err := a.m.do(context.Background(), op); err != nil {
+		return 0, nil, err
+	}
+	for _, ok := range oks {
+		if ok {
+			taken++
+		}
+	}
+	return taken, counts, nil
+}
+
+// ReserveTogether reserves n slots of user's quota in one group
+// transaction, and returns how many were held.
+func (q *Quotas) ReserveTogether(user string, limit int64, n int, now time.Time) (held int, err error) {
+	op := &groupOp{}
+	oks := make([]bool, n)
+	for i := range n {
+		sub, _ := q.reserveOp(user, limit, now)
+		sub.steps[1].row.taken = &oks[i]
+		op.steps = append(op.steps, sub.steps...)
+	}
+	if err := q.m.do(context.Background(), op); err != nil {
+		return 0, err
+	}
+	for _, ok := range oks {
+		if ok {
+			held++
+		}
+	}
+	return held, nil
 }

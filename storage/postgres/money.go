@@ -228,6 +228,9 @@ type step struct {
 	// sum, if set, replaces queue: the steps of one row with a sum are
 	// summed into one statement (sumSteps).
 	sum *ledgerSum
+	// row, if set, replaces queue: the steps of one counter row are
+	// merged into one statement (mergeRows).
+	row *rowStep
 }
 
 // Ranks of the steps, in lock order.
@@ -390,7 +393,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 		}
 		return steps[i].key < steps[j].key
 	})
-	steps = sumSteps(steps)
+	steps = mergeRows(sumSteps(steps))
 	var err error
 	for range retries {
 		for _, op := range ops {

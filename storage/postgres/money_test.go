@@ -886,3 +886,48 @@ func TestBudgetFiguresAreTheCallsMade(t *testing.T) {
 		t.Errorf("BudgetDays = %+v, %v; want %+v", days, err, want)
 	}
 }
+
+// Takes of one row that share a group transaction are one statement
+// (rows.go), and grant exactly what one statement each would have: in
+// the callers' order, as many as fit under the line or the limit, with
+// another instance's holds counted.
+func TestMergedTakesGrantWhatFits(t *testing.T) {
+	in := twoInstances(t)
+	a := in[0].m.Attempts()
+	for range 2 {
+		if err := a.Take("erin", 5, testNow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taken, counts, err := a.TakeTogether("erin", 5, 6, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if taken != 3 || counts[0] != 5 || counts[5] != 5 {
+		t.Fatalf("6 attempts together at 2 of 5: %d taken, counts %v; want 3, and 5 for each", taken, counts)
+	}
+	if taken, _, err := a.TakeTogether("erin", 0, 4, testNow); err != nil || taken != 4 {
+		t.Fatalf("4 attempts without a line: %d taken (%v), want 4", taken, err)
+	}
+	if n := in[1].m.Attempts().Count("erin", testNow); n != 9 {
+		t.Fatalf("the shared count is %d, want 9", n)
+	}
+
+	ctx := context.Background()
+	if err := in[0].m.RecordUsage(ctx, "2026-12", usageRecord("frank"), budget.Settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in[1].m.Quotas().Reserve("frank", 4, testNow); err != nil { // the other instance holds one
+		t.Fatal(err)
+	}
+	held, err := in[0].m.Quotas().ReserveTogether("frank", 4, 5, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held != 2 {
+		t.Fatalf("5 reservations together with 1 used and 1 held of 4: %d held, want 2", held)
+	}
+	if _, err := in[1].m.Quotas().Reserve("frank", 4, testNow); !errors.Is(err, budget.ErrQuotaExhausted) {
+		t.Fatalf("after them: %v, want the quota's refusal", err)
+	}
+}

@@ -117,21 +117,9 @@ func (q *Quotas) reserveOp(user string, limit int64, now time.Time) (*groupOp, f
 	)
 	key := user + "\x00" + month
 	op := &groupOp{reset: func() { used, held = 0, false }, steps: []step{
-		{rank: rankQuota, key: key, queue: func(b *pgx.Batch) {
-			b.Queue(`INSERT INTO quota_counts AS q (user_id, month) VALUES ($1, $2)
-				ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING used`, user, month,
-			).QueryRow(func(row pgx.Row) error { return row.Scan(&used) })
-		}},
-		{rank: rankHold, key: key + holdTake, queue: func(b *pgx.Batch) {
-			b.Queue(`INSERT INTO quota_holds AS h (user_id, month, owner, n)
-				SELECT $1, $2, $3, 1
-				WHERE (SELECT used FROM quota_counts WHERE user_id = $1 AND month = $2)
-				    + (SELECT coalesce(sum(x.n), 0) FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
-				       WHERE x.user_id = $1 AND x.month = $2 AND (x.owner = $3 OR o.seen_at > $5)) < $4
-				ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + 1
-				RETURNING n`, user, month, m.owner, limit, now.Add(-HoldTTL),
-			).QueryRow(func(row pgx.Row) error { var n int64; return scanTaken(row, &n, &held) })
-		}},
+		{rank: rankQuota, key: key, row: &rowStep{kind: rowQuota, user: user, period: month, value: &used}},
+		{rank: rankHold, key: key + holdTake, row: &rowStep{kind: rowHoldTake, user: user, period: month, owner: m.owner,
+			alive: now.Add(-HoldTTL), bound: limit, taken: &held}},
 	}}
 	return op, func() (budget.Slot, error) {
 		m.cache.setUsed(user, month, used)
@@ -339,9 +327,8 @@ func (m *Money) retryReleases() {
 	}
 	op := &groupOp{}
 	for k, n := range owed {
-		op.steps = append(op.steps, step{rank: rankHold, key: k[0] + "\x00" + k[1] + holdEnd, queue: func(b *pgx.Batch) {
-			b.Queue("UPDATE quota_holds SET n = greatest(n - $4, 0) WHERE user_id = $1 AND month = $2 AND owner = $3", k[0], k[1], m.owner, n)
-		}})
+		op.steps = append(op.steps, step{rank: rankHold, key: k[0] + "\x00" + k[1] + holdEnd,
+			row: &rowStep{kind: rowHoldEnd, user: k[0], period: k[1], owner: m.owner, n: n}})
 	}
 	ctx, cancel := m.ctx()
 	defer cancel()

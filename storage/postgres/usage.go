@@ -41,14 +41,8 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 	var used int64
 	key := rec.UserID + "\x00" + month
 	op := &groupOp{reset: func() { used = 0 }, steps: append(settle,
-		step{rank: rankQuota, key: key, queue: func(b *pgx.Batch) {
-			b.Queue(`INSERT INTO quota_counts AS q (user_id, month, used) VALUES ($1, $2, 1)
-				ON CONFLICT (user_id, month) DO UPDATE SET used = q.used + 1 RETURNING used`, rec.UserID, month,
-			).QueryRow(func(row pgx.Row) error { return row.Scan(&used) })
-		}},
-		step{rank: rankHold, key: key + holdEnd, queue: func(b *pgx.Batch) {
-			b.Queue("UPDATE quota_holds SET n = greatest(n - 1, 0) WHERE user_id = $1 AND month = $2 AND owner = $3", rec.UserID, month, m.owner)
-		}},
+		step{rank: rankQuota, key: key, row: &rowStep{kind: rowQuota, user: rec.UserID, period: month, n: 1, value: &used}},
+		step{rank: rankHold, key: key + holdEnd, row: &rowStep{kind: rowHoldEnd, user: rec.UserID, period: month, owner: m.owner, n: 1}},
 		step{rank: rankInsert, queue: func(b *pgx.Batch) {
 			at := rec.Time.In(m.loc)
 			b.Queue(`INSERT INTO usage_rows (at, day, month, user_id, key_id, request_id, calls, micro_usd,
