@@ -117,3 +117,30 @@ func TestOpenOutcomeQuantile(t *testing.T) {
 		t.Errorf("nothing due: p99 %s, want 0", got)
 	}
 }
+
+// TestGenerateOpenGivesUp checks that a step the server cannot keep up
+// with ends soon after its requests fall more than giveUp behind, every
+// request left counted as missed: one connection to a server taking
+// 100 ms a request, at 200 requests a second for a second, would
+// otherwise take 20 s.
+func TestGenerateOpenGivesUp(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(100 * time.Millisecond)
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	req := oneOf(fmt.Appendf(nil, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", addr))
+	start := time.Now()
+	out := generateOpen(openLoad{addrs: []string{addr}, rate: 200, span: time.Second, conns: 1, giveUp: 500 * time.Millisecond,
+		request: req, expect: http.StatusOK})
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("the step took %s: it did not give up", elapsed)
+	}
+	if out.due != 200 || out.missed == 0 || int64(len(out.latencies))+out.missed != out.due {
+		t.Errorf("%d due, %d answered, %d missed", out.due, len(out.latencies), out.missed)
+	}
+	if out.p99() != time.Duration(math.MaxInt64) {
+		t.Errorf("p99 %s, want past any bound", out.p99())
+	}
+}
