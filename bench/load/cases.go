@@ -34,6 +34,16 @@ type plan struct {
 	inFlightLatency  time.Duration // memory: how long each of them takes
 	settle           time.Duration // memory: wait before reading RSS (the write-behind runs every second)
 	profile          string        // a folder for CPU profiles of the first round's Breakwater cases ("": none)
+	// The open-loop figures (-postgres): each step of the search for the
+	// highest constant rate within the p99 bound lasts openStep; the
+	// rate starts at openStart, doubles up to openCeiling, then is
+	// bisected openBisect times; openConns connections in all. serial is
+	// how long one client sends for the p99 the guard adds. A zero
+	// openStep leaves both figures out.
+	openStep               time.Duration
+	openStart, openCeiling float64
+	openBisect, openConns  int
+	serial                 time.Duration
 }
 
 var (
@@ -44,6 +54,7 @@ var (
 	}
 	quickPlan = plan{
 		rounds: 2, warmup: 300 * time.Millisecond, duration: 1500 * time.Millisecond, clients: 64, users: 1000,
+		openStep: 500 * time.Millisecond, openStart: 250, openCeiling: 64_000, openBisect: 3, openConns: 256, serial: time.Second,
 	}
 )
 
@@ -65,6 +76,10 @@ type tcase struct {
 	// extraCPU, if set, is the CPU time of serving processes that pids
 	// does not name (the PostgreSQL server and its backends).
 	extraCPU func() time.Duration
+	// refusals says the case's answers are refusals: on PostgreSQL its
+	// transactions are counted per 1,000 refusals its instances counted,
+	// not per accepted read.
+	refusals bool
 }
 
 // instances are the Breakwater instances that serve c.
@@ -103,9 +118,12 @@ type sample struct {
 	// the wait for the statistics included; pgErr says why they are
 	// missing. pgCPU is the cores PostgreSQL used over the measured time
 	// (a share of srvCPU; 0 for a server the harness did not start).
+	// served counts refusals instead for a refusal case. span is how
+	// long the case was counted (pg_stat_database's readings apart).
 	pgCommits, pgRollbacks, served float64
 	pgCPU                          float64
 	pgErr                          error
+	span                           time.Duration
 }
 
 // bench holds everything one run started.
@@ -115,6 +133,7 @@ type bench struct {
 	progress func(string, ...any)
 
 	echo, peer, redis *process
+	echoAddr          string // bare Echo's address in the postgres run (the direct path)
 	on, off, reject   *breakwater
 	others            []*breakwater // the postgres cases' instances (-postgres)
 	pg                *pgServer     // their server (-postgres)
@@ -122,6 +141,11 @@ type bench struct {
 
 	profiles   []string // the CPU profiles written (plan.profile)
 	profileErr error    // the profiles that could not be
+
+	// idle is, per round, each case database's transactions over an
+	// idle interval (-postgres); idleErr, the intervals not counted.
+	idle    []map[string]idleSample
+	idleErr error
 }
 
 // testPNG is the 64×32 image every OCR request sends.
@@ -350,6 +374,7 @@ func (b *bench) close() {
 // case on PostgreSQL also counts its database's transactions around it.
 func (b *bench) measure(c tcase, profile bool) sample {
 	var before pgCounts
+	t0 := time.Now()
 	if c.pg != nil {
 		before = c.pg.counts(c)
 	}
@@ -357,6 +382,7 @@ func (b *bench) measure(c tcase, profile bool) sample {
 	if c.pg != nil {
 		time.Sleep(pgStatsSettle) // the instances' sessions go idle and flush their statistics
 		after := c.pg.counts(c)
+		s.span = time.Since(t0)
 		s.pgCommits, s.pgRollbacks = after.commits-before.commits, after.rollbacks-before.rollbacks
 		s.served = after.served - before.served
 		s.pgErr = errors.Join(before.err, after.err)
@@ -456,6 +482,9 @@ func (b *bench) rounds() map[string][]sample {
 			results[c.id] = append(results[c.id], s)
 			b.progress("round %d/%d  %-40s %9.0f req/s  p50 %-8s p99 %-8s %s", r+1, b.plan.rounds, c.label,
 				s.rps, roundDuration(s.p50), roundDuration(s.p99), statusSummary(s))
+		}
+		if b.pg != nil {
+			b.idle = append(b.idle, b.measureIdle())
 		}
 	}
 	return results

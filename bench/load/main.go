@@ -7,7 +7,7 @@
 //
 //	go run ./bench/load          # the full run (about 5 minutes)
 //	go run ./bench/load -quick   # under a minute: fewer, shorter rounds, no memory figures
-//	go run ./bench/load -postgres  # the accepted path on bolt, one postgres instance and two on one database
+//	go run ./bench/load -postgres  # accepted reads and refusals on bolt and on postgres, one and two instances; the open-loop figures
 //
 // It never talks to anything but 127.0.0.1, and it does not judge timing
 // for CI: the smoke test only proves that every case runs and answers as
@@ -59,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	root := fs.String("root", "", "the breakwater module to build (default: the module of the current directory)")
 	keep := fs.Bool("keep", false, "keep the temporary directory (configs, databases, server logs) and print its path")
 	profile := fs.String("profile", "", "write a CPU profile of each Breakwater case, over its measured time in the first round, to `DIR`/CASE.pprof")
-	pgCases := fs.Bool("postgres", false, "run the postgres cases instead: the accepted path on one instance on bolt, one on PostgreSQL and two sharing one database (3 rounds of 3 s, -quick 2 of 1.5 s)")
+	pgCases := fs.Bool("postgres", false, "run the postgres cases instead: the accepted path on one instance on bolt, one on PostgreSQL and two sharing one database, the refusals on bolt and two instances (3 rounds of 3 s, -quick 2 of 1.5 s), then the highest constant rate within a p99 of 20 ms and the guard's added p99 at one client")
 	pgURL := fs.String("postgres-url", "", "with -postgres: the `URL` of a PostgreSQL role that may create databases (default: a throwaway cluster the harness starts)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -209,6 +209,14 @@ type report struct {
 	// pgCPUCounted says PostgreSQL's CPU was counted (a cluster the
 	// harness started).
 	pgCPUCounted bool
+	// idle is, per round, each case database's transactions over an
+	// idle interval (-postgres).
+	idle []map[string]idleSample
+	// open and serial are the open-loop figures (-postgres): the highest
+	// constant rate within the p99 bound per backend, and one client's
+	// latency direct and through each backend.
+	open   []openLoopFigure
+	serial []serialFigure
 }
 
 // figure is one case's medians across the rounds.

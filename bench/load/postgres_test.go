@@ -19,16 +19,21 @@ import (
 // TestSmokePostgres proves the postgres cases work end to end: it builds
 // breakwater, uses the server pgtest.EnvURL names (what .ci/run starts) or
 // else starts a throwaway PostgreSQL cluster (the test fails when none can
-// be started), one instance on bolt, one on a database and two on another, runs every case once, briefly, and checks that each answered
-// 200, that every case on PostgreSQL counted its database's transactions
-// and its accepted reads, that the histograms said where the time went,
-// and that the report shows it all. It judges no timing.
+// be started), one instance on bolt, one on a database and two on another
+// for the accepted path, one on bolt and two on a third database for the
+// refusals, runs every case once, briefly, and checks that each answered
+// as it should, that every case on PostgreSQL counted its database's
+// transactions and its answers, that every database's idle rate was
+// measured, that the histograms said where the time went, that the
+// open-loop search and the one-client runs ran, and that the report shows
+// it all. It judges no timing.
 func TestSmokePostgres(t *testing.T) {
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := plan{rounds: 1, warmup: 200 * time.Millisecond, duration: time.Second, clients: 16, users: 50}
+	p := plan{rounds: 1, warmup: 200 * time.Millisecond, duration: time.Second, clients: 16, users: 50,
+		openStep: 200 * time.Millisecond, openStart: 100, openCeiling: 400, openBisect: 1, openConns: 8, serial: 300 * time.Millisecond}
 	adminURL := os.Getenv(pgtest.EnvURL)
 	r, err := benchmarkPostgres(p, root, t.TempDir(), adminURL, t.Logf)
 	if err != nil {
@@ -42,43 +47,90 @@ func TestSmokePostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := out.String()
-	if len(r.cases) != 6 {
-		t.Fatalf("%d cases, want 6 (1 user and 50 users on bolt, postgres, postgres twice)", len(r.cases))
+	if len(r.cases) != 10 {
+		t.Fatalf("%d cases, want 10 (1 user and 50 users on bolt, postgres, postgres twice; 429 and 401 on bolt and postgres twice)", len(r.cases))
 	}
 	pgCases := 0
 	for _, c := range r.cases {
 		f := r.figure(c.id)
-		if f.rps <= 0 || f.commits <= 0 || !strings.Contains(text, c.label) {
-			t.Errorf("case %q: %.0f req/s, %.0f commits/s, or not in the report", c.label, f.rps, f.commits)
+		if f.rps <= 0 || !strings.Contains(text, c.label) {
+			t.Errorf("case %q: %.0f req/s, or not in the report", c.label, f.rps)
 		}
-		if d := r.stageMean(c.id, "breakwater_usage_commit_seconds"); d <= 0 || d > r.meanLatency(c.id) {
-			t.Errorf("case %q: usage record's commit wait %s against a mean latency of %s", c.label, d, r.meanLatency(c.id))
+		if !c.refusals {
+			if f.commits <= 0 {
+				t.Errorf("case %q: %.0f commits/s", c.label, f.commits)
+			}
+			if d := r.stageMean(c.id, "breakwater_usage_commit_seconds"); d <= 0 || d > r.meanLatency(c.id) {
+				t.Errorf("case %q: usage record's commit wait %s against a mean latency of %s", c.label, d, r.meanLatency(c.id))
+			}
 		}
 		if c.pg == nil {
 			continue
 		}
 		pgCases++
-		s := r.samples[c.id][0]
-		// Every accepted read the instances counted is in a committed
-		// transaction; reads the client saw are among those counted.
-		// PostgreSQL's CPU is counted only for a cluster the harness started.
-		if s.served < float64(f.statuses[200]) || s.pgCommits <= 0 || (s.pgCPU <= 0) == (adminURL == "") {
-			t.Errorf("case %q: %.0f reads counted by the instances for %d seen, %.0f transactions, pg cpu %.2f",
-				c.label, s.served, f.statuses[200], s.pgCommits, s.pgCPU)
-		}
-		if tx, ok := r.txPerRead(c.id); !ok || tx <= 0 || math.IsInf(tx, 0) {
-			t.Errorf("case %q: %v transactions per read", c.label, tx)
-		}
-		if (c.also != nil) != strings.Contains(c.label, "2 instances") {
-			t.Errorf("case %q: second instance %v", c.label, c.also)
-		}
+		checkPostgresCase(t, r, c, adminURL)
 	}
-	if pgCases != 4 {
-		t.Errorf("%d cases on postgres, want 4", pgCases)
+	if pgCases != 6 {
+		t.Errorf("%d cases on postgres, want 6", pgCases)
 	}
-	for _, want := range []string{"postgres, 2 instances ÷ bolt, 1 user", "load average when the rounds started", "PostgreSQL transactions per accepted read", "where the time goes", "PostgreSQL 1"} {
+	checkOpenFigures(t, r)
+	for _, want := range []string{"postgres, 2 instances ÷ bolt, 1 user", "load average when the rounds started", "PostgreSQL transactions per accepted read",
+		"where the time goes", "PostgreSQL 1", "refusals (429), postgres, 2 instances ÷ bolt", "refusals (401), postgres, 2 instances ÷ bolt",
+		"PostgreSQL transactions per 1,000 refusals", "idle: the transactions", "highest constant rate", "the p99 the guard adds at one client"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report does not show %q", want)
+		}
+	}
+}
+
+// checkPostgresCase checks a case on PostgreSQL: its transactions and
+// answers counted, its database's idle rate measured.
+func checkPostgresCase(t *testing.T, r *report, c tcase, adminURL string) {
+	t.Helper()
+	f := r.figure(c.id)
+	s := r.samples[c.id][0]
+	// Every answer of its kind the client saw is among those its
+	// instances counted, and an accepted read is in a committed
+	// transaction. PostgreSQL's CPU is counted only for a cluster the
+	// harness started (a flood of refusals may cost it none).
+	if s.served < float64(f.statuses[c.expect]) || (!c.refusals && s.pgCommits <= 0) || s.span <= r.plan.duration ||
+		(adminURL != "" && s.pgCPU != 0) || (adminURL == "" && !c.refusals && s.pgCPU <= 0) {
+		t.Errorf("case %q: %.0f answers counted by the instances for %d seen, %.0f transactions, pg cpu %.2f, span %s",
+			c.label, s.served, f.statuses[c.expect], s.pgCommits, s.pgCPU, s.span)
+	}
+	with, idle, without, ok := r.txPer(c)
+	if !ok || with < 0 || math.IsInf(with, 0) || (!c.refusals && with <= 0) || math.Abs(with-idle-without) > 1e-9 {
+		t.Errorf("case %q: %v transactions per answer, %v of them idle, %v without", c.label, with, idle, without)
+	}
+	if rate, ok := r.idleRate(c.pg); !ok || rate < 0 {
+		t.Errorf("case %q: idle rate %v (measured %v)", c.label, rate, ok)
+	}
+	if (c.also != nil) != strings.Contains(c.label, "2 instances") {
+		t.Errorf("case %q: second instance %v", c.label, c.also)
+	}
+}
+
+// checkOpenFigures checks that the open-loop search ran on both backends
+// and the one-client runs on bare Echo and both backends.
+func checkOpenFigures(t *testing.T, r *report) {
+	t.Helper()
+	if len(r.open) != 2 {
+		t.Fatalf("%d open-loop figures, want 2 (bolt, postgres with 2 instances)", len(r.open))
+	}
+	for _, f := range r.open {
+		if len(f.search.steps) == 0 || f.search.steps[0].rate != r.plan.openStart {
+			t.Errorf("open loop, %s: steps %+v", f.label, f.search.steps)
+		}
+	}
+	if len(r.serial) != 3 {
+		t.Fatalf("%d one-client figures, want 3 (bare Echo, bolt, postgres with 2 instances)", len(r.serial))
+	}
+	for i, f := range r.serial {
+		if f.out.requests == 0 || f.expected != 1 {
+			t.Errorf("one client, %s: %d answers, %.0f%% as expected", f.label, f.out.requests, 100*f.expected)
+		}
+		if i > 0 && f.series[overheadSeries[0].name].count() < float64(f.out.statuses[200]) {
+			t.Errorf("one client, %s: %v guard observations for %d reads", f.label, f.series[overheadSeries[0].name].count(), f.out.statuses[200])
 		}
 	}
 }
