@@ -286,23 +286,35 @@ func (m *Money) do(ctx context.Context, op *groupOp) error {
 }
 
 // The writes go in two lanes, each its own group transaction, one of
-// each at a time: those that settle calls on the ledger rows every
-// instance writes (usage records, settlements), and the rest (attempts,
+// each at a time: the money (usage records and settlements, which write
+// the ledger rows every instance writes), and the counters (attempts,
 // quota slots taken or given back). A reservation then does not wait
 // behind the ledger rows' locks, which the usage records of every
-// instance take in turn, each until its commit reaches the disk; the two
-// lanes' commits reach it together. Both lock in the one order of the
-// steps, so that they never wait on each other in a circle.
+// instance take in turn, each until its commit reaches the disk. Both
+// lock in the one order of the steps, so that they never wait on each
+// other in a circle.
+//
+// The money lane commits with synchronous_commit on, as every session of
+// the backend does: a usage record is on the disk before its answer. The
+// counters lane commits without waiting for the disk (PostgreSQL writes
+// it within a fraction of a second): its writes are seen by every
+// instance the moment they commit, which is what makes the line and the
+// quota exact across instances, and they need no more durability than
+// the bolt backend gives them (attempts written behind every second,
+// holds that a crash gives back). A crash of PostgreSQL itself may lose
+// its last fraction of a second of them: a few attempts not counted, and
+// the holds of reads in flight, which then fail to record and are not
+// charged. A read would then wait for two disk writes, not one.
 const (
-	laneRows   = iota // no ledger row
-	laneLedger        // a ledger row
+	laneRows   = iota // counters: no ledger row, no usage row
+	laneLedger        // a ledger row or a usage row
 	lanes
 )
 
 // laneOf is the lane of a write of steps.
 func laneOf(steps []step) int {
 	for _, s := range steps {
-		if s.rank == rankDay || s.rank == rankMonth || s.rank == rankRest {
+		if s.rank == rankDay || s.rank == rankMonth || s.rank == rankRest || s.rank == rankInsert {
 			return laneLedger
 		}
 	}
@@ -401,7 +413,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 				op.reset()
 			}
 		}
-		if err = m.runSteps(steps); err == nil || !retryable(err) {
+		if err = m.runSteps(ops[0].lane, steps); err == nil || !retryable(err) {
 			break
 		}
 	}
@@ -411,13 +423,17 @@ func (m *Money) runGroup(ops []*groupOp) error {
 	return err
 }
 
-// runSteps is one try of a group transaction.
-func (m *Money) runSteps(steps []step) error {
+// runSteps is one try of a group transaction of lane.
+func (m *Money) runSteps(lane int, steps []step) error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
 	defer cancel()
 	// One pipeline with one Sync: PostgreSQL runs it as one implicit
 	// transaction (all or nothing), in one round trip.
 	b := &pgx.Batch{}
+	if lane == laneRows {
+		// For this transaction only (is_local): the session keeps on.
+		b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	}
 	for _, s := range steps {
 		s.queue(b)
 	}

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"reflect"
 	"sync"
@@ -929,5 +930,50 @@ func TestMergedTakesGrantWhatFits(t *testing.T) {
 	}
 	if _, err := in[1].m.Quotas().Reserve("frank", 4, testNow); !errors.Is(err, budget.ErrQuotaExhausted) {
 		t.Fatalf("after them: %v, want the quota's refusal", err)
+	}
+}
+
+// The counters (attempts, quota holds) commit without waiting for the
+// disk, the usage records with it; the session's own setting stays on,
+// whatever transaction last ran on the connection.
+func TestCountersCommitWithoutWaitingForTheDisk(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	pool := in[0].db.Pool()
+	unflushed := func() bool {
+		var ahead bool
+		if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()").Scan(&ahead); err != nil {
+			t.Fatal(err)
+		}
+		return ahead
+	}
+	var lagged int
+	for i := range 20 {
+		if err := in[0].m.Attempts().Take(fmt.Sprintf("user%d", i), 0, testNow); err != nil {
+			t.Fatal(err)
+		}
+		if unflushed() {
+			lagged++
+		}
+	}
+	if lagged == 0 {
+		t.Error("no attempt's commit was left for PostgreSQL to write: the counters waited for the disk")
+	}
+	for range 5 {
+		if err := in[0].m.RecordUsage(ctx, "2026-12", usageRecord("gina"), budget.Settlement{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for _, c := range conns {
+		var v string
+		if err := c.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v); err != nil || v != "on" {
+			t.Fatalf("a connection's synchronous_commit = %q (%v), want on", v, err)
+		}
 	}
 }
