@@ -347,3 +347,26 @@ func mustLimiter(t *testing.T, cfg limiter.Config) *limiter.Limiter {
 	}
 	return l
 }
+
+// A window keeps only the times that may still count: under a rate far
+// above its traffic, a key's row holds the last window and a minute of
+// requests, not the last rate of them.
+func TestWindowsKeepOnlyLiveTimes(t *testing.T) {
+	db := newDB(t)
+	w := db.Limits().Windows("user")
+	cfg := limiter.Config{Rate: 100_000, Window: time.Minute}
+	now := lt0
+	for range 300 { // one a second for five minutes
+		if r, err := w.Take("heavy", cfg, now); r != nil || err != nil {
+			t.Fatalf("Take = %v, %v", r, err)
+		}
+		now = now.Add(time.Second)
+	}
+	var n int
+	if err := db.Pool().QueryRow(t.Context(), "SELECT cardinality(times) FROM limit_windows WHERE name = 'user' AND key = 'heavy'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n > 121 || n < 60 {
+		t.Errorf("the row holds %d times after five minutes at one a second, want the last window and a minute's (120 or 121)", n)
+	}
+}

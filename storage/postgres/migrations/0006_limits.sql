@@ -24,7 +24,9 @@
 -- to 1µs earlier than memory would; never a request more.
 
 -- A key's sliding log: its most recent admitted requests, oldest first,
--- at most max(rate, burst) of them (rate when set).
+-- at most max(rate, burst) of them (rate when set), and of those only the
+-- ones that may still count. A decision rewrites the row: a rate in the
+-- thousands a minute, really used, makes rows of tens of kilobytes.
 CREATE UNLOGGED TABLE limit_windows (
     name  text NOT NULL,    -- the limit: "user", "invites", "route:NAME"
     key   text NOT NULL,
@@ -75,6 +77,7 @@ DECLARE
     n   integer;
     cap integer := CASE WHEN p_rate > 0 THEN p_rate ELSE p_burst END;
     d   bigint;
+    i   integer;
 BEGIN
     wait := 0;
     reason := '';
@@ -109,9 +112,17 @@ BEGIN
     ELSE
         t := ARRAY[p_now];
     END IF;
+    -- Keep the last cap times, and of them only those that may still
+    -- count: a time at or before p_now minus the longer span (and a
+    -- minute, for a clock that steps back) counts for neither limit. The
+    -- times are in order, so the dead ones come first.
     n := cardinality(t);
-    IF n > cap THEN
-        t := t[n - cap + 1 : n];
+    i := greatest(1, n - cap + 1);
+    WHILE i < n AND t[i] <= p_now - greatest(p_window, 1000000000) - 60000000000 LOOP
+        i := i + 1;
+    END LOOP;
+    IF i > 1 THEN
+        t := t[i : n];
     END IF;
     UPDATE limit_windows SET times = t WHERE name = p_name AND key = p_key;
 END
