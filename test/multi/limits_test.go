@@ -241,11 +241,17 @@ func (p *pair) routePasses(t *testing.T, ip string, n, first int) int {
 }
 
 // TestRoutePerIPLimitAcrossInstances: a guarded route's per-IP limit (3 a
-// minute) holds across instances.
+// minute) holds across instances, and through a restart of both.
 func TestRoutePerIPLimitAcrossInstances(t *testing.T) {
 	p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 60\n", routeConfig)
 	if got := p.routePasses(t, "198.51.100.1", 8, 0); got != 3 {
 		t.Errorf("8 checks of one address alternating between the instances: %d passed, want exactly 3", got)
+	}
+	p.stopAll()
+	p.start(0)
+	p.start(1)
+	if got := p.routePasses(t, "198.51.100.1", 4, 1); got != 0 {
+		t.Errorf("after a restart of both instances, %d of 4 checks of the limited address passed, want none", got)
 	}
 }
 
