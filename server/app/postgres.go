@@ -224,7 +224,8 @@ func (a *App) limitFault(layer string) func(error) {
 }
 
 // shareLimits makes the database decide the invite limits and each
-// guarded route's rate windows and fail limit, on postgres (a.limits set);
+// guarded route's rate windows, daily line and fail limit, on postgres
+// (a.limits set);
 // on bolt it does nothing. Each keeps its memory as the fallback.
 func (a *App) shareLimits(guarded []api.Route) {
 	if a.limits == nil {
@@ -235,6 +236,7 @@ func (a *App) shareLimits(guarded []api.Route) {
 	for _, r := range guarded {
 		layer := "route:" + r.Config.Name
 		r.Windows.Share(a.limits.Windows(layer), a.limitFault(layer))
+		r.Attempts.Share(a.limits.Daily(layer), a.limitFault(layer))
 		if r.Fails != nil {
 			r.Fails.Share(a.limits.Fails(layer), a.limitFault(layer))
 		}
@@ -286,6 +288,13 @@ func (a *App) pruneLimitsOnce(ctx context.Context, guarded []api.Route, now time
 	}
 	for name, cfg := range fails {
 		if _, err := a.limits.Fails(name).PruneFails(ctx, cfg, now); err != nil {
+			return err
+		}
+	}
+	loc, _ := a.cfg.Budget.Location() // checked by Load; the zone needs a restart
+	yesterday := budget.DayKey(now.AddDate(0, 0, -1), loc)
+	for _, r := range guarded {
+		if _, err := a.limits.Daily("route:"+r.Config.Name).PruneDays(ctx, yesterday); err != nil {
 			return err
 		}
 	}

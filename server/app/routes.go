@@ -54,18 +54,18 @@ func loadRoutes(store state.StateLoader, cfgs []routes.Config, loc *time.Locatio
 	return out, nil
 }
 
-// routeSnapshots register the routes' memory with the write-behind: the
-// daily counts, and the windows and fail limits unless they are shared in
-// the database.
+// routeSnapshots register the routes' memory with the write-behind, unless
+// it is shared in the database.
 func routeSnapshots(rs []api.Route, shared bool) []state.Snapshot {
+	if shared {
+		return nil
+	}
 	var out []state.Snapshot
 	for _, r := range rs {
 		layer := "route:" + r.Config.Name
-		out = append(out, state.AttemptsUnder(routeAttemptsPrefix(r.Config.Name), layer, r.Attempts))
-		if shared {
-			continue
-		}
-		out = append(out, state.Windows(routeWindowsState(r.Config.Name), layer, r.Windows))
+		out = append(out,
+			state.Windows(routeWindowsState(r.Config.Name), layer, r.Windows),
+			state.AttemptsUnder(routeAttemptsPrefix(r.Config.Name), layer, r.Attempts))
 		if r.Fails != nil {
 			out = append(out, state.Fails(routeFailsState(r.Config.Name), routeGlobalState(r.Config.Name), layer, r.Fails))
 		}

@@ -370,3 +370,42 @@ func TestWindowsKeepOnlyLiveTimes(t *testing.T) {
 		t.Errorf("the row holds %d times after five minutes at one a second, want the last window and a minute's (120 or 121)", n)
 	}
 }
+
+// A shared daily line counts every instance's attempts: N at once on one
+// key take exactly the line, and the next day starts from none.
+func TestDailyTakesExactlyTheLine(t *testing.T) {
+	db := newDB(t)
+	d := db.Limits().Daily("route:login")
+	const n, line = 25, 7
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		taken int
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := d.Take("ip:192.0.2.1", "2026-12-03", line)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if ok {
+				mu.Lock()
+				taken++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if taken != line {
+		t.Fatalf("%d attempts at once took %d, want exactly the line %d", n, taken, line)
+	}
+	if ok, err := d.Take("ip:192.0.2.1", "2026-12-04", line); !ok || err != nil {
+		t.Errorf("the next day: %v, %v; want taken", ok, err)
+	}
+	if ok, err := d.Take("ip:192.0.2.1", "2026-12-03", 0); !ok || err != nil {
+		t.Errorf("no line: %v, %v; want taken", ok, err)
+	}
+}

@@ -8,16 +8,19 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"breakwater/budget"
 	"breakwater/limiter"
 )
 
 // The defense layers' limits shared by every instance (migration 0006):
-// rate windows and bursts, fail limits and cooldowns, each decided by one
-// function call in the database under its rows' locks, with the semantics
-// of package limiter's memory. They are defense layers: the wait for the
-// database is short (LimitTimeout), and after a failure the database is
-// left alone for limitsBackoff, so that a dead database costs each request
-// nothing; the limiter decides in memory meanwhile and counts the fault.
+// rate windows and bursts, a guarded route's daily line, fail limits and
+// cooldowns, each decided by one statement or function call in the
+// database under its rows' locks, with the semantics of the memory layers
+// (package limiter, budget.Attempts). They are defense layers: the wait
+// for the database is short (LimitTimeout), and after a failure the
+// database is left alone for limitsBackoff, so that a dead database costs
+// each request nothing; the layer decides in memory meanwhile and counts
+// the fault.
 
 // LimitTimeout bounds one limit decision in the database: a defense layer
 // that cannot decide within it decides in memory instead. Far shorter
@@ -127,5 +130,44 @@ func (w *Windows) PruneWindows(ctx context.Context, cfg limiter.Config, now time
 	horizon := max(cfg.Window, limiter.BurstWindow)
 	tag, err := w.l.db.pool.Exec(ctx, "DELETE FROM limit_windows WHERE name = $1 AND times[cardinality(times)] <= $2",
 		w.name, now.Add(-horizon).UnixNano())
+	return tag.RowsAffected(), err
+}
+
+// Daily is a daily line (budget.SharedDaily) that every instance shares,
+// under name ("route:NAME"): each key's attempts per day.
+type Daily struct {
+	l    *Limits
+	name string
+}
+
+var _ budget.SharedDaily = (*Daily)(nil)
+
+// Daily returns the shared daily line named name.
+func (l *Limits) Daily(name string) *Daily { return &Daily{l: l, name: name} }
+
+// Take counts one attempt of key on day against line (0: none), unless
+// every instance's attempts already reach it, in one conditional upsert.
+func (d *Daily) Take(key, day string, line int64) (bool, error) {
+	var taken bool
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO limit_days AS d (name, key, day, n) VALUES ($1, $2, $3, 1)
+		ON CONFLICT (name, key, day) DO UPDATE SET n = d.n + 1 WHERE $4 <= 0 OR d.n < $4
+		RETURNING true`, d.name, key, day, line,
+	).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&taken)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // the line: refused
+		}
+		return err
+	})
+	if err := d.l.run(b); err != nil {
+		return false, err
+	}
+	return taken, nil
+}
+
+// PruneDays deletes the daily counts of days before before.
+func (d *Daily) PruneDays(ctx context.Context, before string) (int64, error) {
+	tag, err := d.l.db.pool.Exec(ctx, "DELETE FROM limit_days WHERE name = $1 AND day < $2", d.name, before)
 	return tag.RowsAffected(), err
 }

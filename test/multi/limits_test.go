@@ -194,8 +194,8 @@ func TestInviteCooldownAcrossInstances(t *testing.T) {
 	}
 }
 
-// routeConfig is a guarded route for forward auth, limited per client
-// address to 3 a minute.
+// routeConfig is two guarded routes for forward auth: login, limited per
+// client address to 3 a minute, and signup, to 2 a day.
 const routeConfig = `
 [[routes]]
 name = "login"
@@ -204,13 +204,27 @@ identity = "ip"
 rate = 3
 window = "1m"
 burst = 0
+
+[[routes]]
+name = "signup"
+path = "/api/signup"
+identity = "ip"
+rate = 100
+daily = 2
 `
 
-// forwardAuth asks instance i whether a request of client ip to the route
-// may pass, and returns the status.
+// forwardAuth asks instance i whether a request of client ip to the login
+// route may pass, and returns the status.
 func (p *pair) forwardAuth(t *testing.T, i int, ip string) int {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, "http://"+p.proc(i).Addr+"/v1/forward-auth/login", nil)
+	return p.forwardAuthTo(t, i, "login", ip)
+}
+
+// forwardAuthTo asks instance i whether a request of client ip to route
+// may pass, and returns the status.
+func (p *pair) forwardAuthTo(t *testing.T, i int, route, ip string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+p.proc(i).Addr+"/v1/forward-auth/"+route, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,11 +255,21 @@ func (p *pair) routePasses(t *testing.T, ip string, n, first int) int {
 }
 
 // TestRoutePerIPLimitAcrossInstances: a guarded route's per-IP limit (3 a
-// minute) holds across instances, and through a restart of both.
+// minute) and another's daily line (2) hold across instances, and the
+// first through a restart of both.
 func TestRoutePerIPLimitAcrossInstances(t *testing.T) {
 	p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 60\n", routeConfig)
 	if got := p.routePasses(t, "198.51.100.1", 8, 0); got != 3 {
 		t.Errorf("8 checks of one address alternating between the instances: %d passed, want exactly 3", got)
+	}
+	daily := 0
+	for k := range 6 {
+		if p.forwardAuthTo(t, k%2, "signup", "198.51.100.9") == http.StatusOK {
+			daily++
+		}
+	}
+	if daily != 2 {
+		t.Errorf("6 checks of one address alternating between the instances on a route of 2 a day: %d passed, want exactly 2", daily)
 	}
 	p.stopAll()
 	p.start(0)

@@ -1,7 +1,7 @@
 -- The defense layers' limits, shared by every instance: the rate windows
 -- and bursts (the users' [limits.user], the invite IP limit, each guarded
--- route's limits) and the fail limits with their cooldowns (invites and
--- guarded routes). Each decision is one call of a function below, under
+-- route's limits), a guarded route's daily line, and the fail limits with
+-- their cooldowns (invites and guarded routes). Each decision is one call of a function below, under
 -- the lock of the rows it reads, with the semantics of package limiter's
 -- memory (limiter/window.go, limiter/fail.go). Keys are what the memory
 -- layers key by: a user id, "ip:" and the client key (an IPv6 address by
@@ -61,6 +61,16 @@ CREATE UNLOGGED TABLE limit_fail_minutes (
 CREATE UNLOGGED TABLE limit_fail_trips (
     name text PRIMARY KEY,
     at   bigint NOT NULL
+);
+
+-- A guarded route's daily line: each key's attempts per day (the route's
+-- time zone's "2006-01-02"), counted by one conditional upsert.
+CREATE UNLOGGED TABLE limit_days (
+    name text NOT NULL,
+    key  text NOT NULL,
+    day  text NOT NULL,
+    n    bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, key, day)
 );
 
 -- bw_window_take decides one request of p_key at p_now against a rate
