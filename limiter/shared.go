@@ -84,9 +84,6 @@ func (l *Limiter) Share(store SharedWindows, onFault func(error)) {
 	l.shared.Store(&shared[SharedWindows]{store: store, onFault: onFault})
 }
 
-// Shared reports whether a store decides l's keys.
-func (l *Limiter) Shared() bool { return l.shared.Load() != nil }
-
 // allowShared is Allow with a store: the store decides; memory records
 // what it admitted, and decides alone when it cannot.
 func (l *Limiter) allowShared(sh *shared[SharedWindows], s *settings, key string, now time.Time) error {
