@@ -41,6 +41,8 @@ type Attempts struct {
 	day   string
 	count map[string]int64
 	dirty map[string]bool
+
+	shared sharedAttempts // the store that counts, if any (shared.go)
 }
 
 // NewAttempts returns the counter for day ("2006-01-02" in loc) starting
@@ -55,7 +57,17 @@ func NewAttempts(loc *time.Location, day string, counts map[string]int64) *Attem
 
 // Take counts one attempt by user against line (0 = no line), or refuses
 // with a *LineError when the line is reached. A refusal counts nothing.
+// With a store ([Attempts.Share]) the store decides, every process's
+// attempts counted.
 func (a *Attempts) Take(user string, line int64, now time.Time) error {
+	if sh := a.shared.Load(); sh != nil {
+		return a.takeShared(sh, user, line, now)
+	}
+	return a.takeLocal(user, line, now)
+}
+
+// takeLocal is Take in memory alone.
+func (a *Attempts) takeLocal(user string, line int64, now time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.check(user, line, now); err != nil {

@@ -47,8 +47,18 @@
 //
 // # What it does not do
 //
-// It does not persist anything itself and does not share state between
-// processes: [Limiter.Dirty] and [Limiter.Load] hand encoded state to a
-// caller that writes it behind. It does not count refused requests; a
-// refusal changes no state, so turning a request away costs no write.
+// It does not persist anything itself: [Limiter.Dirty] and [Limiter.Load]
+// hand encoded state to a caller that writes it behind. It does not count
+// refused requests; a refusal changes no state, so turning a request away
+// costs no write.
+//
+// # Shared limits
+//
+// It does not talk to a database itself either. Processes that serve one
+// service share their limits through a store that implements
+// [SharedWindows] or [SharedFails] ([Limiter.Share], [FailLimiter.Share]):
+// the store then decides every key with the semantics above, and the
+// memory keeps this process's own decisions beside it. When the store
+// cannot decide, the memory decides, as a defense layer fails open, and
+// the fault is reported to the caller's hook.
 package limiter

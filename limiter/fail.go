@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -189,6 +190,8 @@ type FailLimiter struct {
 	// progress.
 	epoch     time.Time
 	epochWall int64
+
+	shared atomic.Pointer[shared[SharedFails]] // the store that decides, if any (shared.go)
 }
 
 // bucket counts failures in one minute, since the Unix epoch.
@@ -229,14 +232,27 @@ type Attempt struct {
 	f       *FailLimiter
 	keys    []string
 	done    bool
-	started []string // keys whose cooldown Fail started
+	started []string    // keys whose cooldown Fail started
+	shared  *sharedPart // begun in the store, if any (shared.go)
 }
 
 // Begin starts an attempt on every key at now, or refuses it with a
 // [*Refusal] (reason ReasonGlobal, ReasonCooldown or ReasonInFlight) and
 // records nothing. The keys are checked and counted together: either all
 // count the attempt as pending or none does.
+//
+// With a store ([FailLimiter.Share]) the store decides and the attempt's
+// outcome goes to it; the memory keeps this process's attempts as well,
+// and decides alone when the store cannot.
 func (f *FailLimiter) Begin(keys []string, now time.Time) (*Attempt, error) {
+	if sh := f.shared.Load(); sh != nil {
+		return f.beginShared(sh, keys, now)
+	}
+	return f.beginLocal(keys, now)
+}
+
+// beginLocal is Begin in memory alone.
+func (f *FailLimiter) beginLocal(keys []string, now time.Time) (*Attempt, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if g := f.cfg.GlobalPerHour; g > 0 && f.globalCount(now) >= g {
@@ -326,6 +342,9 @@ func (a *Attempt) Fail(now time.Time) (tripped bool) {
 	if a == nil || a.done {
 		return false
 	}
+	if a.shared != nil {
+		return a.finishShared(OutcomeFail, now)
+	}
 	a.done = true
 	f := a.f
 	f.mu.Lock()
@@ -365,6 +384,10 @@ func (f *FailLimiter) startCooldown(k string, st *failKey, t int64) {
 // (or, with Decay, shortened by one).
 func (a *Attempt) Succeed(now time.Time) {
 	if a == nil || a.done {
+		return
+	}
+	if a.shared != nil {
+		a.finishShared(OutcomeSucceed, now)
 		return
 	}
 	a.done = true
@@ -413,6 +436,10 @@ func (a *Attempt) release() {
 	if a == nil || a.done {
 		return
 	}
+	if a.shared != nil {
+		a.finishShared(OutcomeRelease, time.Time{})
+		return
+	}
 	a.done = true
 	a.f.mu.Lock()
 	defer a.f.mu.Unlock()
@@ -443,7 +470,15 @@ type Cooldown struct {
 }
 
 // Cooling lists the keys in a cooldown at now, sorted by key.
+// With a store, the store's (every process's); memory's if it cannot say.
 func (f *FailLimiter) Cooling(now time.Time) []Cooldown {
+	if sh := f.shared.Load(); sh != nil {
+		out, err := sh.store.Cooling(now)
+		if err == nil {
+			return out
+		}
+		sh.fault(err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := f.since(now)
@@ -461,7 +496,23 @@ func (f *FailLimiter) Cooling(now time.Time) []Cooldown {
 // backoff, as for a key never seen, for an operator who knows the client
 // is legitimate; false if key has no state. Attempts in progress on key
 // still finish. The write-behind stores the change.
+//
+// With a store, the key is cleared in the store as well; the result is
+// the store's, or memory's if the store cannot answer.
 func (f *FailLimiter) Clear(key string) bool {
+	if sh := f.shared.Load(); sh != nil {
+		local := f.clearLocal(key)
+		ok, err := sh.store.Clear(key)
+		if err != nil {
+			sh.fault(err)
+			return local
+		}
+		return ok || local
+	}
+	return f.clearLocal(key)
+}
+
+func (f *FailLimiter) clearLocal(key string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := f.keys[key]
@@ -476,7 +527,16 @@ func (f *FailLimiter) Clear(key string) bool {
 
 // GlobalFailures returns the failures over every key in the last hour at
 // now, counted in whole minutes.
+// With a store, the store's count (every process's), or memory's if it
+// cannot say.
 func (f *FailLimiter) GlobalFailures(now time.Time) int {
+	if sh := f.shared.Load(); sh != nil {
+		n, err := sh.store.GlobalFailures(now)
+		if err == nil {
+			return n
+		}
+		sh.fault(err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.globalCount(now)

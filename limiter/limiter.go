@@ -125,6 +125,8 @@ type Limiter struct {
 
 	displaced atomic.Int64 // keys dropped to make room, see Config.MaxKeys
 
+	shared sharedWindows // the store that decides, if any (shared.go)
+
 	shards [numShards]shard
 }
 
@@ -164,11 +166,23 @@ func (l *Limiter) SetConfig(cfg Config) {
 
 // Allow decides whether a request for key at now is admitted. It returns nil
 // if it is, and records it; otherwise a [*Refusal], and records nothing.
+//
+// With a store ([Limiter.Share]) the store decides, and the memory keeps
+// what this process admitted; when the store cannot decide, the memory
+// does, and the fault is reported.
 func (l *Limiter) Allow(key string, now time.Time) error {
 	s := l.settings.Load()
 	if s.capacity == 0 {
 		return nil
 	}
+	if sh := l.shared.Load(); sh != nil {
+		return l.allowShared(sh, s, key, now)
+	}
+	return l.allowLocal(s, key, now)
+}
+
+// allowLocal is Allow in memory alone.
+func (l *Limiter) allowLocal(s *settings, key string, now time.Time) error {
 	t := l.since(now)
 	sh := l.shard(key)
 	sh.mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"breakwater/budget"
@@ -111,6 +112,11 @@ type App struct {
 
 	changes sync.Mutex // serialises the changes other instances make (postgres)
 
+	// limits are the limits shared in the database (postgres; nil on
+	// bolt), faults where they report a decision made in memory.
+	limits *postgres.Limits
+	faults atomic.Pointer[func(layer string, err error)]
+
 	mu  sync.Mutex // serialises Reload
 	cfg Config     // the config in force
 }
@@ -170,6 +176,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.shareLimits(guarded)
 	a.setCooldowns(guarded)
 	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
 	if pg, ok := db.(*postgres.DB); ok {
@@ -189,13 +196,14 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.reportFaults(a.srv.FailedOpen)
 	a.srv.SetShadow(cfg.Limits.User.Shadow())
 	if err := a.startWriteBehind(guarded); err != nil {
 		return nil, err
 	}
 	a.background(func(ctx context.Context) { a.pruneAnswers(ctx, cfg.OCR) })
 	if pg, ok := db.(*postgres.DB); ok {
-		a.background(func(ctx context.Context) { a.followChanges(ctx, pg) })
+		a.followShared(pg, guarded)
 	}
 
 	// Close stops HTTP first: in-flight requests finish and are recorded
@@ -349,12 +357,17 @@ func Webhooks(settings detect.AlertsConfig, getenv func(string) string, counters
 // refusal counts of today.
 func (a *App) startWriteBehind(guarded []api.Route) error {
 	// Each limiter registers its state here, one line each.
-	snapshots := append([]state.Snapshot{
-		state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows),
+	// Limits shared in the database (postgres) are not: they are written
+	// as they are decided.
+	snapshots := []state.Snapshot{
 		state.Attempts(guard.LayerAttempts, a.layers.Attempts),
 		state.Refusals(api.RefusalCountsLayer, a.srv.DirtyRefusals),
-	}, a.inviteLimits.Snapshots()...)
-	snapshots = append(snapshots, routeSnapshots(guarded)...)
+	}
+	if a.limits == nil {
+		snapshots = append(snapshots, state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows))
+		snapshots = append(snapshots, a.inviteLimits.Snapshots()...)
+	}
+	snapshots = append(snapshots, routeSnapshots(guarded, a.limits != nil)...)
 	// The dashboard's refusals of today, as written behind before a
 	// restart; without them it counts from zero.
 	loc, _ := a.cfg.Budget.Location() // checked by Load

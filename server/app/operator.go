@@ -41,6 +41,7 @@ func OpenOperator(cfg Config, opts Options) (operator.Service, func(), error) {
 	if err == nil {
 		loc, _ := cfg.Budget.Location() // checked by Load
 		if guarded, err = loadRoutes(a.db, cfg.Routes, loc, opts.Now()); err == nil {
+			a.shareLimits(guarded)
 			a.setCooldowns(guarded)
 		}
 	}

@@ -8,7 +8,10 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/api"
+	"breakwater/server/guard"
 	"breakwater/server/guard/state"
+	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/server/operator"
 	"breakwater/storage/postgres"
@@ -21,8 +24,8 @@ const postgresOpenTimeout = 30 * time.Second
 // openPostgres opens the PostgreSQL database the instances share (its URL
 // from BREAKWATER_POSTGRES_URL) and builds the layers on it: the money
 // path (the attempt line, the plan quotas, the budget's ledger and the
-// usage records) decides in the database, exact across instances; the
-// rate windows stay in this instance's memory.
+// usage records) decides in the database, exact across instances, and so
+// do the users' rate windows (shareLimits: the invites' and the routes').
 func (a *App) openPostgres(cfg Config) error {
 	ctx, cancel := context.WithTimeout(context.Background(), postgresOpenTimeout)
 	defer cancel()
@@ -54,9 +57,8 @@ func (a *App) openPostgres(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if err := state.LoadWindows(db, state.StateUserWindows, windows, now); err != nil {
-		return err
-	}
+	a.limits = db.Limits()
+	windows.Share(a.limits.Windows(sharedUserWindows), a.limitFault(guard.LayerRate))
 	shared, err := money.GlobalState(ctx, now)
 	if err != nil {
 		return fmt.Errorf("load budget: %w", err)
@@ -188,4 +190,113 @@ func (b freshBrake) Status(now time.Time) budget.Status {
 	defer cancel()
 	_ = b.Refresh(ctx, now)
 	return b.Global.Status(now)
+}
+
+// sharedUserWindows names the users' rate windows ([limits.user]) in the
+// database; the invite limits are "invites" and a guarded route's
+// "route:NAME", as their layers are named in metrics.
+const sharedUserWindows = "user"
+
+// followShared runs, until Close, what an instance on PostgreSQL does in
+// the background: it follows the other instances' changes and prunes the
+// shared limits.
+func (a *App) followShared(db *postgres.DB, guarded []api.Route) {
+	a.background(func(ctx context.Context) { a.followChanges(ctx, db) })
+	a.background(func(ctx context.Context) { a.pruneLimits(ctx, guarded) })
+}
+
+// reportFaults makes the shared limits report their faults to report
+// (the server's fail-open count) from now on.
+func (a *App) reportFaults(report func(layer string, err error)) { a.faults.Store(&report) }
+
+// limitFault is where a shared limit of layer reports a decision it made
+// in memory because the database could not: the fail-open count and log
+// of the server (breakwater_layer_failopen_total{layer}), once the server
+// is built; a log line before.
+func (a *App) limitFault(layer string) func(error) {
+	return func(err error) {
+		if h := a.faults.Load(); h != nil {
+			(*h)(layer, err)
+			return
+		}
+		a.log.Warn("a shared limit decided in memory: the database did not answer", "layer", layer, "err", err)
+	}
+}
+
+// shareLimits makes the database decide the invite limits and each
+// guarded route's rate windows, daily line and fail limit, on postgres
+// (a.limits set);
+// on bolt it does nothing. Each keeps its memory as the fallback.
+func (a *App) shareLimits(guarded []api.Route) {
+	if a.limits == nil {
+		return
+	}
+	a.inviteLimits.Windows.Share(a.limits.Windows(invites.Layer), a.limitFault(invites.Layer))
+	a.inviteLimits.Fails.Share(a.limits.Fails(invites.Layer), a.limitFault(invites.Layer))
+	for _, r := range guarded {
+		layer := "route:" + r.Config.Name
+		r.Windows.Share(a.limits.Windows(layer), a.limitFault(layer))
+		r.Attempts.Share(a.limits.Daily(layer), a.limitFault(layer))
+		if r.Fails != nil {
+			r.Fails.Share(a.limits.Fails(layer), a.limitFault(layer))
+		}
+	}
+}
+
+// pruneLimitsEvery is how often an instance deletes the shared limits'
+// rows that no longer decide anything.
+const pruneLimitsEvery = time.Minute
+
+// pruneLimits deletes, every pruneLimitsEvery until ctx ends, the shared
+// windows and fail limits' rows that no longer count under the config in
+// force (each instance does; a delete done twice deletes nothing more).
+func (a *App) pruneLimits(ctx context.Context, guarded []api.Route) {
+	t := time.NewTicker(pruneLimitsEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := a.opts.Now()
+		pctx, cancel := context.WithTimeout(ctx, figuresTimeout)
+		err := a.pruneLimitsOnce(pctx, guarded, now)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			a.log.Debug("shared limits not pruned", "err", err)
+		}
+	}
+}
+
+func (a *App) pruneLimitsOnce(ctx context.Context, guarded []api.Route, now time.Time) error {
+	a.mu.Lock()
+	user := a.cfg.Limits.User // as reloaded
+	a.mu.Unlock()
+	windows := map[string]limiter.Config{sharedUserWindows: user, invites.Layer: a.inviteLimits.Windows.Config()}
+	fails := map[string]limiter.FailConfig{invites.Layer: a.inviteLimits.Fails.Config()}
+	for _, r := range guarded {
+		windows["route:"+r.Config.Name] = r.Windows.Config()
+		if r.Fails != nil {
+			fails["route:"+r.Config.Name] = r.Fails.Config()
+		}
+	}
+	for name, cfg := range windows {
+		if _, err := a.limits.Windows(name).PruneWindows(ctx, cfg, now); err != nil {
+			return err
+		}
+	}
+	for name, cfg := range fails {
+		if _, err := a.limits.Fails(name).PruneFails(ctx, cfg, now); err != nil {
+			return err
+		}
+	}
+	loc, _ := a.cfg.Budget.Location() // checked by Load; the zone needs a restart
+	yesterday := budget.DayKey(now.AddDate(0, 0, -1), loc)
+	for _, r := range guarded {
+		if _, err := a.limits.Daily("route:"+r.Config.Name).PruneDays(ctx, yesterday); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -54,8 +54,12 @@ func loadRoutes(store state.StateLoader, cfgs []routes.Config, loc *time.Locatio
 	return out, nil
 }
 
-// routeSnapshots register the routes' memory with the write-behind.
-func routeSnapshots(rs []api.Route) []state.Snapshot {
+// routeSnapshots register the routes' memory with the write-behind, unless
+// it is shared in the database.
+func routeSnapshots(rs []api.Route, shared bool) []state.Snapshot {
+	if shared {
+		return nil
+	}
 	var out []state.Snapshot
 	for _, r := range rs {
 		layer := "route:" + r.Config.Name

@@ -1,0 +1,411 @@
+package postgres_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"breakwater/limiter"
+	"breakwater/storage/postgres"
+)
+
+// lt0 is a whole second, so that every time of a test is on a whole
+// microsecond, where the memory limiter stores times exactly.
+var lt0 = time.Unix(1_800_000_000, 0)
+
+// sameDecision reports whether two answers of Allow or Begin agree: both
+// admitted, or both refused for the same reason with the same wait.
+func sameDecision(mem error, db *limiter.Refusal) bool {
+	if mem == nil || db == nil {
+		return mem == nil && db == nil
+	}
+	var r *limiter.Refusal
+	return errors.As(mem, &r) && r.Reason == db.Reason && r.RetryAfter == db.RetryAfter
+}
+
+// The database decides a key's requests exactly as the memory limiter
+// does: the same sequence of calls at the same times, under random rates,
+// windows and bursts, gets the same admissions, the same reasons and the
+// same retry-after, the clock stepping back included.
+func TestWindowsDecideAsMemory(t *testing.T) {
+	db := newDB(t)
+	limits := db.Limits()
+	rng := rand.New(rand.NewSource(29))
+	for sc := range 60 {
+		cfg := limiter.Config{
+			Rate:   rng.Intn(7),
+			Burst:  rng.Intn(5),
+			Window: time.Second + time.Duration(rng.Intn(4000))*time.Millisecond,
+		}
+		mem, err := limiter.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared := limits.Windows(fmt.Sprintf("scenario-%d", sc%3)) // names share nothing
+		key := fmt.Sprintf("user-%d", sc)
+		now := lt0.Add(time.Duration(rng.Intn(1000)) * time.Millisecond)
+		edges := []time.Duration{time.Second, cfg.Window, cfg.Window - time.Microsecond, cfg.Window + time.Microsecond, time.Microsecond}
+		for step := range 40 {
+			switch p := rng.Intn(10); {
+			case p < 3: // the same instant
+			case p < 6:
+				now = now.Add(time.Duration(rng.Intn(1000)) * time.Millisecond)
+			case p < 7:
+				now = now.Add(edges[rng.Intn(len(edges))])
+			case p < 8:
+				now = now.Add(-time.Duration(rng.Intn(500)) * time.Millisecond) // a clock stepping back
+			default:
+				now = now.Add(time.Duration(rng.Int63n(int64(2*cfg.Window)/1000)) * time.Microsecond)
+			}
+			want := mem.Allow(key, now)
+			got, err := shared.Take(key, mem.Config(), now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameDecision(want, got) {
+				t.Fatalf("scenario %d %+v, step %d at %s: memory says %v, the database %v", sc, cfg, step, now.Sub(lt0), want, got)
+			}
+		}
+	}
+}
+
+// N requests on one key at once, through as many connections, admit
+// exactly the rate: the row's lock makes the check and the record one
+// step.
+func TestWindowsAdmitExactlyTheRateUnderConcurrency(t *testing.T) {
+	db := newDB(t)
+	w := db.Limits().Windows("user")
+	cfg := limiter.Config{Rate: 7, Window: time.Minute}
+	const n = 40
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		admitted int
+		waits    []time.Duration
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := w.Take("alice", cfg, lt0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if r == nil {
+				admitted++
+			} else {
+				waits = append(waits, r.RetryAfter)
+			}
+		}()
+	}
+	wg.Wait()
+	if got, want := admitted, cfg.Rate; got != want {
+		t.Fatalf("%d concurrent requests admitted %d, want exactly the rate %d", n, got, want)
+	}
+	for _, d := range waits {
+		if d != time.Minute {
+			t.Errorf("a refusal's retry-after %s, want the window (1m): every request came at one instant", d)
+		}
+	}
+}
+
+// failOp is one step of a fail limit's sequence: begin an attempt on
+// keys, or finish the open attempt i with an outcome.
+type openAttempt struct {
+	keys  []string
+	mem   *limiter.Attempt
+	begun time.Time
+}
+
+// The database's fail limit decides as the memory's: the same attempts
+// and outcomes at the same times give the same refusals (reason and
+// retry-after), the same cooldowns started and the same trips of the
+// service-wide net, with backoff, decay and the net at random.
+func TestFailsDecideAsMemory(t *testing.T) {
+	db := newDB(t)
+	limits := db.Limits()
+	rng := rand.New(rand.NewSource(2929))
+	pool := []string{"ip:192.0.2.1", "ip:192.0.2.2", "email:a@example.com", "email:b@example.com"}
+	for sc := range 25 {
+		cfg := limiter.FailConfig{
+			Limit:         2 + rng.Intn(3),
+			Window:        time.Duration(1+rng.Intn(5)) * time.Minute,
+			Cooldown:      time.Duration(1+rng.Intn(5)) * time.Minute,
+			Backoff:       rng.Intn(2) == 0,
+			MaxCooldown:   time.Duration(6+rng.Intn(20)) * time.Minute,
+			Decay:         rng.Intn(2) == 0,
+			GlobalPerHour: []int{0, 0, 6, 12}[rng.Intn(4)],
+		}.WithDefaults()
+		mem, err := limiter.NewFail(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared := limits.Fails(fmt.Sprintf("fails-%d", sc))
+		now := lt0
+		var open []openAttempt
+		for step := range 60 {
+			// An attempt left in progress past PendingTTL no longer counts
+			// in the database (memory has no crashed instances to
+			// forget): every attempt finishes within 9 minutes.
+			now = now.Add(time.Duration(rng.Int63n(int64(3*time.Minute)/1e6)) * time.Millisecond)
+			oldest := -1
+			for i, o := range open {
+				if oldest < 0 || o.begun.Before(open[oldest].begun) {
+					oldest = i
+				}
+			}
+			if oldest >= 0 && now.Sub(open[oldest].begun) > 9*time.Minute {
+				now = open[oldest].begun.Add(9 * time.Minute)
+			}
+			if oldest < 0 || (now.Sub(open[oldest].begun) < 8*time.Minute && rng.Intn(3) == 0) {
+				keys := []string{pool[rng.Intn(2)], pool[2+rng.Intn(2)]}
+				if rng.Intn(4) == 0 {
+					keys = keys[:1]
+				}
+				a, want := mem.Begin(keys, now)
+				got, err := shared.Begin(keys, cfg, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !sameDecision(want, got) {
+					t.Fatalf("scenario %d %+v, step %d: Begin(%q) at %s: memory %v, the database %v", sc, cfg, step, keys, now.Sub(lt0), want, got)
+				}
+				if a != nil {
+					open = append(open, openAttempt{keys: keys, mem: a, begun: now})
+				}
+				continue
+			}
+			i := rng.Intn(len(open))
+			if now.Sub(open[oldest].begun) >= 8*time.Minute {
+				i = oldest
+			}
+			o := open[i]
+			open = slices.Delete(open, i, i+1)
+			outcome := []limiter.FailOutcome{limiter.OutcomeFail, limiter.OutcomeFail, limiter.OutcomeSucceed, limiter.OutcomeRelease}[rng.Intn(4)]
+			var wantTripped bool
+			switch outcome {
+			case limiter.OutcomeFail:
+				wantTripped = o.mem.Fail(now)
+			case limiter.OutcomeSucceed:
+				o.mem.Succeed(now)
+			default:
+				o.mem.Neutral()
+			}
+			started, tripped, err := shared.Finish(o.keys, outcome, cfg, o.begun, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(started, o.mem.CooldownsStarted()) || tripped != wantTripped {
+				t.Fatalf("scenario %d %+v, step %d: %s of %q at %s: memory started %q, tripped %v; the database %q, %v",
+					sc, cfg, step, outcome, o.keys, now.Sub(lt0), o.mem.CooldownsStarted(), wantTripped, started, tripped)
+			}
+			if got, want := mustGlobal(t, shared, now), mem.GlobalFailures(now); got != want {
+				t.Fatalf("scenario %d, step %d: global failures %d, memory %d", sc, step, got, want)
+			}
+		}
+	}
+}
+
+func mustGlobal(t *testing.T, f *postgres.Fails, now time.Time) int {
+	t.Helper()
+	n, err := f.GlobalFailures(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// N wrong guesses on one key at once are evaluated at most Limit times:
+// each Begin counts as in progress, under the row's lock.
+func TestFailsBeginAtMostTheLimitUnderConcurrency(t *testing.T) {
+	db := newDB(t)
+	f := db.Limits().Fails("invites")
+	cfg := limiter.FailConfig{Limit: 5}.WithDefaults()
+	const n = 30
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		begun int
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := f.Begin([]string{"ip:192.0.2.9", "email:x@example.com"}, cfg, lt0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if r == nil {
+				mu.Lock()
+				begun++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if begun != cfg.Limit {
+		t.Fatalf("%d concurrent attempts begun %d, want exactly the limit %d", n, begun, cfg.Limit)
+	}
+	// Each fails: the fifth starts the cooldown, on both keys.
+	var started []string
+	for i := range cfg.Limit {
+		s, _, err := f.Finish([]string{"ip:192.0.2.9", "email:x@example.com"}, limiter.OutcomeFail, cfg, lt0, lt0.Add(time.Duration(i)*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		started = append(started, s...)
+	}
+	if want := []string{"ip:192.0.2.9", "email:x@example.com"}; !slices.Equal(started, want) {
+		t.Errorf("cooldowns started %q, want %q", started, want)
+	}
+	r, err := f.Begin([]string{"email:x@example.com"}, cfg, lt0.Add(5*time.Second))
+	if err != nil || r == nil || r.Reason != limiter.ReasonCooldown || r.RetryAfter != cfg.Cooldown-time.Second {
+		t.Errorf("Begin in the cooldown = %v, %v; want a cooldown refusal of %s", r, err, cfg.Cooldown-time.Second)
+	}
+}
+
+// An attempt in progress that an instance never finishes (it crashed)
+// stops counting after PendingTTL.
+func TestFailsForgetAnAttemptLeftInProgress(t *testing.T) {
+	db := newDB(t)
+	f := db.Limits().Fails("route:login")
+	cfg := limiter.FailConfig{Limit: 1}.WithDefaults()
+	if r, err := f.Begin([]string{"ip:192.0.2.7"}, cfg, lt0); r != nil || err != nil {
+		t.Fatalf("first Begin = %v, %v", r, err)
+	}
+	if r, err := f.Begin([]string{"ip:192.0.2.7"}, cfg, lt0.Add(time.Second)); err != nil || r == nil || r.Reason != limiter.ReasonInFlight {
+		t.Fatalf("Begin beside an attempt in progress = %v, %v; want in_flight", r, err)
+	}
+	if r, err := f.Begin([]string{"ip:192.0.2.7"}, cfg, lt0.Add(postgres.PendingTTL+time.Second)); r != nil || err != nil {
+		t.Fatalf("Begin after PendingTTL = %v, %v; want begun", r, err)
+	}
+}
+
+// A limiter shared through the database: two limiters (two instances)
+// on one database give one limit; with the database closed, each decides
+// in memory and reports the fault, and the database is then left alone
+// for a while (no wait per request).
+func TestSharedLimiterFallsBackToMemory(t *testing.T) {
+	db := newDB(t)
+	cfg := limiter.Config{Rate: 3, Window: time.Minute}
+	var faults []error
+	a, b := mustLimiter(t, cfg), mustLimiter(t, cfg)
+	a.Share(db.Limits().Windows("user"), func(err error) { faults = append(faults, err) })
+	b.Share(db.Limits().Windows("user"), func(err error) { faults = append(faults, err) })
+	admitted := 0
+	for i := range 8 {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		if l.Allow("bob", lt0.Add(time.Duration(i)*time.Millisecond)) == nil {
+			admitted++
+		}
+	}
+	if admitted != cfg.Rate || len(faults) != 0 {
+		t.Fatalf("8 requests alternating between two instances admitted %d (faults %v), want %d", admitted, faults, cfg.Rate)
+	}
+	db.Close()
+	start := time.Now()
+	for i := range 3 {
+		if err := a.Allow(fmt.Sprintf("new-%d", i), lt0.Add(time.Second)); err != nil {
+			t.Errorf("a new key with the database closed: %v, want admitted in memory", err)
+		}
+	}
+	if len(faults) != 3 {
+		t.Errorf("faults reported %d, want one per decision made in memory (3)", len(faults))
+	}
+	if !errors.Is(faults[len(faults)-1], postgres.ErrLimitsDown) {
+		t.Errorf("the last fault = %v, want ErrLimitsDown (the database left alone after a failure)", faults[len(faults)-1])
+	}
+	if d := time.Since(start); d > postgres.LimitTimeout+time.Second {
+		t.Errorf("three decisions with the database closed took %s", d)
+	}
+	// Memory kept what this instance admitted while shared: bob, at the
+	// rate on this instance's own count (2 of its 4 requests), gets one more.
+	if err := a.Allow("bob", lt0.Add(2*time.Second)); err != nil {
+		t.Errorf("bob on a in memory: %v, want admitted (a admitted 2 of 3)", err)
+	}
+	if err := a.Allow("bob", lt0.Add(2*time.Second)); err == nil {
+		t.Error("bob on a in memory again: admitted, want refused (a's memory is at the rate)")
+	}
+}
+
+func mustLimiter(t *testing.T, cfg limiter.Config) *limiter.Limiter {
+	t.Helper()
+	l, err := limiter.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A window keeps only the times that may still count: under a rate far
+// above its traffic, a key's row holds the last window and a minute of
+// requests, not the last rate of them.
+func TestWindowsKeepOnlyLiveTimes(t *testing.T) {
+	db := newDB(t)
+	w := db.Limits().Windows("user")
+	cfg := limiter.Config{Rate: 100_000, Window: time.Minute}
+	now := lt0
+	for range 300 { // one a second for five minutes
+		if r, err := w.Take("heavy", cfg, now); r != nil || err != nil {
+			t.Fatalf("Take = %v, %v", r, err)
+		}
+		now = now.Add(time.Second)
+	}
+	var n int
+	if err := db.Pool().QueryRow(t.Context(), "SELECT cardinality(times) FROM limit_windows WHERE name = 'user' AND key = 'heavy'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n > 121 || n < 60 {
+		t.Errorf("the row holds %d times after five minutes at one a second, want the last window and a minute's (120 or 121)", n)
+	}
+}
+
+// A shared daily line counts every instance's attempts: N at once on one
+// key take exactly the line, and the next day starts from none.
+func TestDailyTakesExactlyTheLine(t *testing.T) {
+	db := newDB(t)
+	d := db.Limits().Daily("route:login")
+	const n, line = 25, 7
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		taken int
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := d.Take("ip:192.0.2.1", "2026-12-03", line)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if ok {
+				mu.Lock()
+				taken++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if taken != line {
+		t.Fatalf("%d attempts at once took %d, want exactly the line %d", n, taken, line)
+	}
+	if ok, err := d.Take("ip:192.0.2.1", "2026-12-04", line); !ok || err != nil {
+		t.Errorf("the next day: %v, %v; want taken", ok, err)
+	}
+	if ok, err := d.Take("ip:192.0.2.1", "2026-12-03", 0); !ok || err != nil {
+		t.Errorf("no line: %v, %v; want taken", ok, err)
+	}
+}

@@ -1,0 +1,173 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+)
+
+// The defense layers' limits shared by every instance (migration 0006):
+// rate windows and bursts, a guarded route's daily line, fail limits and
+// cooldowns, each decided by one statement or function call in the
+// database under its rows' locks, with the semantics of the memory layers
+// (package limiter, budget.Attempts). They are defense layers: the wait
+// for the database is short (LimitTimeout), and after a failure the
+// database is left alone for limitsBackoff, so that a dead database costs
+// each request nothing; the layer decides in memory meanwhile and counts
+// the fault.
+
+// LimitTimeout bounds one limit decision in the database: a defense layer
+// that cannot decide within it decides in memory instead. Far shorter
+// than the money path's DefaultOpTimeout, which fails closed.
+const LimitTimeout = 300 * time.Millisecond
+
+// limitsBackoff is how long after a failed decision the limits do not ask
+// the database at all (ErrLimitsDown), so that a dead or blackholed
+// database does not hold every request for LimitTimeout.
+const limitsBackoff = time.Second
+
+// ErrLimitsDown is the answer of a shared limit while the database is
+// left alone after a failure: the caller decides in memory.
+var ErrLimitsDown = errors.New("postgres: shared limits unavailable: deciding in memory")
+
+// Limits are the shared limits of one instance on db. Make one per
+// process; its Windows and Fails are the limiter's stores.
+type Limits struct {
+	db      *DB
+	timeout time.Duration
+	// since is the time elapsed on the monotonic clock since the Limits
+	// were made; downUntil is the value of since until which the
+	// database is left alone (0: it is not).
+	since     func() time.Duration
+	downUntil atomic.Int64
+}
+
+// Limits returns the shared limits on db.
+func (db *DB) Limits() *Limits {
+	start := time.Now()
+	return &Limits{db: db, timeout: LimitTimeout, since: func() time.Duration { return time.Since(start) }}
+}
+
+// run runs one decision's batch in its own round trip, bounded by the
+// limits' timeout; a failure leaves the database alone for limitsBackoff.
+func (l *Limits) run(b *pgx.Batch) error {
+	if until := l.downUntil.Load(); until != 0 && int64(l.since()) < until {
+		return ErrLimitsDown
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	if err := l.db.pool.SendBatch(ctx, b).Close(); err != nil {
+		l.downUntil.Store(int64(l.since() + limitsBackoff))
+		return err
+	}
+	if l.downUntil.Load() != 0 {
+		l.downUntil.Store(0)
+	}
+	return nil
+}
+
+// Windows is a rate window and burst (limiter.SharedWindows) that every
+// instance shares, under name ("user", "invites", "route:NAME").
+type Windows struct {
+	l    *Limits
+	name string
+}
+
+var _ limiter.SharedWindows = (*Windows)(nil)
+
+// Windows returns the shared windows named name.
+func (l *Limits) Windows(name string) *Windows { return &Windows{l: l, name: name} }
+
+// Take decides a request for key at now under cfg, in its own round trip:
+// nil if admitted (and recorded), else the refusal with its exact
+// retry-after.
+func (w *Windows) Take(key string, cfg limiter.Config, now time.Time) (*limiter.Refusal, error) {
+	b := &pgx.Batch{}
+	var refusal *limiter.Refusal
+	queueWindow(b, w.name, key, cfg, now, func(r *limiter.Refusal) { refusal = r })
+	if err := w.l.run(b); err != nil {
+		return nil, err
+	}
+	return refusal, nil
+}
+
+// queueWindow queues on b the decision of one request for key at now
+// under cfg against the windows named name (bw_window_take), so that it
+// can share a round trip and a transaction with other statements (the
+// money path's for an OCR request); done is called with its answer (nil:
+// admitted and recorded) once the batch has been read.
+func queueWindow(b *pgx.Batch, name, key string, cfg limiter.Config, now time.Time, done func(*limiter.Refusal)) {
+	cfg = cfg.WithDefaults()
+	b.Queue("SELECT wait, reason FROM bw_window_take($1, $2, $3, $4, $5, $6)",
+		name, key, now.UnixNano(), cfg.Rate, int64(cfg.Window), cfg.Burst,
+	).QueryRow(func(row pgx.Row) error {
+		var (
+			wait   int64
+			reason string
+		)
+		if err := row.Scan(&wait, &reason); err != nil {
+			return err
+		}
+		if wait <= 0 {
+			done(nil)
+			return nil
+		}
+		done(&limiter.Refusal{RetryAfter: time.Duration(wait), Reason: reason})
+		return nil
+	})
+}
+
+// PruneWindows deletes the windows named name whose newest request no
+// longer counts at now under cfg: they decide nothing any more.
+func (w *Windows) PruneWindows(ctx context.Context, cfg limiter.Config, now time.Time) (int64, error) {
+	cfg = cfg.WithDefaults()
+	horizon := max(cfg.Window, limiter.BurstWindow)
+	tag, err := w.l.db.pool.Exec(ctx, "DELETE FROM limit_windows WHERE name = $1 AND times[cardinality(times)] <= $2",
+		w.name, now.Add(-horizon).UnixNano())
+	return tag.RowsAffected(), err
+}
+
+// Daily is a daily line (budget.SharedDaily) that every instance shares,
+// under name ("route:NAME"): each key's attempts per day.
+type Daily struct {
+	l    *Limits
+	name string
+}
+
+var _ budget.SharedDaily = (*Daily)(nil)
+
+// Daily returns the shared daily line named name.
+func (l *Limits) Daily(name string) *Daily { return &Daily{l: l, name: name} }
+
+// Take counts one attempt of key on day against line (0: none), unless
+// every instance's attempts already reach it, in one conditional upsert.
+func (d *Daily) Take(key, day string, line int64) (bool, error) {
+	var taken bool
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO limit_days AS d (name, key, day, n) VALUES ($1, $2, $3, 1)
+		ON CONFLICT (name, key, day) DO UPDATE SET n = d.n + 1 WHERE $4 <= 0 OR d.n < $4
+		RETURNING true`, d.name, key, day, line,
+	).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&taken)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // the line: refused
+		}
+		return err
+	})
+	if err := d.l.run(b); err != nil {
+		return false, err
+	}
+	return taken, nil
+}
+
+// PruneDays deletes the daily counts of days before before.
+func (d *Daily) PruneDays(ctx context.Context, before string) (int64, error) {
+	tag, err := d.l.db.pool.Exec(ctx, "DELETE FROM limit_days WHERE name = $1 AND day < $2", d.name, before)
+	return tag.RowsAffected(), err
+}

@@ -1,0 +1,364 @@
+package multi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"breakwater/storage/postgres/pgtest"
+	"breakwater/test/harness"
+)
+
+// The defense layers' limits on postgres are the service's, not each
+// instance's: a client that alternates between two instances gets the
+// limit once (the users' rate and burst, the invite fail limit and its
+// cooldowns, a guarded route's per-IP limit); with PostgreSQL stopped each
+// instance decides in memory, counting every such decision as a fail-open,
+// and shares again once it is back.
+
+// limitsPair starts two instances on dbURL with harness's config, edited:
+// [limits.user] replaced by userLimits, trusted proxies on loopback (the
+// client address then comes from X-Forwarded-For), and extra appended.
+func limitsPair(t *testing.T, dbURL, userLimits, extra string) *pair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	root, _ := os.Getwd()
+	g, err := harness.NewGemini(root, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	p := &pair{t: t, dbURL: dbURL, dir: t.TempDir(), gemini: g}
+	p.config = filepath.Join(p.dir, "config.toml")
+	p.env = []string{
+		"BREAKWATER_POSTGRES_URL=" + dbURL,
+		"BREAKWATER_SECRET=" + secret,
+		"BREAKWATER_ADMIN_TOKEN=" + adminToken,
+		"GEMINI_API_KEY=test-key",
+	}
+	cfg := harness.Config{Backend: "postgres", GeminiURL: g.URL, Plan: plan, DailyRequests: 1000, DBPath: filepath.Join(p.dir, "unused.db")}
+	if err := harness.WriteConfig(p.config, cfg); err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile(p.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(body), "max_in_flight_per_user = 64\n", "max_in_flight_per_user = 64\ntrusted_proxies = [\"127.0.0.0/8\"]\n", 1)
+	edited = strings.Replace(edited, "[limits.user]\nrate = 100000\nwindow = \"1m\"\nburst = 100000\n", userLimits, 1)
+	if !strings.Contains(edited, "trusted_proxies") || !strings.Contains(edited, userLimits) {
+		t.Fatalf("the harness's config changed: edit this test's\n%s", body)
+	}
+	if err := os.WriteFile(p.config, []byte(edited+extra), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := harness.NewKey(ctx, bin, p.config, "user0", plan, p.env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.keys = append(p.keys, k)
+	t.Cleanup(p.stopAll)
+	for i := range 2 {
+		p.start(i)
+	}
+	return p
+}
+
+// sequence sends n requests of user 0 one after the other, request k to
+// instance k%2, and returns what each got.
+func (p *pair) sequence(ctx context.Context, n int) []result {
+	client := &http.Client{Timeout: 30 * time.Second}
+	out := make([]result, n)
+	for k := range n {
+		out[k] = p.send(ctx, client, k%2, 0, nil)
+	}
+	return out
+}
+
+// checkRefusals fails t unless rs hold exactly want 200s and every other
+// answer is a 429 whose Retry-After is within [1, maxWait] seconds.
+func checkRefusals(t *testing.T, rs []result, want, maxWait int) {
+	t.Helper()
+	if got := len(ok(rs)); got != want {
+		t.Errorf("%d requests alternating between the instances: %d passed, want exactly %d (%v)", len(rs), got, want, tally(rs))
+	}
+	for _, r := range rs {
+		a := r.answer
+		if a.Status != http.StatusOK && (a.Status != http.StatusTooManyRequests || a.RetryAfter < 1 || a.RetryAfter > maxWait) {
+			t.Errorf("instance %d answered %d %s with Retry-After %d, want 200, or 429 with Retry-After in [1, %d]",
+				r.instance, a.Status, a.Code, a.RetryAfter, maxWait)
+		}
+	}
+}
+
+// TestUserRateExactAcrossInstances: rate = 5 a minute for one user, 12
+// quick requests alternating between two instances: exactly 5 pass, each
+// 429 with its Retry-After; the burst (3 in a second) likewise, for 12
+// requests at once.
+func TestUserRateExactAcrossInstances(t *testing.T) {
+	t.Run("rate", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")
+		checkRefusals(t, p.sequence(ctx, 12), 5, 60)
+	})
+	t.Run("burst", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 1000\nwindow = \"1m\"\nburst = 3\n", "")
+		// A request whose instance read its clock before another's that
+		// the database recorded first waits that much past the second,
+		// as in one instance's memory: Retry-After may round up to 2.
+		checkRefusals(t, p.burst(ctx, 12), 3, 2)
+	})
+}
+
+// verifyInvite posts an invite check to instance i from client address ip
+// and returns the answer's status.
+func (p *pair) verifyInvite(t *testing.T, i int, ip, code, email string) int {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"code": code, "email": email})
+	req, err := http.NewRequest(http.MethodPost, "http://"+p.proc(i).Addr+"/v1/invites/verify", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Forwarded-For", ip)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestInviteCooldownAcrossInstances: five wrong invite guesses through A
+// put the client's address and the e-mail in a cooldown on B: B refuses
+// a valid code for that e-mail from another address, and for another
+// e-mail from that address, while it accepts the code from a third;
+// `cooldowns list` names both, and `cooldowns clear` lifts one on A.
+func TestInviteCooldownAcrossInstances(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 60\n", "\n[invites]\nburst = 100\n")
+	out, err := harness.Command(ctx, bin, p.config, p.env, "invites", "create", "--uses", "5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	code := lines[len(lines)-1]
+	const guesser, victim = "203.0.113.5", "victim@example.com"
+	for i := range 5 {
+		if got := p.verifyInvite(t, 0, guesser, fmt.Sprintf("WRONG-CODE-%d", i), victim); got != http.StatusForbidden {
+			t.Fatalf("wrong guess %d through A: %d, want 403", i+1, got)
+		}
+	}
+	for _, c := range []struct {
+		what, ip, email string
+		want            int
+	}{
+		{"the e-mail in its cooldown, from another address", "203.0.113.6", victim, http.StatusForbidden},
+		{"the address in its cooldown, with another e-mail", guesser, "other@example.com", http.StatusForbidden},
+		{"a third client", "203.0.113.7", "third@example.com", http.StatusOK},
+	} {
+		if got := p.verifyInvite(t, 1, c.ip, code, c.email); got != c.want {
+			t.Errorf("a valid code through B, %s: %d, want %d\n%s", c.what, got, c.want, p.logs())
+		}
+	}
+	// The operator's commands see and lift the service's cooldowns, for
+	// every instance at once.
+	out, err = harness.Command(ctx, bin, p.config, p.env, "cooldowns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"ip:" + guesser, "email:" + victim} {
+		if !strings.Contains(string(out), key) {
+			t.Errorf("cooldowns list does not name %s:\n%s", key, out)
+		}
+	}
+	if _, err := harness.Command(ctx, bin, p.config, p.env, "cooldowns", "clear", "email:"+victim); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.verifyInvite(t, 0, "203.0.113.8", code, victim); got != http.StatusOK {
+		t.Errorf("the e-mail's cooldown lifted by the operator: a valid code through A got %d, want 200", got)
+	}
+}
+
+// routeConfig is two guarded routes for forward auth: login, limited per
+// client address to 3 a minute, and signup, to 2 a day.
+const routeConfig = `
+[[routes]]
+name = "login"
+path = "/api/login"
+identity = "ip"
+rate = 3
+window = "1m"
+burst = 0
+
+[[routes]]
+name = "signup"
+path = "/api/signup"
+identity = "ip"
+rate = 100
+daily = 2
+`
+
+// forwardAuth asks instance i whether a request of client ip to the login
+// route may pass, and returns the status.
+func (p *pair) forwardAuth(t *testing.T, i int, ip string) int {
+	t.Helper()
+	return p.forwardAuthTo(t, i, "login", ip)
+}
+
+// forwardAuthTo asks instance i whether a request of client ip to route
+// may pass, and returns the status.
+func (p *pair) forwardAuthTo(t *testing.T, i int, route, ip string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+p.proc(i).Addr+"/v1/forward-auth/"+route, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Forwarded-For", ip)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// routePasses sends n checks of client ip, alternating from instance
+// first, and counts the 200s; any answer but 200 or 429 fails t.
+func (p *pair) routePasses(t *testing.T, ip string, n, first int) int {
+	t.Helper()
+	passed := 0
+	for k := range n {
+		switch got := p.forwardAuth(t, (first+k)%2, ip); got {
+		case http.StatusOK:
+			passed++
+		case http.StatusTooManyRequests:
+		default:
+			t.Fatalf("forward auth of %s: %d, want 200 or 429\n%s", ip, got, p.logs())
+		}
+	}
+	return passed
+}
+
+// TestRoutePerIPLimitAcrossInstances: a guarded route's per-IP limit (3 a
+// minute) and another's daily line (2) hold across instances, and the
+// first through a restart of both.
+func TestRoutePerIPLimitAcrossInstances(t *testing.T) {
+	p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 60\n", routeConfig)
+	if got := p.routePasses(t, "198.51.100.1", 8, 0); got != 3 {
+		t.Errorf("8 checks of one address alternating between the instances: %d passed, want exactly 3", got)
+	}
+	daily := 0
+	for k := range 6 {
+		if p.forwardAuthTo(t, k%2, "signup", "198.51.100.9") == http.StatusOK {
+			daily++
+		}
+	}
+	if daily != 2 {
+		t.Errorf("6 checks of one address alternating between the instances on a route of 2 a day: %d passed, want exactly 2", daily)
+	}
+	p.stopAll()
+	p.start(0)
+	p.start(1)
+	if got := p.routePasses(t, "198.51.100.1", 4, 1); got != 0 {
+		t.Errorf("after a restart of both instances, %d of 4 checks of the limited address passed, want none", got)
+	}
+}
+
+// failOpens reads breakwater_layer_failopen_total{layer} from instance
+// i's /metrics.
+func (p *pair) failOpens(t *testing.T, i int, layer string) float64 {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+p.proc(i).AdminAddr()+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	want := fmt.Sprintf("breakwater_layer_failopen_total{layer=%q} ", layer)
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, found := strings.CutPrefix(sc.Text(), want); found {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// TestPostgresStoppedLimitsDecideLocally: with PostgreSQL stopped, each
+// instance decides a new client in memory (its own limit still holds)
+// and counts each such decision as a fail-open; started again, the limit
+// is shared again without a restart.
+func TestPostgresStoppedLimitsDecideLocally(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster := pgtest.NewCluster(t)
+	dbURL := createDatabase(ctx, t, cluster.URL("postgres"), "bw_limits")
+	p := limitsPair(t, dbURL, "[limits.user]\nrate = 60\n", routeConfig)
+	if got := p.routePasses(t, "198.51.100.1", 6, 0); got != 3 {
+		t.Fatalf("before the stop: %d of 6 checks passed, want 3", got)
+	}
+	layer := "route:login"
+	before := p.failOpens(t, 0, layer)
+
+	cluster.Stop()
+	passed := 0 // all five through A: A's memory decides, and its limit holds
+	for range 5 {
+		if p.forwardAuth(t, 0, "198.51.100.2") == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 3 {
+		t.Errorf("PostgreSQL stopped: a new address passed %d of 5 checks on one instance, want its memory's 3", passed)
+	}
+	if got := p.failOpens(t, 0, layer) - before; got < 5 {
+		t.Errorf("PostgreSQL stopped: %v fail-opens counted for 5 decisions made in memory, want 5", got)
+	}
+
+	if err := cluster.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Shared again once a decision on each instance counts no fail-open.
+	probe := 0
+	back := waitFor(20*time.Second, func() bool {
+		for i := range 2 {
+			n := p.failOpens(t, i, layer)
+			probe++
+			p.forwardAuth(t, i, fmt.Sprintf("198.51.100.%d", 100+probe))
+			if p.failOpens(t, i, layer) != n {
+				time.Sleep(200 * time.Millisecond)
+				return false
+			}
+		}
+		return true
+	})
+	if !back {
+		t.Fatalf("the limits did not go back to PostgreSQL within 20 s\n%s", p.logs())
+	}
+	if got := p.routePasses(t, "198.51.100.3", 8, 1); got != 3 {
+		t.Errorf("PostgreSQL started again: %d of 8 checks alternating between the instances passed, want exactly 3", got)
+	}
+}
