@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"breakwater/budget"
+	"breakwater/limiter"
 )
 
 // KeepReadAnswer keeps rec's answer in a transaction of its own, as the
@@ -62,4 +63,20 @@ func (q *Quotas) ReserveTogether(user string, limit int64, n int, now time.Time)
 		}
 	}
 	return held, nil
+}
+
+// DecideTogether decides one request of each key under cfg in one batch,
+// as callers arriving together would: for the test of a batch the server
+// refuses a statement of.
+func (w *Windows) DecideTogether(keys []string, cfg limiter.Config, now time.Time) ([]*limiter.Refusal, []error) {
+	calls := make([]*windowCall, len(keys))
+	for i, k := range keys {
+		calls[i] = &windowCall{name: w.name, key: k, cfg: cfg, now: now, done: make(chan struct{})}
+	}
+	w.l.sendBatch(append([]*windowCall(nil), calls...)) // it sorts what it is given
+	refusals, errs := make([]*limiter.Refusal, len(keys)), make([]error, len(keys))
+	for i, c := range calls {
+		refusals[i], errs[i] = c.refusal, c.err
+	}
+	return refusals, errs
 }

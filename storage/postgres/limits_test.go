@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,5 +408,52 @@ func TestDailyTakesExactlyTheLine(t *testing.T) {
 	}
 	if ok, err := d.Take("ip:192.0.2.1", "2026-12-03", 0); !ok || err != nil {
 		t.Errorf("no line: %v, %v; want taken", ok, err)
+	}
+}
+
+// Decisions that arrive together share round trips, and stay exact: of
+// 200 concurrent requests over 40 keys, each key admits exactly its rate,
+// in far fewer round trips than decisions. A decision the server refuses
+// (a key that is not valid UTF-8) fails alone: the others of its batch
+// are decided.
+func TestWindowDecisionsShareRoundTrips(t *testing.T) {
+	db := newDB(t)
+	limits := db.Limits()
+	w := limits.Windows("user")
+	cfg := limiter.Config{Rate: 3, Window: time.Minute}
+	var (
+		wg       sync.WaitGroup
+		admitted [40]atomic.Int64
+	)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := w.Take(fmt.Sprintf("user%d", i%40), cfg, lt0)
+			if err != nil {
+				t.Error(err)
+			} else if r == nil {
+				admitted[i%40].Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range admitted {
+		if n := admitted[k].Load(); n != 3 {
+			t.Errorf("user%d: %d admitted, want exactly 3", k, n)
+		}
+	}
+	if trips := limits.WindowTrips(); trips >= 200 {
+		t.Errorf("200 decisions took %d round trips, want fewer", trips)
+	} else {
+		t.Logf("200 decisions in %d round trips", trips)
+	}
+
+	refusals, errs := w.DecideTogether([]string{"bob", "\xff", "carol"}, cfg, lt0)
+	if errs[0] != nil || errs[2] != nil || refusals[0] != nil || refusals[2] != nil {
+		t.Errorf("the valid keys of a batch with a refused statement: %v, %v / %v, %v; want both admitted", refusals[0], errs[0], refusals[2], errs[2])
+	}
+	if errs[1] == nil {
+		t.Error("a key that is not UTF-8 was decided, want the server's refusal")
 	}
 }

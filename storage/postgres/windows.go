@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"breakwater/budget"
 	"breakwater/limiter"
@@ -46,7 +47,13 @@ type Limits struct {
 	// database is left alone (0: it is not).
 	since     func() time.Duration
 	downUntil atomic.Int64
+	windows   windowQueue  // the window decisions waiting (windowbatch.go)
+	trips     atomic.Int64 // round trips of window decisions made
 }
+
+// WindowTrips is how many round trips the window decisions took: under
+// load, far fewer than the decisions.
+func (l *Limits) WindowTrips() int64 { return l.trips.Load() }
 
 // Limits returns the shared limits on db.
 func (db *DB) Limits() *Limits {
@@ -54,8 +61,9 @@ func (db *DB) Limits() *Limits {
 	return &Limits{db: db, timeout: LimitTimeout, since: func() time.Duration { return time.Since(start) }}
 }
 
-// run runs one decision's batch in its own round trip, bounded by the
-// limits' timeout; a failure leaves the database alone for limitsBackoff.
+// run runs one batch of decisions in one round trip, bounded by the
+// limits' timeout; a failure to reach the database leaves it alone for
+// limitsBackoff (a statement the server refused does not: it answered).
 func (l *Limits) run(b *pgx.Batch) error {
 	if until := l.downUntil.Load(); until != 0 && int64(l.since()) < until {
 		return ErrLimitsDown
@@ -63,7 +71,10 @@ func (l *Limits) run(b *pgx.Batch) error {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
 	if err := l.db.pool.SendBatch(ctx, b).Close(); err != nil {
-		l.downUntil.Store(int64(l.since() + limitsBackoff))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			l.downUntil.Store(int64(l.since() + limitsBackoff))
+		}
 		return err
 	}
 	if l.downUntil.Load() != 0 {
@@ -84,17 +95,16 @@ var _ limiter.SharedWindows = (*Windows)(nil)
 // Windows returns the shared windows named name.
 func (l *Limits) Windows(name string) *Windows { return &Windows{l: l, name: name} }
 
-// Take decides a request for key at now under cfg, in its own round trip:
-// nil if admitted (and recorded), else the refusal with its exact
-// retry-after.
+// Take decides a request for key at now under cfg, in the round trip of
+// whatever other decisions are waiting (windowbatch.go): nil if admitted
+// (and recorded), else the refusal with its exact retry-after.
 func (w *Windows) Take(key string, cfg limiter.Config, now time.Time) (*limiter.Refusal, error) {
-	b := &pgx.Batch{}
-	var refusal *limiter.Refusal
-	queueWindow(b, w.name, key, cfg, now, func(r *limiter.Refusal) { refusal = r })
-	if err := w.l.run(b); err != nil {
-		return nil, err
+	c := &windowCall{name: w.name, key: key, cfg: cfg, now: now}
+	w.l.decide(c)
+	if c.err != nil {
+		return nil, c.err
 	}
-	return refusal, nil
+	return c.refusal, nil
 }
 
 // queueWindow queues on b the decision of one request for key at now
