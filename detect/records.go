@@ -132,4 +132,8 @@ type AlertState struct {
 	Kind    string    `json:"kind"`
 	SentAt  time.Time `json:"sent_at"`
 	Summary string    `json:"summary"`
+	// Period is the period the sending holds the kind back in: the day
+	// (budget.timezone) of an immediate alert, the day or month of an
+	// early warning; empty on a re-armed kind and in older records.
+	Period string `json:"period,omitempty"`
 }
