@@ -278,7 +278,11 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 			a.log.Warn("alerts not all handed to the mailer", "err", err)
 		}
 	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log, Now: a.opts.Now})
+	sched := detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log, Now: a.opts.Now}
+	if pg, ok := a.db.(*postgres.DB); ok {
+		sched.Elector = pg // the instances elect one to run the service's detection
+	}
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, sched)
 	if err != nil {
 		return nil, err
 	}
