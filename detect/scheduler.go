@@ -164,7 +164,9 @@ func (s *Scheduler) runElected(ctx context.Context) (skipped bool) {
 		return true
 	}
 	defer release()
-	s.runDue(ctx)
+	if ran := s.runDue(ctx); ran == 0 && ctx.Err() == nil {
+		s.log.Info("daily detection: nothing due here, every day is run")
+	}
 	return false
 }
 
@@ -173,8 +175,9 @@ func (s *Scheduler) runElected(ctx context.Context) (skipped bool) {
 // run_at tries again from there. A day whose raw events are already past
 // retention can never run, so it is skipped, or a long downtime would
 // stop detection for good; so is a day the runner gave up (its runs kept
-// ending the process), or every start would crash again.
-func (s *Scheduler) runDue(ctx context.Context) {
+// ending the process), or every start would crash again. It returns how
+// many days it tried.
+func (s *Scheduler) runDue(ctx context.Context) (ran int) {
 	latest := s.latestDue(s.o.Now())
 	last, err := s.r.LastRun()
 	if err != nil {
@@ -193,8 +196,9 @@ func (s *Scheduler) runDue(ctx context.Context) {
 	defer func() { s.r.Digest(reps) }() // one mail for a catch-up, even one cut short
 	for day := first; day <= latest; day = addDays(day, 1) {
 		if ctx.Err() != nil {
-			return
+			return ran
 		}
+		ran++
 		rep, err := s.r.RunDay(ctx, day)
 		if errors.Is(err, ErrPruned) {
 			s.log.Warn("detection skips a day whose events are past retention", "day", day)
@@ -203,8 +207,9 @@ func (s *Scheduler) runDue(ctx context.Context) {
 			reps = append(reps, rep) // logged by the runner; the digest says so
 			continue
 		} else if err != nil {
-			return // logged by the runner
+			return ran // logged by the runner
 		}
 		reps = append(reps, rep)
 	}
+	return ran
 }
