@@ -127,6 +127,15 @@ type RunRecord struct {
 	GaveUp bool `json:"gave_up,omitempty"`
 }
 
+// LayerRefusals is how many requests one layer refused (or, Shadow, would
+// have refused in shadow mode) over a stretch of time, as the statistics
+// events of every instance count them.
+type LayerRefusals struct {
+	Layer  string
+	Shadow bool
+	Count  int64
+}
+
 // AlertState is when one alert kind was last sent.
 type AlertState struct {
 	Kind    string    `json:"kind"`

@@ -172,8 +172,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	a.setCooldowns(guarded)
 	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
+	var service api.ServiceRefusalReader
 	if pg, ok := db.(*postgres.DB); ok {
-		claims = pg
+		claims, service = pg, pg
 	}
 	ocfg := cfg.OCR.WithDefaults()
 	fallbackPrice, _ := ocfg.PriceOf(ocfg.FallbackModel) // Validate has checked it is known
@@ -181,7 +182,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
 		Model: ocfg.Model, FallbackModel: ocfg.FallbackModel, FallbackPrice: fallbackPrice,
 		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
-		Answers: db, Claims: claims, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Answers: db, Claims: claims, ServiceRefusals: service, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,

@@ -3,6 +3,7 @@ package multi
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -217,4 +218,74 @@ func TestBrakeAlertOnceForTheService(t *testing.T) {
 	if got := mailsAbout(smtp.Messages(), "alert: brake engaged"); got != 1 {
 		t.Fatalf("%d brake alerts from two instances, want 1\n%s", got, p.logs())
 	}
+}
+
+// scrapeMetrics reads instance i's /metrics.
+func (p *pair) scrapeMetrics(ctx context.Context, t *testing.T, i int) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.proc(i).AdminAddr()+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := io.Copy(&b, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics of instance %d: %d", i, resp.StatusCode)
+	}
+	return b.String()
+}
+
+// TestServiceRefusalsOnEveryInstance: refusals answered by both
+// instances are the service's on either: /metrics shows them in
+// breakwater_service_refusals_today beside the instance's own
+// breakwater_refusals_total, which counts only what that instance refused
+// since it started.
+func TestServiceRefusalsOnEveryInstance(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p := newServicePair(t, pgtest.NewDatabase(t), "")
+	if out, err := harness.Command(ctx, bin, p.config, p.env, "brake", "on"); err != nil {
+		t.Fatalf("brake on: %v\n%s", err, out)
+	}
+	changed := time.Now()
+	p.until(ctx, t, changed, 0, 0, http.StatusServiceUnavailable, "paused_by_operator")
+	p.until(ctx, t, changed, 1, 0, http.StatusServiceUnavailable, "paused_by_operator")
+	refused := 2 // one each: until stops at the first refusal
+	client := &http.Client{Timeout: 10 * time.Second}
+	for k := range 9 {
+		if r := p.send(ctx, client, k%2, 0, nil); r.answer.Code != "paused_by_operator" {
+			t.Fatalf("request %d: %d %s, want 503 paused_by_operator", k, r.answer.Status, r.answer.Code)
+		}
+		refused++
+	}
+	// A clean stop writes each instance's per-minute rows of refusals;
+	// instance 0 then starts afresh, its own counters at zero.
+	p.stopAll()
+	p.start(0)
+	m := p.scrapeMetrics(ctx, t, 0)
+	if want := fmt.Sprintf(`breakwater_service_refusals_today{layer="budget"} %d`, refused); !strings.Contains(m, want) {
+		t.Errorf("/metrics lacks %s:\n%s", want, grepLines(m, "refusals"))
+	}
+	if want := `breakwater_refusals_total{layer="budget",reason="manual"} 0`; !strings.Contains(m, want) {
+		t.Errorf("/metrics lacks %s: the instance's own count:\n%s", want, grepLines(m, "refusals"))
+	}
+}
+
+// grepLines returns the lines of s that hold sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
