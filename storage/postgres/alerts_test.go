@@ -217,3 +217,48 @@ func TestAlertersOnOneDatabaseSendOnce(t *testing.T) {
 		t.Errorf("%d brake mails an interval later, want 2", got)
 	}
 }
+
+// Early warnings likewise: two instances' Warners see the same share of
+// a ceiling crossed (each reads the shared budget's figures) and each
+// raises the warning, with the lower share it covers: one mail for the
+// service, and the covered share counts as sent on both.
+func TestEarlyWarningOnceAcrossInstances(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	month := func(t time.Time) string { return t.Format("2006-01") }
+	mail := &countingSender{}
+	var alerters [2]*detect.Alerter
+	for i := range alerters {
+		a, err := detect.NewAlerter(open(t, url), detect.AlerterOptions{MinInterval: time.Hour, Location: time.UTC, Mail: mail, Now: clock, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		alerters[i] = a
+	}
+	var wg sync.WaitGroup
+	for _, a := range alerters {
+		wg.Go(func() {
+			a.AlertOnce("budget_warn_monthly_usd_80", month, "80% of monthly_usd", nil, "budget_warn_monthly_usd_50")
+		})
+	}
+	wg.Wait()
+	for _, a := range alerters {
+		if err := a.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := mail.count(); got != 1 {
+		t.Errorf("%d early warnings from two instances, want 1", got)
+	}
+	a, err := detect.NewAlerter(open(t, url), detect.AlerterOptions{MinInterval: time.Hour, Location: time.UTC, Now: clock, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(context.Background())
+	for _, kind := range []string{"budget_warn_monthly_usd_80", "budget_warn_monthly_usd_50"} {
+		if !a.SentIn(kind, month, now.Add(24*time.Hour)) {
+			t.Errorf("%s not stored as sent this month", kind)
+		}
+	}
+}
