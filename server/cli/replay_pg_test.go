@@ -82,3 +82,50 @@ burst = 0
 		t.Fatalf("no daily layer in\n%s", out.String())
 	}
 }
+
+// On postgres, usage's shadow counts are the service's: a user's
+// would-be refusals recorded by two instances are summed.
+func TestUsageShadowCountsTheServicesOnPostgres(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	config := writeConfig(t, `
+[storage]
+backend = "postgres"
+[ocr]
+provider = "simulated"
+[plans.free]
+monthly_quota = 10000
+daily_attempts = 1000
+`)
+	env := envFrom(map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": "usage-test-secret-0123456789abcdef"})
+	if err := run(context.Background(), []string{"keys", "create", "--user", "alice", "--plan", "free", "--config", config}, env, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := time.Now().UTC().Truncate(time.Minute)
+	for _, n := range []int64{4, 6} { // each instance's per-minute row
+		db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = db.AppendEvents([]detect.Event{{Time: now, UserID: "alice", Plan: "free", Route: "/v1/ocr", Layer: "rate", Outcome: detect.OutcomeShadowRefused, Count: n}})
+		db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"usage", "alice", "--json", "--config", config}, env, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var list []struct {
+		User        string           `json:"user"`
+		ShadowToday map[string]int64 `json:"shadow_today"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &list); err != nil {
+		t.Fatalf("--json does not parse: %v\n%s", err, out.String())
+	}
+	if len(list) != 1 || list[0].ShadowToday["rate"] != 10 {
+		t.Errorf("usage alice = %+v, want 10 shadow refusals by rate (4 through one instance, 6 through the other)", list)
+	}
+}
