@@ -377,7 +377,9 @@ func (a *Alerter) record(p pending) bool {
 		a.last[p.st.Kind] = held
 	}
 	a.mu.Unlock()
-	a.log.Info("alert already sent by another instance: not sent again", "kind", p.st.Kind, "sent_at", held.SentAt)
+	if !p.silent {
+		a.log.Info("alert already sent by another instance: not sent again", "kind", p.st.Kind, "sent_at", held.SentAt)
+	}
 	return false
 }
 
