@@ -100,6 +100,18 @@ type AlertStore interface {
 	AlertStates() ([]AlertState, error)
 }
 
+// AlertClaimer is what a store that several instances share may also
+// offer: the right to send an alert, claimed in one atomic step, so that
+// of the instances that raise the same alert, one sends it. Without it
+// (one instance), the state is stored after the check in memory.
+type AlertClaimer interface {
+	// ClaimAlert stores st unless the stored state of st.Kind holds it
+	// back: a sending in the same Period after notBefore. It reports
+	// whether st was stored and, when it was not, the state that held it
+	// back.
+	ClaimAlert(st AlertState, notBefore time.Time) (claimed bool, held AlertState, err error)
+}
+
 // AlerterOptions are the Alerter's settings and optional parts.
 type AlerterOptions struct {
 	// MinInterval is the least time between two alerts of one kind.
@@ -124,7 +136,9 @@ type AlerterOptions struct {
 // time zone), whatever the interval. When each kind was last sent is
 // stored, so a restart sends no duplicate. Alert never waits: the check is
 // in memory, and storing, logging and mailing happen on a goroutine of
-// its own.
+// its own. On a store shared by several instances (an AlertClaimer) that
+// goroutine claims each alert before sending it, so the service sends it
+// once, whichever instances raise it.
 type Alerter struct {
 	store AlertStore
 	o     AlerterOptions
@@ -142,6 +156,10 @@ type pending struct {
 	// silent: only store st (a lower share of an early warning, covered
 	// by the alert of a higher one).
 	silent bool
+	// claim: st is a sending, claimed on a shared store unless one in
+	// its period after notBefore holds it back; false for a re-arming.
+	claim     bool
+	notBefore time.Time
 }
 
 // NewAlerter loads the alert state from store and starts the Alerter.
@@ -211,12 +229,16 @@ func (a *Alerter) AlertWith(kind string, build func() (summary string, details m
 	summary, details := build()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := AlertState{Kind: kind, SentAt: now, Summary: summary}
+	st := AlertState{Kind: kind, SentAt: now, Summary: summary, Period: a.day(now)}
 	a.last[kind] = st
-	if !a.queue.Push(pending{st: st, details: details}) {
+	if !a.queue.Push(pending{st: st, details: details, claim: true, notBefore: now.Add(-a.o.MinInterval)}) {
 		a.o.Counters.AlertFailures.Add(1)
 	}
 }
+
+// day is the period of an immediate alert: its day in the budget's time
+// zone, whose midnight re-arms every kind.
+func (a *Alerter) day(t time.Time) string { return t.In(a.o.Location).Format("2006-01-02") }
 
 // AlertOnce raises an alert of kind once per period, whatever
 // MinInterval: unless the last alert of kind was sent in the same period,
@@ -235,13 +257,13 @@ func (a *Alerter) AlertOnce(kind string, period func(time.Time) string, summary 
 		if a.sentIn(c, period, now) {
 			continue
 		}
-		st := AlertState{Kind: c, SentAt: now, Summary: "covered by " + kind}
+		st := AlertState{Kind: c, SentAt: now, Summary: "covered by " + kind, Period: period(now)}
 		a.last[c] = st
-		a.queue.Push(pending{st: st, silent: true})
+		a.queue.Push(pending{st: st, silent: true, claim: true})
 	}
-	st := AlertState{Kind: kind, SentAt: now, Summary: summary}
+	st := AlertState{Kind: kind, SentAt: now, Summary: summary, Period: period(now)}
 	a.last[kind] = st
-	if !a.queue.Push(pending{st: st, details: details}) {
+	if !a.queue.Push(pending{st: st, details: details, claim: true}) {
 		a.o.Counters.AlertFailures.Add(1)
 	}
 	return true
@@ -313,11 +335,7 @@ func (a *Alerter) Close(ctx context.Context) error {
 func (a *Alerter) loop() {
 	defer close(a.done)
 	for p := range a.queue.Items() {
-		if err := a.store.SaveAlertState(p.st); err != nil {
-			a.o.Counters.AlertFailures.Add(1)
-			a.log.Error("alert state not stored: a restart may repeat this alert", "kind", p.st.Kind, "err", err)
-		}
-		if p.silent {
+		if !a.record(p) || p.silent {
 			continue
 		}
 		a.log.Warn("ALERT "+p.st.Kind, "summary", Escape(p.st.Summary), "details", detailsText(p.details))
@@ -329,6 +347,40 @@ func (a *Alerter) loop() {
 			h.Notify(n)
 		}
 	}
+}
+
+// record stores p's state, and reports whether p is still to be sent:
+// false when another instance sent it (claimed it first on the shared
+// store). The in-memory state then takes the stored one, which holds the
+// kind back here too. A store that fails does not stop the alert: better
+// twice than not at all.
+func (a *Alerter) record(p pending) bool {
+	claimer, shared := a.store.(AlertClaimer)
+	if !shared || !p.claim {
+		if err := a.store.SaveAlertState(p.st); err != nil {
+			a.o.Counters.AlertFailures.Add(1)
+			a.log.Error("alert state not stored: a restart may repeat this alert", "kind", p.st.Kind, "err", err)
+		}
+		return true
+	}
+	claimed, held, err := claimer.ClaimAlert(p.st, p.notBefore)
+	switch {
+	case err != nil:
+		a.o.Counters.AlertFailures.Add(1)
+		a.log.Error("alert not claimed in the shared state: sent from here, another instance may send it too", "kind", p.st.Kind, "err", err)
+		return true
+	case claimed:
+		return true
+	}
+	a.mu.Lock()
+	if cur := a.last[p.st.Kind]; cur.SentAt.Equal(p.st.SentAt) && !held.SentAt.IsZero() {
+		a.last[p.st.Kind] = held
+	}
+	a.mu.Unlock()
+	if !p.silent {
+		a.log.Info("alert already sent by another instance: not sent again", "kind", p.st.Kind, "sent_at", held.SentAt)
+	}
+	return false
 }
 
 // NewNotice is the alert st with its details as every channel delivers

@@ -127,9 +127,22 @@ type RunRecord struct {
 	GaveUp bool `json:"gave_up,omitempty"`
 }
 
+// LayerRefusals is how many requests one layer refused (or, Shadow, would
+// have refused in shadow mode) over a stretch of time, as the statistics
+// events of every instance count them.
+type LayerRefusals struct {
+	Layer  string
+	Shadow bool
+	Count  int64
+}
+
 // AlertState is when one alert kind was last sent.
 type AlertState struct {
 	Kind    string    `json:"kind"`
 	SentAt  time.Time `json:"sent_at"`
 	Summary string    `json:"summary"`
+	// Period is the period the sending holds the kind back in: the day
+	// (budget.timezone) of an immediate alert, the day or month of an
+	// early warning; empty on a re-armed kind and in older records.
+	Period string `json:"period,omitempty"`
 }

@@ -11,6 +11,22 @@ import (
 // once.
 const DefaultMaxCatchUp = 31
 
+// DefaultRecheck is how long after a skipped run (another instance was
+// running it, or the election failed) a Scheduler tries again, rather
+// than at the next run_at: if the instance that ran it died mid-run, the
+// day is run here within this long.
+const DefaultRecheck = 10 * time.Minute
+
+// Elector elects the one instance of a service that runs the daily
+// detection, when several instances share one database: a storage
+// backend.
+type Elector interface {
+	// LeadDetection makes this instance the one that runs detection,
+	// until release, unless another instance is running it (ok false).
+	// The lead ends with the process, however it ends.
+	LeadDetection(ctx context.Context) (release func(), ok bool, err error)
+}
+
 // DayRunner runs detection for one day and knows the last day it ran:
 // the Runner.
 type DayRunner interface {
@@ -30,8 +46,14 @@ type SchedulerOptions struct {
 	// the scheduler runs: for a throwaway database, whose missed days are
 	// none.
 	NoCatchUp bool
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// Elector elects the instance that runs the detection of the
+	// service; nil: this one always does (the only instance).
+	Elector Elector
+	// Recheck is how long after a skipped run the Scheduler tries again;
+	// default DefaultRecheck.
+	Recheck time.Duration
+	Logger  *slog.Logger
+	Now     func() time.Time
 }
 
 // Scheduler runs the daily detection at [detect] run_at, in the budget's
@@ -59,6 +81,9 @@ func NewScheduler(r DayRunner, cfg Config, loc *time.Location, o SchedulerOption
 	if o.MaxCatchUp <= 0 {
 		o.MaxCatchUp = DefaultMaxCatchUp
 	}
+	if o.Recheck <= 0 {
+		o.Recheck = DefaultRecheck
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -68,14 +93,20 @@ func NewScheduler(r DayRunner, cfg Config, loc *time.Location, o SchedulerOption
 	return &Scheduler{r: r, hour: hour, minute: minute, loc: loc, o: o, log: o.Logger.With("component", "detect")}, nil
 }
 
-// Run catches up, then runs each day at run_at until ctx ends.
+// Run catches up, then runs each day at run_at until ctx ends. A run it
+// skipped (another instance held the lead) is tried again Recheck later.
 func (s *Scheduler) Run(ctx context.Context) {
 	for first := true; ; first = false {
+		skipped := false
 		if !first || !s.o.NoCatchUp {
-			s.runDue(ctx)
+			skipped = s.runElected(ctx)
 		}
 		now := s.o.Now()
-		timer := time.NewTimer(s.next(now).Sub(now))
+		wait := s.next(now).Sub(now)
+		if skipped {
+			wait = min(wait, s.o.Recheck)
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -113,13 +144,40 @@ func (s *Scheduler) latestDue(now time.Time) string {
 	return time.Date(l.Year(), l.Month(), l.Day()-back, 12, 0, 0, 0, s.loc).Format("2006-01-02")
 }
 
+// runElected runs the due days if this instance leads the service's
+// detection, and reports whether it skipped them: another instance leads
+// (it runs them; what it stores and mails is the service's), or the
+// election failed. The days run are read after the election, so a run
+// another instance finished meanwhile is not run again.
+func (s *Scheduler) runElected(ctx context.Context) (skipped bool) {
+	if s.o.Elector == nil {
+		s.runDue(ctx)
+		return false
+	}
+	release, ok, err := s.o.Elector.LeadDetection(ctx)
+	switch {
+	case err != nil:
+		s.log.Error("daily detection skipped: the instance to run it could not be elected", "err", err, "retry_in", s.o.Recheck)
+		return true
+	case !ok:
+		s.log.Info("daily detection skipped here: another instance is running it", "retry_in", s.o.Recheck)
+		return true
+	}
+	defer release()
+	if ran := s.runDue(ctx); ran == 0 && ctx.Err() == nil {
+		s.log.Info("daily detection: nothing due here, every day is run")
+	}
+	return false
+}
+
 // runDue runs every due day after the last run, oldest first, and mails
 // their findings in one digest. It stops at the first failure; the next
 // run_at tries again from there. A day whose raw events are already past
 // retention can never run, so it is skipped, or a long downtime would
 // stop detection for good; so is a day the runner gave up (its runs kept
-// ending the process), or every start would crash again.
-func (s *Scheduler) runDue(ctx context.Context) {
+// ending the process), or every start would crash again. It returns how
+// many days it tried.
+func (s *Scheduler) runDue(ctx context.Context) (ran int) {
 	latest := s.latestDue(s.o.Now())
 	last, err := s.r.LastRun()
 	if err != nil {
@@ -138,8 +196,9 @@ func (s *Scheduler) runDue(ctx context.Context) {
 	defer func() { s.r.Digest(reps) }() // one mail for a catch-up, even one cut short
 	for day := first; day <= latest; day = addDays(day, 1) {
 		if ctx.Err() != nil {
-			return
+			return ran
 		}
+		ran++
 		rep, err := s.r.RunDay(ctx, day)
 		if errors.Is(err, ErrPruned) {
 			s.log.Warn("detection skips a day whose events are past retention", "day", day)
@@ -148,8 +207,9 @@ func (s *Scheduler) runDue(ctx context.Context) {
 			reps = append(reps, rep) // logged by the runner; the digest says so
 			continue
 		} else if err != nil {
-			return // logged by the runner
+			return ran // logged by the runner
 		}
 		reps = append(reps, rep)
 	}
+	return ran
 }

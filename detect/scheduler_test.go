@@ -20,6 +20,8 @@ type fakeRunner struct {
 	// refuses days past retention.
 	prunedBefore string
 	digests      []int // how many days each Digest call covered
+	// runFor is how long each day's run takes (in the bubble's time).
+	runFor time.Duration
 }
 
 func (f *fakeRunner) LastRun() (string, error) {
@@ -29,6 +31,10 @@ func (f *fakeRunner) LastRun() (string, error) {
 }
 
 func (f *fakeRunner) RunDay(_ context.Context, day string) (Report, error) {
+	f.mu.Lock()
+	runFor := f.runFor
+	f.mu.Unlock()
+	time.Sleep(runFor)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if day < f.prunedBefore {

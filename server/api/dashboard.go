@@ -58,6 +58,13 @@ type dashboardData struct {
 	Days     []budget.LedgerDay
 	Chart    template.HTML // inline SVG drawn here, from numbers only
 	CSRF     string        // the brake form's token
+
+	// Service is whether the service has other instances (postgres):
+	// then ServiceRefusals are every instance's refusals today, by layer,
+	// and ServiceError says why they are missing.
+	Service         bool
+	ServiceRefusals []serviceRefusalRow
+	ServiceError    string
 }
 
 // withShadow lists real and shadow refusals side by side, one row per
@@ -104,6 +111,14 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 	}
 	d.Chart = chart(now, loc, d.Days)
 	d.Findings = s.dashboardFindings(now)
+	if s.serviceRefusals != nil {
+		d.Service = true
+		rows, err := s.serviceRefusals.today(now)
+		if err != nil {
+			d.ServiceError = "not read from the database just now; see the log"
+		}
+		d.ServiceRefusals = serviceRefusalRows(rows)
+	}
 	return d, nil
 }
 

@@ -99,6 +99,10 @@ type Deps struct {
 	// share a database; nil: one instance, whose keys in flight are held
 	// in its memory only.
 	Claims AnswerClaimer
+	// ServiceRefusals sums the refusals of every instance that shares the
+	// database, for /metrics and the dashboard beside this instance's;
+	// nil: one instance, whose own counts are the service's.
+	ServiceRefusals ServiceRefusalReader
 	// IdempotencyTTL and DedupeWindow are ocr.idempotency_ttl and
 	// ocr.dedupe_window (0: the window is off).
 	IdempotencyTTL, DedupeWindow time.Duration
@@ -158,6 +162,11 @@ type Server struct {
 	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
 	refusalLog    logEvery      // rate-limits the log lines of invite refusals
 	rateRun       atomic.Int64  // upstream calls in a row refused for its rate limit (upstream.go)
+
+	// serviceRefusals are today's refusals of every instance (nil: one
+	// instance); serviceLog rate-limits the lines of their failed reads.
+	serviceRefusals *serviceRefusals
+	serviceLog      logEvery
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute
@@ -250,6 +259,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Metrics.observeCommits(d.Commits.Transactions, d.Commits.Writes)
 	}
 	d.Metrics.observeDetect(d.DetectCounters)
+	s.observeService(d.ServiceRefusals)
 	d.Metrics.observeTransport(func() int64 { used, _ := s.bodies.inUse(); return used }, s.conns.Load)
 	s.routes()
 	return s, nil

@@ -180,6 +180,9 @@ type envOptions struct {
 	claims     AnswerClaimer       // keys in flight across instances; nil: none
 	fallback   string              // ocr.fallback_model; "" none
 	planModel  map[string]string   // plans' model keys ("free" included)
+
+	// service is the service's refusals (several instances); nil: none.
+	service ServiceRefusalReader
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -280,7 +283,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		answers, ttl = db, 24*time.Hour
 	}
 	srv, err := New(cfg, Deps{
-		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims,
+		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims, ServiceRefusals: o.service,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
 		Model: ocfg.Model, FallbackModel: o.fallback, FallbackPrice: fallbackPrice,
 		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},

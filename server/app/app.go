@@ -179,8 +179,9 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.shareLimits(guarded)
 	a.setCooldowns(guarded)
 	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
+	var service api.ServiceRefusalReader
 	if pg, ok := db.(*postgres.DB); ok {
-		claims = pg
+		claims, service = pg, pg
 	}
 	ocfg := cfg.OCR.WithDefaults()
 	fallbackPrice, _ := ocfg.PriceOf(ocfg.FallbackModel) // Validate has checked it is known
@@ -188,7 +189,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
 		Model: ocfg.Model, FallbackModel: ocfg.FallbackModel, FallbackPrice: fallbackPrice,
 		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
-		Answers: db, Claims: claims, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Answers: db, Claims: claims, ServiceRefusals: service, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
 		AdminToken: adminToken, Logger: log, Now: opts.Now,
@@ -286,7 +287,11 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 			a.log.Warn("alerts not all handed to the mailer", "err", err)
 		}
 	})
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log, Now: a.opts.Now})
+	sched := detect.SchedulerOptions{NoCatchUp: a.opts.NoCatchUp, Logger: a.log, Now: a.opts.Now}
+	if pg, ok := a.db.(*postgres.DB); ok {
+		sched.Elector = pg // the instances elect one to run the service's detection
+	}
+	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, sched)
 	if err != nil {
 		return nil, err
 	}

@@ -53,4 +53,6 @@ var (
 	_ api.CommitCounter   = (*storage.DB)(nil)
 	_ api.CommitCounter   = (*postgres.Money)(nil)
 	_ api.AnswerClaimer   = (*postgres.DB)(nil) // keys in flight across instances
+	// the service's refusals, beside the instance's
+	_ api.ServiceRefusalReader = (*postgres.DB)(nil)
 )

@@ -1,13 +1,16 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"breakwater/server/guard/replay"
 	"breakwater/server/operator"
 	"breakwater/server/routes"
 	"breakwater/storage"
+	"breakwater/storage/postgres"
 )
 
 // ReplayLimits are c's limits as a replay applies them: layer 1, each
@@ -27,12 +30,16 @@ func (c Config) ReplayLimits() replay.Limits {
 }
 
 // OpenRecorded reaches the statistics for a replay or the threshold
-// figures without writing anything: the database opened read only if no
-// server holds it, else the server's admin API. The returned func closes
-// the database.
+// figures without writing anything: on bolt the database opened read only
+// if no server holds it, else the server's admin API; on postgres the
+// shared database, which holds the events of every instance. The returned
+// func closes the database.
 func OpenRecorded(cfg Config, opts Options) (operator.Records, func(), error) {
 	opts = opts.withDefaults()
 	loc, _ := cfg.Budget.Location() // checked by Load
+	if cfg.Storage.Backend == storage.BackendPostgres {
+		return openRecordedPostgres(opts, loc)
+	}
 	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: operatorLockTimeout, Logger: opts.Logger, ReadOnly: true})
 	switch {
 	case errors.Is(err, storage.ErrLocked):
@@ -44,6 +51,23 @@ func OpenRecorded(cfg Config, opts Options) (operator.Records, func(), error) {
 	case errors.Is(err, storage.ErrNoDatabase):
 		return operator.Records{}, nil, fmt.Errorf("no database at %s: check storage.path in config.toml (a relative path is taken from the config file's folder)", cfg.Storage.Path)
 	case err != nil:
+		return operator.Records{}, nil, err
+	}
+	return operator.Records{RecordReader: operator.Stored{Store: db, Loc: loc}}, func() {
+		if err := db.Close(); err != nil {
+			opts.Logger.Error("close database", "err", err)
+		}
+	}, nil
+}
+
+// openRecordedPostgres is OpenRecorded on postgres: the service's events,
+// written by every instance, read from the shared database, as the
+// operator's other commands read it while the instances serve.
+func openRecordedPostgres(opts Options, loc *time.Location) (operator.Records, func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), postgresOpenTimeout)
+	defer cancel()
+	db, err := postgres.Open(ctx, opts.Getenv(postgres.EnvURL), postgres.Options{Logger: opts.Logger, Now: opts.Now})
+	if err != nil {
 		return operator.Records{}, nil, err
 	}
 	return operator.Records{RecordReader: operator.Stored{Store: db, Loc: loc}}, func() {

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -141,4 +142,37 @@ func (db *DB) PruneEvents(before time.Time) (int, error) {
 			return n, nil
 		}
 	}
+}
+
+// maxLayerRows bounds what LayerRefusals returns: the layers are a few
+// names and the guarded routes', never a client's choice, but a bound
+// keeps a scrape's cost fixed whatever the events hold.
+const maxLayerRows = 256
+
+// layerRefusalsTimeout bounds LayerRefusals: a scrape that waits longer
+// goes without the service's figures rather than hang.
+const layerRefusalsTimeout = 3 * time.Second
+
+// LayerRefusals sums, by layer, the refusals (and the shadow mode's
+// would-be refusals) recorded by every instance with from <= Time < to:
+// the service's refusals, for the dashboard and /metrics. The events
+// count refusals per key and minute, so the sum lags by up to the
+// Recorder's minute and its write-behind.
+func (db *DB) LayerRefusals(from, to time.Time) ([]detect.LayerRefusals, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), layerRefusalsTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT layer, outcome = $3, sum(CASE WHEN count > 0 THEN count ELSE 1 END)::bigint
+		FROM events WHERE at >= $1 AND at < $2 AND outcome IN ($3, $4) AND layer <> ''
+		GROUP BY 1, 2 ORDER BY 1, 2 LIMIT $5`, from, to, detect.OutcomeShadowRefused, detect.OutcomeLayerRefused, maxLayerRows)
+	if err != nil {
+		return nil, fmt.Errorf("layer refusals: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (detect.LayerRefusals, error) {
+		var l detect.LayerRefusals
+		return l, r.Scan(&l.Layer, &l.Shadow, &l.Count)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("layer refusals: %w", err)
+	}
+	return out, nil
 }

@@ -3,10 +3,12 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"breakwater/detect"
+	"breakwater/storage/postgres/pgtest"
 )
 
 func routes(events []detect.Event) string {
@@ -45,4 +47,46 @@ func TestAppendEventsIsOneTransactionPerBatch(t *testing.T) {
 		t.Errorf("a batch of %d events took %d transactions, want 1", len(batch), got-1)
 	}
 	t.Logf("%d events in one COPY: %v", len(batch), took)
+}
+
+// The service's refusals by layer: what every instance recorded today,
+// per-minute rows by their count, shadow apart, other days, outcomes and
+// unlayered rows left out.
+func TestLayerRefusalsSumsEveryInstance(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	a, b := open(t, url), open(t, url)
+	day := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	at := day.Add(9 * time.Hour)
+	ev := func(layer, outcome string, count int64, t time.Time) detect.Event {
+		return detect.Event{Time: t, UserID: "u", Route: "/v1/ocr", Layer: layer, Outcome: outcome, Count: count}
+	}
+	if err := a.AppendEvents([]detect.Event{
+		ev("rate", detect.OutcomeLayerRefused, 5, at),
+		ev("budget", detect.OutcomeLayerRefused, 0, at), // one
+		ev("rate", detect.OutcomeShadowRefused, 2, at),
+		ev("", "ok", 0, at),
+		ev("rate", detect.OutcomeLayerRefused, 100, day.Add(-time.Second)), // yesterday
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AppendEvents([]detect.Event{
+		ev("rate", detect.OutcomeLayerRefused, 7, at.Add(time.Hour)),
+		ev("route:checkout", detect.OutcomeLayerRefused, 3, at),
+		ev("rate", detect.OutcomeLayerRefused, 100, day.Add(24*time.Hour)), // tomorrow
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.LayerRefusals(day, day.Add(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []detect.LayerRefusals{
+		{Layer: "budget", Count: 1},
+		{Layer: "rate", Count: 12},
+		{Layer: "rate", Shadow: true, Count: 2},
+		{Layer: "route:checkout", Count: 3},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("LayerRefusals = %+v, want %+v", got, want)
+	}
 }
