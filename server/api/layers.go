@@ -67,7 +67,7 @@ func (f *failOpens) note(layer string, err error) {
 	}
 	if len(recent) >= failOpenAlertAfter {
 		f.metrics.alertsRaised.WithLabelValues(detect.KindFailOpen).Inc()
-		f.alerts.Alert(detect.KindFailOpen, "a defense layer is failing open repeatedly: requests are let through unchecked",
+		f.alerts.Alert(detect.KindFailOpen, "a defense layer is failing open repeatedly: requests are let through unchecked, or a limit shared on PostgreSQL is decided by this instance alone",
 			map[string]string{"layer": layer, "faults_last_minute": strconv.Itoa(len(recent)), "last_error": err.Error()})
 		recent = recent[:0]
 	}
@@ -81,5 +81,5 @@ func (f *failOpens) note(layer string, err error) {
 	missed := f.missed[layer]
 	f.logged[layer], f.missed[layer] = now, 0
 	f.mu.Unlock()
-	f.log.Error("defense layer failed open: request let through", "layer", layer, "err", err, "unlogged_since_last", missed)
+	f.log.Error("defense layer failed open: request let through, or a shared limit decided by this instance alone", "layer", layer, "err", err, "unlogged_since_last", missed)
 }
