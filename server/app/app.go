@@ -364,24 +364,25 @@ func (a *App) startWriteBehind(guarded []api.Route) error {
 	// Each limiter registers its state here, one line each.
 	// Limits shared in the database (postgres) are not: they are written
 	// as they are decided.
-	snapshots := []state.Snapshot{
-		state.Attempts(guard.LayerAttempts, a.layers.Attempts),
-		state.Refusals(api.RefusalCountsLayer, a.srv.DirtyRefusals),
-	}
+	snapshots := []state.Snapshot{state.Attempts(guard.LayerAttempts, a.layers.Attempts)}
 	if a.limits == nil {
 		snapshots = append(snapshots, state.Windows(state.StateUserWindows, guard.LayerRate, a.layers.Windows))
 		snapshots = append(snapshots, a.inviteLimits.Snapshots()...)
+		// The dashboard's refusals of today, as written behind before a
+		// restart; without them it counts from zero. On postgres the
+		// instances would write theirs over each other under one key:
+		// there an instance counts its own from its start, and the
+		// service's refusals of the day are read from the events.
+		snapshots = append(snapshots, state.Refusals(api.RefusalCountsLayer, a.srv.DirtyRefusals))
+		loc, _ := a.cfg.Budget.Location() // checked by Load
+		today := budget.DayKey(a.opts.Now(), loc)
+		if counts, err := a.db.LoadState(state.RefusalsState(today)); err != nil {
+			a.log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
+		} else {
+			a.srv.LoadRefusals(today, counts)
+		}
 	}
 	snapshots = append(snapshots, routeSnapshots(guarded, a.limits != nil)...)
-	// The dashboard's refusals of today, as written behind before a
-	// restart; without them it counts from zero.
-	loc, _ := a.cfg.Budget.Location() // checked by Load
-	today := budget.DayKey(a.opts.Now(), loc)
-	if counts, err := a.db.LoadState(state.RefusalsState(today)); err != nil {
-		a.log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
-	} else {
-		a.srv.LoadRefusals(today, counts)
-	}
 	wb, err := state.NewWriteBehind(a.db, snapshots, state.Options{
 		FailedOpen: a.srv.FailedOpen, Logger: a.log.With("component", "defense"), Now: a.opts.Now,
 	})
