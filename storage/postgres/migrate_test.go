@@ -18,7 +18,9 @@ func open(t *testing.T, url string) *postgres.DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler)})
+	// The shared limits' tests check exact decisions: a loaded machine
+	// must not send them to memory after the production bound.
+	db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler), LimitTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

@@ -14,6 +14,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,9 @@ type Options struct {
 	MaxConns int32
 	// Now is the clock for the records' times. Default time.Now.
 	Now func() time.Time
+	// LimitTimeout bounds one shared limit's decision (Limits). Default
+	// LimitTimeout.
+	LimitTimeout time.Duration
 }
 
 // DB is a Breakwater database in PostgreSQL. It is safe for concurrent use
@@ -64,6 +68,8 @@ type DB struct {
 	schema int
 	// rec is this instance's part of the records (ops.go).
 	rec records
+	// limitTimeout bounds a shared limit's decision (Options.LimitTimeout).
+	limitTimeout time.Duration
 }
 
 // Open connects to the database at url, brings its schema up to this
@@ -90,7 +96,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	db := &DB{pool: pool, log: opts.Logger, now: opts.Now}
+	db := &DB{pool: pool, log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout)}
 	if db.log == nil {
 		db.log = slog.Default()
 	}

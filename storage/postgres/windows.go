@@ -58,7 +58,7 @@ func (l *Limits) WindowTrips() int64 { return l.trips.Load() }
 // Limits returns the shared limits on db.
 func (db *DB) Limits() *Limits {
 	start := time.Now()
-	return &Limits{db: db, timeout: LimitTimeout, since: func() time.Duration { return time.Since(start) }}
+	return &Limits{db: db, timeout: db.limitTimeout, since: func() time.Duration { return time.Since(start) }}
 }
 
 // run runs one batch of decisions in one round trip, bounded by the
