@@ -24,20 +24,22 @@
 -- to 1µs earlier than memory would; never a request more.
 
 -- A key's sliding log: its most recent admitted requests, at most cap =
--- max(rate, burst) of them (rate when set), in a ring of slots, one row
--- each, so that a decision reads and writes a fixed number of rows
--- whatever the rate: the k-th newest time (k <= seq, k <= cap) is in slot
--- (seq - k) mod cap, and the next one recorded goes to slot seq mod cap,
--- over the oldest once the ring is full. A head is locked by every
--- decision on its key, which reads at most two slots (the rate-th and the
--- burst-th newest) and, when it admits, writes one slot and the head. A
--- decision admitted under another cap (a reload changed the rate or the
--- burst) first rebuilds the key's ring from its times, once. Times only
--- grow from oldest to newest. A slot row outside the ring's span (slot >=
--- least(seq, cap)) is left from an earlier ring of the key and is never
--- read; the periodic prune deletes the heads whose newest no longer counts
--- and the slots whose time no longer counts, so a key holds the times of
--- its last window (and a minute), not the last rate of them.
+-- max(rate, burst) of them (rate when set), so that a decision reads and
+-- writes a fixed number of rows whatever the rate. Its head holds the
+-- newest time (a key with one request, as most of a flood's, has only
+-- its head) and seq, the times recorded since its ring was built; the
+-- older ones are in a ring of slots, one row each: the k-th newest time
+-- (2 <= k <= least(seq, cap)) is in slot (seq - k) mod cap. A decision
+-- locks the key's head, reads at most two times (the rate-th and the
+-- burst-th newest) and, when it admits, writes one slot (the newest moves
+-- to slot (seq - 1) mod cap, over one no longer read) and the head. An
+-- admission under another cap (a reload changed the rate or the burst)
+-- first rebuilds the key's ring from its times, once. Times only grow
+-- from oldest to newest. Slots other than those of the k above are never
+-- read (one is the (cap + 1)-th newest, others are left from an earlier
+-- ring of the key); the periodic prune deletes the heads whose newest no
+-- longer counts and the slots whose time no longer counts, so a key holds
+-- the times of its last window (and a minute), not the last rate of them.
 CREATE UNLOGGED TABLE limit_window_heads (
     name   text NOT NULL,       -- the limit: "user", "invites", "route:NAME"
     key    text NOT NULL,
@@ -118,14 +120,11 @@ BEGIN
         INSERT INTO limit_window_heads (name, key, seq, cap, newest) VALUES (p_name, p_key, 1, n_cap, p_now)
             ON CONFLICT DO NOTHING;
         IF FOUND THEN
-            INSERT INTO limit_window_slots (name, key, slot, t) VALUES (p_name, p_key, 0, p_now)
-                ON CONFLICT (name, key, slot) DO UPDATE SET t = excluded.t;
             RETURN;
         END IF;
     END LOOP;
     IF p_rate > 0 AND p_rate <= least(h.seq, h.cap) THEN
-        SELECT s.t INTO x FROM limit_window_slots s
-            WHERE s.name = p_name AND s.key = p_key AND s.slot = (h.seq - p_rate) % h.cap;
+        x := bw_window_nth(h, p_rate);
         IF x + p_window - p_now > 0 THEN
             wait := x + p_window - p_now;
             reason := 'rate';
@@ -133,8 +132,7 @@ BEGIN
     END IF;
     IF p_burst > 0 AND p_burst <= least(h.seq, h.cap) THEN
         IF p_burst <> p_rate THEN -- else x is that time already
-            SELECT s.t INTO x FROM limit_window_slots s
-                WHERE s.name = p_name AND s.key = p_key AND s.slot = (h.seq - p_burst) % h.cap;
+            x := bw_window_nth(h, p_burst);
         END IF;
         IF x + 1000000000 - p_now > wait THEN
             wait := x + 1000000000 - p_now;
@@ -147,18 +145,34 @@ BEGIN
     IF h.cap <> n_cap THEN
         h.seq := bw_window_rebuild(h, n_cap);
     END IF;
-    x := greatest(p_now, h.newest);
-    INSERT INTO limit_window_slots (name, key, slot, t) VALUES (p_name, p_key, h.seq % n_cap, x)
-        ON CONFLICT (name, key, slot) DO UPDATE SET t = excluded.t;
-    UPDATE limit_window_heads SET seq = h.seq + 1, cap = n_cap, newest = x
+    IF n_cap > 1 AND h.seq > 0 THEN
+        INSERT INTO limit_window_slots (name, key, slot, t) VALUES (p_name, p_key, (h.seq - 1) % n_cap, h.newest)
+            ON CONFLICT (name, key, slot) DO UPDATE SET t = excluded.t;
+    END IF;
+    UPDATE limit_window_heads SET seq = h.seq + 1, cap = n_cap, newest = greatest(p_now, h.newest)
         WHERE name = p_name AND key = p_key;
 END
 $$;
 
--- bw_window_rebuild lays the ring of head h out again for p_cap slots,
--- before a request is recorded in it: it keeps the newest p_cap - 1 times
--- (a slot is left for that request) in slots 0 and up, oldest first, and
--- returns their number, the ring's new seq. The caller holds h's lock.
+-- bw_window_nth is the k-th newest time of head h's log, 1 <= k <=
+-- least(h.seq, h.cap); NULL when the prune deleted it.
+CREATE FUNCTION bw_window_nth(h limit_window_heads, k integer) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    x bigint;
+BEGIN
+    IF k = 1 THEN
+        RETURN h.newest;
+    END IF;
+    SELECT s.t INTO x FROM limit_window_slots s WHERE s.name = h.name AND s.key = h.key AND s.slot = (h.seq - k) % h.cap;
+    RETURN x;
+END
+$$;
+
+-- bw_window_rebuild lays the log of head h out again for a ring of p_cap
+-- slots, before a request is recorded in it: it keeps the newest p_cap - 1
+-- times (the newest stays in the head, the others go to slots 0 and up,
+-- oldest first) and returns their number, the head's new seq. The caller
+-- holds h's lock.
 CREATE FUNCTION bw_window_rebuild(h limit_window_heads, p_cap integer) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     ts bigint[];
@@ -166,14 +180,15 @@ DECLARE
 BEGIN
     -- Times grow with seq, so the newest are the greatest (equal times
     -- are interchangeable).
-    SELECT coalesce(array_agg(k.t ORDER BY k.t DESC), '{}') INTO ts FROM (
-        SELECT s.t FROM limit_window_slots s
-        WHERE s.name = h.name AND s.key = h.key AND s.slot < least(h.seq, h.cap)
-        ORDER BY s.t DESC LIMIT p_cap - 1) k;
+    SELECT array_agg(k.t ORDER BY k.t DESC) INTO ts FROM (
+        SELECT s.t FROM generate_series(2, least(h.seq, h.cap)) AS n
+        JOIN limit_window_slots s ON s.name = h.name AND s.key = h.key AND s.slot = (h.seq - n) % h.cap
+        ORDER BY s.t DESC LIMIT greatest(p_cap - 2, 0)) k;
+    ts := (h.newest || coalesce(ts, '{}'))[1 : p_cap - 1];
     DELETE FROM limit_window_slots WHERE name = h.name AND key = h.key;
     m := cardinality(ts);
     INSERT INTO limit_window_slots (name, key, slot, t)
-        SELECT h.name, h.key, m - i, ts[i] FROM generate_series(1, m) AS i;
+        SELECT h.name, h.key, m - i, ts[i] FROM generate_series(2, m) AS i;
     RETURN m;
 END
 $$;
