@@ -350,25 +350,162 @@ func mustLimiter(t *testing.T, cfg limiter.Config) *limiter.Limiter {
 }
 
 // A window keeps only the times that may still count: under a rate far
-// above its traffic, a key's row holds the last window and a minute of
-// requests, not the last rate of them.
+// above its traffic, once pruned, a key holds the last window and a minute
+// of requests, not the last rate of them; a key whose newest request no
+// longer counts is deleted with its times; and the key kept still decides
+// as memory does.
 func TestWindowsKeepOnlyLiveTimes(t *testing.T) {
 	db := newDB(t)
 	w := db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 100_000, Window: time.Minute}
+	mem := mustLimiter(t, cfg)
 	now := lt0
-	for range 300 { // one a second for five minutes
-		if r, err := w.Take("heavy", cfg, now); r != nil || err != nil {
+	for i := range 300 { // one a second for five minutes, and an idle key
+		if i == 0 {
+			if r, err := w.Take("idle", cfg, now); r != nil || err != nil {
+				t.Fatalf("Take(idle) = %v, %v", r, err)
+			}
+		}
+		if r, err := w.Take("heavy", cfg, now); r != nil || err != nil || mem.Allow("heavy", now) != nil {
 			t.Fatalf("Take = %v, %v", r, err)
 		}
 		now = now.Add(time.Second)
 	}
-	var n int
-	if err := db.Pool().QueryRow(t.Context(), "SELECT cardinality(times) FROM limit_windows WHERE name = 'user' AND key = 'heavy'").Scan(&n); err != nil {
+	// The newest time is in the head, the others in slots.
+	if got, want := windowRows(t, db, "heavy"), [2]int{1, 299}; got != want {
+		t.Fatalf("heavy's head and slots before the prune: %v, want %v", got, want)
+	}
+	n, err := w.PruneWindows(t.Context(), cfg, now)
+	if err != nil || n != 1 {
+		t.Fatalf("PruneWindows = %d, %v; want the idle key's window (1)", n, err)
+	}
+	if got := windowRows(t, db, "idle"); got != [2]int{} {
+		t.Errorf("the idle key's head and slots after the prune: %v, want none", got)
+	}
+	// Kept: the times after now - 1m (the window) - 1m (the clocks'
+	// margin), 181s to 298s in slots and 299s in the head.
+	if got, want := windowRows(t, db, "heavy"), [2]int{1, 118}; got != want {
+		t.Errorf("heavy's head and slots after the prune: %v, want %v (the last window and a minute)", got, want)
+	}
+	// A tighter config (the ring is rebuilt from what is left) and then
+	// a flood: the decisions are memory's.
+	cfg = limiter.Config{Rate: 150, Window: time.Minute, Burst: 40}
+	mem.SetConfig(cfg)
+	for step := range 400 {
+		want := mem.Allow("heavy", now)
+		got, err := w.Take("heavy", cfg, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sameDecision(want, got) {
+			t.Fatalf("step %d at %s: memory says %v, the database %v", step, now.Sub(lt0), want, got)
+		}
+		now = now.Add(10 * time.Millisecond)
+	}
+}
+
+// windowRows counts key's head and slots under the windows named "user".
+func windowRows(t *testing.T, db *postgres.DB, key string) [2]int {
+	t.Helper()
+	var n [2]int
+	err := db.Pool().QueryRow(t.Context(), `SELECT
+		(SELECT count(*) FROM limit_window_heads WHERE name = 'user' AND key = $1),
+		(SELECT count(*) FROM limit_window_slots WHERE name = 'user' AND key = $1)`, key).Scan(&n[0], &n[1])
+	if err != nil {
 		t.Fatal(err)
 	}
-	if n > 121 || n < 60 {
-		t.Errorf("the row holds %d times after five minutes at one a second, want the last window and a minute's (120 or 121)", n)
+	return n
+}
+
+// A reload that changes the rate or the burst (the ring's size shrinks or
+// grows, once it has wrapped or not) leaves the database deciding as
+// memory does under SetConfig: the key keeps its history.
+func TestWindowsFollowAConfigChange(t *testing.T) {
+	db := newDB(t)
+	shared := db.Limits().Windows("user")
+	rng := rand.New(rand.NewSource(2929))
+	random := func() limiter.Config {
+		return limiter.Config{
+			Rate:   rng.Intn(9),
+			Burst:  rng.Intn(6),
+			Window: time.Second + time.Duration(rng.Intn(3000))*time.Millisecond,
+		}
+	}
+	changes := 0
+	for sc := range 30 {
+		mem := mustLimiter(t, random())
+		key := fmt.Sprintf("user-%d", sc)
+		now := lt0
+		for step := range 80 {
+			if rng.Intn(6) == 0 {
+				mem.SetConfig(random())
+				changes++
+			}
+			switch p := rng.Intn(10); {
+			case p < 3:
+			case p < 8:
+				now = now.Add(time.Duration(rng.Intn(600)) * time.Millisecond)
+			case p < 9:
+				now = now.Add(-time.Duration(rng.Intn(300)) * time.Millisecond)
+			default:
+				now = now.Add(time.Duration(rng.Intn(3000)) * time.Millisecond)
+			}
+			want := mem.Allow(key, now)
+			got, err := shared.Take(key, mem.Config(), now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameDecision(want, got) {
+				t.Fatalf("scenario %d, step %d at %s under %+v: memory says %v, the database %v", sc, step, now.Sub(lt0), mem.Config(), want, got)
+			}
+		}
+	}
+	if changes < 100 {
+		t.Fatalf("only %d config changes: the scenarios test little", changes)
+	}
+}
+
+// A large rate decides as memory does, retry-after included: thousands of
+// requests of one key, the ring wrapping, each limit
+// refusing in turn, and the clients coming back at the exact retry-after
+// (admitted) or a microsecond before it (refused).
+func TestWindowsDecideAsMemoryAtALargeRate(t *testing.T) {
+	db := newDB(t)
+	shared := db.Limits().Windows("user")
+	cfg := limiter.Config{Rate: 5_000, Window: 2 * time.Second, Burst: 3_000}
+	mem := mustLimiter(t, cfg)
+	rng := rand.New(rand.NewSource(5000))
+	now := lt0
+	var last *limiter.Refusal
+	admitted, reasons := 0, map[string]int{}
+	for step := range 14_000 {
+		switch p := rng.Intn(20); {
+		case last != nil && p < 2:
+			now = now.Add(last.RetryAfter)
+		case last != nil && p < 4:
+			now = now.Add(last.RetryAfter - time.Microsecond)
+		case p < 5:
+			now = now.Add(-time.Duration(rng.Intn(3000)) * time.Microsecond)
+		default:
+			now = now.Add(time.Duration(rng.Intn(400)) * time.Microsecond)
+		}
+		want := mem.Allow("heavy", now)
+		got, err := shared.Take("heavy", cfg, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sameDecision(want, got) {
+			t.Fatalf("step %d at %s: memory says %v, the database %v", step, now.Sub(lt0), want, got)
+		}
+		last = got
+		if got == nil {
+			admitted++
+		} else {
+			reasons[got.Reason]++
+		}
+	}
+	if admitted <= cfg.Rate || reasons[limiter.ReasonRate] == 0 || reasons[limiter.ReasonBurst] == 0 {
+		t.Fatalf("admitted %d, refused %v: want the ring wrapped (over %d admitted) and both limits refusing", admitted, reasons, cfg.Rate)
 	}
 }
 

@@ -133,15 +133,29 @@ func queueWindow(b *pgx.Batch, name, key string, cfg limiter.Config, now time.Ti
 	})
 }
 
-// PruneWindows deletes the windows named name whose newest request no
-// longer counts at now under cfg: they decide nothing any more.
+// PruneWindows deletes, in one statement, the windows named name whose
+// newest request no longer counts at now under cfg (they decide nothing
+// any more), and the recorded times, of every key, that no longer count
+// even for a clock a minute behind now (pruneClockMargin): a key in use
+// keeps its last window's times, not the last rate of them. It returns
+// how many windows it deleted.
 func (w *Windows) PruneWindows(ctx context.Context, cfg limiter.Config, now time.Time) (int64, error) {
 	cfg = cfg.WithDefaults()
 	horizon := max(cfg.Window, limiter.BurstWindow)
-	tag, err := w.l.db.pool.Exec(ctx, "DELETE FROM limit_windows WHERE name = $1 AND times[cardinality(times)] <= $2",
-		w.name, now.Add(-horizon).UnixNano())
-	return tag.RowsAffected(), err
+	var n int64
+	err := w.l.db.pool.QueryRow(ctx, `WITH
+		heads AS (DELETE FROM limit_window_heads WHERE name = $1 AND newest <= $2 RETURNING 1),
+		slots AS (DELETE FROM limit_window_slots WHERE name = $1 AND t <= $3)
+		SELECT count(*) FROM heads`,
+		w.name, now.Add(-horizon).UnixNano(), now.Add(-horizon-pruneClockMargin).UnixNano()).Scan(&n)
+	return n, err
 }
+
+// pruneClockMargin is how far behind the pruning instance's clock another
+// instance's may be without a time the prune deleted still counting for
+// its decisions. A key's slots left by its deleted head are never read
+// (a new head's ring reads only the slots it wrote), so they may wait.
+const pruneClockMargin = time.Minute
 
 // Daily is a daily line (budget.SharedDaily) that every instance shares,
 // under name ("route:NAME"): each key's attempts per day.

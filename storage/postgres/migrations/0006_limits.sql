@@ -23,15 +23,37 @@
 -- them to the microsecond, rounded up, so the database may free a slot up
 -- to 1µs earlier than memory would; never a request more.
 
--- A key's sliding log: its most recent admitted requests, oldest first,
--- at most max(rate, burst) of them (rate when set), and of those only the
--- ones that may still count. A decision rewrites the row: a rate in the
--- thousands a minute, really used, makes rows of tens of kilobytes.
-CREATE UNLOGGED TABLE limit_windows (
-    name  text NOT NULL,    -- the limit: "user", "invites", "route:NAME"
-    key   text NOT NULL,
-    times bigint[] NOT NULL,
+-- A key's sliding log: its most recent admitted requests, at most cap =
+-- max(rate, burst) of them (rate when set), so that a decision reads and
+-- writes a fixed number of rows whatever the rate. Its head holds the
+-- newest time (a key with one request, as most of a flood's, has only
+-- its head) and seq, the times recorded since its ring was built; the
+-- older ones are in a ring of slots, one row each: the k-th newest time
+-- (2 <= k <= least(seq, cap)) is in slot (seq - k) mod cap. A decision
+-- locks the key's head, reads at most two times (the rate-th and the
+-- burst-th newest) and, when it admits, writes one slot (the newest moves
+-- to slot (seq - 1) mod cap, over one no longer read) and the head. An
+-- admission under another cap (a reload changed the rate or the burst)
+-- first rebuilds the key's ring from its times, once. Times only grow
+-- from oldest to newest. Slots other than those of the k above are never
+-- read (one is the (cap + 1)-th newest, others are left from an earlier
+-- ring of the key); the periodic prune deletes the heads whose newest no
+-- longer counts and the slots whose time no longer counts, so a key holds
+-- the times of its last window (and a minute), not the last rate of them.
+CREATE UNLOGGED TABLE limit_window_heads (
+    name   text NOT NULL,       -- the limit: "user", "invites", "route:NAME"
+    key    text NOT NULL,
+    seq    bigint NOT NULL,     -- times recorded since the ring was built
+    cap    integer NOT NULL,    -- the ring's slots
+    newest bigint NOT NULL,     -- the newest recorded time
     PRIMARY KEY (name, key)
+);
+CREATE UNLOGGED TABLE limit_window_slots (
+    name text NOT NULL,
+    key  text NOT NULL,
+    slot integer NOT NULL,      -- 0 <= slot < cap
+    t    bigint NOT NULL,
+    PRIMARY KEY (name, key, slot)
 );
 
 -- A key's run of failures, its attempts in progress (their start times:
@@ -83,58 +105,91 @@ CREATE UNLOGGED TABLE limit_days (
 CREATE FUNCTION bw_window_take(p_name text, p_key text, p_now bigint, p_rate integer, p_window bigint, p_burst integer,
     OUT wait bigint, OUT reason text) LANGUAGE plpgsql AS $$
 DECLARE
-    t   bigint[];
-    n   integer;
-    cap integer := CASE WHEN p_rate > 0 THEN p_rate ELSE p_burst END;
-    d   bigint;
-    i   integer;
+    n_cap integer := CASE WHEN p_rate > 0 THEN p_rate ELSE p_burst END;
+    h     limit_window_heads;
+    x     bigint;             -- a recorded time
 BEGIN
     wait := 0;
     reason := '';
-    IF cap <= 0 THEN
+    IF n_cap <= 0 THEN
         RETURN;
     END IF;
-    INSERT INTO limit_windows (name, key, times) VALUES (p_name, p_key, ARRAY[p_now]) ON CONFLICT DO NOTHING;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    SELECT times INTO t FROM limit_windows WHERE name = p_name AND key = p_key FOR UPDATE;
-    n := coalesce(cardinality(t), 0);
-    IF p_rate > 0 AND n >= p_rate THEN
-        d := t[n - p_rate + 1] + p_window - p_now;
-        IF d > 0 THEN
-            wait := d;
+    LOOP -- the head, or a new one; again if another call made it meanwhile
+        SELECT * INTO h FROM limit_window_heads WHERE name = p_name AND key = p_key FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO limit_window_heads (name, key, seq, cap, newest) VALUES (p_name, p_key, 1, n_cap, p_now)
+            ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    IF p_rate > 0 AND p_rate <= least(h.seq, h.cap) THEN
+        x := bw_window_nth(h, p_rate);
+        IF x + p_window - p_now > 0 THEN
+            wait := x + p_window - p_now;
             reason := 'rate';
         END IF;
     END IF;
-    IF p_burst > 0 AND n >= p_burst THEN
-        d := t[n - p_burst + 1] + 1000000000 - p_now;
-        IF d > wait THEN
-            wait := d;
+    IF p_burst > 0 AND p_burst <= least(h.seq, h.cap) THEN
+        IF p_burst <> p_rate THEN -- else x is that time already
+            x := bw_window_nth(h, p_burst);
+        END IF;
+        IF x + 1000000000 - p_now > wait THEN
+            wait := x + 1000000000 - p_now;
             reason := 'burst';
         END IF;
     END IF;
     IF wait > 0 THEN
         RETURN;
     END IF;
-    IF n > 0 THEN
-        t := t || greatest(p_now, t[n]);
-    ELSE
-        t := ARRAY[p_now];
+    IF h.cap <> n_cap THEN
+        h.seq := bw_window_rebuild(h, n_cap);
     END IF;
-    -- Keep the last cap times, and of them only those that may still
-    -- count: a time at or before p_now minus the longer span (and a
-    -- minute, for a clock that steps back) counts for neither limit. The
-    -- times are in order, so the dead ones come first.
-    n := cardinality(t);
-    i := greatest(1, n - cap + 1);
-    WHILE i < n AND t[i] <= p_now - greatest(p_window, 1000000000) - 60000000000 LOOP
-        i := i + 1;
-    END LOOP;
-    IF i > 1 THEN
-        t := t[i : n];
+    IF n_cap > 1 AND h.seq > 0 THEN
+        INSERT INTO limit_window_slots (name, key, slot, t) VALUES (p_name, p_key, (h.seq - 1) % n_cap, h.newest)
+            ON CONFLICT (name, key, slot) DO UPDATE SET t = excluded.t;
     END IF;
-    UPDATE limit_windows SET times = t WHERE name = p_name AND key = p_key;
+    UPDATE limit_window_heads SET seq = h.seq + 1, cap = n_cap, newest = greatest(p_now, h.newest)
+        WHERE name = p_name AND key = p_key;
+END
+$$;
+
+-- bw_window_nth is the k-th newest time of head h's log, 1 <= k <=
+-- least(h.seq, h.cap); NULL when the prune deleted it.
+CREATE FUNCTION bw_window_nth(h limit_window_heads, k integer) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    x bigint;
+BEGIN
+    IF k = 1 THEN
+        RETURN h.newest;
+    END IF;
+    SELECT s.t INTO x FROM limit_window_slots s WHERE s.name = h.name AND s.key = h.key AND s.slot = (h.seq - k) % h.cap;
+    RETURN x;
+END
+$$;
+
+-- bw_window_rebuild lays the log of head h out again for a ring of p_cap
+-- slots, before a request is recorded in it: it keeps the newest p_cap - 1
+-- times (the newest stays in the head, the others go to slots 0 and up,
+-- oldest first) and returns their number, the head's new seq. The caller
+-- holds h's lock.
+CREATE FUNCTION bw_window_rebuild(h limit_window_heads, p_cap integer) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    ts bigint[];
+    m  integer;
+BEGIN
+    -- Times grow with seq, so the newest are the greatest (equal times
+    -- are interchangeable).
+    SELECT array_agg(k.t ORDER BY k.t DESC) INTO ts FROM (
+        SELECT s.t FROM generate_series(2, least(h.seq, h.cap)) AS n
+        JOIN limit_window_slots s ON s.name = h.name AND s.key = h.key AND s.slot = (h.seq - n) % h.cap
+        ORDER BY s.t DESC LIMIT greatest(p_cap - 2, 0)) k;
+    ts := (h.newest || coalesce(ts, '{}'))[1 : p_cap - 1];
+    DELETE FROM limit_window_slots WHERE name = h.name AND key = h.key;
+    m := cardinality(ts);
+    INSERT INTO limit_window_slots (name, key, slot, t)
+        SELECT h.name, h.key, m - i, ts[i] FROM generate_series(2, m) AS i;
+    RETURN m;
 END
 $$;
 
