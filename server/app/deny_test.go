@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"context"
+	encbinary "encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,10 @@ import (
 	"net/http"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"breakwater/detect"
+	"breakwater/server/guard"
 )
 
 // denyApp is an App on bolt with a rate of 3 a minute and a plan "free"
@@ -102,5 +107,52 @@ func TestDenyClearedByReload(t *testing.T) {
 	}
 	if got, code := post(t); got != http.StatusOK {
 		t.Errorf("after the reload raised the rate: %d %s, want 200", got, code)
+	}
+}
+
+// A refusal answered from memory counts as the first did: in the
+// refusal counts (breakwater_refusals_total and the dashboard's) and in
+// the statistics events, and no attempt.
+func TestDenyCountsAsTheFirstRefusal(t *testing.T) {
+	a, post := denyApp(t)
+	if got, _ := post(t); got != http.StatusOK {
+		t.Fatalf("first read: %d", got)
+	}
+	const refusals = 20 // the first decided by the layers, the rest from memory
+	for range refusals {
+		if got, code := post(t); code != "daily_limit" {
+			t.Fatalf("over the line: %d %s, want 429 daily_limit", got, code)
+		}
+	}
+	if n := a.deny.Len(); n != 1 {
+		t.Fatalf("%d refusals remembered, want 1", n)
+	}
+	_, counts := a.srv.DirtyRefusals()
+	if v := counts["attempts daily_line"]; len(v) != 8 || encbinary.BigEndian.Uint64(v) != refusals {
+		t.Errorf("today's count of attempts/daily_line %x, want %d", v, refusals)
+	}
+	usage, err := a.operator.Usage(context.Background(), "ada")
+	if err != nil || len(usage) != 1 || usage[0].AttemptsToday != 1 {
+		t.Errorf("usage %+v, %v: want 1 attempt today", usage, err)
+	}
+	a.Close() // the recorder's last rows are written
+	rec, closeDB, err := OpenRecorded(a.cfg, Options{Getenv: env(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDB()
+	now := time.Now()
+	got, err := rec.Recorded(context.Background(), now.Add(-time.Hour), now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused int64
+	for _, e := range got.Events {
+		if e.Outcome == detect.OutcomeLayerRefused && e.Layer == guard.LayerAttempts && e.UserID == "ada" {
+			refused += e.N()
+		}
+	}
+	if refused != refusals {
+		t.Errorf("%d refusals of the daily line in the statistics, want %d", refused, refusals)
 	}
 }

@@ -41,12 +41,12 @@ const DefaultDenyEntries = 1 << 16
 // remembers nothing. It is safe for concurrent use.
 type Deny struct {
 	max int
-	n   atomic.Int64 // entries: the accepted path skips the lock while none
+	n   atomic.Int64  // entries: the accepted path skips the lock while none
+	gen atomic.Uint64 // Clears so far; changed under mu
 
-	mu  sync.Mutex
-	gen uint64
-	m   map[denyKey]*denyEntry
-	h   denyHeap // by until, the soonest first: what the bound evicts
+	mu sync.Mutex
+	m  map[denyKey]*denyEntry
+	h  denyHeap // by until, the soonest first: what the bound evicts
 }
 
 // NewDeny returns a deny cache of at most max entries (0:
@@ -90,7 +90,7 @@ func (d *Deny) Clear() {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.gen++
+	d.gen.Add(1)
 	clear(d.m)
 	d.h = nil
 	d.n.Store(0)
@@ -102,9 +102,7 @@ func (d *Deny) generation() uint64 {
 	if d == nil {
 		return 0
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.gen
+	return d.gen.Load()
 }
 
 // lookup returns the refusal remembered for req's key and kind (rate:
@@ -137,7 +135,7 @@ func (d *Deny) remember(req Request, r *Refusal, gen uint64, now time.Time) {
 	until := now.Add(r.RetryAfter)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if gen != d.gen {
+	if gen != d.gen.Load() {
 		return // cleared while it was decided: it may be stale
 	}
 	for len(d.h) > 0 && !now.Before(d.h[0].until) {
