@@ -28,6 +28,8 @@ import (
 //     second, and one that has gone idle after reporting only when its
 //     idle timeout fires, 10 s later (PostgreSQL's PGSTAT_IDLE_INTERVAL):
 //     each reading is therefore taken statLag after the work it counts;
+//   - autovacuum's workers make transactions in the database about once
+//     a minute: it is switched off for the test database's tables;
 //   - the instances make transactions of their own while nothing happens
 //     (the budget's totals read every second, the heartbeat of their
 //     quota holds every 5 s, and every 30 s from its start a resync of
@@ -52,10 +54,40 @@ const floodSize = 10_000
 // floodTicks is what the background ticks a flood keeps busy may write
 // while it lasts took: the dashboard's refusal counts, written behind
 // once a second by each instance while they change, and each instance's
-// statistics row of the minute's refusals. They come with any refusal,
-// not with each: a flood twice as long makes twice as many, a flood
-// twice as dense none more.
-func floodTicks(took time.Duration) float64 { return 2*math.Ceil(took.Seconds()+1) + 2 }
+// statistics row of the minute's refusals, each write with the ping the
+// connection pool sends first on a connection idle for a second. They
+// come with any refusal, not with each: a flood twice as long makes twice
+// as many, a flood twice as dense none more.
+func floodTicks(took time.Duration) float64 {
+	const instances, pinged = 2, 2
+	return instances * pinged * (math.Ceil(took.Seconds()) + 1 + 1)
+}
+
+// quietAutovacuum switches autovacuum off for every table of the database
+// at dbURL: its workers' transactions count in pg_stat_database, at
+// moments of their own (about once a minute), and a test that counts the
+// instances' transactions must not count them.
+func quietAutovacuum(ctx context.Context, t *testing.T, dbURL string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = current_schema()")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range tables {
+		if _, err := conn.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = off, toast.autovacuum_enabled = off)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 // transactions returns the transactions of the database at dbURL so far.
 func transactions(ctx context.Context, t *testing.T, dbURL string) float64 {
@@ -191,6 +223,7 @@ func TestFloodsCostNoTransactions(t *testing.T) {
 			t.Fatalf("over the line on instance %d: %d %s\n%s", i, r.answer.Status, r.answer.Code, p.logs())
 		}
 	}
+	quietAutovacuum(ctx, t, dbURL)
 	m := newMeter(ctx, t, dbURL, started)
 
 	var answers map[string]int
