@@ -180,6 +180,7 @@ type envOptions struct {
 	claims     AnswerClaimer       // keys in flight across instances; nil: none
 	fallback   string              // ocr.fallback_model; "" none
 	planModel  map[string]string   // plans' model keys ("free" included)
+	deny       *guard.Deny         // the OCR route's deny cache; nil: none
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -283,7 +284,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
 		Model: ocfg.Model, FallbackModel: o.fallback, FallbackPrice: fallbackPrice,
-		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},
+		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage, Deny: o.deny},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
 		InviteCodes: db, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,

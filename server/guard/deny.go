@@ -40,9 +40,10 @@ const DefaultDenyEntries = 1 << 16
 // Deny remembers refusals until their retry-after; see above. A nil *Deny
 // remembers nothing. It is safe for concurrent use.
 type Deny struct {
-	max int
-	n   atomic.Int64  // entries: the accepted path skips the lock while none
-	gen atomic.Uint64 // Clears so far; changed under mu
+	max      int
+	n        atomic.Int64  // entries: the accepted path skips the lock while none
+	gen      atomic.Uint64 // Clears so far; changed under mu
+	answered atomic.Uint64 // refusals answered from memory
 
 	mu sync.Mutex
 	m  map[denyKey]*denyEntry
@@ -80,6 +81,14 @@ func (d *Deny) Len() int {
 		return 0
 	}
 	return int(d.n.Load())
+}
+
+// Answered returns how many refusals the cache has answered.
+func (d *Deny) Answered() uint64 {
+	if d == nil {
+		return 0
+	}
+	return d.answered.Load()
 }
 
 // Clear forgets every refusal: an operator's change may have reopened
@@ -125,6 +134,7 @@ func (d *Deny) lookup(req Request, rate bool, now time.Time) *Refusal {
 	case !rate && (e.line != req.DailyLine || e.quota != req.MonthlyQuota || req.ShadowDaily && e.layer == LayerAttempts):
 		return nil
 	}
+	d.answered.Add(1)
 	return &Refusal{Layer: e.layer, Reason: e.reason, RetryAfter: e.until.Sub(now)}
 }
 
