@@ -121,7 +121,16 @@ type meter struct {
 	next  time.Time // when the current stretch ends
 }
 
-// newMeter measures the idle rate over one stretch. started is when the
+// idleStretches is how many stretches the idle rate is measured over.
+const idleStretches = 2
+
+// statNoise is how far a stretch's count strays from the idle rate's
+// with no request sent: reports shift between stretches (a backend whose
+// last report is less than a second old holds the next up to 10 s). Up
+// to ±10 was seen here between quiet stretches.
+const statNoise = 10
+
+// newMeter measures the idle rate over idleStretches stretches. started is when the
 // instances started (at most this early: their resyncs come every
 // resyncEvery from a moment just before).
 func newMeter(ctx context.Context, t *testing.T, dbURL string, started time.Time) *meter {
@@ -131,13 +140,17 @@ func newMeter(ctx context.Context, t *testing.T, dbURL string, started time.Time
 	}
 	time.Sleep(time.Until(m.next))
 	m.last = transactions(ctx, t, dbURL)
-	start := time.Now()
-	m.next = m.next.Add(resyncEvery)
-	time.Sleep(time.Until(m.next))
-	now := transactions(ctx, t, dbURL)
-	m.idle = (now - m.last) / time.Since(start).Seconds()
-	t.Logf("idle: %.1f transactions a second (%.0f over %v)", m.idle, now-m.last, time.Since(start).Round(time.Millisecond))
-	m.last = now
+	start, first := time.Now(), m.last
+	var counts []float64
+	for range idleStretches {
+		m.next = m.next.Add(resyncEvery)
+		time.Sleep(time.Until(m.next))
+		now := transactions(ctx, t, dbURL)
+		counts = append(counts, now-m.last)
+		m.last = now
+	}
+	m.idle = (m.last - first) / time.Since(start).Seconds()
+	t.Logf("idle: %.1f transactions a second (stretches of %v: %v)", m.idle, resyncEvery, counts)
 	return m
 }
 
@@ -203,13 +216,16 @@ func randomKey() string {
 // TestFloodsCostNoTransactions: a user over the daily line, refused once
 // on each instance (each decides that first refusal in the database and
 // remembers it), sends 10,000 requests over both instances; beyond the
-// idle rate and the ticks a flood keeps busy (floodTicks) they make at
-// most 10 transactions (in a quiet run: 2, the ticks', none per request).
+// idle rate, the ticks a flood keeps busy (floodTicks) and the count's
+// noise (statNoise) they make at most 10 transactions (PostgreSQL's
+// statement log of such a flood shows the ticks' writes alone, none per
+// request; without the deny cache, with the rate windows in the database,
+// each request would be one).
 // Then 10,000 requests with random unknown keys, turned away by the keys
 // in memory: at most 10 as well. Last, a user banned and unbanned
 // through A is served by B within a second of the unban.
 func TestFloodsCostNoTransactions(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
 	dbURL := pgtest.NewDatabase(t)
 	p := newPair(t, dbURL, harness.Config{DailyRequests: 100000, DailyAttempts: 1}, 2, 0)
@@ -232,8 +248,9 @@ func TestFloodsCostNoTransactions(t *testing.T) {
 	if answers["429 daily_limit"] != floodSize {
 		t.Errorf("answers %v, want %d × 429 daily_limit", answers, floodSize)
 	}
-	if limit := 10 + floodTicks(took); beyond > limit {
-		t.Errorf("%.1f transactions beyond the idle rate for %d refusals of one user, want at most 10 and %.0f for the ticks", beyond, floodSize, limit-10)
+	if limit := 10 + floodTicks(took) + statNoise; beyond > limit {
+		t.Errorf("%.1f transactions beyond the idle rate for %d refusals of one user, want at most 10, %.0f for the ticks and %d for the count's noise",
+			beyond, floodSize, floodTicks(took), statNoise)
 	}
 
 	beyond, raw, took = m.measure(ctx, func() { answers = p.flood(ctx, func(int) string { return randomKey() }) })
@@ -241,8 +258,9 @@ func TestFloodsCostNoTransactions(t *testing.T) {
 	if answers["401 unauthorized"] != floodSize {
 		t.Errorf("answers %v, want %d × 401 unauthorized", answers, floodSize)
 	}
-	if limit := 10 + floodTicks(took); beyond > limit {
-		t.Errorf("%.1f transactions beyond the idle rate for %d unknown keys, want at most 10 and %.0f for the ticks", beyond, floodSize, limit-10)
+	if limit := 10 + floodTicks(took) + statNoise; beyond > limit {
+		t.Errorf("%.1f transactions beyond the idle rate for %d unknown keys, want at most 10, %.0f for the ticks and %d for the count's noise",
+			beyond, floodSize, floodTicks(took), statNoise)
 	}
 
 	p.admin(ctx, t, 0, "/api/users/user1", `{"banned":true}`)
