@@ -206,6 +206,17 @@ func (m *Metrics) observeCommits(txs, writes func() int64) {
 		"Durable writes the storage writer has answered (usage records, ledger writes, statistics batches), committed or refused.", writes)
 }
 
+// observeDeny exports the deny cache's figures (guard.Deny): how many
+// refusals it holds, and how many it has answered from memory.
+func (m *Metrics) observeDeny(entries func() int, answered func() uint64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "breakwater_deny_cache_entries",
+		Help: "Refusals the deny cache holds until their retry-after (a user's rate refusal, and a user's daily line or quota).",
+	}, func() float64 { return float64(entries()) }))
+	counterFunc(m, "breakwater_deny_cache_answers_total",
+		"Refusals answered from the deny cache, without asking a layer; each is counted in breakwater_refusals_total too.", answered)
+}
+
 // observeDetect exports layer 4's counters.
 func (m *Metrics) observeDetect(c *detect.Counters) {
 	counterFunc(m, "breakwater_alerts_sent_total", "Alert and digest e-mails delivered.", c.AlertsSent.Load)

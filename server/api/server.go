@@ -258,6 +258,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Commits != nil {
 		d.Metrics.observeCommits(d.Commits.Transactions, d.Commits.Writes)
 	}
+	if deny := d.Layers.Deny; deny != nil {
+		d.Metrics.observeDeny(deny.Len, deny.Answered)
+	}
 	d.Metrics.observeDetect(d.DetectCounters)
 	s.observeService(d.ServiceRefusals)
 	d.Metrics.observeTransport(func() int64 { used, _ := s.bodies.inUse(); return used }, s.conns.Load)

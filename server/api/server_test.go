@@ -183,6 +183,8 @@ type envOptions struct {
 
 	// service is the service's refusals (several instances); nil: none.
 	service ServiceRefusalReader
+	// deny is the OCR route's deny cache; nil: none.
+	deny *guard.Deny
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -286,7 +288,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims, ServiceRefusals: o.service,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
 		Model: ocfg.Model, FallbackModel: o.fallback, FallbackPrice: fallbackPrice,
-		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage},
+		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage, Deny: o.deny},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
 		InviteCodes: db, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,

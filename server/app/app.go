@@ -102,6 +102,9 @@ type App struct {
 	mail         detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
 	operator     *operator.Operator
 	srv          *api.Server
+	// deny remembers the OCR route's exact refusals (guard.Deny); every
+	// operator's change and every reload clears it.
+	deny *guard.Deny
 
 	addr, adminAddr string
 	servers         []*http.Server
@@ -126,7 +129,7 @@ type App struct {
 // set) and runs its workers until Close. cfg must have passed Load.
 func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	opts = opts.withDefaults()
-	a := &App{opts: opts, log: opts.Logger, cfg: cfg, errc: make(chan error, 2)}
+	a := &App{opts: opts, log: opts.Logger, cfg: cfg, errc: make(chan error, 2), deny: guard.NewDeny(0)}
 	defer func() {
 		if err != nil {
 			a.Close() // what was built so far
@@ -188,7 +191,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.srv, err = api.New(cfg.Server, api.Deps{
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
 		Model: ocfg.Model, FallbackModel: ocfg.FallbackModel, FallbackPrice: fallbackPrice,
-		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage},
+		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage, Deny: a.deny},
 		Answers: db, Claims: claims, ServiceRefusals: service, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,

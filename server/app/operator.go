@@ -78,7 +78,7 @@ func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 	loc, _ := cfg.Budget.Location() // checked by Load
 	layers := operator.Layers{Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake}
 	serviceFigures(&layers, a.usage)
-	a.operator = operator.New(a.keys, a.invites, layers, a.db, a.plans.All, loc, operator.Options{Now: a.opts.Now})
+	a.operator = operator.New(a.keys, a.invites, layers, a.db, a.plans.All, loc, operator.Options{Now: a.opts.Now, Changed: a.deny.Clear})
 	a.operator.SetDetection(a.detect)
 	a.setCooldowns(nil)
 	return nil

@@ -157,7 +157,9 @@ func (a *App) applyChange(db *postgres.DB, kind, id string) {
 	}
 	if err != nil {
 		a.log.Warn("a change made through another instance is not applied yet: read again within "+resyncEvery.String(), "kind", kind, "id", id, "err", err)
+		return
 	}
+	a.deny.Clear() // the change may lift a refusal remembered here; a resync may bring one a lost notification missed
 }
 
 // figuresTimeout bounds the reads of the service's figures for the

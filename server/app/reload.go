@@ -120,6 +120,7 @@ func (a *App) Reload(next Config, trigger string) error {
 	next.OCR = cur.OCR
 	next.OCR.Price = price
 	a.srv.SetPrice(price)
+	a.deny.Clear() // a limit may be raised; each instance's reload clears its own
 	a.cfg = next
 	if len(changed) == 0 {
 		a.log.Info("config reloaded: no key changed", "trigger", trigger)

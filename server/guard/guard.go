@@ -119,6 +119,9 @@ type Layers struct {
 	// Usage is required when Quotas is set: a read counted against the
 	// quota is only confirmed by its usage record.
 	Usage UsageRecorder
+	// Deny remembers exact refusals until their retry-after and answers
+	// their repeats from memory (deny.go); nil: every request is decided.
+	Deny *Deny
 }
 
 // Hooks tell the caller what the guard did, for metrics and logs; a nil
@@ -167,6 +170,7 @@ func (g *Guard) SetShadow(layers ...string) error {
 		set[l] = true
 	}
 	g.shadow.Store(&set)
+	g.layers.Deny.Clear() // a refusal remembered may now be shadowed
 	return nil
 }
 
@@ -203,6 +207,9 @@ func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
 	if r := g.paused(now); r != nil {
 		return nil, r
 	}
+	if r := g.remembered(req, false, now); r != nil {
+		return nil, r
+	}
 	if r := g.Count(req, now); r != nil {
 		return nil, r
 	}
@@ -215,16 +222,23 @@ func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
 // a call after all, Look follows.
 func (g *Guard) Count(req Request, now time.Time) *Refusal {
 	l := g.layers
-	if l.Rate != nil {
-		return g.open(LayerRate, req, nil, func() error { return l.Rate.Allow(req.Key, now) })
+	if l.Rate == nil {
+		return nil
 	}
-	return nil
+	if r := g.remembered(req, true, now); r != nil {
+		return r
+	}
+	gen := l.Deny.generation()
+	return g.remember(req, g.open(LayerRate, req, nil, func() error { return l.Rate.Allow(req.Key, now) }), gen, now)
 }
 
 // Look is the rest of Admit after Count: the usage pause, and the looks
 // at layers 2, 2b and 3.
 func (g *Guard) Look(req Request, now time.Time) (*Ticket, *Refusal) {
 	if r := g.paused(now); r != nil {
+		return nil, r
+	}
+	if r := g.remembered(req, false, now); r != nil {
 		return nil, r
 	}
 	return g.look(req, now)
@@ -239,8 +253,15 @@ func (g *Guard) paused(now time.Time) *Refusal {
 	return nil
 }
 
-// look is layers 2, 2b and 3 looked at, nothing taken.
+// look is layers 2, 2b and 3 looked at, nothing taken; an exact refusal
+// is remembered.
 func (g *Guard) look(req Request, now time.Time) (*Ticket, *Refusal) {
+	gen := g.layers.Deny.generation()
+	t, r := g.lookAt(req, now)
+	return t, g.remember(req, r, gen, now)
+}
+
+func (g *Guard) lookAt(req Request, now time.Time) (*Ticket, *Refusal) {
 	l := g.layers
 	t := &Ticket{g: g, req: req}
 	if l.Attempts != nil {

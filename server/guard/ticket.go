@@ -49,6 +49,12 @@ func (t *Ticket) addClaim(claim budget.Reservation) {
 // micro-dollars of the global budget (3), all in memory and each check and
 // take one atomic step. On a refusal nothing stays reserved.
 func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
+	gen := t.g.layers.Deny.generation()
+	return t.g.remember(t.req, t.take(worst, now), gen, now)
+}
+
+// take is Reserve before its exact refusal is remembered.
+func (t *Ticket) take(worst int64, now time.Time) *Refusal {
 	g, l, req := t.g, t.g.layers, t.req
 	both, r := t.takeAndReserve(now)
 	if r != nil {

@@ -94,6 +94,7 @@ type Operator struct {
 	detection Detection        // nil until SetDetection
 	cooldowns []CooldownSource // empty until SetCooldowns: none to list
 	brakeMu   sync.Mutex
+	onChange  func() // Options.Changed
 }
 
 // Layers are what the operator reads and switches of the layers' live
@@ -116,6 +117,11 @@ type Layers struct {
 type Options struct {
 	// Now is the clock of usage days and budget figures. Nil: time.Now.
 	Now func() time.Time
+	// Changed is called after each change that may lift a refusal (a
+	// user banned, unbanned or moved to another plan, a key created or
+	// revoked, the brake switched, a cooldown cleared): the server clears
+	// its deny cache (guard.Deny). Nil: none.
+	Changed func()
 }
 
 // New returns the operator over the keyring, the invites, the layers'
@@ -125,7 +131,16 @@ func New(kr *keys.Keyring, codes *invites.Codes, layers Layers, store Store, pla
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Operator{keys: kr, invites: codes, layers: layers, store: store, plans: plans, loc: loc, now: o.Now}
+	return &Operator{keys: kr, invites: codes, layers: layers, store: store, plans: plans, loc: loc, now: o.Now, onChange: o.Changed}
+}
+
+// changed reports a change that may lift a refusal when err is nil, and
+// returns err.
+func (o *Operator) changed(err error) error {
+	if err == nil && o.onChange != nil {
+		o.onChange()
+	}
+	return err
 }
 
 // PendingEvents gives the statistics rows counted in memory and not
@@ -183,7 +198,8 @@ func (o *Operator) BudgetDays(from, to string) ([]budget.LedgerDay, error) {
 
 // CreateKey makes a new API key; see keys.Keyring.Create.
 func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyInfo, error) {
-	return o.keys.Create(user, plan)
+	secret, info, err := o.keys.Create(user, plan)
+	return secret, info, o.changed(err)
 }
 
 // ListKeys lists every key without secrets.
@@ -191,7 +207,8 @@ func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.
 
 // RevokeKey disables a key on the next request.
 func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) {
-	return o.keys.Revoke(id)
+	info, err := o.keys.Revoke(id)
+	return info, o.changed(err)
 }
 
 // CreateInvite makes a new invite code; see Invites.Create.
@@ -215,12 +232,14 @@ func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error
 // SetBanned bans or unbans a user; the next request sees it. An id with
 // no record is ErrNotFound unless create (see keys.Keyring.SetBanned).
 func (o *Operator) SetBanned(_ context.Context, user string, banned, create bool) (UserInfo, error) {
-	return o.keys.SetBanned(user, banned, create)
+	info, err := o.keys.SetBanned(user, banned, create)
+	return info, o.changed(err)
 }
 
 // SetPlan moves a user to another plan.
 func (o *Operator) SetPlan(_ context.Context, user, plan string) (UserInfo, error) {
-	return o.keys.SetPlan(user, plan)
+	info, err := o.keys.SetPlan(user, plan)
+	return info, o.changed(err)
 }
 
 // UsageInfo is one user's figures for today and this month.
@@ -377,6 +396,7 @@ func (o *Operator) SetBrake(ctx context.Context, on bool) (BudgetInfo, error) {
 		return BudgetInfo{}, err
 	}
 	o.layers.Brake.SetManual(on)
+	_ = o.changed(nil)
 	return o.Budget(ctx)
 }
 
@@ -511,6 +531,7 @@ func (o *Operator) ClearCooldown(_ context.Context, source, key string) (Cooldow
 		}
 		for _, c := range src.Fails.Cooling(now) {
 			if c.Key == key && src.Fails.Clear(key) {
+				_ = o.changed(nil)
 				return CooldownInfo{Source: src.Name, Key: c.Key, Until: c.Until,
 					LeftSeconds: int64(c.Until.Sub(now).Round(time.Second) / time.Second)}, nil
 			}

@@ -1,0 +1,229 @@
+package guard
+
+import (
+	"container/heap"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The deny cache answers a flood from memory. A refusal whose retry-after
+// is exact (nothing but the operator can reopen the layer before it) is
+// remembered per user until then, and a repeat is refused from memory,
+// before any layer runs: no database round trip, not even layer 1's
+// count, on any backend. What is exact:
+//
+//   - layer 1, the rate window and the burst: a refusal counts nothing and
+//     RetryAfter is when the oldest request leaves the window;
+//   - layer 2, the daily line: attempts are never given back within a day;
+//   - layer 2b, the plan quota, when the recorded reads alone reach it:
+//     they are never given back within a month (a quota held only by reads
+//     in flight may reopen when one fails, so that refusal is not kept).
+//
+// Not kept: the global budget's refusals (the operator's brake has no
+// reopening time; a ceiling's totals go down when a call in flight
+// settles below its worst case, a claim is given back or another instance
+// returns its lease's rest; they are decided from memory anyway,
+// budget.Global's view), the usage pause and a quota the database could
+// not read.
+//
+// What the operator changes (a plan, a ban, a key, a reload, the brake, a
+// cooldown) is cleared with Clear, whole; a refusal decided while a Clear
+// happened is not kept (the generation). A line refusal is kept with the
+// plan and the lines it was decided under, and answers only a request
+// under the same ones.
+
+// DefaultDenyEntries is the deny cache's bound when NewDeny is given 0:
+// about 10 MiB at most.
+const DefaultDenyEntries = 1 << 16
+
+// Deny remembers refusals until their retry-after; see above. A nil *Deny
+// remembers nothing. It is safe for concurrent use.
+type Deny struct {
+	max      int
+	n        atomic.Int64  // entries: the accepted path skips the lock while none
+	gen      atomic.Uint64 // Clears so far; changed under mu
+	answered atomic.Uint64 // refusals answered from memory
+
+	mu sync.Mutex
+	m  map[denyKey]*denyEntry
+	h  denyHeap // by until, the soonest first: what the bound evicts
+}
+
+// NewDeny returns a deny cache of at most max entries (0:
+// DefaultDenyEntries). Full, it evicts the entry that expires soonest.
+func NewDeny(max int) *Deny {
+	if max <= 0 {
+		max = DefaultDenyEntries
+	}
+	return &Deny{max: max, m: map[denyKey]*denyEntry{}}
+}
+
+// denyKey is a user's refusals by one kind of layer: the rate limit
+// (layer 1), which Count answers alone, or the lines (layers 2 and 2b).
+type denyKey struct {
+	user, plan string
+	rate       bool
+}
+
+type denyEntry struct {
+	key           denyKey
+	layer, reason string
+	until         time.Time
+	line, quota   int64 // the lines of a line refusal
+	i             int   // in the heap
+}
+
+// Len returns how many refusals are remembered, expired ones included
+// until they are evicted or looked up.
+func (d *Deny) Len() int {
+	if d == nil {
+		return 0
+	}
+	return int(d.n.Load())
+}
+
+// Answered returns how many refusals the cache has answered.
+func (d *Deny) Answered() uint64 {
+	if d == nil {
+		return 0
+	}
+	return d.answered.Load()
+}
+
+// Clear forgets every refusal: an operator's change may have reopened
+// any of them. A refusal being decided meanwhile is not kept.
+func (d *Deny) Clear() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.gen.Add(1)
+	clear(d.m)
+	d.h = nil
+	d.n.Store(0)
+}
+
+// generation is taken before a decision, and remember keeps the refusal
+// only if no Clear came between.
+func (d *Deny) generation() uint64 {
+	if d == nil {
+		return 0
+	}
+	return d.gen.Load()
+}
+
+// lookup returns the refusal remembered for req's key and kind (rate:
+// layer 1's; else the lines'), its RetryAfter what is left of it at now;
+// nil if none holds.
+func (d *Deny) lookup(req Request, rate bool, now time.Time) *Refusal {
+	if d == nil || d.n.Load() == 0 {
+		return nil
+	}
+	k := denyKey{user: req.Key, plan: req.Plan, rate: rate}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e := d.m[k]
+	switch {
+	case e == nil:
+		return nil
+	case !now.Before(e.until):
+		d.remove(e)
+		return nil
+	case !rate && (e.line != req.DailyLine || e.quota != req.MonthlyQuota || req.ShadowDaily && e.layer == LayerAttempts):
+		return nil
+	}
+	d.answered.Add(1)
+	return &Refusal{Layer: e.layer, Reason: e.reason, RetryAfter: e.until.Sub(now)}
+}
+
+// remember keeps r, an exact refusal of req at now decided in generation
+// gen, until its retry-after.
+func (d *Deny) remember(req Request, r *Refusal, gen uint64, now time.Time) {
+	k := denyKey{user: req.Key, plan: req.Plan, rate: r.Layer == LayerRate}
+	until := now.Add(r.RetryAfter)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if gen != d.gen.Load() {
+		return // cleared while it was decided: it may be stale
+	}
+	for len(d.h) > 0 && !now.Before(d.h[0].until) {
+		d.remove(d.h[0])
+	}
+	if e := d.m[k]; e != nil {
+		e.layer, e.reason, e.until, e.line, e.quota = r.Layer, r.Reason, until, req.DailyLine, req.MonthlyQuota
+		heap.Fix(&d.h, e.i)
+		return
+	}
+	if len(d.h) >= d.max {
+		if !d.h[0].until.Before(until) {
+			return // it would be the first to go
+		}
+		d.remove(d.h[0])
+	}
+	e := &denyEntry{key: k, layer: r.Layer, reason: r.Reason, until: until, line: req.DailyLine, quota: req.MonthlyQuota}
+	d.m[k] = e
+	heap.Push(&d.h, e)
+	d.n.Store(int64(len(d.h)))
+}
+
+// remove drops e; d.mu is held.
+func (d *Deny) remove(e *denyEntry) {
+	heap.Remove(&d.h, e.i)
+	delete(d.m, e.key)
+	d.n.Store(int64(len(d.h)))
+}
+
+// denyHeap orders entries by until (container/heap).
+type denyHeap []*denyEntry
+
+func (h denyHeap) Len() int           { return len(h) }
+func (h denyHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
+func (h denyHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].i, h[j].i = i, j
+}
+func (h *denyHeap) Push(x any) {
+	e := x.(*denyEntry)
+	e.i = len(*h)
+	*h = append(*h, e)
+}
+func (h *denyHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}
+
+// exact reports whether r, a refusal of req at now, holds until its
+// retry-after unless the operator changes something (see above).
+func (g *Guard) exact(req Request, r *Refusal, now time.Time) bool {
+	switch {
+	case r.Busy || r.RetryAfter <= 0:
+		return false
+	case r.Layer == LayerRate, r.Layer == LayerAttempts && r.Reason == "daily_line":
+		return true
+	case r.Layer == LayerQuota && r.Reason == "monthly_quota":
+		return g.layers.Quotas != nil && g.layers.Quotas.Used(req.Key, now) >= req.MonthlyQuota
+	}
+	return false
+}
+
+// remembered answers req from the deny cache (rate: layer 1's refusals,
+// else the lines'), reported as any refusal is; nil if it holds none.
+func (g *Guard) remembered(req Request, rate bool, now time.Time) *Refusal {
+	if r := g.layers.Deny.lookup(req, rate, now); r != nil {
+		return g.refuse(r)
+	}
+	return nil
+}
+
+// remember keeps r in the deny cache if it is exact, and returns it.
+func (g *Guard) remember(req Request, r *Refusal, gen uint64, now time.Time) *Refusal {
+	if r != nil && g.layers.Deny != nil && g.exact(req, r, now) {
+		g.layers.Deny.remember(req, r, gen, now)
+	}
+	return r
+}

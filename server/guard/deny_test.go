@@ -1,0 +1,300 @@
+package guard
+
+import (
+	"testing"
+	"time"
+
+	"breakwater/budget"
+	"breakwater/limiter"
+)
+
+// counted wraps the layers and counts how often each is asked: a refusal
+// answered from the deny cache asks none.
+type counted struct {
+	rate     *limiter.Limiter
+	attempts *budget.Attempts
+	quotas   *budget.Quotas
+	calls    int
+}
+
+func (c *counted) Allow(key string, now time.Time) error {
+	c.calls++
+	return c.rate.Allow(key, now)
+}
+
+func (c *counted) Check(key string, line int64, now time.Time) error {
+	c.calls++
+	return c.attempts.Check(key, line, now)
+}
+
+func (c *counted) Take(key string, line int64, now time.Time) error {
+	c.calls++
+	return c.attempts.Take(key, line, now)
+}
+
+// denyFixture is a guard with a deny cache over counted layers (the
+// quota's Check counted too) and a brake of 100 calls a day.
+type denyFixture struct {
+	g       *Guard
+	deny    *Deny
+	layers  *counted
+	brake   *budget.Global
+	refused int
+}
+
+type countedQuotas struct {
+	*budget.Quotas
+	c *counted
+}
+
+func (q countedQuotas) Check(user string, limit int64, now time.Time) error {
+	q.c.calls++
+	return q.Quotas.Check(user, limit, now)
+}
+
+func newDenyFixture(t *testing.T, rate limiter.Config, max int) *denyFixture {
+	t.Helper()
+	lim, err := limiter.New(rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &denyFixture{deny: NewDeny(max), layers: &counted{rate: lim, attempts: budget.NewAttempts(time.UTC, "2026-11-30", nil),
+		quotas: budget.NewQuotas(time.UTC, "2026-11", nil)}}
+	f.brake, err = budget.NewGlobal(budget.Config{DailyRequests: 100}, time.UTC, &ledger{}, budget.GlobalState{Day: "2026-11-30", Month: "2026-11"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.g, err = New(Layers{Rate: f.layers, Attempts: f.layers, Quotas: countedQuotas{f.layers.quotas, f.layers}, Brake: f.brake,
+		Usage: &usage{}, Deny: f.deny}, Hooks{Refused: func(*Refusal) { f.refused++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// read admits, reserves and records one read of req at at; it fails t
+// unless it passes.
+func (f *denyFixture) read(t *testing.T, req Request, at time.Time) {
+	t.Helper()
+	tk, r := f.g.Admit(req, at)
+	if r == nil {
+		r = tk.Reserve(10, at)
+	}
+	if r != nil {
+		t.Fatalf("read at %v refused: %+v", at, r)
+	}
+	if _, err := tk.Record(t.Context(), budget.UsageRecord{UserID: req.Key}, 10, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var wide = limiter.Config{Rate: 1000, Window: time.Minute}
+
+// A user at the daily line is refused from memory until midnight: no
+// layer is asked again, the refusal is reported each time, and its
+// RetryAfter counts down. At midnight the layers decide again.
+func TestDenyKeepsTheDailyLineUntilMidnight(t *testing.T) {
+	f := newDenyFixture(t, wide, 0)
+	req := Request{Key: "alice", Plan: "free", DailyLine: 1, MonthlyQuota: 100}
+	f.read(t, req, now)
+	_, r := f.g.Admit(req, now.Add(time.Second))
+	if r == nil || r.Reason != "daily_line" {
+		t.Fatalf("over the line: %+v, want daily_line", r)
+	}
+	asked, first := f.layers.calls, r.RetryAfter
+	for i := 1; i <= 1000; i++ {
+		at := now.Add(time.Second + time.Duration(i)*time.Second)
+		_, r := f.g.Admit(req, at)
+		if r == nil || r.Layer != LayerAttempts || r.Reason != "daily_line" {
+			t.Fatalf("repeat %d: %+v, want the daily line from memory", i, r)
+		}
+		if got, want := r.RetryAfter, first-time.Duration(i)*time.Second; got != want {
+			t.Fatalf("repeat %d: RetryAfter %v, want %v (counting down)", i, got, want)
+		}
+	}
+	if got := f.layers.calls - asked; got != 0 {
+		t.Errorf("the layers were asked %d times for 1000 remembered refusals, want 0", got)
+	}
+	if got, want := f.refused, 1001; got != want {
+		t.Errorf("%d refusals reported, want %d (every one, from memory or not)", got, want)
+	}
+	if _, r := f.g.Admit(Request{Key: "bob", Plan: "free", DailyLine: 1, MonthlyQuota: 100}, now.Add(time.Hour)); r != nil {
+		t.Errorf("another user: %+v, want admitted", r)
+	}
+	if _, r := f.g.Admit(req, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)); r != nil {
+		t.Errorf("at midnight: %+v, want admitted (the line's new day)", r)
+	}
+}
+
+// A rate refusal is remembered until the window reopens, and a repeat
+// counts nothing: after RetryAfter the request passes.
+func TestDenyKeepsTheRateWindow(t *testing.T) {
+	f := newDenyFixture(t, limiter.Config{Rate: 2, Window: time.Minute}, 0)
+	req := Request{Key: "alice", DailyLine: 100, MonthlyQuota: 100}
+	for range 2 {
+		if r := f.g.Count(req, now); r != nil {
+			t.Fatal(r)
+		}
+	}
+	r := f.g.Count(req, now.Add(10*time.Second))
+	if r == nil || r.Layer != LayerRate {
+		t.Fatalf("third in the window: %+v, want a rate refusal", r)
+	}
+	asked := f.layers.calls
+	at := now.Add(30 * time.Second)
+	if _, r := f.g.Admit(req, at); r == nil || r.Layer != LayerRate || r.RetryAfter != 30*time.Second {
+		t.Fatalf("Admit 20 s later: %+v, want rate with 30s left", r)
+	}
+	if f.layers.calls != asked {
+		t.Errorf("the layers were asked for a remembered rate refusal")
+	}
+	if r := f.g.Count(req, now.Add(time.Minute)); r != nil {
+		t.Errorf("once the window reopened: %+v, want admitted", r)
+	}
+}
+
+// A quota held by a read in flight may reopen (the read can fail): that
+// refusal is not remembered. Once the recorded reads reach it, it is.
+func TestDenyKeepsOnlyARecordedQuota(t *testing.T) {
+	f := newDenyFixture(t, wide, 0)
+	req := Request{Key: "alice", DailyLine: 100, MonthlyQuota: 1}
+	tk, r := f.g.Admit(req, now)
+	if r == nil {
+		r = tk.Reserve(10, now)
+	}
+	if r != nil {
+		t.Fatal(r)
+	}
+	if _, r := f.g.Admit(req, now); r == nil || r.Reason != "monthly_quota" {
+		t.Fatalf("with the last read in flight: %+v, want monthly_quota", r)
+	}
+	if n := f.deny.Len(); n != 0 {
+		t.Errorf("%d refusals remembered while the quota is held in flight, want 0", n)
+	}
+	tk.Release() // the read failed: its slot comes back
+	f.read(t, req, now.Add(time.Second))
+	if _, r := f.g.Admit(req, now.Add(2*time.Second)); r == nil || r.Reason != "monthly_quota" {
+		t.Fatalf("with the quota recorded: %+v, want monthly_quota", r)
+	}
+	if n := f.deny.Len(); n != 1 {
+		t.Errorf("%d refusals remembered with the quota recorded, want 1", n)
+	}
+}
+
+// The brake's refusals are not remembered: the operator's switch has no
+// reopening time.
+func TestDenyLeavesTheBrake(t *testing.T) {
+	f := newDenyFixture(t, wide, 0)
+	f.brake.SetManual(true)
+	req := Request{Key: "alice", DailyLine: 100, MonthlyQuota: 100}
+	if _, r := f.g.Admit(req, now); r == nil || r.Layer != LayerBudget {
+		t.Fatalf("brake on: %+v, want a budget refusal", r)
+	}
+	f.brake.SetManual(false)
+	if _, r := f.g.Admit(req, now); r != nil {
+		t.Errorf("brake off: %+v, want admitted", r)
+	}
+}
+
+// A line refusal answers only a request under the plan and lines it was
+// decided with: another plan, or a raised line, is decided again.
+func TestDenyMatchesThePlanAndLines(t *testing.T) {
+	f := newDenyFixture(t, wide, 0)
+	req := Request{Key: "alice", Plan: "free", DailyLine: 1, MonthlyQuota: 100}
+	f.read(t, req, now)
+	if _, r := f.g.Admit(req, now); r == nil {
+		t.Fatal("over the line: admitted")
+	}
+	raised := req
+	raised.DailyLine = 2
+	if _, r := f.g.Admit(raised, now); r != nil {
+		t.Errorf("under a raised line: %+v, want admitted", r)
+	}
+	other := req
+	other.Plan, other.DailyLine = "pro", 5
+	if _, r := f.g.Admit(other, now); r != nil {
+		t.Errorf("under another plan: %+v, want admitted", r)
+	}
+	shadow := req
+	shadow.ShadowDaily = true
+	if _, r := f.g.Admit(shadow, now); r != nil {
+		t.Errorf("with the line in shadow mode: %+v, want admitted", r)
+	}
+}
+
+// Clear forgets every refusal, and one decided while a Clear happened is
+// not kept.
+func TestDenyClear(t *testing.T) {
+	d := NewDeny(0)
+	r := &Refusal{Layer: LayerAttempts, Reason: "daily_line", RetryAfter: time.Hour}
+	req := Request{Key: "alice", DailyLine: 1}
+	d.remember(req, r, d.generation(), now)
+	if d.lookup(req, false, now) == nil {
+		t.Fatal("not remembered")
+	}
+	d.Clear()
+	if d.lookup(req, false, now) != nil || d.Len() != 0 {
+		t.Fatal("remembered after Clear")
+	}
+	gen := d.generation()
+	d.Clear() // an operator's change while the refusal was decided
+	d.remember(req, r, gen, now)
+	if d.Len() != 0 {
+		t.Error("a refusal decided across a Clear was kept")
+	}
+	var none *Deny // a guard without a deny cache
+	none.Clear()
+	if none.lookup(req, false, now) != nil || none.Len() != 0 {
+		t.Error("a nil deny cache answered")
+	}
+}
+
+// Full, the cache evicts the refusal that expires soonest, and does not
+// take one that would expire before all it holds; an expired one goes
+// first.
+func TestDenyBound(t *testing.T) {
+	d := NewDeny(3)
+	keep := func(user string, retry time.Duration, at time.Time) {
+		d.remember(Request{Key: user}, &Refusal{Layer: LayerRate, Reason: "rate", RetryAfter: retry}, d.generation(), at)
+	}
+	has := func(user string, at time.Time) bool { return d.lookup(Request{Key: user}, true, at) != nil }
+	keep("a", 3*time.Minute, now)
+	keep("b", time.Minute, now)
+	keep("c", 2*time.Minute, now)
+	keep("d", 4*time.Minute, now) // evicts b
+	if has("b", now) || !has("a", now) || !has("c", now) || !has("d", now) {
+		t.Fatalf("after d: b should be gone, a, c, d kept")
+	}
+	keep("e", time.Second, now) // sooner than all: not kept
+	if has("e", now) || d.Len() != 3 {
+		t.Errorf("e kept over longer refusals (len %d)", d.Len())
+	}
+	later := now.Add(150 * time.Second) // c has expired
+	keep("f", time.Second, later)
+	if !has("f", later) || has("c", later) || !has("a", later) || !has("d", later) {
+		t.Errorf("at +150s: want f, a, d; c expired")
+	}
+	for i := range 1000 { // many users: never past the bound
+		keep(string(rune('A'+i%50))+string(rune(i)), time.Duration(i+1)*time.Second, later)
+	}
+	if n := d.Len(); n != 3 {
+		t.Errorf("%d entries after 1000 refusals, want the bound 3", n)
+	}
+}
+
+// Switching the rate limit to shadow mode forgets its remembered
+// refusals: the layer no longer refuses.
+func TestDenyShadowClears(t *testing.T) {
+	f := newDenyFixture(t, limiter.Config{Rate: 1, Window: time.Minute}, 0)
+	req := Request{Key: "alice", DailyLine: 100, MonthlyQuota: 100}
+	_ = f.g.Count(req, now)
+	if r := f.g.Count(req, now); r == nil {
+		t.Fatal("second in the window admitted")
+	}
+	if err := f.g.SetShadow(LayerRate); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.g.Count(req, now); r != nil {
+		t.Errorf("in shadow mode: %+v, want admitted", r)
+	}
+}
