@@ -46,20 +46,8 @@ func (b *bench) refusalCases(insts []*breakwater, db *pgDatabase, img []byte, ke
 			return nil, err
 		}
 	}
-	base := tcase{addr: first.addr, bw: first, pg: db, refusals: true,
-		pids: func() []int {
-			var out []int
-			for _, bw := range insts {
-				out = append(out, bw.proc.pid())
-			}
-			return out
-		}}
-	if len(insts) > 1 {
-		base.also = insts[1]
-	}
-	if db != nil {
-		base.extraCPU = b.pg.cpu
-	}
+	base := b.baseCase(insts, db)
+	base.refusals = true
 	over, unknown := base, base
 	over.id, over.label, over.expect = id+"-429", "rejected, 1 key over its rate (429), "+backend, http.StatusTooManyRequests
 	over.request = oneOf(ocrRequest(first.addr, key, img))

@@ -524,6 +524,26 @@ func waitAccepted(bw *breakwater, key string) error {
 	}
 }
 
+// baseCase is what every case on insts (sharing db, nil on bolt) has in
+// common: the instances it sends to and measures, and the database's CPU.
+func (b *bench) baseCase(insts []*breakwater, db *pgDatabase) tcase {
+	c := tcase{addr: insts[0].addr, bw: insts[0], pg: db,
+		pids: func() []int {
+			var out []int
+			for _, bw := range insts {
+				out = append(out, bw.proc.pid())
+			}
+			return out
+		}}
+	if len(insts) > 1 {
+		c.also = insts[1]
+	}
+	if db != nil {
+		c.extraCPU = b.pg.cpu
+	}
+	return c
+}
+
 // pgCases are one backend's two cases: one user, and many users in turn.
 func (b *bench) pgCases(insts []*breakwater, db *pgDatabase, img []byte, one string, many []string) []tcase {
 	backend := "bolt, 1 instance"
@@ -535,20 +555,8 @@ func (b *bench) pgCases(insts []*breakwater, db *pgDatabase, img []byte, one str
 		backend, id = "postgres, 2 instances", "pg2"
 	}
 	first := insts[0]
-	base := tcase{addr: first.addr, bw: first, pg: db, expect: http.StatusOK,
-		pids: func() []int {
-			var out []int
-			for _, bw := range insts {
-				out = append(out, bw.proc.pid())
-			}
-			return out
-		}}
-	if len(insts) > 1 {
-		base.also = insts[1]
-	}
-	if db != nil {
-		base.extraCPU = b.pg.cpu
-	}
+	base := b.baseCase(insts, db)
+	base.expect = http.StatusOK
 	reqs := make([][]byte, len(many))
 	for i, k := range many {
 		reqs[i] = ocrRequest(first.addr, k, img)

@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,48 +28,14 @@ import (
 // client address then comes from X-Forwarded-For), and extra appended.
 func limitsPair(t *testing.T, dbURL, userLimits, extra string) *pair {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	root, _ := os.Getwd()
-	g, err := harness.NewGemini(root, time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Close() })
-	p := &pair{t: t, dbURL: dbURL, dir: t.TempDir(), gemini: g}
-	p.config = filepath.Join(p.dir, "config.toml")
-	p.env = []string{
-		"BREAKWATER_POSTGRES_URL=" + dbURL,
-		"BREAKWATER_SECRET=" + secret,
-		"BREAKWATER_ADMIN_TOKEN=" + adminToken,
-		"GEMINI_API_KEY=test-key",
-	}
-	cfg := harness.Config{Backend: "postgres", GeminiURL: g.URL, Plan: plan, DailyRequests: 1000, DBPath: filepath.Join(p.dir, "unused.db")}
-	if err := harness.WriteConfig(p.config, cfg); err != nil {
-		t.Fatal(err)
-	}
-	body, err := os.ReadFile(p.config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edited := strings.Replace(string(body), "max_in_flight_per_user = 64\n", "max_in_flight_per_user = 64\ntrusted_proxies = [\"127.0.0.0/8\"]\n", 1)
-	edited = strings.Replace(edited, "[limits.user]\nrate = 100000\nwindow = \"1m\"\nburst = 100000\n", userLimits, 1)
-	if !strings.Contains(edited, "trusted_proxies") || !strings.Contains(edited, userLimits) {
-		t.Fatalf("the harness's config changed: edit this test's\n%s", body)
-	}
-	if err := os.WriteFile(p.config, []byte(edited+extra), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	k, err := harness.NewKey(ctx, bin, p.config, "user0", plan, p.env...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.keys = append(p.keys, k)
-	t.Cleanup(p.stopAll)
-	for i := range 2 {
-		p.start(i)
-	}
-	return p
+	return newPairEdited(t, dbURL, harness.Config{DailyRequests: 1000}, 1, time.Millisecond, func(body string) string {
+		edited := strings.Replace(body, "max_in_flight_per_user = 64\n", "max_in_flight_per_user = 64\ntrusted_proxies = [\"127.0.0.0/8\"]\n", 1)
+		edited = strings.Replace(edited, "[limits.user]\nrate = 100000\nwindow = \"1m\"\nburst = 100000\n", userLimits, 1)
+		if !strings.Contains(edited, "trusted_proxies") || !strings.Contains(edited, userLimits) {
+			t.Fatalf("the harness's config changed: edit this test's\n%s", body)
+		}
+		return edited + extra
+	})
 }
 
 // sequence sends n requests of user 0 one after the other, request k to

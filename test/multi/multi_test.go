@@ -85,6 +85,13 @@ type pair struct {
 // at once.
 func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration) *pair {
 	t.Helper()
+	return newPairEdited(t, dbURL, cfg, users, latency, nil)
+}
+
+// newPairEdited is newPair with the config file's text passed through
+// edit (nil: none) before the keys are made and the instances start.
+func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration, edit func(config string) string) *pair {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	root, _ := os.Getwd()
@@ -105,6 +112,15 @@ func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency 
 	cfg.DBPath = filepath.Join(p.dir, "unused.db")
 	if err := harness.WriteConfig(p.config, cfg); err != nil {
 		t.Fatal(err)
+	}
+	if edit != nil {
+		body, err := os.ReadFile(p.config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p.config, []byte(edit(string(body))), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i := range users {
 		k, err := harness.NewKey(ctx, bin, p.config, fmt.Sprintf("user%d", i), plan, p.env...)

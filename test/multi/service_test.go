@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -25,54 +24,7 @@ import (
 // (mail, the detection's schedule) before both instances start at once.
 func newServicePair(t *testing.T, dbURL, extra string) *pair {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	root, _ := os.Getwd()
-	g, err := harness.NewGemini(root, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Close() })
-	p := &pair{t: t, dbURL: dbURL, dir: t.TempDir(), gemini: g}
-	p.config = filepath.Join(p.dir, "config.toml")
-	p.env = []string{
-		"BREAKWATER_POSTGRES_URL=" + dbURL,
-		"BREAKWATER_SECRET=" + secret,
-		"BREAKWATER_ADMIN_TOKEN=" + adminToken,
-		"GEMINI_API_KEY=test-key",
-	}
-	cfg := harness.Config{Backend: "postgres", GeminiURL: g.URL, Plan: plan, DailyRequests: 100000, DBPath: filepath.Join(p.dir, "unused.db")}
-	if err := harness.WriteConfig(p.config, cfg); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(p.config, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("\n" + extra); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	k, err := harness.NewKey(ctx, bin, p.config, "user0", plan, p.env...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.keys = append(p.keys, k)
-	t.Cleanup(p.stopAll)
-	var errs [2]error
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Go(func() { errs[i] = p.startErr(i) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	return p
+	return newPairEdited(t, dbURL, harness.Config{DailyRequests: 100000}, 1, 0, func(body string) string { return body + "\n" + extra })
 }
 
 // mailConfig is the [alerts] section that mails every alert and digest to

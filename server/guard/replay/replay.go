@@ -298,8 +298,12 @@ type sim struct {
 	// guarded are the routes' layers, by "route:NAME".
 	guarded  map[string]*routeState
 	attempts *budget.Attempts
-	out      map[string]*Outcome
-	sched    schedule
+	// lineUntil is, per user past their daily line, when its refusal
+	// ends: until then the OCR route's deny cache refuses the user's
+	// requests from memory, before layer 1, and so does the replay.
+	lineUntil map[string]int64
+	out       map[string]*Outcome
+	sched     schedule
 }
 
 type routeState struct {
@@ -340,7 +344,7 @@ func newSim(l, current Limits, layers []string, loc *time.Location) (*sim, error
 	if err != nil {
 		return nil, fmt.Errorf("invites: %w", err)
 	}
-	s := &sim{l: l, loc: loc, rate: rate, inv: inv, stand: stands(l, current), guarded: make(map[string]*routeState, len(l.Routes)), out: map[string]*Outcome{}}
+	s := &sim{l: l, loc: loc, rate: rate, inv: inv, stand: stands(l, current), guarded: make(map[string]*routeState, len(l.Routes)), lineUntil: map[string]int64{}, out: map[string]*Outcome{}}
 	for name, rl := range l.Routes {
 		w, err := limiter.New(rl.Limits)
 		if err != nil {
@@ -449,6 +453,14 @@ func (s *sim) step(u *unit, atNS int64) int64 {
 		s.note(u.route, key, 1, rt.attempts.Take(key, rt.Daily, at) != nil)
 		return 1
 	}
+	if until, ok := s.lineUntil[u.key]; ok && u.attempt {
+		if atNS < until {
+			n := max(1, u.index(until)-u.next)
+			s.note(LayerDaily, u.key, n, true)
+			return n
+		}
+		delete(s.lineUntil, u.key)
+	}
 	if err := s.rate.Allow(u.key, at); err != nil {
 		n := refusedUntil(u, atNS, err)
 		s.note(LayerRate, u.key, n, true)
@@ -456,7 +468,12 @@ func (s *sim) step(u *unit, atNS int64) int64 {
 	}
 	s.note(LayerRate, u.key, 1, false)
 	if u.attempt {
-		s.note(LayerDaily, u.key, 1, s.attempts.Take(u.key, s.l.Lines[u.plan], at) != nil)
+		err := s.attempts.Take(u.key, s.l.Lines[u.plan], at)
+		var line *budget.LineError
+		if errors.As(err, &line) {
+			s.lineUntil[u.key] = atNS + int64(line.RetryAfter)
+		}
+		s.note(LayerDaily, u.key, 1, err != nil)
 	}
 	return 1
 }
