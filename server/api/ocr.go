@@ -127,16 +127,17 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	r := &req
-	if r.key != "" {
-		return s.handleIdempotentOCR(r)
+	if req.key != "" {
+		r := req // a copy: this path's pointer escapes, which puts it on the heap
+		return s.handleIdempotentOCR(&r)
 	}
 	// Layers 1-3 from memory, before the body is read.
-	t, refused := s.guard.Admit(r.guard, r.start)
+	t, refused := s.guard.Admit(req.guard, req.start)
 	if refused != nil {
-		return s.refusalOf(r.guard, r.start, refused)
+		return s.refusalOf(req.guard, req.start, refused)
 	}
 	defer t.Release() // whatever happens from here on, a panic too
+	r := &req
 	in, err := s.receive(r)
 	if err != nil {
 		return err
