@@ -75,23 +75,7 @@ func primeOverRate(bw *breakwater, key string, img []byte) error {
 // refusals is the instance's count of refusals
 // (breakwater_refusals_total, every layer and reason).
 func (b *breakwater) refusals() (float64, error) {
-	body, err := b.metrics()
-	if err != nil {
-		return 0, err
-	}
-	total := 0.0
-	for line := range strings.Lines(string(body)) {
-		series, value, _ := strings.Cut(strings.TrimSpace(line), " ")
-		if name, _, _ := strings.Cut(series, "{"); name != "breakwater_refusals_total" {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: metrics: %q: %w", b.name, line, err)
-		}
-		total += v
-	}
-	return total, nil
+	return b.sumSeries("breakwater_refusals_total", "")
 }
 
 // idleSample is a database's transactions over an idle interval.

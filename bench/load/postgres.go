@@ -237,8 +237,15 @@ func (d *pgDatabase) transactions() (float64, error) {
 }
 
 // acceptedReads is the instance's count of successful upstream calls,
-// summed over the series of every model (primary and fallback).
+// summed over the series of every model (primary and fallback); 0: no
+// call yet.
 func (b *breakwater) acceptedReads() (float64, error) {
+	return b.sumSeries("breakwater_upstream_calls_total", `outcome="ok"`)
+}
+
+// sumSeries sums the instance's series of the metric name whose labels
+// hold want ("": every series).
+func (b *breakwater) sumSeries(name, want string) (float64, error) {
 	body, err := b.metrics()
 	if err != nil {
 		return 0, err
@@ -246,17 +253,17 @@ func (b *breakwater) acceptedReads() (float64, error) {
 	total := 0.0
 	for line := range strings.Lines(string(body)) {
 		series, value, _ := strings.Cut(strings.TrimSpace(line), " ")
-		name, labels, _ := strings.Cut(series, "{")
-		if name != "breakwater_upstream_calls_total" || !strings.Contains(labels, `outcome="ok"`) {
+		n, labels, _ := strings.Cut(series, "{")
+		if n != name || !strings.Contains(labels, want) {
 			continue
 		}
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("%s: metrics: %q: %w", b.name, line, err)
 		}
 		total += v
 	}
-	return total, nil // 0: no call yet
+	return total, nil
 }
 
 // stageSeries are the histograms that say where an accepted read's time
