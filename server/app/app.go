@@ -462,19 +462,27 @@ const pruneAnswersEvery = time.Hour
 // key) and ocr.dedupe_window (by image), at start and then every
 // pruneAnswersEvery, until ctx ends.
 func (a *App) pruneAnswers(ctx context.Context, c ocr.Config) {
-	t := time.NewTicker(pruneAnswersEvery)
-	defer t.Stop()
-	for {
-		now := a.opts.Now()
+	prune := func(now time.Time) {
 		if n, err := a.db.PruneAnswers(now.Add(-c.IdempotencyTTL), now.Add(-c.DedupeWindow)); err != nil {
 			a.log.Warn("kept answers not pruned", "err", err)
 		} else if n > 0 {
 			a.log.Info("kept answers pruned", "answers", n)
 		}
+	}
+	prune(a.opts.Now())
+	a.tick(ctx, pruneAnswersEvery, prune)
+}
+
+// tick calls f with the clock's time every d, until ctx ends.
+func (a *App) tick(ctx context.Context, d time.Duration, f func(now time.Time)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			f(a.opts.Now())
 		}
 	}
 }

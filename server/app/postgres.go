@@ -103,16 +103,8 @@ func (a *App) refreshShared(ctx context.Context, db *postgres.DB) {
 	brake, _ := a.layers.Brake.(interface {
 		Refresh(ctx context.Context, now time.Time) error
 	})
-	t := time.NewTicker(refreshEvery)
-	defer t.Stop()
 	lastResync := a.opts.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		now := a.opts.Now()
+	a.tick(ctx, refreshEvery, func(now time.Time) {
 		if brake != nil {
 			if err := brake.Refresh(ctx, now); err != nil && ctx.Err() == nil {
 				a.log.Debug("budget totals not refreshed", "err", err)
@@ -122,7 +114,7 @@ func (a *App) refreshShared(ctx context.Context, db *postgres.DB) {
 			lastResync = now
 			a.applyChange(db, postgres.KindResync, "")
 		}
-	}
+	})
 }
 
 // applyChange brings this instance's memory up to one change.
@@ -253,22 +245,14 @@ const pruneLimitsEvery = time.Minute
 // windows and fail limits' rows that no longer count under the config in
 // force (each instance does; a delete done twice deletes nothing more).
 func (a *App) pruneLimits(ctx context.Context, guarded []api.Route) {
-	t := time.NewTicker(pruneLimitsEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		now := a.opts.Now()
+	a.tick(ctx, pruneLimitsEvery, func(now time.Time) {
 		pctx, cancel := context.WithTimeout(ctx, figuresTimeout)
 		err := a.pruneLimitsOnce(pctx, guarded, now)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			a.log.Debug("shared limits not pruned", "err", err)
 		}
-	}
+	})
 }
 
 func (a *App) pruneLimitsOnce(ctx context.Context, guarded []api.Route, now time.Time) error {

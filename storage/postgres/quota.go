@@ -236,11 +236,10 @@ func (q *Quotas) Used(user string, now time.Time) int64 {
 	}
 	ctx, cancel := m.ctx()
 	defer cancel()
-	err := m.db.pool.QueryRow(ctx, "SELECT coalesce(max(used), 0) FROM quota_counts WHERE user_id = $1 AND month = $2", user, month).Scan(&used)
+	used, err := m.recordedUsed(ctx, user, month)
 	if err != nil {
 		return 0
 	}
-	m.cache.setUsed(user, month, used)
 	return used
 }
 
@@ -259,13 +258,22 @@ func (r RecordedQuotas) Used(user string, now time.Time) int64 {
 	month := m.cal.Month(now)
 	ctx, cancel := m.ctx()
 	defer cancel()
-	var used int64
-	err := m.db.pool.QueryRow(ctx, "SELECT coalesce(max(used), 0) FROM quota_counts WHERE user_id = $1 AND month = $2", user, month).Scan(&used)
+	used, err := m.recordedUsed(ctx, user, month)
 	if err != nil {
 		return m.Quotas().Used(user, now)
 	}
-	m.cache.setUsed(user, month, used)
 	return used
+}
+
+// recordedUsed reads user's recorded reads in month from the database,
+// and notes them in the cache.
+func (m *Money) recordedUsed(ctx context.Context, user, month string) (int64, error) {
+	var used int64
+	if err := m.db.pool.QueryRow(ctx, "SELECT coalesce(max(used), 0) FROM quota_counts WHERE user_id = $1 AND month = $2", user, month).Scan(&used); err != nil {
+		return 0, err
+	}
+	m.cache.setUsed(user, month, used)
+	return used, nil
 }
 
 // QuotaUsed returns each user's recorded reads in month ("2006-01"); users
