@@ -154,3 +154,38 @@ func (a *Attempt) finishShared(outcome FailOutcome, now time.Time) (tripped bool
 	a.started = started
 	return tripped
 }
+
+// Joined is a Limiter's decision that a caller carries in a write of its
+// own, with other layers' (a database that decides the rate window, the
+// daily line and the quota in one round trip): the store that decides
+// and the thresholds it decides under.
+type Joined struct {
+	Store  SharedWindows
+	Config Config // defaults applied
+	// Enforce says that a refusal ends the request; false in shadow
+	// mode, which the caller applies (Limiter.Joined leaves it false).
+	Enforce bool
+}
+
+// Joined returns the store and thresholds that decide l's keys, for a
+// caller that has the store decide a key in its own write; the caller
+// then tells l of an admission with Admitted. ok is false when l has no
+// store or no limit: Allow decides, or admits everything.
+func (l *Limiter) Joined() (j Joined, ok bool) {
+	s := l.settings.Load()
+	sh := l.shared.Load()
+	if s.capacity == 0 || sh == nil {
+		return Joined{}, false
+	}
+	return Joined{Store: sh.store, Config: s.cfg}, true
+}
+
+// Admitted records in memory a request for key at now that the store
+// admitted in a caller's write (Joined), as Allow records the store's
+// admissions: this process's view, for the decisions it makes alone when
+// the store cannot.
+func (l *Limiter) Admitted(key string, now time.Time) {
+	if s := l.settings.Load(); s.capacity > 0 {
+		_ = l.allowLocal(s, key, now)
+	}
+}

@@ -140,6 +140,11 @@ func (s *Server) handleOCR(c echo.Context) error {
 	r := &req
 	in, err := s.receive(r)
 	if err != nil {
+		// Counted against the rate all the same (if Admit left that to
+		// Reserve): a flood of bad uploads is limited as any other.
+		if refused := t.Count(s.now()); refused != nil {
+			return s.refusalOf(r.guard, s.now(), refused)
+		}
 		return err
 	}
 	defer in.mem.close()
@@ -209,6 +214,9 @@ func (s *Server) readOnce(r *ocrRequest, t *guard.Ticket, in received) error {
 	}
 	for now := in.end; ; now = s.now() { // after a wait, the time again
 		if a, ok := s.recentRead(r.who.UserID, in.fp, now); ok {
+			if refused := t.Count(now); refused != nil {
+				return s.refusalOf(r.guard, now, refused)
+			}
 			return s.answerCached(r, a, now)
 		}
 		done, wait := s.reading.lead(r.who.UserID, in.fp)

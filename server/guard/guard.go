@@ -203,6 +203,12 @@ type Request struct {
 // without taking anything, so that a user with nothing left today or this
 // month, or a service whose brake is engaged, costs no upload. The ticket
 // it returns carries the request through the rest of the pipeline.
+//
+// On a backend that decides layer 1's shared window in the write of the
+// attempt and the quota slot (joinedRate), Admit leaves the count to
+// Reserve, so that an accepted request makes one round trip before its
+// call, not two; a key whose refusal is remembered is still refused here.
+// A request that then ends without Reserve is counted by Ticket.Count.
 func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
 	if r := g.paused(now); r != nil {
 		return nil, r
@@ -210,10 +216,50 @@ func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
 	if r := g.remembered(req, false, now); r != nil {
 		return nil, r
 	}
+	if _, _, ok := g.joinedRate(); ok {
+		if r := g.remembered(req, true, now); r != nil {
+			return nil, r
+		}
+		t, r := g.look(req, now)
+		if t != nil {
+			t.rateDue = true
+		}
+		return t, r
+	}
 	if r := g.Count(req, now); r != nil {
 		return nil, r
 	}
 	return g.look(req, now)
+}
+
+// JoinableRate is a rate limiter (layer 1) whose shared window a backend
+// may decide in its own write (limiter.Limiter with a store): Joined is
+// the store and thresholds, Admitted records in memory what the store
+// admitted.
+type JoinableRate interface {
+	Joined() (limiter.Joined, bool)
+	Admitted(key string, now time.Time)
+}
+
+// joinedRate returns the quotas and layer 1's window when the quotas'
+// backend decides the window, the attempt and the slot in one write: the
+// quotas share the attempt counter's commit and join the rate limiter's
+// store.
+func (g *Guard) joinedRate() (AttemptsAndQuotas, limiter.Joined, bool) {
+	l := g.layers
+	aq, ok := l.Quotas.(AttemptsAndQuotas)
+	if !ok || l.Attempts == nil || !aq.SharesCommit(l.Attempts) {
+		return nil, limiter.Joined{}, false
+	}
+	jr, ok := l.Rate.(JoinableRate)
+	if !ok {
+		return nil, limiter.Joined{}, false
+	}
+	j, ok := jr.Joined()
+	if !ok || !aq.JoinsWindows(j.Store) {
+		return nil, limiter.Joined{}, false
+	}
+	return aq, j, true
 }
 
 // Count is layer 1 alone: it counts the request against the rate and
@@ -294,16 +340,23 @@ func (g *Guard) open(layer string, req Request, reported *shadows, check func() 
 		return nil
 	case !g.shadowed(layer, req):
 		return g.refuse(r)
-	case reported != nil && reported.has(layer):
-		return nil
 	}
+	g.reportShadowed(req, reported, layer, r)
+	return nil
+}
+
+// reportShadowed reports r, a refusal of layer in shadow mode that let
+// req through, once per request (see open).
+func (g *Guard) reportShadowed(req Request, reported *shadows, layer string, r *Refusal) {
 	if reported != nil {
+		if reported.has(layer) {
+			return
+		}
 		reported.add(layer)
 	}
 	if g.hooks.Shadowed != nil {
 		g.hooks.Shadowed(req, r)
 	}
-	return nil
 }
 
 // shadows are the layers whose shadowed refusal of one request has been

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/limiter"
 )
 
 // Ticket carries one admitted request through the pipeline:
@@ -29,6 +30,9 @@ type Ticket struct {
 	claimed [2]budget.Reservation // the call's, then its retry's: claimed[:n]
 	n       int
 	reserve bool // Reserve took a slot and a claim
+	// rateDue: Admit left layer 1's count to Reserve (Guard.joinedRate),
+	// or to Count for a request that ends without Reserve.
+	rateDue bool
 	done    bool // Record, Fail or Cancel settled everything
 	// shadowed are the layers whose shadowed refusal was reported.
 	shadowed shadows
@@ -53,9 +57,28 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	return t.g.remember(t.req, t.take(worst, now), gen, now)
 }
 
+// Count is layer 1 for a request whose count Admit left to Reserve but
+// that ends without it (an upload refused, an answer kept from the same
+// image): every request counts against the rate, as it would with Admit
+// counting it. It counts at most once; nil if counted already.
+func (t *Ticket) Count(now time.Time) *Refusal {
+	if t == nil || !t.rateDue {
+		return nil
+	}
+	t.rateDue = false
+	return t.g.Count(t.req, now)
+}
+
 // take is Reserve before its exact refusal is remembered.
 func (t *Ticket) take(worst int64, now time.Time) *Refusal {
 	g, l, req := t.g, t.g.layers, t.req
+	if _, _, ok := g.joinedRate(); !ok {
+		// Left to Reserve by Admit, but the store went away since: layer
+		// 1 alone, first.
+		if r := t.Count(now); r != nil {
+			return r
+		}
+	}
 	both, r := t.takeAndReserve(now)
 	if r != nil {
 		return r
@@ -96,41 +119,97 @@ func (t *Ticket) take(worst int64, now time.Time) *Refusal {
 // that writes the daily attempt line (layer 2) and the quota slots through
 // one group commit (storage/postgres) takes the attempt and reserves the
 // slot in one write, so that a read waits for one commit before its call,
-// not two. SharesCommit reports whether attempts is its own counter;
-// TakeAndReserve then answers for both: take as AttemptCounter.Take, slot
-// and reserve as Quotas.Reserve, the slot held whatever take says.
+// not two, and decides layer 1's shared window in that write too when
+// the rate limiter's store is its own (JoinsWindows). SharesCommit reports
+// whether attempts is its own counter. TakeAndReserve decides the window
+// (none when window.Store is nil), then takes the attempt under line,
+// then a slot of limit: refused is the window's refusal, which, when
+// window.Enforce, takes nothing else; take is the attempt's answer as
+// AttemptCounter.Take, and an attempt refused when enforceLine takes no
+// slot; slot and reserve are the slot's, as Quotas.Reserve.
 type AttemptsAndQuotas interface {
 	SharesCommit(attempts any) bool
-	TakeAndReserve(user string, line, limit int64, now time.Time) (slot budget.Slot, take, reserve error)
+	JoinsWindows(store limiter.SharedWindows) bool
+	TakeAndReserve(user string, window limiter.Joined, line int64, enforceLine bool, limit int64,
+		now time.Time) (slot budget.Slot, refused *limiter.Refusal, take, reserve error)
 }
 
-// takeAndReserve is layers 2 and 2b of Reserve in one write when the
-// quotas are AttemptsAndQuotas sharing the attempt counter's commit (both
-// reports that it ran); the refusals are as when they run one after the
-// other: the attempt's open (shadowed, or failing open), the quota's
-// closed, and a slot held for an attempt refused is given back.
+// takeAndReserve is layers 2 and 2b of Reserve in one write, with layer 1
+// when Admit left it here, when the quotas are AttemptsAndQuotas sharing
+// the attempt counter's commit (both reports that it ran). The refusals
+// are as when the layers run one after the other: the window's and the
+// attempt's open (shadowed, or failing open), the quota's closed; a slot
+// held for an attempt refused is given back.
 func (t *Ticket) takeAndReserve(now time.Time) (both bool, r *Refusal) {
 	g, l, req := t.g, t.g.layers, t.req
-	aq, ok := l.Quotas.(AttemptsAndQuotas)
-	if !ok || l.Attempts == nil || !aq.SharesCommit(l.Attempts) {
-		return false, nil
+	aq, window, joined := g.joinedRate()
+	if aq == nil {
+		aq, _ = l.Quotas.(AttemptsAndQuotas)
+		if aq == nil || l.Attempts == nil || !aq.SharesCommit(l.Attempts) {
+			return false, nil
+		}
 	}
-	var slot budget.Slot
+	rate := t.rateDue && joined
+	if rate {
+		window.Enforce = !g.shadowed(LayerRate, req)
+	} else {
+		window = limiter.Joined{}
+	}
+	enforceLine := !g.shadowed(LayerAttempts, req)
+	var (
+		slot    budget.Slot
+		refused *limiter.Refusal
+		take    error
+	)
 	reserve := errors.New("guard: the quota slot was not reserved") // kept if TakeAndReserve panics
-	if r := g.open(LayerAttempts, req, &t.shadowed, func() (take error) {
-		slot, take, reserve = aq.TakeAndReserve(req.Key, req.DailyLine, req.MonthlyQuota, now)
-		return take
-	}); r != nil {
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				take = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		slot, refused, take, reserve = aq.TakeAndReserve(req.Key, window, req.DailyLine, enforceLine, req.MonthlyQuota, now)
+	}()
+	if failed := take != nil && refusalOf(take) == nil; rate && !failed {
+		if r := t.joinedRate(window, refused, now); r != nil {
+			return true, r
+		}
+	}
+	switch r := g.try(LayerAttempts, func() error { return take }); {
+	case r == nil: // taken, or the machinery failed (reported)
+	case enforceLine:
 		if reserve == nil {
 			l.Quotas.Release(slot)
 		}
-		return true, r
+		return true, g.refuse(r)
+	default:
+		g.reportShadowed(req, &t.shadowed, LayerAttempts, r)
 	}
 	if r := g.closed(reserve); r != nil {
 		return true, r
 	}
 	t.slot = slot
 	return true, nil
+}
+
+// joinedRate answers layer 1 as TakeAndReserve decided it: refused, when
+// window.Enforce (nothing was taken), or reported as shadowed; an
+// admission is recorded in the rate limiter's memory.
+func (t *Ticket) joinedRate(window limiter.Joined, refused *limiter.Refusal, now time.Time) *Refusal {
+	g := t.g
+	t.rateDue = false
+	if refused == nil {
+		if jr, ok := g.layers.Rate.(JoinableRate); ok {
+			jr.Admitted(t.req.Key, now)
+		}
+		return nil
+	}
+	r := refusalOf(refused)
+	if window.Enforce {
+		return g.refuse(r)
+	}
+	g.reportShadowed(t.req, nil, LayerRate, r)
+	return nil
 }
 
 // Commit covers the claims with durable budget (the brake's lease, which

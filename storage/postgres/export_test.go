@@ -30,7 +30,7 @@ func (a *Attempts) TakeTogether(user string, line int64, n int, now time.Time) (
 	counts = make([]int64, n)
 	day := a.m.cal.Day(now)
 	for i := range n {
-		op.steps = append(op.steps, step{rank: rankAttempt, key: user + "\x00" + day,
+		op.steps = append(op.steps, step{rank: rankUser, key: userKey(user, userAttempt, day),
 			row: &rowStep{kind: rowAttempt, user: user, period: day, bound: line, taken: &oks[i], value: &counts[i]}})
 	}
 	if err := a.m.do(context.Background(), op); err != nil {
@@ -79,4 +79,33 @@ func (w *Windows) DecideTogether(keys []string, cfg limiter.Config, now time.Tim
 		refusals[i], errs[i] = c.refusal, c.err
 	}
 	return refusals, errs
+}
+
+// AdmitResult is one admission's answer, as TakeAndReserve gives it.
+type AdmitResult struct {
+	Refused       *limiter.Refusal
+	Take, Reserve error
+}
+
+// AdmitTogether admits n requests of user (1ns apart from now) in one
+// group transaction, as n callers arriving together would: for the tests
+// of merged admissions.
+func (q *Quotas) AdmitTogether(user string, window limiter.Joined, n int, line, limit int64, now time.Time) ([]AdmitResult, error) {
+	m := q.m
+	op := &groupOp{}
+	steps := make([]*admitStep, n)
+	for i := range n {
+		at := now.Add(time.Duration(i))
+		steps[i] = &admitStep{user: user, now: at, limits: admitLimits{window: window.Store.(*Windows).name, cfg: window.Config,
+			stopRate: window.Enforce, day: m.cal.Day(at), line: line, stopLine: true, month: m.cal.Month(at), limit: limit, owner: m.owner}}
+		op.steps = append(op.steps, step{rank: rankUser, key: userKey(user, userAdmit, ""), admit: steps[i]})
+	}
+	if err := m.do(context.Background(), op); err != nil {
+		return nil, err
+	}
+	out := make([]AdmitResult, n)
+	for i, s := range steps {
+		_, out[i].Refused, out[i].Take, out[i].Reserve = s.answer(m)
+	}
+	return out, nil
 }

@@ -212,15 +212,19 @@ func (m *Money) beat() {
 }
 
 // A step is one statement of a group write, queued in lock order: by rank
-// (the table: inserts, then attempt rows, then quota counts, then quota
-// holds, then ledger days, then ledger months, then this instance's rests),
-// then by key (the row). Every writer of these tables locks in this order,
-// so that two transactions never wait on each other in a circle: not two
-// instances', nor two groups of one instance (its writers run two at
-// once). The rows every instance writes (a user's counts, the ledger's day
-// and month) come last, so that a group holds them only from its update
-// to its commit, not while its inserts run: the other instances' groups
-// wait on them for no longer than that.
+// (the inserts, then the users' rows, then the ledger's days, its months,
+// and this instance's rests), then by key (the row). A user's rows are one
+// rank, keyed user first (userKey): all of one user's rows are locked
+// before the next user's, in the order of the kinds (their admission, the
+// attempts, the quota count, the holds). Every writer of these tables
+// locks in this order, so that two transactions never wait on each other
+// in a circle: not two instances', nor two groups of one instance (its
+// writers run two at once), nor an admission that locks all of a user's
+// rows in one statement (bw_admit) and the steps that lock them one by
+// one. The rows every instance writes (a user's counts, the ledger's day
+// and month) come after the inserts, so that a group holds them only from
+// its update to its commit, not while its inserts run: the other
+// instances' groups wait on them for no longer than that.
 type step struct {
 	rank  int
 	key   string
@@ -231,18 +235,33 @@ type step struct {
 	// row, if set, replaces queue: the steps of one counter row are
 	// merged into one statement (mergeRows).
 	row *rowStep
+	// admit, if set, replaces queue: the admissions of one user under the
+	// same limits are decided by one call (admit.go).
+	admit *admitStep
 }
 
 // Ranks of the steps, in lock order.
 const (
 	rankInsert = iota
-	rankAttempt
-	rankQuota
-	rankHold
+	rankUser   // a user's rows: keyed by userKey
 	rankDay
 	rankMonth
 	rankRest
 )
+
+// The kinds of a user's rows, in the order they are locked.
+const (
+	userAdmit   = '0' // all of them, in this order (bw_admit)
+	userAttempt = '1' // the day's attempts
+	userQuota   = '2' // the month's recorded reads
+	userHolds   = '3' // the month's holds of this instance
+)
+
+// userKey is the key of a step of user's row of kind for period (a day or
+// a month).
+func userKey(user string, kind byte, period string) string {
+	return user + "\x00" + string(kind) + period
+}
 
 // groupOp is one caller's write: its statements, and reset, which clears
 // what their callbacks recorded before a run (a group may run more than
@@ -314,7 +333,7 @@ const (
 // laneOf is the lane of a write of steps.
 func laneOf(steps []step) int {
 	for _, s := range steps {
-		if s.rank == rankDay || s.rank == rankMonth || s.rank == rankRest || s.rank == rankInsert {
+		if s.rank != rankUser {
 			return laneLedger
 		}
 	}
@@ -405,7 +424,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 		}
 		return steps[i].key < steps[j].key
 	})
-	steps = mergeRows(sumSteps(steps))
+	steps = mergeAdmits(mergeRows(sumSteps(steps)))
 	var err error
 	for range retries {
 		for _, op := range ops {

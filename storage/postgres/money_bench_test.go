@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"breakwater/budget"
+	"breakwater/limiter"
 	"breakwater/storage/postgres/pgtest"
 )
 
@@ -77,7 +78,7 @@ func benchCycles(b *testing.B, conc int) {
 func readCycle(in *instance, g *budget.Global, user string) error {
 	ctx := context.Background()
 	q := in.m.Quotas()
-	slot, take, err := q.TakeAndReserve(user, 0, 1<<40, testNow)
+	slot, _, take, err := q.TakeAndReserve(user, limiter.Joined{}, 0, true, 1<<40, testNow)
 	if take != nil {
 		return take
 	}

@@ -115,10 +115,9 @@ func (q *Quotas) reserveOp(user string, limit int64, now time.Time) (*groupOp, f
 		used int64
 		held bool
 	)
-	key := user + "\x00" + month
 	op := &groupOp{reset: func() { used, held = 0, false }, steps: []step{
-		{rank: rankQuota, key: key, row: &rowStep{kind: rowQuota, user: user, period: month, value: &used}},
-		{rank: rankHold, key: key + holdTake, row: &rowStep{kind: rowHoldTake, user: user, period: month, owner: m.owner,
+		{rank: rankUser, key: userKey(user, userQuota, month), row: &rowStep{kind: rowQuota, user: user, period: month, value: &used}},
+		{rank: rankUser, key: userKey(user, userHolds, month) + holdTake, row: &rowStep{kind: rowHoldTake, user: user, period: month, owner: m.owner,
 			alive: now.Add(-HoldTTL), bound: limit, taken: &held}},
 	}}
 	return op, func() (budget.Slot, error) {
@@ -132,38 +131,10 @@ func (q *Quotas) reserveOp(user string, limit int64, now time.Time) (*groupOp, f
 }
 
 // SharesCommit reports whether attempts is this instance's daily line
-// (Money.Attempts): TakeAndReserve then serves for both.
+// (Money.Attempts): TakeAndReserve (admit.go) then serves for both.
 func (q *Quotas) SharesCommit(attempts any) bool {
 	a, ok := attempts.(*Attempts)
 	return ok && a.m == q.m
-}
-
-// TakeAndReserve is Attempts.Take and Reserve in one group write, so that
-// a read waits for one commit before its call, not two: take is Take's
-// answer, and slot and reserve Reserve's. The slot is held whatever take
-// says (a caller that enforces a refused attempt Releases it), as when
-// the two are called one after the other. On a database error both are
-// that error.
-func (q *Quotas) TakeAndReserve(user string, line, limit int64, now time.Time) (slot budget.Slot, take, reserve error) {
-	m := q.m
-	a := m.Attempts()
-	if limit <= 0 {
-		return budget.Slot{}, a.Take(user, line, now), quotaError(limit, now, m.loc)
-	}
-	takeOp, took := a.takeOp(user, line, now)
-	reserveOp, reserved := q.reserveOp(user, limit, now)
-	op := &groupOp{
-		steps: append(takeOp.steps, reserveOp.steps...),
-		reset: func() { takeOp.reset(); reserveOp.reset() },
-	}
-	ctx, cancel := m.ctx()
-	defer cancel()
-	if err := m.do(ctx, op); err != nil {
-		return budget.Slot{}, err, fmt.Errorf("postgres: reserve a quota slot: %w", err)
-	}
-	take = took()
-	slot, reserve = reserved()
-	return slot, take, reserve
 }
 
 // Hold steps of one user and month touch one row (this instance's), in
@@ -335,7 +306,7 @@ func (m *Money) retryReleases() {
 	}
 	op := &groupOp{}
 	for k, n := range owed {
-		op.steps = append(op.steps, step{rank: rankHold, key: k[0] + "\x00" + k[1] + holdEnd,
+		op.steps = append(op.steps, step{rank: rankUser, key: userKey(k[0], userHolds, k[1]) + holdEnd,
 			row: &rowStep{kind: rowHoldEnd, user: k[0], period: k[1], owner: m.owner, n: n}})
 	}
 	ctx, cancel := m.ctx()

@@ -39,10 +39,9 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 		return err
 	}
 	var used int64
-	key := rec.UserID + "\x00" + month
 	op := &groupOp{reset: func() { used = 0 }, steps: append(settle,
-		step{rank: rankQuota, key: key, row: &rowStep{kind: rowQuota, user: rec.UserID, period: month, n: 1, value: &used}},
-		step{rank: rankHold, key: key + holdEnd, row: &rowStep{kind: rowHoldEnd, user: rec.UserID, period: month, owner: m.owner, n: 1}},
+		step{rank: rankUser, key: userKey(rec.UserID, userQuota, month), row: &rowStep{kind: rowQuota, user: rec.UserID, period: month, n: 1, value: &used}},
+		step{rank: rankUser, key: userKey(rec.UserID, userHolds, month) + holdEnd, row: &rowStep{kind: rowHoldEnd, user: rec.UserID, period: month, owner: m.owner, n: 1}},
 		step{rank: rankInsert, queue: func(b *pgx.Batch) {
 			at := rec.Time.In(m.loc)
 			b.Queue(`INSERT INTO usage_rows (at, day, month, user_id, key_id, request_id, calls, micro_usd,

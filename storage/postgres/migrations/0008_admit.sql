@@ -1,0 +1,88 @@
+-- The admission of OCR requests in one call: the rate window and burst
+-- (layer 1), the daily attempt line (layer 2) and the quota slot (layer
+-- 2b) of one user's requests, decided in one statement of the counters
+-- lane's group transaction, so that an accepted request makes one round
+-- trip before its call, not one for its window and another for its
+-- attempt and slot.
+--
+-- bw_admit decides p_nows' requests of p_user, in their order. For each:
+-- the window named p_name (NULL: no rate limit) under p_rate in p_window
+-- ns and p_burst a second (bw_window_take: recorded only if admitted);
+-- then, unless the window refused it and p_stop_rate (the limit
+-- enforces: in shadow mode a refused request goes on), one attempt of
+-- p_day under p_line (0: no line; taken only while under it); then,
+-- unless the line refused it and p_stop_line, one hold of p_owner on
+-- p_month's quota, while the recorded reads plus every live instance's
+-- holds (p_owner's own, and those seen after p_alive) stay under p_limit.
+-- It returns, per request, the window's wait and reason (0 and '' when
+-- admitted), whether its attempt was taken and whether its hold was, and
+-- the day's attempts and the month's recorded reads after them all.
+--
+-- Rows are locked in the order every writer of them keeps: the user's
+-- window head, attempts, quota count, then this instance's holds row (the
+-- quota count's lock comes before any write of the user's holds, and the
+-- holds' sum is read after it, in a statement of its own, so it sees
+-- every other instance's committed holds).
+CREATE FUNCTION bw_admit(p_name text, p_user text, p_nows bigint[], p_rate integer, p_window bigint, p_burst integer,
+    p_stop_rate boolean, p_day text, p_line bigint, p_stop_line boolean, p_month text, p_owner text,
+    p_alive timestamptz, p_limit bigint,
+    OUT waits bigint[], OUT reasons text[], OUT taken boolean[], OUT held boolean[], OUT attempts bigint, OUT used bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    reqs  integer := cardinality(p_nows);
+    w     bigint;
+    r     text;
+    room  bigint;
+    added bigint := 0;
+BEGIN
+    waits := '{}';
+    reasons := '{}';
+    taken := '{}';
+    held := '{}';
+    FOR i IN 1 .. reqs LOOP
+        w := 0;
+        r := '';
+        IF p_name IS NOT NULL THEN
+            SELECT x.wait, x.reason INTO w, r FROM bw_window_take(p_name, p_user, p_nows[i], p_rate, p_window, p_burst) x;
+        END IF;
+        waits := waits || w;
+        reasons := reasons || r;
+    END LOOP;
+
+    INSERT INTO attempt_counts (user_id, day) VALUES (p_user, p_day) ON CONFLICT DO NOTHING;
+    SELECT count INTO attempts FROM attempt_counts WHERE user_id = p_user AND day = p_day FOR UPDATE;
+    FOR i IN 1 .. reqs LOOP
+        IF waits[i] > 0 AND p_stop_rate THEN
+            taken := taken || false;
+        ELSIF p_line <= 0 OR attempts + added < p_line THEN
+            taken := taken || true;
+            added := added + 1;
+        ELSE
+            taken := taken || false;
+        END IF;
+    END LOOP;
+    IF added > 0 THEN
+        attempts := attempts + added;
+        UPDATE attempt_counts SET count = attempts WHERE user_id = p_user AND day = p_day;
+    END IF;
+
+    INSERT INTO quota_counts AS q (user_id, month) VALUES (p_user, p_month)
+        ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING q.used INTO used;
+    SELECT p_limit - used - (SELECT coalesce(sum(x.n), 0) FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
+            WHERE x.user_id = p_user AND x.month = p_month AND (x.owner = p_owner OR o.seen_at > p_alive))
+      INTO room;
+    added := 0;
+    FOR i IN 1 .. reqs LOOP
+        IF (waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line) OR room <= added THEN
+            held := held || false;
+        ELSE
+            held := held || true;
+            added := added + 1;
+        END IF;
+    END LOOP;
+    IF added > 0 THEN
+        INSERT INTO quota_holds AS h (user_id, month, owner, n) VALUES (p_user, p_month, p_owner, added)
+            ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + added;
+    END IF;
+END
+$$;
