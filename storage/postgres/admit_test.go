@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/budget"
 	"breakwater/limiter"
 	"breakwater/server/guard"
 	"breakwater/storage/postgres"
@@ -199,3 +200,32 @@ func TestAdmissionsTogetherDecideInOrder(t *testing.T) {
 }
 
 var _ limiter.SharedWindows = (*postgres.Windows)(nil)
+
+// Under the brake, a request is refused before anything reaches the
+// database: the rate window is decided with the attempt and the slot,
+// after the budget's look, so a flood under the brake makes no round
+// trip at all.
+func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
+	in := openInstance(t, pgtest.NewDatabase(t))
+	limits := in.db.Limits()
+	rate, err := limiter.New(limiter.Config{Rate: 1000, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate.Share(limits.Windows("user"), nil)
+	brake := newBrake(t, in, budget.Config{DailyRequests: 1000})
+	brake.SetManual(true)
+	g, err := guard.New(guard.Layers{Rate: rate, Attempts: in.m.Attempts(), Quotas: in.m.Quotas(), Brake: brake, Usage: in.m}, guard.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txs, trips := in.m.Transactions(), limits.WindowTrips()
+	for i := range 100 {
+		if r := admit(g, guard.Request{Key: "gus", DailyLine: 100, MonthlyQuota: 100}, testNow); r == nil || r.Layer != guard.LayerBudget {
+			t.Fatalf("request %d under the brake: %+v, want the budget's refusal", i, r)
+		}
+	}
+	if n, w := in.m.Transactions()-txs, limits.WindowTrips()-trips; n != 0 || w != 0 {
+		t.Fatalf("100 refusals under the brake made %d transactions and %d window round trips, want none", n, w)
+	}
+}

@@ -16,7 +16,8 @@ import (
 
 // BenchmarkMoneyReadCycle drives the money path of accepted reads over two
 // instances on one database, with the ceilings on: per read, the daily
-// line's attempt and the quota's slot in one write (TakeAndReserve), the
+// user's rate window, the line's attempt and the quota's slot in one
+// write (TakeAndReserve), the
 // brake's Claim and Commit, and the usage record with its settlement, as
 // the guard runs them. It reports
 // accepted reads per second and PostgreSQL transactions per read (from
@@ -37,6 +38,9 @@ func benchCycles(b *testing.B, conc int) {
 	in := [2]*instance{openInstance(b, url), openInstance(b, url)}
 	cfg := budget.Config{DailyRequests: 10_000_000, DailyUSD: 100_000, MonthlyUSD: 1_000_000}
 	brakes := [2]*budget.Global{newBrake(b, in[0], cfg), newBrake(b, in[1], cfg)}
+	rate := limiter.Config{Rate: 1_000_000, Window: time.Minute}.WithDefaults()
+	windows := [2]limiter.Joined{{Store: in[0].db.Limits().Windows("user"), Config: rate, Enforce: true},
+		{Store: in[1].db.Limits().Windows("user"), Config: rate, Enforce: true}}
 	before := xactCommits(b, url, false)
 	var next, failed atomic.Int64
 	b.ResetTimer()
@@ -46,7 +50,7 @@ func benchCycles(b *testing.B, conc int) {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for next.Add(1) <= int64(b.N) {
-				if err := readCycle(in[w%2], brakes[w%2], fmt.Sprintf("user%d", w)); err != nil {
+				if err := readCycle(in[w%2], brakes[w%2], windows[w%2], fmt.Sprintf("user%d", w)); err != nil {
 					failed.Add(1)
 				}
 			}
@@ -75,10 +79,13 @@ func benchCycles(b *testing.B, conc int) {
 }
 
 // readCycle is one accepted read's money path.
-func readCycle(in *instance, g *budget.Global, user string) error {
+func readCycle(in *instance, g *budget.Global, window limiter.Joined, user string) error {
 	ctx := context.Background()
 	q := in.m.Quotas()
-	slot, _, take, err := q.TakeAndReserve(user, limiter.Joined{}, 0, true, 1<<40, testNow)
+	slot, refused, take, err := q.TakeAndReserve(user, window, 0, true, 1<<40, testNow)
+	if refused != nil {
+		return refused
+	}
 	if take != nil {
 		return take
 	}

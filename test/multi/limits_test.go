@@ -85,6 +85,27 @@ func TestUserRateExactAcrossInstances(t *testing.T) {
 		// as in one instance's memory: Retry-After may round up to 2.
 		checkRefusals(t, p.burst(ctx, 12), 3, 2)
 	})
+	// The window is decided with the attempt and the quota slot, after
+	// the upload: a request that ends before (an upload that is no
+	// image) or without a call (the same image again) counts all the
+	// same.
+	t.Run("bad uploads and the same image", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")
+		client := &http.Client{Timeout: 30 * time.Second}
+		for k, want := range []int{http.StatusOK, 0, 0, http.StatusOK, 0, http.StatusTooManyRequests, http.StatusTooManyRequests} {
+			body := harness.NthPNG(1)
+			if k == 1 || k == 2 || k == 4 {
+				body = []byte("this is no image at all")
+			}
+			a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, body, nil)
+			bad := a.Status >= 400 && a.Status < 500 && a.Status != http.StatusTooManyRequests
+			if (want == 0 && !bad) || (want != 0 && a.Status != want) {
+				t.Fatalf("request %d: %d %s, want %d (0: refused as no image)", k, a.Status, a.Code, want)
+			}
+		}
+	})
 }
 
 // verifyInvite posts an invite check to instance i from client address ip
