@@ -33,12 +33,12 @@ DECLARE
     w     bigint;
     r     text;
     room  bigint;
+    want  bigint := 0; -- requests that ask for an attempt, then for a slot
     added bigint := 0;
 BEGIN
+    -- Layer 1, request by request.
     waits := '{}';
     reasons := '{}';
-    taken := '{}';
-    held := '{}';
     FOR i IN 1 .. reqs LOOP
         w := 0;
         r := '';
@@ -47,42 +47,80 @@ BEGIN
         END IF;
         waits := waits || w;
         reasons := reasons || r;
+        IF NOT (w > 0 AND p_stop_rate) THEN
+            want := want + 1;
+        END IF;
     END LOOP;
 
-    INSERT INTO attempt_counts (user_id, day) VALUES (p_user, p_day) ON CONFLICT DO NOTHING;
-    SELECT count INTO attempts FROM attempt_counts WHERE user_id = p_user AND day = p_day FOR UPDATE;
+    -- Layer 2: the attempts the window let through, in order, while
+    -- under the line. One of them (the common case) is one conditional
+    -- upsert, which locks the row whether it counts or not.
+    IF want = 1 THEN
+        INSERT INTO attempt_counts AS a (user_id, day, count) VALUES (p_user, p_day, 1)
+            ON CONFLICT (user_id, day) DO UPDATE SET count = a.count + 1 WHERE p_line <= 0 OR a.count < p_line
+            RETURNING a.count INTO attempts;
+        IF FOUND THEN
+            added := 1;
+        ELSE
+            attempts := p_line;
+        END IF;
+    ELSE
+        INSERT INTO attempt_counts (user_id, day) VALUES (p_user, p_day) ON CONFLICT DO NOTHING;
+        SELECT a.count INTO attempts FROM attempt_counts a WHERE a.user_id = p_user AND a.day = p_day FOR UPDATE;
+        added := CASE WHEN p_line <= 0 THEN want ELSE least(want, greatest(p_line - attempts, 0)) END;
+        IF added > 0 THEN
+            attempts := attempts + added;
+            UPDATE attempt_counts SET count = attempts WHERE user_id = p_user AND day = p_day;
+        END IF;
+    END IF;
+    taken := '{}';
+    want := 0;
     FOR i IN 1 .. reqs LOOP
         IF waits[i] > 0 AND p_stop_rate THEN
             taken := taken || false;
-        ELSIF p_line <= 0 OR attempts + added < p_line THEN
-            taken := taken || true;
-            added := added + 1;
         ELSE
-            taken := taken || false;
+            taken := taken || (added > 0);
+            IF added > 0 THEN
+                added := added - 1;
+            END IF;
+        END IF;
+        IF NOT ((waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line)) THEN
+            want := want + 1;
         END IF;
     END LOOP;
-    IF added > 0 THEN
-        attempts := attempts + added;
-        UPDATE attempt_counts SET count = attempts WHERE user_id = p_user AND day = p_day;
-    END IF;
 
-    INSERT INTO quota_counts AS q (user_id, month) VALUES (p_user, p_month)
-        ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING q.used INTO used;
-    SELECT p_limit - used - (SELECT coalesce(sum(x.n), 0) FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
-            WHERE x.user_id = p_user AND x.month = p_month AND (x.owner = p_owner OR o.seen_at > p_alive))
-      INTO room;
-    added := 0;
+    -- Layer 2b: lock the user's quota count (no new row version when it
+    -- exists), then, in statements of their own (snapshots taken after
+    -- the lock), take the slots that fit.
+    SELECT q.used INTO used FROM quota_counts q WHERE q.user_id = p_user AND q.month = p_month FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO quota_counts AS q (user_id, month) VALUES (p_user, p_month)
+            ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING q.used INTO used;
+    END IF;
+    IF want = 1 THEN
+        INSERT INTO quota_holds AS h (user_id, month, owner, n)
+            SELECT p_user, p_month, p_owner, 1
+            WHERE used + (SELECT coalesce(sum(x.n), 0) FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
+                          WHERE x.user_id = p_user AND x.month = p_month AND (x.owner = p_owner OR o.seen_at > p_alive)) < p_limit
+            ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + 1;
+        added := CASE WHEN FOUND THEN 1 ELSE 0 END;
+    ELSIF want > 1 THEN
+        SELECT p_limit - used - coalesce(sum(x.n), 0) INTO room FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
+            WHERE x.user_id = p_user AND x.month = p_month AND (x.owner = p_owner OR o.seen_at > p_alive);
+        added := least(want, greatest(room, 0));
+        IF added > 0 THEN
+            INSERT INTO quota_holds AS h (user_id, month, owner, n) VALUES (p_user, p_month, p_owner, added)
+                ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + added;
+        END IF;
+    END IF;
+    held := '{}';
     FOR i IN 1 .. reqs LOOP
-        IF (waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line) OR room <= added THEN
+        IF (waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line) OR added <= 0 THEN
             held := held || false;
         ELSE
             held := held || true;
-            added := added + 1;
+            added := added - 1;
         END IF;
     END LOOP;
-    IF added > 0 THEN
-        INSERT INTO quota_holds AS h (user_id, month, owner, n) VALUES (p_user, p_month, p_owner, added)
-            ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + added;
-    END IF;
 END
 $$;
