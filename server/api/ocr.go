@@ -153,23 +153,43 @@ func (s *Server) handleOCR(c echo.Context) error {
 
 // handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
 // only layer 1 is checked before the stored answer is looked up, since a
-// repeat uses nothing else; a first request goes on as any other.
+// repeat uses nothing else; a first request goes on as any other. Where
+// layer 1 is decided with the attempt and the quota slot (on PostgreSQL),
+// its count waits: a repeat is counted before it is answered, a first
+// request by its Reserve.
 func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 	if !s.pending.acquire(r.who.UserID, r.key) {
 		return errIdempotencyKeyInUse.withRetryAfter(1)
 	}
 	defer s.pending.release(r.who.UserID, r.key)
-	if refused := s.guard.Count(r.guard, r.start); refused != nil {
+	later, refused := s.guard.CountLater(r.guard, r.start)
+	if refused != nil {
 		return s.refusalOf(r.guard, r.start, refused)
+	}
+	count := func(now time.Time) *guard.Refusal { // layer 1, if it waits
+		if !later {
+			return nil
+		}
+		later = false
+		return s.guard.Count(r.guard, now)
 	}
 	in, err := s.receive(r)
 	if err != nil {
+		if refused := count(s.now()); refused != nil {
+			return s.refusalOf(r.guard, s.now(), refused)
+		}
 		return err
 	}
 	defer in.mem.close()
 	now := in.end // the upload may have taken a while
-	if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
+	replay := func(a budget.Answer) error {
+		if refused := count(now); refused != nil {
+			return s.refusalOf(r.guard, now, refused)
+		}
 		return s.replayStored(r, a, in)
+	}
+	if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
+		return replay(a)
 	}
 	release, err := s.claimKey(r) // the other instances
 	if err != nil {
@@ -179,7 +199,7 @@ func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 	if s.d.Claims != nil {
 		// Kept by another instance between the look and the claim?
 		if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
-			return s.replayStored(r, a, in)
+			return replay(a)
 		}
 	}
 	t, refused := s.guard.Look(r.guard, now)
@@ -187,6 +207,9 @@ func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 		return s.refusalOf(r.guard, now, refused)
 	}
 	defer t.Release()
+	if later {
+		t.CountAtReserve()
+	}
 	return s.readOnce(r, t, in)
 }
 

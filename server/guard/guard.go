@@ -278,6 +278,20 @@ func (g *Guard) Count(req Request, now time.Time) *Refusal {
 	return g.remember(req, g.open(LayerRate, req, nil, func() error { return l.Rate.Allow(req.Key, now) }), gen, now)
 }
 
+// CountLater is Count for a request that may be answered from storage
+// without a call (the repeat of an idempotent one) on a guard that may
+// decide layer 1 with the attempt and the slot (joinedRate): there it
+// only answers a remembered refusal and reports later, and the caller
+// counts the request with Count before answering it from storage, or
+// hands the count to its ticket's Reserve (Ticket.CountAtReserve) when
+// it needs a call after all. Elsewhere it is Count.
+func (g *Guard) CountLater(req Request, now time.Time) (later bool, r *Refusal) {
+	if _, _, ok := g.joinedRate(); ok {
+		return true, g.remembered(req, true, now)
+	}
+	return false, g.Count(req, now)
+}
+
 // Look is the rest of Admit after Count: the usage pause, and the looks
 // at layers 2, 2b and 3.
 func (g *Guard) Look(req Request, now time.Time) (*Ticket, *Refusal) {

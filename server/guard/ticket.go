@@ -57,6 +57,11 @@ func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	return t.g.remember(t.req, t.take(worst, now), gen, now)
 }
 
+// CountAtReserve leaves layer 1's count of the request, which
+// Guard.CountLater did not count, to Reserve (or Count), as Admit does on
+// a guard that decides it with the attempt and the slot.
+func (t *Ticket) CountAtReserve() { t.rateDue = true }
+
 // Count is layer 1 for a request whose count Admit left to Reserve but
 // that ends without it (an upload refused, an answer kept from the same
 // image): every request counts against the rate, as it would with Admit

@@ -106,6 +106,22 @@ func TestUserRateExactAcrossInstances(t *testing.T) {
 			}
 		}
 	})
+	// With an Idempotency-Key the count waits too: a repeat answered from
+	// storage counts before it is answered, a first request at its
+	// admission; the sixth request is refused whatever it is.
+	t.Run("idempotent requests", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")
+		client := &http.Client{Timeout: 30 * time.Second}
+		for k, want := range []int{200, 200, 200, 200, 200, 429, 429} {
+			h := http.Header{"Idempotency-Key": {fmt.Sprintf("key-%d", k%2)}}
+			a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(100+k%2)), h)
+			if a.Status != want {
+				t.Fatalf("request %d: %d %s, want %d", k, a.Status, a.Code, want)
+			}
+		}
+	})
 }
 
 // verifyInvite posts an invite check to instance i from client address ip
