@@ -54,8 +54,11 @@ BEGIN
 
     -- Layer 2: the attempts the window let through, in order, while
     -- under the line. One of them (the common case) is one conditional
-    -- upsert, which locks the row whether it counts or not.
-    IF want = 1 THEN
+    -- upsert, which locks the row whether it counts or not; none (the
+    -- window refused them all) only reads the count.
+    IF want = 0 THEN
+        SELECT coalesce(max(a.count), 0) INTO attempts FROM attempt_counts a WHERE a.user_id = p_user AND a.day = p_day;
+    ELSIF want = 1 THEN
         INSERT INTO attempt_counts AS a (user_id, day, count) VALUES (p_user, p_day, 1)
             ON CONFLICT (user_id, day) DO UPDATE SET count = a.count + 1 WHERE p_line <= 0 OR a.count < p_line
             RETURNING a.count INTO attempts;
@@ -91,9 +94,14 @@ BEGIN
 
     -- Layer 2b: lock the user's quota count (no new row version when it
     -- exists), then, in statements of their own (snapshots taken after
-    -- the lock), take the slots that fit.
-    SELECT q.used INTO used FROM quota_counts q WHERE q.user_id = p_user AND q.month = p_month FOR UPDATE;
-    IF NOT FOUND THEN
+    -- the lock), take the slots that fit; with none asked for, only read
+    -- the count.
+    IF want = 0 THEN
+        SELECT coalesce(max(q.used), 0) INTO used FROM quota_counts q WHERE q.user_id = p_user AND q.month = p_month;
+    ELSE
+        SELECT q.used INTO used FROM quota_counts q WHERE q.user_id = p_user AND q.month = p_month FOR UPDATE;
+    END IF;
+    IF want > 0 AND NOT FOUND THEN
         INSERT INTO quota_counts AS q (user_id, month) VALUES (p_user, p_month)
             ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING q.used INTO used;
     END IF;
