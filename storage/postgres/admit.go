@@ -115,26 +115,15 @@ func (s *admitStep) answer(m *Money) (slot budget.Slot, refused *limiter.Refusal
 // limits (sorted steps: a user's are next to each other, in the callers'
 // order) by one call of bw_admit.
 func mergeAdmits(steps []step) []step {
-	out := steps[:0:0]
-	for i := 0; i < len(steps); {
-		s := steps[i]
-		if s.admit == nil {
-			out = append(out, s)
-			i++
-			continue
+	return mergeRuns(steps, func(s step) bool { return s.admit != nil }, func(a, b step) bool {
+		return a.key == b.key && a.admit.limits == b.admit.limits
+	}, func(same []step) step {
+		run := make([]*admitStep, len(same))
+		for i, s := range same {
+			run[i] = s.admit
 		}
-		j := i + 1
-		for j < len(steps) && steps[j].admit != nil && steps[j].key == s.key && steps[j].admit.limits == s.admit.limits {
-			j++
-		}
-		run := make([]*admitStep, 0, j-i)
-		for _, a := range steps[i:j] {
-			run = append(run, a.admit)
-		}
-		out = append(out, step{rank: s.rank, key: s.key, queue: queueAdmits(run)})
-		i = j
-	}
-	return out
+		return step{rank: same[0].rank, key: same[0].key, queue: queueAdmits(run)}
+	})
 }
 
 // queueAdmits queues the one call that decides run (admissions of one

@@ -185,22 +185,16 @@ func (sum ledgerSum) queue(rank int, key string) func(b *pgx.Batch) {
 // sumSteps replaces each run of steps with a sum on the same row (sorted
 // steps: a row's are next to each other) by one statement.
 func sumSteps(steps []step) []step {
-	out := steps[:0:0]
-	for i := 0; i < len(steps); {
-		s := steps[i]
-		if s.sum == nil {
-			out = append(out, s)
-			i++
-			continue
-		}
+	return mergeRuns(steps, func(s step) bool { return s.sum != nil }, func(a, b step) bool {
+		return a.rank == b.rank && a.key == b.key
+	}, func(same []step) step {
 		var total ledgerSum
-		total.owner = s.sum.owner
-		for ; i < len(steps) && steps[i].sum != nil && steps[i].rank == s.rank && steps[i].key == s.key; i++ {
-			total = total.plus(steps[i].sum)
+		total.owner = same[0].sum.owner
+		for _, s := range same {
+			total = total.plus(s.sum)
 		}
-		out = append(out, step{rank: s.rank, key: s.key, queue: total.queue(s.rank, s.key)})
-	}
-	return out
+		return step{rank: same[0].rank, key: same[0].key, queue: total.queue(same[0].rank, same[0].key)}
+	})
 }
 
 // LedgerDay is day's totals in the shared ledger, and the settled costs

@@ -39,24 +39,33 @@ type rowStep struct {
 // (sorted steps: a row's are next to each other, in the callers' order) by
 // one statement that answers each of them.
 func mergeRows(steps []step) []step {
+	return mergeRuns(steps, func(s step) bool { return s.row != nil }, func(a, b step) bool {
+		return a.rank == b.rank && a.key == b.key && a.row.kind == b.row.kind && a.row.bound == b.row.bound
+	}, func(same []step) step {
+		run := make([]*rowStep, len(same))
+		for i, s := range same {
+			run[i] = s.row
+		}
+		return step{rank: same[0].rank, key: same[0].key, queue: queueRows(run)}
+	})
+}
+
+// mergeRuns replaces each run of steps that merge (sorted steps: such a
+// run's are next to each other, in the callers' order), which same says
+// of two of them, by the one step merge makes of it; other steps stay.
+func mergeRuns(steps []step, merges func(s step) bool, same func(a, b step) bool, merge func(run []step) step) []step {
 	out := steps[:0:0]
 	for i := 0; i < len(steps); {
-		s := steps[i]
-		if s.row == nil {
-			out = append(out, s)
+		if !merges(steps[i]) {
+			out = append(out, steps[i])
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(steps) && steps[j].row != nil && steps[j].rank == s.rank && steps[j].key == s.key &&
-			steps[j].row.kind == s.row.kind && steps[j].row.bound == s.row.bound {
+		for j < len(steps) && merges(steps[j]) && same(steps[i], steps[j]) {
 			j++
 		}
-		run := make([]*rowStep, 0, j-i)
-		for _, r := range steps[i:j] {
-			run = append(run, r.row)
-		}
-		out = append(out, step{rank: s.rank, key: s.key, queue: queueRows(run)})
+		out = append(out, merge(steps[i:j]))
 		i = j
 	}
 	return out
