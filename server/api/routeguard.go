@@ -1,11 +1,11 @@
 package api
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -133,16 +133,19 @@ func (s *Server) checkFloods(fo *guard.FailOpen, scope, key string, now time.Tim
 // layer ("invites", "route:NAME"), apart from its rate limit's.
 func failScope(layer string) string { return layer + "/fail" }
 
-// failSetKey is the flood cache's key of an attempt on keys: each key
-// with its length, so that no two sets give one key.
+// failSetKey is the flood cache's key of an attempt on keys: the SHA-256
+// of each key with its length (so that no two sets give one key), 32
+// bytes however long the keys (an e-mail, a field's value), so that the
+// cache's bound holds its memory too.
 func failSetKey(keys []string) string {
-	var b strings.Builder
+	h := sha256.New()
+	var n [8]byte
 	for _, k := range keys {
-		b.WriteString(strconv.Itoa(len(k)))
-		b.WriteByte(':')
-		b.WriteString(k)
+		binary.BigEndian.PutUint64(n[:], uint64(len(k)))
+		h.Write(n[:])
+		h.Write([]byte(k))
 	}
-	return b.String()
+	return string(h.Sum(nil))
 }
 
 // routeCaller is who asks on a route: the key its limits count, and the

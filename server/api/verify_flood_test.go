@@ -269,3 +269,22 @@ func TestVerifyInFlightNotRemembered(t *testing.T) {
 	code, _ := e.newInvite(1, 0)
 	wantValid(t, e, code, "mallory@example.com")
 }
+
+// failSetKey tells sets apart however their keys split, and is 32 bytes
+// however long they are.
+func TestFailSetKey(t *testing.T) {
+	a := failSetKey([]string{"ip:1", "json:email:x"})
+	for _, other := range [][]string{
+		{"ip:1json:email:x"}, {"ip:", "1json:email:x"}, {"json:email:x", "ip:1"}, {"ip:1", "json:email:y"},
+	} {
+		if failSetKey(other) == a {
+			t.Errorf("%q gives the key of [ip:1 json:email:x]", other)
+		}
+	}
+	if failSetKey([]string{"ip:1", "json:email:x"}) != a {
+		t.Error("one set, two keys")
+	}
+	if n := len(failSetKey([]string{strings.Repeat("x", 10_000)})); n != 32 {
+		t.Errorf("a long key's set key is %d bytes, want 32", n)
+	}
+}
