@@ -152,7 +152,14 @@ func (a *App) applyChange(db *postgres.DB, kind, id string) {
 		a.log.Warn("a change made through another instance is not applied yet: read again within "+resyncEvery.String(), "kind", kind, "id", id, "err", err)
 		return
 	}
-	a.deny.Clear() // the change may lift a refusal remembered here; a resync may bring one a lost notification missed
+	if kind == postgres.KindResync {
+		// No change known, but one whose notification was lost may come
+		// with it: each refusal remembered here is decided again once,
+		// not dropped under a flood's requests in flight.
+		a.deny.Refresh()
+		return
+	}
+	a.deny.Clear() // the change may lift a refusal remembered here
 }
 
 // figuresTimeout bounds the reads of the service's figures for the

@@ -33,7 +33,11 @@ import (
 // cooldown) is cleared with Clear, whole; a refusal decided while a Clear
 // happened is not kept (the generation). A line refusal is kept with the
 // plan and the lines it was decided under, and answers only a request
-// under the same ones.
+// under the same ones. A resync, which finds no change but may bring one
+// whose notice was lost, uses Refresh: each refusal is decided again by
+// the first request that meets it, the others answered from it meanwhile
+// (recheckFor at most), so that a flood in progress is not let at the
+// database by every request in flight.
 //
 // A refusal is kept per route (Request.Route) as well: a guarded route's
 // guard may share a cache with others, its keys (a client address, a
@@ -66,6 +70,9 @@ type Deny struct {
 	h  denyHeap // by until, the soonest first: what the bound evicts
 	// beside are the caches made Beside this one: cleared with it.
 	beside []*Deny
+	// refreshes counts Refresh: an entry decided before the last one is
+	// decided again once (live).
+	refreshes uint64
 }
 
 // NewDeny returns a deny cache of at most max entries (0:
@@ -103,8 +110,10 @@ type denyEntry struct {
 	key           denyKey
 	layer, reason string
 	until         time.Time
-	line, quota   int64 // the lines of a line refusal
-	i             int   // in the heap
+	line, quota   int64     // the lines of a line refusal
+	i             int       // in the heap
+	checked       uint64    // the Refreshes before it was decided
+	recheck       time.Time // when a request went to decide it again after a Refresh; zero: none yet
 }
 
 // Len returns how many refusals are remembered, expired ones included
@@ -142,6 +151,32 @@ func (d *Deny) Clear() {
 	}
 }
 
+// recheckFor is how long, after a Refresh, the first request that meets
+// a remembered refusal has to decide it again while the others are still
+// answered from it; past it, without a new decision, the refusal is
+// dropped and each request decided.
+const recheckFor = 100 * time.Millisecond
+
+// Refresh has every refusal decided again once: for a resync, which finds
+// no change but may bring one whose notice was lost. Unlike Clear it
+// drops nothing at once: the first request that meets a refusal decides
+// it again (and renews it, if it is refused again), while the others are
+// answered from it for at most recheckFor; so a flood under way costs
+// one round trip a key, not one a request in flight. A refusal decided
+// across a Refresh is kept. The caches Beside d are refreshed too.
+func (d *Deny) Refresh() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	beside := d.beside
+	d.refreshes++
+	d.mu.Unlock()
+	for _, b := range beside {
+		b.Refresh()
+	}
+}
+
 // generation is taken before a decision, and remember keeps the refusal
 // only if no Clear came between.
 func (d *Deny) generation() uint64 {
@@ -173,14 +208,25 @@ func (d *Deny) lookup(req Request, rate bool, now time.Time) *Refusal {
 }
 
 // live returns the entry under k if it still holds at now, and drops it
-// if it has expired; d.mu is held.
+// if it has expired. One decided before the last Refresh is not returned
+// to the first caller, which decides it again, and is returned to the
+// others for recheckFor; then, not renewed, it is dropped. d.mu is held.
 func (d *Deny) live(k denyKey, now time.Time) *denyEntry {
 	e := d.m[k]
-	if e != nil && !now.Before(e.until) {
-		d.remove(e)
+	switch {
+	case e == nil:
 		return nil
+	case !now.Before(e.until):
+	case e.checked == d.refreshes:
+		return e
+	case e.recheck.IsZero():
+		e.recheck = now
+		return nil
+	case now.Sub(e.recheck) < recheckFor:
+		return e
 	}
-	return e
+	d.remove(e)
+	return nil
 }
 
 // Generation returns how many Clears have come so far. Take it before a
@@ -252,6 +298,7 @@ func (d *Deny) keep(k denyKey, r *Refusal, line, quota int64, gen uint64, now ti
 	}
 	if e := d.m[k]; e != nil {
 		e.layer, e.reason, e.until, e.line, e.quota = r.Layer, r.Reason, until, line, quota
+		e.checked, e.recheck = d.refreshes, time.Time{}
 		heap.Fix(&d.h, e.i)
 		return true
 	}
@@ -261,7 +308,7 @@ func (d *Deny) keep(k denyKey, r *Refusal, line, quota int64, gen uint64, now ti
 		}
 		d.remove(d.h[0])
 	}
-	e := &denyEntry{key: k, layer: r.Layer, reason: r.Reason, until: until, line: line, quota: quota}
+	e := &denyEntry{key: k, layer: r.Layer, reason: r.Reason, until: until, line: line, quota: quota, checked: d.refreshes}
 	d.m[k] = e
 	heap.Push(&d.h, e)
 	d.n.Store(int64(len(d.h)))

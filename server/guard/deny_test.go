@@ -438,3 +438,39 @@ func TestDenyKeepsRoutesApart(t *testing.T) {
 		t.Errorf("the same key on another route: %+v from memory, want none", got)
 	}
 }
+
+// After a Refresh the first request that meets a refusal decides it
+// again while the others are answered from it; renewed, it answers all
+// again; not renewed within recheckFor, it is dropped. A refusal decided
+// across a Refresh is kept, and the caches beside are refreshed too.
+func TestDenyRefresh(t *testing.T) {
+	d := NewDeny(0)
+	floods := d.Beside(0)
+	r := &Refusal{Layer: "route:login", Reason: limiter.ReasonRate, RetryAfter: time.Hour}
+	floods.Keep("route:login", "ip:1", r, floods.Generation(), now)
+	floods.Keep("route:login", "ip:2", r, floods.Generation(), now)
+	gen := floods.Generation()
+	d.Refresh()
+	if got := floods.Lookup("route:login", "ip:1", now); got != nil {
+		t.Fatalf("the first request after a Refresh: %+v from memory, want none (it decides again)", got)
+	}
+	if got := floods.Lookup("route:login", "ip:1", now.Add(recheckFor-1)); got == nil || got.RetryAfter != time.Hour-recheckFor+1 {
+		t.Fatalf("another while the first decides: %+v, want the refusal from memory", got)
+	}
+	if !floods.Keep("route:login", "ip:1", r, gen, now.Add(time.Millisecond)) { // decided again, across the Refresh
+		t.Fatal("a refusal decided across a Refresh was not kept")
+	}
+	if got := floods.Lookup("route:login", "ip:1", now.Add(time.Minute)); got == nil {
+		t.Error("renewed: not answered from memory")
+	}
+	// ip:2's first request after the Refresh is let through (admitted,
+	// say) and its refusal not renewed: dropped after recheckFor.
+	if floods.Lookup("route:login", "ip:2", now) != nil {
+		t.Fatal("ip:2's first request after the Refresh was answered from memory")
+	}
+	if floods.Lookup("route:login", "ip:2", now.Add(recheckFor)) != nil || floods.Len() != 1 {
+		t.Errorf("ip:2 not renewed within %v: still answered (%d entries)", recheckFor, floods.Len())
+	}
+	var none *Deny
+	none.Refresh()
+}
