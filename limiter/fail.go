@@ -251,6 +251,9 @@ func (f *FailLimiter) Begin(keys []string, now time.Time) (*Attempt, error) {
 	return f.beginLocal(keys, now)
 }
 
+// Shared reports whether a store decides f's keys ([FailLimiter.Share]).
+func (f *FailLimiter) Shared() bool { return f.shared.Load() != nil }
+
 // beginLocal is Begin in memory alone.
 func (f *FailLimiter) beginLocal(keys []string, now time.Time) (*Attempt, error) {
 	f.mu.Lock()

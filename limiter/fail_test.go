@@ -518,3 +518,23 @@ func TestFailLimiterDirtyAtMost(t *testing.T) {
 		}
 	})
 }
+
+// Shared reports whether a store decides the keys: off by default, on
+// with Share, off again with a nil store.
+func TestFailLimiterShared(t *testing.T) {
+	f, err := limiter.NewFail(limiter.FailConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Shared() {
+		t.Error("a new fail limiter is shared")
+	}
+	f.Share(&fakeFails{}, nil)
+	if !f.Shared() {
+		t.Error("with a store: not shared")
+	}
+	f.Share(nil, nil)
+	if f.Shared() {
+		t.Error("with the store taken away: still shared")
+	}
+}

@@ -211,10 +211,10 @@ func (m *Metrics) observeCommits(txs, writes func() int64) {
 func (m *Metrics) observeDeny(entries func() int, answered func() uint64) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "breakwater_deny_cache_entries",
-		Help: "Refusals the deny cache holds until their retry-after (a user's rate refusal, and a user's daily line or quota).",
+		Help: "Refusals the deny caches hold until their retry-after (on the OCR route a user's rate refusal, daily line or quota; a guarded route's rate, daily line or cooldown; the invite limits' address rate or cooldown).",
 	}, func() float64 { return float64(entries()) }))
 	counterFunc(m, "breakwater_deny_cache_answers_total",
-		"Refusals answered from the deny cache, without asking a layer; each is counted in breakwater_refusals_total too.", answered)
+		"Refusals answered from the deny caches, without asking a layer; each is counted as a decided refusal is (breakwater_refusals_total, breakwater_invite_refusals_total).", answered)
 }
 
 // observeDetect exports layer 4's counters.

@@ -146,7 +146,7 @@ func (s *Server) beginFails(c echo.Context, call *routeCall, now time.Time) (ref
 	if err != nil {
 		return true, err
 	}
-	r := call.rt.failsOpen.Check(func() (err error) {
+	r, _ := s.checkFloods(call.rt.failsOpen, failScope(call.rt.layer), failSetKey(keys), now, func() (err error) {
 		call.attempt, err = call.rt.fails.Begin(keys, now)
 		return err
 	})

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"net/http/httputil"
 	"net/url"
@@ -59,12 +61,13 @@ func (s *Server) newRoutes(rs []Route) error {
 	all := make([]routes.Config, 0, len(rs))
 	var proxied []routes.Config
 	s.guarded = make(map[string]*guardedRoute, len(rs))
+	s.floods = s.d.Layers.Deny.Beside(0)
 	for _, r := range rs {
 		if r.Windows == nil || r.Attempts == nil || (r.Config.Fail != nil && r.Fails == nil) {
 			return fmt.Errorf("server: route %q needs its rate windows, its attempt counts and, with [routes.fail], its fail limiter", r.Config.Name)
 		}
 		cfg := r.Config.WithDefaults()
-		g, err := guard.New(guard.Layers{Rate: r.Windows, Attempts: r.Attempts}, guard.Hooks{FailedOpen: s.failOpen.note})
+		g, err := guard.New(guard.Layers{Rate: r.Windows, Attempts: r.Attempts, Deny: s.floods}, guard.Hooks{FailedOpen: s.failOpen.note})
 		if err != nil {
 			return err
 		}
@@ -108,6 +111,43 @@ func (s *Server) SetRoutes(next []routes.Config) {
 	}
 }
 
+// checkFloods runs check, a fail-open layer's check by fo, for key in
+// scope, unless the flood cache (s.floods) remembers a refusal of it: then
+// that refusal is the answer (remembered), with what is left of its
+// retry-after, and nothing is asked. An exact refusal (a limiter's rate
+// or burst, a fail limit's cooldown) is remembered until its
+// retry-after: on postgres a flood of one client then costs one round
+// trip, not one a request. The caller reports a remembered refusal as a
+// decided one.
+func (s *Server) checkFloods(fo *guard.FailOpen, scope, key string, now time.Time, check func() error) (r *guard.Refusal, remembered bool) {
+	if r := s.floods.Lookup(scope, key, now); r != nil {
+		return r, true
+	}
+	gen := s.floods.Generation()
+	r = fo.Check(check)
+	s.floods.Keep(scope, key, r, gen, now)
+	return r, false
+}
+
+// failScope is the flood cache's scope of a fail limit's refusals on
+// layer ("invites", "route:NAME"), apart from its rate limit's.
+func failScope(layer string) string { return layer + "/fail" }
+
+// failSetKey is the flood cache's key of an attempt on keys: the SHA-256
+// of each key with its length (so that no two sets give one key), 32
+// bytes however long the keys (an e-mail, a field's value), so that the
+// cache's bound holds its memory too.
+func failSetKey(keys []string) string {
+	h := sha256.New()
+	var n [8]byte
+	for _, k := range keys {
+		binary.BigEndian.PutUint64(n[:], uint64(len(k)))
+		h.Write(n[:])
+		h.Write([]byte(k))
+	}
+	return string(h.Sum(nil))
+}
+
 // routeCaller is who asks on a route: the key its limits count, and the
 // identity for X-Breakwater-User and X-Breakwater-Plan (zero for
 // identity = "ip").
@@ -139,7 +179,7 @@ func (s *Server) routeCaller(c echo.Context, cfg *routes.Config) (routeCaller, e
 // logged and counted in breakwater_shadow_refusals_total and the request
 // passes; the layers count as they do when enforcing.
 func (s *Server) admitRoute(rt *guardedRoute, cfg *routes.Config, key string, now time.Time) *guard.Refusal {
-	t, r := rt.guard.Admit(guard.Request{Key: key, DailyLine: cfg.Daily}, now)
+	t, r := rt.guard.Admit(guard.Request{Key: key, DailyLine: cfg.Daily, Route: rt.layer}, now)
 	if r == nil {
 		r = t.Reserve(0, now)
 	}

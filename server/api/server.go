@@ -170,6 +170,7 @@ type Server struct {
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute
+	floods      *guard.Deny   // their refusals and the invite limits', beside the OCR route's (nil: none)
 	allRoutes   *routes.Table // forward auth
 	proxyRoutes *routes.Table // the routes with an upstream
 	routeLog    logEvery
@@ -258,8 +259,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Commits != nil {
 		d.Metrics.observeCommits(d.Commits.Transactions, d.Commits.Writes)
 	}
-	if deny := d.Layers.Deny; deny != nil {
-		d.Metrics.observeDeny(deny.Len, deny.Answered)
+	if deny := d.Layers.Deny; deny != nil { // and s.floods beside it
+		d.Metrics.observeDeny(func() int { return deny.Len() + s.floods.Len() },
+			func() uint64 { return deny.Answered() + s.floods.Answered() })
 	}
 	d.Metrics.observeDetect(d.DetectCounters)
 	s.observeService(d.ServiceRefusals)

@@ -185,6 +185,8 @@ type envOptions struct {
 	service ServiceRefusalReader
 	// deny is the OCR route's deny cache; nil: none.
 	deny *guard.Deny
+	// redeemer wraps the invite lookups (the database); nil: none.
+	redeemer func(invites.Redeemer) invites.Redeemer
 }
 
 const testAdminToken = "admin-secret-for-tests"
@@ -279,6 +281,10 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 		t.Cleanup(e.verifier.Close)
 	}
+	var codes invites.Redeemer = db
+	if o.redeemer != nil {
+		codes = o.redeemer(db)
+	}
 	var answers AnswerStore
 	var ttl time.Duration
 	if o.answers {
@@ -290,7 +296,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Model: ocfg.Model, FallbackModel: o.fallback, FallbackPrice: fallbackPrice,
 		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage, Deny: o.deny},
 		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
-		InviteCodes: db, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
+		InviteCodes: codes, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
 		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,
 	})
 	if err != nil {

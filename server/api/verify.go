@@ -66,14 +66,18 @@ func decodeVerifyRequest(r io.Reader) (verifyRequest, error) {
 // e-mail, then the service-wide net. Every refusal that concerns the code
 // gives errInviteRefused, byte for byte, after the same work: the code is
 // normalised, hashed and looked up on every path, so neither the answer
-// nor its timing tells a wrong code from a cooldown.
+// nor its timing tells a wrong code from a cooldown. A refusal of the IP
+// limit or a cooldown is remembered until its retry-after (checkFloods)
+// and its repeats answered from memory; on a shared fail limit
+// (postgres) a remembered cooldown skips the lookup too, so that a flood
+// costs the database nothing.
 func (s *Server) handleVerifyInvite(c echo.Context) error {
 	start := s.now()
 	ip := c.RealIP()
 	ipKey := "ip:" + limiter.ClientKey(ip)
 
 	// 1. The IP rate limit and burst, in memory; fails open.
-	if r := s.invitesOpen.Check(func() error { return s.inviteLimits.Windows.Allow(ipKey, start) }); r != nil &&
+	if r, _ := s.checkFloods(s.invitesOpen, invites.Layer, ipKey, start, func() error { return s.inviteLimits.Windows.Allow(ipKey, start) }); r != nil &&
 		!s.inviteShadowed(start, ip, "", r.Reason) {
 		s.recordInviteLayer(start, ip, "", detect.OutcomeLayerRefused)
 		s.d.Metrics.inviteRefusals.WithLabelValues(r.Reason).Inc()
@@ -96,15 +100,26 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	// 2 and 3. The fail limit per IP and per e-mail, and the service-wide
 	// net: checked and counted in one step.
 	var attempt *limiter.Attempt
-	refused := s.invitesOpen.Check(func() (err error) {
-		attempt, err = s.inviteLimits.Fails.Begin([]string{ipKey, "email:" + email}, start)
+	keys := []string{ipKey, "email:" + email}
+	refused, remembered := s.checkFloods(s.invitesOpen, failScope(invites.Layer), failSetKey(keys), start, func() (err error) {
+		attempt, err = s.inviteLimits.Fails.Begin(keys, start)
 		return err
 	})
 	defer attempt.Cancel() // a no-op once the attempt has an outcome
 
-	// The lookup runs whatever the fail limit said, for comparable work.
-	outcome, lookupErr := s.d.InviteCodes.CheckInvite(hash, email, start)
-	if refused != nil && !s.inviteShadowed(start, ip, email, refused.Reason) {
+	refuse := refused != nil && !s.inviteShadowed(start, ip, email, refused.Reason)
+
+	// The lookup runs whatever the fail limit said, for comparable work;
+	// but a cooldown remembered while the fail limit is shared skips it:
+	// there a flood in a cooldown costs the database nothing, and the
+	// decided refusal already answers a round trip sooner than a failure
+	// (which the database records).
+	var outcome invites.RedeemOutcome
+	var lookupErr error
+	if !refuse || !remembered || !s.inviteLimits.Fails.Shared() {
+		outcome, lookupErr = s.d.InviteCodes.CheckInvite(hash, email, start)
+	}
+	if refuse {
 		return s.inviteRefusal(c, start, refused.Reason, email)
 	}
 	if lookupErr != nil {

@@ -85,12 +85,13 @@ func (a *App) openOperator(cfg Config, counters *detect.Counters) error {
 }
 
 // setCooldowns gives the operator the fail limits whose cooldowns it
-// lists and lifts: the invite limits', then each guarded route's.
+// lists and lifts: the invite limits', then each guarded route's; on
+// postgres a lift is notified to every instance (notifying).
 func (a *App) setCooldowns(guarded []api.Route) {
-	sources := []operator.CooldownSource{{Name: operator.SourceInvites, Fails: a.inviteLimits.Fails}}
+	sources := []operator.CooldownSource{{Name: operator.SourceInvites, Fails: a.notifying(a.inviteLimits.Fails)}}
 	for _, r := range guarded {
 		if r.Fails != nil {
-			sources = append(sources, operator.CooldownSource{Name: operator.RouteSource(r.Config.Name), Fails: r.Fails})
+			sources = append(sources, operator.CooldownSource{Name: operator.RouteSource(r.Config.Name), Fails: a.notifying(r.Fails)})
 		}
 	}
 	a.operator.SetCooldowns(sources...)

@@ -146,12 +146,20 @@ func (a *App) applyChange(db *postgres.DB, kind, id string) {
 		if id == state.BrakeFlag {
 			err = state.LoadBrake(a.layers.Brake, db.Flag)
 		}
+	case kindCooldown: // the database decides the cooldowns: nothing to read
 	}
 	if err != nil {
 		a.log.Warn("a change made through another instance is not applied yet: read again within "+resyncEvery.String(), "kind", kind, "id", id, "err", err)
 		return
 	}
-	a.deny.Clear() // the change may lift a refusal remembered here; a resync may bring one a lost notification missed
+	if kind == postgres.KindResync {
+		// No change known, but one whose notification was lost may come
+		// with it: each refusal remembered here is decided again once,
+		// not dropped under a flood's requests in flight.
+		a.deny.Refresh()
+		return
+	}
+	a.deny.Clear() // the change may lift a refusal remembered here
 }
 
 // figuresTimeout bounds the reads of the service's figures for the
@@ -285,4 +293,40 @@ func (a *App) pruneLimitsOnce(ctx context.Context, guarded []api.Route, now time
 		}
 	}
 	return nil
+}
+
+// kindCooldown is the change notified when the operator lifts a
+// cooldown (notifying): every instance clears the refusals it remembers
+// (guard.Deny), a cooldown among them.
+const kindCooldown = "cooldown"
+
+// notifying returns f, whose Clear, on postgres, also tells every
+// instance to forget what it remembers: a cooldown lifted through one
+// instance, or the CLI, then lets the key through on every other at
+// once, not when its remembered refusal expires. On bolt, f as it is.
+func (a *App) notifying(f operator.Cooldowns) operator.Cooldowns {
+	db, ok := a.db.(*postgres.DB)
+	if !ok {
+		return f
+	}
+	return clearNotified{Cooldowns: f, db: db, a: a}
+}
+
+// clearNotified is a fail limit whose lifted cooldowns are notified.
+type clearNotified struct {
+	operator.Cooldowns
+	db *postgres.DB
+	a  *App
+}
+
+func (c clearNotified) Clear(key string) bool {
+	if !c.Cooldowns.Clear(key) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), figuresTimeout)
+	defer cancel()
+	if err := c.db.Notify(ctx, kindCooldown, key); err != nil {
+		c.a.log.Warn("a lifted cooldown is not notified: other instances may refuse the key from memory until their resync, within "+resyncEvery.String(), "key", key, "err", err)
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -297,4 +298,179 @@ func TestDenyShadowClears(t *testing.T) {
 	if r := f.g.Count(req, now); r != nil {
 		t.Errorf("in shadow mode: %+v, want admitted", r)
 	}
+}
+
+// A limiter's exact refusal kept under a scope answers with what is left
+// of its retry-after until it expires, then nothing; another key or scope
+// is not answered.
+func TestDenyKeepsAScopedRefusalUntilItsRetryAfter(t *testing.T) {
+	d := NewDeny(0)
+	r := &Refusal{Layer: "route:login", Reason: limiter.ReasonCooldown, RetryAfter: 10 * time.Minute}
+	if !d.Keep("route:login/fail", "ip:198.51.100.1", r, d.Generation(), now) {
+		t.Fatal("a cooldown was not kept")
+	}
+	for _, left := range []time.Duration{10 * time.Minute, 9 * time.Minute, time.Nanosecond} {
+		at := now.Add(10*time.Minute - left)
+		got := d.Lookup("route:login/fail", "ip:198.51.100.1", at)
+		if got == nil || got.Layer != r.Layer || got.Reason != r.Reason || got.RetryAfter != left {
+			t.Fatalf("at +%v: %+v, want %s %s with %v left", 10*time.Minute-left, got, r.Layer, r.Reason, left)
+		}
+	}
+	if got := d.Lookup("route:login/fail", "ip:198.51.100.2", now); got != nil {
+		t.Errorf("another key: %+v, want none", got)
+	}
+	if got := d.Lookup("route:signup/fail", "ip:198.51.100.1", now); got != nil {
+		t.Errorf("another scope: %+v, want none", got)
+	}
+	if got := d.lookup(Request{Key: "ip:198.51.100.1", Route: "route:login/fail"}, false, now); got != nil {
+		t.Errorf("a guard's request of the same key: %+v, want none", got)
+	}
+	if got := d.Lookup("route:login/fail", "ip:198.51.100.1", now.Add(10*time.Minute)); got != nil {
+		t.Errorf("at its retry-after: %+v, want none (expired)", got)
+	}
+	if n := d.Len(); n != 0 {
+		t.Errorf("%d entries after the expired one was looked up, want 0", n)
+	}
+	if got := d.Answered(); got != 3 {
+		t.Errorf("Answered %d, want 3", got)
+	}
+}
+
+// Only a limiter's exact refusals are kept: the rate, the burst and a
+// cooldown. Attempts in flight, the service-wide net, a full fail limit,
+// a busy budget and a refusal without a wait are not.
+func TestDenyKeepsOnlyExactLimits(t *testing.T) {
+	d := NewDeny(0)
+	for _, c := range []struct {
+		r    *Refusal
+		kept bool
+	}{
+		{&Refusal{Reason: limiter.ReasonRate, RetryAfter: time.Second}, true},
+		{&Refusal{Reason: limiter.ReasonBurst, RetryAfter: time.Second}, true},
+		{&Refusal{Reason: limiter.ReasonCooldown, RetryAfter: time.Second}, true},
+		{&Refusal{Reason: limiter.ReasonInFlight, RetryAfter: time.Second}, false},
+		{&Refusal{Reason: limiter.ReasonGlobal, RetryAfter: time.Minute}, false},
+		{&Refusal{Reason: limiter.ReasonCapacity, RetryAfter: time.Minute}, false},
+		{&Refusal{Reason: limiter.ReasonCooldown, RetryAfter: time.Second, Busy: true}, false},
+		{&Refusal{Reason: limiter.ReasonCooldown}, false},
+		{nil, false},
+	} {
+		key := "k"
+		if c.r != nil {
+			key = c.r.Reason
+		}
+		if got := d.Keep("invites", key, c.r, d.Generation(), now); got != c.kept {
+			t.Errorf("Keep(%+v) = %v, want %v", c.r, got, c.kept)
+		}
+		if got := d.Lookup("invites", key, now) != nil; got != c.kept {
+			t.Errorf("%+v remembered: %v, want %v", c.r, got, c.kept)
+		}
+		d.Clear()
+	}
+	var none *Deny
+	if none.Keep("invites", "k", &Refusal{Reason: limiter.ReasonRate, RetryAfter: time.Second}, 0, now) ||
+		none.Lookup("invites", "k", now) != nil {
+		t.Error("a nil deny cache kept a refusal")
+	}
+}
+
+// A scoped refusal is forgotten by Clear, and one decided across a Clear
+// is not kept.
+func TestDenyClearsScopedRefusals(t *testing.T) {
+	d := NewDeny(0)
+	r := &Refusal{Reason: limiter.ReasonRate, RetryAfter: time.Minute}
+	d.Keep("invites", "ip:198.51.100.1", r, d.Generation(), now)
+	d.Clear()
+	if d.Lookup("invites", "ip:198.51.100.1", now) != nil {
+		t.Fatal("remembered after Clear")
+	}
+	gen := d.Generation()
+	d.Clear()
+	if d.Keep("invites", "ip:198.51.100.1", r, gen, now) || d.Len() != 0 {
+		t.Error("a refusal decided across a Clear was kept")
+	}
+}
+
+// A cache made Beside another is cleared with it, and keeps its own
+// bound: a flood that fills it evicts nothing from the other.
+func TestDenyBeside(t *testing.T) {
+	ocr := NewDeny(0)
+	floods := ocr.Beside(2)
+	r := &Refusal{Reason: limiter.ReasonCooldown, RetryAfter: time.Hour}
+	ocr.remember(Request{Key: "alice"}, &Refusal{Layer: LayerRate, Reason: "rate", RetryAfter: time.Minute}, ocr.generation(), now)
+	for i := range 100 {
+		floods.Keep("invites/fail", fmt.Sprint("ip:10.0.0.", i), r, floods.Generation(), now.Add(time.Duration(i)))
+	}
+	if floods.Len() != 2 || ocr.Len() != 1 {
+		t.Fatalf("after a flood of 100 addresses: %d beside (want its bound 2), %d in the OCR cache (want 1)", floods.Len(), ocr.Len())
+	}
+	floods.Clear() // its own Clear leaves the other
+	if ocr.Len() != 1 {
+		t.Error("a Clear of the cache beside cleared the other")
+	}
+	floods.Keep("invites/fail", "ip:10.0.0.1", r, floods.Generation(), now)
+	gen := floods.Generation()
+	ocr.Clear()
+	if floods.Len() != 0 || floods.Lookup("invites/fail", "ip:10.0.0.1", now) != nil {
+		t.Error("the cache beside kept a refusal across the other's Clear")
+	}
+	if floods.Keep("invites/fail", "ip:10.0.0.2", r, gen, now) {
+		t.Error("a refusal decided across the other's Clear was kept beside it")
+	}
+	var none *Deny
+	if none.Beside(0) != nil {
+		t.Error("beside a nil cache: want nil")
+	}
+}
+
+// Two routes' guards sharing one cache: a key refused on one route is
+// not refused from memory on the other.
+func TestDenyKeepsRoutesApart(t *testing.T) {
+	f := newDenyFixture(t, limiter.Config{Rate: 1, Window: time.Minute}, 0)
+	login := Request{Key: "ip:198.51.100.1", Route: "route:login"}
+	_ = f.g.Count(login, now)
+	if r := f.g.Count(login, now); r == nil || f.deny.Len() != 1 {
+		t.Fatalf("second in the window: %+v with %d remembered, want a rate refusal remembered", r, f.deny.Len())
+	}
+	signup := login
+	signup.Route = "route:signup"
+	if got := f.deny.lookup(signup, true, now); got != nil {
+		t.Errorf("the same key on another route: %+v from memory, want none", got)
+	}
+}
+
+// After a Refresh the first request that meets a refusal decides it
+// again while the others are answered from it; renewed, it answers all
+// again; not renewed within recheckFor, it is dropped. A refusal decided
+// across a Refresh is kept, and the caches beside are refreshed too.
+func TestDenyRefresh(t *testing.T) {
+	d := NewDeny(0)
+	floods := d.Beside(0)
+	r := &Refusal{Layer: "route:login", Reason: limiter.ReasonRate, RetryAfter: time.Hour}
+	floods.Keep("route:login", "ip:1", r, floods.Generation(), now)
+	floods.Keep("route:login", "ip:2", r, floods.Generation(), now)
+	gen := floods.Generation()
+	d.Refresh()
+	if got := floods.Lookup("route:login", "ip:1", now); got != nil {
+		t.Fatalf("the first request after a Refresh: %+v from memory, want none (it decides again)", got)
+	}
+	if got := floods.Lookup("route:login", "ip:1", now.Add(recheckFor-1)); got == nil || got.RetryAfter != time.Hour-recheckFor+1 {
+		t.Fatalf("another while the first decides: %+v, want the refusal from memory", got)
+	}
+	if !floods.Keep("route:login", "ip:1", r, gen, now.Add(time.Millisecond)) { // decided again, across the Refresh
+		t.Fatal("a refusal decided across a Refresh was not kept")
+	}
+	if got := floods.Lookup("route:login", "ip:1", now.Add(time.Minute)); got == nil {
+		t.Error("renewed: not answered from memory")
+	}
+	// ip:2's first request after the Refresh is let through (admitted,
+	// say) and its refusal not renewed: dropped after recheckFor.
+	if floods.Lookup("route:login", "ip:2", now) != nil {
+		t.Fatal("ip:2's first request after the Refresh was answered from memory")
+	}
+	if floods.Lookup("route:login", "ip:2", now.Add(recheckFor)) != nil || floods.Len() != 1 {
+		t.Errorf("ip:2 not renewed within %v: still answered (%d entries)", recheckFor, floods.Len())
+	}
+	var none *Deny
+	none.Refresh()
 }
