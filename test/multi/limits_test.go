@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"breakwater/storage/postgres/pgtest"
 	"breakwater/test/harness"
 )
@@ -122,6 +124,45 @@ func TestUserRateExactAcrossInstances(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestClaimedKeyCountsAgainstTheRate: an Idempotency-Key held by another
+// instance (a read under way there) is answered 409 after a look at the
+// kept answers and a claim, both in the database; such requests count
+// against the rate as any other, so that a flood of them is refused 429
+// (and then from memory) rather than costing two statements each.
+func TestClaimedKeyCountsAgainstTheRate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL := pgtest.NewDatabase(t)
+	p := limitsPair(t, dbURL, "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// The claim of a read under way on a third instance, for every user.
+	if _, err := conn.Exec(ctx, `INSERT INTO answer_claims (user_id, key, owner, expires_at)
+		SELECT id, 'busy', 'elsewhere', now() + interval '1 hour' FROM users`); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	var conflicts, limited int
+	for k := range 8 {
+		h := http.Header{"Idempotency-Key": {"busy"}}
+		a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(200+k)), h)
+		switch a.Status {
+		case http.StatusConflict:
+			conflicts++
+		case http.StatusTooManyRequests:
+			limited++
+		default:
+			t.Fatalf("request %d: %d %s, want 409 or 429", k, a.Status, a.Code)
+		}
+	}
+	if conflicts != 5 || limited != 3 {
+		t.Fatalf("8 requests with a key claimed elsewhere: %d answered 409, %d 429; want 5 and 3 (rate = 5)", conflicts, limited)
+	}
 }
 
 // verifyInvite posts an invite check to instance i from client address ip
