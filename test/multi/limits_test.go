@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,6 +163,58 @@ func TestClaimedKeyCountsAgainstTheRate(t *testing.T) {
 	}
 	if conflicts != 5 || limited != 3 {
 		t.Fatalf("8 requests with a key claimed elsewhere: %d answered 409, %d 429; want 5 and 3 (rate = 5)", conflicts, limited)
+	}
+}
+
+// TestWaiterGoneCountsAgainstTheRate: a request that waits for its user's
+// read of the same image under way, and whose client goes away
+// meanwhile, counts against the rate as it would have before its upload
+// (it was let in, and it cost an upload and a look at the recent reads):
+// a client cannot make such requests without limit.
+func TestWaiterGoneCountsAgainstTheRate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	limits := "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n"
+	p := newPairEdited(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 1000}, 1, 2*time.Second, func(body string) string {
+		edited := strings.Replace(body, "dedupe_window = \"0s\"\n", "dedupe_window = \"1m\"\n", 1)
+		edited = strings.Replace(edited, "[limits.user]\nrate = 100000\nwindow = \"1m\"\nburst = 100000\n", limits, 1)
+		if !strings.Contains(edited, "dedupe_window = \"1m\"") || !strings.Contains(edited, limits) {
+			t.Fatalf("the harness's config changed: edit this test's\n%s", body)
+		}
+		return edited
+	})
+	client := &http.Client{Timeout: 30 * time.Second}
+	img := harness.NthPNG(300)
+	lead := make(chan harness.Answer, 1)
+	go func() { lead <- harness.PostHeader(ctx, client, p.proc(0).Addr, p.keys[0].Secret, img, nil) }()
+	for { // until the lead's call (2 s at the fake) is under way
+		if _, n := p.gemini.Calls(); n == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the lead's call never reached the fake")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var waiters sync.WaitGroup
+	for range 6 {
+		waiters.Add(1)
+		go func() {
+			defer waiters.Done()
+			gone, stop := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer stop()
+			if a := harness.PostHeader(gone, client, p.proc(0).Addr, p.keys[0].Secret, img, nil); a.Err == nil {
+				t.Errorf("a waiter was answered %d %s before its client went away", a.Status, a.Code)
+			}
+		}()
+	}
+	waiters.Wait()
+	if a := <-lead; a.Status != http.StatusOK {
+		t.Fatalf("the lead read: %d %s, want 200", a.Status, a.Code)
+	}
+	// The lead and 6 waiters gone: the window (5) is full.
+	if a := harness.PostHeader(ctx, client, p.proc(1).Addr, p.keys[0].Secret, harness.NthPNG(301), nil); a.Status != http.StatusTooManyRequests {
+		t.Fatalf("after the lead and 6 waiters whose clients went away: %d %s, want 429", a.Status, a.Code)
 	}
 }
 
