@@ -255,6 +255,7 @@ func (s *Server) readOnce(r *ocrRequest, t *guard.Ticket, in received) error {
 		select {
 		case <-wait:
 		case <-r.c.Request().Context().Done():
+			t.Count(s.now()) // it was let in and uploaded: it counts, though no one hears the answer
 			return errClientGone
 		}
 	}
