@@ -193,6 +193,11 @@ func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 	}
 	release, err := s.claimKey(r) // the other instances
 	if err != nil {
+		// Held by another instance (409): counted all the same, so that
+		// a flood of them is limited and then refused from memory.
+		if refused := count(now); refused != nil {
+			return s.refusalOf(r.guard, now, refused)
+		}
 		return err
 	}
 	defer release()
@@ -250,6 +255,7 @@ func (s *Server) readOnce(r *ocrRequest, t *guard.Ticket, in received) error {
 		select {
 		case <-wait:
 		case <-r.c.Request().Context().Done():
+			t.Count(s.now()) // it was let in and uploaded: it counts, though no one hears the answer
 			return errClientGone
 		}
 	}

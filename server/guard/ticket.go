@@ -175,8 +175,17 @@ func (t *Ticket) takeAndReserve(now time.Time) (both bool, r *Refusal) {
 		}()
 		slot, refused, take, reserve = aq.TakeAndReserve(req.Key, window, req.DailyLine, enforceLine, req.MonthlyQuota, now)
 	}()
-	if failed := take != nil && refusalOf(take) == nil; rate && !failed {
+	switch failed := take != nil && refusalOf(take) == nil; {
+	case rate && !failed:
 		if r := t.joinedRate(window, refused, now); r != nil {
+			return true, r
+		}
+	case rate:
+		// The write failed, the window undecided: layer 1 alone, which
+		// decides in memory when its store cannot (a fail-open it
+		// counts), so that a flood is still refused while the database
+		// is down.
+		if r := t.Count(now); r != nil {
 			return true, r
 		}
 	}

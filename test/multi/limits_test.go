@@ -9,8 +9,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"breakwater/storage/postgres/pgtest"
 	"breakwater/test/harness"
@@ -122,6 +125,97 @@ func TestUserRateExactAcrossInstances(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestClaimedKeyCountsAgainstTheRate: an Idempotency-Key held by another
+// instance (a read under way there) is answered 409 after a look at the
+// kept answers and a claim, both in the database; such requests count
+// against the rate as any other, so that a flood of them is refused 429
+// (and then from memory) rather than costing two statements each.
+func TestClaimedKeyCountsAgainstTheRate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL := pgtest.NewDatabase(t)
+	p := limitsPair(t, dbURL, "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// The claim of a read under way on a third instance, for every user.
+	if _, err := conn.Exec(ctx, `INSERT INTO answer_claims (user_id, key, owner, expires_at)
+		SELECT id, 'busy', 'elsewhere', now() + interval '1 hour' FROM users`); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	var conflicts, limited int
+	for k := range 8 {
+		h := http.Header{"Idempotency-Key": {"busy"}}
+		a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(200+k)), h)
+		switch a.Status {
+		case http.StatusConflict:
+			conflicts++
+		case http.StatusTooManyRequests:
+			limited++
+		default:
+			t.Fatalf("request %d: %d %s, want 409 or 429", k, a.Status, a.Code)
+		}
+	}
+	if conflicts != 5 || limited != 3 {
+		t.Fatalf("8 requests with a key claimed elsewhere: %d answered 409, %d 429; want 5 and 3 (rate = 5)", conflicts, limited)
+	}
+}
+
+// TestWaiterGoneCountsAgainstTheRate: a request that waits for its user's
+// read of the same image under way, and whose client goes away
+// meanwhile, counts against the rate as it would have before its upload
+// (it was let in, and it cost an upload and a look at the recent reads):
+// a client cannot make such requests without limit.
+func TestWaiterGoneCountsAgainstTheRate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	limits := "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n"
+	p := newPairEdited(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 1000}, 1, 2*time.Second, func(body string) string {
+		edited := strings.Replace(body, "dedupe_window = \"0s\"\n", "dedupe_window = \"1m\"\n", 1)
+		edited = strings.Replace(edited, "[limits.user]\nrate = 100000\nwindow = \"1m\"\nburst = 100000\n", limits, 1)
+		if !strings.Contains(edited, "dedupe_window = \"1m\"") || !strings.Contains(edited, limits) {
+			t.Fatalf("the harness's config changed: edit this test's\n%s", body)
+		}
+		return edited
+	})
+	client := &http.Client{Timeout: 30 * time.Second}
+	img := harness.NthPNG(300)
+	lead := make(chan harness.Answer, 1)
+	go func() { lead <- harness.PostHeader(ctx, client, p.proc(0).Addr, p.keys[0].Secret, img, nil) }()
+	for { // until the lead's call (2 s at the fake) is under way
+		if _, n := p.gemini.Calls(); n == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the lead's call never reached the fake")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var waiters sync.WaitGroup
+	for range 6 {
+		waiters.Add(1)
+		go func() {
+			defer waiters.Done()
+			gone, stop := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer stop()
+			if a := harness.PostHeader(gone, client, p.proc(0).Addr, p.keys[0].Secret, img, nil); a.Err == nil {
+				t.Errorf("a waiter was answered %d %s before its client went away", a.Status, a.Code)
+			}
+		}()
+	}
+	waiters.Wait()
+	if a := <-lead; a.Status != http.StatusOK {
+		t.Fatalf("the lead read: %d %s, want 200", a.Status, a.Code)
+	}
+	// The lead and 6 waiters gone: the window (5) is full.
+	if a := harness.PostHeader(ctx, client, p.proc(1).Addr, p.keys[0].Secret, harness.NthPNG(301), nil); a.Status != http.StatusTooManyRequests {
+		t.Fatalf("after the lead and 6 waiters whose clients went away: %d %s, want 429", a.Status, a.Code)
+	}
 }
 
 // verifyInvite posts an invite check to instance i from client address ip
