@@ -77,14 +77,15 @@ func (t *Ticket) Count(now time.Time) *Refusal {
 // take is Reserve before its exact refusal is remembered.
 func (t *Ticket) take(worst int64, now time.Time) *Refusal {
 	g, l, req := t.g, t.g.layers, t.req
-	if _, _, ok := g.joinedRate(); !ok {
+	aq, window, joined := g.joinedRate()
+	if !joined {
 		// Left to Reserve by Admit, but the store went away since: layer
 		// 1 alone, first.
 		if r := t.Count(now); r != nil {
 			return r
 		}
 	}
-	both, r := t.takeAndReserve(now)
+	both, r := t.takeAndReserve(aq, window, now)
 	if r != nil {
 		return r
 	}
@@ -141,14 +142,16 @@ type AttemptsAndQuotas interface {
 
 // takeAndReserve is layers 2 and 2b of Reserve in one write, with layer 1
 // when Admit left it here, when the quotas are AttemptsAndQuotas sharing
-// the attempt counter's commit (both reports that it ran). The refusals
-// are as when the layers run one after the other: the window's and the
-// attempt's open (shadowed, or failing open), the quota's closed; a slot
-// held for an attempt refused is given back.
-func (t *Ticket) takeAndReserve(now time.Time) (both bool, r *Refusal) {
+// the attempt counter's commit (both reports that it ran); aq and window
+// are the guard's joinedRate (aq nil: the window is not joined). The
+// refusals are as when the layers run one after the other: the window's
+// and the attempt's open (shadowed, or failing open), the quota's closed;
+// an attempt refused takes no slot when the line is enforced, and one
+// taken all the same would be given back.
+func (t *Ticket) takeAndReserve(aq AttemptsAndQuotas, window limiter.Joined, now time.Time) (both bool, r *Refusal) {
 	g, l, req := t.g, t.g.layers, t.req
-	aq, window, joined := g.joinedRate()
-	if aq == nil {
+	joined := aq != nil
+	if !joined {
 		aq, _ = l.Quotas.(AttemptsAndQuotas)
 		if aq == nil || l.Attempts == nil || !aq.SharesCommit(l.Attempts) {
 			return false, nil
@@ -177,7 +180,7 @@ func (t *Ticket) takeAndReserve(now time.Time) (both bool, r *Refusal) {
 	}()
 	switch failed := take != nil && refusalOf(take) == nil; {
 	case rate && !failed:
-		if r := t.joinedRate(window, refused, now); r != nil {
+		if r := t.answerRate(window, refused, now); r != nil {
 			return true, r
 		}
 	case rate:
@@ -206,10 +209,10 @@ func (t *Ticket) takeAndReserve(now time.Time) (both bool, r *Refusal) {
 	return true, nil
 }
 
-// joinedRate answers layer 1 as TakeAndReserve decided it: refused, when
+// answerRate answers layer 1 as TakeAndReserve decided it: refused, when
 // window.Enforce (nothing was taken), or reported as shadowed; an
 // admission is recorded in the rate limiter's memory.
-func (t *Ticket) joinedRate(window limiter.Joined, refused *limiter.Refusal, now time.Time) *Refusal {
+func (t *Ticket) answerRate(window limiter.Joined, refused *limiter.Refusal, now time.Time) *Refusal {
 	g := t.g
 	t.rateDue = false
 	if refused == nil {

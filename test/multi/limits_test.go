@@ -89,10 +89,11 @@ func TestUserRateExactAcrossInstances(t *testing.T) {
 		checkRefusals(t, p.burst(ctx, 12), 3, 2)
 	})
 	// The window is decided with the attempt and the quota slot, after
-	// the upload: a request that ends before (an upload that is no
-	// image) or without a call (the same image again) counts all the
-	// same.
-	t.Run("bad uploads and the same image", func(t *testing.T) {
+	// the upload: a request that ends before (an upload that is no image)
+	// counts all the same. (The harness reads the same image again:
+	// dedupe_window is off; TestWaiterGoneCountsAgainstTheRate turns it
+	// on.)
+	t.Run("bad uploads", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")

@@ -29,12 +29,14 @@ CREATE FUNCTION bw_admit(p_name text, p_user text, p_nows bigint[], p_rate integ
     OUT waits bigint[], OUT reasons text[], OUT taken boolean[], OUT held boolean[], OUT attempts bigint, OUT used bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    reqs  integer := cardinality(p_nows);
-    w     bigint;
-    r     text;
-    room  bigint;
-    want  bigint := 0; -- requests that ask for an attempt, then for a slot
-    added bigint := 0;
+    reqs         integer := cardinality(p_nows);
+    w            bigint;
+    r            text;
+    room         bigint;
+    ask_attempts bigint := 0; -- requests the window let through
+    got_attempts bigint := 0; -- of them, those under the line: the first ones
+    ask_slots    bigint := 0; -- requests let through by the window and the line
+    got_slots    bigint := 0; -- of them, those the quota holds: the first ones
 BEGIN
     -- Layer 1, request by request.
     waits := '{}';
@@ -48,7 +50,7 @@ BEGIN
         waits := waits || w;
         reasons := reasons || r;
         IF NOT (w > 0 AND p_stop_rate) THEN
-            want := want + 1;
+            ask_attempts := ask_attempts + 1;
         END IF;
     END LOOP;
 
@@ -56,39 +58,36 @@ BEGIN
     -- under the line. One of them (the common case) is one conditional
     -- upsert, which locks the row whether it counts or not; none (the
     -- window refused them all) only reads the count.
-    IF want = 0 THEN
+    IF ask_attempts = 0 THEN
         SELECT coalesce(max(a.count), 0) INTO attempts FROM attempt_counts a WHERE a.user_id = p_user AND a.day = p_day;
-    ELSIF want = 1 THEN
+    ELSIF ask_attempts = 1 THEN
         INSERT INTO attempt_counts AS a (user_id, day, count) VALUES (p_user, p_day, 1)
             ON CONFLICT (user_id, day) DO UPDATE SET count = a.count + 1 WHERE p_line <= 0 OR a.count < p_line
             RETURNING a.count INTO attempts;
         IF FOUND THEN
-            added := 1;
+            got_attempts := 1;
         ELSE
             attempts := p_line;
         END IF;
     ELSE
         INSERT INTO attempt_counts (user_id, day) VALUES (p_user, p_day) ON CONFLICT DO NOTHING;
         SELECT a.count INTO attempts FROM attempt_counts a WHERE a.user_id = p_user AND a.day = p_day FOR UPDATE;
-        added := CASE WHEN p_line <= 0 THEN want ELSE least(want, greatest(p_line - attempts, 0)) END;
-        IF added > 0 THEN
-            attempts := attempts + added;
+        got_attempts := CASE WHEN p_line <= 0 THEN ask_attempts ELSE least(ask_attempts, greatest(p_line - attempts, 0)) END;
+        IF got_attempts > 0 THEN
+            attempts := attempts + got_attempts;
             UPDATE attempt_counts SET count = attempts WHERE user_id = p_user AND day = p_day;
         END IF;
     END IF;
     taken := '{}';
-    want := 0;
     FOR i IN 1 .. reqs LOOP
         IF waits[i] > 0 AND p_stop_rate THEN
             taken := taken || false;
         ELSE
-            taken := taken || (added > 0);
-            IF added > 0 THEN
-                added := added - 1;
-            END IF;
+            taken := taken || (got_attempts > 0);
+            got_attempts := greatest(got_attempts - 1, 0);
         END IF;
         IF NOT ((waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line)) THEN
-            want := want + 1;
+            ask_slots := ask_slots + 1;
         END IF;
     END LOOP;
 
@@ -96,38 +95,38 @@ BEGIN
     -- exists), then, in statements of their own (snapshots taken after
     -- the lock), take the slots that fit; with none asked for, only read
     -- the count.
-    IF want = 0 THEN
+    IF ask_slots = 0 THEN
         SELECT coalesce(max(q.used), 0) INTO used FROM quota_counts q WHERE q.user_id = p_user AND q.month = p_month;
     ELSE
         SELECT q.used INTO used FROM quota_counts q WHERE q.user_id = p_user AND q.month = p_month FOR UPDATE;
     END IF;
-    IF want > 0 AND NOT FOUND THEN
+    IF ask_slots > 0 AND NOT FOUND THEN
         INSERT INTO quota_counts AS q (user_id, month) VALUES (p_user, p_month)
             ON CONFLICT (user_id, month) DO UPDATE SET used = q.used RETURNING q.used INTO used;
     END IF;
-    IF want = 1 THEN
+    IF ask_slots = 1 THEN
         INSERT INTO quota_holds AS h (user_id, month, owner, n)
             SELECT p_user, p_month, p_owner, 1
             WHERE used + (SELECT coalesce(sum(x.n), 0) FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
                           WHERE x.user_id = p_user AND x.month = p_month AND (x.owner = p_owner OR o.seen_at > p_alive)) < p_limit
             ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + 1;
-        added := CASE WHEN FOUND THEN 1 ELSE 0 END;
-    ELSIF want > 1 THEN
+        got_slots := CASE WHEN FOUND THEN 1 ELSE 0 END;
+    ELSIF ask_slots > 1 THEN
         SELECT p_limit - used - coalesce(sum(x.n), 0) INTO room FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
             WHERE x.user_id = p_user AND x.month = p_month AND (x.owner = p_owner OR o.seen_at > p_alive);
-        added := least(want, greatest(room, 0));
-        IF added > 0 THEN
-            INSERT INTO quota_holds AS h (user_id, month, owner, n) VALUES (p_user, p_month, p_owner, added)
-                ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + added;
+        got_slots := least(ask_slots, greatest(room, 0));
+        IF got_slots > 0 THEN
+            INSERT INTO quota_holds AS h (user_id, month, owner, n) VALUES (p_user, p_month, p_owner, got_slots)
+                ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + got_slots;
         END IF;
     END IF;
     held := '{}';
     FOR i IN 1 .. reqs LOOP
-        IF (waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line) OR added <= 0 THEN
+        IF (waits[i] > 0 AND p_stop_rate) OR (NOT taken[i] AND p_stop_line) OR got_slots <= 0 THEN
             held := held || false;
         ELSE
             held := held || true;
-            added := added - 1;
+            got_slots := got_slots - 1;
         END IF;
     END LOOP;
 END
