@@ -209,6 +209,12 @@ func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
 	}
 	t, refused := s.guard.Look(r.guard, now)
 	if refused != nil {
+		// Counted all the same: the stored answer was looked up and the
+		// key claimed, so a flood under the brake or the line is held to
+		// the rate, and then refused before its upload.
+		if r2 := count(now); r2 != nil {
+			return s.refusalOf(r.guard, now, r2)
+		}
 		return s.refusalOf(r.guard, now, refused)
 	}
 	defer t.Release()

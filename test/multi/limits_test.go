@@ -167,6 +167,37 @@ func TestClaimedKeyCountsAgainstTheRate(t *testing.T) {
 	}
 }
 
+// TestIdempotentUnderTheBrakeCountsAgainstTheRate: a request with an
+// Idempotency-Key looks its key up and claims it before the brake refuses
+// it; it counts against the rate, so that a flood of new keys under the
+// brake costs the database at most the rate, then is refused before its
+// upload.
+func TestIdempotentUnderTheBrakeCountsAgainstTheRate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := limitsPair(t, pgtest.NewDatabase(t), "[limits.user]\nrate = 5\nwindow = \"1m\"\nburst = 0\n", "")
+	for i := range 2 { // through each instance: on both at once, no request spent waiting
+		p.admin(ctx, t, i, "/api/brake", `{"on":true}`)
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	var paused, limited int
+	for k := range 8 {
+		h := http.Header{"Idempotency-Key": {fmt.Sprintf("brake-%d", k)}}
+		a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(400+k)), h)
+		switch {
+		case a.Status == http.StatusServiceUnavailable && a.Code == "paused_by_operator":
+			paused++
+		case a.Status == http.StatusTooManyRequests:
+			limited++
+		default:
+			t.Fatalf("request %d: %d %s, want 503 paused_by_operator or 429", k, a.Status, a.Code)
+		}
+	}
+	if paused != 5 || limited != 3 {
+		t.Fatalf("8 idempotent requests under the brake: %d paused, %d limited; want 5 and 3 (rate = 5)", paused, limited)
+	}
+}
+
 // TestWaiterGoneCountsAgainstTheRate: a request that waits for its user's
 // read of the same image under way, and whose client goes away
 // meanwhile, counts against the rate as it would have before its upload
