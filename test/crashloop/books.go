@@ -37,6 +37,9 @@ func (l *loop) openBooks() (books, error) {
 	if l.o.Backend == backendPostgres {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		if err := waitSessionsEnded(ctx, l.o.PostgresURL); err != nil {
+			return nil, err
+		}
 		db, err := postgres.Open(ctx, l.o.PostgresURL, postgres.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			return nil, err
@@ -98,3 +101,32 @@ func (b pgBooks) LedgerCalls(day string) (int64, error) {
 
 // OpenReservations is 0: a lease keeps no row of its own on postgres.
 func (pgBooks) OpenReservations() (int, error) { return 0, nil }
+
+// waitSessionsEnded waits until no other session is connected to the
+// database at url: a killed server's sessions may still be running what
+// it sent before it died (a group transaction sent whole is committed by
+// PostgreSQL all the same), and the checks must read the books after
+// those commits, not between two of their reads.
+func waitSessionsEnded(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("books: %w", err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var others int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`).Scan(&others)
+		switch {
+		case err != nil:
+			return fmt.Errorf("books: the killed server's sessions: %w", err)
+		case others == 0:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("books: %d sessions of the killed server still connected: %w", others, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
