@@ -230,10 +230,30 @@ func TestCloseDrainsQueue(t *testing.T) {
 // TestCommitLetsReleasedCallersRunFirst: a caller whose write is on disk
 // runs before the writer starts the next batch, even with one processor:
 // the writer yields after each batch rather than keep the released callers
-// waiting behind it.
+// waiting behind it. Which goroutine runs first is the scheduler's call,
+// and on a loaded machine a preemption at the wrong moment can put the
+// next batch first now and then; without the yield it is first every
+// time. So the test runs the scene five times and wants the released
+// caller first in most of them.
 func TestCommitLetsReleasedCallersRunFirst(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	db := mustOpen(t)
+	const scenes = 5
+	var first []bool
+	for range scenes {
+		order := releasedCallerScene(t, db)
+		first = append(first, len(order) >= 2 && order[0] == "first caller resumed")
+	}
+	if n := countTrue(first); n < 3 {
+		t.Errorf("the released caller ran first in %d of %d scenes (%v): it waited for the next batch", n, scenes, first)
+	}
+}
+
+// releasedCallerScene has one write held inside its batch while a second
+// waits for the next, then lets the first go, and returns which of the
+// first caller's return and the next batch came first.
+func releasedCallerScene(t *testing.T, db *DB) []string {
+	t.Helper()
 	var mu sync.Mutex
 	var order []string
 	note := func(s string) {
@@ -273,7 +293,15 @@ func TestCommitLetsReleasedCallersRunFirst(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(order) < 2 || order[0] != "first caller resumed" {
-		t.Errorf("order %q: the released caller waited for the next batch", order)
+	return append([]string(nil), order...)
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
 	}
+	return n
 }
