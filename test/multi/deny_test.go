@@ -175,9 +175,19 @@ func (m *meter) measure(ctx context.Context, work func()) (beyond, raw float64, 
 // flood sends floodSize requests from 32 clients, request k to instance
 // k%2 with the key secret(k), and returns the answers by "status code".
 func (p *pair) flood(ctx context.Context, secret func(k int) string) map[string]int {
+	img := harness.NthPNG(imageSeq.Add(1))
+	return floodEach(floodSize, func(client *http.Client, k int) string {
+		a := harness.Post(ctx, client, p.proc(k%2).Addr, secret(k), img)
+		return fmt.Sprintf("%d %s", a.Status, a.Code)
+	})
+}
+
+// floodEach makes n requests from 32 clients sharing keep-alive
+// connections, send(client, k) making request k and saying its answer,
+// and returns the answers with how many of each.
+func floodEach(n int, send func(client *http.Client, k int) string) map[string]int {
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
 	defer client.CloseIdleConnections()
-	img := harness.NthPNG(imageSeq.Add(1))
 	var (
 		next atomic.Int64
 		mu   sync.Mutex
@@ -187,14 +197,13 @@ func (p *pair) flood(ctx context.Context, secret func(k int) string) map[string]
 	for range 32 {
 		wg.Go(func() {
 			seen := map[string]int{}
-			for k := int(next.Add(1) - 1); k < floodSize; k = int(next.Add(1) - 1) {
-				a := harness.Post(ctx, client, p.proc(k%2).Addr, secret(k), img)
-				seen[fmt.Sprintf("%d %s", a.Status, a.Code)]++
+			for k := int(next.Add(1) - 1); k < n; k = int(next.Add(1) - 1) {
+				seen[send(client, k)]++
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for k, n := range seen {
-				out[k] += n
+			for a, c := range seen {
+				out[a] += c
 			}
 		})
 	}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,29 +134,7 @@ func (p *pair) ask(ctx context.Context, client *http.Client, i int, r guardedReq
 // guardedFlood sends guardedFloodSize requests r from 32 clients, request
 // k to instance k%2, and returns the answers by "status code".
 func (p *pair) guardedFlood(ctx context.Context, r guardedRequest) map[string]int {
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
-	defer client.CloseIdleConnections()
-	var (
-		next atomic.Int64
-		mu   sync.Mutex
-		out  = map[string]int{}
-		wg   sync.WaitGroup
-	)
-	for range 32 {
-		wg.Go(func() {
-			seen := map[string]int{}
-			for k := int(next.Add(1) - 1); k < guardedFloodSize; k = int(next.Add(1) - 1) {
-				seen[p.ask(ctx, client, k%2, r)]++
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for a, n := range seen {
-				out[a] += n
-			}
-		})
-	}
-	wg.Wait()
-	return out
+	return floodEach(guardedFloodSize, func(client *http.Client, k int) string { return p.ask(ctx, client, k%2, r) })
 }
 
 // refusedOnBoth sends r to instance 0, then 1, alternating, until each

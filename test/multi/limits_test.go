@@ -148,23 +148,28 @@ func TestClaimedKeyCountsAgainstTheRate(t *testing.T) {
 		SELECT id, 'busy', 'elsewhere', now() + interval '1 hour' FROM users`); err != nil {
 		t.Fatal(err)
 	}
+	got := p.idempotentTally(ctx, 200, func(int) string { return "busy" })
+	if got["409"] != 5 || got["429"] != 3 || len(got) != 2 {
+		t.Fatalf("8 requests with a key claimed elsewhere: %v; want 5 × 409 and 3 × 429 (rate = 5)", got)
+	}
+}
+
+// idempotentTally sends 8 requests of user 0 with the Idempotency-Key
+// key(k), request k to instance k%2 with image first+k, one after the
+// other, and returns the answers by status (and code, for a 503).
+func (p *pair) idempotentTally(ctx context.Context, first int, key func(k int) string) map[string]int {
 	client := &http.Client{Timeout: 30 * time.Second}
-	var conflicts, limited int
+	got := map[string]int{}
 	for k := range 8 {
-		h := http.Header{"Idempotency-Key": {"busy"}}
-		a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(200+k)), h)
-		switch a.Status {
-		case http.StatusConflict:
-			conflicts++
-		case http.StatusTooManyRequests:
-			limited++
-		default:
-			t.Fatalf("request %d: %d %s, want 409 or 429", k, a.Status, a.Code)
+		h := http.Header{"Idempotency-Key": {key(k)}}
+		a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(first+k)), h)
+		s := strconv.Itoa(a.Status)
+		if a.Status == http.StatusServiceUnavailable {
+			s += " " + a.Code
 		}
+		got[s]++
 	}
-	if conflicts != 5 || limited != 3 {
-		t.Fatalf("8 requests with a key claimed elsewhere: %d answered 409, %d 429; want 5 and 3 (rate = 5)", conflicts, limited)
-	}
+	return got
 }
 
 // TestIdempotentUnderTheBrakeCountsAgainstTheRate: a request with an
@@ -179,22 +184,9 @@ func TestIdempotentUnderTheBrakeCountsAgainstTheRate(t *testing.T) {
 	for i := range 2 { // through each instance: on both at once, no request spent waiting
 		p.admin(ctx, t, i, "/api/brake", `{"on":true}`)
 	}
-	client := &http.Client{Timeout: 30 * time.Second}
-	var paused, limited int
-	for k := range 8 {
-		h := http.Header{"Idempotency-Key": {fmt.Sprintf("brake-%d", k)}}
-		a := harness.PostHeader(ctx, client, p.proc(k%2).Addr, p.keys[0].Secret, harness.NthPNG(uint64(400+k)), h)
-		switch {
-		case a.Status == http.StatusServiceUnavailable && a.Code == "paused_by_operator":
-			paused++
-		case a.Status == http.StatusTooManyRequests:
-			limited++
-		default:
-			t.Fatalf("request %d: %d %s, want 503 paused_by_operator or 429", k, a.Status, a.Code)
-		}
-	}
-	if paused != 5 || limited != 3 {
-		t.Fatalf("8 idempotent requests under the brake: %d paused, %d limited; want 5 and 3 (rate = 5)", paused, limited)
+	got := p.idempotentTally(ctx, 400, func(k int) string { return fmt.Sprintf("brake-%d", k) })
+	if got["503 paused_by_operator"] != 5 || got["429"] != 3 || len(got) != 2 {
+		t.Fatalf("8 idempotent requests under the brake: %v; want 5 × 503 paused_by_operator and 3 × 429 (rate = 5)", got)
 	}
 }
 
