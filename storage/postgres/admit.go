@@ -14,9 +14,11 @@ import (
 // The admission of an OCR request in one round trip: its rate window and
 // burst (layer 1, the user's shared windows), its attempt under the daily
 // line (2) and its quota slot (2b) are decided by one call of bw_admit
-// (migration 0008) in the counters lane's group transaction. The
-// admissions of one user under the same limits that a group carries are
-// one call, which decides them in their callers' order.
+// (migrations 0008 and 0009) in the counters lane's group transaction.
+// The admissions of one user under the same limits that a group carries
+// are one call, which decides them in their callers' order; a lone one,
+// the common case, is one call of bw_admit_one, which decides the same
+// without bw_admit's arrays.
 
 // admitLimits are what an admission is decided under. Admissions of one
 // user in one group under equal limits are decided by one call.
@@ -142,6 +144,9 @@ func queueAdmits(run []*admitStep) func(b *pgx.Batch) {
 	if l.window != "" {
 		window = l.window
 	}
+	if len(run) == 1 {
+		return queueAdmit(first, window)
+	}
 	return func(b *pgx.Batch) {
 		b.Queue(`SELECT waits, reasons, taken, held, attempts, used FROM bw_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
 			$11, $12, $13, $14)`, window, first.user, nows, l.cfg.Rate, int64(l.cfg.Window), l.cfg.Burst, l.stopRate,
@@ -163,6 +168,26 @@ func queueAdmits(run []*admitStep) func(b *pgx.Batch) {
 				s.wait, s.reason, s.taken, s.held = time.Duration(waits[i]), reasons[i], taken[i], held[i]
 				s.attempts, s.used = attempts, used
 			}
+			return nil
+		})
+	}
+}
+
+// queueAdmit queues the call that decides s, alone in its run: bw_admit_one
+// (migration 0009), bw_admit's decisions for one request without its
+// arrays and loops.
+func queueAdmit(s *admitStep, window any) func(b *pgx.Batch) {
+	l := s.limits
+	return func(b *pgx.Batch) {
+		b.Queue(`SELECT wait, reason, taken, held, attempts, used FROM bw_admit_one($1, $2, $3, $4, $5, $6, $7, $8, $9,
+			$10, $11, $12, $13, $14)`, window, s.user, s.now.UnixNano(), l.cfg.Rate, int64(l.cfg.Window), l.cfg.Burst,
+			l.stopRate, l.day, l.line, l.stopLine, l.month, l.owner, s.now.Add(-HoldTTL), l.limit,
+		).QueryRow(func(row pgx.Row) error {
+			var wait int64
+			if err := row.Scan(&wait, &s.reason, &s.taken, &s.held, &s.attempts, &s.used); err != nil {
+				return err
+			}
+			s.wait = time.Duration(wait)
 			return nil
 		})
 	}

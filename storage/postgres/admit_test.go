@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -227,5 +228,56 @@ func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
 	}
 	if n, w := in.m.Transactions()-txs, limits.WindowTrips()-trips; n != 0 || w != 0 {
 		t.Fatalf("100 refusals under the brake made %d transactions and %d window round trips, want none", n, w)
+	}
+}
+
+// An admission alone in its group is decided by bw_admit_one: one request
+// at a time, every branch of it decides as bw_admit would. Rate 3 a
+// minute, line 2, quota 1: the first request gets its slot; the second
+// its attempt but no slot; the third is over the line (with the line
+// enforced, no slot is asked for; with the line only reported, the quota
+// refuses it); the fourth is refused by the window, and nothing else is
+// taken for it (enforced) or everything is decided as if it passed (shadow).
+func TestLoneAdmissionsDecideEveryLayer(t *testing.T) {
+	type outcome struct{ rate, line, quota, slot bool }
+	for _, c := range []struct {
+		name                     string
+		enforceRate, enforceLine bool
+		want                     []outcome
+		attempts, held           int64
+	}{
+		{"enforced", true, true, []outcome{{slot: true}, {quota: true}, {line: true}, {rate: true}}, 2, 1},
+		{"line reported", true, false, []outcome{{slot: true}, {quota: true}, {line: true, quota: true}, {rate: true}}, 2, 1},
+		{"rate shadowed", false, true, []outcome{{slot: true}, {quota: true}, {line: true}, {rate: true, line: true}}, 2, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := openInstance(t, pgtest.NewDatabase(t))
+			q := in.m.Quotas()
+			window := limiter.Joined{Store: in.db.Limits().Windows("user"),
+				Config: limiter.Config{Rate: 3, Window: time.Minute}.WithDefaults(), Enforce: c.enforceRate}
+			txs := in.m.Transactions()
+			for i, want := range c.want {
+				now := testNow.Add(time.Duration(i) * time.Second)
+				slot, refused, take, reserve := q.TakeAndReserve("solo", window, 2, c.enforceLine, 1, now)
+				var line *budget.LineError
+				var quota *budget.QuotaError
+				got := outcome{rate: refused != nil, line: errors.As(take, &line), quota: errors.As(reserve, &quota), slot: slot.User == "solo"}
+				if got != want || (take != nil && !got.line) || (reserve != nil && !got.quota) {
+					t.Fatalf("request %d: %+v (refused %v, take %v, reserve %v), want %+v", i+1, got, refused, take, reserve, want)
+				}
+				if refused != nil && (refused.Reason != "rate" || refused.RetryAfter <= 0) {
+					t.Fatalf("request %d: window refusal %+v", i+1, refused)
+				}
+			}
+			if n := in.m.Transactions() - txs; n != int64(len(c.want)) {
+				t.Fatalf("%d requests in %d transactions: each was to be alone in its group", len(c.want), n)
+			}
+			if n := in.m.Attempts().Count("solo", testNow); n != c.attempts {
+				t.Fatalf("%d attempts counted, want %d", n, c.attempts)
+			}
+			if n := holds(t, in, "solo"); n != c.held {
+				t.Fatalf("%d quota slots held, want %d", n, c.held)
+			}
+		})
 	}
 }
