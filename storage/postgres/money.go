@@ -238,6 +238,9 @@ type step struct {
 	// admit, if set, replaces queue: the admissions of one user under the
 	// same limits are decided by one call (admit.go).
 	admit *admitStep
+	// usage, if set, replaces queue: a group's usage rows are inserted by
+	// one statement (usage.go).
+	usage *usageRow
 }
 
 // Ranks of the steps, in lock order.
@@ -424,7 +427,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 		}
 		return steps[i].key < steps[j].key
 	})
-	steps = mergeAdmits(mergeRows(sumSteps(steps)))
+	steps = mergeUsage(mergeAdmits(mergeRows(sumSteps(steps))))
 	var err error
 	for range retries {
 		for _, op := range ops {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,13 +43,7 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 	op := &groupOp{reset: func() { used = 0 }, steps: append(settle,
 		step{rank: rankUser, key: userKey(rec.UserID, userQuota, month), row: &rowStep{kind: rowQuota, user: rec.UserID, period: month, n: 1, value: &used}},
 		step{rank: rankUser, key: userKey(rec.UserID, userHolds, month) + holdEnd, row: &rowStep{kind: rowHoldEnd, user: rec.UserID, period: month, owner: m.owner, n: 1}},
-		step{rank: rankInsert, queue: func(b *pgx.Batch) {
-			at := rec.Time.In(m.loc)
-			b.Queue(`INSERT INTO usage_rows (at, day, month, user_id, key_id, request_id, calls, micro_usd,
-				input_tokens, output_tokens, simulated, model, body) VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $10, $11, $12)`,
-				rec.Time, m.cal.Day(at), month, rec.UserID, rec.KeyID, rec.RequestID, rec.CostMicroUSD,
-				rec.PromptTokens, rec.CandidatesTokens+rec.ThoughtsTokens, rec.Answer != nil && rec.Answer.Simulated, rec.Model, body)
-		}},
+		step{rank: rankInsert, key: usageKey, usage: &usageRow{rec: rec, day: m.cal.Day(rec.Time.In(m.loc)), month: month, body: body}},
 	)}
 	if rec.Answer != nil && m.keep != nil {
 		var keepErr error
@@ -75,4 +70,64 @@ func UsageBody(body []byte) (budget.UsageRecord, error) {
 		return budget.UsageRecord{}, fmt.Errorf("postgres: usage row: %w", err)
 	}
 	return rec, nil
+}
+
+// usageKey sorts a group's usage rows next to each other, after its other
+// inserts (a new row locks nothing another writer waits on: where it goes
+// among them does not matter).
+const usageKey = "usage_rows"
+
+// usageRow is one usage row to insert; a group's are one statement
+// (mergeUsage).
+type usageRow struct {
+	rec        budget.UsageRecord
+	day, month string
+	body       []byte
+}
+
+// mergeUsage replaces a group's usage rows (sorted steps: next to each
+// other, in the callers' order) by one statement that inserts them all,
+// in that order.
+func mergeUsage(steps []step) []step {
+	return mergeRuns(steps, func(s step) bool { return s.usage != nil }, func(a, b step) bool { return true }, func(run []step) step {
+		return step{rank: run[0].rank, key: run[0].key, queue: queueUsage(run)}
+	})
+}
+
+// usageColumns are usage rows column by column, as unnest takes them.
+type usageColumns struct {
+	at                                    []time.Time
+	day, month, user, key, request, model []string
+	cost, input, output                   []int64
+	simulated                             []bool
+	body                                  [][]byte
+}
+
+func (c *usageColumns) add(u *usageRow) {
+	rec := u.rec
+	c.at = append(c.at, rec.Time)
+	c.day, c.month = append(c.day, u.day), append(c.month, u.month)
+	c.user, c.key, c.request = append(c.user, rec.UserID), append(c.key, rec.KeyID), append(c.request, rec.RequestID)
+	c.model = append(c.model, rec.Model)
+	c.cost = append(c.cost, rec.CostMicroUSD)
+	c.input, c.output = append(c.input, int64(rec.PromptTokens)), append(c.output, int64(rec.CandidatesTokens+rec.ThoughtsTokens))
+	c.simulated = append(c.simulated, rec.Answer != nil && rec.Answer.Simulated)
+	c.body = append(c.body, u.body)
+}
+
+// queueUsage queues the insert of run's usage rows.
+func queueUsage(run []step) func(b *pgx.Batch) {
+	var c usageColumns
+	for _, s := range run {
+		c.add(s.usage)
+	}
+	return func(b *pgx.Batch) {
+		b.Queue(`INSERT INTO usage_rows (at, day, month, user_id, key_id, request_id, calls, micro_usd, input_tokens,
+			output_tokens, simulated, model, body)
+			SELECT at, day, month, user_id, key_id, request_id, 1, micro_usd, input_tokens, output_tokens, simulated, model, body
+			FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[],
+			    $8::bigint[], $9::bigint[], $10::boolean[], $11::text[], $12::bytea[])
+			    AS r(at, day, month, user_id, key_id, request_id, micro_usd, input_tokens, output_tokens, simulated, model, body)`,
+			c.at, c.day, c.month, c.user, c.key, c.request, c.cost, c.input, c.output, c.simulated, c.model, c.body)
+	}
 }
