@@ -23,8 +23,10 @@ import (
 // accepted reads per second and PostgreSQL transactions per read (from
 // pg_stat_database.xact_commit, every instance's, heartbeats and leases
 // included; the target is at most 1.2) and the money path's own
-// transactions per read (its group commits and leases), for concurrency 16
-// and 64.
+// transactions per read (its group commits and leases), and PostgreSQL's
+// CPU per read (pg-µs/read, its sessions' for this database, as
+// BenchmarkReadRowsFloor measures it; the database must then run on this
+// machine), for concurrency 16 and 64.
 //
 //	go test -run '^$' -bench MoneyReadCycle -benchtime 2000x ./storage/postgres
 func BenchmarkMoneyReadCycle(b *testing.B) {
@@ -42,6 +44,7 @@ func benchCycles(b *testing.B, conc int) {
 	windows := [2]limiter.Joined{{Store: in[0].db.Limits().Windows("user"), Config: rate, Enforce: true},
 		{Store: in[1].db.Limits().Windows("user"), Config: rate, Enforce: true}}
 	before := xactCommits(b, url, false)
+	cpu := backendCPU(b, url)
 	var next, failed atomic.Int64
 	b.ResetTimer()
 	start := time.Now()
@@ -61,6 +64,7 @@ func benchCycles(b *testing.B, conc int) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
+	cpu = backendCPU(b, url) - cpu // before the sessions end
 	for i, g := range brakes {
 		if err := g.Close(context.Background()); err != nil {
 			b.Fatal(err)
@@ -76,6 +80,7 @@ func benchCycles(b *testing.B, conc int) {
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reads/s")
 	b.ReportMetric(float64(txs)/float64(b.N), "tx/read")
 	b.ReportMetric(float64(groups)/float64(b.N), "groups/read")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "pg-µs/read")
 }
 
 // readCycle is one accepted read's money path.
