@@ -131,58 +131,19 @@ func (s *pgServer) cpu() time.Duration {
 		return 0
 	}
 	pm := s.cluster.PID()
-	total := cpuTimeWithChildren(pm)
+	_, own, reaped, _ := pgtest.ProcCPU(pm)
+	total := own + reaped
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == pm {
 			continue
 		}
-		if ppid, t := statOf(pid); ppid == pm {
+		if ppid, t, _, ok := pgtest.ProcCPU(pid); ok && ppid == pm {
 			total += t
 		}
 	}
 	return total
-}
-
-// statOf returns the parent and the CPU time (user + system) of pid.
-func statOf(pid int) (ppid int, cpu time.Duration) {
-	f := procStat(pid)
-	if len(f) < 13 {
-		return 0, 0
-	}
-	ppid, _ = strconv.Atoi(f[1])
-	return ppid, ticks(f[11]) + ticks(f[12])
-}
-
-// cpuTimeWithChildren is pid's CPU time and that of its reaped children.
-func cpuTimeWithChildren(pid int) time.Duration {
-	f := procStat(pid)
-	if len(f) < 15 {
-		return 0
-	}
-	return ticks(f[11]) + ticks(f[12]) + ticks(f[13]) + ticks(f[14])
-}
-
-// procStat returns the fields of /proc/PID/stat after the command name:
-// the state is field 0, the parent 1, utime 11, stime 12, cutime 13,
-// cstime 14.
-func procStat(pid int) []string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(data[i+1:]))
-}
-
-func ticks(field string) time.Duration {
-	n, _ := strconv.ParseInt(field, 10, 64)
-	const ticksPerSecond = 100 // USER_HZ
-	return time.Duration(n) * time.Second / ticksPerSecond
 }
 
 // pgDatabase is one case's database.

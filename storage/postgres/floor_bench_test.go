@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -124,22 +123,13 @@ func backendCPU(b *testing.B, url string) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var ticks int64
+	var cpu time.Duration
 	for _, pid := range pids {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			b.Fatalf("the database's sessions must run on this machine: %v", err)
+		_, own, _, ok := pgtest.ProcCPU(int(pid))
+		if !ok {
+			b.Fatalf("the database's sessions must run on this machine: no /proc/%d/stat", pid)
 		}
-		// The fields after the command's closing parenthesis; utime and
-		// stime are the 14th and 15th of the whole line.
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		for _, s := range f[11:13] {
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				b.Fatalf("/proc/%d/stat: %v", pid, err)
-			}
-			ticks += n
-		}
+		cpu += own
 	}
-	return time.Duration(ticks) * time.Second / 100 // USER_HZ, the unit of /proc's times
+	return cpu
 }
