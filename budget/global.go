@@ -17,6 +17,13 @@ var (
 	// reservation still holds in memory; the caller lets the request
 	// through (the layer fails open) and counts the fault.
 	ErrLedger = errors.New("budget: ledger write failed")
+	// ErrMaybeCommitted wraps a shared store's write whose connection
+	// failed after its commit was sent, when the store could not read back
+	// whether it committed (or did, and lost its answer). The write may be
+	// in the store: its caller neither undoes it nor sends it again, and
+	// keeps the safe side of both outcomes (what it gave back is given;
+	// what it took counts as taken and unused).
+	ErrMaybeCommitted = errors.New("budget: the write may have been committed")
 )
 
 // PausedError refuses an upstream call that does not fit a ceiling.
@@ -72,6 +79,8 @@ type SharedLedger interface {
 	// it, and in the same transaction subtracts each giveBack from its own
 	// day (whether or not the lease fits). It reports whether the lease
 	// was taken, and the day's and month's totals after the transaction.
+	// An error wrapping ErrMaybeCommitted is a transaction that may have
+	// committed: its giveBack counts as given, its lease as not taken.
 	LeaseUnder(ctx context.Context, day string, calls, microUSD int64, lim Ceilings, giveBack ...LedgerDay) (SharedTotals, bool, error)
 }
 

@@ -101,6 +101,10 @@ func (g *Global) topUpFor(ctx context.Context, r *Reservation) error {
 		// ledger. Headroom the ledger already holds for its day covers it
 		// first, as far as it goes: a settlement adding a call beside an
 		// unused lease could pass the ceiling the lease was sized under.
+		// What the write may have given back is no longer held.
+		if errors.Is(err, ErrMaybeCommitted) {
+			g.gaveBack(give)
+		}
 		if hand != (DayTotals{}) {
 			cover(&hand, r)
 		} else {
@@ -288,6 +292,9 @@ func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
 
 		g.mu.Lock()
 		if err != nil {
+			if errors.Is(err, ErrMaybeCommitted) {
+				g.gaveBack(give) // sent again, it could be given back twice
+			}
 			if hand != (DayTotals{}) {
 				cover(&hand, r)
 			} else {
@@ -402,6 +409,11 @@ func (g *Global) Refresh(ctx context.Context, now time.Time) error {
 	g.mu.Unlock()
 	tot, _, err := g.shared.LeaseUnder(ctx, day, 0, 0, Ceilings{}, give...)
 	if err != nil {
+		if errors.Is(err, ErrMaybeCommitted) {
+			g.mu.Lock()
+			g.gaveBack(give)
+			g.mu.Unlock()
+		}
 		return fmt.Errorf("%w: refresh from the shared ledger: %w", ErrLedger, err)
 	}
 	g.mu.Lock()

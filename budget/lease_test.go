@@ -653,3 +653,59 @@ func TestLeaseSharedShrinksToWhatIsLeft(t *testing.T) {
 	}
 	book.assertClean(t)
 }
+
+// maybeBook is a sharedBook whose next LeaseUnder, once armed, is written
+// and then answered with an error wrapping ErrMaybeCommitted, as a shared
+// store does when the connection fails after the commit.
+type maybeBook struct {
+	sharedBook
+	armed bool
+}
+
+func (m *maybeBook) LeaseUnder(ctx context.Context, day string, calls, micro int64, lim Ceilings, give ...LedgerDay) (SharedTotals, bool, error) {
+	tot, ok, err := m.sharedBook.LeaseUnder(ctx, day, calls, micro, lim, give...)
+	if err == nil && m.armed {
+		m.armed = false
+		return SharedTotals{}, false, fmt.Errorf("lost connection: %w", ErrMaybeCommitted)
+	}
+	return tot, ok, err
+}
+
+// What a write that may have committed gave back is not given back again:
+// neither by the top-up that failed so, nor by the refresh after a
+// refresh that failed so. A day's totals then never fall below its calls.
+func TestLeaseGiveBackMaybeCommittedIsNotSentAgain(t *testing.T) {
+	cfg := Config{DailyRequests: 1000} // leases of 10 calls
+	book := newBook(cfg)
+	l := &maybeBook{sharedBook: sharedBook{book}}
+	g := mustGlobal(t, cfg, l, GlobalState{})
+	call(t, g, l, 0, 0, leaseNoon) // a lease of 10, one call made
+	tomorrow := leaseNoon.Add(24 * time.Hour)
+	l.armed = true // the first write of tomorrow gives back today's 9
+	r, err := g.Claim(0, tomorrow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Commit(t.Context(), &r); !errors.Is(err, ErrMaybeCommitted) {
+		t.Fatalf("Commit = %v, want the ledger's ErrMaybeCommitted", err)
+	}
+	if err := g.Refresh(t.Context(), tomorrow); err != nil {
+		t.Fatal(err)
+	}
+	call(t, g, l, 0, 0, tomorrow)
+	if d := book.day(leaseDay); d.Requests != 1 {
+		t.Errorf("the first day after its give-back: %+v, want its 1 call", d)
+	}
+	call(t, g, l, 0, 0, tomorrow.Add(24*time.Hour))
+	l.armed = true // a refresh gives back the second day's lease
+	if err := g.Refresh(t.Context(), tomorrow.Add(48*time.Hour)); !errors.Is(err, ErrMaybeCommitted) {
+		t.Fatalf("Refresh = %v, want the ledger's ErrMaybeCommitted", err)
+	}
+	if err := g.Refresh(t.Context(), tomorrow.Add(48*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if d := book.day("2026-12-02"); d.Requests != 1 {
+		t.Errorf("the third day after its give-back: %+v, want its 1 call", d)
+	}
+	book.assertClean(t)
+}

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -226,6 +227,35 @@ func TestFailedRecordPausesPaidCalls(t *testing.T) {
 	}
 	if _, r := f.g.Admit(alice, later); r != nil {
 		t.Fatalf("after the probe's record: %+v", r)
+	}
+}
+
+// A record that may have committed (its connection failed after the
+// commit was sent, and the store could not read back whether it did) is
+// not undone: no second settlement gives the lease's rest back again, the
+// quota slot stays taken, the claim counts at its worst case, and the
+// result is still withheld with paid calls paused.
+func TestMaybeCommittedRecordIsNotUndone(t *testing.T) {
+	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
+	f.usage.err = fmt.Errorf("postgres: usage record of alice: %w", budget.ErrMaybeCommitted)
+	tk, _ := f.g.Admit(alice, now)
+	tk.Reserve(1000, now)
+	tk.Commit(t.Context(), now)
+	if _, err := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now); !errors.Is(err, budget.ErrMaybeCommitted) {
+		t.Fatalf("Record = %v, want the store's ErrMaybeCommitted", err)
+	}
+	tk.Release() // as the handler does after every read
+	if len(f.ledger.settled) != 0 {
+		t.Errorf("settled %+v after a record that may have committed, want nothing", f.ledger.settled)
+	}
+	if st := f.brake.Status(now); st.SpendMicroUSD != 1000 || st.Requests != 1 {
+		t.Errorf("brake %+v, want the call at its worst case (1000)", st)
+	}
+	if _, err := f.quotas.Reserve("alice", 1, now); err == nil {
+		t.Error("a slot of a quota of 1 was free after a record that may have used it")
+	}
+	if _, r := f.g.Admit(alice, now.Add(time.Second)); r == nil || r.Layer != LayerUsage {
+		t.Fatalf("after it: %+v, want paid calls paused", r)
 	}
 }
 

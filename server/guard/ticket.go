@@ -318,7 +318,10 @@ func (t *Ticket) settlement() (earlier []budget.Reservation, last budget.Reserva
 // the call's claim at cost, in one durable transaction, before the answer.
 // It returns the user's reads this month, counting this one. On an error
 // nothing of the read is counted, the quota slot is given back, and paid
-// calls pause (see Admit): the caller withholds the result.
+// calls pause (see Admit): the caller withholds the result. On an error
+// wrapping budget.ErrMaybeCommitted the record may have been written:
+// neither its settlement nor its slot is given back (the safe side of
+// both outcomes), and the result is still withheld.
 func (t *Ticket) Record(ctx context.Context, rec budget.UsageRecord, cost int64, now time.Time) (used int64, err error) {
 	g := t.g
 	earlier, last, claimed := t.settlement()
@@ -330,12 +333,18 @@ func (t *Ticket) Record(ctx context.Context, rec budget.UsageRecord, cost int64,
 		settlement = last.Settlement(cost)
 	}
 	if err := g.layers.Usage.RecordUsage(ctx, t.slot.Month, rec, settlement); err != nil {
+		t.done = true
+		g.records.start(now)
+		if errors.Is(err, budget.ErrMaybeCommitted) {
+			if claimed {
+				g.layers.Brake.Settled(last, last.Worst)
+			}
+			return 0, err
+		}
 		if claimed {
 			t.settle(ctx, last, cost)
 		}
-		t.done = true
 		t.releaseSlot()
-		g.records.start(now)
 		return 0, err
 	}
 	g.records.end()

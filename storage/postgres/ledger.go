@@ -37,7 +37,10 @@ func (m *Money) Lease(ctx context.Context, day string, calls, microUSD int64, gi
 // LeaseUnder adds calls and microUSD to day and its month if every ceiling
 // of lim that is on still holds after it, and gives back giveBack in the
 // same transaction whether or not it does; it returns the totals after
-// it. day may be "" when calls and microUSD are 0.
+// it. day may be "" when calls and microUSD are 0. An error wrapping
+// budget.ErrMaybeCommitted is a lease and give-back that may have been
+// written (outcome.go): whether the lease was taken is unknown. It waits
+// for the database no longer than MoneyOptions.OpTimeout.
 func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int64, lim budget.Ceilings, giveBack ...budget.LedgerDay) (budget.SharedTotals, bool, error) {
 	if calls < 0 || microUSD < 0 {
 		return budget.SharedTotals{}, false, errors.New("postgres: negative lease")
@@ -60,14 +63,22 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 		tot budget.SharedTotals
 		ok  bool
 	)
+	ctx, cancel := context.WithTimeout(ctx, m.opTO)
+	defer cancel()
+	m.leasing.Lock()
+	defer m.leasing.Unlock()
 	var err error
 	for range retries { // a deadlock's victim is rolled back whole: run it again
-		err = m.db.pool.QueryRow(ctx, `SELECT ok, day_calls, day_micro, day_settled, month_micro, day_settled_calls, day_dead_micro
+		b := &pgx.Batch{}
+		token := m.queueToken(b, laneLease)
+		b.Queue(`SELECT ok, day_calls, day_micro, day_settled, month_micro, day_settled_calls, day_dead_micro
 			FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
 			day, calls, microUSD, lim.DailyRequests, lim.DailyMicroUSD, lim.MonthlyMicroUSD, days, backCalls, backMicro,
 			m.owner, m.now().Add(-HoldTTL),
-		).Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD, &tot.SettledCalls, &tot.DeadMicroUSD)
-		if !retryable(err) {
+		).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD, &tot.SettledCalls, &tot.DeadMicroUSD)
+		})
+		if err = m.send(ctx, b, laneLease, token); !retryable(err) {
 			break
 		}
 	}
@@ -88,7 +99,10 @@ func (m *Money) Settle(ctx context.Context, s budget.Settlement) error {
 	if err != nil || len(steps) == 0 {
 		return err
 	}
-	return m.do(ctx, &groupOp{steps: steps})
+	if err := m.do(ctx, &groupOp{steps: steps}); !errors.Is(err, errUnread) {
+		return err
+	}
+	return nil // committed: a settlement reads nothing
 }
 
 // settleSteps are the statements that settle s, a call of owner's: its

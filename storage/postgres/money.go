@@ -92,6 +92,8 @@ type Money struct {
 	opTO  time.Duration
 	keep  func(b *pgx.Batch, rec budget.UsageRecord) error
 
+	leasing sync.Mutex // one lease at a time: its lane's token is read back alone (outcome.go)
+
 	queue   chan *groupOp
 	groups  chan []*groupOp // from the dispatcher to the committers
 	freed   chan int        // a committer of this lane is free again
@@ -103,6 +105,8 @@ type Money struct {
 	// txs counts the transactions committed (groups and leases), writes
 	// the writes they carried, for metrics and benchmarks.
 	txs, writes atomic.Int64
+	// tokens numbers the transactions for outcome (outcome.go).
+	tokens atomic.Int64
 
 	cache    quotaCache
 	attempts attemptCache
@@ -138,8 +142,9 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 	// Instances gone for a day (crashed, never restarted with this id)
 	// leave rows that no longer count: remove them. No one else writes
 	// them, so this takes no lock out of order.
-	_, err := db.pool.Exec(ctx, `WITH gone AS (DELETE FROM money_owners WHERE seen_at < $1 RETURNING owner)
-		DELETE FROM quota_holds WHERE owner IN (SELECT owner FROM gone)`, m.now().Add(-staleOwner))
+	_, err := db.pool.Exec(ctx, `WITH gone AS (DELETE FROM money_owners WHERE seen_at < $1 RETURNING owner),
+		holds AS (DELETE FROM quota_holds WHERE owner IN (SELECT owner FROM gone))
+		DELETE FROM money_groups WHERE owner IN (SELECT owner FROM gone)`, m.now().Add(-staleOwner))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: remove stale instances: %w", err)
 	}
@@ -173,7 +178,8 @@ func (m *Money) Writes() int64 { return m.writes.Load() }
 func (m *Money) Close(ctx context.Context) error {
 	m.once.Do(func() { close(m.stop) })
 	m.done.Wait()
-	_, err := m.db.pool.Exec(ctx, `WITH h AS (DELETE FROM quota_holds WHERE owner = $1)
+	_, err := m.db.pool.Exec(ctx, `WITH h AS (DELETE FROM quota_holds WHERE owner = $1),
+		g AS (DELETE FROM money_groups WHERE owner = $1)
 		DELETE FROM money_owners WHERE owner = $1`, m.owner)
 	if err != nil {
 		return fmt.Errorf("postgres: give the quota holds back: %w", err)
@@ -325,8 +331,8 @@ func (m *Money) do(ctx context.Context, op *groupOp) error {
 // the bolt backend gives them (attempts written behind every second,
 // holds that a crash gives back). A crash of PostgreSQL itself may lose
 // its last fraction of a second of them: a few attempts not counted, and
-// the holds of reads in flight, which then fail to record and are not
-// charged. A read would then wait for two disk writes, not one.
+// the holds of reads in flight, which the quota then does not count until
+// they are recorded (a user at the edge may pass it by that many reads). A read would then wait for two disk writes, not one.
 const (
 	laneRows   = iota // counters: no ledger row, no usage row
 	laneLedger        // a ledger row or a usage row
@@ -452,6 +458,7 @@ func (m *Money) runSteps(lane int, steps []step) error {
 	// One pipeline with one Sync: PostgreSQL runs it as one implicit
 	// transaction (all or nothing), in one round trip.
 	b := &pgx.Batch{}
+	token := m.queueToken(b, lane)
 	if lane == laneRows {
 		// For this transaction only (is_local): the session keeps on.
 		b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
@@ -459,7 +466,7 @@ func (m *Money) runSteps(lane int, steps []step) error {
 	for _, s := range steps {
 		s.queue(b)
 	}
-	if err := m.db.pool.SendBatch(ctx, b).Close(); err != nil {
+	if err := m.send(ctx, b, lane, token); err != nil {
 		return fmt.Errorf("postgres: money transaction: %w", err)
 	}
 	m.txs.Add(1)

@@ -311,7 +311,14 @@ func (m *Money) retryReleases() {
 	}
 	ctx, cancel := m.ctx()
 	defer cancel()
-	if err := m.do(ctx, op); err != nil {
+	err := m.do(ctx, op)
+	switch {
+	case errors.Is(err, budget.ErrMaybeCommitted) && !errors.Is(err, errUnread):
+		// Perhaps given back: sent again, it could end other reads' holds.
+		// Kept, they count against the users' quotas until this instance
+		// stops (the safe side).
+		m.log.Error("postgres: quota holds whose release may not have been written stay held", "error", err)
+	case err != nil && !errors.Is(err, errUnread):
 		for k, n := range owed {
 			m.releases.add(k[0], k[1], n)
 		}

@@ -22,8 +22,11 @@ import (
 // RecordUsage commits rec's quota increment (quota_counts of month), its
 // usage row, the end of its quota hold and settlement s (a zero Settlement
 // settles nothing), and rec.Answer when MoneyOptions.KeepAnswer is set, in
-// one durable transaction. On an error nothing of rec was written. ctx
-// bounds only the wait for a place in the group commit.
+// one durable transaction. On an error nothing of rec was written, except
+// on one wrapping budget.ErrMaybeCommitted: the transaction's connection
+// failed after its commit was sent, and whether it committed could not be
+// read back (outcome.go); one that did commit is no error. ctx bounds only
+// the wait for a place in the group commit.
 func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageRecord, s budget.Settlement) error {
 	if rec.UserID == "" || rec.Time.IsZero() {
 		return errors.New("postgres: a usage record needs a user and a time")
@@ -56,11 +59,31 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 			}
 		}()
 	}
-	if err := m.do(ctx, op); err != nil {
+	err = m.do(ctx, op)
+	if errors.Is(err, errUnread) { // committed: only the count it read is lost
+		used, err = m.usedNow(rec.UserID, month), nil
+	}
+	if err != nil {
 		return fmt.Errorf("postgres: usage record of %s: %w", rec.UserID, err)
 	}
 	m.cache.setUsed(rec.UserID, month, used)
 	return nil
+}
+
+// usedNow reads user's recorded reads in month, or the cache's count
+// plus one if the database cannot answer.
+func (m *Money) usedNow(user, month string) int64 {
+	ctx, cancel := m.ctx()
+	defer cancel()
+	var used int64
+	err := m.db.pool.QueryRow(ctx, "SELECT coalesce(max(used), 0) FROM quota_counts WHERE user_id = $1 AND month = $2", user, month).Scan(&used)
+	if err != nil {
+		c := &m.cache
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.used[user] + 1
+	}
+	return used
 }
 
 // UsageBody decodes a usage row's body.
