@@ -128,6 +128,9 @@ func (e *env) checkPostgres() error {
 	default:
 		fmt.Fprintf(out, "storage: schema %d (current); %s\n", f.Schema, records)
 	}
+	if f.ServerNum < postgres.MinServer {
+		fmt.Fprintf(out, "warning: PostgreSQL %s is older than 14: a usage record whose connection fails after its commit cannot be read back, and its read is then withheld (503) though it may be charged\n", f.Server)
+	}
 	if f.SynchronousCommit != "on" {
 		fmt.Fprintf(out, "note: the server's synchronous_commit is %q; Breakwater's sessions set it on\n", f.SynchronousCommit)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -178,5 +179,53 @@ func TestMigrateRefusesAHeldDatabase(t *testing.T) {
 		envFrom(map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": migrateSecret}), &out, &errOut)
 	if err == nil || !strings.Contains(err.Error(), "stop it first") {
 		t.Fatalf("migrate of a held database: %v, want a refusal that says to stop the server", err)
+	}
+}
+
+// config check on the postgres backend connects, writing nothing, and
+// says the server, the schema and the records; it refuses a missing or
+// malformed URL.
+func TestConfigCheckOnPostgres(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
+	check := func(env map[string]string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), []string{"config", "check", "--config", cfg}, envFrom(env), &out, &errOut)
+		return out.String() + errOut.String(), err
+	}
+	secret := map[string]string{"BREAKWATER_SECRET": migrateSecret}
+	if out, err := check(secret); err == nil || !strings.Contains(err.Error(), postgres.EnvURL) {
+		t.Errorf("without %s: %v\n%s", postgres.EnvURL, err, out)
+	}
+	if out, err := check(map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: "postgres://%zz"}); err == nil ||
+		!strings.Contains(err.Error(), "not a valid connection string") || strings.Contains(err.Error()+out, "%zz") {
+		t.Errorf("a malformed URL: %v\n%s", err, out)
+	}
+	env := map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: url}
+	out, err := check(env)
+	if err != nil {
+		t.Fatalf("config check: %v\n%s", err, out)
+	}
+	for _, want := range []string{"storage: postgres, database ", "(PostgreSQL 1", "storage: no Breakwater tables yet"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("fresh database: no %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "older than 14") {
+		t.Errorf("a current server reported as too old:\n%s", out)
+	}
+	db, err := postgres.Open(context.Background(), url, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables int
+	if err := db.Pool().QueryRow(context.Background(), "SELECT count(*) FROM breakwater_schema").Scan(&tables); err != nil || tables == 0 {
+		t.Fatalf("the schema after Open: %d, %v", tables, err)
+	}
+	db.Close()
+	out, err = check(env)
+	want := fmt.Sprintf("storage: schema %d (current); 0 active keys, 0 users", postgres.LatestSchema())
+	if err != nil || !strings.Contains(out, want) {
+		t.Errorf("after the migration: %v, want %q in\n%s", err, want, out)
 	}
 }

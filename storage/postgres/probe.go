@@ -10,9 +10,12 @@ import (
 
 // Found is what Probe found in a database.
 type Found struct {
-	Server   string // the server's version, "15.14 (Debian 15.14-0+deb12u1)"
-	Database string // the database's name
-	Host     string // the host (or socket folder) connected to
+	Server string // the server's version, "15.14 (Debian 15.14-0+deb12u1)"
+	// ServerNum is the same as a number, 150014: at least MinServer
+	// for every guarantee (see MinServer).
+	ServerNum int
+	Database  string // the database's name
+	Host      string // the host (or socket folder) connected to
 	// Schema is the database's schema version, 0 for a database that
 	// Breakwater has not used yet; Latest is this binary's.
 	Schema, Latest int
@@ -22,6 +25,12 @@ type Found struct {
 	// sessions set it on whatever it says.
 	SynchronousCommit string
 }
+
+// MinServer is the oldest PostgreSQL (server_version_num) that keeps every
+// guarantee: 14 ends a session and waits for it (pg_terminate_backend with
+// a timeout), which reading back a commit whose answer was lost needs
+// (outcome.go). On an older server such a read is withheld and not undone.
+const MinServer = 140000
 
 // Probe connects to the database at url and says what it holds, writing
 // nothing (no migration): what `config check` reports. A database whose
@@ -40,7 +49,7 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	}
 	defer conn.Close(context.Background())
 	f := Found{Database: cfg.Database, Host: cfg.Host, Latest: LatestSchema()}
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit')").Scan(&f.Server, &f.SynchronousCommit); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int, current_setting('synchronous_commit')").Scan(&f.Server, &f.ServerNum, &f.SynchronousCommit); err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
 	}
 	var exists bool
