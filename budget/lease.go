@@ -239,12 +239,15 @@ func (g *Global) Close(ctx context.Context) error {
 		return nil
 	}
 	err := g.ledger.Lease(ctx, "", 0, 0, give...)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrMaybeCommitted) {
 		return fmt.Errorf("%w: give the budget lease back: %w", ErrLedger, err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.gaveBack(give)
+	g.gaveBack(give) // or perhaps: sent again, it could be given back twice
+	if err != nil {
+		return fmt.Errorf("%w: give the budget lease back: %w", ErrLedger, err)
+	}
 	return nil
 }
 

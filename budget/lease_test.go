@@ -671,9 +671,19 @@ func (m *maybeBook) LeaseUnder(ctx context.Context, day string, calls, micro int
 	return tot, ok, err
 }
 
+func (m *maybeBook) Lease(ctx context.Context, day string, calls, micro int64, give ...LedgerDay) error {
+	err := m.sharedBook.Lease(ctx, day, calls, micro, give...)
+	if err == nil && m.armed {
+		m.armed = false
+		return fmt.Errorf("lost connection: %w", ErrMaybeCommitted)
+	}
+	return err
+}
+
 // What a write that may have committed gave back is not given back again:
 // neither by the top-up that failed so, nor by the refresh after a
-// refresh that failed so. A day's totals then never fall below its calls.
+// refresh that failed so, nor by a Close after a Close that failed so. A
+// day's totals then never fall below its calls.
 func TestLeaseGiveBackMaybeCommittedIsNotSentAgain(t *testing.T) {
 	cfg := Config{DailyRequests: 1000} // leases of 10 calls
 	book := newBook(cfg)
@@ -706,6 +716,19 @@ func TestLeaseGiveBackMaybeCommittedIsNotSentAgain(t *testing.T) {
 	}
 	if d := book.day("2026-12-02"); d.Requests != 1 {
 		t.Errorf("the third day after its give-back: %+v, want its 1 call", d)
+	}
+	fourth := tomorrow.Add(48 * time.Hour)
+	call(t, g, l, 0, 0, fourth)
+	l.armed = true // Close gives back the fourth day's lease
+	if err := g.Close(t.Context()); !errors.Is(err, ErrMaybeCommitted) {
+		t.Fatalf("Close = %v, want the ledger's ErrMaybeCommitted", err)
+	}
+	call(t, g, l, 0, 0, fourth) // the brake still works after Close: a lease of one call
+	if err := g.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if d := book.day("2026-12-03"); d.Requests != 2 {
+		t.Errorf("the fourth day after Close: %+v, want its 2 calls", d)
 	}
 	book.assertClean(t)
 }

@@ -65,8 +65,12 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 	)
 	ctx, cancel := context.WithTimeout(ctx, m.opTO)
 	defer cancel()
-	m.leasing.Lock()
-	defer m.leasing.Unlock()
+	select {
+	case m.leasing <- struct{}{}:
+		defer func() { <-m.leasing }()
+	case <-ctx.Done():
+		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease budget on %s: %w", day, ctx.Err())
+	}
 	var err error
 	for range retries { // a deadlock's victim is rolled back whole: run it again
 		b := &pgx.Batch{}

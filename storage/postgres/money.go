@@ -92,7 +92,7 @@ type Money struct {
 	opTO  time.Duration
 	keep  func(b *pgx.Batch, rec budget.UsageRecord) error
 
-	leasing sync.Mutex // one lease at a time: its lane's token is read back alone (outcome.go)
+	leasing chan struct{} // one lease at a time: its lane's token is read back alone (outcome.go)
 
 	queue   chan *groupOp
 	groups  chan []*groupOp // from the dispatcher to the committers
@@ -124,7 +124,7 @@ func NewMoney(ctx context.Context, db *DB, opts MoneyOptions) (*Money, error) {
 	m := &Money{
 		db: db, loc: opts.Location, cal: budget.NewCalendar(opts.Location), now: opts.Now, log: opts.Logger,
 		owner: hex.EncodeToString(id[:]), opTO: opts.OpTimeout, keep: opts.KeepAnswer,
-		queue: make(chan *groupOp, maxGroup), groups: make(chan []*groupOp), freed: make(chan int, writers),
+		queue: make(chan *groupOp, maxGroup), leasing: make(chan struct{}, 1), groups: make(chan []*groupOp), freed: make(chan int, writers),
 		stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	if m.now == nil {
@@ -405,11 +405,11 @@ func (m *Money) commit() {
 // commitGroup runs ops in one transaction and tells each its outcome. A
 // statement that fails with the server's error (one op's bad input) would
 // fail them all: the group is then run again one op at a time, so that
-// only that op fails.
+// only that op fails; not a group that may have committed (outcome.go).
 func (m *Money) commitGroup(ops []*groupOp) {
 	err := m.runGroup(ops)
 	var pgErr *pgconn.PgError
-	if err != nil && len(ops) > 1 && errors.As(err, &pgErr) {
+	if err != nil && len(ops) > 1 && errors.As(err, &pgErr) && !errors.Is(err, budget.ErrMaybeCommitted) {
 		for _, op := range ops {
 			op.done <- m.runGroup([]*groupOp{op})
 		}

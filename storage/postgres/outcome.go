@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,15 +51,35 @@ func (m *Money) send(ctx context.Context, b *pgx.Batch, lane int, token int64) e
 	if err != nil {
 		return err // nothing sent
 	}
-	defer conn.Release()
 	err = conn.SendBatch(ctx, b).Close()
 	if err == nil || !maybeSent(err) {
+		conn.Release()
 		return err
 	}
-	pid := conn.Conn().PgConn().PID()
-	// Not back to the pool: its session may be one outcome ends.
+	pid, known := conn.Conn().PgConn().CustomData()[pidKey].(int32)
+	// Not back to the pool (its session may be the one outcome ends), and
+	// its place in the pool free for outcome's own.
 	_ = conn.Conn().Close(context.Background())
+	conn.Release()
+	if !known {
+		return m.unknown(lane, err, errors.New("its session's id is not known"))
+	}
 	return m.outcome(pid, lane, token, err)
+}
+
+// pidKey keys a connection's session id in pgconn's CustomData.
+const pidKey = "breakwater.pid"
+
+// notePID keeps a new connection's session id as the server knows it, for
+// outcome: pg_backend_pid, not the id the connection's start-up message
+// gave (a pooler gives one of its own).
+func notePID(ctx context.Context, c *pgx.Conn) error {
+	var pid int32
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return err
+	}
+	c.PgConn().CustomData()[pidKey] = pid
+	return nil
 }
 
 // maybeSent reports whether a transaction that failed with err may have
@@ -71,7 +92,8 @@ func maybeSent(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+		severity := cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity)
+		return severity == "FATAL" || severity == "PANIC"
 	}
 	return true
 }
@@ -81,29 +103,24 @@ func maybeSent(err error) bool {
 // session (pg_terminate_backend, PostgreSQL 14 or later; the role may end
 // its own sessions) and waits for it to be gone, then reads lane's token,
 // all within the group transaction's time.
-func (m *Money) outcome(pid uint32, lane int, token int64, cause error) error {
+func (m *Money) outcome(pid int32, lane int, token int64, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
 	defer cancel()
-	unknown := func(err error) error {
-		m.log.Error("postgres: a money transaction failed after its commit was sent, and whether it committed cannot be told: it is taken as committed, and not undone",
-			"lane", lane, "error", cause, "reading back", err)
-		return fmt.Errorf("%w: %w (reading it back: %w)", budget.ErrMaybeCommitted, cause, err)
-	}
 	conn, err := m.db.pool.Acquire(ctx)
 	if err != nil {
-		return unknown(err)
+		return m.unknown(lane, cause, err)
 	}
 	defer conn.Release()
 	wait := max(m.opTO.Milliseconds()/2, 1)
-	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1, $2)", int32(pid), wait); err != nil {
-		return unknown(err)
+	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1, $2)", pid, wait); err != nil {
+		return m.unknown(lane, cause, err)
 	}
 	var alive bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", int32(pid)).Scan(&alive); err != nil {
-		return unknown(err)
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive); err != nil {
+		return m.unknown(lane, cause, err)
 	}
 	if alive {
-		return unknown(fmt.Errorf("its session %d did not end", pid))
+		return m.unknown(lane, cause, fmt.Errorf("its session %d did not end", pid))
 	}
 	var last int64
 	err = conn.QueryRow(ctx, "SELECT token FROM money_groups WHERE owner = $1 AND lane = $2", m.owner, lane).Scan(&last)
@@ -111,8 +128,16 @@ func (m *Money) outcome(pid uint32, lane int, token int64, cause error) error {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && last != token:
 		return cause
 	case err != nil:
-		return unknown(err)
+		return m.unknown(lane, cause, err)
 	}
 	m.log.Warn("postgres: a money transaction committed, and its connection failed before its answers were read", "lane", lane, "error", cause)
 	return fmt.Errorf("%w (%w)", errUnread, cause)
+}
+
+// unknown is the answer for a transaction of lane that failed with cause
+// and may have committed, when reading it back failed with err.
+func (m *Money) unknown(lane int, cause, err error) error {
+	m.log.Error("postgres: a money transaction failed after its commit was sent, and whether it committed cannot be told: it is taken as committed, and not undone",
+		"lane", lane, "error", cause, "reading back", err)
+	return fmt.Errorf("%w: %w (reading it back: %w)", budget.ErrMaybeCommitted, cause, err)
 }

@@ -2,8 +2,12 @@ package postgres_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
 	"log/slog"
+	"net"
+	neturl "net/url"
 	"testing"
 	"time"
 
@@ -18,7 +22,7 @@ import (
 // timeout, as a stalled standby or disk does.
 
 // stalledCluster starts a cluster with a database "money", and an
-// instance on it whose group transactions time out after a second.
+// instance on it (openTimed).
 func stalledCluster(t *testing.T) (*pgtest.Cluster, *instance, *instance) {
 	t.Helper()
 	c := pgtest.NewCluster(t)
@@ -26,13 +30,20 @@ func stalledCluster(t *testing.T) (*pgtest.Cluster, *instance, *instance) {
 	if _, err := admin.db.Pool().Exec(context.Background(), "CREATE DATABASE money"); err != nil {
 		t.Fatal(err)
 	}
+	return c, admin, openTimed(t, c.URL("money"))
+}
+
+// openTimed opens an instance on url whose group transactions time out
+// after opTimeout, closed within 5 seconds when t ends.
+func openTimed(t *testing.T, url string) *instance {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := postgres.Open(ctx, c.URL("money"), postgres.Options{Logger: slog.New(slog.DiscardHandler), MaxConns: 8})
+	db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler), MaxConns: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, Now: func() time.Time { return testNow }, OpTimeout: time.Second})
+	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, Now: func() time.Time { return testNow }, OpTimeout: opTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +53,62 @@ func stalledCluster(t *testing.T) (*pgtest.Cluster, *instance, *instance) {
 		_ = m.Close(ctx)
 		db.Close()
 	})
-	return c, admin, &instance{db: db, m: m}
+	return &instance{db: db, m: m}
+}
+
+// opTimeout is the instances' time for a group transaction: each stalled
+// write of these tests waits for it, and a loaded machine must still do
+// the writes that set them up within it.
+const opTimeout = 3 * time.Second
+
+// poolerIDs is the address of a proxy to target that, as a connection
+// pooler does, gives its clients session ids (BackendKeyData) of its own,
+// which are no server session's.
+func poolerIDs(t *testing.T, target string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for id := uint32(1 << 30); ; id++ {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(server, client); server.Close() }()
+			go func() { defer client.Close(); rewriteIDs(client, server, id) }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// rewriteIDs copies the server's messages to the client, message by
+// message, with id in place of the session id of BackendKeyData.
+func rewriteIDs(client io.Writer, server io.Reader, id uint32) {
+	for {
+		head := make([]byte, 5) // type, length (counting itself)
+		if _, err := io.ReadFull(server, head); err != nil {
+			return
+		}
+		msg := make([]byte, 1+binary.BigEndian.Uint32(head[1:]))
+		copy(msg, head)
+		if _, err := io.ReadFull(server, msg[5:]); err != nil {
+			return
+		}
+		if msg[0] == 'K' {
+			binary.BigEndian.PutUint32(msg[5:9], id)
+		}
+		if _, err := client.Write(msg); err != nil {
+			return
+		}
+	}
 }
 
 // standby makes every commit of the cluster wait for a synchronous
@@ -190,12 +256,30 @@ func TestUnknownOutcomeSaysMaybeCommitted(t *testing.T) {
 // A usage record whose group waited for a row lock past the timeout did
 // not commit, and never will: its session is ended before the failure is
 // reported, so that the caller may undo the read (settle it, give its
-// slot back) without the record landing later beside the undoing.
+// slot back) without the record landing later beside the undoing. Behind
+// a pooler the session is found by its server id, not the pooler's.
 func TestTimedOutRecordNeverLandsLater(t *testing.T) {
-	_, _, in := stalledCluster(t)
+	for _, pooler := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "behind a pooler"}[pooler], func(t *testing.T) {
+			url := pgtest.NewDatabase(t)
+			direct := openInstance(t, url)
+			if pooler {
+				u, err := neturl.Parse(url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				u.Host = poolerIDs(t, u.Host)
+				url = u.String()
+			}
+			timedOutRecord(t, direct, openTimed(t, url))
+		})
+	}
+}
+
+func timedOutRecord(t *testing.T, direct, in *instance) {
 	slot := alicesReads(t, in)
 	ctx := context.Background()
-	tx, err := in.db.Pool().Begin(ctx)
+	tx, err := direct.db.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,16 +296,16 @@ func TestTimedOutRecordNeverLandsLater(t *testing.T) {
 	}
 	// A session left waiting would now write the record, and be active
 	// until it has.
-	for deadline := time.Now().Add(10 * time.Second); count(t, in, `SELECT count(*) FROM pg_stat_activity
+	for deadline := time.Now().Add(10 * time.Second); count(t, direct, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'`) > 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("a session of the database stayed active")
 		}
 	}
-	if n := count(t, in, "SELECT count(*) FROM usage_rows"); n != 0 {
+	if n := count(t, direct, "SELECT count(*) FROM usage_rows"); n != 0 {
 		t.Errorf("%d usage rows after the lock was released, want none", n)
 	}
-	if n := count(t, in, "SELECT sum(n) FROM quota_holds WHERE user_id = 'alice'"); n != 2 {
+	if n := count(t, direct, "SELECT sum(n) FROM quota_holds WHERE user_id = 'alice'"); n != 2 {
 		t.Errorf("holds %d, want both reads still held", n)
 	}
 }

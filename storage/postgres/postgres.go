@@ -92,6 +92,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	// the server's disk (and a synchronous standby's, if one is set up).
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
+	cfg.AfterConnect = notePID
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

@@ -81,6 +81,9 @@ func (m *Money) usedNow(user, month string) int64 {
 		c := &m.cache
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		if !c.at(month) {
+			return 1
+		}
 		return c.used[user] + 1
 	}
 	return used
