@@ -42,27 +42,10 @@ type instance struct {
 }
 
 // openInstance opens an instance on url, closed (cleanly) when t ends
-// unless the test crashes it.
+// unless the test crashes it. Its group transactions time out after 3 s.
 func openInstance(t testing.TB, url string) *instance {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler), MaxConns: 8})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, Now: func() time.Time { return testNow }, OpTimeout: 3 * time.Second})
-	if err != nil {
-		db.Close()
-		t.Fatalf("NewMoney: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = m.Close(ctx)
-		db.Close()
-	})
-	return &instance{db: db, m: m}
+	return openInstanceAt(t, url, func() time.Time { return testNow })
 }
 
 // twoInstances opens two instances on one fresh database.

@@ -5,14 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	neturl "net/url"
 	"testing"
 	"time"
 
 	"breakwater/budget"
-	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
 )
 
@@ -22,7 +20,8 @@ import (
 // timeout, as a stalled standby or disk does.
 
 // stalledCluster starts a cluster with a database "money", and an
-// instance on it (openTimed).
+// instance on it (its group transactions time out after 3 s: each stalled
+// write of these tests waits that long).
 func stalledCluster(t *testing.T) (*pgtest.Cluster, *instance, *instance) {
 	t.Helper()
 	c := pgtest.NewCluster(t)
@@ -30,36 +29,8 @@ func stalledCluster(t *testing.T) (*pgtest.Cluster, *instance, *instance) {
 	if _, err := admin.db.Pool().Exec(context.Background(), "CREATE DATABASE money"); err != nil {
 		t.Fatal(err)
 	}
-	return c, admin, openTimed(t, c.URL("money"))
+	return c, admin, openInstance(t, c.URL("money"))
 }
-
-// openTimed opens an instance on url whose group transactions time out
-// after opTimeout, closed within 5 seconds when t ends.
-func openTimed(t *testing.T, url string) *instance {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	db, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.DiscardHandler), MaxConns: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := postgres.NewMoney(ctx, db, postgres.MoneyOptions{Location: time.UTC, Now: func() time.Time { return testNow }, OpTimeout: opTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = m.Close(ctx)
-		db.Close()
-	})
-	return &instance{db: db, m: m}
-}
-
-// opTimeout is the instances' time for a group transaction: each stalled
-// write of these tests waits for it, and a loaded machine must still do
-// the writes that set them up within it.
-const opTimeout = 3 * time.Second
 
 // poolerIDs is the address of a proxy to target that, as a connection
 // pooler does, gives its clients session ids (BackendKeyData) of its own,
@@ -271,7 +242,7 @@ func TestTimedOutRecordNeverLandsLater(t *testing.T) {
 				u.Host = poolerIDs(t, u.Host)
 				url = u.String()
 			}
-			timedOutRecord(t, direct, openTimed(t, url))
+			timedOutRecord(t, direct, openInstance(t, url))
 		})
 	}
 }
