@@ -673,6 +673,9 @@ func CheckStart(cfg Config, getenv func(string) string) error {
 			errs = append(errs, errNoSharedSecret)
 		}
 	}
+	if s := getenv("BREAKWATER_SECRET"); s != "" && len(s) < invites.MinSecretLen {
+		errs = append(errs, fmt.Errorf("BREAKWATER_SECRET: %w", invites.ErrShortSecret))
+	}
 	return errors.Join(errs...)
 }
 

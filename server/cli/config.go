@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -41,7 +42,7 @@ func (e *env) configCheck() error {
 		return err
 	}
 	out, getenv := e.stdout, e.getenv
-	fmt.Fprintf(out, "%s: OK\n", e.config)
+	fmt.Fprintf(out, "%s: the file is valid\n", e.config)
 	if c.OCR.Provider == "simulated" {
 		fmt.Fprintln(out, "note: ocr.provider is \"simulated\": no real reads are made")
 	}
@@ -122,11 +123,20 @@ func (e *env) checkPostgres() error {
 	records := fmt.Sprintf("%d active %s, %d %s", f.Keys, plural(int(f.Keys), "key", "keys"), f.Users, plural(int(f.Users), "user", "users"))
 	switch {
 	case f.Schema == 0:
-		fmt.Fprintf(out, "storage: no Breakwater tables yet: serve (or keys create) makes them (schema %d)\n", f.Latest)
+		fmt.Fprintf(out, "storage: no Breakwater tables yet: serve (or keys create, or migrate) makes them (schema %d)\n", f.Latest)
 	case f.Schema < f.Latest:
 		fmt.Fprintf(out, "storage: schema %d, this binary's is %d: the first instance to start migrates it; %s\n", f.Schema, f.Latest, records)
 	default:
 		fmt.Fprintf(out, "storage: schema %d (current); %s\n", f.Schema, records)
+	}
+	if f.Schema < f.Latest && !f.CanCreate {
+		where := "any schema of its search_path (none exists)"
+		if f.SearchSchema != "" {
+			where = "schema " + f.SearchSchema
+		}
+		return fmt.Errorf("storage.backend = \"postgres\": the role %s may not create tables in %s of database %s, and the schema must be made or upgraded: "+
+			"make the role the database's owner (CREATE DATABASE %s OWNER %s), or GRANT CREATE ON SCHEMA %s TO %s",
+			f.Role, where, f.Database, f.Database, f.Role, cmp.Or(f.SearchSchema, "public"), f.Role)
 	}
 	if f.ServerNum < postgres.MinServer {
 		fmt.Fprintf(out, "warning: PostgreSQL %s is older than 14: a usage record whose connection fails after its commit cannot be read back, and its read is then withheld (503) though it may be charged\n", f.Server)

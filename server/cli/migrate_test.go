@@ -5,12 +5,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"breakwater/budget"
 	"breakwater/server/guard/state"
@@ -201,8 +204,32 @@ func TestConfigCheckOnPostgres(t *testing.T) {
 		!strings.Contains(err.Error(), "not a valid connection string") || strings.Contains(err.Error()+out, "%zz") {
 		t.Errorf("a malformed URL: %v\n%s", err, out)
 	}
+	if out, err := check(map[string]string{"BREAKWATER_SECRET": "short", postgres.EnvURL: url}); err == nil || !strings.Contains(err.Error(), "at least 16 bytes") {
+		t.Errorf("a secret serve refuses (5 bytes): %v\n%s", err, out)
+	}
+	// A role that may connect but not create tables: serve could not make
+	// the schema, so config check fails and says what to grant.
+	role := fmt.Sprintf("bw_check_%d", time.Now().UnixNano())
+	admin, err := pgx.Connect(context.Background(), url) // writes no schema, as Open would
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Exec(context.Background(), "DROP ROLE "+role) // before the connection closes
+	restricted, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restricted.User = neturl.User(role)
+	out, err := check(map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: restricted.String()})
+	if err == nil || !strings.Contains(err.Error(), "may not create tables") || !strings.Contains(err.Error(), "GRANT CREATE ON SCHEMA public TO "+role) {
+		t.Errorf("a role without CREATE: %v\n%s", err, out)
+	}
 	env := map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: url}
-	out, err := check(env)
+	out, err = check(env)
 	if err != nil {
 		t.Fatalf("config check: %v\n%s", err, out)
 	}

@@ -24,6 +24,12 @@ type Found struct {
 	// SynchronousCommit is the server's own setting; Breakwater's
 	// sessions set it on whatever it says.
 	SynchronousCommit string
+	// Role is the role connected as; CanCreate whether it may create
+	// tables where the schema goes (Schema, in the first schema of its
+	// search path), which making or upgrading the schema needs.
+	Role         string
+	SearchSchema string
+	CanCreate    bool
 }
 
 // MinServer is the oldest PostgreSQL (server_version_num) that keeps every
@@ -50,6 +56,11 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	defer conn.Close(context.Background())
 	f := Found{Database: cfg.Database, Host: cfg.Host, Latest: LatestSchema()}
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int, current_setting('synchronous_commit')").Scan(&f.Server, &f.ServerNum, &f.SynchronousCommit); err != nil {
+		return f, fmt.Errorf("postgres: %w", err)
+	}
+	err = conn.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''),
+		coalesce(current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE'), false)`).Scan(&f.Role, &f.SearchSchema, &f.CanCreate)
+	if err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
 	}
 	var exists bool
