@@ -115,8 +115,9 @@ type GlobalState struct {
 	Month      string // "2006-01"
 	MonthSpend int64  // micro-dollars that month
 	// With a shared ledger, the day's settled calls and costs (the
-	// service's figures, see Status) and the rests of dead instances.
-	SettledCalls, Settled, Dead int64
+	// service's figures, see Status), the month's settled costs, and the
+	// rests of dead instances.
+	SettledCalls, Settled, MonthSettled, Dead int64
 }
 
 // Global is layer 3, the emergency brake: a service-wide ceiling on
@@ -171,6 +172,8 @@ type Global struct {
 	// the money spent, without the worst cases that calls in flight on
 	// other instances hold; settledCalls the calls they were.
 	settled, settledCalls int64
+	// monthSettled is the same of this month: its settled costs.
+	monthSettled int64
 	// dead is, with a shared ledger, the money of today that instances
 	// no longer alive hold unsettled (SharedTotals.DeadMicroUSD): spent as
 	// far as the ceilings are concerned, since it will never settle.
@@ -205,7 +208,7 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 		loc: loc, cal: NewCalendar(loc), ledger: ledger, limits: ceilingsOf(cfg), soft: softCeilingsOf(cfg),
 		day: state.Day, requests: state.Requests, spend: state.Spend,
 		month: state.Month, monthSpend: state.MonthSpend,
-		settled: state.Settled, settledCalls: state.SettledCalls, dead: state.Dead,
+		settled: state.Settled, settledCalls: state.SettledCalls, monthSettled: state.MonthSettled, dead: state.Dead,
 	}
 	g.shared, _ = ledger.(SharedLedger)
 	return g, nil
@@ -423,6 +426,7 @@ func (g *Global) Settled(r Reservation, actual int64) {
 		g.open = max(g.open-r.Worst, 0)
 	}
 	if r.Month == g.month {
+		g.monthSettled += actual
 		g.monthSpend += delta
 		g.monthOpen = max(g.monthOpen-r.Worst, 0)
 	}
@@ -459,9 +463,10 @@ func (g *Global) Status(now time.Time) Status {
 	}
 	if g.shared != nil {
 		// The service's figures: the calls every instance made today and
-		// their cost, as settled; the ledger's totals also hold every
-		// instance's unused lease, which was not spent.
-		st.Requests, st.SpendMicroUSD = g.settledCalls, g.settled
+		// their cost, and the month's cost, as settled; the ledger's
+		// totals also hold every instance's unused lease, which was not
+		// spent.
+		st.Requests, st.SpendMicroUSD, st.MonthMicroUSD = g.settledCalls, g.settled, g.monthSettled
 	}
 	var pe *PausedError
 	if errors.As(g.check(1, now), &pe) && !pe.Busy {
@@ -482,6 +487,6 @@ func (g *Global) rollover(day, month string) {
 		g.settled, g.settledCalls, g.dead = 0, 0, 0
 	}
 	if month > g.month {
-		g.month, g.monthSpend, g.monthOpen = month, 0, 0
+		g.month, g.monthSpend, g.monthOpen, g.monthSettled = month, 0, 0, 0
 	}
 }

@@ -365,6 +365,7 @@ func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservatio
 	}
 	if monthOf(day) == g.month {
 		g.monthSpend = max(tot.MonthMicroUSD-g.lease.SpendMicroUSD, 0)
+		g.monthSettled = tot.MonthSettledMicroUSD
 		if !taken {
 			g.monthOpen = max(g.monthOpen-r.Worst, 0)
 		}

@@ -96,6 +96,9 @@ type SharedTotals struct {
 	// the figures shown count them.
 	SettledCalls  int64
 	MonthMicroUSD int64
+	// MonthSettledMicroUSD is the month's settled costs alone, as
+	// SettledMicroUSD is the day's.
+	MonthSettledMicroUSD int64
 	// DeadMicroUSD is the part of the day's gap (micro-dollars counted,
 	// not settled) that instances no longer alive hold: the rest of a
 	// crashed instance's lease and its calls in flight at the crash. It

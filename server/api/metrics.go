@@ -170,8 +170,8 @@ func (m *Metrics) observeBudget(status func() budget.Status) {
 			func() float64 { return value(status()) }))
 	}
 	gauge("breakwater_budget_requests_today", "Upstream calls claimed today.", func(s budget.Status) float64 { return float64(s.Requests) })
-	gauge("breakwater_budget_spent_today_usd", "Money committed today, open calls at their worst case.", func(s budget.Status) float64 { return usd(s.SpendMicroUSD) })
-	gauge("breakwater_budget_spent_month_usd", "Money committed this month.", func(s budget.Status) float64 { return usd(s.MonthMicroUSD) })
+	gauge("breakwater_budget_spent_today_usd", "Money committed today, open calls at their worst case (on postgres: the service's, as settled).", func(s budget.Status) float64 { return usd(s.SpendMicroUSD) })
+	gauge("breakwater_budget_spent_month_usd", "Money committed this month (on postgres: the service's, as settled).", func(s budget.Status) float64 { return usd(s.MonthMicroUSD) })
 	gauge("breakwater_budget_daily_requests", "Ceiling on upstream calls per day (0: off).", func(s budget.Status) float64 { return float64(s.DailyRequests) })
 	gauge("breakwater_budget_daily_usd", "Ceiling on money per day (0: off).", func(s budget.Status) float64 { return usd(s.DailyMicroUSD) })
 	gauge("breakwater_budget_monthly_usd", "Ceiling on money per month (0: off).", func(s budget.Status) float64 { return usd(s.MonthlyMicroUSD) })

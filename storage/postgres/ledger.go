@@ -82,6 +82,11 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 		).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD, &tot.SettledCalls, &tot.DeadMicroUSD)
 		})
+		if day != "" { // the month's settled costs, for the figures (day keys sort as text)
+			month := day[:len("2006-01")]
+			b.Queue("SELECT coalesce(sum(settled_micro_usd), 0) FROM ledger_days WHERE day >= $1 AND day < $2",
+				month+"-01", month+"-32").QueryRow(func(row pgx.Row) error { return row.Scan(&tot.MonthSettledMicroUSD) })
+		}
 		if err = m.send(ctx, b, laneLease, token); !retryable(err) {
 			break
 		}
@@ -237,7 +242,7 @@ func (m *Money) GlobalState(ctx context.Context, now time.Time) (budget.GlobalSt
 		return budget.GlobalState{}, err
 	}
 	st.Requests, st.Spend, st.MonthSpend = tot.Requests, tot.SpendMicroUSD, tot.MonthMicroUSD
-	st.SettledCalls, st.Settled, st.Dead = tot.SettledCalls, tot.SettledMicroUSD, tot.DeadMicroUSD
+	st.SettledCalls, st.Settled, st.MonthSettled, st.Dead = tot.SettledCalls, tot.SettledMicroUSD, tot.MonthSettledMicroUSD, tot.DeadMicroUSD
 	return st, nil
 }
 

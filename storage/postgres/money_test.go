@@ -486,6 +486,51 @@ func TestBudgetRefreshSeesTheOtherInstance(t *testing.T) {
 	}
 }
 
+// The month's spend shown (budget, the dashboard, /metrics) is its settled
+// costs, as the day's is: not the ledger's month, which also holds every
+// live instance's unused lease.
+func TestMonthFigureIsSettled(t *testing.T) {
+	in := twoInstances(t)
+	ctx := context.Background()
+	// An earlier day of the month, settled at 500 µ$, its leases given back.
+	if _, err := in[0].db.Pool().Exec(ctx, `INSERT INTO ledger_days (day, calls, micro_usd, settled_micro_usd, settled_calls)
+		VALUES ('2026-12-01', 1, 500, 500, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in[0].db.Pool().Exec(ctx, `INSERT INTO ledger_months (month, micro_usd) VALUES ('2026-12', 500)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := budget.Config{DailyRequests: 1000, DailyUSD: 100, MonthlyUSD: 1000} // leases of 10 calls
+	a := newBrake(t, in[0], cfg)
+	r, err := a.Claim(1000, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Commit(ctx, &r); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Settle(ctx, r, 378); err != nil {
+		t.Fatal(err)
+	}
+	var ledgerMonth int64
+	if err := in[0].db.Pool().QueryRow(ctx, "SELECT micro_usd FROM ledger_months WHERE month = '2026-12'").Scan(&ledgerMonth); err != nil || ledgerMonth < 5000 {
+		t.Fatalf("the ledger's month: %d, %v; want A's lease in it", ledgerMonth, err)
+	}
+	if st := a.Status(testNow); st.SpendMicroUSD != 378 || st.MonthMicroUSD != 878 {
+		t.Errorf("A's status: day %d, month %d µ$; want 378 and 878, as settled", st.SpendMicroUSD, st.MonthMicroUSD)
+	}
+	b := newBrake(t, in[1], cfg)
+	if st := b.Status(testNow); st.SpendMicroUSD != 378 || st.MonthMicroUSD != 878 {
+		t.Errorf("B's status at its start: day %d, month %d µ$; want 378 and 878", st.SpendMicroUSD, st.MonthMicroUSD)
+	}
+	if err := a.Refresh(ctx, testNow); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Status(testNow); st.MonthMicroUSD != 878 {
+		t.Errorf("A's month after a refresh: %d µ$, want 878", st.MonthMicroUSD)
+	}
+}
+
 // The operator's figures of the daily line are every instance's.
 func TestAttemptsCountAndTopAcrossInstances(t *testing.T) {
 	in := twoInstances(t)
