@@ -566,10 +566,14 @@ func (a *App) Wait(ctx context.Context) error {
 // alerts and mail, the statistics writer, and the database last, which
 // commits every queued write before it closes. It is safe to call once.
 func (a *App) Close() {
+	if a.closers == nil {
+		return
+	}
 	for i := len(a.closers) - 1; i >= 0; i-- {
 		a.closers[i]()
 	}
 	a.closers = nil
+	a.log.Info("stopped: every write is committed and the database closed")
 }
 
 // ShutdownTimeout is how long in-flight requests get to finish: a read

@@ -14,7 +14,7 @@ import (
 
 // Open says at start what it runs with, so that an override from the
 // environment can be confirmed, and never a secret; Addr and AdminAddr
-// say where it listens.
+// say where it listens; Close says when everything is stopped.
 func TestOpenLogsWhatItRunsWith(t *testing.T) {
 	dir := t.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -47,10 +47,15 @@ func TestOpenLogsWhatItRunsWith(t *testing.T) {
 	a.Close()
 	out := logs.String()
 	for _, want := range []string{"model=gemini-2.5-flash-lite", "base_url=https://generativelanguage.googleapis.com", "listen=127.0.0.1:0",
-		"admin_listen=" + adminAddr, "storage=" + filepath.Join(dir, "bw.db"), "rate 60/1m0s", "plan free: quota 10/month"} {
+		"admin_listen=" + adminAddr, "storage=" + filepath.Join(dir, "bw.db"), "rate 60/1m0s", "plan free: quota 10/month",
+		"stopped: every write is committed"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("the start log lacks %q:\n%s", want, out)
+			t.Errorf("the log lacks %q:\n%s", want, out)
 		}
+	}
+	a.Close() // a second Close does nothing, and says nothing
+	if n := strings.Count(logs.String(), "stopped:"); n != 1 {
+		t.Errorf("%d stop lines after two Closes, want 1", n)
 	}
 	for _, secret := range secrets {
 		if strings.Contains(out, secret) {
