@@ -24,9 +24,10 @@ type Found struct {
 	// SynchronousCommit is the server's own setting; Breakwater's
 	// sessions set it on whatever it says.
 	SynchronousCommit string
-	// Role is the role connected as; CanCreate whether it may create
-	// tables where the schema goes (Schema, in the first schema of its
-	// search path), which making or upgrading the schema needs.
+	// Role is the role connected as, SearchSchema the first schema of its
+	// search path (where Breakwater's tables go, "" if none exists), and
+	// CanCreate whether the role may create tables there, which making or
+	// upgrading the schema needs.
 	Role         string
 	SearchSchema string
 	CanCreate    bool
