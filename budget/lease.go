@@ -96,15 +96,13 @@ func (g *Global) topUpFor(ctx context.Context, r *Reservation) error {
 
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.gaveBack(give, err)
 	if err != nil {
 		// The claim stays in memory and its settlement will add it to the
 		// ledger. Headroom the ledger already holds for its day covers it
-		// first, as far as it goes: a settlement adding a call beside an
-		// unused lease could pass the ceiling the lease was sized under.
-		// What the write may have given back is no longer held.
-		if errors.Is(err, ErrMaybeCommitted) {
-			g.gaveBack(give)
-		}
+		// first, as far as it goes (not what the write may have given
+		// back): a settlement adding a call beside an unused lease could
+		// pass the ceiling the lease was sized under.
 		if hand != (DayTotals{}) {
 			cover(&hand, r)
 		} else {
@@ -113,7 +111,6 @@ func (g *Global) topUpFor(ctx context.Context, r *Reservation) error {
 		g.keep(day, hand)
 		return fmt.Errorf("%w: %w", ErrLedger, err)
 	}
-	g.gaveBack(give)
 	hand.Requests += calls
 	hand.SpendMicroUSD += spend
 	cover(&hand, r)
@@ -211,10 +208,15 @@ func (g *Global) addGiveBack(b LedgerDay) {
 	g.giveBack = append(g.giveBack, b)
 }
 
-// gaveBack removes what a write gave back (a copy of g.giveBack's first
-// entries, which may have grown since) from g.giveBack. Only the holder of
-// g.topUp removes entries, so they are where the copy found them.
-func (g *Global) gaveBack(given []LedgerDay) {
+// gaveBack removes what a write that ended with err gave back (a copy of
+// g.giveBack's first entries, which may have grown since) from g.giveBack:
+// when it succeeded, and when it may have committed (ErrMaybeCommitted:
+// sent again, it could be given back twice). Only the holder of g.topUp
+// removes entries, so they are where the copy found them.
+func (g *Global) gaveBack(given []LedgerDay, err error) {
+	if err != nil && !errors.Is(err, ErrMaybeCommitted) {
+		return
+	}
 	for i, b := range given {
 		g.giveBack[i].Requests -= b.Requests
 		g.giveBack[i].SpendMicroUSD -= b.SpendMicroUSD
@@ -239,12 +241,9 @@ func (g *Global) Close(ctx context.Context) error {
 		return nil
 	}
 	err := g.ledger.Lease(ctx, "", 0, 0, give...)
-	if err != nil && !errors.Is(err, ErrMaybeCommitted) {
-		return fmt.Errorf("%w: give the budget lease back: %w", ErrLedger, err)
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.gaveBack(give) // or perhaps: sent again, it could be given back twice
+	g.gaveBack(give, err)
 	if err != nil {
 		return fmt.Errorf("%w: give the budget lease back: %w", ErrLedger, err)
 	}
@@ -294,10 +293,8 @@ func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
 		tot, ok, err := g.shared.LeaseUnder(ctx, day, calls, spend, lim, give...)
 
 		g.mu.Lock()
+		g.gaveBack(give, err) // given back whether or not the lease fitted
 		if err != nil {
-			if errors.Is(err, ErrMaybeCommitted) {
-				g.gaveBack(give) // sent again, it could be given back twice
-			}
 			if hand != (DayTotals{}) {
 				cover(&hand, r)
 			} else {
@@ -307,7 +304,6 @@ func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
 			g.mu.Unlock()
 			return fmt.Errorf("%w: %w", ErrLedger, err)
 		}
-		g.gaveBack(give) // given back whether or not the lease fitted
 		if ok {
 			hand.Requests += calls
 			hand.SpendMicroUSD += spend
@@ -412,17 +408,12 @@ func (g *Global) Refresh(ctx context.Context, now time.Time) error {
 	give := slices.Clone(g.giveBack)
 	g.mu.Unlock()
 	tot, _, err := g.shared.LeaseUnder(ctx, day, 0, 0, Ceilings{}, give...)
-	if err != nil {
-		if errors.Is(err, ErrMaybeCommitted) {
-			g.mu.Lock()
-			g.gaveBack(give)
-			g.mu.Unlock()
-		}
-		return fmt.Errorf("%w: refresh from the shared ledger: %w", ErrLedger, err)
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.gaveBack(give)
+	g.gaveBack(give, err)
+	if err != nil {
+		return fmt.Errorf("%w: refresh from the shared ledger: %w", ErrLedger, err)
+	}
 	if day == g.day {
 		g.refresh(day, tot, true, nil)
 	}

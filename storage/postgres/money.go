@@ -332,7 +332,8 @@ func (m *Money) do(ctx context.Context, op *groupOp) error {
 // holds that a crash gives back). A crash of PostgreSQL itself may lose
 // its last fraction of a second of them: a few attempts not counted, and
 // the holds of reads in flight, which the quota then does not count until
-// they are recorded (a user at the edge may pass it by that many reads). A read would then wait for two disk writes, not one.
+// they are recorded (a user at the edge may pass it by that many reads).
+// A read would then wait for two disk writes, not one.
 const (
 	laneRows   = iota // counters: no ledger row, no usage row
 	laneLedger        // a ledger row or a usage row

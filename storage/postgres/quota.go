@@ -313,12 +313,13 @@ func (m *Money) retryReleases() {
 	defer cancel()
 	err := m.do(ctx, op)
 	switch {
-	case errors.Is(err, budget.ErrMaybeCommitted) && !errors.Is(err, errUnread):
+	case errors.Is(err, errUnread): // given back
+	case errors.Is(err, budget.ErrMaybeCommitted):
 		// Perhaps given back: sent again, it could end other reads' holds.
 		// Kept, they count against the users' quotas until this instance
 		// stops (the safe side).
 		m.log.Error("postgres: quota holds whose release may not have been written stay held", "error", err)
-	case err != nil && !errors.Is(err, errUnread):
+	case err != nil:
 		for k, n := range owed {
 			m.releases.add(k[0], k[1], n)
 		}
