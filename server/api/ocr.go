@@ -311,16 +311,20 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 	}
 	checked := s.now()
 	s.d.Metrics.guard.Observe((in.at.Sub(r.start) + checked.Sub(now)).Seconds())
-	refused := t.Commit(ctx, checked)
+	refused, err := t.Commit(ctx, checked)
 	committed := s.now()
 	s.d.Metrics.reserveLatency.Observe(committed.Sub(checked).Seconds())
 	s.d.Metrics.guardOverhead.Observe((in.at.Sub(r.start) + committed.Sub(now)).Seconds())
 	if refused != nil {
 		t.Cancel(ctx) // no call is made
-		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", r.who.UserID, "request_id", r.id,
-			"pause", guard.UsagePause)
-		s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
-			map[string]string{"user": r.who.UserID, "request_id": r.id})
+		if err != nil {
+			// The write failed: the one case that is a fault. A ceiling
+			// another instance reached first is the brake's answer alone.
+			s.log.Error("budget reservation not written: no call made, paid calls paused", "user", r.who.UserID, "request_id", r.id,
+				"pause", guard.UsagePause, "err", err)
+			s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
+				map[string]string{"user": r.who.UserID, "request_id": r.id, "error": err.Error()})
+		}
 		return s.refusalOf(r.guard, now, refused)
 	}
 	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call

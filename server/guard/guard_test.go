@@ -302,8 +302,8 @@ func TestCancelSpendsNothing(t *testing.T) {
 	for range 2 { // the first call leases headroom, the second takes from it
 		tk, _ := f.g.Admit(alice, now)
 		tk.Reserve(5000, now)
-		if r := tk.Commit(t.Context(), now); r != nil {
-			t.Fatal(r)
+		if r, err := tk.Commit(t.Context(), now); r != nil || err != nil {
+			t.Fatal(r, err)
 		}
 		tk.Commit(t.Context(), now) // once committed, nothing more is written
 		tk.Cancel(t.Context())
@@ -326,15 +326,15 @@ func TestCancelSpendsNothing(t *testing.T) {
 
 // A reservation the ledger cannot take refuses the call and pauses paid
 // calls: the usage record shares the disk, so the read would be paid for
-// and withheld.
+// and withheld. Commit says it is a fault: the write's error comes back.
 func TestLedgerFailureRefusesTheCall(t *testing.T) {
 	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
 	f.ledger.err = errors.New("disk full")
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(100, now)
-	r := tk.Commit(t.Context(), now)
-	if r == nil || r.Layer != LayerUsage || r.Reason != "ledger_failing" {
-		t.Fatalf("Commit on a failing ledger: %+v, want a refusal", r)
+	r, err := tk.Commit(t.Context(), now)
+	if r == nil || r.Layer != LayerUsage || r.Reason != "ledger_failing" || !errors.Is(err, budget.ErrLedger) {
+		t.Fatalf("Commit on a failing ledger: %+v, %v; want a usage refusal and the ledger's error", r, err)
 	}
 	tk.Cancel(t.Context())
 	if got := f.quotas.Used("alice", now); got != 0 {
@@ -504,7 +504,10 @@ func TestSharedLedgerRefusalIsABudgetRefusal(t *testing.T) {
 	if r := tk.Reserve(100, now); r != nil {
 		t.Fatalf("Reserve: %+v (this instance's view has room)", r)
 	}
-	r = tk.Commit(t.Context(), now)
+	r, err = tk.Commit(t.Context(), now)
+	if err != nil {
+		t.Fatalf("Commit: error %v, want a refusal alone: a ceiling reached is not a fault", err)
+	}
 	if r == nil || r.Layer != LayerBudget || r.Reason != "daily_requests" || r.RetryAfter != 12*time.Hour {
 		t.Fatalf("Commit: %+v, want the budget's daily_requests refusal until midnight", r)
 	}

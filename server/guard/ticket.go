@@ -15,7 +15,7 @@ import (
 //	t, r := g.Admit(req, now)       // layers 1, 2, 2b, 3 looked at
 //	defer t.Release()               // gives back whatever was not recorded
 //	r = t.Reserve(worst, now)       // layer 2 counted, 2b slot, 3 claim
-//	r = t.Commit(ctx, now)          // the claim on disk, before the call
+//	r, err = t.Commit(ctx, now)     // the claim on disk, before the call
 //	... the call, with t.ClaimRetry before a retry ...
 //	used, err := t.Record(ctx, rec, cost, now)  // "$", or t.Fail(ctx, cost)
 //
@@ -231,28 +231,37 @@ func (t *Ticket) answerRate(window limiter.Joined, refused *limiter.Refusal, now
 
 // Commit covers the claims with durable budget (the brake's lease, which
 // writes about once per budget.LeaseCalls calls), so that they still count
-// after a crash; call it before the upstream call. A claim a shared ledger
-// refuses under its ceilings (budget.SharedLedger: other instances took
-// the room) is a budget refusal. A claim the ledger cannot take
-// refuses the call (layer "usage", reason "ledger_failing") and pauses
-// paid calls as a failed usage record does: the ledger and the usage
-// records share one database, so the read would be paid for and then
-// withheld. The caller then Cancels the ticket.
-func (t *Ticket) Commit(ctx context.Context, now time.Time) *Refusal {
+// after a crash; call it before the upstream call. It tells a "no" apart
+// from a fault, so that the caller never has to guess which it got:
+//
+//   - a claim a shared ledger refuses under its ceilings
+//     (budget.SharedLedger: other instances took the room) is the brake's
+//     refusal, as Reserve would have made it: refused is set and err is
+//     nil. Nothing failed; it is answered and alerted as the brake is.
+//   - a claim the ledger cannot take (the write failed) refuses the call
+//     (layer "usage", reason "ledger_failing") and pauses paid calls as a
+//     failed usage record does, since the ledger and the usage records
+//     share one database and the read would be paid for and then
+//     withheld: refused is that refusal and err the write's error, which
+//     the caller reports as the fault it is.
+//
+// Either way the caller then Cancels the ticket.
+func (t *Ticket) Commit(ctx context.Context, now time.Time) (refused *Refusal, err error) {
 	for i := range t.claims() {
-		if !t.claimed[i].Committed() {
-			if err := t.commit(ctx, &t.claimed[i]); err != nil {
-				if r := refusalOf(err); r != nil {
-					// A shared ledger's refusal: other instances took
-					// the room. An answer, not a failing ledger.
-					return t.g.refuse(r)
-				}
-				t.g.records.start(now)
-				return t.g.refuse(&Refusal{Layer: LayerUsage, Reason: "ledger_failing", RetryAfter: UsagePause})
-			}
+		if t.claimed[i].Committed() {
+			continue
 		}
+		err := t.commit(ctx, &t.claimed[i])
+		if err == nil {
+			continue
+		}
+		if r := refusalOf(err); r != nil {
+			return t.g.refuse(r), nil
+		}
+		t.g.records.start(now)
+		return t.g.refuse(&Refusal{Layer: LayerUsage, Reason: "ledger_failing", RetryAfter: UsagePause}), err
 	}
-	return nil
+	return nil, nil
 }
 
 // commit writes one claim; a panic in the brake is its machinery failing

@@ -81,6 +81,7 @@ type Config struct {
 	// with BREAKWATER_SECRET: pass them to Start, NewKey and Command).
 	Backend         string
 	DailyUSD        float64 // budget.daily_usd; 0: off
+	MonthlyUSD      float64 // budget.monthly_usd; 0: off
 	MonthlyQuota    int64   // the plan's monthly_quota; 0: 100,000,000
 	DailyAttempts   int64   // the plan's daily_attempts; 0: off
 	MaxOutputTokens int     // ocr.price.max_output_tokens; 0: the default
@@ -130,12 +131,12 @@ burst = 100000
 timezone = "UTC"
 daily_requests = %d
 daily_usd = %g
-monthly_usd = 0
+monthly_usd = %g
 
 [plans.%s]
 monthly_quota = %d
 daily_attempts = %d
-`, backend, cfg.DBPath, cfg.GeminiURL, price, cfg.DailyRequests, cfg.DailyUSD, cfg.Plan, quota, cfg.DailyAttempts)
+`, backend, cfg.DBPath, cfg.GeminiURL, price, cfg.DailyRequests, cfg.DailyUSD, cfg.MonthlyUSD, cfg.Plan, quota, cfg.DailyAttempts)
 	return os.WriteFile(path, []byte(body), 0o600)
 }
 

@@ -89,8 +89,10 @@ func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency 
 }
 
 // newPairEdited is newPair with the config file's text passed through
-// edit (nil: none) before the keys are made and the instances start.
-func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration, edit func(config string) string) *pair {
+// edit (nil: none) before the keys are made and the instances start, and
+// env added to the instances' environment.
+func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration, edit func(config string) string,
+	env ...string) *pair {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -108,6 +110,7 @@ func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, la
 		"BREAKWATER_ADMIN_TOKEN=" + adminToken,
 		"GEMINI_API_KEY=test-key",
 	}
+	p.env = append(p.env, env...)
 	cfg.Backend, cfg.GeminiURL, cfg.Plan = "postgres", g.URL, plan
 	cfg.DBPath = filepath.Join(p.dir, "unused.db")
 	if err := harness.WriteConfig(p.config, cfg); err != nil {
