@@ -317,10 +317,15 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 	s.d.Metrics.guardOverhead.Observe((in.at.Sub(r.start) + committed.Sub(now)).Seconds())
 	if refused != nil {
 		t.Cancel(ctx) // no call is made
-		s.log.Error("budget reservation not written: no call made, paid calls paused", "user", r.who.UserID, "request_id", r.id,
-			"pause", guard.UsagePause)
-		s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
-			map[string]string{"user": r.who.UserID, "request_id": r.id})
+		if refused.Layer == guard.LayerUsage {
+			// The write failed. A shared ledger's refusal of the lease
+			// (the ceiling reached by every instance's calls) is the
+			// brake's answer, not a fault.
+			s.log.Error("budget reservation not written: no call made, paid calls paused", "user", r.who.UserID, "request_id", r.id,
+				"pause", guard.UsagePause)
+			s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
+				map[string]string{"user": r.who.UserID, "request_id": r.id})
+		}
 		return s.refusalOf(r.guard, now, refused)
 	}
 	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
