@@ -70,8 +70,8 @@ type shareWatch struct {
 // the service is its own business. fn runs on the caller's goroutine with
 // the brake's lock held, before the claim that reached the share returns,
 // so that anything it raises comes before what the brake decides next (a
-// refusal): it must not block and must not call g. Call OnShare before
-// the brake is used; nil fn or no percents watch nothing.
+// refusal): it must not block and must not call g. A later OnShare
+// replaces the watcher; nil fn or no percents watch nothing.
 func (g *Global) OnShare(percents []int64, fn func(Counted)) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
