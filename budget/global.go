@@ -178,6 +178,9 @@ type Global struct {
 	// no longer alive hold unsettled (SharedTotals.DeadMicroUSD): spent as
 	// far as the ceilings are concerned, since it will never settle.
 	dead int64
+
+	// shares watches the figures for the early warnings (shares.go).
+	shares shareWatch
 }
 
 // ceilings are Config's limits in integer units; 0 means off.
@@ -277,6 +280,7 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	g.monthSpend += worst
 	g.open += worst
 	g.monthOpen += worst
+	g.watchShares()
 	return Reservation{Day: g.day, Month: g.month, Worst: worst, Unbound: g.limits == ceilings{} && !g.manual}, nil
 }
 

@@ -366,6 +366,7 @@ func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservatio
 			g.monthOpen = max(g.monthOpen-r.Worst, 0)
 		}
 	}
+	g.watchShares()
 }
 
 // refuseShared drops a claim the shared ledger refused and returns its

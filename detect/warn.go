@@ -7,12 +7,16 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"sync"
 	"time"
 )
 
 // Early warnings: the global budget's ceilings watched from its figures
 // in memory, so that the operator hears of a ceiling before the brake
-// engages, while the service still serves.
+// engages, while the service still serves. The brake tells the Warner
+// (Observe) on the claim that takes a figure across a share, so that a
+// burst's warnings come before its refusals; a poll (Check, every
+// DefaultWarnEvery) is the backstop.
 
 // warnPrefix starts the kind of every early warning:
 // budget_warn_<ceiling>_<percent>.
@@ -27,14 +31,18 @@ const (
 
 var warnCeilings = []string{CeilingDailyRequests, CeilingDailyUSD, CeilingMonthlyUSD}
 
-// DefaultWarnEvery is how often the Warner looks at the budget's figures.
+// DefaultWarnEvery is how often the Warner looks at the budget's figures
+// on its own, besides being told of each crossing.
 const DefaultWarnEvery = 15 * time.Second
 
 // rateWindow is the span the rate in a warning is measured over.
 const rateWindow = time.Hour
 
 // BudgetFigures are the global budget's figures and ceilings at one time,
-// as the brake holds them in memory (budget.Status). A ceiling of 0 is off.
+// read from the brake's memory: for an early warning, those it decides on
+// (budget.Counted: calls in flight counted, at their worst case for the
+// money); for the brake's alert, those it shows (budget.Status). A ceiling
+// of 0 is off.
 type BudgetFigures struct {
 	Day             string // "2006-01-02" in budget.timezone
 	Month           string // "2006-01"
@@ -58,14 +66,17 @@ type WarnerOptions struct {
 
 // Warner raises an early warning the first time, each day (each month for
 // monthly_usd), that a figure of the global budget reaches a share of its
-// ceiling. It reads the budget's figures from memory, never the disk, on a
-// ticker of its own; what was sent is kept in the Alerter's stored state,
-// so a restart sends no warning twice.
+// ceiling. The brake hands it the figures when one reaches a share
+// (Observe), and it reads them from memory, never the disk, on a ticker of
+// its own too (Check); what was sent is kept in the Alerter's stored
+// state, so a restart sends no warning twice.
 type Warner struct {
 	a       *Alerter
 	figures func(time.Time) BudgetFigures
 	o       WarnerOptions
-	samples []sample // the last rateWindow of figures, oldest first
+
+	mu      sync.Mutex // Observe (the brake's goroutines) against Check
+	samples []sample   // the last rateWindow of figures, oldest first
 	// ceilings are the values last seen, by ceiling name: a raised
 	// ceiling re-arms the shares the figure no longer reaches.
 	ceilings map[string]int64
@@ -115,9 +126,33 @@ func (w *Warner) Run(ctx context.Context) {
 	}
 }
 
-// Check looks at the figures once, at now, and raises the warnings due.
+// Percents are the shares watched, in whole percents, ascending: what the
+// brake tells Observe of (budget.Global.OnShare).
+func (w *Warner) Percents() []int64 {
+	out := make([]int64, len(w.o.Shares))
+	for i, s := range w.o.Shares {
+		out[i] = int64(sharePercent(s))
+	}
+	return out
+}
+
+// Check reads the figures once, at now, and raises the warnings due.
 func (w *Warner) Check(now time.Time) {
-	f := w.figures(now)
+	f := w.figures(now) // read before w.mu: the brake calls Observe under its own lock
+	w.observe(f, now)
+}
+
+// Observe raises the warnings due for f, the figures at which the brake
+// found a share reached, before the brake decides anything else: it only
+// takes the Warner's and the Alerter's locks, and queues what it raises
+// without waiting.
+func (w *Warner) Observe(f BudgetFigures) {
+	w.observe(f, w.o.Now())
+}
+
+func (w *Warner) observe(f BudgetFigures, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.remember(now, f)
 	for _, c := range warnCeilings {
 		w.checkCeiling(c, now, f)
@@ -177,7 +212,7 @@ func (w *Warner) checkCeiling(c string, now time.Time, f BudgetFigures) {
 		// shares the figure is now below warn again when reached.
 		var rearm []string
 		for _, s := range w.o.Shares {
-			if float64(wt.figure) < s*float64(wt.ceiling) {
+			if !reaches(wt.figure, wt.ceiling, s) {
 				rearm = append(rearm, WarnKind(c, s))
 			}
 		}
@@ -186,7 +221,7 @@ func (w *Warner) checkCeiling(c string, now time.Time, f BudgetFigures) {
 	var due []string
 	top := -1.0
 	for _, s := range w.o.Shares {
-		if float64(wt.figure) < s*float64(wt.ceiling) {
+		if !reaches(wt.figure, wt.ceiling, s) {
 			break
 		}
 		kind := WarnKind(c, s)
@@ -200,6 +235,13 @@ func (w *Warner) checkCeiling(c string, now time.Time, f BudgetFigures) {
 	}
 	summary, details := w.warning(c, top, wt, now)
 	w.a.AlertOnce(due[len(due)-1], wt.period, summary, details, due[:len(due)-1]...)
+}
+
+// reaches reports whether figure reaches share of ceiling, in integers
+// as the brake finds it (budget.ShareOf): share × ceiling, rounded up.
+func reaches(figure, ceiling int64, share float64) bool {
+	p := int64(sharePercent(share))
+	return figure >= ceiling/100*p+(ceiling%100*p+99)/100
 }
 
 // WarnKind is the alert kind of the early warning of share of ceiling.
@@ -216,12 +258,17 @@ func (w *Warner) warning(c string, share float64, wt watched, now time.Time) (st
 		return plural(int64(v), "call")
 	}
 	what := map[string]string{CeilingDailyRequests: "today's upstream calls", CeilingDailyUSD: "today's spend", CeilingMonthlyUSD: "this month's spend"}[c]
+	// The figure is the brake's: what it decides the next call on.
+	counted := "calls in flight included"
+	if wt.money {
+		counted = "calls in flight counted at their worst case"
+	}
 	summary := fmt.Sprintf("%s reached %d%% of %s: %s of %s", what, sharePercent(share), c,
 		amount(float64(wt.figure)), amount(float64(wt.ceiling)))
 	rate, over := w.rate(wt, now)
 	details := map[string]string{
 		"ceiling":    fmt.Sprintf("%s = %s", c, amount(float64(wt.ceiling))),
-		"figure":     fmt.Sprintf("%s (%.1f%%)", amount(float64(wt.figure)), 100*float64(wt.figure)/float64(wt.ceiling)),
+		"figure":     fmt.Sprintf("%s (%.1f%%), %s", amount(float64(wt.figure)), 100*float64(wt.figure)/float64(wt.ceiling), counted),
 		"rate":       fmt.Sprintf("%s per hour (%s)", amount(math.Round(rate)), over),
 		"resets at":  wt.reopens.Format("2006-01-02 15:04 MST"),
 		"reached at": etaText(wt, rate, now),
@@ -256,7 +303,7 @@ func (w *Warner) rate(wt watched, now time.Time) (perHour float64, over string) 
 func etaText(wt watched, perHour float64, now time.Time) string {
 	left := float64(wt.ceiling - wt.figure)
 	if left <= 0 {
-		return "reached"
+		return "already: the brake refuses the calls that do not fit until it resets"
 	}
 	if perHour <= 0 {
 		return "not at this rate (no growth)"

@@ -3,6 +3,7 @@ package detect_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"net"
 	"net/mail"
 	"os"
@@ -318,5 +319,134 @@ func TestEarlyWarningsRearmedByARaisedCeiling(t *testing.T) {
 		if st.SentAt.IsZero() {
 			t.Errorf("Recent lists a re-armed kind %s", st.Kind)
 		}
+	}
+}
+
+// startCrossingWarner is an Alerter and a Warner of 50% and 80%, the
+// brake's shares as it tells them (Observe), with the poll reading figures.
+func startCrossingWarner(t *testing.T, db *storage.DB, c *clock, h *hook, figures *budgetFigures) (*detect.Alerter, *detect.Warner) {
+	t.Helper()
+	a, err := detect.NewAlerter(db, detect.AlerterOptions{MinInterval: time.Hour, Location: time.UTC, Hooks: []detect.Notifier{h}, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := detect.NewWarner(a, figures.get, detect.WarnerOptions{Shares: []float64{0.8, 0.5}, Location: time.UTC, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(w.Percents()); got != "[50 80]" {
+		t.Errorf("Percents %s, want [50 80]", got)
+	}
+	return a, w
+}
+
+// The brake tells the Warner of each crossing as it happens (Observe): the
+// 50% and 80% warnings are queued in that order before the brake's alert
+// raised after them, each once, whatever the brake or the poll tells again
+// in the period, and across a restart; the next day warns again.
+func TestEarlyWarningsObservedAtTheCrossing(t *testing.T) {
+	db := mustOpen(t)
+	c := &clock{t: time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)}
+	at := func(calls int64) detect.BudgetFigures {
+		now := c.now()
+		return detect.BudgetFigures{Day: now.Format("2006-01-02"), Month: now.Format("2006-01"), Calls: calls, DailyRequests: 20}
+	}
+	figures := &budgetFigures{f: detect.BudgetFigures{Calls: 20, DailyRequests: 20}}
+	h := &hook{}
+	a, w := startCrossingWarner(t, db, c, h, figures)
+	w.Observe(at(10))
+	w.Observe(at(16))
+	a.Alert(detect.KindBrakeEngaged, "the brake", nil)
+	w.Observe(at(20)) // told again: a new ceiling, a refresh
+	w.Check(c.now())  // the poll finds them too
+	closeAlerter(t, a)
+	want := "budget_warn_daily_requests_50 budget_warn_daily_requests_80 brake_engaged"
+	if got := strings.Join(h.kinds(), " "); got != want {
+		t.Fatalf("sent %s, want %s", got, want)
+	}
+	h.mu.Lock()
+	if d := h.notices[1].Details; !strings.HasPrefix(d["figure"], "16 calls (80.0%), calls in flight included") {
+		t.Errorf("the 80%% warning's figure %q, want the calls counted, in flight included", d["figure"])
+	}
+	h.mu.Unlock()
+
+	h = &hook{}
+	a, w = startCrossingWarner(t, db, c, h, figures) // a restart
+	w.Observe(at(20))
+	w.Check(c.now())
+	c.add(24 * time.Hour)
+	w.Observe(at(11))
+	closeAlerter(t, a)
+	if got := strings.Join(h.kinds(), " "); got != "budget_warn_daily_requests_50" {
+		t.Errorf("after the restart, sent %s, want only the next day's 50%%", got)
+	}
+}
+
+// A warning made when the figure is already at its ceiling (a jump past
+// the share, a lowered ceiling) says so, rather than "reached at: reached".
+func TestEarlyWarningAtTheCeiling(t *testing.T) {
+	db := mustOpen(t)
+	c := &clock{t: time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)}
+	h := &hook{}
+	a, w := startCrossingWarner(t, db, c, h, &budgetFigures{})
+	w.Observe(detect.BudgetFigures{Day: "2026-03-04", Month: "2026-03", DayMicroUSD: 10e6, DailyMicroUSD: 10e6})
+	closeAlerter(t, a)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.notices) != 1 {
+		t.Fatalf("notices %v, want one", h.notices)
+	}
+	d := h.notices[0].Details
+	if got, want := d["reached at"], "already: the brake refuses the calls that do not fit until it resets"; got != want {
+		t.Errorf("reached at: %q, want %q", got, want)
+	}
+	if got := d["figure"]; !strings.Contains(got, "calls in flight counted at their worst case") {
+		t.Errorf("figure %q does not say that calls in flight count at their worst case", got)
+	}
+}
+
+// The brake calls Observe with its own lock held, and the poll reads the
+// brake's figures under that lock: the Warner never holds its own lock
+// while it reads them, so the two never wait on each other in a circle.
+func TestWarnerObserveUnderTheBrakesLock(t *testing.T) {
+	db := mustOpen(t)
+	c := &clock{t: time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)}
+	var brake sync.Mutex
+	figures := &budgetFigures{f: detect.BudgetFigures{Calls: 5, DailyRequests: 20}}
+	a, err := detect.NewAlerter(db, detect.AlerterOptions{Location: time.UTC, Hooks: []detect.Notifier{&hook{}}, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAlerter(t, a)
+	w, err := detect.NewWarner(a, func(now time.Time) detect.BudgetFigures {
+		brake.Lock()
+		defer brake.Unlock()
+		return figures.get(now)
+	}, detect.WarnerOptions{Location: time.UTC, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for range 2000 {
+				brake.Lock()
+				w.Observe(detect.BudgetFigures{Day: "2026-03-04", Month: "2026-03", Calls: 5, DailyRequests: 20})
+				brake.Unlock()
+			}
+		})
+		wg.Go(func() {
+			for range 2000 {
+				w.Check(c.now())
+			}
+		})
+		wg.Wait()
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Observe under the brake's lock and Check wait on each other")
 	}
 }

@@ -299,15 +299,36 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 		return nil, err
 	}
 	a.background(scheduler.Run)
-	// Early warnings read the brake's figures in memory, on a ticker.
-	brake := a.layers.Brake
-	warner, err := detect.NewWarner(alerter, func(now time.Time) detect.BudgetFigures { return api.Figures(brake.Status(now)) },
-		detect.WarnerOptions{Shares: settings.WarnAt, Location: loc, Logger: a.log, Now: a.opts.Now})
-	if err != nil {
+	if err := a.openWarner(alerter, settings, loc); err != nil {
 		return nil, err
 	}
-	a.background(warner.Run)
 	return alerter, nil
+}
+
+// openWarner starts the early warnings: the brake tells the Warner of
+// each share its figures reach, on the claim (or the shared ledger's
+// answer) that reaches it, so that a burst's warnings are queued before
+// the brake's refusals raise brake_engaged; a ticker reads the same
+// figures as a backstop (after a restart, say).
+func (a *App) openWarner(alerter *detect.Alerter, settings detect.AlertsConfig, loc *time.Location) error {
+	brake := a.layers.Brake
+	warner, err := detect.NewWarner(alerter, func(now time.Time) detect.BudgetFigures { return countedFigures(brake.Counted(now)) },
+		detect.WarnerOptions{Shares: settings.WarnAt, Location: loc, Logger: a.log, Now: a.opts.Now})
+	if err != nil {
+		return err
+	}
+	brake.OnShare(warner.Percents(), func(c budget.Counted) { warner.Observe(countedFigures(c)) })
+	a.background(warner.Run)
+	return nil
+}
+
+// countedFigures are the figures the brake decides on, as the early
+// warnings read them.
+func countedFigures(c budget.Counted) detect.BudgetFigures {
+	return detect.BudgetFigures{
+		Day: c.Day, Month: c.Month, Calls: c.Requests, DayMicroUSD: c.SpendMicroUSD, MonthMicroUSD: c.MonthMicroUSD,
+		DailyRequests: c.DailyRequests, DailyMicroUSD: c.DailyMicroUSD, MonthlyMicroUSD: c.MonthlyMicroUSD,
+	}
 }
 
 // openWebhooks starts a Webhook for each [[alerts.webhook]] whose URL is

@@ -73,7 +73,8 @@ type Quotas interface {
 // Brake is layer 3 as Layers holds it: the guard's claims (Check to
 // Settled), and the status and the soft ceilings' side, the operator's manual switch, the reload's
 // config swap, and Close, which gives the unused budget lease back at
-// shutdown.
+// shutdown; the early warnings read the figures it decides on (Counted)
+// and are told when they reach a share (OnShare).
 type Brake interface {
 	Check(now time.Time) error
 	Claim(worst int64, now time.Time) (budget.Reservation, error)
@@ -85,6 +86,8 @@ type Brake interface {
 	SetManual(on bool)
 	SetConfig(cfg budget.Config)
 	Close(ctx context.Context) error
+	Counted(now time.Time) budget.Counted
+	OnShare(percents []int64, fn func(budget.Counted))
 }
 
 // LoadLayers rebuilds the layers' memory from storage at start: rate
