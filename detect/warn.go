@@ -335,8 +335,9 @@ func durText(d time.Duration) string {
 
 // BrakeAlert is the summary and figures of the brake_engaged alert when
 // ceiling ("daily_requests", "daily_usd", "monthly_usd" or "manual")
-// refuses calls at now: the ceiling, its value, the count against it and
-// when it reopens. They go to the operator only; no client sees them.
+// refuses calls at now: the ceiling, its value, the count against it (f
+// are the figures the brake decides on, budget.Counted) and when it
+// reopens. They go to the operator only; no client sees them.
 func BrakeAlert(ceiling string, f BudgetFigures, now time.Time, loc *time.Location) (string, map[string]string) {
 	if ceiling == "manual" {
 		return "the global budget brake is engaged by the operator's manual switch: upstream calls are refused (503)",
@@ -353,7 +354,9 @@ func BrakeAlert(ceiling string, f BudgetFigures, now time.Time, loc *time.Locati
 		}
 		return plural(v, "call")
 	}
-	per := map[string]string{CeilingDailyRequests: "today", CeilingDailyUSD: "spent today", CeilingMonthlyUSD: "spent this month"}[ceiling]
+	per := map[string]string{CeilingDailyRequests: "today, calls in flight included",
+		CeilingDailyUSD:   "today, calls in flight counted at their worst case",
+		CeilingMonthlyUSD: "this month, calls in flight counted at their worst case"}[ceiling]
 	summary := fmt.Sprintf("the global budget brake is engaged by %s (%s): upstream calls are refused (503)", ceiling, amount(wt.ceiling))
 	return summary, map[string]string{
 		"ceiling":    fmt.Sprintf("%s = %s", ceiling, amount(wt.ceiling)),

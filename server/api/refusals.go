@@ -153,7 +153,11 @@ func (s *Server) refusedBy(r *guard.Refusal) {
 		reason := r.Reason
 		s.alertWith(detect.KindBrakeEngaged, func() (string, map[string]string) {
 			now := s.now()
-			return detect.BrakeAlert(reason, Figures(s.d.Budget.Status(now)), now, s.d.Operator.Location())
+			figures := CountedFigures(s.d.Budget.Counted(now)) // what the brake decided on
+			if reason == "manual" {
+				figures = Figures(s.d.Budget.Status(now)) // no ceiling: what was made
+			}
+			return detect.BrakeAlert(reason, figures, now, s.d.Operator.Location())
 		})
 	}
 }

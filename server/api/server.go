@@ -42,6 +42,8 @@ type Reader interface {
 // metrics read at scrape time: budget.Global.
 type BudgetStatus interface {
 	Status(now time.Time) budget.Status
+	// Counted is what the brake decides on: calls in flight included.
+	Counted(now time.Time) budget.Counted
 	// Soft names the soft ceiling the day is above ("" for none): reads
 	// of plans on "auto" then go to the fallback model.
 	Soft(now time.Time) string

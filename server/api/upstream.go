@@ -71,10 +71,21 @@ func (s *Server) noteUpstream(err error) {
 	}
 }
 
-// Figures are the global budget's figures as detect's alerts read them.
+// Figures are the global budget's figures shown (what was made: settled
+// calls and spend) as detect's alerts read them.
 func Figures(st budget.Status) detect.BudgetFigures {
 	return detect.BudgetFigures{
 		Day: st.Day, Month: st.Month, Calls: st.Requests, DayMicroUSD: st.SpendMicroUSD, MonthMicroUSD: st.MonthMicroUSD,
 		DailyRequests: st.DailyRequests, DailyMicroUSD: st.DailyMicroUSD, MonthlyMicroUSD: st.MonthlyMicroUSD,
+	}
+}
+
+// CountedFigures are the figures the brake decides on (calls in flight
+// included, at their worst case for the money), as the early warnings and
+// the brake's alert read them: on PostgreSQL every instance's.
+func CountedFigures(c budget.Counted) detect.BudgetFigures {
+	return detect.BudgetFigures{
+		Day: c.Day, Month: c.Month, Calls: c.Requests, DayMicroUSD: c.SpendMicroUSD, MonthMicroUSD: c.MonthMicroUSD,
+		DailyRequests: c.DailyRequests, DailyMicroUSD: c.DailyMicroUSD, MonthlyMicroUSD: c.MonthlyMicroUSD,
 	}
 }

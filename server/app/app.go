@@ -312,23 +312,14 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 // figures as a backstop (after a restart, say).
 func (a *App) openWarner(alerter *detect.Alerter, settings detect.AlertsConfig, loc *time.Location) error {
 	brake := a.layers.Brake
-	warner, err := detect.NewWarner(alerter, func(now time.Time) detect.BudgetFigures { return countedFigures(brake.Counted(now)) },
+	warner, err := detect.NewWarner(alerter, func(now time.Time) detect.BudgetFigures { return api.CountedFigures(brake.Counted(now)) },
 		detect.WarnerOptions{Shares: settings.WarnAt, Location: loc, Logger: a.log, Now: a.opts.Now})
 	if err != nil {
 		return err
 	}
-	brake.OnShare(warner.Percents(), func(c budget.Counted) { warner.Observe(countedFigures(c)) })
+	brake.OnShare(warner.Percents(), func(c budget.Counted) { warner.Observe(api.CountedFigures(c)) })
 	a.background(warner.Run)
 	return nil
-}
-
-// countedFigures are the figures the brake decides on, as the early
-// warnings read them.
-func countedFigures(c budget.Counted) detect.BudgetFigures {
-	return detect.BudgetFigures{
-		Day: c.Day, Month: c.Month, Calls: c.Requests, DayMicroUSD: c.SpendMicroUSD, MonthMicroUSD: c.MonthMicroUSD,
-		DailyRequests: c.DailyRequests, DailyMicroUSD: c.DailyMicroUSD, MonthlyMicroUSD: c.MonthlyMicroUSD,
-	}
 }
 
 // openWebhooks starts a Webhook for each [[alerts.webhook]] whose URL is

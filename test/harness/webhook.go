@@ -12,16 +12,22 @@ import (
 )
 
 // Webhook is an alert receiver on 127.0.0.1 for a "json"
-// [[alerts.webhook]]: it keeps the kind of every notice it is posted, in
-// the order they arrive, whichever instance sent them.
+// [[alerts.webhook]]: it keeps every notice it is posted, in the order
+// they arrive, whichever instance sent them.
 type Webhook struct {
 	URL string // what the webhook's url_env variable holds
 
 	srv *http.Server
 
 	mu      sync.Mutex
-	kinds   []string
+	notices []Notice
 	arrived chan struct{} // closed and replaced at each notice
+}
+
+// Notice is what a webhook received of one alert.
+type Notice struct {
+	Kind    string            `json:"kind"`
+	Details map[string]string `json:"details"`
 }
 
 // NewWebhook starts a receiver.
@@ -51,16 +57,14 @@ url_env = %q
 }
 
 func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
-	var n struct {
-		Kind string `json:"kind"`
-	}
+	var n Notice
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil || json.Unmarshal(body, &n) != nil || n.Kind == "" {
 		http.Error(rw, "not a json notice", http.StatusBadRequest)
 		return
 	}
 	w.mu.Lock()
-	w.kinds = append(w.kinds, n.Kind)
+	w.notices = append(w.notices, n)
 	close(w.arrived)
 	w.arrived = make(chan struct{})
 	w.mu.Unlock()
@@ -71,7 +75,18 @@ func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
 func (w *Webhook) Kinds() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return slices.Clone(w.kinds)
+	kinds := make([]string, len(w.notices))
+	for i, n := range w.notices {
+		kinds[i] = n.Kind
+	}
+	return kinds
+}
+
+// Notices are the notices received so far, in order of arrival.
+func (w *Webhook) Notices() []Notice {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.notices)
 }
 
 // WaitFor waits up to timeout for a notice of kind, and reports whether
@@ -81,9 +96,9 @@ func (w *Webhook) WaitFor(kind string, timeout time.Duration) bool {
 	defer deadline.Stop()
 	for {
 		w.mu.Lock()
-		got, arrived := slices.Contains(w.kinds, kind), w.arrived
+		arrived := w.arrived
 		w.mu.Unlock()
-		if got {
+		if slices.Contains(w.Kinds(), kind) {
 			return true
 		}
 		select {

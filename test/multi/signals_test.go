@@ -18,13 +18,16 @@ import (
 type ceilingRace struct {
 	name string
 	cfg  harness.Config
+	// count starts the brake alert's count: the figure the brake decided
+	// on, every instance's calls ("": not checked).
+	count string
 }
 
 // ceilingRaces are the three ceilings, each about 20 calls' worth.
 var ceilingRaces = []ceilingRace{
-	{"daily_requests", harness.Config{DailyRequests: 20}},
-	{"daily_usd", harness.Config{DailyRequests: 100000, DailyUSD: 20 * oneCallMicro / 1e6, MaxOutputTokens: 40}},
-	{"monthly_usd", harness.Config{DailyRequests: 100000, MonthlyUSD: 20 * oneCallMicro / 1e6, MaxOutputTokens: 40}},
+	{"daily_requests", harness.Config{DailyRequests: 20}, "20 calls today"},
+	{"daily_usd", harness.Config{DailyRequests: 100000, DailyUSD: 20 * oneCallMicro / 1e6, MaxOutputTokens: 40}, ""},
+	{"monthly_usd", harness.Config{DailyRequests: 100000, MonthlyUSD: 20 * oneCallMicro / 1e6, MaxOutputTokens: 40}, ""},
 }
 
 // hookEnv is the variable that holds the test webhook's URL.
@@ -33,7 +36,8 @@ const hookEnv = "BREAKWATER_TEST_HOOK_URL"
 // TestCeilingRaceAlertsTheBrakeOnly: 200 clients over two instances race
 // for the last room under each global ceiling, retrying budget_busy as
 // the API asks. Reaching the ceiling is the brake: the webhook receives
-// brake_engaged and never usage_commit_failed (the database is healthy),
+// brake_engaged, whose count is the service's (not the settled calls one
+// instance has seen), and never usage_commit_failed (the database is healthy),
 // no instance logs a reservation it could not write, and every refused
 // client gets the brake's own answer (budget_paused or budget_busy),
 // never usage_unavailable.
@@ -57,6 +61,11 @@ func TestCeilingRaceAlertsTheBrakeOnly(t *testing.T) {
 			time.Sleep(2 * time.Second) // alerts raised by the last refusals are on their way
 			p.stopAll()
 			checkBrakeSignals(t, p, rs, hook.Kinds())
+			for _, n := range hook.Notices() {
+				if n.Kind == "brake_engaged" && !strings.HasPrefix(n.Details["count"], race.count) {
+					t.Errorf("the brake alert's count is %q, want the figure it decided on, %q", n.Details["count"], race.count)
+				}
+			}
 		})
 	}
 }

@@ -2,12 +2,8 @@ package multi
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,35 +11,6 @@ import (
 	"breakwater/storage/postgres/pgtest"
 	"breakwater/test/harness"
 )
-
-// hookLog is a json webhook receiver on 127.0.0.1 that keeps the kinds it
-// is sent, in the order they arrive.
-type hookLog struct {
-	*httptest.Server
-	mu    sync.Mutex
-	kinds []string
-}
-
-func newHookLog(t *testing.T) *hookLog {
-	h := &hookLog{}
-	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var n detect.JSONNotice
-		if err := json.NewDecoder(r.Body).Decode(&n); err != nil {
-			t.Errorf("webhook body: %v", err)
-		}
-		h.mu.Lock()
-		h.kinds = append(h.kinds, n.Kind)
-		h.mu.Unlock()
-	}))
-	t.Cleanup(h.Close)
-	return h
-}
-
-func (h *hookLog) received() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return slices.Clone(h.kinds)
-}
 
 // warnConfig sends every alert to the json webhook of $BW_TEST_HOOK_URL,
 // with early warnings at 50% and 80%.
@@ -64,26 +31,29 @@ url_env = "BW_TEST_HOOK_URL"
 func TestEarlyWarningsBeforeTheBrakeAcrossInstances(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	hook := newHookLog(t)
-	t.Setenv("BW_TEST_HOOK_URL", hook.URL) // the instances' environment
+	hook, err := harness.NewWebhook()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hook.Close()
 	p := newPairEdited(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 20}, 3, 20*time.Millisecond,
-		func(body string) string { return body + warnConfig })
+		func(body string) string { return body + warnConfig }, "BW_TEST_HOOK_URL="+hook.URL)
 	start := time.Now()
 	rs := p.burst(ctx, 30)
 	if got := len(ok(rs)); got != 20 {
 		t.Errorf("%d reads answered 200 (%v), want the 20 the ceiling allows", got, tally(rs))
 	}
 	want := []string{"budget_warn_daily_requests_50", "budget_warn_daily_requests_80", detect.KindBrakeEngaged}
-	for len(hook.received()) < len(want) && time.Since(start) < 5*time.Second {
+	for len(hook.Kinds()) < len(want) && time.Since(start) < 5*time.Second {
 		time.Sleep(10 * time.Millisecond)
 	}
-	early := hook.received()
+	early := hook.Kinds()
 	t.Logf("%v; the webhook got %v within %s", tally(rs), early, time.Since(start).Round(time.Millisecond))
 	if !slices.Equal(early, want) {
 		t.Errorf("within 5s of the burst, the webhook got %s, want %s\n%s", strings.Join(early, " "), strings.Join(want, " "), p.logs())
 	}
 	p.stopAll() // a clean stop delivers what is queued: no instance sends one again
-	if got := hook.received(); !slices.Equal(got, want) {
+	if got := hook.Kinds(); !slices.Equal(got, want) {
 		t.Errorf("after the stop, the webhook got %s, want %s once each", strings.Join(got, " "), strings.Join(want, " "))
 	}
 }
