@@ -26,48 +26,65 @@ var errUnknownKeyOrUser = fmt.Errorf("%w (%w)", ErrNotFound, keys.ErrNotFound)
 // k.CreatedAt. An existing user keeps its CreatedAt and Banned flag; its
 // Plan changes only if u.Plan is not empty.
 func (db *DB) CreateKey(k keys.Key, u keys.User) error {
-	if u.ID == "" {
-		u.ID = k.UserID
-	}
-	if problem := k.Problem(u); problem != "" {
-		return fmt.Errorf("create key %s: %w: %s", k.ID, ErrInvalid, problem)
-	}
+	return db.CreateKeys([]keys.Key{k}, []keys.User{u})
+}
 
-	err := db.update(func(tx *bbolt.Tx) error {
-		keyBucket, hashes := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyHashes)
-		if keyBucket.Get([]byte(k.ID)) != nil {
-			return fmt.Errorf("key id %s: %w", k.ID, ErrExists)
+// CreateKeys is CreateKey for many keys in one transaction (all or none):
+// each key of list with its user users[i]. One transaction is what makes
+// a large import (or a test's large database) take seconds, not minutes.
+func (db *DB) CreateKeys(list []keys.Key, users []keys.User) error {
+	if len(users) != len(list) {
+		return fmt.Errorf("create keys: %w: %d keys, %d users", ErrInvalid, len(list), len(users))
+	}
+	users = slices.Clone(users) // the ids defaulted here are not the caller's
+	for i, k := range list {
+		if users[i].ID == "" {
+			users[i].ID = k.UserID
 		}
-		if hashes.Get(k.Hash[:]) != nil {
-			return fmt.Errorf("key hash: %w", ErrExists)
+		if problem := k.Problem(users[i]); problem != "" {
+			return fmt.Errorf("create key %s: %w: %s", k.ID, ErrInvalid, problem)
 		}
-		if err := putJSON(keyBucket, []byte(k.ID), k); err != nil {
-			return err
-		}
-		if err := hashes.Put(k.Hash[:], []byte(k.ID)); err != nil {
-			return fmt.Errorf("key hash: %w", err)
-		}
-
-		users := tx.Bucket(bucketUsers)
-		var old keys.User
-		found, err := getJSON(users, []byte(u.ID), &old)
-		switch {
-		case err != nil:
-			return err
-		case found:
-			if u.Plan != "" {
-				old.Plan = u.Plan
+	}
+	return db.update(func(tx *bbolt.Tx) error {
+		for i, k := range list {
+			if err := createKey(tx, k, users[i]); err != nil {
+				return fmt.Errorf("create key %s: %w", k.ID, err)
 			}
-			u = old
-		case u.CreatedAt.IsZero():
-			u.CreatedAt = k.CreatedAt
 		}
-		return putJSON(users, []byte(u.ID), u)
+		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("create key %s: %w", k.ID, err)
+}
+
+// createKey stores k and creates or updates its user u in tx.
+func createKey(tx *bbolt.Tx, k keys.Key, u keys.User) error {
+	keyBucket, hashes := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyHashes)
+	if keyBucket.Get([]byte(k.ID)) != nil {
+		return fmt.Errorf("key id %s: %w", k.ID, ErrExists)
 	}
-	return nil
+	if hashes.Get(k.Hash[:]) != nil {
+		return fmt.Errorf("key hash: %w", ErrExists)
+	}
+	if err := putJSON(keyBucket, []byte(k.ID), k); err != nil {
+		return err
+	}
+	if err := hashes.Put(k.Hash[:], []byte(k.ID)); err != nil {
+		return fmt.Errorf("key hash: %w", err)
+	}
+	users := tx.Bucket(bucketUsers)
+	var old keys.User
+	found, err := getJSON(users, []byte(u.ID), &old)
+	switch {
+	case err != nil:
+		return err
+	case found:
+		if u.Plan != "" {
+			old.Plan = u.Plan
+		}
+		u = old
+	case u.CreatedAt.IsZero():
+		u.CreatedAt = k.CreatedAt
+	}
+	return putJSON(users, []byte(u.ID), u)
 }
 
 // RevokeKey marks key id revoked at at and returns it. Revoking a revoked

@@ -12,7 +12,6 @@ import (
 	"html/template"
 	"math"
 	"net/http"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -53,11 +52,18 @@ type dashboardData struct {
 	Zone     string
 	Budget   operator.BudgetInfo
 	Refusals []refusalCount
-	TopUsers []operator.UsageInfo
-	Findings []string
-	Days     []budget.LedgerDay
-	Chart    template.HTML // inline SVG drawn here, from numbers only
-	CSRF     string        // the brake form's token
+	// Shadow are today's would-be refusals of layers in shadow mode, by
+	// layer: what breakwater usage counts per user, read from the stored
+	// statistics events (operator.ShadowToday), so that a restart or a
+	// restore keeps them and on PostgreSQL they are every instance's;
+	// ShadowError says why they are missing.
+	Shadow      []shadowRow
+	ShadowError string
+	TopUsers    []operator.UsageInfo
+	Findings    []string
+	Days        []budget.LedgerDay
+	Chart       template.HTML // inline SVG drawn here, from numbers only
+	CSRF        string        // the brake form's token
 
 	// Service is whether the service has other instances (postgres):
 	// then ServiceRefusals are every instance's refusals today, by layer,
@@ -67,24 +73,20 @@ type dashboardData struct {
 	ServiceError    string
 }
 
-// withShadow lists real and shadow refusals side by side, one row per
-// layer and reason.
-func withShadow(real, shadow []refusalCount) []refusalCount {
-	out := append([]refusalCount(nil), real...)
-	for _, sh := range shadow {
-		i := slices.IndexFunc(out, func(r refusalCount) bool { return r.Layer == sh.Layer && r.Reason == sh.Reason })
-		if i < 0 {
-			out = append(out, refusalCount{Layer: sh.Layer, Reason: sh.Reason})
-			i = len(out) - 1
-		}
-		out[i].Shadow = sh.Count
+// shadowRow is one layer's row of the dashboard's would-be refusals in
+// shadow mode.
+type shadowRow struct {
+	Layer string
+	Count int64
+}
+
+// shadowRows lists the counts per layer, in layer order.
+func shadowRows(byLayer map[string]int64) []shadowRow {
+	out := make([]shadowRow, 0, len(byLayer))
+	for layer, n := range byLayer {
+		out = append(out, shadowRow{Layer: layer, Count: n})
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].Layer != out[j].Layer {
-			return out[i].Layer < out[j].Layer
-		}
-		return out[i].Reason < out[j].Reason
-	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })
 	return out
 }
 
@@ -100,9 +102,15 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 		Now:      now.In(loc).Format("2006-01-02 15:04:05"),
 		Zone:     loc.String(),
 		Budget:   b,
-		Refusals: withShadow(s.refusalsToday.list(budget.DayKey(now, loc)), s.shadowToday.list(budget.DayKey(now, loc))),
+		Refusals: s.refusalsToday.list(budget.DayKey(now, loc)),
 		TopUsers: op.TopUsers(10, now),
 		CSRF:     s.csrf.token,
+	}
+	if shadow, err := op.ShadowToday(now); err != nil {
+		s.log.Warn("the shadow mode's counts not read for the dashboard", "err", err)
+		d.ShadowError = "not read just now; see the log"
+	} else {
+		d.Shadow = shadowRows(shadow)
 	}
 	to := budget.DayKey(now, loc)
 	from := budget.DayKey(now.AddDate(0, 0, -29), loc)

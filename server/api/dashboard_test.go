@@ -188,20 +188,33 @@ func TestDashboardBrakeButton(t *testing.T) {
 	}
 }
 
-// Shadow refusals show beside the real ones, per layer and reason.
+// The would-be refusals in shadow mode show per layer, read from the
+// recorded events as breakwater usage reads them: live (the minute the
+// recorder still counts in memory) and the same after a restart.
 func TestDashboardShowsShadowRefusals(t *testing.T) {
-	e := newEnv(t, envOptions{attempts: 10, limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	dir := t.TempDir()
+	e := newEnv(t, envOptions{dir: dir, attempts: 10, limits: limiter.Config{Rate: 1, Window: time.Hour}})
+	e.srv.d.Operator.SetPendingEvents(e.events)
 	e.srv.SetShadow(true)
 	for range 3 {
 		e.post(e.key, "image/png", pngBytes(t, 16, 16))
 	}
-	d, err := e.srv.dashboard(context.Background(), time.Now())
-	if err != nil {
-		t.Fatal(err)
+	check := func(when string, e *env) {
+		t.Helper()
+		d, err := e.srv.dashboard(context.Background(), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Refusals) != 0 || len(d.Shadow) != 1 || d.Shadow[0] != (shadowRow{Layer: "rate", Count: 2}) {
+			t.Errorf("%s: refusals %+v, shadow %+v; want 2 in shadow mode at layer rate and none refused", when, d.Refusals, d.Shadow)
+		}
 	}
-	if len(d.Refusals) != 1 || d.Refusals[0] != (refusalCount{Layer: "rate", Reason: "rate", Shadow: 2}) {
-		t.Errorf("refusals %+v, want 2 in shadow mode and none refused", d.Refusals)
-	}
+	check("live", e)
+	e.http.Close()
+	e.admin.Close()
+	e.events.Close(context.Background())
+	e.db.Close()
+	check("after a restart", newEnv(t, envOptions{dir: dir}))
 }
 
 func TestDashboardNeedsToken(t *testing.T) {

@@ -81,7 +81,7 @@ func (s *Server) forwardAuth(c echo.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	if refusal := s.admitRoute(rt, cfg, who.key, now); refusal != nil {
+	if refusal := s.admitRoute(rt, cfg, who, c.RealIP(), now); refusal != nil {
 		// Counted per minute and key by the recorder, as on a proxied
 		// route, for a replay.
 		s.d.Events.Record(detect.Event{Time: now, UserID: who.id.UserID, IP: c.RealIP(), Route: detect.RoutePrefix + rt.name,

@@ -515,9 +515,10 @@ func (s *Server) shadowedBy(req guard.Request, r *guard.Refusal) {
 		Layer: r.Layer, Outcome: detect.OutcomeShadowRefused})
 }
 
-func (s *Server) shadowed(now time.Time, layer, reason string) {
+// shadowed counts a would-be refusal in the metrics; the dashboard reads
+// the recorded events (operator.ShadowToday), as breakwater usage does.
+func (s *Server) shadowed(_ time.Time, layer, reason string) {
 	s.d.Metrics.shadowRefusals.WithLabelValues(layer, reason).Inc()
-	s.shadowToday.add(s.calendar.Day(now), layer, reason)
 }
 
 // SetShadow switches the OCR route's rate limit (limits.user.mode) to

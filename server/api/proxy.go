@@ -101,7 +101,7 @@ func (s *Server) handleRoute(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if refusal := s.admitRoute(rt, cfg, who.key, start); refusal != nil {
+	if refusal := s.admitRoute(rt, cfg, who, c.RealIP(), start); refusal != nil {
 		// Counted per minute and key by the recorder, for a replay.
 		s.d.Events.Record(detect.Event{Time: start, UserID: who.id.UserID, IP: c.RealIP(), Route: detect.RoutePrefix + rt.name,
 			Layer: refusal.Layer, Outcome: detect.OutcomeLayerRefused})
@@ -150,7 +150,7 @@ func (s *Server) beginFails(c echo.Context, call *routeCall, now time.Time) (ref
 		call.attempt, err = call.rt.fails.Begin(keys, now)
 		return err
 	})
-	if r == nil || s.routeRefused(call.rt, call.cfg, r.Reason, r, now) == nil {
+	if r == nil || s.routeRefused(call.rt, call.cfg, r, call.who, c.RealIP(), now) == nil {
 		return false, nil // passed, or shadow mode
 	}
 	s.d.Metrics.routeFailures.WithLabelValues(call.rt.name, r.Reason).Inc()

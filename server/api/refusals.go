@@ -165,7 +165,6 @@ func (s *Server) refusedBy(r *guard.Refusal) {
 type refusalCount struct {
 	Layer, Reason string
 	Count         int64
-	Shadow        int64 // would-be refusals of the layer in shadow mode
 }
 
 // dailyRefusals counts refusals by layer and reason for the current day,

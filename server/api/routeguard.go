@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/server/guard"
 	"breakwater/server/keys"
@@ -178,23 +179,27 @@ func (s *Server) routeCaller(c echo.Context, cfg *routes.Config) (routeCaller, e
 // then the daily line, counted. In shadow mode a would-be refusal is
 // logged and counted in breakwater_shadow_refusals_total and the request
 // passes; the layers count as they do when enforcing.
-func (s *Server) admitRoute(rt *guardedRoute, cfg *routes.Config, key string, now time.Time) *guard.Refusal {
-	t, r := rt.guard.Admit(guard.Request{Key: key, DailyLine: cfg.Daily, Route: rt.layer}, now)
+func (s *Server) admitRoute(rt *guardedRoute, cfg *routes.Config, who routeCaller, ip string, now time.Time) *guard.Refusal {
+	t, r := rt.guard.Admit(guard.Request{Key: who.key, DailyLine: cfg.Daily, Route: rt.layer}, now)
 	if r == nil {
 		r = t.Reserve(0, now)
 	}
 	if r == nil {
 		return nil
 	}
-	return s.routeRefused(rt, cfg, r.Reason, r, now)
+	return s.routeRefused(rt, cfg, r, who, ip, now)
 }
 
 // routeRefused returns a refusal of a route, to be answered (and counted
 // then, under the route's layer), or in shadow mode logs it, counts it as
-// a shadow refusal and returns nil.
-func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, reason string, r *guard.Refusal, now time.Time) *guard.Refusal {
+// a shadow refusal, records it under the route's layer (the dashboard and
+// breakwater usage read those rows) and returns nil.
+func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, r *guard.Refusal, who routeCaller, ip string, now time.Time) *guard.Refusal {
 	if cfg.Mode == routes.ModeShadow {
+		reason := r.Reason
 		s.shadowed(now, rt.layer, reason)
+		s.d.Events.Record(detect.Event{Time: now, UserID: who.id.UserID, IP: ip, Route: detect.RoutePrefix + rt.name,
+			Layer: rt.layer, Outcome: detect.OutcomeShadowRefused})
 		if ok, held := s.routeLog.allow(now, refusalLogInterval); ok {
 			s.log.Info("shadow mode: a refusal let through", "route", rt.name, "reason", reason, "unlogged_since_last", held)
 		}

@@ -160,10 +160,9 @@ type Server struct {
 	wallClock func() time.Time // for connection deadlines, always real time
 
 	refusalsToday dailyRefusals
-	csrf          formToken     // the dashboard's brake form
-	shadowToday   dailyRefusals // would-be refusals of layers in shadow mode
-	refusalLog    logEvery      // rate-limits the log lines of invite refusals
-	rateRun       atomic.Int64  // upstream calls in a row refused for its rate limit (upstream.go)
+	csrf          formToken    // the dashboard's brake form
+	refusalLog    logEvery     // rate-limits the log lines of invite refusals
+	rateRun       atomic.Int64 // upstream calls in a row refused for its rate limit (upstream.go)
 
 	// serviceRefusals are today's refusals of every instance (nil: one
 	// instance); serviceLog rate-limits the lines of their failed reads.

@@ -115,24 +115,25 @@ func (c serviceRefusalCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // serviceRefusalRow is one layer's row of the dashboard's table of the
-// service's refusals.
+// service's refusals. The would-be refusals in shadow mode are the
+// dashboard's shadow table, read as breakwater usage reads them.
 type serviceRefusalRow struct {
-	Layer           string
-	Refused, Shadow int64
+	Layer   string
+	Refused int64
 }
 
-// serviceRefusalRows folds rows into one row per layer, in layer order.
+// serviceRefusalRows folds the refusals of rows into one row per layer, in
+// layer order.
 func serviceRefusalRows(rows []detect.LayerRefusals) []serviceRefusalRow {
 	var out []serviceRefusalRow
 	for _, r := range rows { // ordered by layer
+		if r.Shadow {
+			continue
+		}
 		if len(out) == 0 || out[len(out)-1].Layer != r.Layer {
 			out = append(out, serviceRefusalRow{Layer: r.Layer})
 		}
-		if r.Shadow {
-			out[len(out)-1].Shadow += r.Count
-		} else {
-			out[len(out)-1].Refused += r.Count
-		}
+		out[len(out)-1].Refused += r.Count
 	}
 	return out
 }

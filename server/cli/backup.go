@@ -12,7 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"breakwater/server/app"
 	"breakwater/server/operator"
+	"breakwater/storage"
 )
 
 func backupCmd(e *env) *cobra.Command {
@@ -27,12 +29,16 @@ func backupCmd(e *env) *cobra.Command {
 streams through the admin API). The copy is written beside FILE and renamed,
 so FILE never holds half a copy. FILE may not be the live database.
 
-With --dir instead of FILE the copy is DIR/breakwater-2026-12-01T0315Z.db,
-named for the time it was taken (UTC, to the minute; a second copy in the
-same minute replaces the first). DIR is made (mode 0700) if it is missing.
+On PostgreSQL the copy is a psql script that restores into a new, empty
+database: psql -X -v ON_ERROR_STOP=1 --single-transaction -f FILE "$URL".
+
+With --dir instead of FILE the copy is DIR/breakwater-2026-12-01T0315Z.db
+(.sql on PostgreSQL), named for the time it was taken (UTC, to the minute;
+a second copy in the same minute replaces the first). DIR is made (mode 0700) if it is missing.
 --keep N then deletes the oldest copies beyond the newest N; only files
 named as this command names them are counted or deleted, never any other
-file in DIR. --keep 0 (the default) keeps every copy.`,
+file in DIR (on PostgreSQL, only the .sql ones). --keep 0 (the default)
+keeps every copy.`,
 		Args: func(c *cobra.Command, args []string) error {
 			switch {
 			case dir == "" && len(args) == 0:
@@ -47,11 +53,19 @@ file in DIR. --keep 0 (the default) keeps every copy.`,
 			return positional(0, "FILE")(c, args)
 		},
 		RunE: func(c *cobra.Command, args []string) error {
+			ext := ".db"
+			if dir != "" {
+				// The config is read again, leniently, by operate; only the
+				// backend is taken here, for the copies' names.
+				if cfg, _, err := app.LoadForOperator(e.config, e.getenv); err == nil && cfg.Storage.Backend == storage.BackendPostgres {
+					ext = ".sql"
+				}
+			}
 			return e.operate(func(op operator.Service) error {
 				if dir == "" {
 					return backupTo(c.Context(), op, args[0], e.stdout)
 				}
-				return backupToDir(c.Context(), op, dir, keep, e.now(), e.stdout)
+				return backupToDir(c.Context(), op, dir, ext, keep, e.now(), e.stdout)
 			})
 		},
 	}
@@ -64,21 +78,23 @@ file in DIR. --keep 0 (the default) keeps every copy.`,
 const backupLayout = "2006-01-02T1504Z"
 
 // backupNameRE matches the names backupName gives and nothing else, so
-// pruning never touches a file this command did not write.
-var backupNameRE = regexp.MustCompile(`^breakwater-\d{4}-\d{2}-\d{2}T\d{4}Z\.db$`)
+// pruning never touches a file this command did not write; the extension
+// is the backend's (.db for a bolt file, .sql for PostgreSQL's script).
+var backupNameRE = regexp.MustCompile(`^breakwater-\d{4}-\d{2}-\d{2}T\d{4}Z(\.db|\.sql)$`)
 
-// backupName is the name of a copy taken at now.
-func backupName(now time.Time) string {
-	return "breakwater-" + now.UTC().Format(backupLayout) + ".db"
+// backupName is the name of a copy taken at now, with extension ext.
+func backupName(now time.Time, ext string) string {
+	return "breakwater-" + now.UTC().Format(backupLayout) + ext
 }
 
-// backupToDir writes a dated copy into dir (made with mode 0700 if
-// missing), then keeps the newest keep dated copies (0: all).
-func backupToDir(ctx context.Context, op operator.Service, dir string, keep int, now time.Time, stdout io.Writer) error {
+// backupToDir writes a dated copy named with extension ext into dir (made
+// with mode 0700 if missing), then keeps the newest keep dated copies of
+// that extension (0: all).
+func backupToDir(ctx context.Context, op operator.Service, dir, ext string, keep int, now time.Time, stdout io.Writer) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	if err := backupTo(ctx, op, filepath.Join(dir, backupName(now)), stdout); err != nil {
+	if err := backupTo(ctx, op, filepath.Join(dir, backupName(now, ext)), stdout); err != nil {
 		return err
 	}
 	if keep == 0 {
@@ -90,7 +106,7 @@ func backupToDir(ctx context.Context, op operator.Service, dir string, keep int,
 	}
 	var copies []string // names sort by the time in them
 	for _, ent := range entries {
-		if ent.Type().IsRegular() && backupNameRE.MatchString(ent.Name()) {
+		if m := backupNameRE.FindStringSubmatch(ent.Name()); ent.Type().IsRegular() && m != nil && m[1] == ext {
 			copies = append(copies, ent.Name())
 		}
 	}

@@ -287,30 +287,9 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 			byModel[r.UserID][r.Model]++
 		}
 	}
-	shadow := map[string]map[string]int64{}
-	dayStart, dayEnd, err := detect.DayBounds(today, o.loc)
+	shadow, _, err := o.shadowToday(now)
 	if err != nil {
 		return nil, err
-	}
-	countShadow := func(e detect.Event) error {
-		if e.Outcome == detect.OutcomeShadowRefused && e.Route != detect.RouteInvite && e.UserID != "" &&
-			!e.Time.Before(dayStart) && e.Time.Before(dayEnd) {
-			if shadow[e.UserID] == nil {
-				shadow[e.UserID] = map[string]int64{}
-			}
-			shadow[e.UserID][e.Layer] += e.N()
-		}
-		return nil
-	}
-	// The stored rows first, then the minute still counted in memory: a
-	// minute stored in between is missed for a moment, never counted twice.
-	if err := o.store.EachEvent(dayStart, dayEnd, countShadow); err != nil {
-		return nil, err
-	}
-	if o.pending != nil {
-		for _, e := range o.pending.PendingRefusals() {
-			countShadow(e)
-		}
 	}
 	users := o.keys.Users()
 	if user != "" {
@@ -334,6 +313,53 @@ func (o *Operator) Usage(_ context.Context, user string) ([]UsageInfo, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
 	return out, nil
+}
+
+// ShadowToday counts, per layer, the requests of today that a layer in
+// shadow mode would have refused, on every route (the invite check's and
+// the guarded routes' included): what Usage counts per user, from the same
+// source, for the dashboard. It is read from the stored statistics events,
+// which a restart and a restore keep and which on PostgreSQL are every
+// instance's, and while the server runs the minute it still counts in
+// memory.
+func (o *Operator) ShadowToday(now time.Time) (map[string]int64, error) {
+	_, byLayer, err := o.shadowToday(now)
+	return byLayer, err
+}
+
+// shadowToday reads today's would-be refusals of layers in shadow mode,
+// per user (the users' own: not the invite check's e-mails, nor requests
+// without a user) and per layer (every one).
+func (o *Operator) shadowToday(now time.Time) (byUser map[string]map[string]int64, byLayer map[string]int64, err error) {
+	dayStart, dayEnd, err := detect.DayBounds(budget.DayKey(now, o.loc), o.loc)
+	if err != nil {
+		return nil, nil, err
+	}
+	byUser, byLayer = map[string]map[string]int64{}, map[string]int64{}
+	count := func(e detect.Event) error {
+		if e.Outcome != detect.OutcomeShadowRefused || e.Time.Before(dayStart) || !e.Time.Before(dayEnd) {
+			return nil
+		}
+		byLayer[e.Layer] += e.N()
+		if e.Route != detect.RouteInvite && e.UserID != "" {
+			if byUser[e.UserID] == nil {
+				byUser[e.UserID] = map[string]int64{}
+			}
+			byUser[e.UserID][e.Layer] += e.N()
+		}
+		return nil
+	}
+	// The stored rows first, then the minute still counted in memory: a
+	// minute stored in between is missed for a moment, never counted twice.
+	if err := o.store.EachEvent(dayStart, dayEnd, count); err != nil {
+		return nil, nil, err
+	}
+	if o.pending != nil {
+		for _, e := range o.pending.PendingRefusals() {
+			count(e)
+		}
+	}
+	return byUser, byLayer, nil
 }
 
 // BudgetInfo is the global budget against its ceilings (0 = off).

@@ -71,6 +71,13 @@ func LatestSchema() int {
 	return list[len(list)-1].version
 }
 
+// schemaTable is the table that records each migration applied, as
+// CREATE TABLE takes it (migrate, and a backup's script, make it).
+const schemaTable = `breakwater_schema (
+		version    integer PRIMARY KEY,
+		name       text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`
+
 // migrate brings the database up to LatestSchema under the advisory lock and
 // returns the version it is at. A database at a newer version is refused
 // with ErrNewerSchema, before anything is written.
@@ -92,10 +99,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int, er
 		// context so that a cancelled ctx does not leave it held.
 		_, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", migrationLock)
 	}()
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS breakwater_schema (
-		version    integer PRIMARY KEY,
-		name       text NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+schemaTable); err != nil {
 		return 0, fmt.Errorf("postgres: create breakwater_schema: %w", err)
 	}
 	var current int

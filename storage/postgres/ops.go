@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -117,14 +118,17 @@ func (db *DB) Path() string {
 	return (&url.URL{Scheme: "postgres", User: url.User(c.User), Host: net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))), Path: "/" + c.Database}).String()
 }
 
-// Backup writes a logical dump of every table but breakwater_schema to w,
-// from one read-only snapshot (REPEATABLE READ) while writers go on, and
-// returns the bytes written. The dump is a psql script: for each table a
-// COPY ... FROM stdin with its rows, then each sequence set past its
-// table's highest id. It restores into an empty database at the same
-// schema version (start breakwater on it once, stop it, then
-// psql -v ON_ERROR_STOP=1 --single-transaction -f FILE "$URL"); a database
-// at another version, or one that holds rows, refuses it whole.
+// Backup writes a logical dump of the database to w, from one read-only
+// snapshot (REPEATABLE READ) while writers go on, and returns the bytes
+// written. The dump is a psql script that restores into a new, empty
+// database by itself: it makes the schema as breakwater's first start
+// does (the migrations up to the database's version, each recorded in
+// breakwater_schema), then for each table but breakwater_schema a
+// COPY ... FROM stdin with its rows, then sets each sequence past its
+// table's highest id. Run as the role the instances use, in one
+// transaction (psql -X -v ON_ERROR_STOP=1 --single-transaction -f FILE
+// "$URL"), it makes the tables theirs; a database that already holds
+// Breakwater's tables refuses it whole.
 func (db *DB) Backup(w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
 	ctx := context.Background()
@@ -133,12 +137,9 @@ func (db *DB) Backup(w io.Writer) (int64, error) {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(cw, "-- Breakwater backup of a PostgreSQL database, schema %d, taken %s.\n", db.schema, db.now().UTC().Format(time.RFC3339))
-		fmt.Fprintf(cw, "-- Restore into an empty database that breakwater has migrated to schema %d:\n", db.schema)
-		fmt.Fprintf(cw, "--   psql -v ON_ERROR_STOP=1 --single-transaction -f THIS_FILE \"$%s\"\n", EnvURL)
-		fmt.Fprintf(cw, "SET client_encoding = 'UTF8';\n")
-		fmt.Fprintf(cw, "DO $$ BEGIN IF (SELECT max(version) FROM breakwater_schema) IS DISTINCT FROM %d THEN\n"+
-			"RAISE EXCEPTION 'this backup is of schema %d: restore it into a database at that schema'; END IF; END $$;\n\n", db.schema, db.schema)
+		if err := db.writeSchema(cw); err != nil {
+			return err
+		}
 		for _, t := range tables {
 			cols := pgx.Identifier{t.name}.Sanitize() + " (" + t.columns + ")"
 			fmt.Fprintf(cw, "COPY %s FROM stdin;\n", cols)
@@ -159,6 +160,32 @@ func (db *DB) Backup(w io.Writer) (int64, error) {
 		return cw.n, fmt.Errorf("backup: %w", err)
 	}
 	return cw.n, nil
+}
+
+// writeSchema writes the head of a backup's script: how to restore it, a
+// refusal of a database that holds Breakwater's tables already, and the
+// schema at the database's version, made as migrate makes it.
+func (db *DB) writeSchema(w io.Writer) error {
+	list, err := migrationList()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "-- Breakwater backup of a PostgreSQL database, schema %d, taken %s.\n", db.schema, db.now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "-- Restore it into a new, empty database, as the role the instances use:\n")
+	fmt.Fprintf(w, "--   psql -X -v ON_ERROR_STOP=1 --single-transaction -f THIS_FILE \"$%s\"\n", EnvURL)
+	fmt.Fprintf(w, "-- It makes the schema, then fills it; a database that holds Breakwater's tables refuses it whole.\n")
+	fmt.Fprintf(w, "SET client_encoding = 'UTF8';\n")
+	fmt.Fprintf(w, "DO $$ BEGIN IF to_regclass('breakwater_schema') IS NOT NULL THEN\n"+
+		"RAISE EXCEPTION 'this database holds Breakwater''s tables already: restore into a new, empty database'; END IF; END $$;\n\n")
+	fmt.Fprintf(w, "CREATE TABLE %s;\n\n", schemaTable)
+	for _, m := range list {
+		if m.version > db.schema {
+			break
+		}
+		fmt.Fprintf(w, "-- migration %s\n%s\n;\nINSERT INTO breakwater_schema (version, name) VALUES (%d, '%s');\n\n",
+			m.name, strings.TrimSpace(m.sql), m.version, m.name)
+	}
+	return nil
 }
 
 // backupTable is a table of the dump: its name, its columns in order

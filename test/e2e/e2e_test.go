@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"breakwater/storage/postgres/pgtest"
 	"breakwater/test/harness"
 )
 
@@ -24,5 +25,5 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m)) // stops the cluster a test started, if any
 }
