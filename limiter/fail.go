@@ -451,6 +451,22 @@ func (a *Attempt) release() {
 	}
 }
 
+// readKeys reads what Fail reads of keys at now (each key's run and
+// cooldown, the service-wide count) and changes nothing: the work of
+// EndRefused in memory.
+func (f *FailLimiter) readKeys(keys []string, now time.Time) (runs int, cooling bool, global int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.since(now)
+	for _, k := range keys {
+		if st := f.keys[k]; st != nil {
+			runs += f.run(st, t)
+			cooling = cooling || t < f.cooldownOf(k, st).until
+		}
+	}
+	return runs, cooling, f.globalCount(now)
+}
+
 // CoolingDown reports whether key is in a cooldown at now, and until when.
 func (f *FailLimiter) CoolingDown(key string, now time.Time) (time.Time, bool) {
 	f.mu.Lock()

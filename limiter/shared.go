@@ -47,7 +47,9 @@ type SharedFails interface {
 	// Finish ends an attempt begun at begun with its outcome at now. It
 	// returns the keys whose cooldown a failure started, and whether the
 	// failure tripped the service-wide net (at most once an hour for
-	// every process).
+	// every process). An OutcomeRelease with a zero begun ends no attempt
+	// and changes nothing, but costs what ending one costs: it is
+	// [FailLimiter.EndRefused]'s, for an attempt Begin refused.
 	Finish(keys []string, outcome FailOutcome, cfg FailConfig, begun, now time.Time) (started []string, tripped bool, err error)
 	// Cooling lists the keys in a cooldown at now, sorted by key.
 	Cooling(now time.Time) ([]Cooldown, error)
@@ -153,6 +155,23 @@ func (a *Attempt) finishShared(outcome FailOutcome, now time.Time) (tripped bool
 	}
 	a.started = started
 	return tripped
+}
+
+// EndRefused does, for an attempt on keys that Begin refused at now (a
+// cooldown, the net, attempts in flight), the work that ending a begun
+// attempt takes, and changes nothing: it reads each key as Fail would,
+// and with a store it has the store end an attempt that holds nothing
+// (an OutcomeRelease with a zero begun: one round trip, as a Fail's).
+// A caller whose refusals must not tell the limit's from a failure by
+// the time they take (the invite check) calls it where it calls Fail
+// for an attempt it began.
+func (f *FailLimiter) EndRefused(keys []string, now time.Time) {
+	f.readKeys(keys, now)
+	if sh := f.shared.Load(); sh != nil {
+		if _, _, err := sh.store.Finish(keys, OutcomeRelease, f.cfg, time.Time{}, now); err != nil {
+			sh.fault(err)
+		}
+	}
 }
 
 // Joined is a Limiter's decision that a caller carries in a write of its

@@ -131,3 +131,55 @@ func TestSharedFailLimiterFinishesInTheStore(t *testing.T) {
 		t.Errorf("faults %d, want 3 (Fail, Begin, Cooling)", faults)
 	}
 }
+
+// EndRefused changes nothing: in memory no key's run, cooldown or
+// write-behind entry; with a store, it has the store end an attempt that
+// holds nothing (a release with a zero start), and a store that cannot is
+// a fault like any other.
+func TestEndRefusedChangesNothing(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	f, err := limiter.NewFail(limiter.FailConfig{Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"ip:1", "email:x"}
+	a, err := f.Begin(keys, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Fail(t0)
+	f.Dirty() // the failure's changes, taken by the write-behind
+	for range 5 {
+		f.EndRefused(append(keys, "ip:never-seen"), t0.Add(time.Second))
+	}
+	if entries, _ := f.Dirty(); len(entries) != 0 {
+		t.Errorf("EndRefused left %d changes for the write-behind, want none", len(entries))
+	}
+	if n := f.Len(); n != 2 {
+		t.Errorf("%d keys held after EndRefused, want 2", n)
+	}
+	if got := f.GlobalFailures(t0.Add(time.Second)); got != 1 {
+		t.Errorf("global failures %d, want 1", got)
+	}
+	b, err := f.Begin(keys, t0.Add(2*time.Second)) // the run of one is kept: one more failure cools
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Fail(t0.Add(2 * time.Second))
+	if !slices.Equal(b.CooldownsStarted(), keys) {
+		t.Errorf("second failure started %q, want %q", b.CooldownsStarted(), keys)
+	}
+
+	store := &fakeFails{}
+	faults := 0
+	f.Share(store, func(error) { faults++ })
+	f.EndRefused(keys, t0.Add(3*time.Second))
+	if !slices.Equal(store.begun, []time.Time{{}}) || !slices.Equal(store.outcomes, []limiter.FailOutcome{limiter.OutcomeRelease}) {
+		t.Errorf("the store was told %v %v, want one release with a zero start", store.begun, store.outcomes)
+	}
+	store.down = true
+	f.EndRefused(keys, t0.Add(3*time.Second))
+	if faults != 1 {
+		t.Errorf("faults %d with the store down, want 1", faults)
+	}
+}

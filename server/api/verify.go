@@ -64,13 +64,17 @@ func decodeVerifyRequest(r io.Reader) (verifyRequest, error) {
 // use. The protections run in the order of docs/DESIGN.md: the IP rate limit
 // and burst (429 with Retry-After), then the fail limit per IP and per
 // e-mail, then the service-wide net. Every refusal that concerns the code
-// gives errInviteRefused, byte for byte, after the same work: the code is
-// normalised, hashed and looked up on every path, so neither the answer
-// nor its timing tells a wrong code from a cooldown. A refusal of the IP
-// limit or a cooldown is remembered until its retry-after (checkFloods)
-// and its repeats answered from memory; on a shared fail limit
-// (postgres) a remembered cooldown skips the lookup too, so that a flood
-// costs the database nothing.
+// gives errInviteRefused, byte for byte, after the same work, so that
+// neither the answer nor its time tells one class from another (an
+// unknown code, an expired, used-up or revoked one, a cooldown or the net
+// holding, the right code included): the fail limit is asked, the code
+// normalised, hashed and looked up, the outcome decided at the end, and
+// the attempt ended, a failure recorded or, for an attempt the limit
+// refused, the same work done on nothing (limiter.FailLimiter.EndRefused).
+// Only a redemption writes to the database on the way. A refusal of the
+// IP limit is remembered until its retry-after (checkFloods) and its
+// repeats answered from memory; a cooldown is not, as its repeats would
+// then be answered sooner than a failure.
 func (s *Server) handleVerifyInvite(c echo.Context) error {
 	start := s.now()
 	ip := c.RealIP()
@@ -101,35 +105,27 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	// net: checked and counted in one step.
 	var attempt *limiter.Attempt
 	keys := []string{ipKey, "email:" + email}
-	refused, remembered := s.checkFloods(s.invitesOpen, failScope(invites.Layer), failSetKey(keys), start, func() (err error) {
+	refused := s.invitesOpen.Check(func() (err error) {
 		attempt, err = s.inviteLimits.Fails.Begin(keys, start)
 		return err
 	})
 	defer attempt.Cancel() // a no-op once the attempt has an outcome
-
 	refuse := refused != nil && !s.inviteShadowed(start, ip, email, refused.Reason)
 
-	// The lookup runs whatever the fail limit said, for comparable work;
-	// but a cooldown remembered while the fail limit is shared skips it:
-	// there a flood in a cooldown costs the database nothing, and the
-	// decided refusal already answers a round trip sooner than a failure
-	// (which the database records).
-	var outcome invites.RedeemOutcome
-	var lookupErr error
-	if !refuse || !remembered || !s.inviteLimits.Fails.Shared() {
-		outcome, lookupErr = s.d.InviteCodes.CheckInvite(hash, email, start)
-	}
-	if refuse {
-		return s.inviteRefusal(c, start, refused.Reason, email)
-	}
-	if lookupErr != nil {
-		s.log.Error("invite lookup failed", "request_id", requestID(c), "err", lookupErr)
-		return errInvitesUnavailable
-	}
+	// The lookup runs whatever the fail limit said: a refusal decided
+	// before it would be answered a lookup sooner.
+	outcome, lookupErr := s.d.InviteCodes.CheckInvite(hash, email, start)
 	if !invites.WellFormed(code) {
 		outcome = invites.InviteUnknown
 	}
-	if outcome == invites.InviteRedeemed {
+	switch {
+	case refuse:
+		s.endAttempt(start, attempt, refused != nil, keys)
+		return s.inviteRefusal(c, start, refused.Reason, email)
+	case lookupErr != nil:
+		s.log.Error("invite lookup failed", "request_id", requestID(c), "err", lookupErr)
+		return errInvitesUnavailable
+	case outcome == invites.InviteRedeemed:
 		// Decide again and write in one transaction: the lookup may be
 		// stale by now.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), recordTimeout)
@@ -141,15 +137,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		}
 	}
 	if !outcome.OK() {
-		tripped := attempt.Fail(s.now())
-		for _, key := range attempt.CooldownsStarted() {
-			s.recordCooldownStart(start, key)
-		}
-		if tripped {
-			s.log.Warn("invite service-wide net tripped: every verification is refused", "failures_last_hour", s.inviteLimits.Fails.GlobalFailures(s.now()))
-			s.alert(detect.KindInviteNet, "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack",
-				map[string]string{"failures_last_hour": strconv.Itoa(s.inviteLimits.Fails.GlobalFailures(s.now()))})
-		}
+		s.endAttempt(start, attempt, refused != nil, keys)
 		return s.inviteRefusal(c, start, outcome.String(), email)
 	}
 	// Only a new redemption clears (or shortens) the run. An e-mail
@@ -165,6 +153,28 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 	s.recordVerify(c, start, email, "ok", http.StatusOK)
 	s.log.Info("invite verified", "outcome", outcome.String(), "ip", ip, "request_id", requestID(c))
 	return c.JSON(http.StatusOK, map[string]bool{"valid": true})
+}
+
+// endAttempt ends a refused verification's attempt on keys: a failure
+// recorded for an attempt the fail limit began (its cooldowns started go
+// to the statistics, and the net tripping raises the alert), or, for one
+// it refused (limited; shadow mode may have let it through), the same
+// work done on nothing, so that the two take as long. An attempt the
+// limit could not decide (failed open) has nothing to end.
+func (s *Server) endAttempt(start time.Time, attempt *limiter.Attempt, limited bool, keys []string) {
+	if limited {
+		s.inviteLimits.Fails.EndRefused(keys, s.now())
+		return
+	}
+	tripped := attempt.Fail(s.now())
+	for _, key := range attempt.CooldownsStarted() {
+		s.recordCooldownStart(start, key)
+	}
+	if tripped {
+		s.log.Warn("invite service-wide net tripped: every verification is refused", "failures_last_hour", s.inviteLimits.Fails.GlobalFailures(s.now()))
+		s.alert(detect.KindInviteNet, "invite verification is refusing every request: failures service-wide in the last hour passed invites.global_fail_per_hour, which looks like a distributed guessing attack",
+			map[string]string{"failures_last_hour": strconv.Itoa(s.inviteLimits.Fails.GlobalFailures(s.now()))})
+	}
 }
 
 // inviteRefusal counts and records the precise reason, logs it, and

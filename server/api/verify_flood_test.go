@@ -17,12 +17,15 @@ import (
 
 // sharedFails is a store that decides a fail limit's keys as the database
 // does (limiter.SharedFails), from a FailLimiter of its own, and counts
-// the decisions it is asked for: one a round trip on postgres.
+// the decisions it is asked for and the attempts it is told to end (the
+// stand-ins of limiter.FailLimiter.EndRefused included): each a round
+// trip on postgres.
 type sharedFails struct {
-	mu     sync.Mutex
-	f      *limiter.FailLimiter
-	open   map[string][]*limiter.Attempt
-	begins int
+	mu       sync.Mutex
+	f        *limiter.FailLimiter
+	open     map[string][]*limiter.Attempt
+	begins   int
+	finishes int
 }
 
 func newSharedFails(t *testing.T, cfg limiter.FailConfig) *sharedFails {
@@ -51,9 +54,13 @@ func (s *sharedFails) Begin(keys []string, _ limiter.FailConfig, now time.Time) 
 	return nil, nil
 }
 
-func (s *sharedFails) Finish(keys []string, outcome limiter.FailOutcome, _ limiter.FailConfig, _, now time.Time) ([]string, bool, error) {
+func (s *sharedFails) Finish(keys []string, outcome limiter.FailOutcome, _ limiter.FailConfig, begun, now time.Time) ([]string, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.finishes++
+	if outcome == limiter.OutcomeRelease && begun.IsZero() {
+		return nil, false, nil // an attempt Begin refused: nothing to end
+	}
 	k := strings.Join(keys, "\n")
 	a := s.open[k][0]
 	s.open[k] = s.open[k][1:]
@@ -75,10 +82,12 @@ func (s *sharedFails) Cooling(now time.Time) ([]limiter.Cooldown, error) {
 func (s *sharedFails) Clear(key string) (bool, error)            { return s.f.Clear(key), nil }
 func (s *sharedFails) GlobalFailures(now time.Time) (int, error) { return s.f.GlobalFailures(now), nil }
 
-func (s *sharedFails) asked() int {
+// asked returns how many attempts the store was asked to begin and to
+// end.
+func (s *sharedFails) asked() (begins, finishes int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.begins
+	return s.begins, s.finishes
 }
 
 // sharedWindows is a store that decides rate windows as the database does
@@ -109,108 +118,131 @@ func (c *countedCodes) CheckInvite(hash [32]byte, email string, now time.Time) (
 	return c.Redeemer.CheckInvite(hash, email, now)
 }
 
-// TestVerifyCooldownFloodFromMemory: on a shared fail limit (as on
-// postgres), an address and e-mail in a cooldown are refused once by the
-// store, and then from memory: 200 more guesses, right or wrong, ask the
-// store nothing and look no code up, and each gets the one face of a
-// refusal, counted as a cooldown. A Clear (the operator's change) lets
-// the right code through at once; without one, the cooldown's end does.
-func TestVerifyCooldownFloodFromMemory(t *testing.T) {
-	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	codes := &countedCodes{}
-	deny := guard.NewDeny(0)
-	e := newEnv(t, envOptions{clock: clk.now, invites: loose(invites.Config{}), deny: deny,
-		redeemer: func(r invites.Redeemer) invites.Redeemer { codes.Redeemer = r; return codes }})
-	store := newSharedFails(t, e.inviteLimits.Fails.Config())
-	e.inviteLimits.Fails.Share(store, func(err error) { t.Errorf("store fault: %v", err) })
-	code, _ := e.newInvite(3, 0)
-	var r refusedBody
-	for range 5 { // the default fail_limit: the fifth starts the cooldown
-		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
-	}
-	r.wantVerify(t, e, code, "mallory@example.com") // decided by the store, then remembered
-	begins, checks := store.asked(), codes.checks.Load()
-	if begins != 6 || checks != 6 {
-		t.Fatalf("before the flood: %d store decisions and %d lookups, want 6 and 6", begins, checks)
-	}
-	const flood = 200
-	for i := range flood {
-		guess := "WRONG-CODE-ZZZ"
-		if i%2 == 0 {
-			guess = code
-		}
-		clk.add(time.Second)
-		r.wantVerify(t, e, guess, "mallory@example.com")
-	}
-	if got := store.asked() - begins; got != 0 {
-		t.Errorf("the store was asked %d times for %d refusals of a remembered cooldown, want 0", got, flood)
-	}
-	if got := codes.checks.Load() - checks; got != 0 {
-		t.Errorf("%d codes looked up for %d refusals of a remembered cooldown, want 0", got, flood)
-	}
-	if got := e.inviteRefusals(limiter.ReasonCooldown); got != flood+1 {
-		t.Errorf("breakwater_invite_refusals_total{reason=cooldown} = %d, want %d (every one, from memory or not)", got, flood+1)
-	}
-	if got := e.srv.floods.Answered(); got != flood {
-		t.Errorf("the flood cache answered %d, want %d", got, flood)
-	}
-
-	// Another e-mail from the address: the set differs, so the store
-	// decides (and refuses: the address cools down too).
-	r.wantVerify(t, e, code, "other@example.com")
-	if got := store.asked() - begins; got != 1 {
-		t.Errorf("another e-mail from the cooling address: %d store decisions, want 1", got)
-	}
-
-	// The operator lifts both cooldowns: the cache is cleared with them.
-	for _, k := range []string{"ip:127.0.0.1", "email:mallory@example.com"} {
-		if !e.inviteLimits.Fails.Clear(k) {
-			t.Fatalf("Clear(%s): no state", k)
-		}
-	}
-	deny.Clear()
-	wantValid(t, e, code, "mallory@example.com")
+// workEnv is a verification env whose fail limit is decided by a store
+// (as on postgres) when shared, with its lookups counted.
+type workEnv struct {
+	*env
+	clk   *clock
+	store *sharedFails // nil: the fail limit in memory (bolt)
+	codes *countedCodes
 }
 
-// TestVerifyCooldownRemembersUntilItsEnd: a cooldown remembered is
-// answered until its exact end, and the key is decided again then.
-func TestVerifyCooldownRemembersUntilItsEnd(t *testing.T) {
-	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	e := newEnv(t, envOptions{clock: clk.now, invites: loose(invites.Config{}), deny: guard.NewDeny(0)})
-	store := newSharedFails(t, e.inviteLimits.Fails.Config())
-	e.inviteLimits.Fails.Share(store, nil)
-	code, _ := e.newInvite(3, 0)
-	var r refusedBody
-	for range 6 {
-		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
+func newWorkEnv(t *testing.T, shared bool, cfg invites.Config) *workEnv {
+	t.Helper()
+	w := &workEnv{clk: newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)), codes: &countedCodes{}}
+	w.env = newEnv(t, envOptions{clock: w.clk.now, cfg: trustLoopback, invites: loose(cfg), deny: guard.NewDeny(0),
+		redeemer: func(r invites.Redeemer) invites.Redeemer { w.codes.Redeemer = r; return w.codes }})
+	if shared {
+		w.store = newSharedFails(t, w.inviteLimits.Fails.Config())
+		w.inviteLimits.Fails.Share(w.store, func(err error) { t.Errorf("store fault: %v", err) })
 	}
-	clk.add(10*time.Minute - time.Nanosecond) // the default cooldown, less a nanosecond
-	r.wantVerify(t, e, code, "mallory@example.com")
-	if got := e.srv.floods.Answered(); got != 1 {
-		t.Errorf("a nanosecond before the end: %d answered from memory, want 1", got)
-	}
-	clk.add(time.Nanosecond)
-	wantValid(t, e, code, "mallory@example.com")
+	return w
 }
 
-// TestVerifyLocalCooldownStillLooksUp: on a fail limit in memory (bolt)
-// a remembered cooldown still looks the code up, as a decided one does:
-// the timing tells no cooldown from a wrong code, and the lookup costs no
-// round trip there.
-func TestVerifyLocalCooldownStillLooksUp(t *testing.T) {
-	clk := newClock(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
-	codes := &countedCodes{}
-	e := newEnv(t, envOptions{clock: clk.now, invites: loose(invites.Config{}), deny: guard.NewDeny(0),
-		redeemer: func(r invites.Redeemer) invites.Redeemer { codes.Redeemer = r; return codes }})
-	var r refusedBody
-	for range 16 {
-		r.wantVerify(t, e, "WRONG-CODE-ZZZ", "mallory@example.com")
+// work is what one verification asked: attempts begun and ended in the
+// store, and codes looked up.
+type work struct{ begins, finishes, lookups int }
+
+// refused sends code for email from ip, wants the one face of a refusal
+// counted under reason, and returns the work it took.
+func (w *workEnv) refused(t *testing.T, r *refusedBody, code, email, ip, reason string) work {
+	t.Helper()
+	before, b0, f0 := w.codes.checks.Load(), 0, 0
+	if w.store != nil {
+		b0, f0 = w.store.asked()
 	}
-	if got := e.srv.floods.Answered(); got != 10 {
-		t.Errorf("%d refusals answered from memory, want 10 (all but the first of the cooldown)", got)
+	counted := w.inviteRefusals(reason)
+	r.wantVerify(t, w.env, code, email, "X-Real-IP", ip)
+	if got := w.inviteRefusals(reason); got != counted+1 {
+		t.Errorf("%s from %s: refusals counted as %s went from %d to %d, want one more", code, ip, reason, counted, got)
 	}
-	if got := codes.checks.Load(); got != 16 {
-		t.Errorf("%d codes looked up for 16 checks, want 16", got)
+	done := work{lookups: int(w.codes.checks.Load() - before)}
+	if w.store != nil {
+		b, f := w.store.asked()
+		done.begins, done.finishes = b-b0, f-f0
+	}
+	return done
+}
+
+// TestVerifyEveryRefusalDoesTheSameWork: whatever refuses a verification
+// (no invite has the code, a malformed code, an expired, used-up or
+// revoked invite, the right code during a cooldown, first or repeated,
+// the service-wide net), it does the same work: one lookup, and, where a
+// store decides the fail limit (postgres, a round trip each), one attempt
+// begun or refused and one ended (a failure's, or the stand-in of one the
+// limit refused), so that the time of the answer tells no class from
+// another. No refusal is answered from the flood cache.
+func TestVerifyEveryRefusalDoesTheSameWork(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			w := newWorkEnv(t, shared, invites.Config{})
+			right, _ := w.newInvite(3, 0)
+			expired, _ := w.newInvite(1, time.Hour)
+			usedUp, _ := w.newInvite(1, 0)
+			wantValid(t, w.env, usedUp, "first@example.com", "X-Real-IP", "192.0.2.1")
+			revoked, info := w.newInvite(3, 0)
+			if _, err := w.invites.Revoke(info.ID); err != nil {
+				t.Fatal(err)
+			}
+			w.clk.add(2 * time.Hour)
+			want := work{lookups: 1}
+			if shared {
+				want = work{begins: 1, finishes: 1, lookups: 1}
+			}
+			var r refusedBody
+			check := func(what string, got work) {
+				t.Helper()
+				if got != want {
+					t.Errorf("%s: %+v, want %+v", what, got, want)
+				}
+			}
+			check("unknown", w.refused(t, &r, invites.NewCode(), "a@example.com", "192.0.2.2", reasonInvalid))
+			check("malformed", w.refused(t, &r, "not a code", "b@example.com", "192.0.2.3", reasonInvalid))
+			check("expired", w.refused(t, &r, expired, "c@example.com", "192.0.2.4", reasonExpired))
+			check("used up", w.refused(t, &r, usedUp, "d@example.com", "192.0.2.5", reasonUsedUp))
+			check("revoked", w.refused(t, &r, revoked, "e@example.com", "192.0.2.6", reasonRevoked))
+			for i := range 5 { // the default fail_limit: the fifth starts the cooldown
+				check(fmt.Sprintf("wrong guess %d", i+1), w.refused(t, &r, "WRONG-CODE-ZZZ", "mallory@example.com", "203.0.113.7", reasonInvalid))
+			}
+			for i := range 3 {
+				check(fmt.Sprintf("the right code in a cooldown, %d", i+1), w.refused(t, &r, right, "mallory@example.com", "203.0.113.7", limitReasonCooldown))
+			}
+			if n := w.srv.floods.Answered(); n != 0 {
+				t.Errorf("%d refusals answered from the flood cache, want none", n)
+			}
+			// The operator lifts the cooldowns: the right code passes at once.
+			for _, k := range []string{"ip:203.0.113.7", "email:mallory@example.com"} {
+				if !w.inviteLimits.Fails.Clear(k) {
+					t.Fatalf("Clear(%s): no state", k)
+				}
+			}
+			wantValid(t, w.env, right, "mallory@example.com", "X-Real-IP", "203.0.113.7")
+		})
+	}
+}
+
+// TestVerifyNetRefusalDoesTheWorkOfAFailure: the service-wide net's
+// refusal, of the right code too, does the work of a failure.
+func TestVerifyNetRefusalDoesTheWorkOfAFailure(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			w := newWorkEnv(t, shared, invites.Config{GlobalFailPerHour: 2})
+			right, _ := w.newInvite(3, 0)
+			want := work{lookups: 1}
+			if shared {
+				want = work{begins: 1, finishes: 1, lookups: 1}
+			}
+			var r refusedBody
+			for i, step := range []struct{ code, reason string }{
+				{"WRONG-CODE-AAA", reasonInvalid}, {"WRONG-CODE-BBB", reasonInvalid},
+				{right, limitReasonGlobal}, {"WRONG-CODE-CCC", limitReasonGlobal},
+			} {
+				ip := fmt.Sprintf("192.0.2.%d", i+10)
+				if got := w.refused(t, &r, step.code, fmt.Sprintf("n%d@example.com", i), ip, step.reason); got != want {
+					t.Errorf("%s (%s): %+v, want %+v", step.code, step.reason, got, want)
+				}
+			}
+		})
 	}
 }
 

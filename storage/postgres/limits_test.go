@@ -273,6 +273,48 @@ func TestFailsBeginAtMostTheLimitUnderConcurrency(t *testing.T) {
 	}
 }
 
+// A release with a zero start (limiter.FailLimiter.EndRefused's stand-in
+// for the end of an attempt Begin refused) ends no attempt and changes
+// nothing: the attempt in progress still counts, the run and the
+// service-wide count stay, and no cooldown starts.
+func TestFailsReleaseOfNothingChangesNothing(t *testing.T) {
+	db := newDB(t)
+	f := db.Limits().Fails("invites")
+	cfg := limiter.FailConfig{Limit: 3}.WithDefaults()
+	keys := []string{"ip:192.0.2.8", "email:y@example.com"}
+	for i := range 2 {
+		at := lt0.Add(time.Duration(i) * time.Second)
+		if r, err := f.Begin(keys, cfg, at); r != nil || err != nil {
+			t.Fatalf("Begin %d = %v, %v", i, r, err)
+		}
+		if _, _, err := f.Finish(keys, limiter.OutcomeFail, cfg, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending := lt0.Add(2 * time.Second)
+	if r, err := f.Begin(keys, cfg, pending); r != nil || err != nil {
+		t.Fatalf("third Begin = %v, %v", r, err)
+	}
+	for range 3 {
+		started, tripped, err := f.Finish(keys, limiter.OutcomeRelease, cfg, time.Time{}, lt0.Add(3*time.Second))
+		if err != nil || started != nil || tripped {
+			t.Fatalf("release of nothing = %v, %v, %v; want nothing started", started, tripped, err)
+		}
+	}
+	if got := mustGlobal(t, f, lt0.Add(3*time.Second)); got != 2 {
+		t.Errorf("global failures %d after releases of nothing, want 2", got)
+	}
+	// Two failures and one attempt in progress: the limit of 3 is held.
+	if r, err := f.Begin(keys, cfg, lt0.Add(4*time.Second)); err != nil || r == nil || r.Reason != limiter.ReasonInFlight {
+		t.Errorf("Begin beside the attempt in progress = %v, %v; want in_flight", r, err)
+	}
+	// The third failure starts the cooldown: the run of two was kept.
+	started, _, err := f.Finish(keys, limiter.OutcomeFail, cfg, pending, lt0.Add(5*time.Second))
+	if err != nil || len(started) != 2 {
+		t.Errorf("third failure started %q (%v), want both keys' cooldowns", started, err)
+	}
+}
+
 // An attempt in progress that an instance never finishes (it crashed)
 // stops counting after PendingTTL.
 func TestFailsForgetAnAttemptLeftInProgress(t *testing.T) {

@@ -47,6 +47,7 @@ type serverConfig struct {
 	Window         string // limits.user window
 	Burst          int    // limits.user burst
 	InviteNet      int    // invites.global_fail_per_hour; 0: its default
+	InviteFails    int    // invites.fail_limit; 0: its default
 }
 
 // defaults is a server with the limits out of the way of the load.
@@ -91,6 +92,9 @@ burst = 1000
 `, c.MaxConnections, c.InFlight, db, harness.Model, geminiURL, c.Rate, c.Window, c.Burst, plan)
 	if c.InviteNet != 0 {
 		body += fmt.Sprintf("global_fail_per_hour = %d\n", c.InviteNet)
+	}
+	if c.InviteFails != 0 {
+		body += fmt.Sprintf("fail_limit = %d\n", c.InviteFails)
 	}
 	return os.WriteFile(path, []byte(body), 0o600)
 }
