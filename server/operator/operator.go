@@ -205,8 +205,12 @@ func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyI
 // ListKeys lists every key without secrets.
 func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List() }
 
-// RevokeKey disables a key on the next request.
+// RevokeKey disables a key on the next request. An id that is not text
+// is ErrBadID.
 func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) {
+	if err := CheckID(KindKey, id); err != nil {
+		return KeyInfo{}, err
+	}
 	info, err := o.keys.Revoke(id)
 	return info, o.changed(err)
 }
@@ -219,13 +223,21 @@ func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, 
 // ListInvites lists every invite without its code.
 func (o *Operator) ListInvites(context.Context) ([]InviteInfo, error) { return o.invites.List() }
 
-// RevokeInvite refuses the code from the next verification on.
+// RevokeInvite refuses the code from the next verification on. An id
+// that is not text is ErrBadID.
 func (o *Operator) RevokeInvite(_ context.Context, id string) (InviteInfo, error) {
+	if err := CheckID(KindInvite, id); err != nil {
+		return InviteInfo{}, err
+	}
 	return o.invites.Revoke(id)
 }
 
-// DeleteInvite removes an invite and the e-mails that redeemed it.
+// DeleteInvite removes an invite and the e-mails that redeemed it. An id
+// that is not text is ErrBadID.
 func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error) {
+	if err := CheckID(KindInvite, id); err != nil {
+		return InviteInfo{}, err
+	}
 	return o.invites.Delete(id)
 }
 
@@ -519,10 +531,17 @@ func (o *Operator) Cooldowns(context.Context) ([]CooldownInfo, error) {
 
 // ClearCooldown lifts the cooldown of key in source ("" is
 // SourceInvites) at once and forgets its run of failures; a key in no
-// cooldown there is ErrNoCooldown.
+// cooldown there is ErrNoCooldown; a key or a source that is not text,
+// ErrBadID.
 func (o *Operator) ClearCooldown(_ context.Context, source, key string) (CooldownInfo, error) {
 	if source == "" {
 		source = SourceInvites
+	}
+	if err := CheckID(KindCooldownSource, source); err != nil {
+		return CooldownInfo{}, err
+	}
+	if err := CheckID(KindCooldownKey, key); err != nil {
+		return CooldownInfo{}, err
 	}
 	now := o.now()
 	for _, src := range o.cooldowns {
