@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -561,3 +563,22 @@ func (o *Operator) ClearCooldown(_ context.Context, source, key string) (Cooldow
 
 // usd turns micro-dollars into dollars for display.
 func usd(micro int64) float64 { return float64(micro) / 1e6 }
+
+// FormatUSD writes an amount in dollars of BudgetInfo or UsageInfo (a
+// spend, a ceiling) for people: every digit down to the micro-dollar the
+// ledger counts in, trailing zeros left out, at least two decimals
+// ("$0.007", "$0.00687", "$12.50", "$2.505"). It never rounds: a ceiling
+// of daily_usd = 0.007 reads "$0.007", not "$0.01" beside a spend of
+// "$0.00687".
+func FormatUSD(v float64) string {
+	micro := int64(math.Round(v * 1e6)) // v is a count of micro-dollars / 1e6
+	sign := ""
+	if micro < 0 {
+		sign, micro = "-", -micro
+	}
+	s := strings.TrimRight(fmt.Sprintf("%d.%06d", micro/1e6, micro%1e6), "0")
+	if decimals := len(s) - strings.IndexByte(s, '.') - 1; decimals < 2 {
+		s += strings.Repeat("0", 2-decimals)
+	}
+	return sign + "$" + s
+}
