@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -121,8 +123,8 @@ func crossOrigin(r *http.Request) bool {
 
 func (s *Server) handleCreateKey(c echo.Context) error {
 	var req operator.CreateKeyRequest
-	if err := c.Bind(&req); err != nil {
-		return badRequest(`Send JSON {"user":"...","plan":"..."}.`)
+	if err := bindBody(c, &req, `Send JSON {"user":"...","plan":"..."}.`); err != nil {
+		return err
 	}
 	secret, info, err := s.d.Operator.CreateKey(c.Request().Context(), req.User, req.Plan)
 	if err != nil {
@@ -155,8 +157,12 @@ func (s *Server) handleRevokeKey(c echo.Context) error {
 // handleUpdateUser bans, unbans or moves a user to another plan.
 func (s *Server) handleUpdateUser(c echo.Context) error {
 	var req operator.UserRequest
-	if err := c.Bind(&req); err != nil || (req.Banned == nil && req.Plan == "") {
-		return badRequest(`Send JSON {"banned":true|false} or {"plan":"NAME"}.`)
+	const hint = `Send JSON {"banned":true|false} or {"plan":"NAME"}.`
+	if err := bindBody(c, &req, hint); err != nil {
+		return err
+	}
+	if req.Banned == nil && req.Plan == "" {
+		return badRequest(hint)
 	}
 	ctx, user := c.Request().Context(), pathParam(c, "id")
 	var info operator.UserInfo
@@ -264,8 +270,12 @@ func (s *Server) handleBudget(c echo.Context) error {
 
 func (s *Server) handleBrake(c echo.Context) error {
 	var req operator.BrakeRequest
-	if err := c.Bind(&req); err != nil || req.On == nil {
-		return badRequest(`Send JSON {"on":true} or {"on":false}.`)
+	const hint = `Send JSON {"on":true} or {"on":false}.`
+	if err := bindBody(c, &req, hint); err != nil {
+		return err
+	}
+	if req.On == nil {
+		return badRequest(hint)
 	}
 	info, err := s.d.Operator.SetBrake(c.Request().Context(), *req.On)
 	if err != nil {
@@ -299,8 +309,8 @@ func (s *Server) handleBackup(c echo.Context) error {
 
 func (s *Server) handleCreateInvite(c echo.Context) error {
 	var req operator.CreateInviteRequest
-	if err := c.Bind(&req); err != nil {
-		return badRequest(`Send JSON {"uses":1,"expires":"72h","note":"..."}.`)
+	if err := bindBody(c, &req, `Send JSON {"uses":1,"expires":"72h","note":"..."}.`); err != nil {
+		return err
 	}
 	var ttl time.Duration
 	if req.Expires != "" {
@@ -348,10 +358,42 @@ func (s *Server) inviteAction(c echo.Context, done string, act func(context.Cont
 	return c.JSON(http.StatusOK, info)
 }
 
-// pathParam is a path parameter, unescaped: Echo leaves %2F escaped, so a
-// user id holding a "/" would otherwise name another user.
+// errBodyNotUTF8 refuses an admin API body that is not valid UTF-8.
+var errBodyNotUTF8 = badRequest("The body is not valid UTF-8: send JSON in UTF-8.")
+
+// bindBody reads an admin API body into v as c.Bind does, answering
+// badRequest(hint) for one that does not bind. A body that is not valid
+// UTF-8 is refused first (errBodyNotUTF8): the JSON decoder would read
+// each bad byte as U+FFFD, so that an id of such bytes would name another
+// id, and two of them one. The body is held to its route's limit
+// (limitBody) before it gets here.
+func bindBody(c echo.Context, v any, hint string) error {
+	r := c.Request()
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return badRequest(hint)
+	}
+	if !utf8.Valid(body) {
+		return errBodyNotUTF8
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err := c.Bind(v); err != nil {
+		return badRequest(hint)
+	}
+	return nil
+}
+
+// pathParam is a path parameter, unescaped once. Echo routes on the
+// path as sent (URL.RawPath) when it holds an escape that the decoded
+// path cannot show, such as %2F, and leaves its parameters escaped: a
+// user id holding a "/" would otherwise name another user. Else it routes
+// on the decoded path, whose parameters are not unescaped again: an id
+// sent as %2500 is "%00", not a NUL.
 func pathParam(c echo.Context, name string) string {
 	v := c.Param(name)
+	if c.Request().URL.RawPath == "" {
+		return v
+	}
 	if u, err := url.PathUnescape(v); err == nil {
 		return u
 	}
@@ -370,8 +412,12 @@ func (s *Server) handleCooldowns(c echo.Context) error {
 // the invite limits) are in the body, as they hold ":" and "/".
 func (s *Server) handleClearCooldown(c echo.Context) error {
 	var req operator.ClearCooldownRequest
-	if err := c.Bind(&req); err != nil || req.Key == "" {
-		return badRequest(`Send JSON {"key":"email:ann@example.com"} (the invite guard) or {"source":"route:NAME","key":"ip:203.0.113.7"}.`)
+	const hint = `Send JSON {"key":"email:ann@example.com"} (the invite guard) or {"source":"route:NAME","key":"ip:203.0.113.7"}.`
+	if err := bindBody(c, &req, hint); err != nil {
+		return err
+	}
+	if req.Key == "" {
+		return badRequest(hint)
 	}
 	info, err := s.d.Operator.ClearCooldown(c.Request().Context(), req.Source, req.Key)
 	switch {

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"html/template"
-	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -26,25 +25,8 @@ import (
 var webFS embed.FS
 
 var dashboardPage = template.Must(template.New("dashboard.html").Funcs(template.FuncMap{
-	"usd": formatUSD,
+	"usd": operator.FormatUSD, // every digit: a ceiling is never rounded
 }).ParseFS(webFS, "web/dashboard.html"))
-
-// formatUSD writes an amount of US dollars for people: two decimals from
-// $1 up ($12.35); below, as many as the figure needs down to the
-// micro-dollar the ledger counts in, at least two ($0.50, $0.00015).
-func formatUSD(v float64) string {
-	if math.Abs(v) >= 1 {
-		return fmt.Sprintf("$%.2f", v)
-	}
-	s := strings.TrimRight(fmt.Sprintf("%.6f", v), "0")
-	if i := strings.IndexByte(s, '.'); len(s)-i-1 < 2 {
-		s += strings.Repeat("0", 2-(len(s)-i-1))
-	}
-	if s == "-0.00" {
-		s = "0.00"
-	}
-	return "$" + s
-}
 
 // dashboardData is everything the dashboard shows.
 type dashboardData struct {
@@ -168,7 +150,7 @@ func chart(now time.Time, loc *time.Location, days []budget.LedgerDay) template.
 		y := base - plotH*f
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e3e7ee" stroke-dasharray="4 3"/>`, left, y, w-right, y)
 		fmt.Fprintf(&b, `<text class="axis-calls" x="%d" y="%.1f" text-anchor="end">%d</text>`, left-6, y+4, int64(f*float64(reqTop)))
-		fmt.Fprintf(&b, `<text class="axis-usd" x="%d" y="%.1f">%s</text>`, w-right+6, y+4, formatUSD(f*float64(spendTop)/1e6))
+		fmt.Fprintf(&b, `<text class="axis-usd" x="%d" y="%.1f">%s</text>`, w-right+6, y+4, operator.FormatUSD(f*float64(spendTop)/1e6))
 	}
 	for i := range 30 {
 		day := budget.DayKey(now.AddDate(0, 0, i-29), loc)
@@ -176,7 +158,7 @@ func chart(now time.Time, loc *time.Location, days []budget.LedgerDay) template.
 		x := float64(left) + float64(i)*slot
 		bh := plotH * float64(d.Requests) / float64(reqTop)
 		fmt.Fprintf(&b, `<rect class="bar" data-day="%s" data-requests="%d" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#7aa2e3"><title>%s: %d calls, %s</title></rect>`,
-			day, d.Requests, x+2, base-bh, slot-4, bh, day, d.Requests, formatUSD(float64(d.SpendMicroUSD)/1e6))
+			day, d.Requests, x+2, base-bh, slot-4, bh, day, d.Requests, operator.FormatUSD(float64(d.SpendMicroUSD)/1e6))
 		if i%5 == 4 || i == 29 {
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`, x+slot/2, base+16, day[5:])
 		}

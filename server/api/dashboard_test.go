@@ -18,6 +18,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/operator"
 )
 
 // dashboardEnv is a service with a day of traffic: successes, a rate-limit
@@ -66,29 +67,6 @@ func TestDashboardData(t *testing.T) {
 		if !strings.Contains(string(d.Chart), want) {
 			t.Errorf("the chart lacks %s:\n%s", want, d.Chart)
 		}
-	}
-}
-
-func TestFormatUSD(t *testing.T) {
-	for _, c := range []struct {
-		v    float64
-		want string
-	}{
-		{0, "$0.00"},
-		{0.5, "$0.50"},
-		{0.00015, "$0.00015"},
-		{0.000001, "$0.000001"},
-		{0.123456, "$0.123456"},
-		{0.99, "$0.99"},
-		{1, "$1.00"},
-		{12.345, "$12.35"},
-		{1234.5, "$1234.50"},
-	} {
-		t.Run(c.want, func(t *testing.T) {
-			if got := formatUSD(c.v); got != c.want {
-				t.Errorf("formatUSD(%v) = %q, want %q", c.v, got, c.want)
-			}
-		})
 	}
 }
 
@@ -281,7 +259,7 @@ func checkDashboardFigures(t *testing.T, e *env, dom string) {
 	if got, want := text("requests-today"), strconv.FormatInt(day.Requests, 10); got != want {
 		t.Errorf("calls today shown %q, database %s", got, want)
 	}
-	if got, want := text("spend-today"), formatUSD(float64(day.SpendMicroUSD)/1e6); got != want {
+	if got, want := text("spend-today"), operator.FormatUSD(float64(day.SpendMicroUSD)/1e6); got != want {
 		t.Errorf("spend today shown %q, database %s", got, want)
 	}
 	if got := text("brake-state"); got != "released" {

@@ -33,8 +33,8 @@ func (noAlerts) Alert(string, string, map[string]string) {}
 
 func (s *Server) handleDetectRun(c echo.Context) error {
 	var req operator.DetectRunRequest
-	if err := c.Bind(&req); err != nil {
-		return badRequest(`Send JSON {"day":"YYYY-MM-DD","no_mail":false}.`)
+	if err := bindBody(c, &req, `Send JSON {"day":"YYYY-MM-DD","no_mail":false}.`); err != nil {
+		return err
 	}
 	rep, err := s.d.Operator.DetectRun(c.Request().Context(), req.Day, !req.NoMail)
 	if err != nil {

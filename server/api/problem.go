@@ -314,6 +314,7 @@ var domainErrors = []struct {
 	{keys.ErrUnknownPlan, http.StatusBadRequest, "bad_request", "Bad request"},
 	{invites.ErrInvalid, http.StatusBadRequest, "bad_request", "Bad request"},
 	{operator.ErrBadDay, http.StatusBadRequest, "bad_request", "Bad request"},
+	{operator.ErrBadID, http.StatusBadRequest, "bad_request", "Bad request"},
 	{operator.ErrBackupOntoDatabase, http.StatusConflict, "backup_target_is_database", "Conflict"},
 	{detect.ErrPruned, http.StatusConflict, "pruned", "Conflict"},
 }

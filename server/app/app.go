@@ -239,8 +239,12 @@ func (a *App) logStart(cfg Config, adminToken string) {
 	if cfg.Storage.Backend == storage.BackendPostgres {
 		where = "postgres (" + postgres.EnvURL + ")"
 	}
+	upstream := cfg.OCR.BaseURL
+	if cfg.OCR.Provider == ocr.ProviderSimulated {
+		upstream = "none (simulated)" // the simulated provider calls no one
+	}
 	a.log.Info("starting breakwater", "storage", where, "provider", cfg.OCR.Provider, "model", cfg.OCR.Model,
-		"base_url", cfg.OCR.BaseURL, "listen", cfg.Server.Listen, "admin_listen", admin, "layers", cfg.LayersText())
+		"base_url", upstream, "listen", cfg.Server.Listen, "admin_listen", admin, "layers", cfg.LayersText())
 	for _, w := range cfg.OffSwitches() {
 		a.log.Warn("LIMIT OFF: " + w)
 	}

@@ -583,11 +583,14 @@ func readEnv(k *koanf.Koanf, known map[string]reflect.Kind, path string, getenv 
 		}
 	}
 	// A BREAKWATER_SECTION__KEY that names no key is a typo, refused like
-	// one in the file.
+	// one in the file. A variable the config names to read a secret from
+	// is none of these, whatever its spelling.
+	named := map[string]bool{}
+	namedVars(k.Raw(), named)
 	var warnings []string
 	for _, kv := range environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, envPrefix) || getenv(name) == "" || secretVars[name] {
+		if !strings.HasPrefix(name, envPrefix) || getenv(name) == "" || secretVars[name] || named[name] {
 			continue
 		}
 		if _, ok := byEnv[name]; !ok && strings.Contains(name, "__") {
@@ -605,6 +608,31 @@ func readEnv(k *koanf.Koanf, known map[string]reflect.Kind, path string, getenv 
 		}
 	}
 	return warnings, nil
+}
+
+// namedVars adds to into the environment variables that the config
+// tree v names by a key ending in "_env" (alerts.webhook's url_env and
+// secret_env, in each entry of the array): variables that hold what the
+// config reads from the environment, such as a webhook's URL, and that
+// are no override.
+func namedVars(v any, into map[string]bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		for key, val := range v {
+			if name, ok := val.(string); ok && strings.HasSuffix(key, "_env") {
+				into[name] = true
+			}
+			namedVars(val, into)
+		}
+	case []any:
+		for _, e := range v {
+			namedVars(e, into)
+		}
+	case []map[string]any:
+		for _, e := range v {
+			namedVars(e, into)
+		}
+	}
 }
 
 // lookAlike is the key whose override name is name with its double

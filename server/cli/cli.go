@@ -249,6 +249,22 @@ func positional(required int, names ...string) cobra.PositionalArgs {
 	}
 }
 
+// idArg is the check of a command that takes one id of kind (an
+// operator.Kind*), named name in its usage: an id that is not text (a
+// NUL, bytes that are no UTF-8, a control character) is a usage error,
+// refused before the command reaches the service (operator.CheckID).
+func idArg(kind, name string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if err := positional(1, name)(c, args); err != nil {
+			return err
+		}
+		if err := operator.CheckID(kind, args[0]); err != nil {
+			return usageErrorf(c, "%v", err)
+		}
+		return nil
+	}
+}
+
 // noArgs is the check of a command that takes no positional argument.
 var noArgs = positional(0)
 

@@ -41,7 +41,12 @@ an IPv6 client by its /64, or email:ADDRESS) and forget its run of failures
 and its backoff, for a user you know is legitimate. KEY is the invite
 guard's unless --source names another fail limit as cooldowns list shows
 it: --source route:NAME for the [[routes]] entry NAME.`,
-		Args:              positional(1, "KEY"),
+		Args: func(c *cobra.Command, args []string) error {
+			if err := operator.CheckID(operator.KindCooldownSource, source); source != "" && err != nil {
+				return usageErrorf(c, "--source: %v", err)
+			}
+			return idArg(operator.KindCooldownKey, "KEY")(c, args)
+		},
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {

@@ -81,7 +81,7 @@ func invitesRevokeCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:               "revoke INVITE_ID",
 		Short:             "the code is refused from the next verification on",
-		Args:              positional(1, "INVITE_ID"),
+		Args:              idArg(operator.KindInvite, "INVITE_ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {
@@ -100,7 +100,7 @@ func invitesDeleteCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:               "delete INVITE_ID",
 		Short:             "the invite and the e-mails that redeemed it, for erasure",
-		Args:              positional(1, "INVITE_ID"),
+		Args:              idArg(operator.KindInvite, "INVITE_ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {

@@ -71,7 +71,7 @@ func keysRevokeCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:               "revoke KEY_ID",
 		Short:             "the key stops working on the next request",
-		Args:              positional(1, "KEY_ID"),
+		Args:              idArg(operator.KindKey, "KEY_ID"),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, args []string) error {
 			return e.operate(func(op operator.Service) error {

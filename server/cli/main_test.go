@@ -831,12 +831,23 @@ func TestDemoAnswersItsOwnCurl(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || len(body.Serials) == 0 || !body.Simulated || body.Quota.Used != 1 {
 		t.Errorf("demo answered %d %+v", resp.StatusCode, body)
 	}
+	checkDemoStartLine(t, logs.String())
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("demo returned %v", err)
 	}
 	if _, err := os.Stat(file); !os.IsNotExist(err) {
 		t.Errorf("demo left %s behind", file)
+	}
+}
+
+// checkDemoStartLine: the demo's start line names the simulated
+// upstream, and no base URL that the service never calls.
+func checkDemoStartLine(t *testing.T, logs string) {
+	t.Helper()
+	line := regexp.MustCompile(`(?m)^.*msg="starting breakwater".*$`).FindString(logs)
+	if !strings.Contains(line, "provider=simulated") || !strings.Contains(line, `base_url="none (simulated)"`) || strings.Contains(line, "googleapis") {
+		t.Errorf("the demo's start line names an upstream it never calls:\n%s", line)
 	}
 }
 

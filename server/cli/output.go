@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"text/tabwriter"
 	"time"
+
+	"breakwater/server/operator"
 )
 
 // printOut prints v as JSON, or as a table whose rows fill calls.
@@ -46,12 +48,13 @@ func limitText(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// usdText is a money limit for a table, "off" for 0.
+// usdText is a money limit for a table, "off" for 0: as configured,
+// never rounded (operator.FormatUSD).
 func usdText(v float64) string {
 	if v == 0 {
 		return "off"
 	}
-	return fmt.Sprintf("$%.2f", v)
+	return operator.FormatUSD(v)
 }
 
 func onOff(on bool) string {

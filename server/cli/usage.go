@@ -118,8 +118,8 @@ so it survives restarts. Prints the budget as it is then.`,
 func printBudget(w io.Writer, asJSON bool, b operator.BudgetInfo) error {
 	return printOut(w, asJSON, b, "CEILING\tSPENT\tLIMIT", func(row func(...any)) {
 		row("requests "+b.Day, b.Requests, limitText(b.DailyRequests))
-		row("usd "+b.Day, fmt.Sprintf("$%.6f", b.SpendUSD), usdText(b.DailyUSD))
-		row("usd "+b.Month, fmt.Sprintf("$%.6f", b.MonthSpendUSD), usdText(b.MonthlyUSD))
+		row("usd "+b.Day, operator.FormatUSD(b.SpendUSD), usdText(b.DailyUSD))
+		row("usd "+b.Month, operator.FormatUSD(b.MonthSpendUSD), usdText(b.MonthlyUSD))
 		state := "released"
 		if b.Engaged {
 			state = "ENGAGED by " + b.EngagedBy

@@ -9,7 +9,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"breakwater/server/invites"
 	"breakwater/server/keys"
@@ -113,6 +116,9 @@ func (a *AdminClient) RevokeKey(ctx context.Context, id string) (KeyInfo, error)
 func (a *AdminClient) call(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
+		if err := sendable(in); err != nil {
+			return err
+		}
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
@@ -144,6 +150,25 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("admin API at %s: %s %s: %w (more follows the answer)", a.base, method, path, ErrCutShort)
+	}
+	return nil
+}
+
+// sendable refuses a body (one of the requests of wire.go) with a string
+// that is not valid UTF-8: json.Marshal would send each bad byte as
+// U+FFFD, and the server would act on another value than the one given
+// (a key for another user), where the operator on the database refuses
+// it.
+func sendable(in any) error {
+	v := reflect.Indirect(reflect.ValueOf(in))
+	if v.Kind() != reflect.Struct {
+		return nil
+	}
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.String && !utf8.ValidString(f.String()) {
+			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			return fmt.Errorf("%s %q: not valid UTF-8", name, f.String())
+		}
 	}
 	return nil
 }

@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -205,8 +207,12 @@ func (o *Operator) CreateKey(_ context.Context, user, plan string) (string, KeyI
 // ListKeys lists every key without secrets.
 func (o *Operator) ListKeys(context.Context) ([]KeyInfo, error) { return o.keys.List() }
 
-// RevokeKey disables a key on the next request.
+// RevokeKey disables a key on the next request. An id that is not text
+// is ErrBadID.
 func (o *Operator) RevokeKey(_ context.Context, id string) (KeyInfo, error) {
+	if err := CheckID(KindKey, id); err != nil {
+		return KeyInfo{}, err
+	}
 	info, err := o.keys.Revoke(id)
 	return info, o.changed(err)
 }
@@ -219,13 +225,21 @@ func (o *Operator) CreateInvite(_ context.Context, uses int, ttl time.Duration, 
 // ListInvites lists every invite without its code.
 func (o *Operator) ListInvites(context.Context) ([]InviteInfo, error) { return o.invites.List() }
 
-// RevokeInvite refuses the code from the next verification on.
+// RevokeInvite refuses the code from the next verification on. An id
+// that is not text is ErrBadID.
 func (o *Operator) RevokeInvite(_ context.Context, id string) (InviteInfo, error) {
+	if err := CheckID(KindInvite, id); err != nil {
+		return InviteInfo{}, err
+	}
 	return o.invites.Revoke(id)
 }
 
-// DeleteInvite removes an invite and the e-mails that redeemed it.
+// DeleteInvite removes an invite and the e-mails that redeemed it. An id
+// that is not text is ErrBadID.
 func (o *Operator) DeleteInvite(_ context.Context, id string) (InviteInfo, error) {
+	if err := CheckID(KindInvite, id); err != nil {
+		return InviteInfo{}, err
+	}
 	return o.invites.Delete(id)
 }
 
@@ -545,10 +559,17 @@ func (o *Operator) Cooldowns(context.Context) ([]CooldownInfo, error) {
 
 // ClearCooldown lifts the cooldown of key in source ("" is
 // SourceInvites) at once and forgets its run of failures; a key in no
-// cooldown there is ErrNoCooldown.
+// cooldown there is ErrNoCooldown; a key or a source that is not text,
+// ErrBadID.
 func (o *Operator) ClearCooldown(_ context.Context, source, key string) (CooldownInfo, error) {
 	if source == "" {
 		source = SourceInvites
+	}
+	if err := CheckID(KindCooldownSource, source); err != nil {
+		return CooldownInfo{}, err
+	}
+	if err := CheckID(KindCooldownKey, key); err != nil {
+		return CooldownInfo{}, err
 	}
 	now := o.now()
 	for _, src := range o.cooldowns {
@@ -568,3 +589,22 @@ func (o *Operator) ClearCooldown(_ context.Context, source, key string) (Cooldow
 
 // usd turns micro-dollars into dollars for display.
 func usd(micro int64) float64 { return float64(micro) / 1e6 }
+
+// FormatUSD writes an amount in dollars of BudgetInfo or UsageInfo (a
+// spend, a ceiling) for people: every digit down to the micro-dollar the
+// ledger counts in, trailing zeros left out, at least two decimals
+// ("$0.007", "$0.00687", "$12.50", "$2.505"). It never rounds: a ceiling
+// of daily_usd = 0.007 reads "$0.007", not "$0.01" beside a spend of
+// "$0.00687".
+func FormatUSD(v float64) string {
+	micro := int64(math.Round(v * 1e6)) // v is a count of micro-dollars / 1e6
+	sign := ""
+	if micro < 0 {
+		sign, micro = "-", -micro
+	}
+	s := strings.TrimRight(fmt.Sprintf("%d.%06d", micro/1e6, micro%1e6), "0")
+	if decimals := len(s) - strings.IndexByte(s, '.') - 1; decimals < 2 {
+		s += strings.Repeat("0", 2-decimals)
+	}
+	return sign + "$" + s
+}
