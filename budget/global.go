@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -196,11 +198,27 @@ func softCeilingsOf(cfg Config) ceilings {
 	return ceilings{requests: cfg.SoftDailyRequests, dailyMicro: MicroUSD(cfg.SoftDailyUSD), monthlyMicro: MicroUSD(cfg.SoftMonthlyUSD)}
 }
 
-// MicroUSD converts dollars to integer micro-dollars, rounding down so a
-// ceiling is never raised by rounding.
+// MicroUSD converts dollars to integer micro-dollars: the decimal the
+// operator wrote (the shortest one that reads back as usd), cut after its
+// sixth decimal, so that a ceiling is never raised by rounding, and never
+// lowered by the float's binary error either (2.01 is 2,010,000, where
+// floor(2.01 * 1e6) would be 2,009,999).
 func MicroUSD(usd float64) int64 {
-	return int64(math.Floor(usd * 1e6))
+	if !(usd > 0 && usd < maxUSD) {
+		return int64(math.Floor(usd * 1e6)) // 0, negative or absurd: left to the config's checks
+	}
+	whole, frac, _ := strings.Cut(strconv.FormatFloat(usd, 'f', -1, 64), ".")
+	w, err1 := strconv.ParseInt(whole, 10, 64)
+	f, err2 := strconv.ParseInt((frac + "000000")[:6], 10, 64)
+	if err1 != nil || err2 != nil {
+		return int64(math.Floor(usd * 1e6))
+	}
+	return w*1e6 + f
 }
+
+// maxUSD bounds the dollars MicroUSD converts exactly: far above any
+// ceiling, far below int64's micro-dollars.
+const maxUSD = 1e12
 
 // NewGlobal returns the brake for cfg, starting from state.
 func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState) (*Global, error) {

@@ -65,3 +65,26 @@ func TestGlobalBusyIsNotPaused(t *testing.T) {
 		})
 	}
 }
+
+// MicroUSD is the decimal the operator wrote, cut after six decimals: no
+// cent value loses a micro-dollar to the float's binary error, and no
+// ceiling is raised by rounding.
+func TestMicroUSDIsTheDecimalWritten(t *testing.T) {
+	for _, tc := range []struct {
+		usd  float64
+		want int64
+	}{
+		{2.01, 2_010_000}, {0.007, 7_000}, {12.345, 12_345_000}, {0.29, 290_000}, {4.35, 4_350_000},
+		{0.0000019, 1}, {0.0000001, 0}, {1e6, 1e12}, {0, 0},
+	} {
+		if got := MicroUSD(tc.usd); got != tc.want {
+			t.Errorf("MicroUSD(%v) = %d, want %d", tc.usd, got, tc.want)
+		}
+	}
+	for cents := int64(1); cents <= 100_000; cents++ {
+		usd := float64(cents) / 100
+		if got := MicroUSD(usd); got != cents*10_000 {
+			t.Fatalf("MicroUSD(%v) = %d, want %d", usd, got, cents*10_000)
+		}
+	}
+}
