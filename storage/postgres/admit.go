@@ -73,7 +73,7 @@ func (q *Quotas) TakeAndReserve(user string, window limiter.Joined, line int64, 
 		err := errors.New("postgres: the rate window is not this database's: it cannot be decided in the admission")
 		return budget.Slot{}, nil, err, err
 	}
-	op := &groupOp{reset: s.reset, steps: []step{{rank: rankUser, key: userKey(user, userAdmit, ""), admit: s}}}
+	op := &groupOp{what: "admission", reset: s.reset, steps: []step{{rank: rankUser, key: userKey(user, userAdmit, ""), admit: s}}}
 	ctx, cancel := m.ctx()
 	defer cancel()
 	if err := m.do(ctx, op); err != nil {
