@@ -226,7 +226,7 @@ func (a *App) reportTo(srv *api.Server) {
 func (a *App) limitFault(layer string) func(error) {
 	return func(err error) {
 		if h := a.faults.Load(); h != nil {
-			(*h)(layer, err)
+			(*h)(layer, fmt.Errorf("%w: %w", api.ErrDecidedAlone, err))
 			return
 		}
 		a.log.Warn("a shared limit decided in memory: the database did not answer", "layer", layer, "err", err)
