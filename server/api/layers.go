@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -57,6 +58,30 @@ const (
 	failOpenAlertWindow = time.Minute
 )
 
+// ErrDecidedAlone wraps the fault of a limit shared on PostgreSQL that
+// this instance decided in memory, the database not answering (the
+// wiring wraps the shared limits' faults with it).
+var ErrDecidedAlone = errors.New("decided by this instance alone: the database did not answer")
+
+// refusedClosed is an error that says the request it concerns was
+// refused, not let through: a fail-open check decided in one write with
+// one that fails closed (on PostgreSQL, the daily line's attempt with the
+// quota slot), whose failure refused the request.
+type refusedClosed interface{ RefusedClosed() bool }
+
+// faultLine is the log line of a fail-open layer's fault err: what
+// became of the request.
+func faultLine(err error) string {
+	var rc refusedClosed
+	switch {
+	case errors.As(err, &rc) && rc.RefusedClosed():
+		return "defense layer failed, and the request was refused (503 usage_unavailable): the quota slot, written with it, fails closed"
+	case errors.Is(err, ErrDecidedAlone):
+		return "defense layer failed open: a shared limit decided by this instance alone, the database not answering"
+	}
+	return "defense layer failed open: request let through"
+}
+
 func (f *failOpens) note(layer string, err error) {
 	f.metrics.failOpen.WithLabelValues(layer).Inc()
 	now := f.now()
@@ -81,5 +106,5 @@ func (f *failOpens) note(layer string, err error) {
 	missed := f.missed[layer]
 	f.logged[layer], f.missed[layer] = now, 0
 	f.mu.Unlock()
-	f.log.Error("defense layer failed open: request let through, or a shared limit decided by this instance alone", "layer", layer, "err", err, "unlogged_since_last", missed)
+	f.log.Error(faultLine(err), "layer", layer, "err", err, "unlogged_since_last", missed)
 }

@@ -759,3 +759,29 @@ func (s *savedStates) SaveState(name string, entries map[string][]byte) error {
 	s.names = append(s.names, name)
 	return s.StateStore.SaveState(name, entries)
 }
+
+// refusedAnyway is a fault that says its request was refused all the
+// same, as a failed admission's on PostgreSQL does.
+type refusedAnyway struct{ error }
+
+func (refusedAnyway) RefusedClosed() bool { return true }
+
+// The fail-open log line says what became of the request: let through;
+// decided by this instance alone (a shared limit's memory); or refused
+// with 503, when the fault came with the quota slot's, which fails closed.
+func TestFaultLineSaysWhatHappened(t *testing.T) {
+	cause := errors.New("connection refused")
+	for _, tc := range []struct {
+		err        error
+		want, lack string
+	}{
+		{cause, "request let through", "refused"},
+		{fmt.Errorf("%w: %w", ErrDecidedAlone, cause), "decided by this instance alone", "let through"},
+		{fmt.Errorf("postgres: admit a request: %w", refusedAnyway{cause}), "the request was refused (503", "let through"},
+	} {
+		line := faultLine(tc.err)
+		if !strings.Contains(line, tc.want) || strings.Contains(line, tc.lack) {
+			t.Errorf("%v: %q, want %q and not %q", tc.err, line, tc.want, tc.lack)
+		}
+	}
+}

@@ -276,6 +276,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 // a metric, a rate-limited log line, an alert when they repeat.
 func (s *Server) FailedOpen(layer string, err error) { s.failOpen.note(layer, err) }
 
+// StoreBack tells the server that the store of the usage records answers
+// again after it did not: paid calls paused after a failed record try
+// again at once (guard.Guard.StoreBack).
+func (s *Server) StoreBack(now time.Time) { s.guard.StoreBack(now) }
+
 // SetPrice applies new token prices of the primary model to the calls
 // that start from now on.
 func (s *Server) SetPrice(p ocr.Price) {

@@ -200,7 +200,7 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
-	a.reportFaults(a.srv.FailedOpen)
+	a.reportTo(a.srv)
 	a.srv.SetShadow(cfg.Limits.User.Shadow())
 	if err := a.startWriteBehind(guarded); err != nil {
 		return nil, err

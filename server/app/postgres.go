@@ -207,9 +207,17 @@ func (a *App) followShared(db *postgres.DB, guarded []api.Route) {
 	a.background(func(ctx context.Context) { a.pruneLimits(ctx, guarded) })
 }
 
-// reportFaults makes the shared limits report their faults to report
-// (the server's fail-open count) from now on.
-func (a *App) reportFaults(report func(layer string, err error)) { a.faults.Store(&report) }
+// reportTo makes the shared limits report their faults to srv's
+// fail-open count from now on, and, on PostgreSQL, has the money path
+// tell srv when the database answers again after it did not: paid calls,
+// paused by the usage records that failed meanwhile, try again at once.
+func (a *App) reportTo(srv *api.Server) {
+	report := srv.FailedOpen
+	a.faults.Store(&report)
+	if money, ok := a.usage.(*postgres.Money); ok {
+		money.OnBack(func() { srv.StoreBack(a.opts.Now()) })
+	}
+}
 
 // limitFault is where a shared limit of layer reports a decision it made
 // in memory because the database could not: the fail-open count and log
@@ -218,7 +226,7 @@ func (a *App) reportFaults(report func(layer string, err error)) { a.faults.Stor
 func (a *App) limitFault(layer string) func(error) {
 	return func(err error) {
 		if h := a.faults.Load(); h != nil {
-			(*h)(layer, err)
+			(*h)(layer, fmt.Errorf("%w: %w", api.ErrDecidedAlone, err))
 			return
 		}
 		a.log.Warn("a shared limit decided in memory: the database did not answer", "layer", layer, "err", err)

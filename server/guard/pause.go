@@ -12,9 +12,17 @@ const UsagePause = 10 * time.Second
 
 // pause holds paid calls off after a usage record failed. When it is over,
 // one request alone goes through as a probe while the others keep waiting:
-// its record succeeding ends the pause, failing starts the next. Safe for
-// concurrent use.
+// its record succeeding ends the pause, failing starts the next. The probe
+// comes before the pause's end when the store says it answers again
+// (Guard.StoreBack). Safe for concurrent use.
 type pause struct{ until atomic.Pointer[time.Time] } // nil: no pause
+
+// StoreBack tells the guard that the store of its usage records answers
+// again after it did not (PostgreSQL stopped and started again): if paid
+// calls are paused, the next request goes through as the probe now
+// rather than at the pause's end. The probe's record decides, as at the
+// end of a pause.
+func (g *Guard) StoreBack(now time.Time) { g.records.probe(now) }
 
 func (p *pause) start(now time.Time) {
 	until := now.Add(UsagePause)
@@ -25,6 +33,20 @@ func (p *pause) start(now time.Time) {
 func (p *pause) end() {
 	if p.until.Load() != nil {
 		p.until.Store(nil)
+	}
+}
+
+// probe lets the next request in as the probe now, if paid calls are
+// paused: the pause's end comes early.
+func (p *pause) probe(now time.Time) {
+	for {
+		until := p.until.Load()
+		if until == nil || !until.After(now) {
+			return
+		}
+		if p.until.CompareAndSwap(until, &now) {
+			return
+		}
 	}
 }
 

@@ -61,7 +61,9 @@ func (q *Quotas) JoinsWindows(store limiter.SharedWindows) bool {
 // (take and reserve nil, no slot). An attempt over the line is take (a
 // *budget.LineError); when enforceLine, no slot is taken for it (reserve
 // nil, no slot). Otherwise reserve is the slot's answer, as Reserve's. On
-// a database error, take and reserve are that error.
+// a database error, take and reserve are that error, take with a
+// RefusedClosed method that reports true (the request is refused by the
+// slot's failure).
 func (q *Quotas) TakeAndReserve(user string, window limiter.Joined, line int64, enforceLine bool, limit int64,
 	now time.Time) (slot budget.Slot, refused *limiter.Refusal, take, reserve error) {
 	m := q.m
@@ -71,17 +73,29 @@ func (q *Quotas) TakeAndReserve(user string, window limiter.Joined, line int64, 
 		s.limits.window, s.limits.cfg = w.name, window.Config.WithDefaults()
 	} else if window.Store != nil {
 		err := errors.New("postgres: the rate window is not this database's: it cannot be decided in the admission")
-		return budget.Slot{}, nil, err, err
+		return budget.Slot{}, nil, refusedClosed{err}, err
 	}
-	op := &groupOp{reset: s.reset, steps: []step{{rank: rankUser, key: userKey(user, userAdmit, ""), admit: s}}}
+	op := &groupOp{what: "admission", reset: s.reset, steps: []step{{rank: rankUser, key: userKey(user, userAdmit, ""), admit: s}}}
 	ctx, cancel := m.ctx()
 	defer cancel()
 	if err := m.do(ctx, op); err != nil {
 		err = fmt.Errorf("postgres: admit a request: %w", err)
-		return budget.Slot{}, nil, err, err
+		return budget.Slot{}, nil, refusedClosed{err}, err
 	}
 	return s.answer(m)
 }
+
+// refusedClosed is the attempt's failure when the admission's write
+// failed: the quota slot, which fails closed, failed with it, so the
+// request is refused (503), not let through as a failed attempt count
+// alone would be. RefusedClosed says so to the log of the fail-open
+// layers (server/api), which knows no storage.
+type refusedClosed struct{ error }
+
+func (e refusedClosed) Unwrap() error { return e.error }
+
+// RefusedClosed reports that the request was refused, not let through.
+func (refusedClosed) RefusedClosed() bool { return true }
 
 func (s *admitStep) reset() {
 	s.wait, s.reason, s.taken, s.held, s.attempts, s.used = 0, "", false, false, 0, 0

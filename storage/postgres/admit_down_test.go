@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +18,9 @@ import (
 // does when it is decided alone (the shared window fails open to the
 // instance's memory, counted as a fault): past the rate a client is told
 // 429, not 503 again and again with every request reaching the money
-// path.
+// path. The attempt's failure, reported as a fail-open of its layer,
+// says that the request was refused all the same (RefusedClosed): the
+// log line then says so, not "let through".
 func TestAdmissionRateDecidedInMemoryWithTheDatabaseDown(t *testing.T) {
 	c := pgtest.NewCluster(t)
 	admin := openInstance(t, c.URL("postgres"))
@@ -30,7 +34,18 @@ func TestAdmissionRateDecidedInMemoryWithTheDatabaseDown(t *testing.T) {
 	}
 	var faults atomic.Int64
 	rate.Share(in.db.Limits().Windows("user"), func(error) { faults.Add(1) })
-	g, err := guard.New(guard.Layers{Rate: rate, Attempts: in.m.Attempts(), Quotas: in.m.Quotas(), Usage: in.m}, guard.Hooks{})
+	var (
+		mu       sync.Mutex
+		attempts []error
+	)
+	hooks := guard.Hooks{FailedOpen: func(layer string, err error) {
+		if layer == guard.LayerAttempts {
+			mu.Lock()
+			attempts = append(attempts, err)
+			mu.Unlock()
+		}
+	}}
+	g, err := guard.New(guard.Layers{Rate: rate, Attempts: in.m.Attempts(), Quotas: in.m.Quotas(), Usage: in.m}, hooks)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,5 +69,16 @@ func TestAdmissionRateDecidedInMemoryWithTheDatabaseDown(t *testing.T) {
 	}
 	if faults.Load() == 0 {
 		t.Fatal("no fault of the shared window reported: the fail-open is not counted")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, err := range attempts {
+		var rc interface{ RefusedClosed() bool }
+		if !errors.As(err, &rc) || !rc.RefusedClosed() {
+			t.Errorf("the attempt's fault %v does not say the request was refused", err)
+		}
+	}
+	if len(attempts) != unavailable {
+		t.Errorf("%d attempt faults for %d requests refused as unavailable", len(attempts), unavailable)
 	}
 }

@@ -82,7 +82,7 @@ func (a *Attempts) takeOp(user string, line int64, now time.Time) (*groupOp, fun
 		count int64
 		taken bool
 	)
-	op := &groupOp{reset: func() { count, taken = 0, false }, steps: []step{{rank: rankUser, key: userKey(user, userAttempt, day),
+	op := &groupOp{what: "attempt", reset: func() { count, taken = 0, false }, steps: []step{{rank: rankUser, key: userKey(user, userAttempt, day),
 		row: &rowStep{kind: rowAttempt, user: user, period: day, bound: line, taken: &taken, value: &count}}}}
 	return op, func() error {
 		if !taken {

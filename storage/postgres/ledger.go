@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,10 +40,14 @@ func (m *Money) Lease(ctx context.Context, day string, calls, microUSD int64, gi
 // LeaseUnder adds calls and microUSD to day and its month if every ceiling
 // of lim that is on still holds after it, and gives back giveBack in the
 // same transaction whether or not it does; it returns the totals after
-// it. day may be "" when calls and microUSD are 0. An error wrapping
+// it. day may be "" when calls and microUSD are 0; with nothing to lease
+// nor to give back, it only reads the totals. An error wrapping
 // budget.ErrMaybeCommitted is a lease and give-back that may have been
-// written (outcome.go): whether the lease was taken is unknown. It waits
-// for the database no longer than MoneyOptions.OpTimeout.
+// written (outcome.go): the caller takes the give-back as written and the
+// lease as not taken; when it is known (at once, or once the database
+// answers again), a lease that was taken is given back, and a give-back
+// that was not written is written, by a later call. It waits for the
+// database no longer than MoneyOptions.OpTimeout.
 func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int64, lim budget.Ceilings, giveBack ...budget.LedgerDay) (budget.SharedTotals, bool, error) {
 	if calls < 0 || microUSD < 0 {
 		return budget.SharedTotals{}, false, errors.New("postgres: negative lease")
@@ -48,55 +55,177 @@ func (m *Money) LeaseUnder(ctx context.Context, day string, calls, microUSD int6
 	if (calls != 0 || microUSD != 0) && !validDay(day) {
 		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease on %q: not a day", day)
 	}
-	days := make([]string, 0, len(giveBack))
-	backCalls := make([]int64, 0, len(giveBack))
-	backMicro := make([]int64, 0, len(giveBack))
 	for _, b := range giveBack {
 		if !validDay(b.Day) || b.Requests < 0 || b.SpendMicroUSD < 0 {
 			return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease given back to %q: invalid", b.Day)
 		}
-		days = append(days, b.Day)
-		backCalls = append(backCalls, b.Requests)
-		backMicro = append(backMicro, b.SpendMicroUSD)
 	}
-	var (
-		tot budget.SharedTotals
-		ok  bool
-	)
 	ctx, cancel := context.WithTimeout(ctx, m.opTO)
 	defer cancel()
+	l := leaseCall{day: day, calls: calls, micro: microUSD, lim: lim}
+	if calls == 0 && microUSD == 0 && len(giveBack) == 0 && m.owedBack.none() {
+		return m.readTotals(ctx, l)
+	}
 	select {
 	case m.leasing <- struct{}{}:
 		defer func() { <-m.leasing }()
 	case <-ctx.Done():
 		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease budget on %s: %w", day, ctx.Err())
 	}
+	// What earlier leases could not give back goes with this one.
+	owed := m.owedBack.take()
+	l.back = append(slices.Clip(giveBack), owed...)
 	var err error
 	for range retries { // a deadlock's victim is rolled back whole: run it again
 		b := &pgx.Batch{}
-		token := m.queueToken(b, laneLease)
-		b.Queue(`SELECT ok, day_calls, day_micro, day_settled, month_micro, day_settled_calls, day_dead_micro
-			FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-			day, calls, microUSD, lim.DailyRequests, lim.DailyMicroUSD, lim.MonthlyMicroUSD, days, backCalls, backMicro,
-			m.owner, m.now().Add(-HoldTTL),
-		).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&ok, &tot.Requests, &tot.SpendMicroUSD, &tot.SettledMicroUSD, &tot.MonthMicroUSD, &tot.SettledCalls, &tot.DeadMicroUSD)
-		})
-		if day != "" { // the month's settled costs, for the figures (day keys sort as text)
-			month := day[:len("2006-01")]
-			b.Queue("SELECT coalesce(sum(settled_micro_usd), 0) FROM ledger_days WHERE day >= $1 AND day < $2",
-				month+"-01", month+"-32").QueryRow(func(row pgx.Row) error { return row.Scan(&tot.MonthSettledMicroUSD) })
-		}
-		if err = m.send(ctx, b, laneLease, token); !retryable(err) {
+		token := m.queueToken(b, laneLease, 2)
+		l.queue(b, m, token+1)
+		err = m.send(ctx, b, m.leaseTxn(l, token))
+		if !retryable(err) {
 			break
 		}
 	}
 	if err != nil {
+		if !errors.Is(err, budget.ErrMaybeCommitted) {
+			m.owedBack.add(owed...) // not written: owed still
+		}
 		return budget.SharedTotals{}, false, fmt.Errorf("postgres: lease budget on %s: %w", day, err)
 	}
 	m.txs.Add(1)
 	m.writes.Add(1)
-	return tot, ok, nil
+	return l.tot, l.ok, nil
+}
+
+// leaseCall is one call of bw_lease: its arguments, and its answers once
+// run.
+type leaseCall struct {
+	day         string
+	calls       int64
+	micro       int64
+	lim         budget.Ceilings
+	back        []budget.LedgerDay
+	tot         budget.SharedTotals
+	ok          bool
+	leasedToken int64
+}
+
+// queue queues l's call in b, after the token of its transaction: when
+// the lease is taken (not a give-back alone), the same statement writes
+// leased over the token, so that a transaction whose answers are lost
+// tells whether its lease was taken (outcome.go).
+func (l *leaseCall) queue(b *pgx.Batch, m *Money, leased int64) {
+	days := make([]string, 0, len(l.back))
+	backCalls := make([]int64, 0, len(l.back))
+	backMicro := make([]int64, 0, len(l.back))
+	for _, g := range l.back {
+		days = append(days, g.Day)
+		backCalls = append(backCalls, g.Requests)
+		backMicro = append(backMicro, g.SpendMicroUSD)
+	}
+	l.leasedToken = leased
+	b.Queue(`WITH l AS (SELECT * FROM bw_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)),
+		t AS (UPDATE money_groups SET token = $12 FROM l WHERE l.ok AND $13 AND owner = $10 AND lane = $14)
+		SELECT ok, day_calls, day_micro, day_settled, month_micro, day_settled_calls, day_dead_micro FROM l`,
+		l.day, l.calls, l.micro, l.lim.DailyRequests, l.lim.DailyMicroUSD, l.lim.MonthlyMicroUSD, days, backCalls, backMicro,
+		m.owner, m.now().Add(-HoldTTL), leased, l.leases(), laneLease,
+	).QueryRow(func(row pgx.Row) error {
+		t := &l.tot
+		return row.Scan(&l.ok, &t.Requests, &t.SpendMicroUSD, &t.SettledMicroUSD, &t.MonthMicroUSD, &t.SettledCalls, &t.DeadMicroUSD)
+	})
+	if l.day != "" { // the month's settled costs, for the figures (day keys sort as text)
+		month := l.day[:len("2006-01")]
+		b.Queue("SELECT coalesce(sum(settled_micro_usd), 0) FROM ledger_days WHERE day >= $1 AND day < $2",
+			month+"-01", month+"-32").QueryRow(func(row pgx.Row) error { return row.Scan(&l.tot.MonthSettledMicroUSD) })
+	}
+}
+
+// leases reports whether l takes a lease (and does not only give back).
+func (l *leaseCall) leases() bool { return l.day != "" && (l.calls != 0 || l.micro != 0) }
+
+// leaseTxn is l's transaction for send: what it carries, and what is
+// left to do once its outcome is known after its answers were lost. A
+// lease that was taken (its second token) holds headroom this instance
+// does not know it has (its caller was refused): it is given back. A
+// transaction in doubt that did not commit owes its give-back still.
+func (m *Money) leaseTxn(l leaseCall, token int64) txn {
+	t := txn{lane: laneLease, token: token, leased: l.leasedToken, what: l.what()}
+	orphan := func(last int64) {
+		if l.leases() && last == l.leasedToken {
+			m.owedBack.add(budget.LedgerDay{Day: l.day, DayTotals: budget.DayTotals{Requests: l.calls, SpendMicroUSD: l.micro}})
+		}
+	}
+	t.unread = orphan
+	t.then = func(committed bool, last int64) {
+		if !committed {
+			m.owedBack.add(l.back...)
+			return
+		}
+		orphan(last)
+	}
+	return t
+}
+
+// what says what l writes, for the log.
+func (l *leaseCall) what() string {
+	var calls, micro int64
+	for _, g := range l.back {
+		calls += g.Requests
+		micro += g.SpendMicroUSD
+	}
+	var parts []string
+	if l.leases() {
+		parts = append(parts, fmt.Sprintf("a budget lease of %d calls and %d micro-dollars on %s", l.calls, l.micro, l.day))
+	}
+	if len(l.back) > 0 {
+		parts = append(parts, fmt.Sprintf("a give-back of unused budget headroom (%d calls, %d micro-dollars)", calls, micro))
+	}
+	return strings.Join(parts, " and ")
+}
+
+// readTotals is LeaseUnder of nothing: the totals read, nothing written
+// (bw_lease writes nothing when it has nothing to lease or give back), so
+// nothing is in doubt when it fails.
+func (m *Money) readTotals(ctx context.Context, l leaseCall) (budget.SharedTotals, bool, error) {
+	b := &pgx.Batch{}
+	l.queue(b, m, 0)
+	err := m.db.pool.SendBatch(ctx, b).Close()
+	m.noteReach(err)
+	if err != nil {
+		return budget.SharedTotals{}, false, fmt.Errorf("postgres: read the budget's totals on %s: %w", l.day, err)
+	}
+	return l.tot, true, nil
+}
+
+// owedBack is the give-backs of leases to write again: those of a
+// transaction in doubt that turned out not to have committed, and leases
+// taken for callers that were told they failed.
+type owedBack struct {
+	mu   sync.Mutex
+	days []budget.LedgerDay
+}
+
+func (o *owedBack) add(b ...budget.LedgerDay) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, d := range b {
+		if d.DayTotals != (budget.DayTotals{}) {
+			o.days = append(o.days, d)
+		}
+	}
+}
+
+func (o *owedBack) take() []budget.LedgerDay {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	b := o.days
+	o.days = nil
+	return b
+}
+
+func (o *owedBack) none() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.days) == 0
 }
 
 // Settle settles one call at its actual cost (see budget.Settlement), in
@@ -108,7 +237,7 @@ func (m *Money) Settle(ctx context.Context, s budget.Settlement) error {
 	if err != nil || len(steps) == 0 {
 		return err
 	}
-	if err := m.do(ctx, &groupOp{steps: steps}); !errors.Is(err, errUnread) {
+	if err := m.do(ctx, &groupOp{what: "settlement", steps: steps}); !errors.Is(err, errUnread) {
 		return err
 	}
 	return nil // committed: a settlement reads nothing

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,6 +113,11 @@ type Money struct {
 	cache    quotaCache
 	attempts attemptCache
 	releases releaseDebt
+	owedBack owedBack // give-backs of leases to write again (ledger.go)
+
+	doubts doubts                 // transactions whose outcome is in doubt (outcome.go)
+	down   atomic.Bool            // the database did not answer the last write or read
+	onBack atomic.Pointer[func()] // called when it answers again (OnBack)
 }
 
 // NewMoney registers this instance as a quota holder, starts its
@@ -209,10 +216,13 @@ func (m *Money) beat() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
-		if err := m.heartbeat(ctx); err != nil {
+		err := m.heartbeat(ctx)
+		m.noteReach(err)
+		if err != nil {
 			m.log.Warn("postgres heartbeat failed: this instance's quota holds stop counting after the TTL", "error", err, "ttl", HoldTTL)
 		}
 		cancel()
+		m.resolveAll()
 		m.retryReleases()
 	}
 }
@@ -280,6 +290,12 @@ type groupOp struct {
 	steps []step
 	reset func()
 	done  chan error // buffered
+	// what names the write, for the log ("usage record", ...).
+	what string
+	// then, if set, is called once the outcome of the op's transaction,
+	// which was in doubt (its caller was answered with an error wrapping
+	// budget.ErrMaybeCommitted that is not errUnread), is read back.
+	then func(committed bool)
 }
 
 // do runs op in the next group transaction and returns once that
@@ -442,7 +458,7 @@ func (m *Money) runGroup(ops []*groupOp) error {
 				op.reset()
 			}
 		}
-		if err = m.runSteps(ops[0].lane, steps); err == nil || !retryable(err) {
+		if err = m.runSteps(ops, steps); err == nil || !retryable(err) {
 			break
 		}
 	}
@@ -452,14 +468,15 @@ func (m *Money) runGroup(ops []*groupOp) error {
 	return err
 }
 
-// runSteps is one try of a group transaction of lane.
-func (m *Money) runSteps(lane int, steps []step) error {
+// runSteps is one try of the group transaction of ops.
+func (m *Money) runSteps(ops []*groupOp, steps []step) error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opTO)
 	defer cancel()
+	lane := ops[0].lane
 	// One pipeline with one Sync: PostgreSQL runs it as one implicit
 	// transaction (all or nothing), in one round trip.
 	b := &pgx.Batch{}
-	token := m.queueToken(b, lane)
+	t := txn{lane: lane, token: m.queueToken(b, lane, 1), what: groupWhat(ops), then: groupThen(ops)}
 	if lane == laneRows {
 		// For this transaction only (is_local): the session keeps on.
 		b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
@@ -467,11 +484,49 @@ func (m *Money) runSteps(lane int, steps []step) error {
 	for _, s := range steps {
 		s.queue(b)
 	}
-	if err := m.send(ctx, b, lane, token); err != nil {
+	if err := m.send(ctx, b, t); err != nil {
 		return fmt.Errorf("postgres: money transaction: %w", err)
 	}
 	m.txs.Add(1)
 	return nil
+}
+
+// groupWhat says what a group of ops carries: each kind of write and how
+// many.
+func groupWhat(ops []*groupOp) string {
+	n := map[string]int{}
+	var kinds []string
+	for _, op := range ops {
+		what := cmp.Or(op.what, "write")
+		if n[what] == 0 {
+			kinds = append(kinds, what)
+		}
+		n[what]++
+	}
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%d %s", n[k], k)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// groupThen is what ops leave to do once their transaction's outcome,
+// in doubt, is read back; nil if nothing.
+func groupThen(ops []*groupOp) func(committed bool, last int64) {
+	var then []func(bool)
+	for _, op := range ops {
+		if op.then != nil {
+			then = append(then, op.then)
+		}
+	}
+	if len(then) == 0 {
+		return nil
+	}
+	return func(committed bool, _ int64) {
+		for _, f := range then {
+			f(committed)
+		}
+	}
 }
 
 // retryable reports a transaction PostgreSQL aborted so that another could

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,6 +45,28 @@ var (
 	// ErrClosed means the DB has been closed.
 	ErrClosed = errors.New("postgres: database is closed")
 )
+
+// errBadURL is what Open and Probe answer for a URL they cannot use. It
+// quotes nothing of the URL, nor pgx's message, which may: the URL holds a
+// password. A password left raw is the usual cause, so it says how to
+// write one.
+var errBadURL = errors.New("postgres: " + EnvURL + " is not a valid connection string; " +
+	"if its password (or user name) holds a character a URL reserves, write that character percent-encoded: " +
+	"@ as %40, : as %3A, / as %2F, ? as %3F, # as %23, % as %25, a space as %20")
+
+// rawReserved reports whether url, a postgres:// URL, has an @ after the
+// first /, ? or #: the user information ends at its last @, so one of
+// those is in it unencoded. Go's URL parser would take the host from the
+// part before it and the database or the options from the password's
+// rest, and a connection error would then show part of the password.
+func rawReserved(url string) bool {
+	rest, ok := strings.CutPrefix(url, "postgres://")
+	if !ok {
+		rest, ok = strings.CutPrefix(url, "postgresql://")
+	}
+	at, end := strings.LastIndex(rest, "@"), strings.IndexAny(rest, "/?#")
+	return ok && at >= 0 && end >= 0 && at > end
+}
 
 // Options tune Open. The zero value is ready for production use.
 type Options struct {
@@ -79,10 +102,12 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	if url == "" {
 		return nil, ErrNoURL
 	}
+	if rawReserved(url) {
+		return nil, errBadURL
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		// pgx's message may quote the URL, password included.
-		return nil, errors.New("postgres: " + EnvURL + " is not a valid connection string")
+		return nil, errBadURL // pgx's message may quote the URL, password included
 	}
 	cfg.MaxConns = DefaultMaxConns
 	if opts.MaxConns > 0 {

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -46,9 +45,12 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	if url == "" {
 		return Found{}, ErrNoURL
 	}
+	if rawReserved(url) {
+		return Found{}, errBadURL
+	}
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return Found{}, errors.New("postgres: " + EnvURL + " is not a valid connection string")
+		return Found{}, errBadURL // pgx's message may quote the URL, password included
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {

@@ -115,7 +115,7 @@ func (q *Quotas) reserveOp(user string, limit int64, now time.Time) (*groupOp, f
 		used int64
 		held bool
 	)
-	op := &groupOp{reset: func() { used, held = 0, false }, steps: []step{
+	op := &groupOp{what: "quota reservation", reset: func() { used, held = 0, false }, steps: []step{
 		{rank: rankUser, key: userKey(user, userQuota, month), row: &rowStep{kind: rowQuota, user: user, period: month, value: &used}},
 		{rank: rankUser, key: userKey(user, userHolds, month) + holdTake, row: &rowStep{kind: rowHoldTake, user: user, period: month, owner: m.owner,
 			alive: now.Add(-HoldTTL), bound: limit, taken: &held}},
@@ -304,24 +304,30 @@ func (m *Money) retryReleases() {
 	if len(owed) == 0 {
 		return
 	}
-	op := &groupOp{}
+	op := &groupOp{what: "quota hold release", then: func(committed bool) {
+		if !committed {
+			m.oweReleases(owed)
+			m.retryReleases()
+		}
+	}}
 	for k, n := range owed {
 		op.steps = append(op.steps, step{rank: rankUser, key: userKey(k[0], userHolds, k[1]) + holdEnd,
 			row: &rowStep{kind: rowHoldEnd, user: k[0], period: k[1], owner: m.owner, n: n}})
 	}
 	ctx, cancel := m.ctx()
 	defer cancel()
-	err := m.do(ctx, op)
-	switch {
-	case errors.Is(err, errUnread): // given back
-	case errors.Is(err, budget.ErrMaybeCommitted):
-		// Perhaps given back: sent again, it could end other reads' holds.
-		// Kept, they count against the users' quotas until this instance
-		// stops (the safe side).
-		m.log.Error("postgres: quota holds whose release may not have been written stay held", "error", err)
-	case err != nil:
-		for k, n := range owed {
-			m.releases.add(k[0], k[1], n)
-		}
+	// Perhaps given back (ErrMaybeCommitted): sent again, it could end
+	// other reads' holds. They count against the users' quotas (the safe
+	// side) until the outcome is read back (op.then), once the database
+	// answers.
+	if err := m.do(ctx, op); err != nil && !errors.Is(err, budget.ErrMaybeCommitted) {
+		m.oweReleases(owed)
+	}
+}
+
+// oweReleases owes again the releases of owed, which were not written.
+func (m *Money) oweReleases(owed map[[2]string]int64) {
+	for k, n := range owed {
+		m.releases.add(k[0], k[1], n)
 	}
 }

@@ -43,7 +43,7 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 		return err
 	}
 	var used int64
-	op := &groupOp{reset: func() { used = 0 }, steps: append(settle,
+	op := &groupOp{what: "usage record", then: m.recordRead(rec.UserID, month, s), reset: func() { used = 0 }, steps: append(settle,
 		step{rank: rankUser, key: userKey(rec.UserID, userQuota, month), row: &rowStep{kind: rowQuota, user: rec.UserID, period: month, n: 1, value: &used}},
 		step{rank: rankUser, key: userKey(rec.UserID, userHolds, month) + holdEnd, row: &rowStep{kind: rowHoldEnd, user: rec.UserID, period: month, owner: m.owner, n: 1}},
 		step{rank: rankInsert, key: usageKey, usage: &usageRow{rec: rec, day: m.cal.Day(rec.Time.In(m.loc)), month: month, body: body}},
@@ -68,6 +68,32 @@ func (m *Money) RecordUsage(ctx context.Context, month string, rec budget.UsageR
 	}
 	m.cache.setUsed(rec.UserID, month, used)
 	return nil
+}
+
+// recordRead is what is left to do for a usage record of user in month,
+// settling s, whose outcome was in doubt (its caller, told
+// budget.ErrMaybeCommitted, neither confirmed nor gave back its quota
+// slot, and counted its call at its worst case) once it is read back:
+// committed, the slot is used; not committed, the slot is given back and
+// the call settled, as after a failed record.
+func (m *Money) recordRead(user, month string, s budget.Settlement) func(committed bool) {
+	return func(committed bool) {
+		m.cache.addInFlight(user, month, -1)
+		if committed {
+			m.cache.setUsed(user, month, m.usedNow(user, month))
+			return
+		}
+		m.releases.add(user, month, 1)
+		m.retryReleases()
+		if s == (budget.Settlement{}) {
+			return
+		}
+		ctx, cancel := m.ctx()
+		defer cancel()
+		if err := m.Settle(ctx, s); err != nil {
+			m.log.Warn("postgres: the call of a usage record that did not commit is not settled: it counts at its worst case", "user", user, "error", err)
+		}
+	}
 }
 
 // usedNow reads user's recorded reads in month, or the cache's count
