@@ -143,7 +143,6 @@ type Server struct {
 	inviteLimits *invites.Limits
 	invitesOpen  *guard.FailOpen          // runs the invite limits' checks, failing open
 	models       atomic.Pointer[modelSet] // the two models and their prices; swapped by a config reload
-	softSide     atomic.Pointer[string]   // the soft ceiling the last read found reached, for the alerts
 	calendar     *budget.Calendar         // today's key for the refusal counts
 	guard        *guard.Guard             // layers 1-3 and "$" for POST /v1/ocr
 	pending      pendingKeys              // idempotency keys whose first request is in flight
@@ -244,7 +243,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Model = ocr.DefaultModel
 	}
 	s.models.Store(&modelSet{primary: d.Model, primaryPrice: d.Price, fallback: d.FallbackModel, fallbackPrice: d.FallbackPrice})
-	s.softSide.Store(new(string))
 	d.Metrics.startModels(d.Model, d.FallbackModel)
 	var access *slog.Logger
 	if cfg.AccessLog {
