@@ -256,10 +256,10 @@ func (g *Global) SetConfig(cfg Config) {
 // Soft says which side of the soft ceilings the day (and month) is on: the
 // first soft ceiling reached ("soft_daily_requests", "soft_daily_usd" or
 // "soft_monthly_usd"), or "" when none is (or none is on). It follows from
-// the totals the brake holds, which a restart reloads from the ledger, so
-// a crash does not reset it. Calls in flight count at their worst case:
-// near the line, a call may degrade a little early, never late by more
-// than the calls in flight.
+// the totals the brake holds (with a shared ledger, its view of them),
+// which a restart reloads from the ledger, so a crash does not reset it.
+// It is a look, for the figures: a read's side is decided with its claim,
+// ClaimSoft.
 func (g *Global) Soft(now time.Time) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -42,8 +42,9 @@ type Reader interface {
 // metrics read at scrape time: budget.Global.
 type BudgetStatus interface {
 	Status(now time.Time) budget.Status
-	// Soft names the soft ceiling the day is above ("" for none): reads
-	// of plans on "auto" then go to the fallback model.
+	// Soft names the soft ceiling the day is above ("" for none): the
+	// side of a read of a plan on "auto" when the brake failed open and
+	// its claim decided none (see Server.decided).
 	Soft(now time.Time) string
 }
 
