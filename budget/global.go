@@ -107,6 +107,20 @@ type Reservation struct {
 	// call reaches the ledger with its settlement (the usage record's own
 	// transaction), one write fewer per read.
 	Unbound bool
+	// Soft marks the claim of a read whose model follows the soft
+	// ceilings (ClaimSoft): Degraded then names the soft ceiling that sent
+	// it to the fallback model ("" : the primary), and NewSide says that
+	// the brake's previous claim of the kind was on the other side of the
+	// line (the read that enters or leaves degraded mode). Both are final
+	// once Commit has returned.
+	Soft     bool
+	Degraded string
+	NewSide  bool
+	// underSoft marks a primary claim that a shared ledger has yet to
+	// take under the soft ceilings (Commit): taken, it stays primary;
+	// refused, it moves to the fallback at fallbackWorst.
+	underSoft     bool
+	fallbackWorst int64
 }
 
 // GlobalState is what the global budget starts from, loaded from storage.
@@ -151,6 +165,13 @@ type Global struct {
 	// totals and not claimed by any call (see Commit). The ledger holds
 	// at most the claims in memory plus the lease plus giveBack.
 	lease DayTotals
+	// primary is, with a shared ledger, the lease of primary headroom:
+	// taken only under the soft ceilings as well (every instance's calls
+	// counted), for the claims of ClaimSoft that go to the primary model.
+	primary DayTotals
+	// side is the side of the soft line that the last claim of ClaimSoft
+	// was decided on (its Degraded), for Reservation.NewSide.
+	side string
 	// giveBack is headroom of earlier leases no longer used (a past day,
 	// or ceilings changed by SetConfig), to subtract from the ledger with
 	// the next write.
@@ -242,21 +263,24 @@ func NewGlobal(cfg Config, loc *time.Location, ledger Ledger, state GlobalState)
 func (g *Global) SetConfig(cfg Config) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	next := ceilingsOf(cfg)
-	if next != g.limits {
+	next, soft := ceilingsOf(cfg), softCeilingsOf(cfg)
+	switch {
+	case next != g.limits:
 		g.returnLease()
+	case soft != g.soft:
+		g.returnPrimary()
 	}
 	g.limits = next
-	g.soft = softCeilingsOf(cfg)
+	g.soft = soft
 }
 
 // Soft says which side of the soft ceilings the day (and month) is on: the
 // first soft ceiling reached ("soft_daily_requests", "soft_daily_usd" or
 // "soft_monthly_usd"), or "" when none is (or none is on). It follows from
-// the totals the brake holds, which a restart reloads from the ledger, so
-// a crash does not reset it. Calls in flight count at their worst case:
-// near the line, a call may degrade a little early, never late by more
-// than the calls in flight.
+// the totals the brake holds (with a shared ledger, its view of them),
+// which a restart reloads from the ledger, so a crash does not reset it.
+// It is a look, for the figures: a read's side is decided with its claim,
+// ClaimSoft.
 func (g *Global) Soft(now time.Time) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -290,6 +314,11 @@ func (g *Global) Claim(worst int64, now time.Time) (Reservation, error) {
 	if now.After(g.lastNow) {
 		g.lastNow = now
 	}
+	return g.claim(worst, now)
+}
+
+// claim is Claim with g.mu held and the day rolled over.
+func (g *Global) claim(worst int64, now time.Time) (Reservation, error) {
 	if err := g.decide(worst, now); err != nil {
 		return Reservation{}, err
 	}

@@ -49,16 +49,28 @@ func MaxLease(cfg Config) int64 {
 	return n
 }
 
-// take covers r from the lease, in memory, if the lease holds a call and
-// r's worst case.
+// take covers r from its lease (poolOf), in memory, if the lease holds a
+// call and r's worst case.
 func (g *Global) take(r *Reservation) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if r.Day != g.day || g.lease.Requests < 1 || g.lease.SpendMicroUSD < r.Worst {
+	pool := g.poolOf(r)
+	if r.Day != g.day || pool.Requests < 1 || pool.SpendMicroUSD < r.Worst {
 		return false
 	}
-	cover(&g.lease, r)
+	cover(pool, r)
+	g.confirm(r)
 	return true
+}
+
+// poolOf is the lease r takes from: the primary headroom for a claim that
+// a shared ledger has yet to take under the soft ceilings, else the lease.
+// g.mu is held.
+func (g *Global) poolOf(r *Reservation) *DayTotals {
+	if r.underSoft {
+		return &g.primary
+	}
+	return &g.lease
 }
 
 // cover takes what it can of r from headroom h: the call, if h holds one,
@@ -85,7 +97,7 @@ func (g *Global) topUpFor(ctx context.Context, r *Reservation) error {
 	var hand DayTotals
 	if day == g.day {
 		hand, g.lease = g.lease, DayTotals{}
-		n := g.leaseSize(r.Worst)
+		n := g.leaseSize(r.Worst, g.limits, g.primary)
 		calls = max(0, n-hand.Requests)
 		spend = max(0, n*r.Worst-hand.SpendMicroUSD)
 	}
@@ -108,13 +120,13 @@ func (g *Global) topUpFor(ctx context.Context, r *Reservation) error {
 		} else {
 			g.coverFromGiveBack(r)
 		}
-		g.keep(day, hand)
+		g.keep(&g.lease, day, hand)
 		return fmt.Errorf("%w: %w", ErrLedger, err)
 	}
 	hand.Requests += calls
 	hand.SpendMicroUSD += spend
 	cover(&hand, r)
-	g.keep(day, hand)
+	g.keep(&g.lease, day, hand)
 	return nil
 }
 
@@ -131,17 +143,18 @@ func (g *Global) coverFromGiveBack(r *Reservation) {
 
 // leaseSize is how many calls at worst each the top-up for a claim of
 // today at worst should lease, counting that claim: within LeaseCalls and
-// LeaseShare, and such that the ledger stays within every ceiling that is
-// on. The ledger's totals are estimated from memory (the claims, the
-// lease, what waits to be given back): claims not yet committed count
-// there and not yet in the ledger, so the estimate errs on the safe side.
-// At least 1: the claim itself passed the ceilings when it was made. g.mu
-// is held and the lease is in the caller's hand.
-func (g *Global) leaseSize(worst int64) int64 {
+// LeaseShare, and such that the ledger stays within every ceiling of lim
+// that is on. The ledger's totals are estimated from memory (the claims,
+// the lease, the other lease (other), what waits to be given back):
+// claims not yet committed count there and not yet in the ledger, so the
+// estimate errs on the safe side. At least 1: the claim itself passed the
+// ceilings when it was made. g.mu is held and the lease is in the
+// caller's hand.
+func (g *Global) leaseSize(worst int64, lim ceilings, other DayTotals) int64 {
 	if g.closed {
 		return 1
 	}
-	var dayBack, monthBack DayTotals
+	dayBack, monthBack := other, other
 	for _, b := range g.giveBack {
 		if b.Day == g.day {
 			dayBack.Requests += b.Requests
@@ -151,7 +164,6 @@ func (g *Global) leaseSize(worst int64) int64 {
 			monthBack.SpendMicroUSD += b.SpendMicroUSD
 		}
 	}
-	lim := g.limits
 	n := int64(LeaseCalls)
 	if lim.requests > 0 {
 		// The claim is among g.requests; n calls from the lease count it.
@@ -175,22 +187,30 @@ func moneyCalls(room, worst int64) int64 {
 	return min(room/worst, max(1, room/LeaseShare/worst))
 }
 
-// keep puts headroom of day back: into the lease if day is today, else to
-// be given back to day.
-func (g *Global) keep(day string, rest DayTotals) {
+// keep puts headroom of day back: into pool (a lease of g) if day is
+// today, else to be given back to day.
+func (g *Global) keep(pool *DayTotals, day string, rest DayTotals) {
 	if day == g.day {
-		g.lease.Requests += rest.Requests
-		g.lease.SpendMicroUSD += rest.SpendMicroUSD
+		pool.Requests += rest.Requests
+		pool.SpendMicroUSD += rest.SpendMicroUSD
 		return
 	}
 	g.addGiveBack(LedgerDay{Day: day, DayTotals: rest})
 }
 
-// returnLease moves today's lease to what the next write gives back.
+// returnLease moves today's leases to what the next write gives back.
 // g.mu is held.
 func (g *Global) returnLease() {
 	g.addGiveBack(LedgerDay{Day: g.day, DayTotals: g.lease})
 	g.lease = DayTotals{}
+	g.returnPrimary()
+}
+
+// returnPrimary moves today's primary headroom (leased under the soft
+// ceilings) to what the next write gives back. g.mu is held.
+func (g *Global) returnPrimary() {
+	g.addGiveBack(LedgerDay{Day: g.day, DayTotals: g.primary})
+	g.primary = DayTotals{}
 }
 
 // addGiveBack adds b to what the next write gives back, one entry per day.
@@ -269,17 +289,42 @@ const sharedTries = 3
 // month (the other instances' calls included). A refused top-up is tried
 // again sized from the fresh totals (near a ceiling, one call); if even
 // that does not fit, the claim is refused with a *PausedError and dropped.
-// g.topUp is held.
+// A primary claim of ClaimSoft leases primary headroom, under the soft
+// ceilings too: if that does not fit because of a soft ceiling, the claim
+// moves to the fallback and leases as any other claim. g.topUp is held.
 func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
+	if err := g.leaseShared(ctx, r); err != errSoftLine {
+		return err
+	}
+	if r.Unbound || g.take(r) {
+		return nil
+	}
+	return g.leaseShared(ctx, r)
+}
+
+// errSoftLine is leaseShared's answer for a primary claim that the soft
+// ceilings refused: the claim has moved to the fallback, still to lease.
+var errSoftLine = errors.New("budget: primary headroom refused under the soft ceilings")
+
+// leaseShared is one claim's top-up of its lease (poolOf) on a shared
+// ledger, tried again as topUpShared says. g.topUp is held.
+func (g *Global) leaseShared(ctx context.Context, r *Reservation) error {
 	var next int64 // the size of the next try, from the totals of a refusal
 	for try := 1; ; try++ {
 		g.mu.Lock()
 		day := r.Day
+		pool, lim, other := &g.lease, g.limits, g.primary
+		if r.underSoft {
+			pool, lim, other = &g.primary, tighter(g.limits, g.soft), g.lease
+		}
 		n := int64(1)
 		var hand DayTotals
 		if day == g.day {
-			hand, g.lease = g.lease, DayTotals{}
-			n = g.leaseSize(r.Worst)
+			hand, *pool = *pool, DayTotals{}
+			n = g.leaseSize(r.Worst, lim, other)
+			if r.underSoft {
+				n = min(n, g.primaryShare())
+			}
 			if next > 0 {
 				n = min(n, next)
 			}
@@ -287,10 +332,10 @@ func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
 		calls := max(0, n-hand.Requests)
 		spend := max(0, n*r.Worst-hand.SpendMicroUSD)
 		give := slices.Clone(g.giveBack)
-		lim := Ceilings{DailyRequests: g.limits.requests, DailyMicroUSD: g.limits.dailyMicro, MonthlyMicroUSD: g.limits.monthlyMicro}
+		under := lim.shared()
 		g.mu.Unlock()
 
-		tot, ok, err := g.shared.LeaseUnder(ctx, day, calls, spend, lim, give...)
+		tot, ok, err := g.shared.LeaseUnder(ctx, day, calls, spend, under, give...)
 
 		g.mu.Lock()
 		g.gaveBack(give, err) // given back whether or not the lease fitted
@@ -300,7 +345,7 @@ func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
 			} else {
 				g.coverFromGiveBack(r)
 			}
-			g.keep(day, hand)
+			g.keep(pool, day, hand)
 			g.mu.Unlock()
 			return fmt.Errorf("%w: %w", ErrLedger, err)
 		}
@@ -308,19 +353,26 @@ func (g *Global) topUpShared(ctx context.Context, r *Reservation) error {
 			hand.Requests += calls
 			hand.SpendMicroUSD += spend
 			cover(&hand, r)
+			g.confirm(r)
 		}
-		g.keep(day, hand)
-		g.refresh(day, tot, ok, r)
+		g.keep(pool, day, hand)
+		g.refresh(day, tot)
 		if ok {
 			g.mu.Unlock()
 			return nil
 		}
-		next = min(n-1, fits(tot, hand, r.Worst, lim))
+		next = min(n-1, fits(tot, hand, r.Worst, under))
 		if try < sharedTries && next >= 1 {
 			g.mu.Unlock()
 			continue
 		}
-		err = g.refuseShared(r, lim, tot, calls, spend)
+		g.drop(day, r)
+		if side := g.softPassed(tot, hand, r.Worst); r.underSoft && side != "" {
+			g.toFallback(r, side)
+			g.mu.Unlock()
+			return errSoftLine
+		}
+		err = g.refuseShared(r, g.limits.shared(), tot, calls, spend)
 		g.mu.Unlock()
 		return err
 	}
@@ -347,24 +399,29 @@ func fits(tot SharedTotals, hand DayTotals, worst int64, lim Ceilings) int64 {
 
 // refresh sets the view of day and its month from a shared ledger's
 // totals: every instance's calls and money, less this instance's unused
-// lease (which the view does not count as spent). A claim the lease did
-// not take (refused is false) is not in the totals and leaves the view.
-// g.mu is held.
-func (g *Global) refresh(day string, tot SharedTotals, taken bool, r *Reservation) {
+// leases (which the view does not count as spent). g.mu is held.
+func (g *Global) refresh(day string, tot SharedTotals) {
+	unused := DayTotals{Requests: g.lease.Requests + g.primary.Requests, SpendMicroUSD: g.lease.SpendMicroUSD + g.primary.SpendMicroUSD}
 	if day == g.day {
-		g.requests = max(tot.Requests-g.lease.Requests, 0)
-		g.spend = max(tot.SpendMicroUSD-g.lease.SpendMicroUSD, 0)
+		g.requests = max(tot.Requests-unused.Requests, 0)
+		g.spend = max(tot.SpendMicroUSD-unused.SpendMicroUSD, 0)
 		g.settled, g.settledCalls, g.dead = tot.SettledMicroUSD, tot.SettledCalls, tot.DeadMicroUSD
-		if !taken {
-			g.open = max(g.open-r.Worst, 0)
-		}
 	}
 	if monthOf(day) == g.month {
-		g.monthSpend = max(tot.MonthMicroUSD-g.lease.SpendMicroUSD, 0)
+		g.monthSpend = max(tot.MonthMicroUSD-unused.SpendMicroUSD, 0)
 		g.monthSettled = tot.MonthSettledMicroUSD
-		if !taken {
-			g.monthOpen = max(g.monthOpen-r.Worst, 0)
-		}
+	}
+}
+
+// drop takes a claim of day that the shared ledger refused out of what
+// calls in flight hold: it is not in the ledger's totals, and the view
+// refreshed from them does not count it. g.mu is held.
+func (g *Global) drop(day string, r *Reservation) {
+	if day == g.day {
+		g.open = max(g.open-r.Worst, 0)
+	}
+	if monthOf(day) == g.month {
+		g.monthOpen = max(g.monthOpen-r.Worst, 0)
 	}
 	g.watchShares()
 }
@@ -416,7 +473,7 @@ func (g *Global) Refresh(ctx context.Context, now time.Time) error {
 		return fmt.Errorf("%w: refresh from the shared ledger: %w", ErrLedger, err)
 	}
 	if day == g.day {
-		g.refresh(day, tot, true, nil)
+		g.refresh(day, tot)
 	}
 	return nil
 }

@@ -32,6 +32,11 @@ func (b *bookLedger) failing() bool { return b.fail != nil && b.fail() }
 func (b *bookLedger) Lease(_ context.Context, day string, calls, micro int64, give ...LedgerDay) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.lease(day, calls, micro, give...)
+}
+
+// lease is Lease with b.mu held.
+func (b *bookLedger) lease(day string, calls, micro int64, give ...LedgerDay) error {
 	if b.failing() {
 		return errors.New("disk full")
 	}
@@ -581,6 +586,7 @@ type sharedBook struct{ *bookLedger }
 
 func (s sharedBook) LeaseUnder(ctx context.Context, day string, calls, micro int64, lim Ceilings, give ...LedgerDay) (SharedTotals, bool, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock() // the test and the lease are one step, as in one statement
 	d := s.days[day]
 	var month int64
 	for k, v := range s.days {
@@ -600,11 +606,10 @@ func (s sharedBook) LeaseUnder(ctx context.Context, day string, calls, micro int
 	fits := (lim.DailyRequests == 0 || d.Requests+calls <= lim.DailyRequests) &&
 		(lim.DailyMicroUSD == 0 || d.SpendMicroUSD+micro <= lim.DailyMicroUSD) &&
 		(lim.MonthlyMicroUSD == 0 || month+micro <= lim.MonthlyMicroUSD)
-	s.mu.Unlock()
 	if !fits {
 		calls, micro = 0, 0
 	}
-	if err := s.Lease(ctx, day, calls, micro, give...); err != nil {
+	if err := s.lease(day, calls, micro, give...); err != nil {
 		return SharedTotals{}, false, err
 	}
 	if fits {

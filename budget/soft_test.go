@@ -1,7 +1,11 @@
 package budget
 
 import (
+	"fmt"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -107,5 +111,207 @@ func TestSoftCeilingValidation(t *testing.T) {
 		if err := ValidatePlans(map[string]Plan{"free": {MonthlyQuota: 1, Model: m}}); err != nil {
 			t.Errorf("plan model %q: %v", m, err)
 		}
+	}
+}
+
+// softRun is what a burst of reads through ClaimSoft came to.
+type softRun struct {
+	primary, fallback, newSide, refused int
+	primaryWorst                        int64 // the primary claims' worst cases, summed
+}
+
+// softBurst sends n reads at once over the brakes gs (read k to gs[k%len]),
+// each claimed at primary or fallback micro-dollars by ClaimSoft,
+// committed and settled at its worst case, while each brake refreshes its
+// view from a shared ledger now and then. l settles them.
+func softBurst(t *testing.T, gs []*Global, l Ledger, n int, primary, fallback int64) softRun {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		run softRun
+		wg  sync.WaitGroup
+	)
+	start, done := make(chan struct{}), make(chan struct{})
+	for _, g := range gs {
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if err := g.Refresh(t.Context(), leaseNoon); err != nil {
+					t.Error(err)
+				}
+				runtime.Gosched()
+			}
+		}()
+	}
+	for k := range n {
+		wg.Go(func() {
+			<-start
+			g := gs[k%len(gs)]
+			r, err := g.ClaimSoft(primary, fallback, leaseNoon)
+			if err == nil {
+				err = g.Commit(t.Context(), &r)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				run.refused++
+				return
+			}
+			if !r.Soft || (r.Degraded == "") != (r.Worst == primary) {
+				t.Errorf("claim %+v: its side and its worst case disagree", r)
+			}
+			if r.Degraded == "" {
+				run.primary++
+				run.primaryWorst += r.Worst
+			} else {
+				run.fallback++
+			}
+			if r.NewSide {
+				run.newSide++
+			}
+			if err := l.Settle(t.Context(), r.Settlement(r.Worst)); err != nil {
+				t.Error(err)
+			}
+			g.Settled(r, r.Worst)
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(done)
+	return run
+}
+
+// 150 reads at once, soft_daily_requests = 100 under daily_requests =
+// 200: exactly 100 go to the primary model and 50 to the fallback, on one
+// brake (the count in memory decides) and on three brakes sharing a
+// ledger (the ledger decides, every instance's calls counted), and with
+// no hard ceiling on at all. The day then holds the 150 calls, and the
+// first read on the fallback side is marked as new on it, once per brake
+// that saw one. Fails with the side read before the claim (Soft, then
+// Claim): a burst all sees "below".
+func TestClaimSoftCallsExact(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		instances int
+		cfg       Config
+		large     bool // leases of more than one call
+	}{
+		{"one brake", 1, Config{DailyRequests: 200, SoftDailyRequests: 100}, false},
+		{"three brakes, one shared ledger", 3, Config{DailyRequests: 200, SoftDailyRequests: 100}, false},
+		{"shared, no hard ceiling", 3, Config{SoftDailyRequests: 100}, false},
+		{"shared, a large line", 3, Config{DailyRequests: 20000, SoftDailyRequests: 10000}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			book := newBook(tt.cfg)
+			var l Ledger = book
+			if tt.instances > 1 {
+				l = sharedBook{book}
+			}
+			var gs []*Global
+			for range tt.instances {
+				gs = append(gs, mustGlobal(t, tt.cfg, l, GlobalState{}))
+			}
+			n := 150
+			if tt.large {
+				n = int(tt.cfg.SoftDailyRequests) + 300
+			}
+			run := softBurst(t, gs, l, n, 1000, 100)
+			for _, g := range gs {
+				if err := g.Close(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := int(tt.cfg.SoftDailyRequests)
+			low := want
+			if tt.large {
+				// Leases of more than one call, far from the line: a read
+				// may go to the fallback while another brake holds primary
+				// headroom it has not used yet (1% of the room left when it
+				// was leased, one call near the line).
+				low = want - want/LeaseShare
+				t.Logf("a line of %d: %+v", want, run)
+			}
+			if run.primary < low || run.primary > want || run.primary+run.fallback != n || run.refused != 0 {
+				t.Errorf("%+v; want %d primary (at least %d), the rest of %d on the fallback, none refused", run, want, low, n)
+			}
+			if run.newSide < 1 || run.newSide > tt.instances {
+				t.Errorf("%d reads marked new on their side, want 1 to %d", run.newSide, tt.instances)
+			}
+			if d := book.day(leaseDay); d.Requests != int64(n) {
+				t.Errorf("the ledger's day: %+v, want %d calls", d, n)
+			}
+			book.assertClean(t)
+		})
+	}
+}
+
+// The same with soft_daily_usd at 10.5 primary claims' worth, the calls
+// settled at their worst case: exactly 10 go to the primary model (their
+// worst cases within one of the line, never past it), the rest to the
+// fallback, whose spend counts toward the line as any other.
+func TestClaimSoftMoneyExact(t *testing.T) {
+	for _, instances := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d brakes", instances), func(t *testing.T) {
+			cfg := Config{DailyUSD: 1, SoftDailyUSD: 0.0105}
+			book := newBook(cfg)
+			var l Ledger = book
+			if instances > 1 {
+				l = sharedBook{book}
+			}
+			var gs []*Global
+			for range instances {
+				gs = append(gs, mustGlobal(t, cfg, l, GlobalState{}))
+			}
+			run := softBurst(t, gs, l, 60, 1000, 100)
+			if run.primary != 10 || run.fallback != 50 || run.refused != 0 {
+				t.Errorf("%+v; want 10 primary, 50 fallback", run)
+			}
+			if line := MicroUSD(cfg.SoftDailyUSD); run.primaryWorst > line || run.primaryWorst <= line-1000 {
+				t.Errorf("the primary claims' worst cases sum to %d, want within one (1000) of the line %d", run.primaryWorst, line)
+			}
+			book.assertClean(t)
+		})
+	}
+}
+
+// Each read is marked as the first on its side when the brake's previous
+// one was on the other: entering degraded mode once, and leaving it once
+// when a reload raises the line. A plain Claim (a plan with its own
+// model, a retry) counts toward the line and marks nothing.
+func TestClaimSoftNewSide(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	g, err := NewGlobal(Config{DailyRequests: 10, SoftDailyRequests: 3}, time.UTC, &memLedger{}, GlobalState{Day: "2026-12-03", Month: "2026-12"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	read := func() {
+		t.Helper()
+		r, err := g.ClaimSoft(100, 10, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		side := map[bool]string{true: "primary", false: "fallback"}[r.Degraded == ""]
+		if r.NewSide {
+			side += "*"
+		}
+		got = append(got, side)
+	}
+	read()
+	if _, err := g.Claim(100, now); err != nil {
+		t.Fatal(err)
+	}
+	read()
+	read()
+	read()
+	g.SetConfig(Config{DailyRequests: 10, SoftDailyRequests: 6})
+	read()
+	want := []string{"primary", "primary", "fallback*", "fallback", "primary*"}
+	if !slices.Equal(got, want) {
+		t.Errorf("sides %v, want %v", got, want)
 	}
 }

@@ -2,9 +2,11 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -174,3 +176,102 @@ func TestDegradeReloadAndPlans(t *testing.T) {
 	resp, data := e.post(pro, "image/png", pngBytes(t, 99, 16))
 	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 }
+
+// degradeBurst sends n reads at once, over users of their own (so that no
+// per-user limit refuses them), and returns the models the answers name.
+func degradeBurst(t *testing.T, e *env, n, users int) map[string]int {
+	t.Helper()
+	keys := make([]string, users)
+	for i := range keys {
+		keys[i] = e.newKey(fmt.Sprintf("burst%d", i), "burst")
+	}
+	var (
+		mu     sync.Mutex
+		models = map[string]int{}
+		wg     sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for k := range n {
+		wg.Go(func() {
+			<-start
+			resp, data := e.post(keys[k%users], "image/png", pngBytes(t, 16+k%200, 16+k/200))
+			mu.Lock()
+			defer mu.Unlock()
+			if resp.StatusCode != http.StatusOK {
+				models[fmt.Sprintf("%d %s", resp.StatusCode, data)]++
+				return
+			}
+			models[decodeOK(t, resp, data).Model]++
+		})
+	}
+	close(start)
+	wg.Wait()
+	return models
+}
+
+// 150 reads at once on one instance (bolt), soft_daily_requests = 100,
+// daily_requests = 200: exactly 100 go to the primary model and 50 to the
+// fallback, as the answers, the fake and the ledger say, and degraded mode
+// is entered once. Fails with the model chosen from Global.Soft before the
+// claim: reads of a burst all see "below" and go to the primary.
+func TestDegradeBurstExactOnBolt(t *testing.T) {
+	rec := &recordingAlerter{}
+	e := newEnv(t, envOptions{alerts: rec, fallback: testFallback, plans: map[string]int64{"burst": 1000}, cfg: burstConfig, timeout: time.Minute,
+		budget: budget.Config{DailyRequests: 200, SoftDailyRequests: 100}})
+	holdCalls(e.gemini, 150)
+	models := degradeBurst(t, e, 150, 15)
+	if models[ocr.DefaultModel] != 100 || models[testFallback] != 50 {
+		t.Errorf("the answers' models: %v, want 100 %s and 50 %s", models, ocr.DefaultModel, testFallback)
+	}
+	if p, f := e.gemini.callsTo(ocr.DefaultModel), e.gemini.callsTo(testFallback); p != 100 || f != 50 {
+		t.Errorf("upstream calls: %d to the primary, %d to the fallback; want 100 and 50", p, f)
+	}
+	if got := rec.got(); !slices.Equal(got, []string{detect.KindDegraded}) {
+		t.Errorf("alerts: %v, want one %s", got, detect.KindDegraded)
+	}
+}
+
+// The same with soft_daily_usd as the line, at 20 primary calls' worst
+// case and a half, and every read claimed before any is settled: exactly
+// the 20 whose worst cases fit under the line go to the primary model
+// (within one worst case of the line, never past it), the 80 others to the
+// fallback. Fails with the side read from Global.Soft, which is on the
+// primary side until the line is reached, not until a primary call no
+// longer fits: 21 (the last one past the line).
+func TestDegradeBurstMoneyOnBolt(t *testing.T) {
+	p, ok := ocr.Config{FallbackModel: testFallback}.PriceOf(ocr.DefaultModel)
+	if !ok {
+		t.Fatal("no price for the primary model")
+	}
+	worst := p.WorstCase(16, 16)
+	line := 20*worst + worst/2
+	e := newEnv(t, envOptions{fallback: testFallback, plans: map[string]int64{"burst": 1000}, cfg: burstConfig, timeout: time.Minute,
+		budget: budget.Config{DailyUSD: 1, SoftDailyUSD: float64(line) / 1e6}})
+	holdCalls(e.gemini, 100)
+	models := degradeBurst(t, e, 100, 10)
+	if models[ocr.DefaultModel] != 20 || models[testFallback] != 80 {
+		t.Errorf("the answers' models: %v; want 20 on %s (their worst cases %d of the line's %d µ$), 80 on %s",
+			models, ocr.DefaultModel, 20*worst, line, testFallback)
+	}
+}
+
+// holdCalls makes the fake answer no call before n calls have reached it
+// (or a minute has passed): every read of a burst of n is claimed, at its
+// worst case, before any is settled.
+func holdCalls(f *fakeGemini, n int64) {
+	all := make(chan struct{})
+	var once sync.Once
+	f.set(func(w http.ResponseWriter, r *http.Request) {
+		if f.calls.Load() >= n {
+			once.Do(func() { close(all) })
+		}
+		select {
+		case <-all:
+		case <-time.After(time.Minute):
+		}
+		writeModelText(w, `{"serials":["SN-12345","SN-67890"]}`)
+	})
+}
+
+// burstConfig lets a burst's users have all their reads in flight at once.
+func burstConfig(c *Config) { c.MaxInFlightPerUser = 64 }

@@ -303,10 +303,9 @@ func (s *Server) receive(r *ocrRequest) (received, error) {
 // is read once per step after it: the checks, the claim's commit, the
 // call.
 func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time) error {
-	model, price := s.choose(r, now)
+	c := s.choose(r)
 	ctx := context.WithoutCancel(r.c.Request().Context()) // a paid call outlives its client
-	worst := price.WorstCase(in.img.Width, in.img.Height)
-	if refused := t.Reserve(worst, now); refused != nil {
+	if refused := s.reserve(t, c, in.img, now); refused != nil {
 		return s.refusalOf(r.guard, now, refused)
 	}
 	checked := s.now()
@@ -315,6 +314,8 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 	committed := s.now()
 	s.d.Metrics.reserveLatency.Observe(committed.Sub(checked).Seconds())
 	s.d.Metrics.guardOverhead.Observe((in.at.Sub(r.start) + committed.Sub(now)).Seconds())
+	model, price := s.decided(t, c, committed) // the side of the soft line is the committed claim's
+	worst := price.WorstCase(in.img.Width, in.img.Height)
 	if refused != nil {
 		t.Cancel(ctx) // no call is made
 		if err != nil {

@@ -44,8 +44,9 @@ type BudgetStatus interface {
 	Status(now time.Time) budget.Status
 	// Counted is what the brake decides on: calls in flight included.
 	Counted(now time.Time) budget.Counted
-	// Soft names the soft ceiling the day is above ("" for none): reads
-	// of plans on "auto" then go to the fallback model.
+	// Soft names the soft ceiling the day is above ("" for none): the
+	// side of a read of a plan on "auto" when the brake failed open and
+	// its claim decided none (see Server.decided).
 	Soft(now time.Time) string
 }
 
@@ -145,7 +146,6 @@ type Server struct {
 	inviteLimits *invites.Limits
 	invitesOpen  *guard.FailOpen          // runs the invite limits' checks, failing open
 	models       atomic.Pointer[modelSet] // the two models and their prices; swapped by a config reload
-	softSide     atomic.Pointer[string]   // the soft ceiling the last read found reached, for the alerts
 	calendar     *budget.Calendar         // today's key for the refusal counts
 	guard        *guard.Guard             // layers 1-3 and "$" for POST /v1/ocr
 	pending      pendingKeys              // idempotency keys whose first request is in flight
@@ -245,7 +245,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Model = ocr.DefaultModel
 	}
 	s.models.Store(&modelSet{primary: d.Model, primaryPrice: d.Price, fallback: d.FallbackModel, fallbackPrice: d.FallbackPrice})
-	s.softSide.Store(new(string))
 	d.Metrics.startModels(d.Model, d.FallbackModel)
 	var access *slog.Logger
 	if cfg.AccessLog {

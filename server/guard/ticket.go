@@ -30,6 +30,11 @@ type Ticket struct {
 	claimed [2]budget.Reservation // the call's, then its retry's: claimed[:n]
 	n       int
 	reserve bool // Reserve took a slot and a claim
+	// soft: the read's model follows the soft ceilings (ReserveSoft), its
+	// claim at Reserve's worst case for the primary, fallback for the
+	// fallback model.
+	soft     bool
+	fallback int64
 	// rateDue: Admit left layer 1's count to Reserve (Guard.joinedRate),
 	// or to Count for a request that ends without Reserve.
 	rateDue bool
@@ -55,6 +60,27 @@ func (t *Ticket) addClaim(claim budget.Reservation) {
 func (t *Ticket) Reserve(worst int64, now time.Time) *Refusal {
 	gen := t.g.layers.Deny.generation()
 	return t.g.remember(t.req, t.take(worst, now), gen, now)
+}
+
+// ReserveSoft is Reserve for a read whose model follows the soft
+// ceilings: layer 3 claims it at primary micro-dollars if that fits under
+// every soft ceiling, else at fallback (budget.Global.ClaimSoft), the side
+// and the count in one atomic step. Side says which once Commit has
+// returned.
+func (t *Ticket) ReserveSoft(primary, fallback int64, now time.Time) *Refusal {
+	t.soft, t.fallback = true, fallback
+	return t.Reserve(primary, now)
+}
+
+// Side is the side of the soft line that the call's claim was decided on
+// (budget.Reservation.Degraded: "" for the primary model) and whether it
+// is the first claim on that side since one on the other; ok is false
+// when no claim decided it (not ReserveSoft, or the brake failed open).
+func (t *Ticket) Side() (degraded string, newSide, ok bool) {
+	if t.n == 0 || !t.claimed[0].Soft {
+		return "", false, false
+	}
+	return t.claimed[0].Degraded, t.claimed[0].NewSide, true
 }
 
 // CountAtReserve leaves layer 1's count of the request, which
@@ -104,6 +130,10 @@ func (t *Ticket) take(worst int64, now time.Time) *Refusal {
 	if l.Brake != nil {
 		var claim budget.Reservation
 		r := g.open(LayerBudget, req, nil, func() (err error) {
+			if t.soft {
+				claim, err = l.Brake.ClaimSoft(worst, t.fallback, now)
+				return err
+			}
 			claim, err = l.Brake.Claim(worst, now)
 			return err
 		})

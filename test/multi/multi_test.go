@@ -64,8 +64,9 @@ const (
 	plan       = "multi"
 )
 
-// pair is two breakwater instances serving from one database, with the
-// fake Gemini they share and the keys of the test's users.
+// pair is two breakwater instances (or more, newGroup) serving from one
+// database, with the fake Gemini they share and the keys of the test's
+// users.
 type pair struct {
 	t      *testing.T
 	dbURL  string
@@ -76,7 +77,7 @@ type pair struct {
 	keys   []harness.Key
 
 	mu    sync.Mutex
-	procs [2]*harness.Process
+	procs []*harness.Process
 	runs  int // processes started, for log names
 }
 
@@ -94,6 +95,13 @@ func newPair(t *testing.T, dbURL string, cfg harness.Config, users int, latency 
 func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration, edit func(config string) string,
 	env ...string) *pair {
 	t.Helper()
+	return newGroup(t, dbURL, cfg, users, latency, 2, edit, env...)
+}
+
+// newGroup is newPairEdited with n instances.
+func newGroup(t *testing.T, dbURL string, cfg harness.Config, users int, latency time.Duration, n int, edit func(config string) string,
+	env ...string) *pair {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	root, _ := os.Getwd()
@@ -102,7 +110,7 @@ func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, la
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
-	p := &pair{t: t, dbURL: dbURL, dir: t.TempDir(), gemini: g}
+	p := &pair{t: t, dbURL: dbURL, dir: t.TempDir(), gemini: g, procs: make([]*harness.Process, n)}
 	p.config = filepath.Join(p.dir, "config.toml")
 	p.env = []string{
 		"BREAKWATER_POSTGRES_URL=" + dbURL,
@@ -133,11 +141,11 @@ func newPairEdited(t *testing.T, dbURL string, cfg harness.Config, users int, la
 		p.keys = append(p.keys, k)
 	}
 	t.Cleanup(p.stopAll)
-	// Both at once: on a database no command has touched yet, the two
-	// race to migrate its schema.
-	var errs [2]error
+	// All at once: on a database no command has touched yet, they race
+	// to migrate its schema.
+	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i := range 2 {
+	for i := range n {
 		wg.Go(func() { errs[i] = p.startErr(i) })
 	}
 	wg.Wait()
@@ -179,10 +187,10 @@ func (p *pair) proc(i int) *harness.Process {
 	return p.procs[i]
 }
 
-// stopAll stops both instances cleanly (a clean stop gives its lease back).
+// stopAll stops every instance cleanly (a clean stop gives its lease back).
 func (p *pair) stopAll() {
 	var wg sync.WaitGroup
-	for i := range 2 {
+	for i := range p.procs {
 		if proc := p.proc(i); proc != nil {
 			wg.Go(func() { proc.Stop(10 * time.Second) })
 		}
@@ -190,10 +198,10 @@ func (p *pair) stopAll() {
 	wg.Wait()
 }
 
-// logs returns the tail of both instances' logs, for a failure message.
+// logs returns the tail of every instance's log, for a failure message.
 func (p *pair) logs() string {
 	var b strings.Builder
-	for i := range 2 {
+	for i := range p.procs {
 		if proc := p.proc(i); proc != nil {
 			fmt.Fprintf(&b, "--- instance %d:\n%s\n", i, harness.Tail(proc.LogPath))
 		}
@@ -222,8 +230,8 @@ func (p *pair) send(ctx context.Context, client *http.Client, i, user int, h htt
 	return r
 }
 
-// burst sends n requests at once, request k to instance k%2 for user
-// k%users, and returns what each got.
+// burst sends n requests at once, request k to instance k%instances for
+// user k%users, and returns what each got.
 func (p *pair) burst(ctx context.Context, n int) []result {
 	client := &http.Client{Timeout: 30 * time.Second}
 	out := make([]result, n)
@@ -232,7 +240,7 @@ func (p *pair) burst(ctx context.Context, n int) []result {
 	for k := range n {
 		wg.Go(func() {
 			<-start
-			out[k] = p.send(ctx, client, k%2, k%len(p.keys), nil)
+			out[k] = p.send(ctx, client, k%len(p.procs), k%len(p.keys), nil)
 		})
 	}
 	close(start)

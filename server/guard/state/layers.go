@@ -78,6 +78,7 @@ type Quotas interface {
 type Brake interface {
 	Check(now time.Time) error
 	Claim(worst int64, now time.Time) (budget.Reservation, error)
+	ClaimSoft(primary, fallback int64, now time.Time) (budget.Reservation, error)
 	Commit(ctx context.Context, r *budget.Reservation) error
 	Settle(ctx context.Context, r budget.Reservation, actual int64) error
 	Settled(r budget.Reservation, actual int64)
