@@ -411,6 +411,7 @@ func (g *Global) refresh(day string, tot SharedTotals) {
 		g.monthSpend = max(tot.MonthMicroUSD-unused.SpendMicroUSD, 0)
 		g.monthSettled = tot.MonthSettledMicroUSD
 	}
+	g.watchShares() // every instance's figures: a share another one's calls reached
 }
 
 // drop takes a claim of day that the shared ledger refused out of what
@@ -423,7 +424,6 @@ func (g *Global) drop(day string, r *Reservation) {
 	if monthOf(day) == g.month {
 		g.monthOpen = max(g.monthOpen-r.Worst, 0)
 	}
-	g.watchShares()
 }
 
 // refuseShared drops a claim the shared ledger refused and returns its
