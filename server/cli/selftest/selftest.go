@@ -10,8 +10,10 @@
 // API, mail, JWT sign-in and the app's own routes off. Each check loosens
 // the other limits in its copy, so that the one it tests is the one that
 // refuses; a limit too large to reach in seconds is tested scaled down,
-// and the line says so. The clock of the service is the selftest's own,
-// so that windows of a minute or an hour pass at once.
+// and the line says so. The clock of
+// the service is the selftest's own, so that windows of a minute or an
+// hour pass at once. A read is billed at the price of the model its
+// answer names: ocr.model, or ocr.fallback_model past a soft ceiling.
 package selftest
 
 import (
@@ -29,7 +31,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,7 +38,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
-	"breakwater/ocr"
 	"breakwater/server/app"
 	"breakwater/server/jwtauth"
 )
@@ -139,14 +139,10 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 		checks = append(checks, r.dailyRequests)
 	}
 	if cfg.Budget.DailyUSD > 0 {
-		checks = append(checks, func() (Result, error) {
-			return r.money("budget.daily_usd", cfg.Budget.DailyUSD, func(c *app.Config, usd float64) { c.Budget.DailyUSD = usd })
-		})
+		checks = append(checks, func() (Result, error) { return r.money("budget.daily_usd", cfg.Budget.DailyUSD) })
 	}
 	if cfg.Budget.MonthlyUSD > 0 {
-		checks = append(checks, func() (Result, error) {
-			return r.money("budget.monthly_usd", cfg.Budget.MonthlyUSD, func(c *app.Config, usd float64) { c.Budget.MonthlyUSD = usd })
-		})
+		checks = append(checks, func() (Result, error) { return r.money("budget.monthly_usd", cfg.Budget.MonthlyUSD) })
 	}
 	if u := cfg.Limits.User; u.Rate > 0 || u.Burst > 0 {
 		checks = append(checks, r.userRate)
@@ -249,75 +245,53 @@ func scaled(limit, most int64) (int64, string) {
 
 // dailyRequests fires four times the ceiling in parallel from users with
 // no other limit, then tops up one at a time: the calls upstream must be
-// the ceiling exactly, and the next one refused by the brake.
+// the ceiling exactly, and the next one refused by the brake. Tested
+// scaled down, a soft_daily_requests is scaled alike, so that it stays
+// below the ceiling.
 func (r *runner) dailyRequests() (Result, error) {
-	limit, note := scaled(r.cfg.Budget.DailyRequests, r.scale)
-	sent, calls, tail, err := r.brake(limit, func(c *app.Config) { c.Budget.DailyRequests = limit })
+	b := r.cfg.Budget
+	limit, note := scaled(b.DailyRequests, r.scale)
+	soft := b.SoftDailyRequests
+	if note != "" && soft > 0 {
+		soft = scaleLine(soft, float64(limit)/float64(b.DailyRequests), limit)
+		note = fmt.Sprintf(" (tested scaled down, at %s, soft_daily_requests at %s)", thousands(limit), thousands(soft))
+	}
+	sent, got, tail, err := r.brake(limit, limit, func(c *app.Config) {
+		c.Budget.DailyRequests, c.Budget.SoftDailyRequests = limit, soft
+	})
 	if err != nil {
 		return Result{}, err
 	}
+	calls := got.total()
 	line := fmt.Sprintf("budget.daily_requests = %s%s: %s parallel requests, %s upstream calls, then %s",
-		thousands(r.cfg.Budget.DailyRequests), note, thousands(sent), thousands(calls), tail)
+		thousands(b.DailyRequests), note, thousands(sent), thousands(calls), tail)
 	return Result{Limit: "budget.daily_requests", Line: line, Held: calls == limit && tail.held}, nil
-}
-
-// money checks a ceiling in dollars, key, set at usd by set on a service
-// where only it can refuse: four times the reads it pays for in parallel,
-// then one at a time. Every read of the sample images costs the same
-// (ocr.SimulatedUsage at the config's prices), so the spend is the 200s
-// times that. It holds if the spend never passed the ceiling, came within
-// one call's worst case of it (the brake admits a call only while its
-// worst case fits), and the next read was refused by the brake. A ceiling
-// worth more than the scale's reads is tested at that many reads' worth.
-func (r *runner) money(key string, usd float64, set func(c *app.Config, usd float64)) (Result, error) {
-	price := r.cfg.OCR.Price
-	w, h := sampleSize()
-	cost, worst := max(price.Cost(ocr.SimulatedUsage(price, w, h)), 1), price.WorstCase(w, h)
-	ceiling := budget.MicroUSD(usd)
-	calls, note := scaled(ceiling/cost, r.scale)
-	if note != "" {
-		ceiling = calls * cost
-		note = fmt.Sprintf(" (tested scaled down, at %s: %s reads' worth)", dollars(ceiling), thousands(calls))
-	}
-	sent, reads, tail, err := r.brake(calls, func(c *app.Config) { set(c, float64(ceiling)/1e6) })
-	if err != nil {
-		return Result{}, err
-	}
-	spent := reads * cost
-	line := fmt.Sprintf("%s = %s%s: %s parallel requests, %s reads at %s, %s spent (a call's worst case %s), then %s",
-		key, strconv.FormatFloat(usd, 'f', -1, 64), note, thousands(sent), thousands(reads), dollars(cost), dollars(spent), dollars(worst), tail)
-	held := spent <= ceiling && spent+worst > ceiling && tail.held
-	return Result{Limit: key, Line: line, Held: held}, nil
 }
 
 // brake runs a budget ceiling's check on a service where only the ceiling
 // that set switches on can refuse: from users with no other limit, four
 // times the calls it allows (limit, at least one) in parallel, then one
-// at a time until the brake refuses. Reservations still in flight during
-// the burst may refuse a call the ceiling would have let through
-// (budget_busy); the top-up reaches the ceiling one request at a time.
-func (r *runner) brake(limit int64, set func(c *app.Config)) (sent, calls int64, tail refusals, err error) {
+// at a time until the brake refuses, at most most+1 more. Reservations
+// still in flight during the burst may refuse a call the ceiling would
+// have let through (budget_busy); the top-up reaches the ceiling one
+// request at a time.
+func (r *runner) brake(limit, most int64, set func(c *app.Config)) (sent int64, got reads, tail refusals, err error) {
 	s, _, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		set(c)
 		c.Limits.User = limiter.Config{}
 	})
 	if err != nil {
-		return 0, 0, refusals{}, err
+		return 0, nil, refusals{}, err
 	}
 	defer r.close(s)
 	keys, err := makeKeys(s, 8, selftestPlan)
 	if err != nil {
-		return 0, 0, refusals{}, err
+		return 0, nil, refusals{}, err
 	}
 	sent = 4 * max(limit, 1)
-	calls, tail = r.reach(s, keys, sent, limit, answer{http.StatusServiceUnavailable, "budget_paused"})
-	return sent, calls, tail, nil
-}
-
-// dollars is micro-dollars as dollars, to the micro-dollar.
-func dollars(micro int64) string {
-	return "$" + strconv.FormatFloat(float64(micro)/1e6, 'f', -1, 64)
+	got, tail = r.reach(s, keys, sent, most, answer{status: http.StatusServiceUnavailable, code: "budget_paused"})
+	return sent, got, tail, nil
 }
 
 // userRate checks limits.user with the service's clock: in each second
@@ -431,7 +405,8 @@ func (r *runner) planLimit(plan, key string, limit int64, counted, code string, 
 		return Result{}, err
 	}
 	sent := n + max(n/2, 10)
-	got, tail := r.reach(s, keys, sent, n, answer{http.StatusTooManyRequests, code})
+	passed, tail := r.reach(s, keys, sent, n, answer{status: http.StatusTooManyRequests, code: code})
+	got := passed.total()
 	line := fmt.Sprintf("plans.%s %s %s%s: %s parallel requests, %s %s, then %s",
 		plan, key, thousands(limit), note, thousands(sent), thousands(got), counted, tail)
 	return Result{Limit: "plans." + plan + "." + key, Line: line, Held: got == n && tail.held}, nil
@@ -515,14 +490,15 @@ func (t refusals) String() string {
 // holds gives exactly limit, and ends on want. A parallel request that
 // failed for another reason (busy, or slow on a loaded machine) leaves
 // room that the top-up takes, so only the limit decides the count.
-func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer) (int64, refusals) {
+func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer) (reads, refusals) {
 	got := r.fire(s, keys, int(sent))
 	t := refusals{want: want, other: answers{}}
-	passed := got.count(http.StatusOK, "")
+	passed := reads{}
 	for a, n := range got {
-		switch a {
-		case answer{status: http.StatusOK}:
-		case want:
+		switch {
+		case a.status == http.StatusOK:
+			passed[a.model] += n
+		case a == want:
 			t.n += n
 		default:
 			t.other[a] += n
@@ -533,16 +509,30 @@ func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer)
 		if t.final.status != http.StatusOK {
 			break
 		}
-		passed++
+		passed[t.final.model]++
 	}
 	t.held = t.final == want
 	return passed, t
 }
 
-// answer is one request's status and problem code.
+// reads counts 200s by the model the answer names.
+type reads map[string]int64
+
+// total is how many there are.
+func (rs reads) total() int64 {
+	var n int64
+	for _, c := range rs {
+		n += c
+	}
+	return n
+}
+
+// answer is one request's status, problem code, and for a 200 the
+// model the answer names.
 type answer struct {
 	status int
 	code   string
+	model  string
 }
 
 func (a answer) String() string {
@@ -616,13 +606,14 @@ func (r *runner) do(req *http.Request) answer {
 		return answer{code: err.Error()}
 	}
 	defer resp.Body.Close()
-	a := answer{status: resp.StatusCode}
-	if resp.StatusCode != http.StatusOK {
-		var p struct {
-			Code string `json:"code"`
-		}
-		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&p)
-		a.code = p.Code
+	var p struct {
+		Code  string `json:"code"`
+		Model string `json:"model"`
+	}
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&p)
+	a := answer{status: resp.StatusCode, code: p.Code}
+	if resp.StatusCode == http.StatusOK {
+		a = answer{status: resp.StatusCode, model: p.Model}
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return a
