@@ -10,7 +10,8 @@
 // API, mail, JWT sign-in and the app's own routes off. Each check loosens
 // the other limits in its copy, so that the one it tests is the one that
 // refuses; a limit too large to reach in seconds is tested scaled down,
-// and the line says so. The clock of
+// and the line says so; a limit the config has in shadow mode is
+// enforced in its copy, and the line says it is in shadow. The clock of
 // the service is the selftest's own, so that windows of a minute or an
 // hour pass at once. A read is billed at the price of the model its
 // answer names: ocr.model, or ocr.fallback_model past a soft ceiling.
@@ -55,6 +56,20 @@ const parallel = 64
 // selftestPlan is the plan of the checks that do not test a plan: no
 // daily line and a quota no check reaches.
 const selftestPlan = "selftest"
+
+// shadowMark ends the line of a limit in shadow mode that held enforced:
+// live it refuses nothing, so it is not said to hold.
+const shadowMark = "shadow: counted, not enforced"
+
+// inShadow is a line's note on how its limit was tested (" (tested
+// scaled down, at 300)", or ""), with that the limit is in shadow mode
+// and was tested enforced.
+func inShadow(note string) string {
+	if note == "" {
+		return " (in shadow mode, tested enforced)"
+	}
+	return strings.TrimSuffix(note, ")") + "; in shadow mode, tested enforced)"
+}
 
 // ErrNotHeld is returned by Run when at least one limit did not hold.
 var ErrNotHeld = errors.New("selftest: a limit did not hold")
@@ -106,6 +121,11 @@ type Result struct {
 	Line string
 	// Held is whether the limit held exactly.
 	Held bool
+	// Shadow is set for a limit the config has in shadow mode: live, its
+	// would-be refusals are counted and the requests let through. Its
+	// check ran with it enforced on the copy, which proves what enforcing
+	// it will refuse (the limit decides alike in both modes).
+	Shadow bool
 }
 
 // Options are a run's parameters; the zero value is the operator's run.
@@ -163,6 +183,9 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 			return results, err
 		}
 		mark := "holds"
+		if res.Shadow {
+			mark = shadowMark
+		}
 		if !res.Held {
 			mark, broken = "DOES NOT HOLD", append(broken, res.Limit)
 		}
@@ -298,13 +321,15 @@ func (r *runner) brake(limit, most int64, set func(c *app.Config)) (sent int64, 
 // twice the burst in parallel, of which exactly the burst passes, until
 // the window holds rate requests and the next is refused; once the
 // window has moved past the first second, that second's requests may be
-// made again.
+// made again. The limit is enforced, also when the config has it in
+// shadow mode.
 func (r *runner) userRate() (Result, error) {
 	u := r.cfg.Limits.User.WithDefaults()
 	rate, note := scaled(int64(u.Rate), r.scale)
 	s, clk, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		c.Limits.User.Rate = int(rate)
+		c.Limits.User.Mode = limiter.ModeEnforce
 	})
 	if err != nil {
 		return Result{}, err
@@ -314,12 +339,16 @@ func (r *runner) userRate() (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	shadow := u.Shadow()
+	if shadow {
+		note = inShadow(note)
+	}
 	name := fmt.Sprintf("limits.user rate %d/%s burst %d%s", u.Rate, shortDuration(u.Window), u.Burst, note)
 	if rate == 0 { // burst only
 		got := r.fire(s, keys, 2*u.Burst)
 		passed := got.count(http.StatusOK, "")
 		return Result{Limit: "limits.user.burst", Held: passed == int64(u.Burst) && got.count(http.StatusTooManyRequests, "rate_limited") == int64(u.Burst),
-			Line: fmt.Sprintf("%s: %d parallel requests in one second, %d passed", name, 2*u.Burst, passed)}, nil
+			Line: fmt.Sprintf("%s: %d parallel requests in one second, %d passed", name, 2*u.Burst, passed), Shadow: shadow}, nil
 	}
 	step := rate // per second; the burst bounds it
 	if u.Burst > 0 && int64(u.Burst) < step {
@@ -367,30 +396,38 @@ func (r *runner) userRate() (Result, error) {
 	}
 	line := fmt.Sprintf("%s: %s (%s requests: %s passed in the window, then 429; %d again after %s)",
 		name, verdict, thousands(sent+2*first), thousands(passed), again, shortDuration(u.Window))
-	return Result{Limit: "limits.user", Line: line, Held: held}, nil
+	return Result{Limit: "limits.user", Line: line, Held: held, Shadow: shadow}, nil
 }
 
 // quota fires one and a half times a plan's monthly quota in parallel
 // from one user of that plan, with its daily line and the other limits
 // off: exactly the quota passes, and the rest gets 429 quota_exceeded.
 func (r *runner) quota(plan string) (Result, error) {
-	return r.planLimit(plan, "monthly_quota", r.cfg.Plans[plan].MonthlyQuota, "reads", "quota_exceeded",
+	return r.planLimit(plan, "monthly_quota", r.cfg.Plans[plan].MonthlyQuota, "reads", "quota_exceeded", false,
 		func(n int64) budget.Plan { return budget.Plan{MonthlyQuota: n} })
 }
 
 // dailyAttempts is quota's check for a plan's daily line, with the quota
-// out of reach.
+// out of reach and the line enforced, also when the config has it in
+// shadow mode.
 func (r *runner) dailyAttempts(plan string) (Result, error) {
-	return r.planLimit(plan, "daily_attempts", r.cfg.Plans[plan].DailyAttempts, "upstream calls", "daily_limit",
-		func(n int64) budget.Plan { return budget.Plan{MonthlyQuota: 1 << 40, DailyAttempts: n} })
+	p := r.cfg.Plans[plan]
+	return r.planLimit(plan, "daily_attempts", p.DailyAttempts, "upstream calls", "daily_limit", p.ShadowDaily(),
+		func(n int64) budget.Plan {
+			return budget.Plan{MonthlyQuota: 1 << 40, DailyAttempts: n, DailyMode: limiter.ModeEnforce}
+		})
 }
 
 // planLimit checks one of a plan's limits, key, configured at limit: on a
 // service where only that limit can refuse (the plan made by withLimit at
 // the scaled figure), one user's parallel requests get exactly that many
-// answers (counted as counted), then 429 code.
-func (r *runner) planLimit(plan, key string, limit int64, counted, code string, withLimit func(int64) budget.Plan) (Result, error) {
+// answers (counted as counted), then 429 code. shadow says the config
+// has the limit in shadow mode.
+func (r *runner) planLimit(plan, key string, limit int64, counted, code string, shadow bool, withLimit func(int64) budget.Plan) (Result, error) {
 	n, note := scaled(limit, r.scale)
+	if shadow {
+		note = inShadow(note)
+	}
 	s, _, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		c.Limits.User = limiter.Config{}
@@ -409,18 +446,20 @@ func (r *runner) planLimit(plan, key string, limit int64, counted, code string, 
 	got := passed.total()
 	line := fmt.Sprintf("plans.%s %s %s%s: %s parallel requests, %s %s, then %s",
 		plan, key, thousands(limit), note, thousands(sent), thousands(got), counted, tail)
-	return Result{Limit: "plans." + plan + "." + key, Line: line, Held: got == n && tail.held}, nil
+	return Result{Limit: "plans." + plan + "." + key, Line: line, Held: got == n && tail.held, Shadow: shadow}, nil
 }
 
 // failLimit checks the invite fail limit from two client addresses and
 // two e-mails: after fail_limit-1 wrong codes the right one is accepted;
 // after fail_limit wrong codes even the right one is refused, until the
-// cooldown has passed on the service's clock.
+// cooldown has passed on the service's clock. The limit is enforced, also
+// when [invites] is in shadow mode.
 func (r *runner) failLimit() (Result, error) {
 	iv := r.cfg.Invites
 	s, clk, err := r.service(func(c *app.Config) {
 		c.Invites.Rate, c.Invites.Window, c.Invites.Burst = limiter.MaxRate, time.Hour, limiter.MaxRate
 		c.Invites.GlobalFailPerHour = 1 << 30
+		c.Invites.Mode = limiter.ModeEnforce
 	})
 	if err != nil {
 		return Result{}, err
@@ -452,9 +491,13 @@ func (r *runner) failLimit() (Result, error) {
 	if st := try("198.51.100.2", "above@selftest.invalid", code); st != http.StatusOK && held {
 		held, why = false, fmt.Sprintf("; the right code after the cooldown got %d", st)
 	}
-	line := fmt.Sprintf("invites fail_limit %d: cooldown after %d, right code refused during it, accepted after %s%s",
-		iv.FailLimit, iv.FailLimit, shortDuration(iv.Cooldown), why)
-	return Result{Limit: "invites.fail_limit", Line: line, Held: held}, nil
+	note := ""
+	if iv.Shadow() {
+		note = inShadow("")
+	}
+	line := fmt.Sprintf("invites fail_limit %d%s: cooldown after %d, right code refused during it, accepted after %s%s",
+		iv.FailLimit, note, iv.FailLimit, shortDuration(iv.Cooldown), why)
+	return Result{Limit: "invites.fail_limit", Line: line, Held: held, Shadow: iv.Shadow()}, nil
 }
 
 // newClient is the selftest's HTTP client: at most parallel connections.

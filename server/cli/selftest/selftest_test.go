@@ -96,6 +96,16 @@ soft_daily_usd = 0.0075
 soft_monthly_usd = 0.017
 `
 
+// shadowKeys put every limit of smallTOML that has a mode in shadow, as
+// step 1 of "Choosing thresholds" in docs/OPERATIONS.md says.
+const shadowKeys = `[limits.user]
+mode = "shadow"
+[invites]
+mode = "shadow"
+[plans.free]
+daily_mode = "shadow"
+`
+
 // small is smallTOML loaded.
 func small(t *testing.T) app.Config {
 	t.Helper()
@@ -190,7 +200,7 @@ func withKeys(t *testing.T, base, keys string) string {
 // selftest fail, naming that limit and no other: the selftest is handed
 // the real app opened on a tampered copy of what it asked for. The
 // money brake's cases of the day fail as well with soft ceilings and a
-// fallback model.
+// fallback model, and those of the limits with a mode in shadow mode.
 func TestBrokenLimitFails(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -218,7 +228,7 @@ func TestBrokenLimitFails(t *testing.T) {
 				c.Budget.MonthlyUSD += 0.0025
 			}
 		}},
-		{"one more in a second", "limits.user", "", func(c *app.Config) {
+		{"one more in a second", "limits.user", shadowKeys, func(c *app.Config) {
 			if c.Limits.User.Burst > 0 {
 				c.Limits.User.Burst++
 			}
@@ -228,17 +238,17 @@ func TestBrokenLimitFails(t *testing.T) {
 			p.MonthlyQuota++
 			c.Plans["free"] = p
 		}},
-		{"one call more a day", "plans.free.daily_attempts", "", func(c *app.Config) {
+		{"one call more a day", "plans.free.daily_attempts", shadowKeys, func(c *app.Config) {
 			if p := c.Plans["free"]; p.DailyAttempts > 0 {
 				p.DailyAttempts++
 				c.Plans["free"] = p
 			}
 		}},
-		{"one failure more before the cooldown", "invites.fail_limit", "", func(c *app.Config) { c.Invites.FailLimit++ }},
+		{"one failure more before the cooldown", "invites.fail_limit", shadowKeys, func(c *app.Config) { c.Invites.FailLimit++ }},
 	} {
 		t.Run(tc.name, func(t *testing.T) { failsOnly(t, small(t), tc.limit, tc.tamper) })
 		if tc.also != "" {
-			t.Run(tc.name+" (soft ceilings)", func(t *testing.T) {
+			t.Run(tc.name+" (soft ceilings or shadow)", func(t *testing.T) {
 				failsOnly(t, load(t, withKeys(t, smallTOML, tc.also)), tc.limit, tc.tamper)
 			})
 		}
@@ -329,5 +339,35 @@ func TestSmallDegradedHolds(t *testing.T) {
 	}
 	if !strings.Contains(line, "on gemini-2.5-flash), then 503 budget_paused") {
 		t.Errorf("the day's line does not say the next read goes to the fallback:\n%s", out.String())
+	}
+}
+
+// In shadow mode (every limit of the shipped config that has a mode), the
+// limits are tested enforced, and their lines say that live they are
+// counted, not enforced; the run passes. The limits that cannot be
+// shadowed still hold.
+func TestShadowModeIsSaid(t *testing.T) {
+	cfg := load(t, withKeys(t, file(t, "config.toml"), shadowKeys+"[plans.pro]\ndaily_mode = \"shadow\"\n"))
+	var out bytes.Buffer
+	results, err := Run(context.Background(), cfg, &out, Options{Scale: 40})
+	t.Logf("\n%s", out.String())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	shadowed := []string{"limits.user", "invites.fail_limit", "plans.free.daily_attempts", "plans.pro.daily_attempts"}
+	for _, r := range results {
+		want := slices.Contains(shadowed, r.Limit)
+		if r.Shadow != want || !r.Held {
+			t.Errorf("%s: shadow = %v, held = %v; want shadow = %v and held: %s", r.Limit, r.Shadow, r.Held, want, r.Line)
+		}
+	}
+	for _, limit := range shadowed {
+		line := result(t, results, limit).Line
+		if !strings.Contains(out.String(), line+" — shadow: counted, not enforced\n") || !strings.Contains(line, "in shadow mode, tested enforced)") {
+			t.Errorf("%s: its line does not say it is in shadow:\n%s", limit, out.String())
+		}
+	}
+	if strings.Count(out.String(), " — holds\n") != len(results)-len(shadowed) {
+		t.Errorf("a limit in shadow is said to hold:\n%s", out.String())
 	}
 }
