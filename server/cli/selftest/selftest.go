@@ -531,8 +531,9 @@ func (t refusals) String() string {
 // reach fires sent requests at once, then one at a time until an answer
 // is not a 200 (at most limit more), and returns the 200s: a limit that
 // holds gives exactly limit, and ends on want. A parallel request that
-// failed for another reason (busy, or slow on a loaded machine) leaves
-// room that the top-up takes, so only the limit decides the count.
+// failed for another reason (busy) leaves room that the top-up takes, so
+// only the limit decides the count; one whose answer was lost is asked
+// again (see ocr).
 func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer) (reads, refusals) {
 	got := r.fire(s, keys, int(sent))
 	t := refusals{want: want, other: answers{}}
@@ -619,17 +620,46 @@ func (r *runner) fire(s Service, keys []string, n int) answers {
 	return got
 }
 
-// ocr sends one read of an image not sent before.
+// ocr sends one read of an image not sent before, with an
+// Idempotency-Key of its own. A request left without an answer (a client
+// timeout on a loaded machine) may still have read, since a paid call
+// outlives its client: it is sent again with the same key until the
+// answer is known, the kept one if it read, so that no read goes
+// uncounted.
 func (r *runner) ocr(s Service, key string) answer {
-	img := sampleImage(int(r.images.Add(1)))
-	req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, s.URL()+"/v1/ocr", bytes.NewReader(img))
-	if err != nil {
-		return answer{code: err.Error()}
+	i := r.images.Add(1)
+	img, idem := sampleImage(int(i)), fmt.Sprintf("selftest-%d", i)
+	var a answer
+	for try := range maxTries {
+		if try > 0 {
+			select {
+			case <-r.ctx.Done():
+				return a
+			case <-time.After(retryWait):
+			}
+		}
+		req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, s.URL()+"/v1/ocr", bytes.NewReader(img))
+		if err != nil {
+			return answer{code: err.Error()}
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "image/png")
+		req.Header.Set("Idempotency-Key", idem)
+		a = r.do(req)
+		if a.status != 0 && a.code != "idempotency_key_in_use" {
+			return a
+		}
 	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "image/png")
-	return r.do(req)
+	return a
 }
+
+// maxTries is how many times ocr sends a request whose answer is not
+// known, retryWait the wait before each repeat: the Retry-After of
+// 409 idempotency_key_in_use.
+const (
+	maxTries  = 30
+	retryWait = time.Second
+)
 
 // verify sends one invite verification from ip and returns its status.
 func (r *runner) verify(s Service, ip, email, code string) int {

@@ -4,11 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -369,5 +375,56 @@ func TestShadowModeIsSaid(t *testing.T) {
 	}
 	if strings.Count(out.String(), " — holds\n") != len(results)-len(shadowed) {
 		t.Errorf("a limit in shadow is said to hold:\n%s", out.String())
+	}
+}
+
+// lossy is a Service whose public API is behind a proxy that loses the
+// answer of every nth read: the read is made and billed, and the client
+// gets no answer (a client timeout on a loaded machine does the same).
+type lossy struct {
+	Service
+	proxy *httptest.Server
+}
+
+func (l lossy) URL() string { return l.proxy.URL }
+func (l lossy) Close()      { l.proxy.Close(); l.Service.Close() }
+
+func openLossy(n int64) Opener {
+	return func(ctx context.Context, cfg app.Config, now func() time.Time) (Service, error) {
+		s, err := OpenApp(ctx, cfg, now)
+		if err != nil {
+			return nil, err
+		}
+		target, err := url.Parse(s.URL())
+		if err != nil {
+			return nil, err
+		}
+		forward := httputil.NewSingleHostReverseProxy(target)
+		var reads atomic.Int64
+		var seen sync.Map // Idempotency-Keys sent before: a repeat is never lost
+		proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key := r.Header.Get("Idempotency-Key")
+			_, repeat := seen.LoadOrStore(key, true)
+			if r.URL.Path == "/v1/ocr" && (key == "" || !repeat) && reads.Add(1)%n == 0 {
+				forward.ServeHTTP(httptest.NewRecorder(), r) // read, answered
+				panic(http.ErrAbortHandler)                  // and the answer lost
+			}
+			forward.ServeHTTP(w, r)
+		}))
+		return lossy{s, proxy}, nil
+	}
+}
+
+// A read whose answer was lost on the way is still counted: the selftest
+// sends it again with its Idempotency-Key and gets the kept answer, so
+// the limits hold. Without that, every ceiling seemed to stop short.
+func TestLostAnswersAreCounted(t *testing.T) {
+	cfg := load(t, withKeys(t, smallTOML, "[limits.user]\nrate = 0\nburst = 0\n"))
+	var out bytes.Buffer
+	if _, err := Run(context.Background(), cfg, &out, Options{Open: openLossy(7)}); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "EOF") {
+		t.Errorf("a lost answer is left in the output:\n%s", out.String())
 	}
 }
