@@ -18,7 +18,8 @@ upstream, on a fresh throwaway database (never the live one), with the
 listener on 127.0.0.1 and the admin API, mail and JWT sign-in off. Fire
 parallel requests at each limit and print, per limit, what was proved.
 A limit too large to reach in seconds is tested scaled down, and the line
-says so. Exit 1 if any limit does not hold.`,
+says so. A limit in shadow mode is tested enforced, and its line says that
+live it is counted, not enforced. Exit 1 if any limit does not hold.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {

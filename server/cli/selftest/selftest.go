@@ -10,8 +10,11 @@
 // API, mail, JWT sign-in and the app's own routes off. Each check loosens
 // the other limits in its copy, so that the one it tests is the one that
 // refuses; a limit too large to reach in seconds is tested scaled down,
-// and the line says so. The clock of the service is the selftest's own,
-// so that windows of a minute or an hour pass at once.
+// and the line says so; a limit the config has in shadow mode is
+// enforced in its copy, and the line says it is in shadow. The clock of
+// the service is the selftest's own, so that windows of a minute or an
+// hour pass at once. A read is billed at the price of the model its
+// answer names: ocr.model, or ocr.fallback_model past a soft ceiling.
 package selftest
 
 import (
@@ -29,7 +32,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,7 +39,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
-	"breakwater/ocr"
 	"breakwater/server/app"
 	"breakwater/server/jwtauth"
 )
@@ -55,6 +56,20 @@ const parallel = 64
 // selftestPlan is the plan of the checks that do not test a plan: no
 // daily line and a quota no check reaches.
 const selftestPlan = "selftest"
+
+// shadowMark ends the line of a limit in shadow mode that held enforced:
+// live it refuses nothing, so it is not said to hold.
+const shadowMark = "shadow: counted, not enforced"
+
+// inShadow is a line's note on how its limit was tested (" (tested
+// scaled down, at 300)", or ""), with that the limit is in shadow mode
+// and was tested enforced.
+func inShadow(note string) string {
+	if note == "" {
+		return " (in shadow mode, tested enforced)"
+	}
+	return strings.TrimSuffix(note, ")") + "; in shadow mode, tested enforced)"
+}
 
 // ErrNotHeld is returned by Run when at least one limit did not hold.
 var ErrNotHeld = errors.New("selftest: a limit did not hold")
@@ -106,6 +121,11 @@ type Result struct {
 	Line string
 	// Held is whether the limit held exactly.
 	Held bool
+	// Shadow is set for a limit the config has in shadow mode: live, its
+	// would-be refusals are counted and the requests let through. Its
+	// check ran with it enforced on the copy, which proves what enforcing
+	// it will refuse (the limit decides alike in both modes).
+	Shadow bool
 }
 
 // Options are a run's parameters; the zero value is the operator's run.
@@ -139,14 +159,10 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 		checks = append(checks, r.dailyRequests)
 	}
 	if cfg.Budget.DailyUSD > 0 {
-		checks = append(checks, func() (Result, error) {
-			return r.money("budget.daily_usd", cfg.Budget.DailyUSD, func(c *app.Config, usd float64) { c.Budget.DailyUSD = usd })
-		})
+		checks = append(checks, func() (Result, error) { return r.money("budget.daily_usd", cfg.Budget.DailyUSD) })
 	}
 	if cfg.Budget.MonthlyUSD > 0 {
-		checks = append(checks, func() (Result, error) {
-			return r.money("budget.monthly_usd", cfg.Budget.MonthlyUSD, func(c *app.Config, usd float64) { c.Budget.MonthlyUSD = usd })
-		})
+		checks = append(checks, func() (Result, error) { return r.money("budget.monthly_usd", cfg.Budget.MonthlyUSD) })
 	}
 	if u := cfg.Limits.User; u.Rate > 0 || u.Burst > 0 {
 		checks = append(checks, r.userRate)
@@ -167,6 +183,9 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 			return results, err
 		}
 		mark := "holds"
+		if res.Shadow {
+			mark = shadowMark
+		}
 		if !res.Held {
 			mark, broken = "DOES NOT HOLD", append(broken, res.Limit)
 		}
@@ -249,88 +268,68 @@ func scaled(limit, most int64) (int64, string) {
 
 // dailyRequests fires four times the ceiling in parallel from users with
 // no other limit, then tops up one at a time: the calls upstream must be
-// the ceiling exactly, and the next one refused by the brake.
+// the ceiling exactly, and the next one refused by the brake. Tested
+// scaled down, a soft_daily_requests is scaled alike, so that it stays
+// below the ceiling.
 func (r *runner) dailyRequests() (Result, error) {
-	limit, note := scaled(r.cfg.Budget.DailyRequests, r.scale)
-	sent, calls, tail, err := r.brake(limit, func(c *app.Config) { c.Budget.DailyRequests = limit })
+	b := r.cfg.Budget
+	limit, note := scaled(b.DailyRequests, r.scale)
+	soft := b.SoftDailyRequests
+	if note != "" && soft > 0 {
+		soft = scaleLine(soft, float64(limit)/float64(b.DailyRequests), limit)
+		note = fmt.Sprintf(" (tested scaled down, at %s, soft_daily_requests at %s)", thousands(limit), thousands(soft))
+	}
+	sent, got, tail, err := r.brake(limit, limit, func(c *app.Config) {
+		c.Budget.DailyRequests, c.Budget.SoftDailyRequests = limit, soft
+	})
 	if err != nil {
 		return Result{}, err
 	}
+	calls := got.total()
 	line := fmt.Sprintf("budget.daily_requests = %s%s: %s parallel requests, %s upstream calls, then %s",
-		thousands(r.cfg.Budget.DailyRequests), note, thousands(sent), thousands(calls), tail)
+		thousands(b.DailyRequests), note, thousands(sent), thousands(calls), tail)
 	return Result{Limit: "budget.daily_requests", Line: line, Held: calls == limit && tail.held}, nil
-}
-
-// money checks a ceiling in dollars, key, set at usd by set on a service
-// where only it can refuse: four times the reads it pays for in parallel,
-// then one at a time. Every read of the sample images costs the same
-// (ocr.SimulatedUsage at the config's prices), so the spend is the 200s
-// times that. It holds if the spend never passed the ceiling, came within
-// one call's worst case of it (the brake admits a call only while its
-// worst case fits), and the next read was refused by the brake. A ceiling
-// worth more than the scale's reads is tested at that many reads' worth.
-func (r *runner) money(key string, usd float64, set func(c *app.Config, usd float64)) (Result, error) {
-	price := r.cfg.OCR.Price
-	w, h := sampleSize()
-	cost, worst := max(price.Cost(ocr.SimulatedUsage(price, w, h)), 1), price.WorstCase(w, h)
-	ceiling := budget.MicroUSD(usd)
-	calls, note := scaled(ceiling/cost, r.scale)
-	if note != "" {
-		ceiling = calls * cost
-		note = fmt.Sprintf(" (tested scaled down, at %s: %s reads' worth)", dollars(ceiling), thousands(calls))
-	}
-	sent, reads, tail, err := r.brake(calls, func(c *app.Config) { set(c, float64(ceiling)/1e6) })
-	if err != nil {
-		return Result{}, err
-	}
-	spent := reads * cost
-	line := fmt.Sprintf("%s = %s%s: %s parallel requests, %s reads at %s, %s spent (a call's worst case %s), then %s",
-		key, strconv.FormatFloat(usd, 'f', -1, 64), note, thousands(sent), thousands(reads), dollars(cost), dollars(spent), dollars(worst), tail)
-	held := spent <= ceiling && spent+worst > ceiling && tail.held
-	return Result{Limit: key, Line: line, Held: held}, nil
 }
 
 // brake runs a budget ceiling's check on a service where only the ceiling
 // that set switches on can refuse: from users with no other limit, four
 // times the calls it allows (limit, at least one) in parallel, then one
-// at a time until the brake refuses. Reservations still in flight during
-// the burst may refuse a call the ceiling would have let through
-// (budget_busy); the top-up reaches the ceiling one request at a time.
-func (r *runner) brake(limit int64, set func(c *app.Config)) (sent, calls int64, tail refusals, err error) {
+// at a time until the brake refuses, at most most+1 more. Reservations
+// still in flight during the burst may refuse a call the ceiling would
+// have let through (budget_busy); the top-up reaches the ceiling one
+// request at a time.
+func (r *runner) brake(limit, most int64, set func(c *app.Config)) (sent int64, got reads, tail refusals, err error) {
 	s, _, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		set(c)
 		c.Limits.User = limiter.Config{}
 	})
 	if err != nil {
-		return 0, 0, refusals{}, err
+		return 0, nil, refusals{}, err
 	}
 	defer r.close(s)
 	keys, err := makeKeys(s, 8, selftestPlan)
 	if err != nil {
-		return 0, 0, refusals{}, err
+		return 0, nil, refusals{}, err
 	}
 	sent = 4 * max(limit, 1)
-	calls, tail = r.reach(s, keys, sent, limit, answer{http.StatusServiceUnavailable, "budget_paused"})
-	return sent, calls, tail, nil
-}
-
-// dollars is micro-dollars as dollars, to the micro-dollar.
-func dollars(micro int64) string {
-	return "$" + strconv.FormatFloat(float64(micro)/1e6, 'f', -1, 64)
+	got, tail = r.reach(s, keys, sent, most, answer{status: http.StatusServiceUnavailable, code: "budget_paused"})
+	return sent, got, tail, nil
 }
 
 // userRate checks limits.user with the service's clock: in each second
 // twice the burst in parallel, of which exactly the burst passes, until
 // the window holds rate requests and the next is refused; once the
 // window has moved past the first second, that second's requests may be
-// made again.
+// made again. The limit is enforced, also when the config has it in
+// shadow mode.
 func (r *runner) userRate() (Result, error) {
 	u := r.cfg.Limits.User.WithDefaults()
 	rate, note := scaled(int64(u.Rate), r.scale)
 	s, clk, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		c.Limits.User.Rate = int(rate)
+		c.Limits.User.Mode = limiter.ModeEnforce
 	})
 	if err != nil {
 		return Result{}, err
@@ -340,12 +339,16 @@ func (r *runner) userRate() (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	shadow := u.Shadow()
+	if shadow {
+		note = inShadow(note)
+	}
 	name := fmt.Sprintf("limits.user rate %d/%s burst %d%s", u.Rate, shortDuration(u.Window), u.Burst, note)
 	if rate == 0 { // burst only
 		got := r.fire(s, keys, 2*u.Burst)
 		passed := got.count(http.StatusOK, "")
 		return Result{Limit: "limits.user.burst", Held: passed == int64(u.Burst) && got.count(http.StatusTooManyRequests, "rate_limited") == int64(u.Burst),
-			Line: fmt.Sprintf("%s: %d parallel requests in one second, %d passed", name, 2*u.Burst, passed)}, nil
+			Line: fmt.Sprintf("%s: %d parallel requests in one second, %d passed", name, 2*u.Burst, passed), Shadow: shadow}, nil
 	}
 	step := rate // per second; the burst bounds it
 	if u.Burst > 0 && int64(u.Burst) < step {
@@ -393,30 +396,38 @@ func (r *runner) userRate() (Result, error) {
 	}
 	line := fmt.Sprintf("%s: %s (%s requests: %s passed in the window, then 429; %d again after %s)",
 		name, verdict, thousands(sent+2*first), thousands(passed), again, shortDuration(u.Window))
-	return Result{Limit: "limits.user", Line: line, Held: held}, nil
+	return Result{Limit: "limits.user", Line: line, Held: held, Shadow: shadow}, nil
 }
 
 // quota fires one and a half times a plan's monthly quota in parallel
 // from one user of that plan, with its daily line and the other limits
 // off: exactly the quota passes, and the rest gets 429 quota_exceeded.
 func (r *runner) quota(plan string) (Result, error) {
-	return r.planLimit(plan, "monthly_quota", r.cfg.Plans[plan].MonthlyQuota, "reads", "quota_exceeded",
+	return r.planLimit(plan, "monthly_quota", r.cfg.Plans[plan].MonthlyQuota, "reads", "quota_exceeded", false,
 		func(n int64) budget.Plan { return budget.Plan{MonthlyQuota: n} })
 }
 
 // dailyAttempts is quota's check for a plan's daily line, with the quota
-// out of reach.
+// out of reach and the line enforced, also when the config has it in
+// shadow mode.
 func (r *runner) dailyAttempts(plan string) (Result, error) {
-	return r.planLimit(plan, "daily_attempts", r.cfg.Plans[plan].DailyAttempts, "upstream calls", "daily_limit",
-		func(n int64) budget.Plan { return budget.Plan{MonthlyQuota: 1 << 40, DailyAttempts: n} })
+	p := r.cfg.Plans[plan]
+	return r.planLimit(plan, "daily_attempts", p.DailyAttempts, "upstream calls", "daily_limit", p.ShadowDaily(),
+		func(n int64) budget.Plan {
+			return budget.Plan{MonthlyQuota: 1 << 40, DailyAttempts: n, DailyMode: limiter.ModeEnforce}
+		})
 }
 
 // planLimit checks one of a plan's limits, key, configured at limit: on a
 // service where only that limit can refuse (the plan made by withLimit at
 // the scaled figure), one user's parallel requests get exactly that many
-// answers (counted as counted), then 429 code.
-func (r *runner) planLimit(plan, key string, limit int64, counted, code string, withLimit func(int64) budget.Plan) (Result, error) {
+// answers (counted as counted), then 429 code. shadow says the config
+// has the limit in shadow mode.
+func (r *runner) planLimit(plan, key string, limit int64, counted, code string, shadow bool, withLimit func(int64) budget.Plan) (Result, error) {
 	n, note := scaled(limit, r.scale)
+	if shadow {
+		note = inShadow(note)
+	}
 	s, _, err := r.service(func(c *app.Config) {
 		noCeilings(c)
 		c.Limits.User = limiter.Config{}
@@ -431,21 +442,24 @@ func (r *runner) planLimit(plan, key string, limit int64, counted, code string, 
 		return Result{}, err
 	}
 	sent := n + max(n/2, 10)
-	got, tail := r.reach(s, keys, sent, n, answer{http.StatusTooManyRequests, code})
+	passed, tail := r.reach(s, keys, sent, n, answer{status: http.StatusTooManyRequests, code: code})
+	got := passed.total()
 	line := fmt.Sprintf("plans.%s %s %s%s: %s parallel requests, %s %s, then %s",
 		plan, key, thousands(limit), note, thousands(sent), thousands(got), counted, tail)
-	return Result{Limit: "plans." + plan + "." + key, Line: line, Held: got == n && tail.held}, nil
+	return Result{Limit: "plans." + plan + "." + key, Line: line, Held: got == n && tail.held, Shadow: shadow}, nil
 }
 
 // failLimit checks the invite fail limit from two client addresses and
 // two e-mails: after fail_limit-1 wrong codes the right one is accepted;
 // after fail_limit wrong codes even the right one is refused, until the
-// cooldown has passed on the service's clock.
+// cooldown has passed on the service's clock. The limit is enforced, also
+// when [invites] is in shadow mode.
 func (r *runner) failLimit() (Result, error) {
 	iv := r.cfg.Invites
 	s, clk, err := r.service(func(c *app.Config) {
 		c.Invites.Rate, c.Invites.Window, c.Invites.Burst = limiter.MaxRate, time.Hour, limiter.MaxRate
 		c.Invites.GlobalFailPerHour = 1 << 30
+		c.Invites.Mode = limiter.ModeEnforce
 	})
 	if err != nil {
 		return Result{}, err
@@ -477,9 +491,13 @@ func (r *runner) failLimit() (Result, error) {
 	if st := try("198.51.100.2", "above@selftest.invalid", code); st != http.StatusOK && held {
 		held, why = false, fmt.Sprintf("; the right code after the cooldown got %d", st)
 	}
-	line := fmt.Sprintf("invites fail_limit %d: cooldown after %d, right code refused during it, accepted after %s%s",
-		iv.FailLimit, iv.FailLimit, shortDuration(iv.Cooldown), why)
-	return Result{Limit: "invites.fail_limit", Line: line, Held: held}, nil
+	note := ""
+	if iv.Shadow() {
+		note = inShadow("")
+	}
+	line := fmt.Sprintf("invites fail_limit %d%s: cooldown after %d, right code refused during it, accepted after %s%s",
+		iv.FailLimit, note, iv.FailLimit, shortDuration(iv.Cooldown), why)
+	return Result{Limit: "invites.fail_limit", Line: line, Held: held, Shadow: iv.Shadow()}, nil
 }
 
 // newClient is the selftest's HTTP client: at most parallel connections.
@@ -513,16 +531,18 @@ func (t refusals) String() string {
 // reach fires sent requests at once, then one at a time until an answer
 // is not a 200 (at most limit more), and returns the 200s: a limit that
 // holds gives exactly limit, and ends on want. A parallel request that
-// failed for another reason (busy, or slow on a loaded machine) leaves
-// room that the top-up takes, so only the limit decides the count.
-func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer) (int64, refusals) {
+// failed for another reason (busy) leaves room that the top-up takes, so
+// only the limit decides the count; one whose answer was lost is asked
+// again (see ocr).
+func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer) (reads, refusals) {
 	got := r.fire(s, keys, int(sent))
 	t := refusals{want: want, other: answers{}}
-	passed := got.count(http.StatusOK, "")
+	passed := reads{}
 	for a, n := range got {
-		switch a {
-		case answer{status: http.StatusOK}:
-		case want:
+		switch {
+		case a.status == http.StatusOK:
+			passed[a.model] += n
+		case a == want:
 			t.n += n
 		default:
 			t.other[a] += n
@@ -533,16 +553,30 @@ func (r *runner) reach(s Service, keys []string, sent, limit int64, want answer)
 		if t.final.status != http.StatusOK {
 			break
 		}
-		passed++
+		passed[t.final.model]++
 	}
 	t.held = t.final == want
 	return passed, t
 }
 
-// answer is one request's status and problem code.
+// reads counts 200s by the model the answer names.
+type reads map[string]int64
+
+// total is how many there are.
+func (rs reads) total() int64 {
+	var n int64
+	for _, c := range rs {
+		n += c
+	}
+	return n
+}
+
+// answer is one request's status, problem code, and for a 200 the
+// model the answer names.
 type answer struct {
 	status int
 	code   string
+	model  string
 }
 
 func (a answer) String() string {
@@ -586,17 +620,46 @@ func (r *runner) fire(s Service, keys []string, n int) answers {
 	return got
 }
 
-// ocr sends one read of an image not sent before.
+// ocr sends one read of an image not sent before, with an
+// Idempotency-Key of its own. A request left without an answer (a client
+// timeout on a loaded machine) may still have read, since a paid call
+// outlives its client: it is sent again with the same key until the
+// answer is known, the kept one if it read, so that no read goes
+// uncounted.
 func (r *runner) ocr(s Service, key string) answer {
-	img := sampleImage(int(r.images.Add(1)))
-	req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, s.URL()+"/v1/ocr", bytes.NewReader(img))
-	if err != nil {
-		return answer{code: err.Error()}
+	i := r.images.Add(1)
+	img, idem := sampleImage(int(i)), fmt.Sprintf("selftest-%d", i)
+	var a answer
+	for try := range maxTries {
+		if try > 0 {
+			select {
+			case <-r.ctx.Done():
+				return a
+			case <-time.After(retryWait):
+			}
+		}
+		req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, s.URL()+"/v1/ocr", bytes.NewReader(img))
+		if err != nil {
+			return answer{code: err.Error()}
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "image/png")
+		req.Header.Set("Idempotency-Key", idem)
+		a = r.do(req)
+		if a.status != 0 && a.code != "idempotency_key_in_use" {
+			return a
+		}
 	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "image/png")
-	return r.do(req)
+	return a
 }
+
+// maxTries is how many times ocr sends a request whose answer is not
+// known, retryWait the wait before each repeat: the Retry-After of
+// 409 idempotency_key_in_use.
+const (
+	maxTries  = 30
+	retryWait = time.Second
+)
 
 // verify sends one invite verification from ip and returns its status.
 func (r *runner) verify(s Service, ip, email, code string) int {
@@ -616,13 +679,14 @@ func (r *runner) do(req *http.Request) answer {
 		return answer{code: err.Error()}
 	}
 	defer resp.Body.Close()
-	a := answer{status: resp.StatusCode}
-	if resp.StatusCode != http.StatusOK {
-		var p struct {
-			Code string `json:"code"`
-		}
-		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&p)
-		a.code = p.Code
+	var p struct {
+		Code  string `json:"code"`
+		Model string `json:"model"`
+	}
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&p)
+	a := answer{status: resp.StatusCode, code: p.Code}
+	if resp.StatusCode == http.StatusOK {
+		a = answer{status: resp.StatusCode, model: p.Model}
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return a
