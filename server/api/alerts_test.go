@@ -89,7 +89,7 @@ func TestBrakeEngagedMailsOnceWithinMinInterval(t *testing.T) {
 	}
 	// The operator's mail names the ceiling, its value, the count, when it
 	// reopens and how to release it; the client's 503 named none of it.
-	for _, want := range []string{"ceiling: daily_requests = 1 call\r\n", "count: 1 call today\r\n", "reopens at: ", "config.toml [budget]"} {
+	for _, want := range []string{"ceiling: daily_requests = 1 call\r\n", "count: 1 call today, calls in flight included\r\n", "reopens at: ", "config.toml [budget]"} {
 		if !strings.Contains(msgs[0].Data, want) {
 			t.Errorf("alert e-mail lacks %q:\n%s", want, msgs[0].Data)
 		}

@@ -148,8 +148,11 @@ func (a *AdminClient) call(ctx context.Context, method, path string, in, out any
 	if err := dec.Decode(out); err != nil {
 		return fmt.Errorf("admin API at %s: %s %s: %w (%w)", a.base, method, path, ErrCutShort, err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	switch _, err := dec.Token(); {
+	case err == nil:
 		return fmt.Errorf("admin API at %s: %s %s: %w (more follows the answer)", a.base, method, path, ErrCutShort)
+	case !errors.Is(err, io.EOF):
+		return fmt.Errorf("admin API at %s: %s %s: %w (%w)", a.base, method, path, ErrCutShort, err)
 	}
 	return nil
 }
@@ -232,7 +235,9 @@ func (a *AdminClient) SetPlan(ctx context.Context, user, plan string) (UserInfo,
 // Usage reports usage for one user, or for all with user "".
 func (a *AdminClient) Usage(ctx context.Context, user string) ([]UsageInfo, error) {
 	var out []UsageInfo
-	err := a.call(ctx, http.MethodGet, "/api/usage?user="+url.QueryEscape(user), nil, &out)
+	every := *a // every user's usage is an answer of any length (18 MB for 100,000 users)
+	every.hc = a.streaming()
+	err := every.call(ctx, http.MethodGet, "/api/usage?user="+url.QueryEscape(user), nil, &out)
 	return out, notFoundAs(err, keys.ErrNotFound)
 }
 
