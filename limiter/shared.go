@@ -128,6 +128,10 @@ func (f *FailLimiter) beginShared(sh *shared[SharedFails], keys []string, now ti
 		return f.beginLocal(keys, now)
 	}
 	if r != nil {
+		// The memory's reads of an attempt begun, changing nothing: the
+		// refusal costs about what beginning costs, as in memory alone
+		// (EndRefused then reads what Fail reads).
+		f.readKeys(keys, now)
 		return nil, r
 	}
 	local, _ := f.beginLocal(keys, now) // this process's view, for a fallback
