@@ -48,7 +48,8 @@ type SharedFails interface {
 	// returns the keys whose cooldown a failure started, and whether the
 	// failure tripped the service-wide net (at most once an hour for
 	// every process). An OutcomeRelease with a zero begun ends no attempt
-	// and changes nothing, but costs what ending one costs: it is
+	// and changes nothing, but costs what ending a failed one costs (and
+	// a refusing Begin what a Begin that begins costs): it is
 	// [FailLimiter.EndRefused]'s, for an attempt Begin refused.
 	Finish(keys []string, outcome FailOutcome, cfg FailConfig, begun, now time.Time) (started []string, tripped bool, err error)
 	// Cooling lists the keys in a cooldown at now, sorted by key.
@@ -127,6 +128,10 @@ func (f *FailLimiter) beginShared(sh *shared[SharedFails], keys []string, now ti
 		return f.beginLocal(keys, now)
 	}
 	if r != nil {
+		// The memory's reads of an attempt begun, changing nothing: the
+		// refusal costs about what beginning costs, as in memory alone
+		// (EndRefused then reads what Fail reads).
+		f.readKeys(keys, now)
 		return nil, r
 	}
 	local, _ := f.beginLocal(keys, now) // this process's view, for a fallback

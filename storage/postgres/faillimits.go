@@ -42,38 +42,46 @@ func unixNano(t time.Time) int64 {
 
 // Begin starts an attempt on every key at now, or refuses it (bw_fail_begin).
 func (f *Fails) Begin(keys []string, cfg limiter.FailConfig, now time.Time) (*limiter.Refusal, error) {
-	cfg = cfg.WithDefaults()
-	var (
-		wait   int64
-		reason string
-	)
+	var r *limiter.Refusal
 	b := &pgx.Batch{}
-	b.Queue("SELECT wait, reason FROM bw_fail_begin($1, $2, $3, $4, $5, $6, $7, $8)",
-		f.name, keys, now.UnixNano(), now.Unix()/60, cfg.Limit, int64(cfg.Window), cfg.GlobalPerHour, int64(PendingTTL),
-	).QueryRow(func(row pgx.Row) error { return row.Scan(&wait, &reason) })
+	f.queueBegin(b, keys, cfg, now, &r)
 	if err := f.l.run(b); err != nil {
 		return nil, err
 	}
-	if wait <= 0 {
-		return nil, nil
-	}
-	return &limiter.Refusal{RetryAfter: time.Duration(wait), Reason: reason}, nil
+	return r, nil
+}
+
+// queueBegin queues Begin's call on b; *r is its refusal once b has run.
+func (f *Fails) queueBegin(b *pgx.Batch, keys []string, cfg limiter.FailConfig, now time.Time, r **limiter.Refusal) {
+	cfg = cfg.WithDefaults()
+	b.Queue("SELECT wait, reason FROM bw_fail_begin($1, $2, $3, $4, $5, $6, $7, $8)",
+		f.name, keys, now.UnixNano(), now.Unix()/60, cfg.Limit, int64(cfg.Window), cfg.GlobalPerHour, int64(PendingTTL),
+	).QueryRow(func(row pgx.Row) error {
+		var (
+			wait   int64
+			reason string
+		)
+		if err := row.Scan(&wait, &reason); err != nil {
+			return err
+		}
+		if wait > 0 {
+			*r = &limiter.Refusal{RetryAfter: time.Duration(wait), Reason: reason}
+		}
+		return nil
+	})
 }
 
 // Finish ends an attempt begun at begun with its outcome at now
-// (bw_fail_finish).
+// (bw_fail_finish). A release with a zero begun, an attempt Begin
+// refused (limiter.FailLimiter.EndRefused), does a failure's work and
+// changes nothing.
 func (f *Fails) Finish(keys []string, outcome limiter.FailOutcome, cfg limiter.FailConfig, begun, now time.Time) ([]string, bool, error) {
-	cfg = cfg.WithDefaults()
 	var (
 		started []string
 		tripped bool
 	)
 	b := &pgx.Batch{}
-	b.Queue("SELECT started, tripped FROM bw_fail_finish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-		f.name, keys, string(outcome), unixNano(begun), unixNano(now), now.Unix()/60,
-		cfg.Limit, int64(cfg.Window), int64(cfg.Cooldown), cfg.Backoff, int64(cfg.MaxCooldown), int64(limiter.BackoffMemory),
-		cfg.Decay, cfg.GlobalPerHour,
-	).QueryRow(func(row pgx.Row) error { return row.Scan(&started, &tripped) })
+	f.queueFinish(b, keys, outcome, cfg, begun, now, &started, &tripped)
 	if err := f.l.run(b); err != nil {
 		return nil, false, err
 	}
@@ -81,6 +89,18 @@ func (f *Fails) Finish(keys []string, outcome limiter.FailOutcome, cfg limiter.F
 		started = nil
 	}
 	return started, tripped, nil
+}
+
+// queueFinish queues Finish's call on b, which sets *started and
+// *tripped.
+func (f *Fails) queueFinish(b *pgx.Batch, keys []string, outcome limiter.FailOutcome, cfg limiter.FailConfig, begun, now time.Time,
+	started *[]string, tripped *bool) {
+	cfg = cfg.WithDefaults()
+	b.Queue("SELECT started, tripped FROM bw_fail_finish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+		f.name, keys, string(outcome), unixNano(begun), unixNano(now), now.Unix()/60,
+		cfg.Limit, int64(cfg.Window), int64(cfg.Cooldown), cfg.Backoff, int64(cfg.MaxCooldown), int64(limiter.BackoffMemory),
+		cfg.Decay, cfg.GlobalPerHour,
+	).QueryRow(func(row pgx.Row) error { return row.Scan(started, tripped) })
 }
 
 // Cooling lists the keys in a cooldown at now, sorted by key.
