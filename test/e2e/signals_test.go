@@ -98,8 +98,12 @@ func raceCeiling(ctx context.Context, t *testing.T, bin string, cfg harness.Conf
 		switch {
 		case a.Status == http.StatusOK:
 			ok++
+		case a.Status == 0:
+			// No answer reached the client (a connection reset on a
+			// loaded machine): nothing it was told, right or wrong.
+			t.Logf("no answer: %v", a.Err)
 		case a.Status != http.StatusServiceUnavailable || (a.Code != "budget_paused" && a.Code != "budget_busy"):
-			t.Errorf("answered %d %s at a ceiling, want 200 or the brake's 503", a.Status, a.Code)
+			t.Errorf("answered %d %s (%v) at a ceiling, want 200 or the brake's 503", a.Status, a.Code, a.Err)
 		}
 	}
 	if ok < 15 {

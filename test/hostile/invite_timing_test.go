@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -66,6 +67,12 @@ type verification struct{ code, ip, email string }
 // timingRounds or timingBudget: too busy a machine fails rather than
 // passing blind.
 func TestInviteTimingFromOutside(t *testing.T) {
+	if os.Getenv("BREAKWATER_TIMED") != "alone" {
+		// Inside the whole suite another package's load falls on
+		// whichever class is being sent, and the intervals do not close
+		// within the budget.
+		t.Skip("timed alone: .ci/run runs it after the suite with BREAKWATER_TIMED=alone")
+	}
 	const (
 		warmUp       = 200
 		step         = 1000
