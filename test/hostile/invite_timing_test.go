@@ -22,13 +22,16 @@ import (
 // fails TestInviteTimingFromOutside.
 const timingMargin = 5 * time.Microsecond
 
-// The pools of TestInviteTimingFromOutside: its fail limit, high enough
-// that a pool address and e-mail never reach it (each is sent about 40
-// failures at most), and the pools' sizes.
+// The addresses of TestInviteTimingFromOutside: its fail limit, and
+// how many addresses and e-mails each class has. A class sends its i-th
+// request from its (i mod timingSet)-th address and e-mail, so every
+// key, in a cooldown or not, is used again after timingSet rounds:
+// after about 80 failures at most (timingRounds plus the warm-up, over
+// timingSet), below the limit, and the limit's 100 failures and the
+// measured requests of a cooling address stay under the rate of 1,000.
 const (
 	timingFailLimit = 100
-	timingPool      = 1000 // addresses and e-mails that are not cooling down
-	timingCooling   = 32   // addresses in a cooldown (each 100 + 500 requests, under the rate of 1,000)
+	timingSet       = 100
 )
 
 // timingClass is one class of refused verification: what the i-th
@@ -60,7 +63,13 @@ type verification struct{ code, ip, email string }
 // addresses and e-mails seen before (a new address costs the fail limit
 // a new entry, whatever the code), and each class sends the same few
 // codes again, as a guesser who wants to know whether a code exists does
-// (a code sent again finds its records in the CPU's caches).
+// (a code sent again finds its records in the CPU's caches). Each class
+// has addresses and e-mails of its own, as many as any other's, each
+// used once every timingSet rounds, so that they are alike warm in the
+// server's caches: when the two cooldown classes shared 32 addresses
+// among themselves, used twice a round, while the others drew from a
+// pool of 1,000, the cooldown classes were answered 3 to 7µs sooner on a
+// busy machine, their addresses' state being in the caches.
 //
 // Rounds are added until every class's interval lies within
 // ±timingMargin (pass), or one lies wholly beyond it (fail), or after
@@ -144,45 +153,53 @@ func (e *env) timingClasses(c *http.Client) []timingClass {
 	e.t.Helper()
 	existing := e.refusedInvites()
 	right, _ := e.createInvite(1_000_000, "", "note 93")
-	for range 20 { // valid invites, never sent: the stand-ins of unknown codes
-		e.createInvite(5, "", "valid")
+	for i := range 20 { // valid invites, never sent: the stand-ins of unknown codes
+		e.createInvite(5, "", fmt.Sprintf("note %02d", i))
 	}
 	unknown := []string{invites.NewCode(), invites.NewCode(), invites.NewCode()}
-	pool := func(i int) (ip, email string) {
-		return fmt.Sprintf("10.1.%d.%d", i/250, i%250), fmt.Sprintf("p%d@example.com", i)
+	// The sets: 0 to 3 for the classes outside a cooldown, 4 for the
+	// e-mails of "cooldown" (its addresses are set 5's), 5 and 6 cooling
+	// down, address and e-mail together.
+	const seen, sets = 5, 7
+	key := func(set, i int) (ip, email string) {
+		i %= timingSet
+		return fmt.Sprintf("10.%d.%d.%d", set, i/250, i%250), fmt.Sprintf("s%d-%d@example.com", set, i)
 	}
-	for i := range timingPool { // the pool is seen before it is measured
-		ip, email := pool(i)
-		e.timeVerify(c, verification{unknown[0], ip, email})
-	}
-	cooling := func(i int) (ip, email string) {
-		return fmt.Sprintf("203.0.113.%d", i+1), fmt.Sprintf("cool%d@example.com", i)
-	}
-	for i := range timingCooling {
-		ip, email := cooling(i)
-		for range timingFailLimit {
-			e.timeVerify(c, verification{unknown[1], ip, email})
+	// Every key is made, and the cooling ones fail, in one interleaved
+	// order, so that no set's state lies apart in memory from another's:
+	// state made later (when the cooldowns were made after the others')
+	// was measurably slower to reach.
+	for rep := range timingFailLimit {
+		for i := range timingSet {
+			for set := range sets {
+				ip, email := key(set, i)
+				switch {
+				case set >= seen: // cooling down after timingFailLimit failures
+					e.timeVerify(c, verification{unknown[1], ip, email})
+				case rep == 0: // seen before they are measured
+					e.timeVerify(c, verification{unknown[0], ip, email})
+				}
+			}
 		}
 	}
-	next := 0
-	fromPool := func(code string) verification {
-		next++
-		ip, email := pool(next % timingPool)
-		return verification{code, ip, email}
+	from := func(set int, code func(i int) string) func(int) verification {
+		return func(i int) verification {
+			ip, email := key(set, i)
+			return verification{code(i), ip, email}
+		}
 	}
+	always := func(code string) func(int) string { return func(int) string { return code } }
 	return []timingClass{
-		{"unknown", func(i int) verification { return fromPool(unknown[i%len(unknown)]) }},
-		{"expired", func(int) verification { return fromPool(existing[0]) }},
-		{"used up", func(int) verification { return fromPool(existing[1]) }},
-		{"revoked", func(int) verification { return fromPool(existing[2]) }},
+		{"unknown", from(0, func(i int) string { return unknown[i%len(unknown)] })},
+		{"expired", from(1, always(existing[0]))},
+		{"used up", from(2, always(existing[1]))},
+		{"revoked", from(3, always(existing[2]))},
 		{"cooldown", func(i int) verification {
-			ip, _ := cooling(i % timingCooling)
-			return verification{right, ip, fromPool("").email}
-		}},
-		{"cooldown again", func(i int) verification {
-			ip, email := cooling(i % timingCooling)
+			ip, _ := key(5, i)
+			_, email := key(4, i)
 			return verification{right, ip, email}
 		}},
+		{"cooldown again", from(sets-1, always(right))},
 	}
 }
 
