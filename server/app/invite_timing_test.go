@@ -109,11 +109,20 @@ func TestInviteRefusalsTakeAlike(t *testing.T) {
 // (expired, used up, revoked) are timed on bolt; on PostgreSQL their
 // lookup is one statement of one shape
 // (TestCheckInviteMissDoesTheWorkOfAHit). About 45 s, under -race too.
+//
+// The cooldown sent again with its own e-mail is not timed here: this
+// harness gives that class 16 addresses and e-mails, each sent again
+// every 16 rounds, against 500 for an unknown code, and on PostgreSQL
+// rows written that often are answered from hot pages (measured 15µs
+// sooner, alone); the real binary's test (test/hostile), whose classes
+// have keys of their own used alike, found the same bias on bolt and none
+// in the server. Its work in the database is counted exactly instead
+// (storage/postgres TestFailsRefusalDoesTheWorkOfAFailure).
 func TestInviteRefusalsTakeAlikeOnPostgres(t *testing.T) {
 	timedAlone(t)
 	a, classes := alikeApp(t, "postgres")
 	classes = slices.DeleteFunc(classes, func(c refusalClass) bool {
-		return c.name != "unknown" && c.name != "cooldown" && c.name != "cooldown again"
+		return c.name != "unknown" && c.name != "cooldown"
 	})
 	judgeAlike(t, classes, timeAlike(t, a, classes, 5000), pgRefusalMargin)
 }
