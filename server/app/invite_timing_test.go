@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"breakwater/server/invites"
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
+	"breakwater/test/harness"
 )
 
 // refusalMargin is how far apart two classes of invite refusal may lie
@@ -162,9 +162,9 @@ func judgeAlike(t *testing.T, classes []refusalClass, times [][]float64, within 
 		for i := range diffs {
 			diffs[i] = times[k][i] - times[0][i]
 		}
-		d, lo, hi := medianWithInterval(diffs)
+		d, lo, hi := harness.MedianInterval(diffs)
 		t.Logf("%-14s the rounds' difference from an unknown code %+6.2fµs, 95%% interval [%+6.2f, %+6.2f]µs (medians %.1fµs and %.1fµs)",
-			classes[k].name, d/1e3, lo/1e3, hi/1e3, medianOf(times[k])/1e3, medianOf(times[0])/1e3)
+			classes[k].name, d/1e3, lo/1e3, hi/1e3, harness.Median(times[k])/1e3, harness.Median(times[0])/1e3)
 		if lo > margin || hi < -margin {
 			t.Errorf("%s is answered %+.2fµs from an unknown code (95%% interval [%+.2f, %+.2f]µs), beyond ±%v",
 				classes[k].name, d/1e3, lo/1e3, hi/1e3, within)
@@ -315,24 +315,4 @@ func sendVerify(t *testing.T, a *App, client *http.Client, v verifyCall) (int, t
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode, time.Since(begin)
-}
-
-// medianOf returns the median of v, which it leaves alone.
-func medianOf(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// medianWithInterval returns the median of v and its distribution-free
-// 95% interval: the order statistics n/2 ± 1.96·√n/2 (the sign test's).
-func medianWithInterval(v []float64) (m, lo, hi float64) {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	half := int(math.Ceil(1.96 * math.Sqrt(float64(n)) / 2))
-	return medianOf(s), s[max(0, n/2-half)], s[min(n-1, (n-1)/2+half)]
 }

@@ -19,14 +19,7 @@ import (
 // it is absent.
 func metricValue(t *testing.T, adminAddr, token, series string) float64 {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+adminAddr+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body := adminPage(t, adminAddr, token, "/metrics")
 	for _, line := range strings.Split(string(body), "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
@@ -37,6 +30,23 @@ func metricValue(t *testing.T, adminAddr, token, series string) float64 {
 		}
 	}
 	return 0
+}
+
+// adminPage reads path from the admin listener with token.
+func adminPage(t *testing.T, adminAddr, token, path string) []byte {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+adminAddr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
 }
 
 // With rate = 2 in shadow mode, ten quick requests all pass and the

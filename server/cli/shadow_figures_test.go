@@ -3,7 +3,6 @@ package cli_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -68,14 +67,7 @@ mode = "shadow"
 // dashboardShadow reads the dashboard's shadow table: layer -> count.
 func dashboardShadow(t *testing.T, adminAddr, token string) map[string]int64 {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+adminAddr+"/", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	page, _ := io.ReadAll(resp.Body)
+	page := adminPage(t, adminAddr, token, "/")
 	table := regexp.MustCompile(`(?s)<table id="shadow">(.*?)</table>`).FindSubmatch(page)
 	if table == nil {
 		t.Fatalf("the dashboard has no shadow table:\n%s", page)

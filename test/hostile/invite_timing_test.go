@@ -6,15 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
 	"breakwater/server/invites"
+	"breakwater/test/harness"
 )
 
 // timingMargin is how far apart two classes of invite refusal may lie:
@@ -136,9 +135,9 @@ func judgeTiming(t *testing.T, classes []timingClass, times [][]float64) (within
 		for i := range diffs {
 			diffs[i] = times[k][i] - times[0][i]
 		}
-		d, lo, hi := medianInterval(diffs)
+		d, lo, hi := harness.MedianInterval(diffs)
 		t.Logf("%d rounds: %-14s median %6.1fµs (unknown %6.1fµs), the rounds' difference %+6.2fµs, 95%% interval [%+6.2f, %+6.2f]µs",
-			len(diffs), classes[k].name, median(times[k])/1e3, median(times[0])/1e3, d/1e3, lo/1e3, hi/1e3)
+			len(diffs), classes[k].name, harness.Median(times[k])/1e3, harness.Median(times[0])/1e3, d/1e3, lo/1e3, hi/1e3)
 		if lo > margin || hi < -margin {
 			beyond = classes[k].name
 		}
@@ -290,24 +289,4 @@ func (e *env) adminPost(path string, body, out any) int {
 		}
 	}
 	return resp.StatusCode
-}
-
-// median returns the median of v, which it leaves alone.
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// medianInterval returns the median of v and its distribution-free 95%
-// interval: the order statistics n/2 ± 1.96·√n/2 (the sign test's).
-func medianInterval(v []float64) (m, lo, hi float64) {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	half := int(math.Ceil(1.96 * math.Sqrt(float64(n)) / 2))
-	return median(s), s[max(0, n/2-half)], s[min(n-1, (n-1)/2+half)]
 }
