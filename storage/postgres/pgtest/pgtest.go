@@ -7,6 +7,7 @@
 package pgtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -58,7 +59,7 @@ func ServerURL(t testing.TB) string {
 			serverURL = u
 			return
 		}
-		c, err := startCluster()
+		c, err := startCluster(Options{})
 		if err != nil {
 			serverErr = err
 			return
@@ -126,6 +127,7 @@ type Cluster struct {
 	bin, dir string
 	port     int
 	cred     *syscall.Credential
+	opts     Options
 
 	mu  sync.Mutex
 	srv *exec.Cmd
@@ -135,7 +137,29 @@ type Cluster struct {
 // its server; it is removed when t ends.
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
-	c, err := startCluster()
+	return NewClusterWith(t, Options{})
+}
+
+// Options shape a cluster of a test's own: where it listens and the
+// server settings a test of replication, TLS or connection limits needs.
+type Options struct {
+	// Listen is the server's listen_addresses. Default 127.0.0.1.
+	Listen string
+	// Settings are more server settings, "name=value" each, given as -c
+	// flags after the defaults (a later one wins).
+	Settings []string
+	// Init, when set, runs after initdb and before the first start, with
+	// the data folder (pg_hba.conf, certificates, a base backup).
+	Init func(data string) error
+	// NoInitdb leaves the data folder empty for Init to fill (a standby's
+	// base backup).
+	NoInitdb bool
+}
+
+// NewClusterWith is NewCluster with options.
+func NewClusterWith(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	c, err := startCluster(opts)
 	if err != nil {
 		t.Fatalf("pgtest: PostgreSQL is needed and could not be started (install Debian's postgresql): %v", err)
 	}
@@ -148,7 +172,7 @@ func (c *Cluster) URL(name string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, name)
 }
 
-func startCluster() (*Cluster, error) {
+func startCluster(opts Options) (*Cluster, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -157,16 +181,23 @@ func startCluster() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, dir: dir}
+	c := &Cluster{bin: bin, dir: dir, opts: opts}
 	if c.cred, err = credential(dir); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	if !opts.NoInitdb {
+		initdb := c.Command("initdb", "-D", c.Data(), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+		if out, err := initdb.CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("initdb: %v: %s", err, out)
+		}
+	}
+	if opts.Init != nil {
+		if err := opts.Init(c.Data()); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("pgtest: prepare the cluster: %w", err)
+		}
 	}
 	if c.port, err = freePort(); err != nil {
 		os.RemoveAll(dir)
@@ -186,8 +217,12 @@ func (c *Cluster) Start() error {
 	if c.srv != nil {
 		return nil
 	}
-	srv := exec.Command(filepath.Join(c.bin, "postgres"), "-D", filepath.Join(c.dir, "data"), "-p", strconv.Itoa(c.port), "-k", c.dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300")
+	args := []string{"-D", c.Data(), "-p", strconv.Itoa(c.port), "-k", c.dir,
+		"-c", "listen_addresses=" + cmp.Or(c.opts.Listen, "127.0.0.1"), "-c", "max_connections=300"}
+	for _, s := range c.opts.Settings {
+		args = append(args, "-c", s)
+	}
+	srv := exec.Command(filepath.Join(c.bin, "postgres"), args...)
 	srv.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
 	logf, err := os.OpenFile(filepath.Join(c.dir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -284,7 +319,38 @@ func freePort() (int, error) {
 
 // Start starts a throwaway cluster outside a test (a benchmark harness,
 // say); the caller removes it with Remove. Its server dies with the caller.
-func Start() (*Cluster, error) { return startCluster() }
+func Start() (*Cluster, error) { return startCluster(Options{}) }
+
+// Port is the cluster's port, Dir its folder (the server's socket is
+// there), Data its data folder.
+func (c *Cluster) Port() int { return c.port }
+
+// Dir is the cluster's folder, owned by the server's user.
+func (c *Cluster) Dir() string { return c.dir }
+
+// Data is the cluster's data folder.
+func (c *Cluster) Data() string { return filepath.Join(c.dir, "data") }
+
+// Command is one of the server's programs (pg_ctl, pg_basebackup, psql),
+// run as the server's user.
+func (c *Cluster) Command(program string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(c.bin, program), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	return cmd
+}
+
+// Kill kills the server with SIGKILL, as a crash of its host would, and
+// waits for it; Start runs it again.
+func (c *Cluster) Kill() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.srv == nil {
+		return
+	}
+	_ = syscall.Kill(-c.srv.Process.Pid, syscall.SIGKILL) // its backends too
+	_ = c.srv.Wait()
+	c.srv = nil
+}
 
 // Remove stops the cluster's server and deletes its folder.
 func (c *Cluster) Remove() { c.remove() }
