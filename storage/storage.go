@@ -26,7 +26,9 @@ package storage
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -226,7 +228,7 @@ type Options struct {
 
 // Bucket names. Every bucket is created at Open.
 var (
-	bucketMeta      = []byte("meta")       // schema_version -> uint64
+	bucketMeta      = []byte("meta")       // schema_version -> uint64, database_id -> hex
 	bucketUsers     = []byte("users")      // user id -> JSON User
 	bucketKeys      = []byte("keys")       // key id -> JSON Key
 	bucketKeyHashes = []byte("key_hashes") // sha-256 hash -> key id
@@ -258,6 +260,11 @@ var (
 	}
 
 	keySchemaVersion = []byte("schema_version")
+	// keyDatabaseID is the database's identity, 16 random bytes in hex
+	// given at its first open for writing: a copy (a backup) keeps it,
+	// which is how a migration into PostgreSQL knows a file it has taken
+	// figures from before (ID).
+	keyDatabaseID = []byte("database_id")
 )
 
 // What DB implements of the interfaces the deciding packages declare: a
@@ -461,6 +468,13 @@ func prepare(bdb *bbolt.DB, logger *slog.Logger) (uint64, error) {
 			done = append(done, applied{m, attrs})
 		}
 		meta := tx.Bucket(bucketMeta)
+		if meta.Get(keyDatabaseID) == nil {
+			var id [16]byte
+			_, _ = rand.Read(id[:])
+			if err := meta.Put(keyDatabaseID, []byte(hex.EncodeToString(id[:]))); err != nil {
+				return fmt.Errorf("database id: %w", err)
+			}
+		}
 		if bytes.Equal(meta.Get(keySchemaVersion), encodeUint64(SchemaVersion)) {
 			return nil
 		}
@@ -476,6 +490,18 @@ func prepare(bdb *bbolt.DB, logger *slog.Logger) (uint64, error) {
 		logger.Info("database migrated", append([]any{"schema_version", d.m.to, "what", d.m.what}, d.attrs...)...)
 	}
 	return SchemaVersion, nil
+}
+
+// ID is the database's identity: given at its first open for writing,
+// kept by every copy of the file. "" for a file no Breakwater with IDs
+// has opened for writing yet.
+func (db *DB) ID() (string, error) {
+	var id string
+	err := db.view(func(tx *bbolt.Tx) error {
+		id = string(tx.Bucket(bucketMeta).Get(keyDatabaseID))
+		return nil
+	})
+	return id, err
 }
 
 // errStop ends a ForEach early.

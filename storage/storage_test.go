@@ -350,3 +350,68 @@ func TestClosed(t *testing.T) {
 		})
 	}
 }
+
+// A database has an identity from its first open for writing; reopening
+// and a backup's copy keep it, and another database has another. A file
+// from before identities has none until it is opened for writing.
+func TestDatabaseIDIsKeptByCopies(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "a.db")
+	db, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := db.ID()
+	if err != nil || len(id) != 32 {
+		t.Fatalf("new database's id %q (%v), want 32 hex digits", id, err)
+	}
+	copyPath := filepath.Join(dir, "copy.db")
+	f, err := os.Create(copyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Backup(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// A file from before identities: the key removed.
+	if err := db.update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyDatabaseID) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	for _, p := range []string{copyPath} {
+		ro, err := Open(p, Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := ro.ID(); got != id {
+			t.Errorf("%s: id %q, want the original's %q", p, got, id)
+		}
+		ro.Close()
+	}
+	ro, err := Open(path, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := ro.ID(); got != "" {
+		t.Errorf("a file without an id read only: %q, want none (a read-only open writes nothing)", got)
+	}
+	ro.Close()
+	rw, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := rw.ID()
+	rw.Close()
+	if len(again) != 32 || again == id {
+		t.Errorf("the old file's new id %q: want a new one", again)
+	}
+	other, err := Open(filepath.Join(dir, "b.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if got, _ := other.ID(); got == id || got == again {
+		t.Errorf("another database shares the id %q", got)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.etcd.io/bbolt"
 
 	"breakwater/budget"
 	"breakwater/server/guard/state"
@@ -85,6 +86,16 @@ func TestMigrateFromBolt(t *testing.T) {
 	now := time.Now().UTC()
 	boltPath := filepath.Join(dir, "old.db")
 	secret := boltToMigrate(t, boltPath, now)
+	// A file written before bolt files had an identity: migrate gives it
+	// one, with which a rerun knows what it brought.
+	raw, err := bbolt.Open(boltPath, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Update(func(tx *bbolt.Tx) error { return tx.Bucket([]byte("meta")).Delete([]byte("database_id")) }); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
 	url := pgtest.NewDatabase(t)
 	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
 	env := envFrom(map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": secret})
@@ -163,6 +174,141 @@ func checkMigrated(t *testing.T, url string, now time.Time) {
 	}
 	if on, err := db.Flag(state.BrakeFlag); err != nil || !on {
 		t.Errorf("brake: %v, %v; want on", on, err)
+	}
+}
+
+// boltRead records one more paid read of user's in the bolt database at
+// path as its server would (a lease, then a usage row that settles it).
+func boltRead(t *testing.T, path, user string, now time.Time) {
+	t.Helper()
+	db, err := storage.Open(path, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, day, month := context.Background(), budget.DayKey(now, time.UTC), budget.MonthKey(now, time.UTC)
+	if err := db.Lease(ctx, day, 1, 1000); err != nil {
+		t.Fatal(err)
+	}
+	rec := budget.UsageRecord{Time: now, UserID: user, KeyID: "key_" + user, RequestID: "req-later", Model: "gemini-3.5-flash-lite", CostMicroUSD: 700}
+	if err := db.RecordUsage(ctx, month, rec, budget.Settlement{Day: day, ActualMicroUSD: 700, Leased: true, LeasedMicroUSD: 1000}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// moneyIn is what PostgreSQL counts of today: the ledger day (calls,
+// spend, settled), its month's spend, each user's quota count and the
+// usage rows.
+type moneyIn struct {
+	Calls, MicroUSD, Settled, SettledCalls, MonthMicroUSD int64
+	Quota                                                 map[string]int64
+	Rows                                                  int64
+}
+
+func moneyOf(t *testing.T, url string, now time.Time) moneyIn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	day, month := budget.DayKey(now, time.UTC), budget.MonthKey(now, time.UTC)
+	var m moneyIn
+	err = conn.QueryRow(ctx, `SELECT coalesce(max(calls), 0), coalesce(max(micro_usd), 0), coalesce(max(settled_micro_usd), 0), coalesce(max(settled_calls), 0),
+		(SELECT coalesce(max(micro_usd), 0) FROM ledger_months WHERE month = $2), (SELECT count(*) FROM usage_rows WHERE day = $1)
+		FROM ledger_days WHERE day = $1`, day, month).Scan(&m.Calls, &m.MicroUSD, &m.Settled, &m.SettledCalls, &m.MonthMicroUSD, &m.Rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := conn.Query(ctx, "SELECT user_id, used FROM quota_counts WHERE month = $1", month)
+	m.Quota = map[string]int64{}
+	var user string
+	var used int64
+	_, err = pgx.ForEachRow(rows, []any{&user, &used}, func() error { m.Quota[user] = used; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// migrate into a database an instance has already served from on the
+// bolt file's day: by default it refuses before copying anything, naming
+// the day and the users both count; with --merge it adds the bolt file's
+// spend and quota counts to the instance's once, and a rerun adds nothing;
+// reads the bolt file served since are added by the next run.
+func TestMigrateIntoADatabaseInUse(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now().UTC()
+	boltPath := filepath.Join(dir, "old.db")
+	secret := boltToMigrate(t, boltPath, now) // alice: 3 reads, 2100 µ$
+	url := pgtest.NewDatabase(t)
+	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n[budget]\ntimezone = \"UTC\"\n")
+	vars := map[string]string{postgres.EnvURL: url, "BREAKWATER_SECRET": secret}
+	env := envFrom(vars)
+	serveReads(t, cfg, vars, map[string]int{"alice": 2, "dave": 1}) // an instance served alice and dave today
+	served := moneyOf(t, url, now)
+	if served.Calls != 3 || served.MicroUSD == 0 || served.Settled != served.MicroUSD || served.Quota["alice"] != 2 || served.Rows != 3 {
+		t.Fatalf("the instance's figures: %+v", served)
+	}
+	migrate := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"migrate", "--from", boltPath, "--config", cfg}, args...), env, &out, &errOut)
+		return out.String() + errOut.String(), err
+	}
+
+	out, err := migrate()
+	if err == nil {
+		t.Fatalf("migrate into a database in use: no refusal\n%s", out)
+	}
+	day := budget.DayKey(now, time.UTC)
+	for _, want := range []string{"the ledger of " + day, "quota counts of alice", "--merge"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "dave") {
+		t.Errorf("the refusal names dave, whom the bolt file does not count: %v", err)
+	}
+	if got := moneyOf(t, url, now); got.Calls != served.Calls || got.Rows != served.Rows || got.Quota["alice"] != 2 {
+		t.Errorf("the refused migration wrote: %+v", got)
+	}
+	var keys int
+	if conn, err := pgx.Connect(context.Background(), url); err == nil {
+		_ = conn.QueryRow(context.Background(), "SELECT count(*) FROM api_keys").Scan(&keys)
+		conn.Close(context.Background())
+	}
+	if keys != 2 {
+		t.Errorf("the refused migration copied keys: %d, want the instance's 2", keys)
+	}
+
+	// The bolt file's 3 reads of alice's at 700 µ$, added to the instance's.
+	plus := func(m moneyIn, calls, microUSD, alice int64) moneyIn {
+		return moneyIn{Calls: m.Calls + calls, MicroUSD: m.MicroUSD + microUSD, Settled: m.Settled + microUSD, SettledCalls: m.SettledCalls + calls,
+			MonthMicroUSD: m.MonthMicroUSD + microUSD, Quota: map[string]int64{"alice": m.Quota["alice"] + alice, "dave": m.Quota["dave"]}, Rows: m.Rows + calls}
+	}
+	want := plus(served, 3, 2100, 3)
+	for i, args := range [][]string{{"--merge"}, {"--merge"}, nil} {
+		out, err := migrate(args...)
+		if err != nil {
+			t.Fatalf("run %d %v: %v\n%s", i+1, args, err, out)
+		}
+		if got := moneyOf(t, url, now); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("after run %d %v PostgreSQL counts\n%+v\nwant\n%+v\n%s", i+1, args, got, want, out)
+		}
+		if i > 0 && regexp.MustCompile(`[1-9]\d* copied`).MatchString(out) {
+			t.Errorf("run %d %v added again:\n%s", i+1, args, out)
+		}
+	}
+
+	// The bolt file serves one more read of alice's: the next run adds it.
+	boltRead(t, boltPath, "alice", now.Add(-time.Minute))
+	if out, err := migrate(); err != nil {
+		t.Fatalf("migrate after the bolt file served again: %v\n%s", err, out)
+	}
+	want = plus(served, 4, 2800, 4)
+	if got := moneyOf(t, url, now); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after the bolt file served once more PostgreSQL counts\n%+v\nwant\n%+v", got, want)
 	}
 }
 

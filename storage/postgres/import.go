@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +15,8 @@ import (
 
 // The import of a bolt database (`breakwater migrate --from`): each call
 // stores records as they are, leaves alone what is already stored, and
-// reports how many it added, so that a second copy copies nothing twice.
+// reports how many it added, so that a second copy copies nothing twice;
+// the money's figures are added to, not left alone (ImportLedger).
 // Each runs in one transaction; nothing here notifies the instances, since
 // they are stopped during a migration.
 
@@ -93,31 +95,125 @@ func (db *DB) ImportUsage(ctx context.Context, rows []budget.UsageRecord, cal *b
 	})
 }
 
-// ImportQuotas stores month's quota counts of the users that have none.
-func (db *DB) ImportQuotas(ctx context.Context, month string, used map[string]int64) (int, error) {
+// The money a bolt database brings (its ledger days and quota counts) is
+// added to what the database holds, not skipped where a day or a user's
+// month is already there: instances may have served that day already, and
+// a skipped figure is spend the ceilings no longer see. Each source (a
+// bolt file's database_id) is recorded with what it added
+// (imported_days, imported_quotas) in the transaction that adds it, so a
+// rerun adds nothing and a file that served more since adds the rest; a
+// figure lower than recorded (an older copy of the same file) adds
+// nothing, never takes away.
+
+// Overlap is what a database already holds of a source's figures, not
+// brought by that source: the days and users a merge would add to.
+type Overlap struct {
+	Days  []string     // ledger days with spend or calls
+	Users []MonthUsers // quota counts of the same months
+}
+
+// MonthUsers are a month's users with a quota count.
+type MonthUsers struct {
+	Month string
+	Users []string
+}
+
+// Empty reports whether nothing overlaps.
+func (o Overlap) Empty() bool { return len(o.Days) == 0 && len(o.Users) == 0 }
+
+// ImportOverlap finds the days of days and, month by month, the users of
+// quotas for which the database holds figures that source did not bring.
+func (db *DB) ImportOverlap(ctx context.Context, source string, days []budget.LedgerDay, quotas map[string]map[string]int64) (Overlap, error) {
+	var o Overlap
+	names := make([]string, len(days))
+	for i, d := range days {
+		names[i] = d.Day
+	}
+	rows, err := db.pool.Query(ctx, `SELECT l.day FROM ledger_days l
+		WHERE l.day = ANY($1) AND (l.calls > 0 OR l.micro_usd > 0)
+		  AND NOT EXISTS (SELECT 1 FROM imported_days i WHERE i.source = $2 AND i.day = l.day)
+		ORDER BY l.day`, names, source)
+	if err != nil {
+		return o, fmt.Errorf("import overlap: %w", err)
+	}
+	if o.Days, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		return o, fmt.Errorf("import overlap: %w", err)
+	}
+	months := make([]string, 0, len(quotas))
+	for m := range quotas {
+		months = append(months, m)
+	}
+	slices.Sort(months)
+	for _, month := range months {
+		users := make([]string, 0, len(quotas[month]))
+		for u, n := range quotas[month] {
+			if n > 0 {
+				users = append(users, u)
+			}
+		}
+		rows, err := db.pool.Query(ctx, `SELECT q.user_id FROM quota_counts q
+			WHERE q.month = $1 AND q.user_id = ANY($2) AND q.used > 0
+			  AND NOT EXISTS (SELECT 1 FROM imported_quotas i WHERE i.source = $3 AND i.month = q.month AND i.user_id = q.user_id)
+			ORDER BY q.user_id`, month, users, source)
+		if err != nil {
+			return o, fmt.Errorf("import overlap: %w", err)
+		}
+		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return o, fmt.Errorf("import overlap: %w", err)
+		}
+		if len(found) > 0 {
+			o.Users = append(o.Users, MonthUsers{Month: month, Users: found})
+		}
+	}
+	return o, nil
+}
+
+// ImportQuotas adds to month's quota counts what source's counts hold
+// beyond what it added before, and returns how many users' counts grew.
+func (db *DB) ImportQuotas(ctx context.Context, source, month string, used map[string]int64) (int, error) {
 	users, counts := make([]string, 0, len(used)), make([]int64, 0, len(used))
 	for u, n := range used {
 		users, counts = append(users, u), append(counts, n)
 	}
-	return db.importRows(ctx, "quotas", len(users), func(lo, hi int) (string, []any) {
-		return `INSERT INTO quota_counts (user_id, month, used)
-			SELECT u, $2, n FROM unnest($1::text[], $3::bigint[]) AS q (u, n) ON CONFLICT DO NOTHING`,
-			[]any{users[lo:hi], month, counts[lo:hi]}
+	return db.importRowsOf(ctx, source, "quotas", len(users), func(lo, hi int) (string, []any) {
+		return `WITH src AS (
+				SELECT s.user_id, s.used, greatest(s.used - coalesce(i.used, 0), 0) AS more
+				FROM unnest($1::text[], $2::bigint[]) AS s (user_id, used)
+				LEFT JOIN imported_quotas i ON i.source = $3 AND i.month = $4 AND i.user_id = s.user_id),
+			noted AS (
+				INSERT INTO imported_quotas (source, month, user_id, used) SELECT $3, $4, user_id, used FROM src
+				ON CONFLICT (source, month, user_id) DO UPDATE SET used = greatest(imported_quotas.used, excluded.used))
+			INSERT INTO quota_counts AS q (user_id, month, used) SELECT user_id, $4, more FROM src WHERE more > 0
+			ON CONFLICT (user_id, month) DO UPDATE SET used = q.used + excluded.used`,
+			[]any{users[lo:hi], counts[lo:hi], source, month}
 	})
 }
 
-// ImportLedger stores the ledger's days that are not stored yet, each with
-// its settled costs (settled by day), and adds each new day's spend to its
-// month.
-func (db *DB) ImportLedger(ctx context.Context, days []budget.LedgerDay, settled map[string]int64) (int, error) {
-	return db.importBatch(ctx, "ledger days", len(days), func(b *pgx.Batch, i int) {
+// ImportLedger adds to the ledger's days, each with its settled cost
+// (settled by day), and to their months, what source's days hold beyond
+// what it added before, and returns how many days grew.
+func (db *DB) ImportLedger(ctx context.Context, source string, days []budget.LedgerDay, settled map[string]int64) (int, error) {
+	return db.importBatchOf(ctx, source, "ledger days", len(days), func(b *pgx.Batch, i int) {
 		d := days[i]
-		b.Queue(`WITH added AS (
-				INSERT INTO ledger_days (day, calls, micro_usd, settled_micro_usd, settled_calls) VALUES ($1, $2, $3, $4, $2)
-				ON CONFLICT DO NOTHING RETURNING micro_usd)
-			INSERT INTO ledger_months (month, micro_usd) SELECT $5, micro_usd FROM added
-			ON CONFLICT (month) DO UPDATE SET micro_usd = ledger_months.micro_usd + excluded.micro_usd`,
-			d.Day, d.Requests, d.SpendMicroUSD, settled[d.Day], d.Day[:len("2006-01")])
+		b.Queue(`WITH before AS (
+				SELECT coalesce(max(calls), 0) AS calls, coalesce(max(micro_usd), 0) AS micro_usd, coalesce(max(settled_micro_usd), 0) AS settled
+				FROM imported_days WHERE source = $1 AND day = $2),
+			more AS (
+				SELECT greatest($3 - calls, 0) AS calls, greatest($4 - micro_usd, 0) AS micro_usd, greatest($5 - settled, 0) AS settled FROM before),
+			noted AS (
+				INSERT INTO imported_days (source, day, calls, micro_usd, settled_micro_usd) VALUES ($1, $2, $3, $4, $5)
+				ON CONFLICT (source, day) DO UPDATE SET calls = greatest(imported_days.calls, excluded.calls),
+					micro_usd = greatest(imported_days.micro_usd, excluded.micro_usd),
+					settled_micro_usd = greatest(imported_days.settled_micro_usd, excluded.settled_micro_usd)),
+			month AS (
+				INSERT INTO ledger_months AS m (month, micro_usd) SELECT left($2, 7), micro_usd FROM more WHERE micro_usd > 0
+				ON CONFLICT (month) DO UPDATE SET micro_usd = m.micro_usd + excluded.micro_usd)
+			INSERT INTO ledger_days AS l (day, calls, micro_usd, settled_micro_usd, settled_calls)
+			SELECT $2, calls, micro_usd, settled, calls FROM more WHERE calls > 0 OR micro_usd > 0 OR settled > 0
+			ON CONFLICT (day) DO UPDATE SET calls = l.calls + excluded.calls, micro_usd = l.micro_usd + excluded.micro_usd,
+				settled_micro_usd = l.settled_micro_usd + excluded.settled_micro_usd, settled_calls = l.settled_calls + excluded.settled_calls`,
+			source, d.Day, d.Requests, d.SpendMicroUSD, settled[d.Day])
 	})
 }
 
@@ -132,12 +228,21 @@ func (db *DB) ImportFlag(ctx context.Context, name string, on bool) (int, error)
 // most importChunk rows each, in one transaction, and returns how many
 // rows they added.
 func (db *DB) importRows(ctx context.Context, what string, n int, chunk func(lo, hi int) (string, []any)) (int, error) {
+	return db.importRowsOf(ctx, "", what, n, chunk)
+}
+
+// importRowsOf is importRows holding source's lock (lockSource) when
+// source is not "".
+func (db *DB) importRowsOf(ctx context.Context, source, what string, n int, chunk func(lo, hi int) (string, []any)) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
 	added := 0
 	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
 		added = 0
+		if err := lockSource(ctx, tx, source); err != nil {
+			return err
+		}
 		for lo := 0; lo < n; lo += importChunk {
 			sql, args := chunk(lo, min(lo+importChunk, n))
 			tag, err := tx.Exec(ctx, sql, args...)
@@ -157,6 +262,12 @@ func (db *DB) importRows(ctx context.Context, what string, n int, chunk func(lo,
 // importBatch queues n statements in one transaction and returns how many
 // rows they added.
 func (db *DB) importBatch(ctx context.Context, what string, n int, queue func(b *pgx.Batch, i int)) (int, error) {
+	return db.importBatchOf(ctx, "", what, n, queue)
+}
+
+// importBatchOf is importBatch holding source's lock (lockSource) when
+// source is not "".
+func (db *DB) importBatchOf(ctx context.Context, source, what string, n int, queue func(b *pgx.Batch, i int)) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
@@ -167,6 +278,9 @@ func (db *DB) importBatch(ctx context.Context, what string, n int, queue func(b 
 	added := 0
 	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
 		added = 0
+		if err := lockSource(ctx, tx, source); err != nil {
+			return err
+		}
 		res := tx.SendBatch(ctx, b)
 		for range n {
 			tag, err := res.Exec()
@@ -182,4 +296,15 @@ func (db *DB) importBatch(ctx context.Context, what string, n int, queue func(b 
 		return 0, fmt.Errorf("import %s: %w", what, err)
 	}
 	return added, nil
+}
+
+// lockSource takes, for tx's life, the lock of one source's import: two
+// runs of the same file at once would each read what it added before and
+// add the rest twice.
+func lockSource(ctx context.Context, tx pgx.Tx, source string) error {
+	if source == "" {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('breakwater import ' || $1, 0))", source)
+	return err
 }
