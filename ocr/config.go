@@ -102,12 +102,13 @@ const (
 // zero cannot be configured.
 type Price struct {
 	// InputUSDPerMillion is US dollars per million input (prompt and image)
-	// tokens. Default: the list price of Config.Model (0.30 for the
-	// default model, Gemini 3.5 Flash-Lite).
+	// tokens, on every day. Default: the list price of Config.Model in
+	// force on each day (0.30 for the default model, Gemini 3.5
+	// Flash-Lite), which follows the model's announced changes.
 	InputUSDPerMillion float64 `koanf:"input_usd_per_million"`
 	// OutputUSDPerMillion is US dollars per million output tokens, thinking
-	// tokens included. Default: the list price of Config.Model (2.50 for
-	// the default model).
+	// tokens included, on every day. Default: the list price of
+	// Config.Model in force on each day (2.50 for the default model).
 	OutputUSDPerMillion float64 `koanf:"output_usd_per_million"`
 	// MaxOutputTokens is sent with every call as maxOutputTokens and bounds
 	// the output side of WorstCase: it caps thoughts and answer together.
@@ -119,6 +120,15 @@ type Price struct {
 	// image of the media_resolution level sent. Config.WithDefaults and
 	// PriceOf set it; 0 takes DefaultModel's at DefaultMediaResolution.
 	perImage int
+	// later are the model's price changes after its first period, which
+	// On applies to each price the file does not set (fixedIn, fixedOut:
+	// a price set in [ocr.price] holds on every day). Set with perImage.
+	later             []PricePeriod
+	fixedIn, fixedOut bool
+	// resolved is set by the first resolve: a second (WithDefaults of a
+	// Config already with defaults) must not take the table's prices it
+	// filled in for prices the file set.
+	resolved bool
 }
 
 // tilesRule is Price.perImage for a model that counts 768-px tiles.
@@ -151,19 +161,24 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// resolve fills the zero prices of p with model's list prices and sets
-// its image-token rule; a model c does not know takes DefaultModel's.
+// resolve fills the zero prices of p with model's list prices, with their
+// changes in time (Price.On), and sets its image-token rule; a model c
+// does not know takes DefaultModel's.
 func (c Config) resolve(model string, p Price) Price {
 	m, ok := c.Lookup(model)
 	if !ok {
 		m, _ = LookupModel(DefaultModel)
 	}
-	if p.InputUSDPerMillion == 0 {
+	if !p.resolved {
+		p.fixedIn, p.fixedOut, p.resolved = p.InputUSDPerMillion != 0, p.OutputUSDPerMillion != 0, true
+	}
+	if !p.fixedIn {
 		p.InputUSDPerMillion = m.InputUSDPerMillion
 	}
-	if p.OutputUSDPerMillion == 0 {
+	if !p.fixedOut {
 		p.OutputUSDPerMillion = m.OutputUSDPerMillion
 	}
+	p.later = m.Later
 	p.perImage = tilesRule
 	if m.Image == ImageMediaResolution {
 		p.perImage = MediaResolutionTokens(c.MediaResolution)

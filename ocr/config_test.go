@@ -18,7 +18,7 @@ func TestWithDefaults(t *testing.T) {
 		SerialPattern:   `^[A-Z0-9][A-Z0-9./-]{3,39}$`,
 		IdempotencyTTL:  24 * time.Hour,
 		MediaResolution: "high",
-		Price:           Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, MaxOutputTokens: 256, perImage: 1120},
+		Price:           Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, MaxOutputTokens: 256, perImage: 1120, resolved: true},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
@@ -29,6 +29,7 @@ func TestWithDefaults(t *testing.T) {
 		SerialPattern: "[0-9]+", SimulatedLatency: time.Millisecond, IdempotencyTTL: time.Hour, MediaResolution: "low",
 		Price: Price{InputUSDPerMillion: 0.1, OutputUSDPerMillion: 0.4, MaxOutputTokens: 64, perImage: tilesRule},
 	}
+	set.Price.fixedIn, set.Price.fixedOut, set.Price.resolved = true, true, true // prices the file sets hold on every day
 	if got := set.WithDefaults(); !reflect.DeepEqual(got, set) {
 		t.Errorf("WithDefaults changed set fields: %+v", got)
 	}

@@ -79,10 +79,11 @@ func (p Price) ImageTokens(width, height int) int {
 }
 
 // WithPricesOf returns p, its image rule and output cap kept, at q's input
-// and output prices: a reload applies new prices to the model running,
+// and output prices and their changes in time: a reload applies new prices to the model running,
 // whose client sends p's cap and media_resolution until a restart.
 func (p Price) WithPricesOf(q Price) Price {
 	p.InputUSDPerMillion, p.OutputUSDPerMillion = q.InputUSDPerMillion, q.OutputUSDPerMillion
+	p.later, p.fixedIn, p.fixedOut = q.later, q.fixedIn, q.fixedOut
 	return p
 }
 

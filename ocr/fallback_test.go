@@ -97,11 +97,11 @@ func TestSimulatedReadModel(t *testing.T) {
 
 // config check says which rule and prices the fallback's calls count at.
 func TestRulesNameTheFallback(t *testing.T) {
-	rules := strings.Join(Config{FallbackModel: "gemini-2.5-flash-lite"}.Rules(), "\n")
+	rules := strings.Join(Config{FallbackModel: "gemini-2.5-flash-lite"}.Rules(checkDay), "\n")
 	if !strings.Contains(rules, "fallback model gemini-2.5-flash-lite") || !strings.Contains(rules, "$0.1 in / $0.4 out") {
 		t.Errorf("Rules:\n%s\nwant the fallback's line with its prices", rules)
 	}
-	if rules := strings.Join(Config{}.Rules(), "\n"); strings.Contains(rules, "fallback") {
+	if rules := strings.Join(Config{}.Rules(checkDay), "\n"); strings.Contains(rules, "fallback") {
 		t.Errorf("Rules without a fallback:\n%s", rules)
 	}
 }

@@ -10,7 +10,7 @@ import (
 // Google's models, pricing, media-resolution and thinking pages. config
 // check prints it: a table that falls behind Google's prices miscounts
 // money.
-const ModelsChecked = "2026-12-03"
+const ModelsChecked = "2026-12-06"
 
 // ImageRule is how a model counts the input tokens of an image.
 type ImageRule string
@@ -54,15 +54,23 @@ var mediaLevels = map[string]mediaLevel{
 func MediaResolutionTokens(level string) int { return mediaLevels[level].tokens }
 
 // ModelInfo is what Breakwater knows of a Gemini model family: how it
-// counts an image's tokens, its list price per million tokens (prompts up
-// to 200k tokens; thinking is billed as output), and the thinking setting
+// counts an image's tokens, its list price per million tokens in time
+// (prompts up to 200k tokens; thinking is billed as output), where that
+// was read and when, and the thinking setting
 // sent with every call, the least the model accepts, so that thinking
 // stays within maxOutputTokens, which caps thoughts and answer together.
 type ModelInfo struct {
-	Family              string
-	Image               ImageRule
+	Family string
+	Image  ImageRule
+	// InputUSDPerMillion and OutputUSDPerMillion are the first period's
+	// list prices, which hold until the first of Later (PriceOn).
 	InputUSDPerMillion  float64
 	OutputUSDPerMillion float64
+	// Later are the announced changes of the list price, by first day.
+	Later []PricePeriod
+	// Source is the page of Google's the entry was read from, Checked the
+	// day it was last read there ("" for an override).
+	Source, Checked string
 	// ThinkingLevel is sent as thinkingConfig.thinkingLevel (Gemini 3 and
 	// later); empty for a model that takes ThinkingBudget instead.
 	ThinkingLevel string
@@ -78,24 +86,41 @@ type ModelInfo struct {
 }
 
 // knownModels are the text-out families Google documents on ModelsChecked,
-// Gemini 3 and later first, then the 2.5 families still served (2.0 was
-// shut down on 2026-06-01). Image, live, TTS and translation models read no
+// Gemini 4 and 3 first, then the 2.5 families still served (2.0 was shut
+// down on 2026-06-01). Image, live, TTS and translation models read no
 // labels and are left out. Gemini 3.6 and 3.7 Flash are left out too: no
-// list price of Google's own for them could be confirmed on ModelsChecked;
-// an operator who uses one gives its prices in ocr.model_overrides.
+// list price of Google's own for them could be confirmed on ModelsChecked
+// (only resellers' prices); an operator who uses one gives its prices in
+// ocr.model_overrides.
 var knownModels = []ModelInfo{
+	// Gemini 4 takes thinkingLevel only, and low at least ("minimal" is
+	// refused); no thinkingBudget.
+	{Family: "gemini-4-argon", Image: ImageMediaResolution, InputUSDPerMillion: 2.00, OutputUSDPerMillion: 10.00, ThinkingLevel: "low",
+		Later:  []PricePeriod{{From: "2026-12-01", InputUSDPerMillion: 4.00, OutputUSDPerMillion: 20.00}},
+		Source: pageLatestModel, Checked: "2026-12-06"},
 	{Family: "gemini-3.8-flash", Image: ImageMediaResolution, InputUSDPerMillion: 0.75, OutputUSDPerMillion: 3.75, ThinkingLevel: "minimal",
-		Note: "its list price is $0.75 in / $3.75 out per million tokens through 2026-12-31 and $1.50 / $7.50 from 2027-01-01: " +
-			"set [ocr.price] (or its entry in ocr.model_overrides) to the new price then"},
-	{Family: "gemini-3.5-flash", Image: ImageMediaResolution, InputUSDPerMillion: 1.50, OutputUSDPerMillion: 9.00, ThinkingLevel: "minimal"},
-	{Family: "gemini-3.5-flash-lite", Image: ImageMediaResolution, InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, ThinkingLevel: "minimal"},
-	{Family: "gemini-3.1-flash-lite", Image: ImageMediaResolution, InputUSDPerMillion: 0.25, OutputUSDPerMillion: 1.50, ThinkingLevel: "minimal"},
-	{Family: "gemini-3.1-pro-preview", Image: ImageMediaResolution, InputUSDPerMillion: 2.00, OutputUSDPerMillion: 12.00, ThinkingLevel: "low"},
-	{Family: "gemini-3-flash-preview", Image: ImageMediaResolution, InputUSDPerMillion: 0.50, OutputUSDPerMillion: 3.00, ThinkingLevel: "minimal"},
-	{Family: "gemini-2.5-flash", Image: ImageTiles, InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50},
-	{Family: "gemini-2.5-flash-lite", Image: ImageTiles, InputUSDPerMillion: 0.10, OutputUSDPerMillion: 0.40},
-	{Family: "gemini-2.5-pro", Image: ImageTiles, InputUSDPerMillion: 1.25, OutputUSDPerMillion: 10.00, ThinkingBudget: 128},
+		Later:  []PricePeriod{{From: "2027-01-01", InputUSDPerMillion: 1.50, OutputUSDPerMillion: 7.50}},
+		Source: pagePricing, Checked: "2026-12-06"},
+	{Family: "gemini-3.5-flash", Image: ImageMediaResolution, InputUSDPerMillion: 1.50, OutputUSDPerMillion: 9.00, ThinkingLevel: "minimal",
+		Source: pagePricing, Checked: "2026-12-06"},
+	{Family: "gemini-3.5-flash-lite", Image: ImageMediaResolution, InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, ThinkingLevel: "minimal",
+		Source: pagePricing, Checked: "2026-12-06"},
+	{Family: "gemini-3.1-flash-lite", Image: ImageMediaResolution, InputUSDPerMillion: 0.25, OutputUSDPerMillion: 1.50, ThinkingLevel: "minimal",
+		Source: pagePricing, Checked: "2026-12-03"},
+	{Family: "gemini-3.1-pro-preview", Image: ImageMediaResolution, InputUSDPerMillion: 2.00, OutputUSDPerMillion: 12.00, ThinkingLevel: "low",
+		Source: pagePricing, Checked: "2026-12-06"},
+	{Family: "gemini-3-flash-preview", Image: ImageMediaResolution, InputUSDPerMillion: 0.50, OutputUSDPerMillion: 3.00, ThinkingLevel: "minimal",
+		Source: pagePricing, Checked: "2026-12-03"},
+	{Family: "gemini-2.5-flash", Image: ImageTiles, InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50, Source: pagePricing, Checked: "2026-12-06"},
+	{Family: "gemini-2.5-flash-lite", Image: ImageTiles, InputUSDPerMillion: 0.10, OutputUSDPerMillion: 0.40, Source: pagePricing, Checked: "2026-12-06"},
+	{Family: "gemini-2.5-pro", Image: ImageTiles, InputUSDPerMillion: 1.25, OutputUSDPerMillion: 10.00, ThinkingBudget: 128, Source: pagePricing, Checked: "2026-12-06"},
 }
+
+// The pages of Google's the table is read from.
+const (
+	pagePricing     = "ai.google.dev/gemini-api/docs/pricing"
+	pageLatestModel = "ai.google.dev/gemini-api/docs/generate-content/latest-model"
+)
 
 // modelVersion matches what may follow a family's name and still be that
 // family: a stable version ("-001"), a dated preview ("-preview-09-2025",
@@ -148,11 +173,13 @@ func unknownModelError(model string) string {
 		model, ModelsChecked, strings.Join(KnownModels(), ", "), model)
 }
 
-// Warnings returns what an operator should know about c that does not
-// stop the start: a configured price below the model's list price, which
-// makes every count of money too low, and what Google has announced for
-// the model. config check prints them; serve logs them.
-func (c Config) Warnings() []string {
+// Warnings returns what an operator should know about c on day
+// ("2006-01-02", budget.timezone's today) that does not stop the start: a
+// configured price below the model's list price that day, or below the
+// price of a change announced for it, either of which makes every count of
+// money too low, and a change of a price it counts within
+// ChangeWarningDays. config check prints them; serve logs them.
+func (c Config) Warnings(day string) []string {
 	c = c.WithDefaults()
 	if c.Provider != ProviderGemini {
 		return nil
@@ -162,22 +189,44 @@ func (c Config) Warnings() []string {
 		return nil // Validate refuses it
 	}
 	var out []string
+	in, outPrice := m.PriceOn(day)
 	below := func(key string, got, list float64) {
 		if got < list {
 			out = append(out, fmt.Sprintf("ocr.price.%s = %g is below the list price of %s ($%g per million tokens): costs and the money budget would count less than Google bills", key, got, m.Family, list))
 		}
 	}
-	below("input_usd_per_million", c.Price.InputUSDPerMillion, m.InputUSDPerMillion)
-	below("output_usd_per_million", c.Price.OutputUSDPerMillion, m.OutputUSDPerMillion)
+	cur := c.Price.On(day)
+	below("input_usd_per_million", cur.InputUSDPerMillion, in)
+	below("output_usd_per_million", cur.OutputUSDPerMillion, outPrice)
+	for _, p := range m.Later {
+		if p.From <= day {
+			continue
+		}
+		if (c.Price.fixedIn && c.Price.InputUSDPerMillion < p.InputUSDPerMillion) || (c.Price.fixedOut && c.Price.OutputUSDPerMillion < p.OutputUSDPerMillion) {
+			out = append(out, fmt.Sprintf("ocr.price sets $%g in / $%g out for %s, but its list price is $%g / $%g from %s: "+
+				"from that day costs and the money budget would count less than Google bills; leave the prices out of [ocr.price] "+
+				"and the ledger follows the list price by itself", c.Price.InputUSDPerMillion, c.Price.OutputUSDPerMillion, m.Family,
+				p.InputUSDPerMillion, p.OutputUSDPerMillion, p.From))
+			break
+		}
+	}
+	for _, model := range []string{c.Model, c.FallbackModel} {
+		if model == "" {
+			continue
+		}
+		if line, warn, _ := c.PriceOutlook(model, day); warn {
+			out = append(out, "price change: "+line)
+		}
+	}
 	if m.Note != "" {
 		out = append(out, fmt.Sprintf("ocr.model %s: %s", m.Family, m.Note))
 	}
 	return out
 }
 
-// Rules says which image-token rule, prices and thinking setting apply to
-// the calls c makes, for config check.
-func (c Config) Rules() []string {
+// Rules says which image-token rule, prices on day and thinking setting
+// apply to the calls c makes, for config check.
+func (c Config) Rules(day string) []string {
 	c = c.WithDefaults()
 	m, known := c.Lookup(c.Model)
 	if !known {
@@ -186,20 +235,30 @@ func (c Config) Rules() []string {
 	source := "the model table checked " + ModelsChecked
 	if m.Override {
 		source = "ocr.model_overrides"
+	} else if m.Source != "" {
+		source += fmt.Sprintf("; its entry from %s, read %s", m.Source, m.Checked)
 	}
+	listIn, listOut := m.PriceOn(day)
+	price := c.Price.On(day)
 	thinking := fmt.Sprintf("thinkingLevel %q", m.ThinkingLevel)
 	if m.Image == ImageTiles {
 		thinking = fmt.Sprintf("thinkingBudget %d", m.ThinkingBudget)
 	}
 	out := []string{
-		fmt.Sprintf("model %s (from %s): %s; list price $%g in / $%g out per million tokens", c.Model, source, c.Price.ImageRule(), m.InputUSDPerMillion, m.OutputUSDPerMillion),
+		fmt.Sprintf("model %s (from %s): %s; list price $%g in / $%g out per million tokens on %s", c.Model, source, c.Price.ImageRule(), listIn, listOut, day),
 		fmt.Sprintf("charged at $%g in / $%g out per million tokens (thinking billed as output); each call sends maxOutputTokens %d and %s, "+
-			"so a call costs at most its image and prompt tokens plus %d output tokens", c.Price.InputUSDPerMillion, c.Price.OutputUSDPerMillion,
+			"so a call costs at most its image and prompt tokens plus %d output tokens", price.InputUSDPerMillion, price.OutputUSDPerMillion,
 			c.Price.MaxOutputTokens, thinking, c.Price.MaxOutputTokens),
 	}
 	if p, ok := c.PriceOf(c.FallbackModel); ok && c.FallbackModel != "" {
+		p = p.On(day)
 		out = append(out, fmt.Sprintf("fallback model %s (above a soft ceiling of [budget]): %s; charged at $%g in / $%g out per million tokens",
 			c.FallbackModel, p.ImageRule(), p.InputUSDPerMillion, p.OutputUSDPerMillion))
+	}
+	for _, model := range []string{c.Model, c.FallbackModel} {
+		if line, _, ok := c.PriceOutlook(model, day); ok && model != "" {
+			out = append(out, "price of "+line)
+		}
 	}
 	return out
 }

@@ -178,6 +178,19 @@ func TestValidateUnknownModel(t *testing.T) {
 			{Name: "a", ImageTokens: "tiles", InputUSDPerMillion: 1, OutputUSDPerMillion: 1, ThinkingLevel: "low"},
 			{Name: "b", ImageTokens: "media_resolution", InputUSDPerMillion: 1, OutputUSDPerMillion: 1, ThinkingLevel: "deep"}}},
 			[]string{`"a": thinking_level: a tiles model`, `"b": thinking_level: unknown level "deep"`}},
+		{"prices in time", Config{Model: "m", ModelOverrides: []ModelOverride{{Name: "m", ImageTokens: "media_resolution", Prices: []OverridePrice{
+			{From: "2026-01-01", InputUSDPerMillion: 1, OutputUSDPerMillion: 4}, {From: "2027-01-01", InputUSDPerMillion: 2, OutputUSDPerMillion: 8}}}}}, nil},
+		{"prices out of order, bad days, a free period", Config{ModelOverrides: []ModelOverride{{Name: "m", ImageTokens: "media_resolution", Prices: []OverridePrice{
+			{From: "2027-01-01", InputUSDPerMillion: 1, OutputUSDPerMillion: 4}, {From: "2026-01-01", InputUSDPerMillion: 2, OutputUSDPerMillion: 8},
+			{From: "next year", InputUSDPerMillion: 2, OutputUSDPerMillion: 8}, {From: "2028-01-01", InputUSDPerMillion: 0, OutputUSDPerMillion: 8}}}}},
+			[]string{`"m": prices[1].from: 2026-01-01 is not after the period before it (2027-01-01)`, `prices[2].from: "next year" is not a day`,
+				`prices[3].input_usd_per_million: required`}},
+		{"prices given both ways", Config{ModelOverrides: []ModelOverride{{Name: "m", ImageTokens: "tiles", InputUSDPerMillion: 1, OutputUSDPerMillion: 1,
+			Prices: []OverridePrice{{From: "2026-01-01", InputUSDPerMillion: 1, OutputUSDPerMillion: 4}}}}}, []string{"give the prices one way"}},
+		{"gemini 4 takes levels only", Config{ModelOverrides: []ModelOverride{
+			{Name: "gemini-4-neon", ImageTokens: "tiles", InputUSDPerMillion: 1, OutputUSDPerMillion: 1, ThinkingBudget: 128},
+			{Name: "gemini-4-xenon", ImageTokens: "media_resolution", InputUSDPerMillion: 1, OutputUSDPerMillion: 1, ThinkingLevel: "minimal"}}},
+			[]string{`"gemini-4-neon": image_tokens: a Gemini 4 model takes thinking_level`, `"gemini-4-xenon": thinking_level: a Gemini 4 model refuses "minimal"`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -211,12 +224,14 @@ func TestConfigWarnings(t *testing.T) {
 		{"pro at flash-lite prices", Config{Model: "gemini-2.5-pro", Price: Price{InputUSDPerMillion: 0.30, OutputUSDPerMillion: 2.50}},
 			[]string{"ocr.price.input_usd_per_million = 0.3 is below the list price of gemini-2.5-pro", "ocr.price.output_usd_per_million = 2.5 is below"}},
 		{"pro at pro prices", Config{Model: "gemini-2.5-pro", Price: Price{InputUSDPerMillion: 1.25, OutputUSDPerMillion: 10}}, nil},
-		{"announced price change", Config{Model: "gemini-3.8-flash"}, []string{"ocr.model gemini-3.8-flash: its list price is $0.75"}},
+		{"price change over 14 days away", Config{Model: "gemini-3.8-flash"}, nil},
+		{"[ocr.price] below an announced price", Config{Model: "gemini-3.8-flash", Price: Price{InputUSDPerMillion: 0.75, OutputUSDPerMillion: 3.75}},
+			[]string{"ocr.price sets $0.75 in / $3.75 out for gemini-3.8-flash, but its list price is $1.5 / $7.5 from 2027-01-01"}},
 		{"simulated", Config{Provider: ProviderSimulated, Model: "x"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := c.cfg.Warnings()
+			got := c.cfg.Warnings(checkDay)
 			if len(got) != len(c.want) {
 				t.Fatalf("Warnings = %q, want %d", got, len(c.want))
 			}
@@ -229,9 +244,85 @@ func TestConfigWarnings(t *testing.T) {
 	}
 }
 
+// A change of a price the ledger counts is warned of 14 days before it,
+// for the model and the fallback, and not after it; the price in force
+// and the next change are said every day.
+func TestPriceChangeWarnings(t *testing.T) {
+	cfg := Config{Model: "gemini-3.8-flash", FallbackModel: "gemini-3.5-flash-lite"}
+	for _, c := range []struct {
+		day  string
+		want []string
+	}{
+		{"2026-12-17", nil},
+		{"2026-12-18", []string{"price change: gemini-3.8-flash on 2026-12-18: $0.75 in / $3.75 out per million tokens; from 2027-01-01 (in 14 days): $1.5 in / $7.5 out"}},
+		{"2026-12-31", []string{"(in 1 days)"}},
+		{"2027-01-01", nil},
+	} {
+		got := cfg.Warnings(c.day)
+		if len(got) != len(c.want) {
+			t.Errorf("on %s: Warnings = %q, want %d", c.day, got, len(c.want))
+			continue
+		}
+		for i, w := range c.want {
+			if !strings.Contains(got[i], w) {
+				t.Errorf("on %s: warning %q does not say %q", c.day, got[i], w)
+			}
+		}
+	}
+	rules := strings.Join(cfg.Rules("2027-01-01"), "\n")
+	for _, want := range []string{"list price $1.5 in / $7.5 out per million tokens on 2027-01-01", "charged at $1.5 in / $7.5 out",
+		"price of gemini-3.8-flash on 2027-01-01: $1.5 in / $7.5 out per million tokens; no change known",
+		"price of gemini-3.5-flash-lite on 2027-01-01: $0.3 in / $2.5 out per million tokens; no change known"} {
+		if !strings.Contains(rules, want) {
+			t.Errorf("Rules on 2027-01-01 = %q\nwant it to say %q", rules, want)
+		}
+	}
+	if rules := strings.Join(cfg.Rules(checkDay), "\n"); !strings.Contains(rules, "from 2027-01-01 (in 26 days): $1.5 in / $7.5 out") {
+		t.Errorf("Rules on %s do not name the next change: %q", checkDay, rules)
+	}
+}
+
+// A price is the period's in force on the day asked: before the first
+// change the first period's, from its day the change's, and a price the
+// file sets holds on every day while the other follows the table.
+func TestPriceOn(t *testing.T) {
+	p, ok := Config{Model: "gemini-3.8-flash"}.PriceOf("gemini-3.8-flash")
+	if !ok {
+		t.Fatal("gemini-3.8-flash unknown")
+	}
+	for day, want := range map[string][2]float64{"2026-01-01": {0.75, 3.75}, "2026-12-31": {0.75, 3.75}, "2027-01-01": {1.5, 7.5}, "2030-06-01": {1.5, 7.5}} {
+		if got := p.On(day); got.InputUSDPerMillion != want[0] || got.OutputUSDPerMillion != want[1] {
+			t.Errorf("on %s: $%g / $%g, want $%g / $%g", day, got.InputUSDPerMillion, got.OutputUSDPerMillion, want[0], want[1])
+		}
+	}
+	// Output tokens cost twice from the change: a call's worst case too.
+	if before, after := p.On("2026-12-31").WorstCase(100, 100), p.On("2027-01-01").WorstCase(100, 100); after != 2*before && after != 2*before-1 {
+		t.Errorf("worst case %d µ$ on the last day, %d from the change: want twice", before, after)
+	}
+	half, _ := Config{Model: "gemini-3.8-flash", Price: Price{InputUSDPerMillion: 0.9}}.PriceOf("gemini-3.8-flash")
+	if got := half.On("2027-01-01"); got.InputUSDPerMillion != 0.9 || got.OutputUSDPerMillion != 7.5 {
+		t.Errorf("input set in the file, on the change: $%g / $%g, want the file's 0.9 and the table's 7.5", got.InputUSDPerMillion, got.OutputUSDPerMillion)
+	}
+	argon, _ := Config{Model: "gemini-4-argon"}.PriceOf("gemini-4-argon")
+	if got := argon.On(checkDay); got.InputUSDPerMillion != 4 || got.OutputUSDPerMillion != 20 {
+		t.Errorf("gemini-4-argon on %s: $%g / $%g, want $4 / $20 (its price from 2026-12-01)", checkDay, got.InputUSDPerMillion, got.OutputUSDPerMillion)
+	}
+	over := Config{Model: "m9", ModelOverrides: []ModelOverride{{Name: "m9", ImageTokens: "media_resolution", Prices: []OverridePrice{
+		{From: "2026-01-01", InputUSDPerMillion: 1, OutputUSDPerMillion: 4}, {From: "2027-01-01", InputUSDPerMillion: 2, OutputUSDPerMillion: 8}}}}}
+	if err := over.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	op, _ := over.PriceOf("m9")
+	for day, want := range map[string]float64{"2025-06-01": 1, "2026-12-31": 1, "2027-01-01": 2} {
+		if got := op.On(day).InputUSDPerMillion; got != want {
+			t.Errorf("override on %s: $%g in, want $%g", day, got, want)
+		}
+	}
+}
+
 func TestConfigRules(t *testing.T) {
-	got := strings.Join(Config{}.Rules(), "\n")
-	for _, want := range []string{"model gemini-3.5-flash-lite (from the model table checked " + ModelsChecked + ")",
+	got := strings.Join(Config{}.Rules(checkDay), "\n")
+	for _, want := range []string{"model gemini-3.5-flash-lite (from the model table checked " + ModelsChecked + "; its entry from " + pagePricing,
 		"image tokens by media_resolution, at most 1120 per image", "list price $0.3 in / $2.5 out",
 		"charged at $0.3 in / $2.5 out", `maxOutputTokens 256 and thinkingLevel "minimal"`} {
 		if !strings.Contains(got, want) {
@@ -239,10 +330,13 @@ func TestConfigRules(t *testing.T) {
 		}
 	}
 	cfg := Config{Model: "m9", ModelOverrides: []ModelOverride{{Name: "m9", ImageTokens: "tiles", InputUSDPerMillion: 2, OutputUSDPerMillion: 3}}}
-	got = strings.Join(cfg.Rules(), "\n")
+	got = strings.Join(cfg.Rules(checkDay), "\n")
 	for _, want := range []string{"model m9 (from ocr.model_overrides)", "768-px tiles", "thinkingBudget 0", "charged at $2 in / $3 out"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("Rules = %q\nwant it to say %q", got, want)
 		}
 	}
 }
+
+// checkDay is the day the tests look the table's prices up on.
+const checkDay = "2026-12-06"

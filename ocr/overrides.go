@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // ModelOverride is one "[[ocr.model_overrides]]" entry: a model the table
@@ -19,11 +20,16 @@ type ModelOverride struct {
 	// "tiles" (Gemini 2.x: 258 tokens per 768×768 tile). Required.
 	ImageTokens string `koanf:"image_tokens"`
 	// InputUSDPerMillion is its list price per million input tokens, in
-	// USD. Required, above 0.
+	// USD, on every day. Required, above 0, unless Prices is given.
 	InputUSDPerMillion float64 `koanf:"input_usd_per_million"`
 	// OutputUSDPerMillion is its list price per million output tokens,
-	// thinking included, in USD. Required, above 0.
+	// thinking included, in USD, on every day. Required, above 0, unless
+	// Prices is given.
 	OutputUSDPerMillion float64 `koanf:"output_usd_per_million"`
+	// Prices are its list prices in time, instead of the two above: each
+	// from its first day on (the first one also before it), the days in
+	// order.
+	Prices []OverridePrice `koanf:"prices"`
 	// ThinkingLevel is sent as thinkingConfig.thinkingLevel to a
 	// "media_resolution" model: "minimal", "low", "medium" or "high".
 	// Default "low", which every Gemini 3 model accepts.
@@ -31,6 +37,16 @@ type ModelOverride struct {
 	// ThinkingBudget is sent as thinkingConfig.thinkingBudget to a "tiles"
 	// model. Default 0 (thinking off); Gemini 2.5 Pro needs at least 128.
 	ThinkingBudget int `koanf:"thinking_budget"`
+}
+
+// OverridePrice is one period of an override's Prices.
+type OverridePrice struct {
+	// From is the first day the prices hold, "2006-01-02" in
+	// budget.timezone, quoted. Required.
+	From string `koanf:"from"`
+	// InputUSDPerMillion and OutputUSDPerMillion are as in ModelOverride.
+	InputUSDPerMillion  float64 `koanf:"input_usd_per_million"`
+	OutputUSDPerMillion float64 `koanf:"output_usd_per_million"`
 }
 
 // DefaultOverrideThinkingLevel is the thinking level of an override that
@@ -44,6 +60,12 @@ func (o ModelOverride) info() ModelInfo {
 	m := ModelInfo{
 		Family: strings.TrimPrefix(o.Name, "models/"), Image: ImageRule(o.ImageTokens),
 		InputUSDPerMillion: o.InputUSDPerMillion, OutputUSDPerMillion: o.OutputUSDPerMillion, Override: true,
+	}
+	if len(o.Prices) > 0 {
+		m.InputUSDPerMillion, m.OutputUSDPerMillion = o.Prices[0].InputUSDPerMillion, o.Prices[0].OutputUSDPerMillion
+		for _, p := range o.Prices[1:] {
+			m.Later = append(m.Later, PricePeriod(p))
+		}
 	}
 	switch m.Image {
 	case ImageMediaResolution:
@@ -94,17 +116,44 @@ func validateOverrides(list []ModelOverride) []error {
 		default:
 			add(fmt.Sprintf("image_tokens: %q is not a rule: set \"media_resolution\" (Gemini 3 and later) or \"tiles\" (Gemini 2.x)", o.ImageTokens))
 		}
-		for _, p := range []struct {
-			key string
-			v   float64
-		}{{"input_usd_per_million", o.InputUSDPerMillion}, {"output_usd_per_million", o.OutputUSDPerMillion}} {
+		if gemini4(name) && ImageRule(o.ImageTokens) == ImageTiles {
+			add("image_tokens: a Gemini 4 model takes thinking_level (low, medium or high), never thinking_budget: set \"media_resolution\"")
+		}
+		if gemini4(name) && o.ThinkingLevel == "minimal" {
+			add("thinking_level: a Gemini 4 model refuses \"minimal\": set low, medium or high")
+		}
+		checkPrice := func(key string, v float64) {
 			switch {
-			case p.v != p.v || p.v <= 0: // NaN, missing, zero or negative
-				add(fmt.Sprintf("%s: required: set it to the model's list price in USD per million tokens (above 0; a model is never counted as free)", p.key))
-			case p.v > maxPriceUSDPerMillion:
-				add(fmt.Sprintf("%s: must be at most %d USD per million tokens", p.key, maxPriceUSDPerMillion))
+			case v != v || v <= 0: // NaN, missing, zero or negative
+				add(fmt.Sprintf("%s: required: set it to the model's list price in USD per million tokens (above 0; a model is never counted as free)", key))
+			case v > maxPriceUSDPerMillion:
+				add(fmt.Sprintf("%s: must be at most %d USD per million tokens", key, maxPriceUSDPerMillion))
 			}
+		}
+		if len(o.Prices) == 0 {
+			checkPrice("input_usd_per_million", o.InputUSDPerMillion)
+			checkPrice("output_usd_per_million", o.OutputUSDPerMillion)
+			continue
+		}
+		if o.InputUSDPerMillion != 0 || o.OutputUSDPerMillion != 0 {
+			add("prices: given with input_usd_per_million or output_usd_per_million: give the prices one way, the list of periods or the two keys")
+		}
+		prev := ""
+		for j, p := range o.Prices {
+			at := fmt.Sprintf("prices[%d]", j)
+			if _, err := time.Parse(dayLayout, p.From); err != nil {
+				add(fmt.Sprintf("%s.from: %q is not a day: write its first day quoted, as \"2027-01-01\"", at, p.From))
+			} else if p.From <= prev {
+				add(fmt.Sprintf("%s.from: %s is not after the period before it (%s): list the periods in order, each day once", at, p.From, prev))
+			}
+			prev = max(prev, p.From)
+			checkPrice(at+".input_usd_per_million", p.InputUSDPerMillion)
+			checkPrice(at+".output_usd_per_million", p.OutputUSDPerMillion)
 		}
 	}
 	return errs
 }
+
+// gemini4 reports whether name is a Gemini 4 model, which takes
+// thinking_level only.
+func gemini4(name string) bool { return strings.HasPrefix(name, "gemini-4") }

@@ -73,6 +73,7 @@ func TestGeminiRequestPerModel(t *testing.T) {
 		{"3.5 flash-lite medium", "gemini-3.5-flash-lite", MediaMedium, wire{partLevel: "MEDIA_RESOLUTION_MEDIUM", globalLevel: "MEDIA_RESOLUTION_MEDIUM", thinkingLevel: "minimal", hasPartLevel: true, hasGlobal: true, hasLevel: true}},
 		{"3.5 flash-lite default", "gemini-3.5-flash-lite", "", wire{partLevel: "MEDIA_RESOLUTION_HIGH", globalLevel: "MEDIA_RESOLUTION_HIGH", thinkingLevel: "minimal", hasPartLevel: true, hasGlobal: true, hasLevel: true}},
 		{"ultra high goes per part only", "gemini-3.8-flash", MediaUltraHigh, wire{partLevel: "MEDIA_RESOLUTION_ULTRA_HIGH", thinkingLevel: "minimal", hasPartLevel: true, hasLevel: true}},
+		{"gemini 4 thinks low, by level only", "gemini-4-argon", MediaHigh, wire{partLevel: "MEDIA_RESOLUTION_HIGH", globalLevel: "MEDIA_RESOLUTION_HIGH", thinkingLevel: "low", hasPartLevel: true, hasGlobal: true, hasLevel: true}},
 		{"3.1 pro thinks low", "gemini-3.1-pro-preview", MediaHigh, wire{partLevel: "MEDIA_RESOLUTION_HIGH", globalLevel: "MEDIA_RESOLUTION_HIGH", thinkingLevel: "low", hasPartLevel: true, hasGlobal: true, hasLevel: true}},
 		{"override", "gemini-9-flash", MediaMedium, wire{partLevel: "MEDIA_RESOLUTION_MEDIUM", globalLevel: "MEDIA_RESOLUTION_MEDIUM", thinkingLevel: "low", hasPartLevel: true, hasGlobal: true, hasLevel: true}},
 		{"2.5 flash thinks not", "gemini-2.5-flash", MediaHigh, wire{hasBudget: true}},

@@ -303,7 +303,7 @@ func (s *Server) receive(r *ocrRequest) (received, error) {
 // is read once per step after it: the checks, the claim's commit, the
 // call.
 func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time) error {
-	c := s.choose(r)
+	c := s.choose(r, now)
 	ctx := context.WithoutCancel(r.c.Request().Context()) // a paid call outlives its client
 	if refused := s.reserve(t, c, in.img, now); refused != nil {
 		return s.refusalOf(r.guard, now, refused)

@@ -146,6 +146,7 @@ type Server struct {
 	inviteLimits *invites.Limits
 	invitesOpen  *guard.FailOpen          // runs the invite limits' checks, failing open
 	models       atomic.Pointer[modelSet] // the two models and their prices; swapped by a config reload
+	priceDay     atomic.Pointer[string]   // the last ledger day a read was priced on (notePriceDay)
 	calendar     *budget.Calendar         // today's key for the refusal counts
 	guard        *guard.Guard             // layers 1-3 and "$" for POST /v1/ocr
 	pending      pendingKeys              // idempotency keys whose first request is in flight

@@ -251,6 +251,15 @@ func (a *App) logStart(cfg Config, adminToken string) {
 	for _, w := range cfg.Warnings() {
 		a.log.Warn(w)
 	}
+	day := cfg.Today(a.opts.Now())
+	for _, w := range cfg.OCR.Warnings(day) {
+		a.log.Warn(w)
+	}
+	for _, model := range []string{cfg.OCR.Model, cfg.OCR.FallbackModel} {
+		if line, _, ok := cfg.OCR.PriceOutlook(model, day); ok && model != "" && cfg.OCR.Provider != ocr.ProviderSimulated {
+			a.log.Info("price of " + line)
+		}
+	}
 }
 
 // openVerifier starts JWT sign-in when [auth.jwt] is set (nil when not).
@@ -708,8 +717,5 @@ func NewReader(c ocr.Config, apiKey string, log *slog.Logger) (api.Reader, error
 	if apiKey == "" {
 		return nil, errNoGeminiKey
 	}
-	for _, warning := range c.Warnings() {
-		log.Warn(warning)
-	}
-	return ocr.NewGemini(c, apiKey, nil, log)
+	return ocr.NewGemini(c, apiKey, nil, log) // logStart logs the model's warnings
 }

@@ -69,6 +69,16 @@ type Config struct {
 // is probably a mistake, for serve and config check to show.
 func (c Config) Warnings() []string { return c.warnings }
 
+// Today is now's day in budget.timezone, "2006-01-02": the day whose
+// prices a call made now is counted at.
+func (c Config) Today(now time.Time) string {
+	loc, err := c.Budget.Location()
+	if err != nil {
+		loc = time.UTC // Load refuses a zone it cannot load
+	}
+	return now.In(loc).Format("2006-01-02")
+}
+
 // secretVars are the environment variables with the prefix that are not
 // key overrides.
 var secretVars = map[string]bool{
@@ -905,9 +915,9 @@ func (c Config) MoneyDefaults() []string {
 		"budget.daily_requests": strconv.FormatInt(b.DailyRequests, 10),
 		"budget.daily_usd":      strconv.FormatFloat(b.DailyUSD, 'f', -1, 64),
 		"budget.monthly_usd":    strconv.FormatFloat(b.MonthlyUSD, 'f', -1, 64),
-		// A price left out is ocr.model's list price.
-		keyInputPrice:  strconv.FormatFloat(c.OCR.WithDefaults().Price.InputUSDPerMillion, 'f', -1, 64),
-		keyOutputPrice: strconv.FormatFloat(c.OCR.WithDefaults().Price.OutputUSDPerMillion, 'f', -1, 64),
+		// A price left out is ocr.model's list price on each day.
+		keyInputPrice:  "ocr.model's list price on each day, now " + strconv.FormatFloat(c.OCR.WithDefaults().Price.On(c.Today(time.Now())).InputUSDPerMillion, 'f', -1, 64),
+		keyOutputPrice: "ocr.model's list price on each day, now " + strconv.FormatFloat(c.OCR.WithDefaults().Price.On(c.Today(time.Now())).OutputUSDPerMillion, 'f', -1, 64),
 	} {
 		if !c.explicit[key] {
 			out = append(out, key+" (default "+def+")")

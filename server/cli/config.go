@@ -57,12 +57,13 @@ func (e *env) configCheck() error {
 	if warning := c.JWTAudienceWarning(); warning != "" {
 		fmt.Fprintln(out, "warning:", warning)
 	}
+	today := c.Today(time.Now())
 	if c.OCR.Provider != "simulated" {
-		for _, rule := range c.OCR.Rules() {
+		for _, rule := range c.OCR.Rules(today) {
 			fmt.Fprintln(out, "ocr:", rule)
 		}
 	}
-	for _, warning := range c.OCR.Warnings() {
+	for _, warning := range c.OCR.Warnings(today) {
 		fmt.Fprintln(out, "warning:", warning)
 	}
 	for _, w := range c.OffSwitches() {

@@ -49,7 +49,7 @@ func TestConfigCheckUnknownModel(t *testing.T) {
 	if err := run(context.Background(), []string{"config", "check", "--config", path}, env, &out, &errOut); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"ocr: model gemini-3.5-flash-lite (from the model table checked " + ocr.ModelsChecked + ")",
+	for _, want := range []string{"ocr: model gemini-3.5-flash-lite (from the model table checked " + ocr.ModelsChecked + ";", "ocr: price of gemini-3.5-flash-lite on ",
 		"at most 1120 per image", "charged at $0.3 in / $2.5 out", `thinkingLevel "minimal"`} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("config check printed %q\nwant it to say %q", out.String(), want)

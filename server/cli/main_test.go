@@ -260,7 +260,7 @@ func TestConfigCheckNamesTheMoneyDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "note: this file leaves money keys to their defaults: budget.daily_requests (default 5000), " +
-		"ocr.price.input_usd_per_million (default 0.3), ocr.price.output_usd_per_million (default 2.5), plans.pro.daily_attempts (default 50); " +
+		"ocr.price.input_usd_per_million (default ocr.model's list price on each day, now 0.3), ocr.price.output_usd_per_million (default ocr.model's list price on each day, now 2.5), plans.pro.daily_attempts (default 50); " +
 		"a running server whose config set one of them refuses to reload this file"
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("config check printed:\n%s\nwant it to contain %q", out.String(), want)

@@ -20,11 +20,12 @@ import (
 type pricing struct {
 	ocr               ocr.Config
 	primary, fallback string // fallback is "" when none is set
+	day               string // the service's ledger day, whose prices count
 }
 
-func pricingOf(c ocr.Config) pricing {
+func pricingOf(c ocr.Config, day string) pricing {
 	c = c.WithDefaults()
-	return pricing{ocr: c, primary: c.Model, fallback: c.FallbackModel}
+	return pricing{ocr: c, primary: c.Model, fallback: c.FallbackModel, day: day}
 }
 
 // cost is a sample read's cost on model, and the worst case a call to it
@@ -37,6 +38,7 @@ func (p pricing) cost(model string) (cost, worst int64, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
+	price = price.On(p.day)
 	w, h := sampleSize()
 	return max(price.Cost(ocr.SimulatedUsage(price, w, h)), 1), price.WorstCase(w, h), true
 }
@@ -181,7 +183,7 @@ func scaleLine(line int64, f float64, limit int64) int64 {
 // refused by the brake. A ceiling worth more than the scale's reads is
 // tested at that many reads' worth, the soft lines scaled alike.
 func (r *runner) money(key string, usd float64) (Result, error) {
-	p := pricingOf(r.cfg.OCR)
+	p := pricingOf(r.cfg.OCR, r.cfg.Today(serviceStart(r.cfg)))
 	ceiling, soft := budget.MicroUSD(usd), softOf(r.cfg.Budget)
 	worth, note := p.worth(ceiling, soft), ""
 	if worth > r.scale {

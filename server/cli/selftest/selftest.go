@@ -232,17 +232,27 @@ func (r *runner) service(change func(c *app.Config)) (Service, *clock, error) {
 	if err := c.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("selftest config: %w", err)
 	}
-	loc, err := c.Budget.Location()
-	if err != nil {
+	if _, err := c.Budget.Location(); err != nil {
 		return nil, nil, err
 	}
-	y, m, _ := time.Now().In(loc).Date()
-	clk := newClock(time.Date(y, m, 10, 12, 0, 0, 0, loc))
+	clk := newClock(serviceStart(c))
 	s, err := r.open(r.ctx, c, clk.Now)
 	if err != nil {
 		return nil, nil, fmt.Errorf("selftest: open the service: %w", err)
 	}
 	return s, clk, nil
+}
+
+// serviceStart is the time a service under test starts at: the 10th of
+// the month at noon in budget.timezone, whatever today is, so that no day
+// or month ends during a test.
+func serviceStart(c app.Config) time.Time {
+	loc, err := c.Budget.Location()
+	if err != nil {
+		loc = time.UTC // refused where the service opens
+	}
+	y, m, _ := time.Now().In(loc).Date()
+	return time.Date(y, m, 10, 12, 0, 0, 0, loc)
 }
 
 // close stops s after closing the client's idle connections: the server
