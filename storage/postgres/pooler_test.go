@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"breakwater/budget"
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
 )
@@ -121,5 +122,37 @@ func TestOpenRefusesTransactionPooling(t *testing.T) {
 				t.Errorf("after the refusals the database is at schema %d (%v), want 0 (untouched)", f.Schema, err)
 			}
 		})
+	}
+}
+
+// Behind PgBouncer in session mode a usage record whose commit outlasts
+// the instance's timeout (a synchronous standby that never answers) is
+// read back as on a direct connection: the session that sent it is found
+// (by its server pid, not the pooler's ids) and ended, the token read,
+// and the record counted once, with no error to undo it.
+func TestStalledCommitIsReadBackBehindPgBouncer(t *testing.T) {
+	c, admin, _ := stalledCluster(t)
+	b := pgtest.NewBouncer(t, c.URL("money"), pgtest.BouncerOptions{Mode: "session", PoolSize: 30})
+	in := openInstance(t, b.URL())
+	slot := alicesReads(t, in)
+	standby(t, admin, true)
+	read := budget.Settlement{Day: "2026-12-03", ActualMicroUSD: 100, Leased: true, LeasedMicroUSD: 1000}
+	if err := in.m.RecordUsage(context.Background(), slot.Month, usageRecord("alice"), read); err != nil {
+		t.Fatalf("RecordUsage whose commit outlasted the timeout, behind PgBouncer: %v, want no error (it committed)\n%s", err, b.Log())
+	}
+	standby(t, admin, false)
+	for query, want := range map[string]int64{
+		"SELECT count(*) FROM usage_rows":                                    1,
+		"SELECT used FROM quota_counts WHERE user_id = 'alice'":              1,
+		"SELECT settled_calls FROM ledger_days WHERE day = '2026-12-03'":     1,
+		"SELECT micro_usd FROM ledger_days WHERE day = '2026-12-03'":         100 + 2000, // settled, and the rest still leased
+		"SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'": 0,
+	} {
+		if got := count(t, in, query); got != want {
+			t.Errorf("%s: %d, want %d", query, got, want)
+		}
+	}
+	if used := in.m.Quotas().Confirm(slot); used != 1 {
+		t.Errorf("Confirm after the record: %d reads used, want 1", used)
 	}
 }
