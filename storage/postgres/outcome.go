@@ -135,18 +135,6 @@ func (m *Money) send(ctx context.Context, b *pgx.Batch, t txn) error {
 // sessionKey keys a connection's session in pgconn's CustomData.
 const sessionKey = "breakwater.session"
 
-// notePID keeps a new connection's session as the server knows it, for
-// outcome: pg_backend_pid, not the id the connection's start-up message
-// gave (a pooler gives one of its own), and when it began.
-func notePID(ctx context.Context, c *pgx.Conn) error {
-	var s session
-	if err := c.QueryRow(ctx, "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&s.pid, &s.start); err != nil {
-		return err
-	}
-	c.PgConn().CustomData()[sessionKey] = s
-	return nil
-}
-
 // maybeSent reports whether a transaction that failed with err may have
 // committed: something was sent, and PostgreSQL did not report the error
 // that rolls a transaction back (an ERROR; a FATAL ends the session, and

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -97,8 +98,62 @@ type DB struct {
 
 // Open connects to the database at url, brings its schema up to this
 // binary's version and returns it. ctx bounds the connection and the
-// migrations.
+// migrations. It refuses a URL that reaches a pooler in transaction or
+// statement mode (ErrPooledTransactions).
 func Open(ctx context.Context, url string, opts Options) (*DB, error) {
+	pool, err := connect(ctx, url, opts.MaxConns)
+	if err != nil {
+		return nil, err
+	}
+	db := &DB{pool: pool, log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout)}
+	if db.log == nil {
+		db.log = slog.Default()
+	}
+	if db.now == nil {
+		db.now = time.Now
+	}
+	if db.schema, err = migrate(ctx, pool, db.log); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// connect opens the pool to the database at url as `serve` (Open) and
+// `config check` (Probe) both do, so that what the check finds is what
+// serve gets: the same connection settings (poolConfig), a first
+// connection, and the check that its sessions are whole (checkSessions:
+// no pooler in transaction or statement mode in between).
+func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(url, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: connect to %s: %w", cfg.ConnConfig.Host, err)
+	}
+	if err := checkSessions(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// poolConfig is the connection configuration for url, pool bounded by
+// maxConns (DefaultMaxConns when 0).
+//
+// Only application_name goes in the start-up message, which every pooler
+// of note passes on (PgBouncer keeps track of it per client); a pooler
+// refuses any other setting there (PgBouncer: "unsupported startup
+// parameter"), and the usual way around that, telling it to ignore the
+// setting, would drop it silently. So each session's own settings are set
+// by a statement once it is connected (setupSession).
+func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 	if url == "" {
 		return nil, ErrNoURL
 	}
@@ -110,34 +165,30 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 		return nil, errBadURL // pgx's message may quote the URL, password included
 	}
 	cfg.MaxConns = DefaultMaxConns
-	if opts.MaxConns > 0 {
-		cfg.MaxConns = opts.MaxConns
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
 	}
-	// Whatever the server's default, a commit returns only once it is on
-	// the server's disk (and a synchronous standby's, if one is set up).
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
-	cfg.AfterConnect = notePID
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	cfg.AfterConnect = setupSession
+	return cfg, nil
+}
+
+// setupSession runs on each new connection: whatever the server's default
+// (or the URL's), a commit returns only once it is on the server's disk
+// (and a synchronous standby's, if one is set up); and it notes the
+// session, for outcome. One round trip, in the simple protocol: a
+// prepared statement's name would be another session's too behind a
+// transaction pooler, and fail there before checkSessions could say why.
+func setupSession(ctx context.Context, c *pgx.Conn) error {
+	var s session
+	var set string
+	err := c.QueryRow(ctx, `SELECT set_config('synchronous_commit', 'on', false), pg_backend_pid(),
+		(SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())`, pgx.QueryExecModeSimpleProtocol).Scan(&set, &s.pid, &s.start)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return err
 	}
-	db := &DB{pool: pool, log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout)}
-	if db.log == nil {
-		db.log = slog.Default()
-	}
-	if db.now == nil {
-		db.now = time.Now
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgres: connect to %s: %w", cfg.ConnConfig.Host, err)
-	}
-	if db.schema, err = migrate(ctx, pool, db.log); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return db, nil
+	c.PgConn().CustomData()[sessionKey] = s
+	return nil
 }
 
 // Close closes every connection of the pool; it waits for queries in

@@ -3,8 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Found is what Probe found in a database.
@@ -20,7 +18,8 @@ type Found struct {
 	Schema, Latest int
 	// Keys and Users count the records, when Schema > 0.
 	Keys, Users int64
-	// SynchronousCommit is the server's own setting; Breakwater's
+	// SynchronousCommit is the server's own setting (the database's or
+	// the role's, if set), what a session starts with; Breakwater's
 	// sessions set it on whatever it says.
 	SynchronousCommit string
 	// Role is the role connected as, SearchSchema the first schema of its
@@ -39,26 +38,23 @@ type Found struct {
 const MinServer = 140000
 
 // Probe connects to the database at url and says what it holds, writing
-// nothing (no migration): what `config check` reports. A database whose
+// nothing (no migration): what `config check` reports. It connects as Open
+// does, and so refuses what Open refuses. A database whose
 // schema is newer than this binary's is an error, as at Open.
 func Probe(ctx context.Context, url string) (Found, error) {
-	if url == "" {
-		return Found{}, ErrNoURL
-	}
-	if rawReserved(url) {
-		return Found{}, errBadURL
-	}
-	cfg, err := pgx.ParseConfig(url)
+	pool, err := connect(ctx, url, 2) // as serve connects: a pooler that would break serve fails here too
 	if err != nil {
-		return Found{}, errBadURL // pgx's message may quote the URL, password included
+		return Found{}, err
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return Found{}, fmt.Errorf("postgres: connect to %s: %w", cfg.Host, err)
+		return Found{}, fmt.Errorf("postgres: %w", err)
 	}
-	defer conn.Close(context.Background())
+	defer conn.Release()
+	cfg := pool.Config().ConnConfig
 	f := Found{Database: cfg.Database, Host: cfg.Host, Latest: LatestSchema()}
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int, current_setting('synchronous_commit')").Scan(&f.Server, &f.ServerNum, &f.SynchronousCommit); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int, (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit')").Scan(&f.Server, &f.ServerNum, &f.SynchronousCommit); err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
 	}
 	err = conn.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''),
