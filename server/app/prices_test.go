@@ -61,28 +61,14 @@ func TestPriceChangeAtMidnightWithCallsInFlight(t *testing.T) {
 				vars[postgres.EnvURL] = pgtest.NewDatabase(t)
 				section = "[storage]\nbackend = \"postgres\""
 			}
-			cfg, err := Load(writeConfig(t, fmt.Sprintf(`
-[server]
-listen = "127.0.0.1:0"
-%s
-[ocr]
-model = "gemini-3.8-flash"
-base_url = %q
-dedupe_window = "0s"
-[budget]
-timezone = "UTC"
-[limits.user]
-rate = 100000
-burst = 1000
-[plans.free]
-monthly_quota = 1000
-`, section, gemini.URL)), env(vars))
+			cfg, err := Load(writeConfig(t, midnightConfig(section, gemini.URL)), env(vars))
 			if err != nil {
 				t.Fatal(err)
 			}
 			clock := newTestClock()
 			clock.ns.Store(time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC).UnixNano())
-			a, err := Open(context.Background(), cfg, Options{Getenv: env(vars), Logger: slog.New(slog.DiscardHandler), Now: clock.now})
+			logs := &lineLog{}
+			a, err := Open(context.Background(), cfg, Options{Getenv: env(vars), Logger: slog.New(slog.NewTextHandler(logs, nil)), Now: clock.now})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,6 +107,13 @@ monthly_quota = 1000
 					t.Fatalf("read %d: %d, want 200", i, s)
 				}
 			}
+			if n := logs.count(`msg="price change: calls are counted at the model's new list price from today"`,
+				"model=gemini-3.8-flash day=2027-01-01 input_usd_per_million=1.5 output_usd_per_million=7.5"); n != 1 {
+				t.Errorf("the new day's price logged %d times, want once:\n%s", n, logs.String())
+			}
+			if n := logs.count("price of gemini-3.8-flash on 2026-12-31: $0.75 in / $3.75 out per million tokens; from 2027-01-01 (in 1 days)"); n != 1 {
+				t.Errorf("the start logged the price and its change %d times, want once:\n%s", n, logs.String())
+			}
 
 			store := a.db.(interface {
 				Usage(from, to time.Time) ([]budget.UsageRecord, error)
@@ -151,6 +144,60 @@ monthly_quota = 1000
 			}
 		})
 	}
+}
+
+// midnightConfig is the config of the midnight test: gemini-3.8-flash at
+// the table's prices, days in UTC, storage as section says.
+func midnightConfig(section, baseURL string) string {
+	return fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+%s
+[ocr]
+model = "gemini-3.8-flash"
+base_url = %q
+dedupe_window = "0s"
+[budget]
+timezone = "UTC"
+[limits.user]
+rate = 100000
+burst = 1000
+[plans.free]
+monthly_quota = 1000
+`, section, baseURL)
+}
+
+// lineLog keeps what a logger writes, for the tests to count lines.
+type lineLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// count is how many lines hold every one of parts.
+func (l *lineLog) count(parts ...string) int {
+	n := 0
+	for _, line := range strings.Split(l.String(), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }
 
 // storedLedger reads the ledger's days from..to of a closed App's
