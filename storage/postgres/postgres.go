@@ -131,7 +131,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres: connect to %s: %w", cfg.ConnConfig.Host, err)
+		return nil, fmt.Errorf("postgres: connect to %s: %w%s", cfg.ConnConfig.Host, err, connectAdvice(err, cfg.ConnConfig.User, cfg.ConnConfig.Database))
 	}
 	if db.schema, err = migrate(ctx, pool, db.log); err != nil {
 		pool.Close()

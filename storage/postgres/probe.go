@@ -54,7 +54,7 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return Found{}, fmt.Errorf("postgres: connect to %s: %w", cfg.Host, err)
+		return Found{}, fmt.Errorf("postgres: connect to %s: %w%s", cfg.Host, err, connectAdvice(err, cfg.User, cfg.Database))
 	}
 	defer conn.Close(context.Background())
 	f := Found{Database: cfg.Database, Host: cfg.Host, Latest: LatestSchema()}
@@ -65,6 +65,11 @@ func Probe(ctx context.Context, url string) (Found, error) {
 		coalesce(current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE'), false)`).Scan(&f.Role, &f.SearchSchema, &f.CanCreate)
 	if err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
+	}
+	// What serve would refuse for want of a right, refused here alike
+	// (rights.go).
+	if err := checkRights(ctx, conn); err != nil {
+		return f, err
 	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
