@@ -118,6 +118,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
 	cfg.AfterConnect = notePID
+	cfg.ConnConfig.Tracer = newConnTracer(opts.Logger, opts.Now) // a refused connection, logged once a minute (connlog.go)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

@@ -30,6 +30,8 @@ type Found struct {
 	Role         string
 	SearchSchema string
 	CanCreate    bool
+	// Conns is what the server has of connections (conns.go).
+	Conns Conns
 }
 
 // MinServer is the oldest PostgreSQL (server_version_num) that keeps every
@@ -71,6 +73,9 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	if err := checkRights(ctx, conn); err != nil {
 		return f, err
 	}
+	if f.Conns, err = readConns(ctx, conn); err != nil {
+		return f, err
+	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
 		return f, err
@@ -80,6 +85,11 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	}
 	if f.Schema > f.Latest {
 		return f, fmt.Errorf("%w: the database is at schema %d, this binary knows up to %d", ErrNewerSchema, f.Schema, f.Latest)
+	}
+	if f.Schema >= 3 { // the migration that made money_owners
+		if f.Conns.Instances, err = countInstances(ctx, conn); err != nil {
+			return f, err
+		}
 	}
 	if f.Schema >= 2 { // the migration that made the keys and users
 		err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL), (SELECT count(*) FROM users)").Scan(&f.Keys, &f.Users)
