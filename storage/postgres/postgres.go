@@ -107,7 +107,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, errBadURL // pgx's message may quote the URL, password included
+		return nil, badURL(url) // pgx's message may quote the URL, password included
 	}
 	cfg.MaxConns = DefaultMaxConns
 	if opts.MaxConns > 0 {
@@ -132,7 +132,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres: connect to %s: %w%s", cfg.ConnConfig.Host, err, connectAdvice(err, cfg.ConnConfig.User, cfg.ConnConfig.Database))
+		return nil, fmt.Errorf("postgres: connect to %s: %w%s", cfg.ConnConfig.Host, err, connectAdvice(err, cfg.ConnConfig.User, cfg.ConnConfig.Database)+tlsAdvice(err, cfg.ConnConfig.Host))
 	}
 	if db.schema, err = migrate(ctx, pool, db.log); err != nil {
 		pool.Close()

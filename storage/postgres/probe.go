@@ -52,11 +52,11 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	}
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return Found{}, errBadURL // pgx's message may quote the URL, password included
+		return Found{}, badURL(url) // pgx's message may quote the URL, password included
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return Found{}, fmt.Errorf("postgres: connect to %s: %w%s", cfg.Host, err, connectAdvice(err, cfg.User, cfg.Database))
+		return Found{}, fmt.Errorf("postgres: connect to %s: %w%s", cfg.Host, err, connectAdvice(err, cfg.User, cfg.Database)+tlsAdvice(err, cfg.Host))
 	}
 	defer conn.Close(context.Background())
 	f := Found{Database: cfg.Database, Host: cfg.Host, Latest: LatestSchema()}
