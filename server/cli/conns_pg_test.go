@@ -107,8 +107,28 @@ monthly_quota = 100
 	}
 	// One instance running, and other clients holding 10 connections:
 	// (17 - 10) / 5 leaves room for one, which is taken.
-	_, _, stop := startApp(t, small, envFrom(env))
+	out, err = cliRun(small, env, "keys", "create", "--user", "alice", "--plan", "free")
+	if err != nil {
+		t.Fatalf("keys create: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	a, _, stop := startApp(t, small, envFrom(env))
 	defer stop()
+	// The instance keeps to its pool under a burst of reads: at most 4
+	// connections and its listener.
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, _ = postImage(a.Addr(), lines[len(lines)-1], labelPNG(t, uint8(i)))
+		}()
+	}
+	wg.Wait()
+	most := breakwaterConns(t, url("bw"))
+	if most > 4+1 {
+		t.Errorf("the instance holds %d connections after a burst, want at most storage.postgres_max_connections (4) and its listener", most)
+	}
 	holdConns(t, url("postgres"), 10) // released at the end
 	out, err = cliRun(small, env, "config", "check")
 	if err != nil {
@@ -208,4 +228,19 @@ burst = 100
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// breakwaterConns counts the connections Breakwater's instances hold.
+func breakwaterConns(t *testing.T, url string) int {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'breakwater'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
