@@ -163,7 +163,26 @@ type Config struct {
 	// past it, the other personal data (see DB.PrunePersonal). Default
 	// DefaultStatsRetentionDays (30); negative is an error.
 	StatsRetentionDays int `koanf:"stats_retention_days"`
+
+	// PostgresMaxConnections bounds each instance's pool of connections to
+	// PostgreSQL (backend "postgres"; the instance opens one more, which
+	// listens for the other instances' changes). Default
+	// DefaultPostgresMaxConnections; below MinPostgresMaxConnections is an
+	// error. Ignored by the bolt backend.
+	PostgresMaxConnections int `koanf:"postgres_max_connections"`
 }
+
+// DefaultPostgresMaxConnections is the pool of an instance on PostgreSQL
+// when Config.PostgresMaxConnections is zero: the usage records' writers,
+// the admissions, the background work and the operator's reads at once,
+// with room for a few instances under a small server's max_connections
+// (100).
+const DefaultPostgresMaxConnections = 16
+
+// MinPostgresMaxConnections is the smallest pool an instance works with:
+// the usage records' writer, an admission, the leader's lock and the
+// operator at once.
+const MinPostgresMaxConnections = 4
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -175,6 +194,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.StatsRetentionDays == 0 {
 		c.StatsRetentionDays = DefaultStatsRetentionDays
+	}
+	if c.PostgresMaxConnections == 0 {
+		c.PostgresMaxConnections = DefaultPostgresMaxConnections
 	}
 	return c
 }
@@ -189,6 +211,10 @@ func (c Config) Validate() error {
 	}
 	if c.StatsRetentionDays < 0 {
 		return fmt.Errorf("storage.stats_retention_days: %d is negative", c.StatsRetentionDays)
+	}
+	if c.PostgresMaxConnections != 0 && c.PostgresMaxConnections < MinPostgresMaxConnections {
+		return fmt.Errorf("storage.postgres_max_connections: %d is below %d (0 means the default, %d)",
+			c.PostgresMaxConnections, MinPostgresMaxConnections, DefaultPostgresMaxConnections)
 	}
 	return nil
 }

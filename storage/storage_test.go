@@ -59,24 +59,36 @@ func TestConfig(t *testing.T) {
 		{
 			name: "zero means defaults",
 			in:   Config{},
-			want: Config{Backend: BackendBolt, Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays},
+			want: Config{Backend: BackendBolt, Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays, PostgresMaxConnections: DefaultPostgresMaxConnections},
 		},
 		{
 			name: "set values kept",
-			in:   Config{Backend: BackendPostgres, Path: "/var/lib/bw.db", StatsRetentionDays: 7},
-			want: Config{Backend: BackendPostgres, Path: "/var/lib/bw.db", StatsRetentionDays: 7},
+			in:   Config{Backend: BackendPostgres, Path: "/var/lib/bw.db", StatsRetentionDays: 7, PostgresMaxConnections: 4},
+			want: Config{Backend: BackendPostgres, Path: "/var/lib/bw.db", StatsRetentionDays: 7, PostgresMaxConnections: 4},
 		},
 		{
 			name:    "negative retention",
 			in:      Config{StatsRetentionDays: -1},
-			want:    Config{Backend: BackendBolt, Path: DefaultPath, StatsRetentionDays: -1},
+			want:    Config{Backend: BackendBolt, Path: DefaultPath, StatsRetentionDays: -1, PostgresMaxConnections: DefaultPostgresMaxConnections},
 			wantErr: "storage.stats_retention_days",
 		},
 		{
 			name:    "unknown backend",
 			in:      Config{Backend: "sqlite"},
-			want:    Config{Backend: "sqlite", Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays},
+			want:    Config{Backend: "sqlite", Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays, PostgresMaxConnections: DefaultPostgresMaxConnections},
 			wantErr: "storage.backend",
+		},
+		{
+			name:    "a pool too small for an instance",
+			in:      Config{Backend: BackendPostgres, PostgresMaxConnections: 3},
+			want:    Config{Backend: BackendPostgres, Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays, PostgresMaxConnections: 3},
+			wantErr: "storage.postgres_max_connections",
+		},
+		{
+			name:    "a negative pool",
+			in:      Config{Backend: BackendPostgres, PostgresMaxConnections: -1},
+			want:    Config{Backend: BackendPostgres, Path: DefaultPath, StatsRetentionDays: DefaultStatsRetentionDays, PostgresMaxConnections: -1},
+			wantErr: "storage.postgres_max_connections",
 		},
 	}
 	for _, tt := range tests {

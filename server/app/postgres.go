@@ -29,7 +29,7 @@ const postgresOpenTimeout = 30 * time.Second
 func (a *App) openPostgres(cfg Config) error {
 	ctx, cancel := context.WithTimeout(context.Background(), postgresOpenTimeout)
 	defer cancel()
-	db, err := postgres.Open(ctx, a.opts.Getenv(postgres.EnvURL), postgres.Options{Logger: a.log, Now: a.opts.Now})
+	db, err := postgres.Open(ctx, a.opts.Getenv(postgres.EnvURL), postgres.Options{Logger: a.log, Now: a.opts.Now, MaxConns: int32(cfg.Storage.PostgresMaxConnections)})
 	if err != nil {
 		return err
 	}

@@ -47,7 +47,7 @@ func (e *env) configCheck() error {
 		fmt.Fprintln(out, "note: ocr.provider is \"simulated\": no real reads are made")
 	}
 	if c.Storage.Backend == storage.BackendPostgres {
-		if err := e.checkPostgres(); err != nil {
+		if err := e.checkPostgres(c.Storage.PostgresMaxConnections); err != nil {
 			return fmt.Errorf("serve would refuse to start: %w", err)
 		}
 	} else if getenv("BREAKWATER_ADMIN_TOKEN") == "" {
@@ -111,8 +111,9 @@ func printAlerts(out io.Writer, a detect.AlertsConfig, getenv func(string) strin
 }
 
 // checkPostgres connects to the database of storage.backend = "postgres"
-// and says what it found, writing nothing.
-func (e *env) checkPostgres() error {
+// and says what it found, writing nothing; pool is the instances'
+// storage.postgres_max_connections.
+func (e *env) checkPostgres(pool int) error {
 	out, getenv := e.stdout, e.getenv
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -139,6 +140,7 @@ func (e *env) checkPostgres() error {
 			"make the role the database's owner (CREATE DATABASE %s OWNER %s), or GRANT CREATE ON SCHEMA %s TO %s",
 			f.Role, where, f.Database, f.Database, f.Role, cmp.Or(f.SearchSchema, "public"), f.Role)
 	}
+	printConns(out, f.Conns, pool)
 	if f.ServerNum < postgres.MinServer {
 		fmt.Fprintf(out, "warning: PostgreSQL %s is older than 14: a usage record whose connection fails after its commit cannot be read back, and its read is then withheld (503) though it may be charged\n", f.Server)
 	}

@@ -91,6 +91,36 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int, er
 		return 0, fmt.Errorf("postgres: %w", err)
 	}
 	defer conn.Release()
+	latest := 0
+	if len(list) > 0 {
+		latest = list[len(list)-1].version
+	}
+	// A schema already current needs no DDL, nor the lock: a role with
+	// only the table rights serves (rights.go). Its rights are checked
+	// first, so that a role lacking one is refused at start with what to
+	// grant, not at its first request.
+	if err := checkRights(ctx, conn); err != nil {
+		return 0, err
+	}
+	var found bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&found); err != nil {
+		return 0, fmt.Errorf("postgres: read the schema version: %w", err)
+	}
+	var current int
+	if found {
+		if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM breakwater_schema").Scan(&current); err != nil {
+			return 0, fmt.Errorf("postgres: read the schema version: %w", err)
+		}
+		if current == latest {
+			return current, nil
+		}
+		if current > latest {
+			return current, newerSchema(current, latest)
+		}
+	}
+	if err := checkCreate(ctx, conn, current, latest); err != nil {
+		return current, err
+	}
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLock); err != nil {
 		return 0, fmt.Errorf("postgres: take the migration lock: %w", err)
 	}
@@ -102,16 +132,11 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int, er
 	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+schemaTable); err != nil {
 		return 0, fmt.Errorf("postgres: create breakwater_schema: %w", err)
 	}
-	var current int
 	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM breakwater_schema").Scan(&current); err != nil {
 		return 0, fmt.Errorf("postgres: read the schema version: %w", err)
 	}
-	latest := 0
-	if len(list) > 0 {
-		latest = list[len(list)-1].version
-	}
 	if current > latest {
-		return current, fmt.Errorf("%w: the database is at schema %d, this binary knows up to %d; run the newer breakwater, or restore a backup taken before the upgrade", ErrNewerSchema, current, latest)
+		return current, newerSchema(current, latest)
 	}
 	for _, m := range list {
 		if m.version <= current {
@@ -131,4 +156,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int, er
 		current = m.version
 	}
 	return current, nil
+}
+
+// newerSchema is Open's refusal of a database a newer Breakwater wrote.
+func newerSchema(current, latest int) error {
+	return fmt.Errorf("%w: the database is at schema %d, this binary knows up to %d; run the newer breakwater, or restore a backup taken before the upgrade", ErrNewerSchema, current, latest)
 }

@@ -101,7 +101,7 @@ type DB struct {
 // migrations. It refuses a URL that reaches a pooler in transaction or
 // statement mode (ErrPooledTransactions).
 func Open(ctx context.Context, url string, opts Options) (*DB, error) {
-	pool, err := connect(ctx, url, opts.MaxConns)
+	pool, err := connect(ctx, url, opts.MaxConns, opts.Logger, opts.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -124,18 +124,23 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 // serve gets: the same connection settings (poolConfig), a first
 // connection, and the check that its sessions are whole (checkSessions:
 // no pooler in transaction or statement mode in between).
-func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+//
+// log and now are for the refused connections' log line, once a minute
+// (connlog.go); nil takes slog.Default and time.Now.
+func connect(ctx context.Context, url string, maxConns int32, log *slog.Logger, now func() time.Time) (*pgxpool.Pool, error) {
 	cfg, err := poolConfig(url, maxConns)
 	if err != nil {
 		return nil, err
 	}
+	cfg.ConnConfig.Tracer = newConnTracer(log, now)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres: connect to %s: %w", cfg.ConnConfig.Host, err)
+		c := cfg.ConnConfig
+		return nil, fmt.Errorf("postgres: connect to %s: %w%s", c.Host, err, connectAdvice(err, c.User, c.Database)+tlsAdvice(err, c.Host))
 	}
 	if err := checkSessions(ctx, pool); err != nil {
 		pool.Close()
@@ -162,7 +167,7 @@ func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, errBadURL // pgx's message may quote the URL, password included
+		return nil, badURL(url) // pgx's message may quote the URL, password included
 	}
 	cfg.MaxConns = DefaultMaxConns
 	if maxConns > 0 {

@@ -29,6 +29,8 @@ type Found struct {
 	Role         string
 	SearchSchema string
 	CanCreate    bool
+	// Conns is what the server has of connections (conns.go).
+	Conns Conns
 }
 
 // MinServer is the oldest PostgreSQL (server_version_num) that keeps every
@@ -42,7 +44,7 @@ const MinServer = 140000
 // does, and so refuses what Open refuses. A database whose
 // schema is newer than this binary's is an error, as at Open.
 func Probe(ctx context.Context, url string) (Found, error) {
-	pool, err := connect(ctx, url, 2) // as serve connects: a pooler that would break serve fails here too
+	pool, err := connect(ctx, url, 2, nil, nil) // as serve connects: a pooler that would break serve fails here too
 	if err != nil {
 		return Found{}, err
 	}
@@ -62,6 +64,14 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	if err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
 	}
+	// What serve would refuse for want of a right, refused here alike
+	// (rights.go).
+	if err := checkRights(ctx, conn); err != nil {
+		return f, err
+	}
+	if f.Conns, err = readConns(ctx, conn); err != nil {
+		return f, err
+	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
 		return f, err
@@ -71,6 +81,11 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	}
 	if f.Schema > f.Latest {
 		return f, fmt.Errorf("%w: the database is at schema %d, this binary knows up to %d", ErrNewerSchema, f.Schema, f.Latest)
+	}
+	if f.Schema >= 3 { // the migration that made money_owners
+		if f.Conns.Instances, err = countInstances(ctx, conn); err != nil {
+			return f, err
+		}
 	}
 	if f.Schema >= 2 { // the migration that made the keys and users
 		err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL), (SELECT count(*) FROM users)").Scan(&f.Keys, &f.Users)
