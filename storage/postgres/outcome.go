@@ -196,15 +196,18 @@ func committed(t txn, last int64) bool {
 }
 
 // endSession ends session s, if it still runs, and reports whether it is
-// gone.
+// gone. Behind a pooler in session mode the server session may outlive
+// the client connection that lost its answer and be the one conn now
+// holds: then its transaction is over (the pooler hands out only an idle
+// session), so it counts as ended, and it is not terminated.
 func (m *Money) endSession(ctx context.Context, conn *pgxpool.Conn, s session) (bool, error) {
 	wait := max(m.opTO.Milliseconds()/2, 1)
-	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid, $3) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2",
+	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid, $3) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2 AND pid <> pg_backend_pid()",
 		s.pid, s.start, wait); err != nil {
 		return false, err
 	}
 	var alive bool
-	err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)", s.pid, s.start).Scan(&alive)
+	err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2 AND pid <> pg_backend_pid())", s.pid, s.start).Scan(&alive)
 	return !alive, err
 }
 
