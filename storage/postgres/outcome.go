@@ -135,15 +135,24 @@ func (m *Money) send(ctx context.Context, b *pgx.Batch, t txn) error {
 // sessionKey keys a connection's session in pgconn's CustomData.
 const sessionKey = "breakwater.session"
 
-// notePID keeps a new connection's session as the server knows it, for
-// outcome: pg_backend_pid, not the id the connection's start-up message
-// gave (a pooler gives one of its own), and when it began.
-func notePID(ctx context.Context, c *pgx.Conn) error {
-	var s session
-	if err := c.QueryRow(ctx, "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&s.pid, &s.start); err != nil {
+// noteSession keeps a new connection's session as the server knows it,
+// for outcome: pg_backend_pid, not the id the connection's start-up
+// message gave (a pooler gives one of its own), and when it began. In the
+// same query it notes whether the server has a synchronous standby: every
+// new connection, the first after a failover included, tells what the
+// server it reached says.
+func (db *DB) noteSession(ctx context.Context, c *pgx.Conn) error {
+	var (
+		s    session
+		sync bool
+	)
+	err := c.QueryRow(ctx, `SELECT pid, backend_start, current_setting('synchronous_standby_names') <> ''
+		FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&s.pid, &s.start, &sync)
+	if err != nil {
 		return err
 	}
 	c.PgConn().CustomData()[sessionKey] = s
+	db.syncStandby.Store(sync)
 	return nil
 }
 

@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,6 +95,15 @@ type DB struct {
 	rec records
 	// limitTimeout bounds a shared limit's decision (Options.LimitTimeout).
 	limitTimeout time.Duration
+	// syncStandby is whether the server of the newest connection has a
+	// synchronous standby (synchronous_standby_names is set): the
+	// counters then commit waiting for it too (money.go).
+	syncStandby atomic.Bool
+	// claims are the idempotency key claims owed a give-back
+	// (claims_owed.go); closed ends their writer.
+	claims    owedClaims
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // Open connects to the database at url, brings its schema up to this
@@ -117,12 +128,13 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	// the server's disk (and a synchronous standby's, if one is set up).
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
-	cfg.AfterConnect = notePID
+	db := &DB{log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout), closed: make(chan struct{})}
+	cfg.AfterConnect = db.noteSession
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	db := &DB{pool: pool, log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout)}
+	db.pool = pool
 	if db.log == nil {
 		db.log = slog.Default()
 	}
@@ -143,6 +155,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 // Close closes every connection of the pool; it waits for queries in
 // progress.
 func (db *DB) Close() error {
+	db.closeOnce.Do(func() { close(db.closed) })
 	db.pool.Close()
 	return nil
 }

@@ -30,6 +30,17 @@ type Found struct {
 	Role         string
 	SearchSchema string
 	CanCreate    bool
+	// SyncStandbyNames is the server's synchronous_standby_names: ""
+	// when its commits wait for no standby.
+	SyncStandbyNames string
+	// Standbys is how many standbys stream from the server
+	// (pg_stat_replication), SyncStandbys how many of those are
+	// synchronous (sync_state sync or quorum). StandbysHidden is how many
+	// whose state the role may not read: only a superuser or a member of
+	// pg_read_all_stats sees it, others see each standby's row alone.
+	Standbys, SyncStandbys, StandbysHidden int
+	// InRecovery is whether the server is itself a standby (read-only).
+	InRecovery bool
 }
 
 // MinServer is the oldest PostgreSQL (server_version_num) that keeps every
@@ -65,6 +76,12 @@ func Probe(ctx context.Context, url string) (Found, error) {
 		coalesce(current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE'), false)`).Scan(&f.Role, &f.SearchSchema, &f.CanCreate)
 	if err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
+	}
+	err = conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), pg_is_in_recovery(), count(*)::int,
+		(count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')))::int, (count(*) FILTER (WHERE sync_state IS NULL))::int
+		FROM pg_stat_replication`).Scan(&f.SyncStandbyNames, &f.InRecovery, &f.Standbys, &f.SyncStandbys, &f.StandbysHidden)
+	if err != nil {
+		return f, fmt.Errorf("postgres: read the standbys: %w", err)
 	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
