@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,23 @@ type Replicated struct {
 // removed when t ends. A test that needs it fails without PostgreSQL.
 func NewReplicated(t testing.TB, sync bool) *Replicated {
 	t.Helper()
+	return NewReplicatedWith(t, ReplicaOptions{Sync: sync})
+}
+
+// ReplicaOptions shape a primary and its standby.
+type ReplicaOptions struct {
+	// Sync makes the standby synchronous.
+	Sync bool
+	// Delay, when set, puts a proxy on loopback between the standby and
+	// its primary that holds every byte of the replication connection
+	// for Delay each way, as a standby at a distance would be.
+	Delay time.Duration
+}
+
+// NewReplicatedWith is NewReplicated with options.
+func NewReplicatedWith(t testing.TB, o ReplicaOptions) *Replicated {
+	t.Helper()
+	sync := o.Sync
 	settings := []string{"wal_level=replica", "max_wal_senders=10", "wal_keep_size=256MB"}
 	if sync {
 		settings = append(settings, "synchronous_standby_names="+StandbyName)
@@ -49,6 +67,13 @@ func NewReplicated(t testing.TB, sync bool) *Replicated {
 			cmd := primary.tool("pg_basebackup", "-d", conninfo, "-D", data, "-R", "-X", "stream", "-c", "fast", "--no-sync")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return fmt.Errorf("pg_basebackup: %v: %s", err, out)
+			}
+			if o.Delay > 0 {
+				port, err := delayProxy(t, primary.Port(), o.Delay)
+				if err != nil {
+					return err
+				}
+				conninfo = fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", port, StandbyName)
 			}
 			// -R wrote standby.signal and a primary_conninfo; this one
 			// (a later line wins) names the standby for
@@ -180,4 +205,62 @@ func (c *Cluster) tool(program string, args ...string) *exec.Cmd {
 		}
 	}
 	return cmd
+}
+
+// delayProxy listens on a loopback port and forwards each connection to
+// the primary's port, holding each chunk for delay in either direction.
+// It stops when t ends.
+func delayProxy(t testing.TB, to int, delay time.Duration) (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", to))
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go delayCopy(up, c, delay)
+			go delayCopy(c, up, delay)
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// delayCopy copies from src to dst, each chunk written delay after it
+// was read, in order; either side's end closes both.
+func delayCopy(dst, src net.Conn, delay time.Duration) {
+	type chunk struct {
+		at time.Time
+		b  []byte
+	}
+	q := make(chan chunk, 4096)
+	go func() {
+		defer close(q)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				q <- chunk{time.Now().Add(delay), b[:n]}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer dst.Close()
+	defer src.Close()
+	for c := range q {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			return
+		}
+	}
 }
