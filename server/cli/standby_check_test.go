@@ -59,6 +59,9 @@ func TestConfigCheckSaysWhetherThereIsASynchronousStandby(t *testing.T) {
 	url := r.CreateDatabase(t, "bw")
 	expect("a synchronous standby", check(url),
 		[]string{fmt.Sprintf("storage: 1 synchronous standby streaming (synchronous_standby_names = %q)", pgtest.StandbyName)}, []string{none})
+	if err := r.CaughtUp(10 * time.Second); err != nil { // the database made on the standby too
+		t.Fatal(err)
+	}
 	expect("the standby itself", check(r.Standby.URL("bw")), []string{"warning: the server is a standby (read-only)"}, []string{none})
 
 	// A role that is no superuser sees a standby's row, not its state.

@@ -95,6 +95,17 @@ func TestCooldownSurvivesFailover(t *testing.T) {
 	if cooling, err := f.Cooling(later); err != nil || len(cooling) != 1 || cooling[0].Key != keys[0] {
 		t.Errorf("after the clear the cooldowns are %v (%v), want only %s's", cooling, err, keys[0])
 	}
+	// Once the backoff no longer remembers it, the prune deletes the
+	// logged copy too.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.PruneFails(ctx, cfg, end.Add(3*time.Hour+limiter.BackoffMemory)); err != nil {
+		t.Fatal(err)
+	}
+	var logged int
+	if err := after.Pool().QueryRow(ctx, "SELECT count(*) FROM limit_fail_cooldowns").Scan(&logged); err != nil || logged != 0 {
+		t.Errorf("after the prune %d logged cooldowns are left (%v), want none", logged, err)
+	}
 }
 
 // openFailover opens url with a short limit timeout's patience for a

@@ -426,12 +426,16 @@ func runFailover(t *testing.T, o pgtest.ReplicaOptions) *failover {
 	defer cancel()
 	begin := time.Now()
 	phase := func(what string) { t.Logf("%v: %s", time.Since(begin).Round(time.Millisecond), what) }
+	conf, urlTemplate := docSnippets(t)
+	if o.Sync {
+		o.PrimarySettings = conf
+	}
 	r := pgtest.NewReplicatedWith(t, o)
 	phase("the primary and its standby are up")
 	r.CreateDatabase(t, "bw")
 	med, p90 := commitLatency(t, r.Primary.URL("postgres"))
 	t.Logf("a one-row commit on the primary (synchronous standby: %v): median %v, p90 %v", o.Sync, med, p90)
-	dbURL := r.MultiHostURL("bw")
+	dbURL := strings.NewReplacer("P1", fmt.Sprint(r.Primary.Port()), "P2", fmt.Sprint(r.Standby.Port()), "/db?", "/bw?").Replace(urlTemplate)
 	t.Logf("the instances' URL: %s", dbURL)
 	g := newGroup(t, dbURL)
 	phase("the instances are up")
@@ -808,4 +812,30 @@ func waitReplayed(t *testing.T, url string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// docSnippets reads the two snippets of docs/INSTANCES.md's "Failover to
+// a standby", which the tests run as they are: the primary's settings
+// ("name=value" each, for the synchronous standby) and the instances'
+// multi-host URL (P1, P2 and db to fill in).
+func docSnippets(t *testing.T) (conf []string, url string) {
+	t.Helper()
+	doc, err := os.ReadFile("docs/INSTANCES.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "\n### Failover to a standby\n")
+	blocks := strings.Split(section, "```")
+	if !ok || len(blocks) < 4 {
+		t.Fatal("docs/INSTANCES.md: no two snippets under ### Failover to a standby")
+	}
+	for _, line := range strings.Split(strings.TrimSpace(blocks[1]), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("docs/INSTANCES.md: %q is no setting", line)
+		}
+		conf = append(conf, strings.TrimSpace(name)+"="+strings.Trim(strings.TrimSpace(value), "'"))
+	}
+	return conf, strings.TrimSpace(blocks[3])
 }

@@ -40,6 +40,9 @@ func NewReplicated(t testing.TB, sync bool) *Replicated {
 type ReplicaOptions struct {
 	// Sync makes the standby synchronous.
 	Sync bool
+	// PrimarySettings are more settings of the primary, "name=value"
+	// each, after the ones NewReplicatedWith gives it.
+	PrimarySettings []string
 	// Delay, when set, puts a proxy on loopback between the standby and
 	// its primary that holds every byte of the replication connection
 	// for Delay each way, as a standby at a distance would be.
@@ -54,6 +57,7 @@ func NewReplicatedWith(t testing.TB, o ReplicaOptions) *Replicated {
 	if sync {
 		settings = append(settings, "synchronous_standby_names="+StandbyName)
 	}
+	settings = append(settings, o.PrimarySettings...)
 	primary := NewClusterWith(t, Options{
 		Settings: settings,
 		Init: func(data string) error {
