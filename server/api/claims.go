@@ -62,8 +62,10 @@ func (s *Server) claimKey(r *ocrRequest) (release func(), err error) {
 }
 
 // releaseKey gives back r's claim of its key unless an answer kept under
-// the key gave it back. A claim that cannot be given back lapses after
-// answerClaimTTL; until then a repeat of the key is told 409.
+// the key gave it back. A claim that cannot be given back now (the
+// database does not answer) the store gives back once it answers again,
+// or it lapses after answerClaimTTL; until then a repeat of the key is
+// told 409.
 func (s *Server) releaseKey(r *ocrRequest) {
 	if r.kept {
 		return
@@ -71,7 +73,7 @@ func (s *Server) releaseKey(r *ocrRequest) {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	if err := s.d.Claims.ReleaseAnswer(ctx, r.who.UserID, r.key); err != nil {
-		s.log.Warn("idempotency key claim not given back: it lapses on its own", "user", r.who.UserID,
+		s.log.Warn("idempotency key claim not given back now: it is once the database answers, or it lapses", "user", r.who.UserID,
 			"request_id", r.id, "lapses_in", answerClaimTTL.String(), "err", err)
 	}
 }

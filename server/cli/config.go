@@ -110,6 +110,33 @@ func printAlerts(out io.Writer, a detect.AlertsConfig, getenv func(string) strin
 	}
 }
 
+// checkStandbys says whether the server's commits wait for a synchronous
+// standby, which a failover must be to lose nothing, and warns when they
+// do not, or wait for one that is not there.
+func checkStandbys(out io.Writer, f postgres.Found) {
+	names := f.SyncStandbyNames
+	switch {
+	case f.InRecovery:
+		fmt.Fprintln(out, "warning: the server is a standby (read-only): Breakwater needs the primary; list both in the URL with target_session_attrs=read-write")
+	case names == "":
+		async := ""
+		if f.Standbys > 0 {
+			async = fmt.Sprintf(" (%d asynchronous %s streaming)", f.Standbys, plural(f.Standbys, "standby", "standbys"))
+		}
+		fmt.Fprintf(out, "warning: the server has no synchronous standby%s (synchronous_standby_names is empty): a failover to a standby may lose "+
+			"the last commits (budget leases, usage rows of answered reads, attempts, quota holds); see docs/INSTANCES.md, Failover to a standby\n", async)
+	case f.SyncStandbys > 0:
+		fmt.Fprintf(out, "storage: %d synchronous %s streaming (synchronous_standby_names = %q): every commit of the money waits for it\n",
+			f.SyncStandbys, plural(f.SyncStandbys, "standby", "standbys"), names)
+	case f.StandbysHidden > 0:
+		fmt.Fprintf(out, "note: synchronous_standby_names = %q, and the role %s may not read the standbys' state (pg_stat_replication needs "+
+			"pg_read_all_stats): whether a synchronous standby is connected is not known; while none is, every commit waits\n", names, f.Role)
+	default:
+		fmt.Fprintf(out, "warning: synchronous_standby_names = %q but no synchronous standby is connected: every commit waits for one, "+
+			"and paid reads stop, until one connects\n", names)
+	}
+}
+
 // checkPostgres connects to the database of storage.backend = "postgres"
 // and says what it found, writing nothing; pool is the instances'
 // storage.postgres_max_connections.
@@ -144,6 +171,7 @@ func (e *env) checkPostgres(pool int) error {
 	if f.ServerNum < postgres.MinServer {
 		fmt.Fprintf(out, "warning: PostgreSQL %s is older than 14: a usage record whose connection fails after its commit cannot be read back, and its read is then withheld (503) though it may be charged\n", f.Server)
 	}
+	checkStandbys(out, f)
 	if f.SynchronousCommit != "on" {
 		fmt.Fprintf(out, "note: the server's synchronous_commit is %q; Breakwater's sessions set it on\n", f.SynchronousCommit)
 	}

@@ -150,6 +150,13 @@ func (db *DB) ClaimAnswer(ctx context.Context, user, key string, ttl time.Durati
 		ON CONFLICT (user_id, key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
 		WHERE answer_claims.expires_at <= $5`, user, key, db.rec.ownerID(), now.Add(ttl), now)
 	if err != nil {
+		if unreachable(err) {
+			// The claim may have committed, its answer lost with the
+			// connection (a failover): the caller goes on unclaimed,
+			// and the claim, if it exists, is given back once the
+			// database answers rather than left to lapse.
+			db.oweClaim(user, key)
+		}
 		return false, fmt.Errorf("claim answer of %s: %w", user, err)
 	}
 	return tag.RowsAffected() == 1, nil
@@ -157,10 +164,16 @@ func (db *DB) ClaimAnswer(ctx context.Context, user, key string, ttl time.Durati
 
 // ReleaseAnswer gives up this instance's claim of user's idempotency key
 // (a read that failed and keeps no answer), so that a retry anywhere may
-// claim it at once. Another instance's claim is left alone.
+// claim it at once. Another instance's claim is left alone. When the
+// database does not answer, the give-back is owed and written once it
+// does (claims_owed.go); the error says so.
 func (db *DB) ReleaseAnswer(ctx context.Context, user, key string) error {
 	_, err := db.pool.Exec(ctx, `DELETE FROM answer_claims WHERE user_id = $1 AND key = $2 AND owner = $3`, user, key, db.rec.ownerID())
 	if err != nil {
+		if unreachable(err) {
+			db.oweClaim(user, key)
+			return fmt.Errorf("release answer of %s (given back once the database answers): %w", user, err)
+		}
 		return fmt.Errorf("release answer of %s: %w", user, err)
 	}
 	return nil

@@ -107,7 +107,12 @@ func (f *Fails) queueFinish(b *pgx.Batch, keys []string, outcome limiter.FailOut
 func (f *Fails) Cooling(now time.Time) ([]limiter.Cooldown, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), operatorTimeout)
 	defer cancel()
-	rows, err := f.l.db.pool.Query(ctx, "SELECT key, cool_until FROM limit_fails WHERE name = $1 AND cool_until > $2 ORDER BY key",
+	// limit_fail_cooldowns holds every cooldown started (migration
+	// 0014), also those a failover emptied limit_fails of.
+	rows, err := f.l.db.pool.Query(ctx, `SELECT key, max(cool_until) FROM (
+		SELECT key, cool_until FROM limit_fails WHERE name = $1 AND cool_until > $2
+		UNION ALL SELECT key, cool_until FROM limit_fail_cooldowns WHERE name = $1 AND cool_until > $2) c
+		GROUP BY key ORDER BY key`,
 		f.name, now.UnixNano())
 	if err != nil {
 		return nil, err
@@ -128,9 +133,13 @@ func (f *Fails) Cooling(now time.Time) ([]limiter.Cooldown, error) {
 func (f *Fails) Clear(key string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), operatorTimeout)
 	defer cancel()
-	tag, err := f.l.db.pool.Exec(ctx, "UPDATE limit_fails SET fails = 0, cool_until = 0, cool_length = 0 WHERE name = $1 AND key = $2",
-		f.name, key)
-	return tag.RowsAffected() > 0, err
+	var n int64
+	err := f.l.db.pool.QueryRow(ctx, `WITH
+		logged AS (DELETE FROM limit_fail_cooldowns WHERE name = $1 AND key = $2 RETURNING 1),
+		live AS (UPDATE limit_fails SET fails = 0, cool_until = 0, cool_length = 0 WHERE name = $1 AND key = $2 RETURNING 1)
+		SELECT (SELECT count(*) FROM logged) + (SELECT count(*) FROM live)`,
+		f.name, key).Scan(&n)
+	return n > 0, err
 }
 
 // GlobalFailures returns the failures over every key in the last hour at
@@ -147,7 +156,8 @@ func (f *Fails) GlobalFailures(now time.Time) (int, error) {
 
 // PruneFails deletes what no longer affects any decision at now under
 // cfg: keys with no attempt in progress, no run and no cooldown (nor one
-// the backoff remembers), and minutes out of the net's hour.
+// the backoff remembers), the logged copies of such cooldowns, and
+// minutes out of the net's hour.
 func (f *Fails) PruneFails(ctx context.Context, cfg limiter.FailConfig, now time.Time) (int64, error) {
 	cfg = cfg.WithDefaults()
 	t := now.UnixNano()
@@ -160,6 +170,9 @@ func (f *Fails) PruneFails(ctx context.Context, cfg limiter.FailConfig, now time
 		AND (fails = 0 OR last < $3) AND cool_until <= $4`,
 		f.name, t-int64(PendingTTL), t-int64(cfg.Window), coolCutoff)
 	if err != nil {
+		return 0, err
+	}
+	if _, err := f.l.db.pool.Exec(ctx, "DELETE FROM limit_fail_cooldowns WHERE name = $1 AND cool_until <= $2", f.name, coolCutoff); err != nil {
 		return 0, err
 	}
 	if _, err := f.l.db.pool.Exec(ctx, "DELETE FROM limit_fail_minutes WHERE name = $1 AND minute <= $2", f.name, now.Unix()/60-60); err != nil {

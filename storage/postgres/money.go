@@ -350,6 +350,15 @@ func (m *Money) do(ctx context.Context, op *groupOp) error {
 // the holds of reads in flight, which the quota then does not count until
 // they are recorded (a user at the edge may pass it by that many reads).
 // A read would then wait for two disk writes, not one.
+//
+// With a synchronous standby (the server's synchronous_standby_names is
+// set) the counters lane commits as the money lane does, waiting for the
+// standby: a failover to it then loses no attempt and no quota hold. An
+// asynchronous commit there would be lost with the primary while the
+// instance that made it goes on, and the give-back of a hold the new
+// primary never had would end another read's hold (holds are counted per
+// user and instance): a user at the edge of their quota would pass it by
+// the reads in flight at the failover (TestFailoverToSynchronousStandby).
 const (
 	laneRows   = iota // counters: no ledger row, no usage row
 	laneLedger        // a ledger row or a usage row
@@ -477,7 +486,7 @@ func (m *Money) runSteps(ops []*groupOp, steps []step) error {
 	// transaction (all or nothing), in one round trip.
 	b := &pgx.Batch{}
 	t := txn{lane: lane, token: m.queueToken(b, lane, 1), what: groupWhat(ops), then: groupThen(ops)}
-	if lane == laneRows {
+	if lane == laneRows && !m.db.syncStandby.Load() {
 		// For this transaction only (is_local): the session keeps on.
 		b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	}

@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,6 +96,15 @@ type DB struct {
 	rec records
 	// limitTimeout bounds a shared limit's decision (Options.LimitTimeout).
 	limitTimeout time.Duration
+	// syncStandby is whether the server of the newest connection has a
+	// synchronous standby (synchronous_standby_names is set): the
+	// counters then commit waiting for it too (money.go).
+	syncStandby atomic.Bool
+	// claims are the idempotency key claims owed a give-back
+	// (claims_owed.go); closed ends their writer.
+	claims    owedClaims
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // Open connects to the database at url, brings its schema up to this
@@ -101,11 +112,12 @@ type DB struct {
 // migrations. It refuses a URL that reaches a pooler in transaction or
 // statement mode (ErrPooledTransactions).
 func Open(ctx context.Context, url string, opts Options) (*DB, error) {
-	pool, err := connect(ctx, url, opts.MaxConns, opts.Logger, opts.Now)
+	db := &DB{log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout), closed: make(chan struct{})}
+	pool, err := connect(ctx, url, opts.MaxConns, opts.Logger, opts.Now, db.syncStandby.Store)
 	if err != nil {
 		return nil, err
 	}
-	db := &DB{pool: pool, log: opts.Logger, now: opts.Now, limitTimeout: cmp.Or(opts.LimitTimeout, LimitTimeout)}
+	db.pool = pool
 	if db.log == nil {
 		db.log = slog.Default()
 	}
@@ -127,8 +139,13 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 //
 // log and now are for the refused connections' log line, once a minute
 // (connlog.go); nil takes slog.Default and time.Now.
-func connect(ctx context.Context, url string, maxConns int32, log *slog.Logger, now func() time.Time) (*pgxpool.Pool, error) {
-	cfg, err := poolConfig(url, maxConns)
+//
+// onSync, when not nil, is told at each new connection whether its server
+// has a synchronous standby (synchronous_standby_names set): every new
+// connection, the first after a failover included, says what the server
+// it reached says.
+func connect(ctx context.Context, url string, maxConns int32, log *slog.Logger, now func() time.Time, onSync func(bool)) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(url, maxConns, onSync)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +175,7 @@ func connect(ctx context.Context, url string, maxConns int32, log *slog.Logger, 
 // parameter"), and the usual way around that, telling it to ignore the
 // setting, would drop it silently. So each session's own settings are set
 // by a statement once it is connected (setupSession).
-func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
+func poolConfig(url string, maxConns int32, onSync func(bool)) (*pgxpool.Config, error) {
 	if url == "" {
 		return nil, ErrNoURL
 	}
@@ -174,7 +191,7 @@ func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 		cfg.MaxConns = maxConns
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
-	cfg.AfterConnect = setupSession
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { return setupSession(ctx, c, onSync) }
 	return cfg, nil
 }
 
@@ -184,21 +201,27 @@ func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 // session, for outcome. One round trip, in the simple protocol: a
 // prepared statement's name would be another session's too behind a
 // transaction pooler, and fail there before checkSessions could say why.
-func setupSession(ctx context.Context, c *pgx.Conn) error {
+func setupSession(ctx context.Context, c *pgx.Conn, onSync func(bool)) error {
 	var s session
 	var set string
+	var sync bool
 	err := c.QueryRow(ctx, `SELECT set_config('synchronous_commit', 'on', false), pg_backend_pid(),
-		(SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())`, pgx.QueryExecModeSimpleProtocol).Scan(&set, &s.pid, &s.start)
+		(SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()), current_setting('synchronous_standby_names') <> ''`,
+		pgx.QueryExecModeSimpleProtocol).Scan(&set, &s.pid, &s.start, &sync)
 	if err != nil {
 		return err
 	}
 	c.PgConn().CustomData()[sessionKey] = s
+	if onSync != nil {
+		onSync(sync)
+	}
 	return nil
 }
 
 // Close closes every connection of the pool; it waits for queries in
 // progress.
 func (db *DB) Close() error {
+	db.closeOnce.Do(func() { close(db.closed) })
 	db.pool.Close()
 	return nil
 }

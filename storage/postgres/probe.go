@@ -31,6 +31,17 @@ type Found struct {
 	CanCreate    bool
 	// Conns is what the server has of connections (conns.go).
 	Conns Conns
+	// SyncStandbyNames is the server's synchronous_standby_names: ""
+	// when its commits wait for no standby.
+	SyncStandbyNames string
+	// Standbys is how many standbys stream from the server
+	// (pg_stat_replication), SyncStandbys how many of those are
+	// synchronous (sync_state sync or quorum). StandbysHidden is how many
+	// whose state the role may not read: only a superuser or a member of
+	// pg_read_all_stats sees it, others see each standby's row alone.
+	Standbys, SyncStandbys, StandbysHidden int
+	// InRecovery is whether the server is itself a standby (read-only).
+	InRecovery bool
 }
 
 // MinServer is the oldest PostgreSQL (server_version_num) that keeps every
@@ -44,7 +55,7 @@ const MinServer = 140000
 // does, and so refuses what Open refuses. A database whose
 // schema is newer than this binary's is an error, as at Open.
 func Probe(ctx context.Context, url string) (Found, error) {
-	pool, err := connect(ctx, url, 2, nil, nil) // as serve connects: a pooler that would break serve fails here too
+	pool, err := connect(ctx, url, 2, nil, nil, nil) // as serve connects: a pooler that would break serve fails here too
 	if err != nil {
 		return Found{}, err
 	}
@@ -71,6 +82,12 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	}
 	if f.Conns, err = readConns(ctx, conn); err != nil {
 		return f, err
+	}
+	err = conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), pg_is_in_recovery(), count(*)::int,
+		(count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')))::int, (count(*) FILTER (WHERE sync_state IS NULL))::int
+		FROM pg_stat_replication`).Scan(&f.SyncStandbyNames, &f.InRecovery, &f.Standbys, &f.SyncStandbys, &f.StandbysHidden)
+	if err != nil {
+		return f, fmt.Errorf("postgres: read the standbys: %w", err)
 	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
