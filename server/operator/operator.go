@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile"
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/server/guard/state"
@@ -47,6 +48,7 @@ type Service interface {
 	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
 	ClearCooldown(ctx context.Context, source, key string) (CooldownInfo, error)
 	EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error)
+	Ledger(ctx context.Context, from, to string) (reconcile.Ledger, error)
 }
 
 var (
