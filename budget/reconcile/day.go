@@ -38,7 +38,7 @@ func compareDay(day string, ld LedgerDay, counted map[string]*Counted, bd *billD
 	}
 	if rest := ld.SpendMicroUSD - attributed; rest != 0 {
 		lines = append(lines, Line{Day: day, Model: Unattributed, Kind: KindUnattributed, CountedUSD: usd(rest),
-			Note: "the ledger's calls without a usage row: failed calls at their cost, withheld answers, calls left open at their worst case"})
+			Note: "calls without a usage row: failed, withheld, or open at their worst case"})
 	}
 	if len(bd.unmatched) > 0 {
 		var sum int64

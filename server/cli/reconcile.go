@@ -143,10 +143,10 @@ func printReconcile(w, stderr io.Writer, asJSON bool, rep reconcile.Report) erro
 		for _, l := range rep.Lines {
 			note := l.Note
 			if l.Beyond {
-				note = strings.TrimSpace("BEYOND " + percent(rep.MaxDrift) + " " + causeText(l.Cause) + " " + note)
+				note = joinNonEmpty(": ", "BEYOND "+percent(rep.MaxDrift)+causeText(l.Cause), note)
 			}
 			if l.Kind == reconcile.KindDay && l.CreditsUSD != 0 {
-				note = strings.TrimSpace(note + fmt.Sprintf(" credits $%.6f apart", l.CreditsUSD))
+				note = joinNonEmpty("; ", note, fmt.Sprintf("credits $%.6f apart", l.CreditsUSD))
 			}
 			row(l.Day, l.Model, fmt.Sprintf("$%.6f", l.CountedUSD), fmt.Sprintf("$%.6f", l.BilledUSD), driftText(l.Drift),
 				tokensText(l.Kind, l.InputTokens, l.BilledInputTokens), tokensText(l.Kind, l.OutputTokens, l.BilledOutputTokens), orDashText(note))
@@ -198,11 +198,22 @@ func tokensText(kind string, counted int64, billed *float64) string {
 func causeText(cause string) string {
 	switch cause {
 	case reconcile.CausePrice:
-		return "(the price):"
+		return " (the price)"
 	case reconcile.CauseTokens:
-		return "(the tokens):"
+		return " (the tokens)"
 	}
 	return ""
+}
+
+// joinNonEmpty joins the parts that are not empty with sep.
+func joinNonEmpty(sep string, parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, sep)
 }
 
 func orDashText(s string) string {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/app"
 	"breakwater/server/cli"
 	"breakwater/storage"
 	"breakwater/storage/postgres"
@@ -193,5 +195,52 @@ func TestReconcileBadBill(t *testing.T) {
 	}
 	if out, code, stderr := reconcileOn(t, path, envFrom(nil), "--bill", focusBill, "--from", "2026-12-02", "--to", "2026-12-03"); code != 0 || !strings.Contains(out, "rows of days outside") {
 		t.Errorf("days the bill does not cover: exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// The [reconcile] block of docs/CONFIGURATION.md, as written, names the
+// model of rows that name none: without it they are unmatched.
+func TestReconcileDocumentedSKU(t *testing.T) {
+	doc, err := os.ReadFile("docs/CONFIGURATION.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(string(doc), "## Reconciling with the bill")
+	_, block, ok := strings.Cut(after, "```toml\n")
+	block, _, closed := strings.Cut(block, "```")
+	if !ok || !closed || !strings.Contains(block, "[[reconcile.sku]]") {
+		t.Fatal("docs/CONFIGURATION.md has no toml block with a [[reconcile.sku]] under Reconciling with the bill")
+	}
+	fixture, err := os.ReadFile(focusBill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bill := writeConfig(t, strings.ReplaceAll(string(fixture), "Gemini 3.5 Flash Lite", "Gemini Flash Lite 3.5"))
+	db := filepath.Join(t.TempDir(), "bw.db")
+	boltLedger(t, db, 1)
+	for _, tt := range []struct {
+		extra     string
+		unmatched bool
+	}{{"", true}, {block, false}} {
+		out, code, stderr := reconcileOn(t, operatorConfig(t, freeAddr(t), db, tt.extra), envFrom(nil), "--bill", bill)
+		if strings.Contains(out, "(unmatched)") != tt.unmatched || code != 0 {
+			t.Errorf("with %q: exit %d, unmatched rows %v, want %v:\n%s%s", tt.extra, code, !tt.unmatched, tt.unmatched, out, stderr)
+		}
+	}
+}
+
+// A [reconcile] mistake stops the start with the key named; an explicit
+// max_drift = 0 is refused, not taken for the default.
+func TestReconcileConfigRefused(t *testing.T) {
+	for extra, want := range map[string]string{
+		"[reconcile]\nmax_drift = 0\n":                                         "reconcile.max_drift",
+		"[[reconcile.sku]]\nmatch = \"x\"\nmodel = \"gpt-9\"\n":                `reconcile.sku[0].model: "gpt-9"`,
+		"[reconcile]\nbigquery_table = \"billing_export\"\n":                   "reconcile.bigquery_table",
+		"[[reconcile.sku]]\nmatch = \"Flash\"\nmodel = \"gemini-2.5-flash\"\n": "",
+	} {
+		_, err := app.Load(simulatedConfig(t, "[plans.free]\nmonthly_quota = 10\n"+extra), envFrom(nil))
+		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {
+			t.Errorf("%q: %v, want an error naming %q", extra, err, want)
+		}
 	}
 }
