@@ -65,6 +65,9 @@ type Options struct {
 	// missed while the server was down): for the demo's throwaway
 	// database, which has no yesterday.
 	NoCatchUp bool
+	// BigQueryEndpoint replaces BigQuery's REST API for the daily
+	// reconciliation (a test's fake); "": Google's.
+	BigQueryEndpoint string
 }
 
 func (o Options) withDefaults() Options {
@@ -298,7 +301,11 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 	if pg, ok := a.db.(*postgres.DB); ok {
 		sched.Elector = pg // the instances elect one to run the service's detection
 	}
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, sched)
+	runner, err := a.dailyRunner(cfg, alerter)
+	if err != nil {
+		return nil, err
+	}
+	scheduler, err := detect.NewScheduler(runner, cfg.Detect, loc, sched)
 	if err != nil {
 		return nil, err
 	}
