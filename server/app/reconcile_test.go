@@ -99,16 +99,17 @@ func TestDailyReconciliationAlertsOnce(t *testing.T) {
 	defer srv.Close()
 	db := filepath.Join(t.TempDir(), "bw.db")
 	halfPriceLedger(t, db)
-	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n%s"+
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n[storage]\npath = %q\n[ocr]\nprovider = \"simulated\"\n%s"+
 		"[reconcile]\nbigquery_table = \"%s.billing_export.gcp_billing_export_v1_01A2B3\"\n"+
 		"[alerts]\n[[alerts.webhook]]\nformat = \"json\"\nurl_env = \"HOOK_URL\"\n", db, minimal, bqtest.Project))
-	secrets := env(map[string]string{"HOOK_URL": srv.URL, "GOOGLE_APPLICATION_CREDENTIALS": fake.ServiceAccount(t)})
+	const token = "reconcile-dashboard-token-0123456789"
+	secrets := env(map[string]string{"HOOK_URL": srv.URL, "GOOGLE_APPLICATION_CREDENTIALS": fake.ServiceAccount(t), "BREAKWATER_ADMIN_TOKEN": token})
 	cfg, err := Load(path, secrets)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// runAt opens the service at now, lets its daily run go, and closes it.
-	runAt := func(now time.Time, queries int) {
+	// openAt opens the service at now and lets its daily run go.
+	openAt := func(now time.Time, queries int) *App {
 		t.Helper()
 		a, err := Open(context.Background(), cfg, Options{Getenv: secrets, BigQueryEndpoint: fake.Endpoint(), Now: func() time.Time { return now }})
 		if err != nil {
@@ -119,11 +120,13 @@ func TestDailyReconciliationAlertsOnce(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		time.Sleep(300 * time.Millisecond) // the alert's delivery, or its absence
-		a.Close()
 		if len(fake.Queries()) < queries {
+			a.Close()
 			t.Fatalf("at %s: %d reconciliations, want %d", now, len(fake.Queries()), queries)
 		}
+		return a
 	}
+	runAt := func(now time.Time, queries int) { openAt(now, queries).Close() }
 	d2 := driftDay.AddDate(0, 0, 2).Add(6 * time.Hour) // D+2, after detect.run_at
 	runAt(d2, 1)
 	got := hook.drifts()
@@ -144,10 +147,40 @@ func TestDailyReconciliationAlertsOnce(t *testing.T) {
 	if n := len(hook.drifts()); n != 2 {
 		t.Fatalf("ledger_drift notices after late rows: %d, want 2", n)
 	}
+	a := openAt(d2.AddDate(0, 0, 2).Add(time.Hour), 5)
+	page := dashboardPage(t, a, token)
+	a.Close()
+	for _, want := range []string{"days 2026-11-28 to 2026-12-03", "1 day(s) beyond 0.05</strong> (2026-12-01)",
+		"<td>2026-12-01</td><td>gemini-3.5-flash-lite</td><td class=\"n\">$0.090000</td><td class=\"n\">$0.200000</td><td class=\"n\">&#43;1.22</td>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the dashboard has no %q:\n%s", want, page)
+		}
+	}
 	st, err := openLast(t, db)
 	if err != nil || st.From != "2026-11-28" || st.To != "2026-12-03" || len(st.Beyond) != 1 || st.Beyond[0] != "2026-12-01" {
 		t.Errorf("the last reconciliation kept: %+v %v", st, err)
 	}
+}
+
+// dashboardPage is the admin dashboard of a.
+func dashboardPage(t *testing.T, a *App, token string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+a.AdminAddr()+"/", nil)
+	req.SetBasicAuth("admin", token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("dashboard: %d %s", resp.StatusCode, b)
+	}
+	i := strings.Index(string(b), "The ledger against")
+	if i < 0 {
+		t.Fatalf("the dashboard has no reconciliation:\n%s", b)
+	}
+	return string(b[i:min(len(b), i+3000)])
 }
 
 // openLast reads the last reconciliation the database keeps.

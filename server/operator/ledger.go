@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -61,6 +62,20 @@ func (o *Operator) Ledger(ctx context.Context, from, to string) (reconcile.Ledge
 	}
 	l.Models = sum.Counted()
 	return l, nil
+}
+
+// LastReconciliation is the daily reconciliation's last result, as the
+// instance that ran it kept it (shared on PostgreSQL); ok false when none
+// ran.
+func (o *Operator) LastReconciliation() (last reconcile.Last, ok bool, err error) {
+	state, err := o.store.LoadState(reconcile.StateName)
+	if err != nil || state["last"] == nil {
+		return reconcile.Last{}, false, err
+	}
+	if err := json.Unmarshal(state["last"], &last); err != nil {
+		return reconcile.Last{}, false, fmt.Errorf("the last reconciliation: %w", err)
+	}
+	return last, true, nil
 }
 
 // Ledger asks the running server for the ledger of from..to.

@@ -73,6 +73,7 @@ type Store interface {
 	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
 	BudgetDays(from, to string) ([]budget.LedgerDay, error)
+	LoadState(name string) (map[string][]byte, error)
 	RecordStore
 	Path() string
 }
