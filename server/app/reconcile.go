@@ -22,9 +22,14 @@ type reconcilingRunner struct {
 	daily *reconcile.Daily
 }
 
-// Digest mails the detection's digest, then reconciles.
+// Digest mails the detection's digest, then reconciles when the run ran
+// a day: once a day, on the instance that ran it, and not again at each
+// restart that finds nothing due.
 func (r reconcilingRunner) Digest(reps []detect.Report) bool {
 	ok := r.DayRunner.Digest(reps)
+	if len(reps) == 0 {
+		return ok
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), reconcileTimeout)
 	defer cancel()
 	_, _ = r.daily.Run(ctx) // logs its failure; the next run tries again

@@ -137,17 +137,17 @@ func TestDailyReconciliationAlertsOnce(t *testing.T) {
 	if got[0].Summary != want || !strings.Contains(got[0].Details["2026-12-01 gemini-3.5-flash-lite"], "drift +1.00, cause: price") {
 		t.Errorf("notice %q %v, want %q", got[0].Summary, got[0].Details, want)
 	}
-	runAt(d2.Add(time.Hour), 2)   // the same day again
-	runAt(d2.AddDate(0, 0, 1), 3) // the next day, the same figures
+	runAt(d2.Add(time.Hour), 1)   // a restart the same day: nothing due, no second run
+	runAt(d2.AddDate(0, 0, 1), 2) // the next day, the same figures
 	if n := len(hook.drifts()); n != 1 {
 		t.Fatalf("ledger_drift notices after two more runs at the same figures: %d, want still 1", n)
 	}
 	fake.SetRows(billRows(0.02)...) // late rows: the day's bill grows
-	runAt(d2.AddDate(0, 0, 2), 4)
+	runAt(d2.AddDate(0, 0, 2), 3)
 	if n := len(hook.drifts()); n != 2 {
 		t.Fatalf("ledger_drift notices after late rows: %d, want 2", n)
 	}
-	a := openAt(d2.AddDate(0, 0, 2).Add(time.Hour), 5)
+	a := openAt(d2.AddDate(0, 0, 2).Add(time.Hour), 3)
 	page := dashboardPage(t, a, token)
 	a.Close()
 	for _, want := range []string{"days 2026-11-28 to 2026-12-03", "1 day(s) beyond 0.05</strong> (2026-12-01)",
