@@ -20,9 +20,6 @@ const (
 	Lookback = 7
 )
 
-// KindLedgerDrift is the alert of a day whose bill is beyond max_drift.
-const KindLedgerDrift = "ledger_drift"
-
 // StateName is the named state (storage's SaveState) that holds the last
 // reconciliation and the days already alerted: shared by every instance
 // on PostgreSQL.
@@ -49,8 +46,8 @@ type DailyOptions struct {
 	// Ledger reads the ledger of the days from..to.
 	Ledger func(ctx context.Context, from, to string) (Ledger, error)
 	State  StateStore
-	// Alert raises the ledger_drift alert, at most once a day; it
-	// reports whether it did.
+	// Alert raises the alert of a drift (ledger_drift), at most once a
+	// day; it reports whether it did.
 	Alert  func(summary string, details map[string]string) bool
 	Prices Prices
 	Logger *slog.Logger
@@ -58,7 +55,7 @@ type DailyOptions struct {
 }
 
 // Daily reconciles the last complete days with the bill, keeps the
-// result, and raises ledger_drift for a day beyond max_drift that was not
+// result, and raises an alert for a day beyond max_drift that was not
 // raised at the same figures before.
 type Daily struct{ o DailyOptions }
 
@@ -188,6 +185,10 @@ func alertText(rep Report, days []Line) (string, map[string]string) {
 		details[key] = fmt.Sprintf("counted $%.6f, billed $%.6f, drift %s", line.CountedUSD, line.BilledUSD, driftWords(line.Drift))
 		if line.Cause != "" {
 			details[key] += ", cause: " + line.Cause
+		}
+		if line.SuggestedInput != nil {
+			details[key] += fmt.Sprintf(", agreeing price $%s input and $%s output per million tokens",
+				strconv.FormatFloat(*line.SuggestedInput, 'f', -1, 64), strconv.FormatFloat(*line.SuggestedOutput, 'f', -1, 64))
 		}
 		if line.Note != "" {
 			details[key] += " (" + line.Note + ")"

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile/bigquery"
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/api"
@@ -699,6 +700,9 @@ func CheckStart(cfg Config, getenv func(string) string) error {
 		if getenv("BREAKWATER_SECRET") == "" {
 			errs = append(errs, errNoSharedSecret)
 		}
+	}
+	if cfg.Reconcile.BigQueryTable != "" && getenv(bigquery.CredentialsEnv) == "" {
+		errs = append(errs, fmt.Errorf("%s is not set: reconcile.bigquery_table needs a service account's key file (BigQuery Data Viewer and Job User)", bigquery.CredentialsEnv))
 	}
 	if s := getenv("BREAKWATER_SECRET"); s != "" && len(s) < invites.MinSecretLen {
 		errs = append(errs, fmt.Errorf("BREAKWATER_SECRET: %w", invites.ErrShortSecret))

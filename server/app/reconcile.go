@@ -53,16 +53,16 @@ func (a *App) dailyRunner(cfg Config, alerter *detect.Alerter) (detect.DayRunner
 	daily := reconcile.NewDaily(reconcile.DailyOptions{
 		Config: cfg.Reconcile, Models: cfg.ModelNames(), Location: loc, Source: src, Ledger: a.operator.Ledger, State: a.db,
 		Alert: func(summary string, details map[string]string) bool {
-			return alerter.AlertOnce(reconcile.KindLedgerDrift, day, summary, details)
+			return alerter.AlertOnce(detect.KindLedgerDrift, day, summary, details)
 		},
-		Prices: pricesOf(cfg), Logger: a.log.With("component", "reconcile"), Now: a.opts.Now,
+		Prices: ReconcilePrices(cfg), Logger: a.log.With("component", "reconcile"), Now: a.opts.Now,
 	})
 	return reconcilingRunner{DayRunner: a.detect, daily: daily}, nil
 }
 
-// pricesOf is the config's prices, for the suggestions of a bill that
-// does not split input from output.
-func pricesOf(cfg Config) reconcile.Prices {
+// ReconcilePrices is the config's prices, for the suggestions of a bill
+// that does not split input from output.
+func ReconcilePrices(cfg Config) reconcile.Prices {
 	return func(model, _ string) (float64, float64, bool) {
 		p, ok := cfg.OCR.PriceOf(model)
 		return p.InputUSDPerMillion, p.OutputUSDPerMillion, ok

@@ -80,7 +80,7 @@ func (h *hookNotices) drifts() []detect.JSONNotice {
 	defer h.mu.Unlock()
 	var out []detect.JSONNotice
 	for _, n := range h.got {
-		if n.Kind == reconcile.KindLedgerDrift {
+		if n.Kind == detect.KindLedgerDrift {
 			out = append(out, n)
 		}
 	}
@@ -134,8 +134,11 @@ func TestDailyReconciliationAlertsOnce(t *testing.T) {
 		t.Fatalf("ledger_drift notices on D+2: %d, want 1", len(got))
 	}
 	want := "Google billed $0.18 for gemini-3.5-flash-lite on 2026-12-01; Breakwater counted $0.09: the ledger's price is half Google's"
-	if got[0].Summary != want || !strings.Contains(got[0].Details["2026-12-01 gemini-3.5-flash-lite"], "drift +1.00, cause: price") {
+	if got[0].Summary != want || !strings.Contains(got[0].Details["2026-12-01 gemini-3.5-flash-lite"], "drift +1.00, cause: price, agreeing price $0.1 input and $0.4 output per million tokens") {
 		t.Errorf("notice %q %v, want %q", got[0].Summary, got[0].Details, want)
+	}
+	if !strings.Contains(got[0].Text, "What to do:\n- See every day and model on the dashboard") {
+		t.Errorf("the notice's text says not what to do:\n%s", got[0].Text)
 	}
 	runAt(d2.Add(time.Hour), 1)   // a restart the same day: nothing due, no second run
 	runAt(d2.AddDate(0, 0, 1), 2) // the next day, the same figures

@@ -93,7 +93,7 @@ func (e *env) reconcile(c *cobra.Command, path, from, to string, asJSON bool) er
 	if err != nil {
 		return err
 	}
-	rep, err := reconcile.Compare(ledger, b, rc.MaxDrift, from, to, pricesOf(cfg))
+	rep, err := reconcile.Compare(ledger, b, rc.MaxDrift, from, to, app.ReconcilePrices(cfg))
 	if err != nil {
 		return fmt.Errorf("reconcile: %s: %w", path, err)
 	}
@@ -112,15 +112,6 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
-}
-
-// pricesOf is the config's prices, for the suggestions of a bill that
-// does not split input from output.
-func pricesOf(cfg app.Config) reconcile.Prices {
-	return func(model, _ string) (float64, float64, bool) {
-		p, ok := cfg.OCR.PriceOf(model)
-		return p.InputUSDPerMillion, p.OutputUSDPerMillion, ok
-	}
 }
 
 // printReconcile prints the report's lines as a table, then the prices

@@ -243,4 +243,12 @@ func TestReconcileConfigRefused(t *testing.T) {
 			t.Errorf("%q: %v, want an error naming %q", extra, err, want)
 		}
 	}
+	// The daily reconciliation needs its credentials: config check says
+	// so, as serve would refuse.
+	path := simulatedConfig(t, "[plans.free]\nmonthly_quota = 10\n[reconcile]\nbigquery_table = \"ocr-billing.billing_export.gcp_billing_export_v1_01A2B3\"\n")
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "GOOGLE_APPLICATION_CREDENTIALS is not set") {
+		t.Errorf("config check without the key file: %v\n%s", err, out.String())
+	}
 }
