@@ -263,6 +263,8 @@ var libraryRules = []struct {
 		return pkg == module || pkg == "breakwater/server/api" || wiring(pkg) || pkg == "breakwater/bench/load"
 	}, "breakwater/server/api"},
 	{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
+	// Google's credentials are the BigQuery client's alone.
+	{"oauth2", "golang.org/x/oauth2", func(pkg string) bool { return pkg == "breakwater/budget/reconcile/bigquery" }, "breakwater/budget/reconcile/bigquery"},
 }
 
 // checkLibrariesStayInTheirPackage: the transport and the database each

@@ -51,6 +51,11 @@ var actions = map[string][]string{
 	KindRestored: {
 		"Nothing to do: reads go to ocr.model again",
 	},
+	KindLedgerDrift: {
+		"See every day and model on the dashboard, or run breakwater reconcile --bill FILE on an export of those days",
+		"A price (cause: price): check Google's price page, then set the model's prices in config.toml [ocr.price] or its [[ocr.model_overrides]] entry",
+		"Token counts (cause: tokens): Google billed other counts than the upstream reported; keep the figures and report them",
+	},
 }
 
 // DegradedSummary is the summary of a KindDegraded alert: ceiling is the

@@ -43,6 +43,9 @@ const (
 	// KindRestored: no soft ceiling is reached any more (a new day or
 	// month, or a raised ceiling), and reads go to ocr.model again.
 	KindRestored = "budget_restored"
+	// KindLedgerDrift: the daily reconciliation found a day whose bill
+	// from Google is beyond reconcile.max_drift of the ledger's count.
+	KindLedgerDrift = "ledger_drift"
 	// KindTest is the alert of breakwater alerts test.
 	KindTest = "test"
 )

@@ -268,6 +268,23 @@ func (s *Server) handleBudget(c echo.Context) error {
 	return c.JSON(http.StatusOK, info)
 }
 
+// handleLedger answers the ledger of the days from..to (YYYY-MM-DD), for
+// reconcile while serving.
+func (s *Server) handleLedger(c echo.Context) error {
+	from, to := c.QueryParam("from"), c.QueryParam("to")
+	if operator.CheckDays(from, to) != nil {
+		return errBadDays
+	}
+	l, err := s.d.Operator.Ledger(c.Request().Context(), from, to)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, l)
+}
+
+// errBadDays refuses a span of days that Ledger does not read.
+var errBadDays = badRequest("Send from and to as days YYYY-MM-DD, from not after to, at most a year apart.")
+
 func (s *Server) handleBrake(c echo.Context) error {
 	var req operator.BrakeRequest
 	const hint = `Send JSON {"on":true} or {"on":false}.`

@@ -18,6 +18,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile"
 	"breakwater/server/operator"
 )
 
@@ -26,6 +27,12 @@ var webFS embed.FS
 
 var dashboardPage = template.Must(template.New("dashboard.html").Funcs(template.FuncMap{
 	"usd": operator.FormatUSD, // every digit: a ceiling is never rounded
+	"drift": func(d *float64) string {
+		if d == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%+.2f", *d)
+	},
 }).ParseFS(webFS, "web/dashboard.html"))
 
 // dashboardData is everything the dashboard shows.
@@ -53,6 +60,12 @@ type dashboardData struct {
 	Service         bool
 	ServiceRefusals []serviceRefusalRow
 	ServiceError    string
+
+	// Reconciled is the daily reconciliation's last result (Reconciliation
+	// false: none ran), ReconcileError why it is missing.
+	Reconciliation bool
+	Reconciled     reconcile.Last
+	ReconcileError string
 }
 
 // shadowRow is one layer's row of the dashboard's would-be refusals in
@@ -101,6 +114,12 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 	}
 	d.Chart = chart(now, loc, d.Days)
 	d.Findings = s.dashboardFindings(now)
+	if last, ok, err := op.LastReconciliation(); err != nil {
+		s.log.Warn("the last reconciliation not read for the dashboard", "err", err)
+		d.Reconciliation, d.ReconcileError = true, "not read just now; see the log"
+	} else {
+		d.Reconciliation, d.Reconciled = ok, last
+	}
 	if s.serviceRefusals != nil {
 		d.Service = true
 		rows, err := s.serviceRefusals.today(now)

@@ -50,6 +50,7 @@ func (s *Server) routes() {
 	a.GET("/api/cooldowns", s.handleCooldowns)
 	a.POST("/api/cooldowns/clear", s.handleClearCooldown, limitBody(64<<10))
 	a.GET("/api/recorded", s.handleRecorded)
+	a.GET("/api/ledger", s.handleLedger)
 	if s.cfg.AdminPprof {
 		pprofRoutes(a) // off by default: a profile shows request internals
 	}

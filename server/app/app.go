@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile/bigquery"
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/api"
@@ -65,6 +66,9 @@ type Options struct {
 	// missed while the server was down): for the demo's throwaway
 	// database, which has no yesterday.
 	NoCatchUp bool
+	// BigQueryEndpoint replaces BigQuery's REST API for the daily
+	// reconciliation (a test's fake); "": Google's.
+	BigQueryEndpoint string
 }
 
 func (o Options) withDefaults() Options {
@@ -307,7 +311,11 @@ func (a *App) openAlerts(cfg Config, counters *detect.Counters) (*detect.Alerter
 	if pg, ok := a.db.(*postgres.DB); ok {
 		sched.Elector = pg // the instances elect one to run the service's detection
 	}
-	scheduler, err := detect.NewScheduler(a.detect, cfg.Detect, loc, sched)
+	runner, err := a.dailyRunner(cfg, alerter)
+	if err != nil {
+		return nil, err
+	}
+	scheduler, err := detect.NewScheduler(runner, cfg.Detect, loc, sched)
 	if err != nil {
 		return nil, err
 	}
@@ -701,6 +709,9 @@ func CheckStart(cfg Config, getenv func(string) string) error {
 		if getenv("BREAKWATER_SECRET") == "" {
 			errs = append(errs, errNoSharedSecret)
 		}
+	}
+	if cfg.Reconcile.BigQueryTable != "" && getenv(bigquery.CredentialsEnv) == "" {
+		errs = append(errs, fmt.Errorf("%s is not set: reconcile.bigquery_table needs a service account's key file (BigQuery Data Viewer and Job User)", bigquery.CredentialsEnv))
 	}
 	if s := getenv("BREAKWATER_SECRET"); s != "" && len(s) < invites.MinSecretLen {
 		errs = append(errs, fmt.Errorf("BREAKWATER_SECRET: %w", invites.ErrShortSecret))

@@ -22,6 +22,7 @@ import (
 	gotoml "github.com/pelletier/go-toml/v2"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile"
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
@@ -51,6 +52,8 @@ type Config struct {
 	} `koanf:"auth"`
 	Invites invites.Config `koanf:"invites"`
 	Detect  detect.Config  `koanf:"detect"`
+	// Reconcile is how the ledger is checked against Google's bill.
+	Reconcile reconcile.Config `koanf:"reconcile"`
 	// Alerts is nil when config.toml has no [alerts] section: mail and
 	// webhooks are off, alerts are only logged, and the early warnings
 	// take their defaults (see AlertSettings).
@@ -313,6 +316,10 @@ func (c *Config) relax(warnings *[]string) error {
 		c.Detect = detect.Config{}.WithDefaults()
 		fallback(err, "[detect] takes its defaults")
 	}
+	if err := c.Reconcile.Validate(c.knownModel); err != nil {
+		c.Reconcile = reconcile.DefaultConfig().WithDefaults()
+		fallback(err, "[reconcile] takes its defaults")
+	}
 	if c.Alerts != nil {
 		if err := c.Alerts.Validate(); err != nil {
 			c.Alerts = nil
@@ -353,6 +360,7 @@ func defaults() Config {
 	c.Budget = budget.DefaultConfig()
 	c.Limits.User = api.DefaultUserLimits()
 	c.OCR.DedupeWindow = ocr.DefaultDedupeWindow // "0s" is a setting: off
+	c.Reconcile = reconcile.DefaultConfig()      // max_drift = 0 is refused, not taken for the default
 	return c
 }
 
@@ -450,7 +458,24 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(c.Server.Validate(), c.Storage.Validate(), c.OCR.Validate(), c.Budget.Validate(),
 		budget.ValidatePlans(c.Plans), c.Limits.User.Validate("limits.user"), c.Auth.JWT.Validate(), c.jwtPlan(), c.Invites.Validate(),
-		c.Detect.Validate(), alerts, routes.Validate(c.Routes), c.fallback())
+		c.Detect.Validate(), alerts, routes.Validate(c.Routes), c.fallback(), c.Reconcile.Validate(c.knownModel))
+}
+
+// knownModel reports whether name is a model of the table or of
+// ocr.model_overrides, for [[reconcile.sku]]'s models.
+func (c Config) knownModel(name string) bool {
+	_, ok := c.OCR.Lookup(name)
+	return ok
+}
+
+// ModelNames are the names a billing row's description is matched
+// against: the table's families and the overrides' names.
+func (c Config) ModelNames() []string {
+	names := ocr.KnownModels()
+	for _, o := range c.OCR.ModelOverrides {
+		names = append(names, o.Name)
+	}
+	return names
 }
 
 // fallback checks that ocr.fallback_model is set where it is needed: a
@@ -560,6 +585,7 @@ func (c *Config) finish(path, base string) error {
 	c.Auth.JWT = c.Auth.JWT.WithDefaults()
 	c.Invites = c.Invites.WithDefaults()
 	c.Detect = c.Detect.WithDefaults()
+	c.Reconcile = c.Reconcile.WithDefaults()
 	if c.Alerts != nil {
 		a := c.Alerts.WithDefaults()
 		c.Alerts = &a

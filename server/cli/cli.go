@@ -90,14 +90,18 @@ func Run(ctx context.Context, shipped []byte, args []string, getenv func(string)
 }
 
 // ExitCode prints err once on stderr and gives the exit status: 0 ok,
-// 1 error, 2 a command line that could not be understood (ErrUsage).
+// 1 error, 2 a command line that could not be understood (ErrUsage), 3 a
+// reconciliation beyond reconcile.max_drift (ErrDrift).
 func ExitCode(err error, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
 	fmt.Fprintln(stderr, "breakwater:", err)
-	if errors.Is(err, ErrUsage) {
+	switch {
+	case errors.Is(err, ErrUsage):
 		return 2
+	case errors.Is(err, ErrDrift):
+		return 3
 	}
 	return 1
 }
@@ -139,7 +143,7 @@ the bill run away. With no command it serves, as "breakwater serve".`,
 	}
 	add("service", serveCmd(e), demoCmd(e), selftestCmd(e))
 	add("operator", keysCmd(e), usersCmd(e), invitesCmd(e), usageCmd(e), budgetCmd(e), brakeCmd(e), backupCmd(e), detectCmd(e), cooldownsCmd(e),
-		replayCmd(e), thresholdsCmd(e))
+		replayCmd(e), thresholdsCmd(e), reconcileCmd(e))
 	add("other", alertsCmd(e), configCmd(e), migrateCmd(e), versionCmd(e))
 	root.SetHelpCommandGroupID("other")
 	root.SetCompletionCommandGroupID("other")

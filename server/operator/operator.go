@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile"
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/server/guard/state"
@@ -47,6 +48,7 @@ type Service interface {
 	Cooldowns(ctx context.Context) ([]CooldownInfo, error)
 	ClearCooldown(ctx context.Context, source, key string) (CooldownInfo, error)
 	EachRecorded(ctx context.Context, from, to time.Time, fn func(detect.Event) error) ([]detect.Finding, error)
+	Ledger(ctx context.Context, from, to string) (reconcile.Ledger, error)
 }
 
 var (
@@ -71,6 +73,7 @@ type Store interface {
 	Usage(from, to time.Time) ([]budget.UsageRecord, error)
 	Backup(w io.Writer) (int64, error)
 	BudgetDays(from, to string) ([]budget.LedgerDay, error)
+	LoadState(name string) (map[string][]byte, error)
 	RecordStore
 	Path() string
 }
