@@ -60,11 +60,13 @@ func (a *App) dailyRunner(cfg Config, alerter *detect.Alerter) (detect.DayRunner
 	return reconcilingRunner{DayRunner: a.detect, daily: daily}, nil
 }
 
-// ReconcilePrices is the config's prices, for the suggestions of a bill
-// that does not split input from output.
+// ReconcilePrices is the config's prices on each day (the ones the ledger
+// counted that day at), for the suggestions of a bill that does not split
+// input from output.
 func ReconcilePrices(cfg Config) reconcile.Prices {
-	return func(model, _ string) (float64, float64, bool) {
+	return func(model, day string) (float64, float64, bool) {
 		p, ok := cfg.OCR.PriceOf(model)
+		p = p.On(day)
 		return p.InputUSDPerMillion, p.OutputUSDPerMillion, ok
 	}
 }
