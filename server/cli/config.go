@@ -116,8 +116,6 @@ func printAlerts(out io.Writer, a detect.AlertsConfig, getenv func(string) strin
 func checkStandbys(out io.Writer, f postgres.Found) {
 	names := f.SyncStandbyNames
 	switch {
-	case f.InRecovery:
-		fmt.Fprintln(out, "warning: the server is a standby (read-only): Breakwater needs the primary; list both in the URL with target_session_attrs=read-write")
 	case names == "":
 		async := ""
 		if f.Standbys > 0 {

@@ -21,8 +21,8 @@ import (
 // synchronous standby streaming when there is one, a warning when
 // synchronous_standby_names names one that is not connected (every
 // commit waits), an honest "not known" for a role that may not read
-// pg_stat_replication's state, and a warning for a URL that reaches the
-// standby itself.
+// pg_stat_replication's state, and a refusal of a URL that reaches the
+// standby itself, as serve's.
 func TestConfigCheckSaysWhetherThereIsASynchronousStandby(t *testing.T) {
 	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
 	check := func(url string) string {
@@ -62,7 +62,14 @@ func TestConfigCheckSaysWhetherThereIsASynchronousStandby(t *testing.T) {
 	if err := r.CaughtUp(10 * time.Second); err != nil { // the database made on the standby too
 		t.Fatal(err)
 	}
-	expect("the standby itself", check(r.Standby.URL("bw")), []string{"warning: the server is a standby (read-only)"}, []string{none})
+	// The standby itself: serve would refuse it (no writes), and so does
+	// config check, saying what to connect to.
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"config", "check", "--config", cfg},
+		envFrom(map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: r.Standby.URL("bw")}), &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "the server is a standby (read-only)") || !strings.Contains(err.Error(), "target_session_attrs=read-write") {
+		t.Errorf("config check on the standby: %v, want a refusal naming the standby and the multi-host URL\n%s", err, out.String())
+	}
 
 	// A role that is no superuser sees a standby's row, not its state.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

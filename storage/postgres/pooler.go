@@ -56,6 +56,11 @@ const sessionProbeWait = 5 * time.Second
 // would collide behind a transaction pooler (two clients preparing the
 // same name on one server session) and fail with a message that names
 // something else.
+// ErrStandby means the URL reaches a standby, which takes no writes (nor
+// LISTEN): Breakwater needs the primary.
+var ErrStandby = errors.New("postgres: the server is a standby (read-only): Breakwater needs the primary; " +
+	"list both in the URL, the primary first, with target_session_attrs=read-write, and each connection finds the one that takes writes")
+
 func checkSessions(ctx context.Context, pool *pgxpool.Pool) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -67,6 +72,13 @@ func checkSessions(ctx context.Context, pool *pgxpool.Pool) error {
 	// Neither connection goes back to the pool: a listening session, or
 	// a notification waiting in one, would be given to a caller.
 	defer destroy(a)
+	var standby bool
+	if err := a.QueryRow(ctx, "SELECT pg_is_in_recovery()", pgx.QueryExecModeSimpleProtocol).Scan(&standby); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if standby {
+		return ErrStandby
+	}
 	if _, err := a.Exec(ctx, "LISTEN "+channel, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("postgres: check that sessions are whole (LISTEN): %w", err)
 	}
