@@ -139,6 +139,12 @@ const sessionKey = "breakwater.session"
 // outcome: pg_backend_pid, not the id the connection's start-up message
 // gave (a pooler gives one of its own), and when it began.
 func notePID(ctx context.Context, c *pgx.Conn) error {
+	// The pool runs it outside the caller's deadline: bounded as the
+	// connection's opening is (DefaultConnectTimeout), or a link cut just
+	// after the connection opened would hold its place in the pool until
+	// the kernel gives the connection up.
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.Config().ConnectTimeout, DefaultConnectTimeout))
+	defer cancel()
 	var s session
 	if err := c.QueryRow(ctx, "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&s.pid, &s.start); err != nil {
 		return err

@@ -36,6 +36,17 @@ const EnvURL = "BREAKWATER_POSTGRES_URL"
 // a few instances.
 const DefaultMaxConns = 16
 
+// DefaultConnectTimeout bounds the opening of one connection (the TCP
+// connection, TLS, the start-up and the session's first query) when the
+// URL sets no connect_timeout. Without a bound, a connection opened while
+// the database's packets are dropped (a cut link, a firewall) waits for
+// the kernel's SYN retries, about two minutes, and holds a place in the
+// pool all that time: the pool's places run out during the cut, and once
+// the link is back a write waits for those attempts' next retry, seconds
+// after the database could answer it. Ample for a database across the
+// world (a connection takes a few round trips).
+const DefaultConnectTimeout = 2 * time.Second
+
 // Errors returned by Open; callers test them with errors.Is.
 var (
 	// ErrNoURL means the environment variable EnvURL is empty.
@@ -117,6 +128,9 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	// the server's disk (and a synchronous standby's, if one is set up).
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
+	if cfg.ConnConfig.ConnectTimeout == 0 { // connect_timeout in the URL (or PGCONNECT_TIMEOUT) wins
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
 	cfg.AfterConnect = notePID
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
