@@ -39,6 +39,17 @@ const EnvURL = "BREAKWATER_POSTGRES_URL"
 // a few instances.
 const DefaultMaxConns = 16
 
+// DefaultConnectTimeout bounds the opening of one connection (the TCP
+// connection, TLS, the start-up and the session's first query) when the
+// URL sets no connect_timeout. Without a bound, a connection opened while
+// the database's packets are dropped (a cut link, a firewall) waits for
+// the kernel's SYN retries, about two minutes, and holds a place in the
+// pool all that time: the pool's places run out during the cut, and once
+// the link is back a write waits for those attempts' next retry, seconds
+// after the database could answer it. Ample for a database across the
+// world (a connection takes a few round trips).
+const DefaultConnectTimeout = 2 * time.Second
+
 // Errors returned by Open; callers test them with errors.Is.
 var (
 	// ErrNoURL means the environment variable EnvURL is empty.
@@ -191,6 +202,9 @@ func poolConfig(url string, maxConns int32, onSync func(bool)) (*pgxpool.Config,
 		cfg.MaxConns = maxConns
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "breakwater"
+	if cfg.ConnConfig.ConnectTimeout == 0 { // connect_timeout in the URL (or PGCONNECT_TIMEOUT) wins
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { return setupSession(ctx, c, onSync) }
 	return cfg, nil
 }
@@ -202,6 +216,12 @@ func poolConfig(url string, maxConns int32, onSync func(bool)) (*pgxpool.Config,
 // prepared statement's name would be another session's too behind a
 // transaction pooler, and fail there before checkSessions could say why.
 func setupSession(ctx context.Context, c *pgx.Conn, onSync func(bool)) error {
+	// The pool runs it outside the caller's deadline: bounded as the
+	// connection's opening is (DefaultConnectTimeout), or a link cut just
+	// after the connection opened would hold its place in the pool until
+	// the kernel gives the connection up.
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.Config().ConnectTimeout, DefaultConnectTimeout))
+	defer cancel()
 	var s session
 	var set string
 	var sync bool

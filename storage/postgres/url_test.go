@@ -81,3 +81,40 @@ func TestBadURLMessageQuotesNothing(t *testing.T) {
 		t.Fatalf("Open: %v", err)
 	}
 }
+
+// A URL without connect_timeout gets DefaultConnectTimeout on every
+// connection of the pool, so that an attempt to open one while the
+// database's packets are dropped gives its place in the pool up (the
+// network namespace test, test/netcut, cuts a link and measures the
+// return); one with connect_timeout keeps its own.
+func TestConnectTimeoutDefault(t *testing.T) {
+	base := pgtest.NewDatabase(t)
+	for _, tc := range []struct {
+		query string
+		want  time.Duration
+	}{
+		{"", postgres.DefaultConnectTimeout},
+		{"connect_timeout=7", 7 * time.Second},
+	} {
+		u, err := url.Parse(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		if tc.query != "" {
+			kv := strings.SplitN(tc.query, "=", 2)
+			q.Set(kv[0], kv[1])
+		}
+		u.RawQuery = q.Encode()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		db, err := postgres.Open(ctx, u.String(), postgres.Options{Logger: slog.New(slog.DiscardHandler)})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := db.Pool().Config().ConnConfig.ConnectTimeout; got != tc.want {
+			t.Errorf("URL options %q: a connection's opening is bounded by %v, want %v", tc.query, got, tc.want)
+		}
+		db.Close()
+	}
+}

@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// Gemini is a fake Gemini generateContent endpoint on 127.0.0.1 that
-// counts every call it receives, by UTC day of arrival. It answers each
+// Gemini is a fake Gemini generateContent endpoint on 127.0.0.1 (or on
+// the address NewGeminiAt is given) that counts every call it receives, by UTC day of arrival. It answers each
 // well-formed call, after Latency, with the recorded reply in the
 // module's ocr/testdata/ok.json.
 type Gemini struct {
@@ -36,9 +36,15 @@ const Model = "gemini-3.5-flash-lite"
 // Fallback is the other model the fake serves, for ocr.fallback_model.
 const Fallback = "gemini-2.5-flash-lite"
 
-// NewGemini starts the fake. root is the module root (for its recorded
-// reply).
+// NewGemini starts the fake on 127.0.0.1. root is the module root (for
+// its recorded reply).
 func NewGemini(root string, latency time.Duration) (*Gemini, error) {
+	return NewGeminiAt(root, "127.0.0.1:0", latency)
+}
+
+// NewGeminiAt is NewGemini listening on addr (host:port), for a server in
+// a network namespace of the test's own that reaches the fake over a veth.
+func NewGeminiAt(root, addr string, latency time.Duration) (*Gemini, error) {
 	reply, err := os.ReadFile(filepath.Join(root, "ocr", "testdata", "ok.json"))
 	if err != nil {
 		return nil, err
@@ -46,7 +52,7 @@ func NewGemini(root string, latency time.Duration) (*Gemini, error) {
 	if !json.Valid(reply) {
 		return nil, fmt.Errorf("ok.json is not JSON")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}

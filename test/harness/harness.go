@@ -2,7 +2,8 @@
 // tests under test/: it builds the binary, writes its config, creates API
 // keys with its own CLI, starts and kills the server, and plays a fake
 // Gemini that speaks the REST wire format and counts every call it is
-// sent. Everything listens on 127.0.0.1 only, and every wait is bounded.
+// sent. Everything listens on 127.0.0.1 only (or on an address of a
+// network namespace the test made, NewGeminiAt), and every wait is bounded.
 //
 // It refuses to do what a test must see for itself: it checks no
 // invariant and hides no failure; a server that does not come up is an
