@@ -13,6 +13,8 @@ const (
 	// differ from its ledger before reconcile reports it (exit status 3,
 	// the ledger_drift alert).
 	DefaultMaxDrift = 0.05
+	// DefaultBigQueryEndpoint is BigQuery's REST API.
+	DefaultBigQueryEndpoint = "https://bigquery.googleapis.com/bigquery/v2"
 )
 
 // DefaultServices are the Cloud Billing service names of the Gemini API:
@@ -44,6 +46,9 @@ type Config struct {
 	// "project.dataset.table": with it the daily run reconciles the last
 	// complete days. Empty: off.
 	BigQueryTable string `koanf:"bigquery_table"`
+	// BigQueryEndpoint is BigQuery's REST API (change it only for a test
+	// double or a proxy). Default DefaultBigQueryEndpoint.
+	BigQueryEndpoint string `koanf:"bigquery_endpoint"`
 }
 
 // DefaultConfig is the section of a config.toml that leaves every key
@@ -55,6 +60,9 @@ func DefaultConfig() Config { return Config{MaxDrift: DefaultMaxDrift} }
 func (c Config) WithDefaults() Config {
 	if len(c.Services) == 0 {
 		c.Services = DefaultServices
+	}
+	if c.BigQueryEndpoint == "" {
+		c.BigQueryEndpoint = DefaultBigQueryEndpoint
 	}
 	return c
 }
@@ -89,6 +97,9 @@ func (c Config) Validate(known func(model string) bool) error {
 	}
 	if c.BigQueryTable != "" && !tableName.MatchString(c.BigQueryTable) {
 		errs = append(errs, fmt.Errorf("reconcile.bigquery_table: %q: want \"project.dataset.table\", the standard usage cost export's table (gcp_billing_export_v1_...)", c.BigQueryTable))
+	}
+	if e := c.BigQueryEndpoint; e != "" && !strings.HasPrefix(e, "https://") && !strings.HasPrefix(e, "http://") {
+		errs = append(errs, fmt.Errorf("reconcile.bigquery_endpoint: %q: want an http(s) URL (leave it out for BigQuery's own)", e))
 	}
 	return errors.Join(errs...)
 }

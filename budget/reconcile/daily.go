@@ -84,6 +84,19 @@ type Last struct {
 	Error    string    `json:"error,omitempty"`
 }
 
+// DefaultDays fills an empty from or to with the days Run reconciles on
+// now's day in loc: from Lookback to Lag days before it.
+func DefaultDays(now time.Time, loc *time.Location, from, to string) (string, string) {
+	l := now.In(loc)
+	if from == "" {
+		from = time.Date(l.Year(), l.Month(), l.Day()-Lookback, 0, 0, 0, 0, loc).Format(time.DateOnly)
+	}
+	if to == "" {
+		to = time.Date(l.Year(), l.Month(), l.Day()-Lag, 0, 0, 0, 0, loc).Format(time.DateOnly)
+	}
+	return from, to
+}
+
 // Run reconciles the days from Lookback to Lag days before today, keeps
 // the result as the last reconciliation and alerts the days beyond.
 func (d *Daily) Run(ctx context.Context) (Last, error) {

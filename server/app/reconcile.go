@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -44,7 +45,7 @@ func (a *App) dailyRunner(cfg Config, alerter *detect.Alerter) (detect.DayRunner
 	if cfg.Reconcile.BigQueryTable == "" {
 		return a.detect, nil
 	}
-	src, err := bigquery.New(context.Background(), cfg.Reconcile.BigQueryTable, bigquery.Options{Endpoint: a.opts.BigQueryEndpoint, Getenv: a.opts.Getenv})
+	src, err := bigquery.New(context.Background(), cfg.Reconcile.BigQueryTable, bigquery.Options{Endpoint: cmp.Or(a.opts.BigQueryEndpoint, cfg.Reconcile.BigQueryEndpoint), Getenv: a.opts.Getenv})
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"breakwater/budget/reconcile"
+	"breakwater/budget/reconcile/bigquery"
 	"breakwater/server/app"
 	"breakwater/server/operator"
 )
@@ -25,20 +27,20 @@ func reconcileCmd(e *env) *cobra.Command {
 	var bill, from, to string
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "reconcile --bill FILE [--from YYYY-MM-DD] [--to YYYY-MM-DD] [--json]",
+		Use:   "reconcile [--bill FILE] [--from YYYY-MM-DD] [--to YYYY-MM-DD] [--json]",
 		Short: "the ledger against Google's bill, per day and model",
 		Long: `Compares, per day (budget.timezone) and model, what the ledger counted
 (usage rows, and the calls without one) with what Google billed: a Cloud
 Billing export as a FOCUS 1.x CSV or the BigQuery usage cost export as
 newline-delimited JSON. Without --from and --to, the days the bill covers.
-Exit status 0 when every day is within reconcile.max_drift, 3 when a day is
+Without --bill, the rows of the export table reconcile.bigquery_table
+names, read over BigQuery's API with the service account key file of
+GOOGLE_APPLICATION_CREDENTIALS; the days by default from seven to two days
+back, as the daily run reconciles them. Exit status 0 when every day is within reconcile.max_drift, 3 when a day is
 beyond it, 1 when the bill cannot be read.`,
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(c *cobra.Command, _ []string) error {
-			if bill == "" {
-				return usageErrorf(c, "missing --bill FILE")
-			}
 			for _, d := range []string{from, to} {
 				if _, err := time.Parse(time.DateOnly, d); d != "" && err != nil {
 					return usageErrorf(c, "%q: want a day YYYY-MM-DD", d)
@@ -50,7 +52,7 @@ beyond it, 1 when the bill cannot be read.`,
 			return e.reconcile(c, bill, from, to, asJSON)
 		},
 	}
-	c.Flags().StringVar(&bill, "bill", "", "the Cloud Billing export to read (`FILE`)")
+	c.Flags().StringVar(&bill, "bill", "", "the Cloud Billing export to read (`FILE`; default reconcile.bigquery_table's rows)")
 	c.Flags().StringVar(&from, "from", "", "the first day to compare (`YYYY-MM-DD`; default the bill's first)")
 	c.Flags().StringVar(&to, "to", "", "the last day to compare (`YYYY-MM-DD`; default the bill's last)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
@@ -69,18 +71,22 @@ func (e *env) reconcile(c *cobra.Command, path, from, to string, asJSON bool) er
 		return err
 	}
 	rc := cfg.Reconcile
-	b := reconcile.NewBill(reconcile.NewMatcher(cfg.ModelNames(), rc.SKU, rc.Services), loc, from, to)
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+	if path == "" && rc.BigQueryTable == "" {
+		return usageErrorf(c, "missing --bill FILE (or set reconcile.bigquery_table to read the export from BigQuery)")
 	}
-	defer f.Close()
-	if _, err := reconcile.Read(f, b.Add); err != nil {
-		return fmt.Errorf("reconcile: %s: %w", path, err)
+	source := path
+	if path == "" {
+		source = "the BigQuery table " + rc.BigQueryTable
+		from, to = reconcile.DefaultDays(time.Now(), loc, from, to)
+	}
+	b := reconcile.NewBill(reconcile.NewMatcher(cfg.ModelNames(), rc.SKU, rc.Services), loc, from, to)
+	if err := e.readBill(c.Context(), path, from, to, rc, b, loc); err != nil {
+		return fmt.Errorf("reconcile: %s: %w", source, err)
 	}
 	if b.Rows == 0 {
-		return fmt.Errorf("reconcile: %s: %w", path, reconcile.ErrEmpty)
+		return fmt.Errorf("reconcile: %s: %w", source, reconcile.ErrEmpty)
 	}
+	path = source
 	from, to = orDefault(from, b.First), orDefault(to, b.Last)
 	if err := operator.CheckDays(from, to); err != nil {
 		return fmt.Errorf("reconcile: %s covers %s to %s: give --from and --to at most a year apart", path, from, to)
@@ -105,6 +111,27 @@ func (e *env) reconcile(c *cobra.Command, path, from, to string, asJSON bool) er
 			strings.Join(rep.Beyond, ", "), ErrDrift)
 	}
 	return nil
+}
+
+// readBill adds to b the rows of the export file at path or, when path
+// is "", the rows of the days from..to of the table rc.BigQueryTable.
+func (e *env) readBill(ctx context.Context, path, from, to string, rc reconcile.Config, b *reconcile.Bill, loc *time.Location) error {
+	if path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = reconcile.Read(f, b.Add)
+		return err
+	}
+	src, err := bigquery.New(ctx, rc.BigQueryTable, bigquery.Options{Endpoint: rc.BigQueryEndpoint, Getenv: e.getenv})
+	if err != nil {
+		return err
+	}
+	first, _ := time.ParseInLocation(time.DateOnly, from, loc) // checked as days by the command
+	last, _ := time.ParseInLocation(time.DateOnly, to, loc)
+	return src.Rows(ctx, rc.Services, first, last.AddDate(0, 0, 1), b.Add)
 }
 
 func orDefault(s, def string) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"math"
 	"os"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/budget/reconcile/bigquery"
+	"breakwater/budget/reconcile/bigquery/bqtest"
 	"breakwater/server/app"
 	"breakwater/server/cli"
 	"breakwater/storage"
@@ -250,5 +253,45 @@ func TestReconcileConfigRefused(t *testing.T) {
 	err := run(context.Background(), []string{"config", "check", "--config", path}, envFrom(nil), &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "GOOGLE_APPLICATION_CREDENTIALS is not set") {
 		t.Errorf("config check without the key file: %v\n%s", err, out.String())
+	}
+}
+
+// Without --bill, with reconcile.bigquery_table set, the command reads the
+// export's rows of the days asked over BigQuery's API (a local fake that
+// speaks it, a service account's key file): the same rows as the FOCUS
+// fixture's, so the same answer, exit 0; the days at twice the price,
+// exit 3. Without --bill and without a table it says what to give.
+func TestReconcileFromBigQuery(t *testing.T) {
+	hour := func(h int) time.Time { return time.Date(2026, 12, 1, h, 0, 0, 0, time.UTC) }
+	row := func(h int, cost float64, sku string, tokens float64) bqtest.Row {
+		return bqtest.Row{Start: hour(h), End: hour(h + 1), Cost: cost, Currency: "USD", Service: "Gemini API", SKU: sku, Amount: &tokens, Unit: "count"}
+	}
+	rows := []bqtest.Row{
+		row(8, 0.06, "Gemini 3.5 Flash Lite Input Tokens", 600000), row(8, 0.048, "Gemini 3.5 Flash Lite Output Tokens", 120000),
+		row(14, 0.04, "Gemini 3.5 Flash Lite Input Tokens", 400000), row(14, 0.032, "Gemini 3.5 Flash Lite Output Tokens", 80000),
+		row(10, 0.06, "Gemini 3.5 Flash Input Tokens", 200000), row(10, 0.125, "Gemini 3.5 Flash Output Tokens", 50000),
+	}
+	fake := bqtest.New(t, rows...)
+	db := filepath.Join(t.TempDir(), "bw.db")
+	boltLedger(t, db, 1)
+	path := operatorConfig(t, freeAddr(t), db, fmt.Sprintf("[reconcile]\nbigquery_table = \"%s.billing.gcp_billing_export_v1_X\"\nbigquery_endpoint = %q\n", bqtest.Project, fake.Endpoint()))
+	env := envFrom(map[string]string{bigquery.CredentialsEnv: fake.ServiceAccount(t)})
+	out, code, stderr := reconcileOn(t, path, env, "--from", "2026-12-01", "--to", "2026-12-01")
+	if code != 0 || !strings.Contains(out, "every day from 2026-12-01 to 2026-12-01 within reconcile.max_drift 5%") {
+		t.Fatalf("from BigQuery at the ledger's price: exit %d\n%s%s", code, out, stderr)
+	}
+	if q := fake.Queries(); len(q) != 1 || !strings.Contains(fmt.Sprint(q[0]), "gcp_billing_export_v1_X") {
+		t.Errorf("the queries sent: %v", q)
+	}
+	for i := range rows {
+		rows[i].Cost *= 2
+	}
+	fake.SetRows(rows...)
+	if out, code, stderr := reconcileOn(t, path, env, "--from", "2026-12-01", "--to", "2026-12-01"); code != 3 || !strings.Contains(out, "+1.00") {
+		t.Errorf("from BigQuery at twice the ledger's price: exit %d, want 3\n%s%s", code, out, stderr)
+	}
+	bare := operatorConfig(t, freeAddr(t), db, "")
+	if _, code, stderr := reconcileOn(t, bare, envFrom(nil)); code == 0 || !strings.Contains(stderr, "missing --bill FILE (or set reconcile.bigquery_table") {
+		t.Errorf("no bill, no table: exit %d\n%s", code, stderr)
 	}
 }

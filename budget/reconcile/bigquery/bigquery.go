@@ -25,7 +25,7 @@ import (
 )
 
 // DefaultEndpoint is BigQuery's REST API.
-const DefaultEndpoint = "https://bigquery.googleapis.com/bigquery/v2"
+const DefaultEndpoint = reconcile.DefaultBigQueryEndpoint
 
 // Scope is the OAuth scope the client asks for: reading tables and
 // running queries.
