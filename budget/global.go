@@ -121,6 +121,8 @@ type Reservation struct {
 	// refused, it moves to the fallback at fallbackWorst.
 	underSoft     bool
 	fallbackWorst int64
+	// seq orders the claims of ClaimSoft on one brake (noteSide).
+	seq uint64
 }
 
 // GlobalState is what the global budget starts from, loaded from storage.
@@ -169,9 +171,12 @@ type Global struct {
 	// taken only under the soft ceilings as well (every instance's calls
 	// counted), for the claims of ClaimSoft that go to the primary model.
 	primary DayTotals
-	// side is the side of the soft line that the last claim of ClaimSoft
-	// was decided on (its Degraded), for Reservation.NewSide.
-	side string
+	// side is the side of the soft line that the newest claim of
+	// ClaimSoft decided so far was decided on (its Degraded), sideSeq
+	// that claim's seq and seq the last one given, for
+	// Reservation.NewSide.
+	side             string
+	sideSeq, softSeq uint64
 	// giveBack is headroom of earlier leases no longer used (a past day,
 	// or ceilings changed by SetConfig), to subtract from the ledger with
 	// the next write.

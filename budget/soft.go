@@ -44,7 +44,8 @@ func (g *Global) ClaimSoft(primary, fallback int64, now time.Time) (Reservation,
 	if err != nil {
 		return Reservation{}, err
 	}
-	r.Soft = true
+	g.softSeq++
+	r.Soft, r.seq = true, g.softSeq
 	if side == "" && g.shared != nil && g.soft != (ceilings{}) {
 		// Primary if the ledger agrees, at Commit: written even when no
 		// hard ceiling is on, since the soft ones hold across instances.
@@ -132,10 +133,19 @@ func (g *Global) toFallback(r *Reservation, side string) {
 }
 
 // noteSide decides r on side of the soft line, and whether it is the
-// first claim on that side since one on the other. g.mu is held.
+// first claim on that side since one on the other. A primary claim
+// decided after a newer claim was (a shared ledger's answer at Commit,
+// arriving after a later claim went to the fallback) is primary without
+// leaving degraded mode: a burst at the line enters it once, not once per
+// late answer. g.mu is held.
 func (g *Global) noteSide(r *Reservation, side string) {
-	r.Degraded, r.NewSide = side, side != g.side
-	g.side = side
+	r.Degraded = side
+	if side == "" && r.seq < g.sideSeq {
+		r.NewSide = false
+		return
+	}
+	r.NewSide = side != g.side
+	g.side, g.sideSeq = side, max(g.sideSeq, r.seq)
 }
 
 // tighter is, for each ceiling, the lower of a's and b's that are on.
