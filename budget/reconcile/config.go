@@ -3,6 +3,7 @@ package reconcile
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 )
@@ -98,8 +99,19 @@ func (c Config) Validate(known func(model string) bool) error {
 	if c.BigQueryTable != "" && !tableName.MatchString(c.BigQueryTable) {
 		errs = append(errs, fmt.Errorf("reconcile.bigquery_table: %q: want \"project.dataset.table\", the standard usage cost export's table (gcp_billing_export_v1_...)", c.BigQueryTable))
 	}
-	if e := c.BigQueryEndpoint; e != "" && !strings.HasPrefix(e, "https://") && !strings.HasPrefix(e, "http://") {
-		errs = append(errs, fmt.Errorf("reconcile.bigquery_endpoint: %q: want an http(s) URL (leave it out for BigQuery's own)", e))
+	if e := c.BigQueryEndpoint; e != "" && !strings.HasPrefix(e, "https://") && !loopbackHTTP(e) {
+		errs = append(errs, fmt.Errorf("reconcile.bigquery_endpoint: %q: want an https:// URL (plain http only to 127.0.0.1 or localhost: "+
+			"the service account's token goes with every request); leave it out for BigQuery's own", e))
 	}
 	return errors.Join(errs...)
+}
+
+// loopbackHTTP reports whether u is a plain http URL of this machine.
+func loopbackHTTP(u string) bool {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.Scheme != "http" {
+		return false
+	}
+	h := parsed.Hostname()
+	return h == "localhost" || h == "127.0.0.1" || h == "::1"
 }

@@ -57,7 +57,7 @@ func MigrateFromBolt(ctx context.Context, cfg Config, from MigrateSource, opts O
 	}
 	defer src.Close()
 	octx, cancel := context.WithTimeout(ctx, postgresOpenTimeout)
-	dst, err := postgres.Open(octx, opts.Getenv(postgres.EnvURL), postgres.Options{Logger: opts.Logger, Now: opts.Now})
+	dst, err := postgres.Open(octx, opts.Getenv(postgres.EnvURL), postgres.Options{Logger: opts.Logger, Now: opts.Now, MaxConns: int32(cfg.Storage.PostgresMaxConnections)})
 	cancel()
 	if err != nil {
 		return nil, err

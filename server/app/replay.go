@@ -38,7 +38,7 @@ func OpenRecorded(cfg Config, opts Options) (operator.Records, func(), error) {
 	opts = opts.withDefaults()
 	loc, _ := cfg.Budget.Location() // checked by Load
 	if cfg.Storage.Backend == storage.BackendPostgres {
-		return openRecordedPostgres(opts, loc)
+		return openRecordedPostgres(cfg, opts, loc)
 	}
 	db, err := storage.Open(cfg.Storage.Path, storage.Options{Timeout: operatorLockTimeout, Logger: opts.Logger, ReadOnly: true})
 	switch {
@@ -63,10 +63,10 @@ func OpenRecorded(cfg Config, opts Options) (operator.Records, func(), error) {
 // openRecordedPostgres is OpenRecorded on postgres: the service's events,
 // written by every instance, read from the shared database, as the
 // operator's other commands read it while the instances serve.
-func openRecordedPostgres(opts Options, loc *time.Location) (operator.Records, func(), error) {
+func openRecordedPostgres(cfg Config, opts Options, loc *time.Location) (operator.Records, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), postgresOpenTimeout)
 	defer cancel()
-	db, err := postgres.Open(ctx, opts.Getenv(postgres.EnvURL), postgres.Options{Logger: opts.Logger, Now: opts.Now})
+	db, err := postgres.Open(ctx, opts.Getenv(postgres.EnvURL), postgres.Options{Logger: opts.Logger, Now: opts.Now, MaxConns: int32(cfg.Storage.PostgresMaxConnections)})
 	if err != nil {
 		return operator.Records{}, nil, err
 	}

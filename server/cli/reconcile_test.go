@@ -236,10 +236,11 @@ func TestReconcileDocumentedSKU(t *testing.T) {
 // max_drift = 0 is refused, not taken for the default.
 func TestReconcileConfigRefused(t *testing.T) {
 	for extra, want := range map[string]string{
-		"[reconcile]\nmax_drift = 0\n":                                         "reconcile.max_drift",
-		"[[reconcile.sku]]\nmatch = \"x\"\nmodel = \"gpt-9\"\n":                `reconcile.sku[0].model: "gpt-9"`,
-		"[reconcile]\nbigquery_table = \"billing_export\"\n":                   "reconcile.bigquery_table",
-		"[[reconcile.sku]]\nmatch = \"Flash\"\nmodel = \"gemini-2.5-flash\"\n": "",
+		"[reconcile]\nmax_drift = 0\n":                                            "reconcile.max_drift",
+		"[[reconcile.sku]]\nmatch = \"x\"\nmodel = \"gpt-9\"\n":                   `reconcile.sku[0].model: "gpt-9"`,
+		"[reconcile]\nbigquery_table = \"billing_export\"\n":                      "reconcile.bigquery_table",
+		"[reconcile]\nbigquery_endpoint = \"http://proxy.example/bigquery/v2\"\n": "reconcile.bigquery_endpoint",
+		"[[reconcile.sku]]\nmatch = \"Flash\"\nmodel = \"gemini-2.5-flash\"\n":    "",
 	} {
 		_, err := app.Load(simulatedConfig(t, "[plans.free]\nmonthly_quota = 10\n"+extra), envFrom(nil))
 		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {

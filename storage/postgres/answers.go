@@ -146,6 +146,7 @@ func (db *DB) ClaimAnswer(ctx context.Context, user, key string, ttl time.Durati
 		return false, fmt.Errorf("claim answer of %s: %w: empty key or no ttl", user, ErrInvalid)
 	}
 	now := db.now()
+	db.noteClaimTTL(ttl)
 	tag, err := db.pool.Exec(ctx, `INSERT INTO answer_claims (user_id, key, owner, expires_at) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (user_id, key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
 		WHERE answer_claims.expires_at <= $5`, user, key, db.rec.ownerID(), now.Add(ttl), now)
@@ -155,7 +156,7 @@ func (db *DB) ClaimAnswer(ctx context.Context, user, key string, ttl time.Durati
 			// connection (a failover): the caller goes on unclaimed,
 			// and the claim, if it exists, is given back once the
 			// database answers rather than left to lapse.
-			db.oweClaim(user, key)
+			db.oweClaim(user, key, now.Add(ttl))
 		}
 		return false, fmt.Errorf("claim answer of %s: %w", user, err)
 	}
@@ -171,7 +172,10 @@ func (db *DB) ReleaseAnswer(ctx context.Context, user, key string) error {
 	_, err := db.pool.Exec(ctx, `DELETE FROM answer_claims WHERE user_id = $1 AND key = $2 AND owner = $3`, user, key, db.rec.ownerID())
 	if err != nil {
 		if unreachable(err) {
-			db.oweClaim(user, key)
+			// The claim released was made before now, with the ttl of
+			// the claims made: it expires by now + that ttl, and a later
+			// claim of the key (a retry, once the database is back) after.
+			db.oweClaim(user, key, db.now().Add(db.claimTTL()))
 			return fmt.Errorf("release answer of %s (given back once the database answers): %w", user, err)
 		}
 		return fmt.Errorf("release answer of %s: %w", user, err)

@@ -12,8 +12,10 @@ import (
 // the client's retry of a read that failed meanwhile would be told 409
 // all that time. So the give-back is owed and written once the database
 // answers again, tried every claimRetry for at most claimOwedFor. Giving
-// back late is always safe: the statement deletes the claim only while
-// this instance holds it.
+// back late is safe: the statement deletes the claim only while this
+// instance holds it, and only a claim made by then (its expiry no later
+// than the owed claim's could be): a retry of the key that claims it anew
+// once the database is back, and reads, keeps its claim.
 
 const (
 	claimRetry   = 250 * time.Millisecond
@@ -21,29 +23,57 @@ const (
 )
 
 // owedClaims are the claims this instance owes the database's give-back
-// of, by user and key, with when each was first owed.
+// of, by user and key.
 type owedClaims struct {
 	mu      sync.Mutex
-	keys    map[[2]string]time.Time
+	keys    map[[2]string]owedClaim
 	running bool
+	ttl     time.Duration // the ttl of the last claim made (ClaimAnswer)
 }
 
-// oweClaim owes the give-back of user's claim of key and starts the
-// writer if it is not running.
-func (db *DB) oweClaim(user, key string) {
+// owedClaim is one owed give-back: when it was first owed, and the latest
+// expiry the claim owed can have.
+type owedClaim struct {
+	since, upTo time.Time
+}
+
+// oweClaim owes the give-back of user's claim of key, one expiring at
+// upTo at the latest, and starts the writer if it is not running.
+func (db *DB) oweClaim(user, key string, upTo time.Time) {
 	c := &db.claims
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.keys == nil {
-		c.keys = map[[2]string]time.Time{}
+		c.keys = map[[2]string]owedClaim{}
 	}
-	if _, ok := c.keys[[2]string{user, key}]; !ok {
-		c.keys[[2]string{user, key}] = db.now()
+	k := [2]string{user, key}
+	o, ok := c.keys[k]
+	if !ok {
+		o.since = db.now()
 	}
+	if upTo.After(o.upTo) {
+		o.upTo = upTo
+	}
+	c.keys[k] = o
 	if !c.running {
 		c.running = true
 		go db.giveClaimsBack()
 	}
+}
+
+// noteClaimTTL keeps the ttl of the claims made, for the bound of a
+// release owed (ReleaseAnswer does not know its claim's expiry).
+func (db *DB) noteClaimTTL(ttl time.Duration) {
+	db.claims.mu.Lock()
+	db.claims.ttl = ttl
+	db.claims.mu.Unlock()
+}
+
+// claimTTL is the ttl of the last claim made.
+func (db *DB) claimTTL() time.Duration {
+	db.claims.mu.Lock()
+	defer db.claims.mu.Unlock()
+	return db.claims.ttl
 }
 
 // giveClaimsBack writes the owed give-backs, in one statement, every
@@ -59,13 +89,14 @@ func (db *DB) giveClaimsBack() {
 		}
 		c.mu.Lock()
 		var users, keys []string
+		var upTo []time.Time
 		now := db.now()
-		for k, since := range c.keys {
-			if now.Sub(since) > claimOwedFor {
+		for k, o := range c.keys {
+			if now.Sub(o.since) > claimOwedFor {
 				delete(c.keys, k)
 				continue
 			}
-			users, keys = append(users, k[0]), append(keys, k[1])
+			users, keys, upTo = append(users, k[0]), append(keys, k[1]), append(upTo, o.upTo)
 		}
 		if len(users) == 0 {
 			c.running = false
@@ -74,15 +105,17 @@ func (db *DB) giveClaimsBack() {
 		}
 		c.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultOpTimeout)
-		_, err := db.pool.Exec(ctx, `DELETE FROM answer_claims WHERE owner = $3
-			AND (user_id, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, users, keys, db.rec.ownerID())
+		_, err := db.pool.Exec(ctx, `DELETE FROM answer_claims c USING unnest($1::text[], $2::text[], $4::timestamptz[]) AS o (user_id, key, up_to)
+			WHERE c.owner = $3 AND c.user_id = o.user_id AND c.key = o.key AND c.expires_at <= o.up_to`, users, keys, db.rec.ownerID(), upTo)
 		cancel()
 		if err != nil {
 			continue
 		}
 		c.mu.Lock()
 		for i := range users {
-			delete(c.keys, [2]string{users[i], keys[i]})
+			if k := [2]string{users[i], keys[i]}; c.keys[k].upTo.Equal(upTo[i]) { // not owed again meanwhile
+				delete(c.keys, k)
+			}
 		}
 		c.mu.Unlock()
 		db.log.Info("postgres: idempotency key claims given back once the database answered", "claims", len(users))

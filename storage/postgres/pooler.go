@@ -32,6 +32,11 @@ var ErrPooledTransactions = errors.New("postgres: " + EnvURL + " reaches a conne
 // this long.
 const sessionProbeWait = 5 * time.Second
 
+// ErrStandby means the URL reaches a standby, which takes no writes (nor
+// LISTEN): Breakwater needs the primary.
+var ErrStandby = errors.New("postgres: the server is a standby (read-only): Breakwater needs the primary; " +
+	"list both in the URL, the primary first, with target_session_attrs=read-write, and each connection finds the one that takes writes")
+
 // checkSessions tells whether the pool's connections are whole server
 // sessions, or pass through a pooler in transaction or statement mode,
 // and answers ErrPooledTransactions for the latter.
@@ -55,12 +60,8 @@ const sessionProbeWait = 5 * time.Second
 // Every statement goes in the simple protocol: pgx's prepared statements
 // would collide behind a transaction pooler (two clients preparing the
 // same name on one server session) and fail with a message that names
-// something else.
-// ErrStandby means the URL reaches a standby, which takes no writes (nor
-// LISTEN): Breakwater needs the primary.
-var ErrStandby = errors.New("postgres: the server is a standby (read-only): Breakwater needs the primary; " +
-	"list both in the URL, the primary first, with target_session_attrs=read-write, and each connection finds the one that takes writes")
-
+// something else. A standby is refused first (ErrStandby): it takes no
+// LISTEN, and serve needs the primary.
 func checkSessions(ctx context.Context, pool *pgxpool.Pool) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
