@@ -176,24 +176,10 @@ func newGroup(t *testing.T, dbURL string) *group {
 
 func userName(i int) string { return fmt.Sprintf("user%d", i) }
 
-func (g *group) stopAll() {
-	var wg sync.WaitGroup
-	for _, p := range g.procs {
-		if p != nil {
-			wg.Go(func() { p.Stop(10 * time.Second) })
-		}
-	}
-	wg.Wait()
-}
+func (g *group) stopAll() { harness.StopAll(10*time.Second, g.procs[:]...) }
 
 func (g *group) logs() string {
-	var b strings.Builder
-	for i, p := range g.procs {
-		if p != nil {
-			fmt.Fprintf(&b, "--- instance %d:\n%s\n", i, harness.Tail(p.LogPath))
-		}
-	}
-	return b.String()
+	return harness.Logs(func(i int) string { return fmt.Sprintf("instance %d", i) }, g.procs[:]...)
 }
 
 // try is one attempt of a request: its answer and when it was sent and

@@ -7,11 +7,9 @@
 package failover
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"breakwater/storage/postgres/pgtest"
 	"breakwater/test/harness"
@@ -25,26 +23,12 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	root, err := harness.ModuleRoot(ctx)
-	if err != nil {
+	var done func()
+	var err error
+	if bin, done, err = harness.BuildForMain("failover"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "breakwater-failover-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = harness.Build(ctx, root, dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := os.Chdir(root); err != nil { // harness.NewGemini reads ocr/testdata from here
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer done()
 	return pgtest.Main(m)
 }

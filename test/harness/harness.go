@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -365,4 +366,54 @@ func NthPNG(n uint64) []byte {
 	var b bytes.Buffer
 	_ = png.Encode(&b, img) // cannot fail on a bytes.Buffer
 	return b.Bytes()
+}
+
+// BuildForMain is the start of a TestMain that runs the real binary: it
+// builds breakwater into a temporary folder (of name's), and moves into
+// the module's root, from which the fake Gemini reads ocr/testdata. It
+// returns the binary's path and what removes the folder.
+func BuildForMain(name string) (bin string, cleanup func(), err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	root, err := ModuleRoot(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "breakwater-"+name+"-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup = func() { os.RemoveAll(dir) }
+	if bin, err = Build(ctx, root, dir); err == nil {
+		err = os.Chdir(root)
+	}
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return bin, cleanup, nil
+}
+
+// StopAll stops every process of procs at once (nil ones skipped), each
+// within timeout: a clean stop gives back the leases and quota holds.
+func StopAll(timeout time.Duration, procs ...*Process) {
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		if p != nil {
+			wg.Go(func() { p.Stop(timeout) })
+		}
+	}
+	wg.Wait()
+}
+
+// Logs is the tail of each process's log (nil ones skipped), each under
+// its name, for a failure message.
+func Logs(name func(i int) string, procs ...*Process) string {
+	var b strings.Builder
+	for i, p := range procs {
+		if p != nil {
+			fmt.Fprintf(&b, "--- %s:\n%s\n", name(i), Tail(p.LogPath))
+		}
+	}
+	return b.String()
 }

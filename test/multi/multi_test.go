@@ -34,27 +34,13 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	root, err := harness.ModuleRoot(ctx)
-	if err != nil {
+	var done func()
+	var err error
+	if bin, done, err = harness.BuildForMain("multi"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "breakwater-multi-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = harness.Build(ctx, root, dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := os.Chdir(root); err != nil { // harness.NewGemini reads ocr/testdata from here
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer done()
 	return pgtest.Main(m)
 }
 

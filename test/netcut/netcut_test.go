@@ -25,27 +25,13 @@ var bin string
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	root, err := harness.ModuleRoot(ctx)
-	if err != nil {
+	var done func()
+	var err error
+	if bin, done, err = harness.BuildForMain("netcut"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "breakwater-netcut-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = harness.Build(ctx, root, dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := os.Chdir(root); err != nil { // the fake Gemini reads ocr/testdata from here
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer done()
 	sweepNamespaces(os.Stderr)
 	return pgtest.Main(m)
 }
@@ -200,25 +186,11 @@ func cmpErr(a, b error) error {
 
 // stop stops both instances cleanly (a clean stop gives back the leases
 // and quota holds).
-func (r *rig) stop() {
-	var wg sync.WaitGroup
-	for _, p := range r.procs {
-		if p != nil {
-			wg.Go(func() { p.Stop(15 * time.Second) })
-		}
-	}
-	wg.Wait()
-}
+func (r *rig) stop() { harness.StopAll(15*time.Second, r.procs[:]...) }
 
 // logs is the tail of both instances' logs, for a failure message.
 func (r *rig) logs() string {
-	var b strings.Builder
-	for i, p := range r.procs {
-		if p != nil {
-			fmt.Fprintf(&b, "--- %s instance:\n%s\n", instanceName[i], harness.Tail(p.LogPath))
-		}
-	}
-	return b.String()
+	return harness.Logs(func(i int) string { return instanceName[i] + " instance" }, r.procs[:]...)
 }
 
 // upstream is the calls instance i's fake Gemini received.

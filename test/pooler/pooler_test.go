@@ -31,27 +31,13 @@ var bin string
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	root, err := harness.ModuleRoot(ctx)
-	if err != nil {
+	var done func()
+	var err error
+	if bin, done, err = harness.BuildForMain("pooler"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "breakwater-pooler-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = harness.Build(ctx, root, dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := os.Chdir(root); err != nil { // harness.NewGemini reads ocr/testdata from here
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer done()
 	return pgtest.Main(m)
 }
 
@@ -152,25 +138,11 @@ func (s *setup) startPair() {
 }
 
 // stopAll stops the instances cleanly (a clean stop gives the lease back).
-func (s *setup) stopAll() {
-	var wg sync.WaitGroup
-	for _, p := range s.procs {
-		if p != nil {
-			wg.Go(func() { p.Stop(10 * time.Second) })
-		}
-	}
-	wg.Wait()
-}
+func (s *setup) stopAll() { harness.StopAll(10*time.Second, s.procs...) }
 
 // logs is the tail of each instance's log, for a failure message.
 func (s *setup) logs() string {
-	var b strings.Builder
-	for i, p := range s.procs {
-		if p != nil {
-			fmt.Fprintf(&b, "--- instance %d:\n%s\n", i, harness.Tail(p.LogPath))
-		}
-	}
-	return b.String()
+	return harness.Logs(func(i int) string { return fmt.Sprintf("instance %d", i) }, s.procs...)
 }
 
 // imageSeq makes every image of the package's tests a distinct one.
