@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -67,7 +68,7 @@ func TestPriceChangeAtMidnightWithCallsInFlight(t *testing.T) {
 			}
 			clock := newTestClock()
 			clock.ns.Store(time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC).UnixNano())
-			logs := &lineLog{}
+			logs := &lockedWriter{w: &bytes.Buffer{}}
 			a, err := Open(context.Background(), cfg, Options{Getenv: env(vars), Logger: slog.New(slog.NewTextHandler(logs, nil)), Now: clock.now})
 			if err != nil {
 				t.Fatal(err)
@@ -107,12 +108,12 @@ func TestPriceChangeAtMidnightWithCallsInFlight(t *testing.T) {
 					t.Fatalf("read %d: %d, want 200", i, s)
 				}
 			}
-			if n := logs.count(`msg="price change: calls are counted at the model's new list price from today"`,
+			if n, text := linesWith(logs, `msg="price change: calls are counted at the model's new list price from today"`,
 				"model=gemini-3.8-flash day=2027-01-01 input_usd_per_million=1.5 output_usd_per_million=7.5"); n != 1 {
-				t.Errorf("the new day's price logged %d times, want once:\n%s", n, logs.String())
+				t.Errorf("the new day's price logged %d times, want once:\n%s", n, text)
 			}
-			if n := logs.count("price of gemini-3.8-flash on 2026-12-31: $0.75 in / $3.75 out per million tokens; from 2027-01-01 (in 1 days)"); n != 1 {
-				t.Errorf("the start logged the price and its change %d times, want once:\n%s", n, logs.String())
+			if n, text := linesWith(logs, "price of gemini-3.8-flash on 2026-12-31: $0.75 in / $3.75 out per million tokens; from 2027-01-01 (in 1 days)"); n != 1 {
+				t.Errorf("the start logged the price and its change %d times, want once:\n%s", n, text)
 			}
 
 			store := a.db.(interface {
@@ -167,28 +168,14 @@ monthly_quota = 1000
 `, section, baseURL)
 }
 
-// lineLog keeps what a logger writes, for the tests to count lines.
-type lineLog struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lineLog) Write(p []byte) (int, error) {
+// linesWith is how many lines of what l holds (a bytes.Buffer) hold
+// every one of parts, and the text, for a failure message.
+func linesWith(l *lockedWriter, parts ...string) (int, string) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lineLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// count is how many lines hold every one of parts.
-func (l *lineLog) count(parts ...string) int {
+	text := l.w.(*bytes.Buffer).String()
+	l.mu.Unlock()
 	n := 0
-	for _, line := range strings.Split(l.String(), "\n") {
+	for _, line := range strings.Split(text, "\n") {
 		all := true
 		for _, p := range parts {
 			all = all && strings.Contains(line, p)
@@ -197,7 +184,7 @@ func (l *lineLog) count(parts ...string) int {
 			n++
 		}
 	}
-	return n
+	return n, text
 }
 
 // storedLedger reads the ledger's days from..to of a closed App's

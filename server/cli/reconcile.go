@@ -86,10 +86,9 @@ func (e *env) reconcile(c *cobra.Command, path, from, to string, asJSON bool) er
 	if b.Rows == 0 {
 		return fmt.Errorf("reconcile: %s: %w", source, reconcile.ErrEmpty)
 	}
-	path = source
 	from, to = orDefault(from, b.First), orDefault(to, b.Last)
 	if err := operator.CheckDays(from, to); err != nil {
-		return fmt.Errorf("reconcile: %s covers %s to %s: give --from and --to at most a year apart", path, from, to)
+		return fmt.Errorf("reconcile: %s covers %s to %s: give --from and --to at most a year apart", source, from, to)
 	}
 	var ledger reconcile.Ledger
 	err = e.operate(func(op operator.Service) error {
@@ -101,7 +100,7 @@ func (e *env) reconcile(c *cobra.Command, path, from, to string, asJSON bool) er
 	}
 	rep, err := reconcile.Compare(ledger, b, rc.MaxDrift, from, to, app.ReconcilePrices(cfg))
 	if err != nil {
-		return fmt.Errorf("reconcile: %s: %w", path, err)
+		return fmt.Errorf("reconcile: %s: %w", source, err)
 	}
 	if err := printReconcile(e.stdout, e.stderr, asJSON, rep); err != nil {
 		return err

@@ -40,8 +40,6 @@ type Found struct {
 	// whose state the role may not read: only a superuser or a member of
 	// pg_read_all_stats sees it, others see each standby's row alone.
 	Standbys, SyncStandbys, StandbysHidden int
-	// InRecovery is whether the server is itself a standby (read-only).
-	InRecovery bool
 }
 
 // MinServer is the oldest PostgreSQL (server_version_num) that keeps every
@@ -83,9 +81,9 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	if f.Conns, err = readConns(ctx, conn); err != nil {
 		return f, err
 	}
-	err = conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), pg_is_in_recovery(), count(*)::int,
+	err = conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), count(*)::int,
 		(count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')))::int, (count(*) FILTER (WHERE sync_state IS NULL))::int
-		FROM pg_stat_replication`).Scan(&f.SyncStandbyNames, &f.InRecovery, &f.Standbys, &f.SyncStandbys, &f.StandbysHidden)
+		FROM pg_stat_replication`).Scan(&f.SyncStandbyNames, &f.Standbys, &f.SyncStandbys, &f.StandbysHidden)
 	if err != nil {
 		return f, fmt.Errorf("postgres: read the standbys: %w", err)
 	}
