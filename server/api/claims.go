@@ -40,12 +40,12 @@ const claimTimeout = 5 * time.Second
 // goes on, as when the stored answers cannot be read: at worst one more
 // paid call, which the money path counts and records like any.
 //
-// Won, release must be called when the request ends: it gives the claim
-// back unless the request kept an answer under the key (r.kept), whose
-// transaction gave it back already.
-func (s *Server) claimKey(r *ocrRequest) (release func(), err error) {
+// Claimed, releaseKey must be called when the request ends: it gives the
+// claim back unless the request kept an answer under the key (r.kept),
+// whose transaction gave it back already.
+func (s *Server) claimKey(r *ocrRequest) (claimed bool, err error) {
 	if s.d.Claims == nil {
-		return func() {}, nil
+		return false, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.c.Request().Context()), claimTimeout)
 	defer cancel()
@@ -54,11 +54,11 @@ func (s *Server) claimKey(r *ocrRequest) (release func(), err error) {
 	case err != nil:
 		s.log.Warn("idempotency key not claimed across instances: the request goes on", "user", r.who.UserID,
 			"request_id", r.id, "err", err)
-		return func() {}, nil
+		return false, nil
 	case !won:
-		return nil, errIdempotencyKeyInUse.withRetryAfter(1)
+		return false, errIdempotencyKeyInUse.withRetryAfter(1)
 	}
-	return func() { s.releaseKey(r) }, nil
+	return true, nil
 }
 
 // releaseKey gives back r's claim of its key unless an answer kept under

@@ -187,6 +187,12 @@ func TestDashboardShowsShadowRefusals(t *testing.T) {
 			t.Errorf("%s: refusals %+v, shadow %+v; want 2 in shadow mode at layer rate and none refused", when, d.Refusals, d.Shadow)
 		}
 	}
+	// The events reach the recorder's count through its queue, a moment
+	// after the answers.
+	waitFor(t, "the recorder to count the shadowed refusals", func() bool {
+		d, err := e.srv.dashboard(context.Background(), time.Now())
+		return err == nil && len(d.Shadow) == 1 && d.Shadow[0].Count >= 2
+	})
 	check("live", e)
 	e.http.Close()
 	e.admin.Close()

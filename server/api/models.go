@@ -79,14 +79,14 @@ func (s *Server) notePriceDay(m *modelSet, day string) {
 	}
 }
 
-// reserve is Ticket.Reserve at the worst case for img of the model c
+// reserve is Admission.Reserve at the worst case for img of the model c
 // goes to or, for a soft choice, ReserveSoft at the worst cases of both.
-func (s *Server) reserve(t *guard.Ticket, c choice, img ocr.Image, now time.Time) *guard.Refusal {
+func (s *Server) reserve(a *guard.Admission, c choice, img ocr.Image, now time.Time) *guard.Refusal {
 	worst := c.price.WorstCase(img.Width, img.Height)
 	if !c.soft {
-		return t.Reserve(worst, now)
+		return a.Reserve(worst, now)
 	}
-	return t.ReserveSoft(worst, c.m.fallbackPrice.On(c.day).WorstCase(img.Width, img.Height), now)
+	return a.ReserveSoft(worst, c.m.fallbackPrice.On(c.day).WorstCase(img.Width, img.Height), now)
 }
 
 // decided is the model a read goes to and its price on the read's day,
@@ -94,11 +94,11 @@ func (s *Server) reserve(t *guard.Ticket, c choice, img ocr.Image, now time.Time
 // decided on (the brake's view, Soft, when the brake failed open and
 // decided nothing). The first read on a side raises the alert of
 // entering or leaving degraded mode.
-func (s *Server) decided(t *guard.Ticket, c choice, now time.Time) (string, *ocr.Price) {
+func (s *Server) decided(a *guard.Admission, c choice, now time.Time) (string, *ocr.Price) {
 	if !c.soft {
 		return c.model, &c.price
 	}
-	side, newSide, ok := t.Side()
+	side, newSide, ok := a.Side()
 	if !ok {
 		side = s.d.Budget.Soft(now)
 	}

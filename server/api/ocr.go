@@ -122,115 +122,96 @@ func (s *Server) newOCRRequest(c echo.Context) (ocrRequest, error) {
 // leaves before its usage record is on disk. A repeat of an idempotent
 // request, or the same image again within the dedupe window, is answered
 // from what the first read's usage transaction kept, without a call.
+//
+// The guard's admission (guard.Admission) carries the request through its
+// steps and decides at each what is counted, written and given back; the
+// handler only says which step it has reached.
 func (s *Server) handleOCR(c echo.Context) error {
 	req, err := s.newOCRRequest(c)
 	if err != nil {
 		return err
 	}
-	if req.key != "" {
-		r := req // a copy: this path's pointer escapes, which puts it on the heap
-		return s.handleIdempotentOCR(&r)
-	}
-	// Layers 1-3 from memory, before the body is read.
-	t, refused := s.guard.Admit(req.guard, req.start)
-	if refused != nil {
-		return s.refusalOf(req.guard, req.start, refused)
-	}
-	defer t.Release() // whatever happens from here on, a panic too
 	r := &req
-	in, err := s.receive(r)
-	if err != nil {
-		// Counted against the rate all the same (if Admit left that to
-		// Reserve): a flood of bad uploads is limited as any other.
-		if refused := t.Count(s.now()); refused != nil {
-			return s.refusalOf(r.guard, s.now(), refused)
+	if r.key != "" {
+		if !s.pending.acquire(r.who.UserID, r.key) {
+			return errIdempotencyKeyInUse.withRetryAfter(1)
 		}
-		return err
+		defer s.pending.release(r.who.UserID, r.key)
 	}
-	defer in.mem.close()
-	return s.readOnce(r, t, in)
-}
-
-// handleIdempotentOCR is handleOCR for a request with an Idempotency-Key:
-// only layer 1 is checked before the stored answer is looked up, since a
-// repeat uses nothing else; a first request goes on as any other. Where
-// layer 1 is decided with the attempt and the quota slot (on PostgreSQL),
-// its count waits: a repeat is counted before it is answered, a first
-// request by its Reserve.
-func (s *Server) handleIdempotentOCR(r *ocrRequest) error {
-	if !s.pending.acquire(r.who.UserID, r.key) {
-		return errIdempotencyKeyInUse.withRetryAfter(1)
-	}
-	defer s.pending.release(r.who.UserID, r.key)
-	later, refused := s.guard.CountLater(r.guard, r.start)
+	a, refused := s.admit(r) // layers 1-3 from memory, before the body
 	if refused != nil {
 		return s.refusalOf(r.guard, r.start, refused)
 	}
-	count := func(now time.Time) *guard.Refusal { // layer 1, if it waits
-		if !later {
-			return nil
-		}
-		later = false
-		return s.guard.Count(r.guard, now)
-	}
+	defer a.Release() // whatever happens from here on, a panic too
 	in, err := s.receive(r)
 	if err != nil {
-		if refused := count(s.now()); refused != nil {
-			return s.refusalOf(r.guard, s.now(), refused)
-		}
-		return err
+		return s.end(r, a, s.now(), err) // a bad upload counts against the rate as any other
 	}
 	defer in.mem.close()
-	now := in.end // the upload may have taken a while
-	replay := func(a budget.Answer) error {
-		if refused := count(now); refused != nil {
-			return s.refusalOf(r.guard, now, refused)
-		}
-		return s.replayStored(r, a, in)
+	if r.key != "" {
+		return s.readKeyed(r, a, in)
 	}
-	if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
-		return replay(a)
-	}
-	release, err := s.claimKey(r) // the other instances
-	if err != nil {
-		// Held by another instance (409): counted all the same, so that
-		// a flood of them is limited and then refused from memory.
-		if refused := count(now); refused != nil {
-			return s.refusalOf(r.guard, now, refused)
-		}
-		return err
-	}
-	defer release()
-	if s.d.Claims != nil {
-		// Kept by another instance between the look and the claim?
-		if a, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
-			return replay(a)
-		}
-	}
-	t, refused := s.guard.Look(r.guard, now)
-	if refused != nil {
-		// Counted all the same: the stored answer was looked up and the
-		// key claimed, so a flood under the brake or the line is held to
-		// the rate, and then refused before its upload.
-		if r2 := count(now); r2 != nil {
-			return s.refusalOf(r.guard, now, r2)
-		}
-		return s.refusalOf(r.guard, now, refused)
-	}
-	defer t.Release()
-	if later {
-		t.CountAtReserve()
-	}
-	return s.readOnce(r, t, in)
+	return s.readOnce(r, a, in)
 }
 
-// replayStored answers a repeat of r's key with a, the answer kept under
-// it: byte for byte when it is for the same image, 422 otherwise.
-func (s *Server) replayStored(r *ocrRequest, a budget.Answer, in received) error {
-	if a.Fingerprint != in.fp {
+// admit is the guard's first step: for a plain request layer 1 and the
+// looks at layers 2, 2b and 3; for a keyed one only layer 1, since a
+// repeat uses nothing else.
+func (s *Server) admit(r *ocrRequest) (*guard.Admission, *guard.Refusal) {
+	if r.key != "" {
+		return s.guard.AdmitKeyed(r.guard, r.start)
+	}
+	return s.guard.Admit(r.guard, r.start)
+}
+
+// end ends r without a call, answering it with answer unless the guard
+// refuses it now (layer 1, counting the request as it ends).
+func (s *Server) end(r *ocrRequest, a *guard.Admission, now time.Time, answer error) error {
+	if refused := a.End(now); refused != nil {
+		return s.refusalOf(r.guard, now, refused)
+	}
+	return answer
+}
+
+// readKeyed goes on with a request that has an Idempotency-Key once its
+// upload is in: a repeat is answered with the stored answer; a key
+// another instance holds is told to wait (409); a first request is looked
+// at by layers 2, 2b and 3 and read as any other.
+func (s *Server) readKeyed(r *ocrRequest, a *guard.Admission, in received) error {
+	now := in.end // the upload may have taken a while
+	if stored, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
+		return s.replayStored(r, a, stored, in, now)
+	}
+	claimed, err := s.claimKey(r) // the other instances
+	if err != nil {
+		return s.end(r, a, now, err)
+	}
+	if claimed {
+		defer s.releaseKey(r)
+	}
+	if s.d.Claims != nil {
+		// Kept by another instance between the look and the claim?
+		if stored, ok := s.storedAnswer(r.who.UserID, r.key, now); ok {
+			return s.replayStored(r, a, stored, in, now)
+		}
+	}
+	if refused := a.Look(now); refused != nil {
+		return s.refusalOf(r.guard, now, refused)
+	}
+	return s.readOnce(r, a, in)
+}
+
+// replayStored ends a repeat of r's key, answering it with stored, the
+// answer kept under it: byte for byte when it is for the same image, 422
+// otherwise; unless the guard refuses it now (layer 1, counting it).
+func (s *Server) replayStored(r *ocrRequest, a *guard.Admission, stored budget.Answer, in received, now time.Time) error {
+	if refused := a.End(now); refused != nil {
+		return s.refusalOf(r.guard, now, refused)
+	}
+	if stored.Fingerprint != in.fp {
 		return errIdempotencyKeyReused
 	}
-	return s.replay(r, a)
+	return s.replay(r, stored)
 }
 
 // readOnce answers the image from the dedupe window when it was read
@@ -242,27 +223,27 @@ func (s *Server) replayStored(r *ocrRequest, a budget.Answer, in received) error
 // attempt is still the request's own; a waiter whose client goes away
 // stops waiting (499). The waiters are bounded by max_in_flight_per_user,
 // since each holds one of its user's slots.
-func (s *Server) readOnce(r *ocrRequest, t *guard.Ticket, in received) error {
+func (s *Server) readOnce(r *ocrRequest, a *guard.Admission, in received) error {
 	if s.d.Answers == nil || s.d.DedupeWindow <= 0 {
-		return s.read(r, t, in, in.end)
+		return s.read(r, a, in, in.end)
 	}
 	for now := in.end; ; now = s.now() { // after a wait, the time again
-		if a, ok := s.recentRead(r.who.UserID, in.fp, now); ok {
-			if refused := t.Count(now); refused != nil {
+		if cached, ok := s.recentRead(r.who.UserID, in.fp, now); ok {
+			if refused := a.End(now); refused != nil {
 				return s.refusalOf(r.guard, now, refused)
 			}
-			return s.answerCached(r, a, now)
+			return s.answerCached(r, cached, now)
 		}
 		done, wait := s.reading.lead(r.who.UserID, in.fp)
 		if wait == nil {
 			defer done()
-			return s.read(r, t, in, now)
+			return s.read(r, a, in, now)
 		}
 		select {
 		case <-wait:
 		case <-r.c.Request().Context().Done():
-			t.Count(s.now()) // it was let in and uploaded: it counts, though no one hears the answer
-			return errClientGone
+			// It was let in and uploaded: it counts, though no one hears the answer.
+			return s.refusalOf(r.guard, s.now(), a.Gone(r.c.Request().Context(), s.now()))
 		}
 	}
 }
@@ -302,42 +283,40 @@ func (s *Server) receive(r *ocrRequest) (received, error) {
 // when the upload was in (or a read of the same image ended); the clock
 // is read once per step after it: the checks, the claim's commit, the
 // call.
-func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time) error {
+func (s *Server) read(r *ocrRequest, a *guard.Admission, in received, now time.Time) error {
 	c := s.choose(r, now)
 	ctx := context.WithoutCancel(r.c.Request().Context()) // a paid call outlives its client
-	if refused := s.reserve(t, c, in.img, now); refused != nil {
+	if refused := s.reserve(a, c, in.img, now); refused != nil {
 		return s.refusalOf(r.guard, now, refused)
 	}
 	checked := s.now()
 	s.d.Metrics.guard.Observe((in.at.Sub(r.start) + checked.Sub(now)).Seconds())
-	refused, err := t.Commit(ctx, checked)
+	refused := a.Commit(ctx, checked)
 	committed := s.now()
 	s.d.Metrics.reserveLatency.Observe(committed.Sub(checked).Seconds())
 	s.d.Metrics.guardOverhead.Observe((in.at.Sub(r.start) + committed.Sub(now)).Seconds())
-	model, price := s.decided(t, c, committed) // the side of the soft line is the committed claim's
+	model, price := s.decided(a, c, committed) // the side of the soft line is the committed claim's
 	worst := price.WorstCase(in.img.Width, in.img.Height)
 	if refused != nil {
-		t.Cancel(ctx) // no call is made
-		if err != nil {
+		if refused.Fault != nil {
 			// The write failed: the one case that is a fault. A ceiling
 			// another instance reached first is the brake's answer alone.
 			s.log.Error("budget reservation not written: no call made, paid calls paused", "user", r.who.UserID, "request_id", r.id,
-				"pause", guard.UsagePause, "err", err)
+				"pause", guard.UsagePause, "err", refused.Fault)
 			s.alert(detect.KindUsageCommitFailed, "a budget reservation could not be written: calls are refused (503) until the disk takes writes",
-				map[string]string{"user": r.who.UserID, "request_id": r.id, "error": err.Error()})
+				map[string]string{"user": r.who.UserID, "request_id": r.id, "error": refused.Fault.Error()})
 		}
 		return s.refusalOf(r.guard, now, refused)
 	}
 	failpoint.Hit(failpoint.Reserved) // crash tests only: a kill between the reservation and the call
 	if r.c.Request().Context().Err() != nil {
-		t.Cancel(ctx) // gone before the call: nothing is spent
-		return errClientGone
+		return s.refusalOf(r.guard, now, a.Gone(ctx, now)) // gone before the call: nothing is spent
 	}
 
 	// The expensive call, with its one retry claimed like the call. It
 	// starts when the reservation is committed: only a check lies between.
 	requestID := r.id // the closure holds the id, not the request
-	res, err := s.d.Reader.ReadModel(ctx, model, in.img, func() bool { return s.claimRetry(ctx, requestID, model, t, worst) })
+	res, err := s.d.Reader.ReadModel(ctx, model, in.img, func() bool { return s.claimRetry(ctx, requestID, model, a, worst) })
 	res.Model = model // the configured name, as it was priced: answers, usage rows and metrics agree
 	called := s.now()
 	latency := called.Sub(committed)
@@ -354,13 +333,13 @@ func (s *Server) read(r *ocrRequest, t *guard.Ticket, in received, now time.Time
 	// has gone.
 	ctx = s.recordCtx.get()
 	if err != nil {
-		t.Fail(ctx, cost)
+		a.Fail(ctx, cost)
 		event.Outcome, event.Status = "upstream_failed", http.StatusBadGateway
 		s.d.Events.Record(event)
 		s.log.Warn("upstream read failed", "user", r.who.UserID, "request_id", r.id, "reason", ReasonOf(err), "err", err)
 		return errUpstream
 	}
-	return s.record(ctx, r, t, event, s.usageRecord(r, res, in, cost, latency), res, in, called)
+	return s.record(ctx, r, a, event, s.usageRecord(r, res, in, cost, latency), res, in, called)
 }
 
 // usageRecord is the row of a successful read.
@@ -376,7 +355,7 @@ func (s *Server) usageRecord(r *ocrRequest, res ocr.Result, in received, cost in
 // what a repeat needs, in one durable transaction before the answer. With
 // an idempotency key the answer is made first, so that what is kept is
 // what is sent. now is when the call ended: the commit starts then.
-func (s *Server) record(ctx context.Context, r *ocrRequest, t *guard.Ticket, event detect.Event, rec budget.UsageRecord,
+func (s *Server) record(ctx context.Context, r *ocrRequest, a *guard.Admission, event detect.Event, rec budget.UsageRecord,
 	res ocr.Result, in received, now time.Time) error {
 	var body []byte
 	if r.key != "" || s.d.DedupeWindow > 0 {
@@ -386,15 +365,15 @@ func (s *Server) record(ctx context.Context, r *ocrRequest, t *guard.Ticket, eve
 		body = answerBody(res, r.plan.MonthlyQuota, s.guard.Used(r.who.UserID, now)+1)
 		rec.Answer.IdempotencyKey, rec.Answer.Status, rec.Answer.Body = r.key, http.StatusOK, body
 	}
-	used, err := t.Record(ctx, rec, event.CostMicroUSD, now)
+	used, refused := a.Record(ctx, rec, event.CostMicroUSD, now)
 	s.d.Metrics.commitLatency.Observe(s.now().Sub(now).Seconds())
-	if err != nil {
+	if refused != nil {
 		event.Outcome, event.Status = "usage_unavailable", http.StatusServiceUnavailable
 		s.d.Events.Record(event)
 		s.log.Error("usage record not written: result withheld, paid calls paused", "user", r.who.UserID, "request_id", r.id,
-			"pause", guard.UsagePause, "err", err)
+			"pause", guard.UsagePause, "err", refused.Fault)
 		s.alert(detect.KindUsageCommitFailed, "a usage record could not be written: results are withheld (503)",
-			map[string]string{"user": r.who.UserID, "request_id": r.id, "error": err.Error()})
+			map[string]string{"user": r.who.UserID, "request_id": r.id, "error": refused.Fault.Error()})
 		return errUsageUnavailable
 	}
 	r.kept = r.key != ""              // the answer went with the record
@@ -430,8 +409,8 @@ func (s *Server) callCost(requestID string, price *ocr.Price, u ocr.Usage, err e
 // claimRetry is asked by the upstream client before its one retry: the
 // retry is a second paid call, claimed and committed like the first, and
 // made only if the budget has room for it.
-func (s *Server) claimRetry(ctx context.Context, requestID, model string, t *guard.Ticket, worst int64) bool {
-	if !t.ClaimRetry(ctx, worst, s.now()) {
+func (s *Server) claimRetry(ctx context.Context, requestID, model string, a *guard.Admission, worst int64) bool {
+	if !a.ClaimRetry(ctx, worst, s.now()) {
 		s.log.Info("upstream retry skipped: the global budget has no room for it", "request_id", requestID)
 		return false
 	}
@@ -501,7 +480,13 @@ const ocrRoute = "/v1/ocr"
 // refusalOf records a refusal of req by the guard at now (counted per
 // minute and key by the recorder, for a replay) and turns it into the
 // problem users see.
+//
+// A refusal of KindGone is no layer's: the client went away, 499, and
+// nothing is recorded.
 func (s *Server) refusalOf(req guard.Request, now time.Time, r *guard.Refusal) error {
+	if r.Kind() == guard.KindGone {
+		return errClientGone
+	}
 	s.d.Events.Record(detect.Event{Time: now, UserID: req.Key, IP: req.Client, Plan: req.Plan, Route: req.Route,
 		Layer: r.Layer, Outcome: detect.OutcomeLayerRefused})
 	return s.refusal(r, now)

@@ -81,6 +81,9 @@ func (f *denyFixture) read(t *testing.T, req Request, at time.Time) {
 	if r == nil {
 		r = tk.Reserve(10, at)
 	}
+	if r == nil {
+		r = tk.Commit(t.Context(), at)
+	}
 	if r != nil {
 		t.Fatalf("read at %v refused: %+v", at, r)
 	}
@@ -133,11 +136,11 @@ func TestDenyKeepsTheRateWindow(t *testing.T) {
 	f := newDenyFixture(t, limiter.Config{Rate: 2, Window: time.Minute}, 0)
 	req := Request{Key: "alice", DailyLine: 100, MonthlyQuota: 100}
 	for range 2 {
-		if r := f.g.Count(req, now); r != nil {
+		if r := f.g.count(req, now); r != nil {
 			t.Fatal(r)
 		}
 	}
-	r := f.g.Count(req, now.Add(10*time.Second))
+	r := f.g.count(req, now.Add(10*time.Second))
 	if r == nil || r.Layer != LayerRate {
 		t.Fatalf("third in the window: %+v, want a rate refusal", r)
 	}
@@ -149,7 +152,7 @@ func TestDenyKeepsTheRateWindow(t *testing.T) {
 	if f.layers.calls != asked {
 		t.Errorf("the layers were asked for a remembered rate refusal")
 	}
-	if r := f.g.Count(req, now.Add(time.Minute)); r != nil {
+	if r := f.g.count(req, now.Add(time.Minute)); r != nil {
 		t.Errorf("once the window reopened: %+v, want admitted", r)
 	}
 }
@@ -288,14 +291,14 @@ func TestDenyBound(t *testing.T) {
 func TestDenyShadowClears(t *testing.T) {
 	f := newDenyFixture(t, limiter.Config{Rate: 1, Window: time.Minute}, 0)
 	req := Request{Key: "alice", DailyLine: 100, MonthlyQuota: 100}
-	_ = f.g.Count(req, now)
-	if r := f.g.Count(req, now); r == nil {
+	_ = f.g.count(req, now)
+	if r := f.g.count(req, now); r == nil {
 		t.Fatal("second in the window admitted")
 	}
 	if err := f.g.SetShadow(LayerRate); err != nil {
 		t.Fatal(err)
 	}
-	if r := f.g.Count(req, now); r != nil {
+	if r := f.g.count(req, now); r != nil {
 		t.Errorf("in shadow mode: %+v, want admitted", r)
 	}
 }
@@ -428,8 +431,8 @@ func TestDenyBeside(t *testing.T) {
 func TestDenyKeepsRoutesApart(t *testing.T) {
 	f := newDenyFixture(t, limiter.Config{Rate: 1, Window: time.Minute}, 0)
 	login := Request{Key: "ip:198.51.100.1", Route: "route:login"}
-	_ = f.g.Count(login, now)
-	if r := f.g.Count(login, now); r == nil || f.deny.Len() != 1 {
+	_ = f.g.count(login, now)
+	if r := f.g.count(login, now); r == nil || f.deny.Len() != 1 {
 		t.Fatalf("second in the window: %+v with %d remembered, want a rate refusal remembered", r, f.deny.Len())
 	}
 	signup := login

@@ -37,6 +37,8 @@ const (
 	LayerQuota    = "quota"
 	LayerBudget   = "budget"
 	LayerUsage    = "usage"
+	// LayerClient is no layer: the client went away (Admission.Gone).
+	LayerClient = "client"
 )
 
 // Modes of a layer that may be shadowed.
@@ -70,6 +72,55 @@ type Refusal struct {
 	// Busy marks a budget refusal that calls in flight cause: the brake
 	// is not engaged and a retry in seconds may pass.
 	Busy bool
+	// Fault is the error behind a KindStorage refusal of a write (a
+	// reservation or a usage record the store could not take), for the
+	// operator's log and alert; never shown to the client.
+	Fault error
+}
+
+// Kind is what a refusal is, as the caller answers it.
+type Kind uint8
+
+const (
+	// KindLimit: the caller's own limits, the rate and burst, the daily
+	// line and the monthly quota; their answer is theirs to wait out.
+	KindLimit Kind = iota + 1
+	// KindBrake: the service's budget (a ceiling, calls in flight, the
+	// operator's switch); the brake alerts on it.
+	KindBrake
+	// KindStorage: the service's storage cannot take or give what the
+	// request needs (the quota unreadable, usage records failing, a
+	// reservation or record not written); a fault, not a "no".
+	KindStorage
+	// KindGone: the client went away; no one hears the answer.
+	KindGone
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindLimit:
+		return "limit"
+	case KindBrake:
+		return "brake"
+	case KindStorage:
+		return "storage"
+	case KindGone:
+		return "gone"
+	}
+	return "unknown"
+}
+
+// Kind is what r is; it follows from its layer and reason.
+func (r *Refusal) Kind() Kind {
+	switch {
+	case r.Layer == LayerBudget:
+		return KindBrake
+	case r.Layer == LayerUsage, r.Layer == LayerQuota && r.Reason == ReasonUnavailable:
+		return KindStorage
+	case r.Layer == LayerClient:
+		return KindGone
+	}
+	return KindLimit
 }
 
 // The layers, as the guard uses them. Each returns a typed refusal
@@ -199,112 +250,6 @@ type Request struct {
 	Client, Route, Plan string
 }
 
-// Admit runs what is checked before the request body is read, all from
-// memory: layer 1 counts the request, and layers 2, 2b and 3 are looked at
-// without taking anything, so that a user with nothing left today or this
-// month, or a service whose brake is engaged, costs no upload. The ticket
-// it returns carries the request through the rest of the pipeline.
-//
-// On a backend that decides layer 1's shared window in the write of the
-// attempt and the quota slot (joinedRate), Admit leaves the count to
-// Reserve, so that an accepted request makes one round trip before its
-// call, not two; a key whose refusal is remembered is still refused here.
-// A request that then ends without Reserve is counted by Ticket.Count.
-func (g *Guard) Admit(req Request, now time.Time) (*Ticket, *Refusal) {
-	if r := g.paused(now); r != nil {
-		return nil, r
-	}
-	if r := g.remembered(req, false, now); r != nil {
-		return nil, r
-	}
-	if _, _, ok := g.joinedRate(); ok {
-		if r := g.remembered(req, true, now); r != nil {
-			return nil, r
-		}
-		t, r := g.look(req, now)
-		if t != nil {
-			t.rateDue = true
-		}
-		return t, r
-	}
-	if r := g.Count(req, now); r != nil {
-		return nil, r
-	}
-	return g.look(req, now)
-}
-
-// JoinableRate is a rate limiter (layer 1) whose shared window a backend
-// may decide in its own write (limiter.Limiter with a store): Joined is
-// the store and thresholds, Admitted records in memory what the store
-// admitted.
-type JoinableRate interface {
-	Joined() (limiter.Joined, bool)
-	Admitted(key string, now time.Time)
-}
-
-// joinedRate returns the quotas and layer 1's window when the quotas'
-// backend decides the window, the attempt and the slot in one write: the
-// quotas share the attempt counter's commit and join the rate limiter's
-// store.
-func (g *Guard) joinedRate() (AttemptsAndQuotas, limiter.Joined, bool) {
-	l := g.layers
-	aq, ok := l.Quotas.(AttemptsAndQuotas)
-	if !ok || l.Attempts == nil || !aq.SharesCommit(l.Attempts) {
-		return nil, limiter.Joined{}, false
-	}
-	jr, ok := l.Rate.(JoinableRate)
-	if !ok {
-		return nil, limiter.Joined{}, false
-	}
-	j, ok := jr.Joined()
-	if !ok || !aq.JoinsWindows(j.Store) {
-		return nil, limiter.Joined{}, false
-	}
-	return aq, j, true
-}
-
-// Count is layer 1 alone: it counts the request against the rate and
-// burst limits. A request that may be answered from storage without a
-// call (the repeat of an idempotent one) needs only this; if it then needs
-// a call after all, Look follows.
-func (g *Guard) Count(req Request, now time.Time) *Refusal {
-	l := g.layers
-	if l.Rate == nil {
-		return nil
-	}
-	if r := g.remembered(req, true, now); r != nil {
-		return r
-	}
-	gen := l.Deny.generation()
-	return g.remember(req, g.open(LayerRate, req, nil, func() error { return l.Rate.Allow(req.Key, now) }), gen, now)
-}
-
-// CountLater is Count for a request that may be answered from storage
-// without a call (the repeat of an idempotent one) on a guard that may
-// decide layer 1 with the attempt and the slot (joinedRate): there it
-// only answers a remembered refusal and reports later, and the caller
-// counts the request with Count before answering it from storage, or
-// hands the count to its ticket's Reserve (Ticket.CountAtReserve) when
-// it needs a call after all. Elsewhere it is Count.
-func (g *Guard) CountLater(req Request, now time.Time) (later bool, r *Refusal) {
-	if _, _, ok := g.joinedRate(); ok {
-		return true, g.remembered(req, true, now)
-	}
-	return false, g.Count(req, now)
-}
-
-// Look is the rest of Admit after Count: the usage pause, and the looks
-// at layers 2, 2b and 3.
-func (g *Guard) Look(req Request, now time.Time) (*Ticket, *Refusal) {
-	if r := g.paused(now); r != nil {
-		return nil, r
-	}
-	if r := g.remembered(req, false, now); r != nil {
-		return nil, r
-	}
-	return g.look(req, now)
-}
-
 // paused refuses while usage records are failing: a read now would be
 // paid for and withheld. Nothing is counted, not even a rate slot.
 func (g *Guard) paused(now time.Time) *Refusal {
@@ -312,35 +257,6 @@ func (g *Guard) paused(now time.Time) *Refusal {
 		return g.refuse(&Refusal{Layer: LayerUsage, Reason: "records_failing", RetryAfter: wait})
 	}
 	return nil
-}
-
-// look is layers 2, 2b and 3 looked at, nothing taken; an exact refusal
-// is remembered.
-func (g *Guard) look(req Request, now time.Time) (*Ticket, *Refusal) {
-	gen := g.layers.Deny.generation()
-	t, r := g.lookAt(req, now)
-	return t, g.remember(req, r, gen, now)
-}
-
-func (g *Guard) lookAt(req Request, now time.Time) (*Ticket, *Refusal) {
-	l := g.layers
-	t := &Ticket{g: g, req: req}
-	if l.Attempts != nil {
-		if r := g.open(LayerAttempts, req, &t.shadowed, func() error { return l.Attempts.Check(req.Key, req.DailyLine, now) }); r != nil {
-			return nil, r
-		}
-	}
-	if l.Quotas != nil {
-		if r := g.closed(l.Quotas.Check(req.Key, req.MonthlyQuota, now)); r != nil {
-			return nil, r
-		}
-	}
-	if l.Brake != nil {
-		if r := g.open(LayerBudget, req, nil, func() error { return l.Brake.Check(now) }); r != nil {
-			return nil, r
-		}
-	}
-	return t, nil
 }
 
 // open runs one fail-open layer's check: a refusal is returned (and

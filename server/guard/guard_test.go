@@ -95,7 +95,7 @@ var alice = Request{Key: "alice", DailyLine: 3, MonthlyQuota: 2}
 
 // One request through every step: the slot is confirmed, the claim
 // settled at the cost in the usage record's own transaction.
-func TestTicketRecords(t *testing.T) {
+func TestAdmissionRecords(t *testing.T) {
 	f := newFixture(t, limiter.Config{Rate: 10, Window: time.Minute}, budget.Config{DailyUSD: 1})
 	tk, r := f.g.Admit(alice, now)
 	if r != nil {
@@ -105,10 +105,12 @@ func TestTicketRecords(t *testing.T) {
 	if r := tk.Reserve(1000, now); r != nil {
 		t.Fatal(r)
 	}
-	tk.Commit(t.Context(), now)
-	used, err := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now)
-	if err != nil || used != 1 {
-		t.Fatalf("Record = %d, %v; want 1 read", used, err)
+	if r := tk.Commit(t.Context(), now); r != nil {
+		t.Fatal(r)
+	}
+	used, r := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now)
+	if r != nil || used != 1 || tk.Step() != StepRecorded {
+		t.Fatalf("Record = %d, %v (step %s); want 1 read, recorded", used, r, tk.Step())
 	}
 	if got, want := f.usage.last, (budget.Settlement{Day: "2026-11-30", ActualMicroUSD: 40, Leased: true, LeasedMicroUSD: 1000}); got != want {
 		t.Errorf("settlement %+v, want %+v", got, want)
@@ -141,6 +143,7 @@ func TestRefusals(t *testing.T) {
 		for range 2 {
 			tk, _ := f.g.Admit(alice, now)
 			tk.Reserve(1, now)
+			tk.Commit(t.Context(), now)
 			if _, err := tk.Record(t.Context(), budget.UsageRecord{}, 1, now); err != nil {
 				t.Fatal(err)
 			}
@@ -202,8 +205,9 @@ func TestFailedRecordPausesPaidCalls(t *testing.T) {
 	f.usage.err = errors.New("disk full")
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(10, now)
-	if _, err := tk.Record(t.Context(), budget.UsageRecord{}, 10, now); err == nil {
-		t.Fatal("Record succeeded on a failing disk")
+	tk.Commit(t.Context(), now)
+	if _, r := tk.Record(t.Context(), budget.UsageRecord{}, 10, now); r == nil || r.Kind() != KindStorage || r.Fault == nil {
+		t.Fatalf("Record on a failing disk: %+v, want a storage refusal with its fault", r)
 	}
 	if got := f.quotas.Used("alice", now); got != 0 {
 		t.Errorf("quota used %d after a failed record, want 0", got)
@@ -222,6 +226,7 @@ func TestFailedRecordPausesPaidCalls(t *testing.T) {
 	}
 	f.usage.err = nil
 	probe.Reserve(10, later)
+	probe.Commit(t.Context(), later)
 	if _, err := probe.Record(t.Context(), budget.UsageRecord{}, 10, later); err != nil {
 		t.Fatal(err)
 	}
@@ -241,8 +246,8 @@ func TestMaybeCommittedRecordIsNotUndone(t *testing.T) {
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(1000, now)
 	tk.Commit(t.Context(), now)
-	if _, err := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now); !errors.Is(err, budget.ErrMaybeCommitted) {
-		t.Fatalf("Record = %v, want the store's ErrMaybeCommitted", err)
+	if _, r := tk.Record(t.Context(), budget.UsageRecord{UserID: "alice"}, 40, now); r == nil || !errors.Is(r.Fault, budget.ErrMaybeCommitted) {
+		t.Fatalf("Record = %+v, want a refusal with the store's ErrMaybeCommitted", r)
 	}
 	tk.Release() // as the handler does after every read
 	if len(f.ledger.settled) != 0 {
@@ -284,6 +289,7 @@ func TestClaimRetry(t *testing.T) {
 
 	tk, _ = f.g.Admit(alice, now)
 	tk.Reserve(100, now) // the third call of the day
+	tk.Commit(t.Context(), now)
 	if tk.ClaimRetry(t.Context(), 100, now) {
 		t.Error("a retry past daily_requests was claimed")
 	}
@@ -302,11 +308,12 @@ func TestCancelSpendsNothing(t *testing.T) {
 	for range 2 { // the first call leases headroom, the second takes from it
 		tk, _ := f.g.Admit(alice, now)
 		tk.Reserve(5000, now)
-		if r, err := tk.Commit(t.Context(), now); r != nil || err != nil {
-			t.Fatal(r, err)
+		if r := tk.Commit(t.Context(), now); r != nil {
+			t.Fatal(r)
 		}
-		tk.Commit(t.Context(), now) // once committed, nothing more is written
-		tk.Cancel(t.Context())
+		if r := tk.Gone(t.Context(), now); r == nil || r.Kind() != KindGone {
+			t.Fatalf("Gone: %+v, want a refusal of KindGone", r)
+		}
 		tk.Release()
 	}
 	if f.ledger.reserved != 1 {
@@ -326,17 +333,17 @@ func TestCancelSpendsNothing(t *testing.T) {
 
 // A reservation the ledger cannot take refuses the call and pauses paid
 // calls: the usage record shares the disk, so the read would be paid for
-// and withheld. Commit says it is a fault: the write's error comes back.
+// and withheld. Commit says it is a fault (KindStorage, with the write's
+// error) and gives the slot back itself.
 func TestLedgerFailureRefusesTheCall(t *testing.T) {
 	f := newFixture(t, limiter.Config{}, budget.Config{DailyUSD: 1})
 	f.ledger.err = errors.New("disk full")
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(100, now)
-	r, err := tk.Commit(t.Context(), now)
-	if r == nil || r.Layer != LayerUsage || r.Reason != "ledger_failing" || !errors.Is(err, budget.ErrLedger) {
-		t.Fatalf("Commit on a failing ledger: %+v, %v; want a usage refusal and the ledger's error", r, err)
+	r := tk.Commit(t.Context(), now)
+	if r == nil || r.Layer != LayerUsage || r.Reason != "ledger_failing" || r.Kind() != KindStorage || !errors.Is(r.Fault, budget.ErrLedger) {
+		t.Fatalf("Commit on a failing ledger: %+v; want a storage refusal with the ledger's error", r)
 	}
-	tk.Cancel(t.Context())
 	if got := f.quotas.Used("alice", now); got != 0 {
 		t.Errorf("quota used %d, want the slot given back", got)
 	}
@@ -405,7 +412,7 @@ func TestShadowDailyLine(t *testing.T) {
 		if r := tk.Reserve(0, now); r != nil {
 			t.Fatalf("request %d: Reserve refused %+v", i, r)
 		}
-		tk.Cancel(t.Context())
+		tk.Release()
 	}
 	if got, want := len(f.shadowed), 3; got != want {
 		t.Fatalf("shadowed = %d, want %d (one per request over the line)", got, want)
@@ -477,10 +484,15 @@ func TestFailOpenCheck(t *testing.T) {
 // instances have filled: it refuses every lease.
 type fullLedger struct {
 	ledger
-	calls int64 // the day's calls, every instance's
+	calls  int64 // the day's calls, every instance's
+	grants int   // leases granted before it is full
 }
 
 func (l *fullLedger) LeaseUnder(context.Context, string, int64, int64, budget.Ceilings, ...budget.LedgerDay) (budget.SharedTotals, bool, error) {
+	if l.grants > 0 {
+		l.grants--
+		return budget.SharedTotals{}, true, nil
+	}
 	return budget.SharedTotals{DayTotals: budget.DayTotals{Requests: l.calls}}, false, nil
 }
 
@@ -504,14 +516,13 @@ func TestSharedLedgerRefusalIsABudgetRefusal(t *testing.T) {
 	if r := tk.Reserve(100, now); r != nil {
 		t.Fatalf("Reserve: %+v (this instance's view has room)", r)
 	}
-	r, err = tk.Commit(t.Context(), now)
-	if err != nil {
-		t.Fatalf("Commit: error %v, want a refusal alone: a ceiling reached is not a fault", err)
+	r = tk.Commit(t.Context(), now)
+	if r != nil && (r.Fault != nil || r.Kind() != KindBrake) {
+		t.Fatalf("Commit: %+v (kind %s), want the brake's refusal alone: a ceiling reached is not a fault", r, r.Kind())
 	}
 	if r == nil || r.Layer != LayerBudget || r.Reason != "daily_requests" || r.RetryAfter != 12*time.Hour {
 		t.Fatalf("Commit: %+v, want the budget's daily_requests refusal until midnight", r)
 	}
-	tk.Cancel(t.Context())
 	if len(l.settled) != 0 {
 		t.Errorf("the refused claim was settled in the ledger: %+v", l.settled)
 	}
@@ -523,7 +534,7 @@ func TestSharedLedgerRefusalIsABudgetRefusal(t *testing.T) {
 // A retry a shared ledger refuses is not made, and leaves the ticket as it
 // was: the first call is settled at its own cost.
 func TestSharedLedgerRefusedRetryLeavesTheFirstCall(t *testing.T) {
-	l := &fullLedger{calls: 2}
+	l := &fullLedger{calls: 2, grants: 1} // the first call's lease, then full
 	brake, err := budget.NewGlobal(budget.Config{DailyRequests: 2}, time.UTC, l, budget.GlobalState{Day: "2026-11-30", Month: "2026-11"})
 	if err != nil {
 		t.Fatal(err)
@@ -533,7 +544,10 @@ func TestSharedLedgerRefusedRetryLeavesTheFirstCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk, _ := g.Admit(alice, now)
-	tk.Reserve(100, now) // the first call's claim (its Commit is not needed here)
+	tk.Reserve(100, now)
+	if r := tk.Commit(t.Context(), now); r != nil {
+		t.Fatalf("the first call's claim: %+v", r)
+	}
 	if tk.ClaimRetry(t.Context(), 100, now) {
 		t.Fatal("a retry the shared ledger refuses was allowed")
 	}

@@ -21,6 +21,7 @@ func TestStoreBackProbesAtOnce(t *testing.T) {
 	f.usage.err = errors.New("database stopped")
 	tk, _ := f.g.Admit(alice, now)
 	tk.Reserve(10, now)
+	tk.Commit(t.Context(), now)
 	if _, err := tk.Record(t.Context(), budget.UsageRecord{}, 10, now); err == nil {
 		t.Fatal("Record succeeded on a stopped database")
 	}
@@ -38,6 +39,7 @@ func TestStoreBackProbesAtOnce(t *testing.T) {
 		t.Fatalf("beside the probe: %+v, want still paused", r)
 	}
 	probe.Reserve(10, back)
+	probe.Commit(t.Context(), back)
 	if _, err := probe.Record(t.Context(), budget.UsageRecord{}, 10, back); err != nil {
 		t.Fatal(err)
 	}
