@@ -46,7 +46,9 @@ func halfPricePostgres(t *testing.T, url string) {
 
 // On PostgreSQL two instances start on D+2: one of them, elected by the
 // detection lock, reconciles (one query to BigQuery, one ledger_drift
-// through the webhook), and both dashboards show its result.
+// through the webhook), and both dashboards show its result. The first
+// query is held until the other instance has tried the day's run, so
+// that the two run at once: without the election both would query.
 func TestDailyReconciliationOnOneInstance(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	halfPricePostgres(t, url)
@@ -64,20 +66,39 @@ func TestDailyReconciliationOnOneInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := func() time.Time { return driftDay.AddDate(0, 0, 2).Add(6 * time.Hour) }
+	release := fake.Hold()
+	defer release()
+	var logs strings.Builder
+	lw := &lockedWriter{w: &logs}
+	logger := slog.New(slog.NewTextHandler(lw, nil))
+	skipped := func() bool {
+		lw.mu.Lock()
+		defer lw.mu.Unlock()
+		return strings.Contains(logs.String(), "another instance is running it")
+	}
 	var apps []*App
 	for range 2 {
-		a, err := Open(context.Background(), cfg, Options{Getenv: secrets, BigQueryEndpoint: fake.Endpoint(), Now: now, Logger: slog.New(slog.DiscardHandler)})
+		a, err := Open(context.Background(), cfg, Options{Getenv: secrets, BigQueryEndpoint: fake.Endpoint(), Now: now, Logger: logger})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(a.Close)
 		apps = append(apps, a)
 	}
+	// One query in flight, and the other instance has tried too: skipped
+	// under the election, a second query without it.
 	deadline := time.Now().Add(20 * time.Second)
+	for len(fake.Queries()) < 2 && !skipped() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !skipped() {
+		t.Fatalf("no instance was told another runs the day while %d query(ies) to BigQuery were in flight", len(fake.Queries()))
+	}
+	release()
+	deadline = time.Now().Add(20 * time.Second)
 	for len(hook.drifts()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(time.Second) // time for a second instance's run, if there were one
 	if q, n := len(fake.Queries()), len(hook.drifts()); q != 1 || n != 1 {
 		t.Fatalf("%d queries to BigQuery and %d ledger_drift notices, want 1 of each", q, n)
 	}

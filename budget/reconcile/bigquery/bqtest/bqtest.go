@@ -59,8 +59,21 @@ type Fake struct {
 	mu      sync.Mutex
 	rows    []Row
 	queries []map[string]any
+	held    chan struct{} // non-nil: a query waits for it to close (Hold)
 	gets    atomic.Int32
 	srv     *httptest.Server
+}
+
+// Hold makes each query, once received and counted, wait for release
+// before it is answered: a test sees who else queries while one is in
+// flight.
+func (f *Fake) Hold() (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	held := make(chan struct{})
+	f.held = held
+	var once sync.Once
+	return func() { once.Do(func() { close(held) }) }
 }
 
 // New starts a fake serving rows, closed when t ends.
@@ -107,7 +120,15 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.mu.Lock()
 		f.queries = append(f.queries, q)
+		held := f.held
 		f.mu.Unlock()
+		if held != nil {
+			select {
+			case <-held:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		// The job is not done within the call: the client must ask
 		// getQueryResults for it.
 		writeJSON(w, map[string]any{"kind": "bigquery#queryResponse", "jobComplete": false, "jobReference": f.ref()})
