@@ -44,6 +44,7 @@ type plan struct {
 	openStart, openCeiling float64
 	openBisect, openConns  int
 	serial                 time.Duration
+	pin                    bool // -pin: PostgreSQL on a core of its own
 }
 
 var (

@@ -61,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	profile := fs.String("profile", "", "write a CPU profile of each Breakwater case, over its measured time in the first round, to `DIR`/CASE.pprof")
 	pgCases := fs.Bool("postgres", false, "run the postgres cases instead: the accepted path on one instance on bolt, one on PostgreSQL and two sharing one database, the refusals on bolt and two instances (3 rounds of 3 s, -quick 2 of 1.5 s), then the highest constant rate within a p99 of 20 ms and the guard's added p99 at one client")
 	pgURL := fs.String("postgres-url", "", "with -postgres: the `URL` of a PostgreSQL role that may create databases (default: a throwaway cluster the harness starts)")
+	pin := fs.Bool("pin", false, "with -postgres: the throwaway cluster pinned to the last core, the instances, the load generator and the harness to the others (as taskset would), the closest to a database on its own host")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -73,8 +74,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if *quick {
 			p, form = quickPlan, "postgres cases, quick form (-postgres -quick)"
 		}
-	} else if *pgURL != "" {
-		return errors.New("-postgres-url goes with -postgres")
+		p.pin = *pin
+	} else if *pgURL != "" || *pin {
+		return errors.New("-postgres-url and -pin go with -postgres")
 	} else if *quick {
 		p, form = quickPlan, "quick form (-quick)"
 		fs.Visit(func(f *flag.Flag) {

@@ -51,6 +51,24 @@ type pgServer struct {
 	cluster *pgtest.Cluster // nil with -postgres-url
 	dbs     []string        // the databases made, dropped at the end
 	version string
+	pinned  *pinning // -pin: where the cluster and the rest run
+}
+
+// pin puts the cluster on a core of its own and the rest on the others
+// (-pin); it needs a cluster the harness started.
+func (s *pgServer) pin() error {
+	if s.cluster == nil {
+		return errors.New("-pin pins a cluster the harness starts: leave -postgres-url out")
+	}
+	p, err := newPinning()
+	if err != nil {
+		return err
+	}
+	if err := p.apply(s.cluster.PID()); err != nil {
+		return err
+	}
+	s.pinned = &p
+	return nil
 }
 
 // startPostgres returns the server at adminURL, or starts a throwaway
@@ -133,13 +151,8 @@ func (s *pgServer) cpu() time.Duration {
 	pm := s.cluster.PID()
 	_, own, reaped, _ := pgtest.ProcCPU(pm)
 	total := own + reaped
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == pm {
-			continue
-		}
-		if ppid, t, _, ok := pgtest.ProcCPU(pid); ok && ppid == pm {
+	for _, pid := range childrenOf(pm) {
+		if _, t, _, ok := pgtest.ProcCPU(pid); ok {
 			total += t
 		}
 	}
@@ -355,6 +368,12 @@ func setupPostgres(p plan, root, dir, adminURL string, progress func(string, ...
 	}
 	if b.pg, err = startPostgres(adminURL, progress); err != nil {
 		return b, err
+	}
+	if p.pin {
+		if err := b.pg.pin(); err != nil {
+			return b, err
+		}
+		progress("%s", b.pg.pinned)
 	}
 	var dbs [3]*pgDatabase
 	for i, name := range []string{"one", "two", "rej"} {
@@ -618,6 +637,9 @@ func loadAverage() string {
 
 // describe says which server the postgres cases ran on.
 func (s *pgServer) describe() string {
+	if s.pinned != nil {
+		return fmt.Sprintf("PostgreSQL %s, a throwaway cluster (initdb's defaults: fsync and synchronous_commit on), %s (-pin); srv cpu counts its processes", s.version, s.pinned)
+	}
 	if s.cluster != nil {
 		return fmt.Sprintf("PostgreSQL %s, a throwaway cluster on the same cores (initdb's defaults: fsync and synchronous_commit on); srv cpu counts its processes", s.version)
 	}
