@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -155,15 +154,6 @@ func (e *env) checkPostgres(pool int) error {
 		fmt.Fprintf(out, "storage: schema %d, this binary's is %d: the first instance to start migrates it; %s\n", f.Schema, f.Latest, records)
 	default:
 		fmt.Fprintf(out, "storage: schema %d (current); %s\n", f.Schema, records)
-	}
-	if f.Schema < f.Latest && !f.CanCreate {
-		where := "any schema of its search_path (none exists)"
-		if f.SearchSchema != "" {
-			where = "schema " + f.SearchSchema
-		}
-		return fmt.Errorf("storage.backend = \"postgres\": the role %s may not create tables in %s of database %s, and the schema must be made or upgraded: "+
-			"make the role the database's owner (CREATE DATABASE %s OWNER %s), or GRANT CREATE ON SCHEMA %s TO %s",
-			f.Role, where, f.Database, f.Database, f.Role, cmp.Or(f.SearchSchema, "public"), f.Role)
 	}
 	printConns(out, f.Conns, pool)
 	if f.ServerNum < postgres.MinServer {

@@ -371,7 +371,7 @@ func TestConfigCheckOnPostgres(t *testing.T) {
 	}
 	restricted.User = neturl.User(role)
 	out, err := check(map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: restricted.String()})
-	if err == nil || !strings.Contains(err.Error(), "may not create tables") || !strings.Contains(err.Error(), "GRANT CREATE ON SCHEMA public TO "+role) {
+	if err == nil || !strings.Contains(err.Error(), "CREATE on schema public (to make the schema)") || !strings.Contains(err.Error(), "GRANT CREATE ON SCHEMA public TO "+role) {
 		t.Errorf("a role without CREATE: %v\n%s", err, out)
 	}
 	env := map[string]string{"BREAKWATER_SECRET": migrateSecret, postgres.EnvURL: url}

@@ -22,13 +22,8 @@ type Found struct {
 	// the role's, if set), what a session starts with; Breakwater's
 	// sessions set it on whatever it says.
 	SynchronousCommit string
-	// Role is the role connected as, SearchSchema the first schema of its
-	// search path (where Breakwater's tables go, "" if none exists), and
-	// CanCreate whether the role may create tables there, which making or
-	// upgrading the schema needs.
-	Role         string
-	SearchSchema string
-	CanCreate    bool
+	// Role is the role connected as.
+	Role string
 	// Conns is what the server has of connections (conns.go).
 	Conns Conns
 	// SyncStandbyNames is the server's synchronous_standby_names: ""
@@ -68,9 +63,7 @@ func Probe(ctx context.Context, url string) (Found, error) {
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int, (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit')").Scan(&f.Server, &f.ServerNum, &f.SynchronousCommit); err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
 	}
-	err = conn.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''),
-		coalesce(current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE'), false)`).Scan(&f.Role, &f.SearchSchema, &f.CanCreate)
-	if err != nil {
+	if err := conn.QueryRow(ctx, `SELECT current_user`).Scan(&f.Role); err != nil {
 		return f, fmt.Errorf("postgres: %w", err)
 	}
 	// What serve would refuse for want of a right, refused here alike
@@ -88,14 +81,23 @@ func Probe(ctx context.Context, url string) (Found, error) {
 		return f, fmt.Errorf("postgres: read the standbys: %w", err)
 	}
 	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil || !exists {
-		return f, err
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('breakwater_schema') IS NOT NULL").Scan(&exists); err != nil {
+		return f, fmt.Errorf("postgres: %w", err)
 	}
-	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM breakwater_schema").Scan(&f.Schema); err != nil {
-		return f, fmt.Errorf("postgres: read the schema version: %w", err)
+	if exists {
+		if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM breakwater_schema").Scan(&f.Schema); err != nil {
+			return f, fmt.Errorf("postgres: read the schema version: %w", err)
+		}
 	}
 	if f.Schema > f.Latest {
 		return f, fmt.Errorf("%w: the database is at schema %d, this binary knows up to %d", ErrNewerSchema, f.Schema, f.Latest)
+	}
+	if f.Schema < f.Latest {
+		// The first instance to start makes or upgrades the schema:
+		// refused here as serve would refuse it (migrate.go).
+		if err := checkCreate(ctx, conn, f.Schema, f.Latest); err != nil {
+			return f, err
+		}
 	}
 	if f.Schema >= 3 { // the migration that made money_owners
 		if f.Conns.Instances, err = countInstances(ctx, conn); err != nil {
