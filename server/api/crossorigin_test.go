@@ -124,7 +124,7 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 		}
 	}))
 	t.Cleanup(attacker.Close)
-	rec := &adminRecorder{h: e.srv.AdminHandler(), next: attacker.URL + "/"}
+	rec := &adminRecorder{h: e.adm.Handler(), next: attacker.URL + "/"}
 	admin := &httptest.Server{Listener: ln, Config: &http.Server{Handler: rec}}
 	admin.Start()
 	t.Cleanup(admin.Close)

@@ -18,6 +18,8 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/admin"
+	"breakwater/server/edge"
 	"breakwater/server/operator"
 )
 
@@ -40,7 +42,7 @@ func dashboardEnv(t *testing.T) *env {
 
 func TestDashboardData(t *testing.T) {
 	e := dashboardEnv(t)
-	d, err := e.srv.dashboard(context.Background(), time.Now())
+	d, err := e.adm.Dashboard(context.Background(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ func TestDashboardData(t *testing.T) {
 	if len(d.TopUsers) != 2 || d.TopUsers[0].User != "alice" || d.TopUsers[0].AttemptsToday != 3 || d.TopUsers[1].User != "bob" {
 		t.Errorf("top users %+v", d.TopUsers)
 	}
-	if len(d.Refusals) != 1 || d.Refusals[0] != (refusalCount{Layer: "rate", Reason: "rate", Count: 1}) {
+	if len(d.Refusals) != 1 || d.Refusals[0] != (edge.RefusalCount{Layer: "rate", Reason: "rate", Count: 1}) {
 		t.Errorf("refusals %+v", d.Refusals)
 	}
 	if len(d.Days) != 1 || d.Days[0].Requests != 4 {
@@ -66,19 +68,6 @@ func TestDashboardData(t *testing.T) {
 		`text-anchor="end">0<`, ">$0<", "<circle "} {
 		if !strings.Contains(string(d.Chart), want) {
 			t.Errorf("the chart lacks %s:\n%s", want, d.Chart)
-		}
-	}
-}
-
-func TestChartScales(t *testing.T) {
-	for _, c := range []struct{ n, even, nice int64 }{
-		{0, 2, 1}, {1, 2, 1}, {3, 4, 5}, {4, 4, 5}, {5, 10, 5}, {11, 20, 20}, {600, 1000, 1000}, {150, 200, 200},
-	} {
-		if got := evenCeil(c.n); got != c.even {
-			t.Errorf("evenCeil(%d) = %d, want %d", c.n, got, c.even)
-		}
-		if got := niceCeil(c.n); got != c.nice {
-			t.Errorf("niceCeil(%d) = %d, want %d", c.n, got, c.nice)
 		}
 	}
 }
@@ -179,11 +168,11 @@ func TestDashboardShowsShadowRefusals(t *testing.T) {
 	}
 	check := func(when string, e *env) {
 		t.Helper()
-		d, err := e.srv.dashboard(context.Background(), time.Now())
+		d, err := e.adm.Dashboard(context.Background(), time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(d.Refusals) != 0 || len(d.Shadow) != 1 || d.Shadow[0] != (shadowRow{Layer: "rate", Count: 2}) {
+		if len(d.Refusals) != 0 || len(d.Shadow) != 1 || d.Shadow[0] != (admin.ShadowRow{Layer: "rate", Count: 2}) {
 			t.Errorf("%s: refusals %+v, shadow %+v; want 2 in shadow mode at layer rate and none refused", when, d.Refusals, d.Shadow)
 		}
 	}
