@@ -24,14 +24,14 @@ func TestAdminPprof(t *testing.T) {
 		token  string
 		status int
 	}{
-		{"off, with the token", off.url + "/debug/pprof/", testAdminToken, http.StatusNotFound},
-		{"off, a named profile with the token", off.url + "/debug/pprof/heap", testAdminToken, http.StatusNotFound},
-		{"on, no token", on.url + "/debug/pprof/", "", http.StatusUnauthorized},
-		{"on, a wrong token", on.url + "/debug/pprof/heap", "wrong", http.StatusUnauthorized},
-		{"on, the CPU profile without the token", on.url + "/debug/pprof/profile?seconds=1", "", http.StatusUnauthorized},
-		{"on, the index", on.url + "/debug/pprof/", testAdminToken, http.StatusOK},
-		{"on, cmdline", on.url + "/debug/pprof/cmdline", testAdminToken, http.StatusOK},
-		{"on, symbol", on.url + "/debug/pprof/symbol", testAdminToken, http.StatusOK},
+		{"off, with the token", off.admin.URL + "/debug/pprof/", testAdminToken, http.StatusNotFound},
+		{"off, a named profile with the token", off.admin.URL + "/debug/pprof/heap", testAdminToken, http.StatusNotFound},
+		{"on, no token", on.admin.URL + "/debug/pprof/", "", http.StatusUnauthorized},
+		{"on, a wrong token", on.admin.URL + "/debug/pprof/heap", "wrong", http.StatusUnauthorized},
+		{"on, the CPU profile without the token", on.admin.URL + "/debug/pprof/profile?seconds=1", "", http.StatusUnauthorized},
+		{"on, the index", on.admin.URL + "/debug/pprof/", testAdminToken, http.StatusOK},
+		{"on, cmdline", on.admin.URL + "/debug/pprof/cmdline", testAdminToken, http.StatusOK},
+		{"on, symbol", on.admin.URL + "/debug/pprof/symbol", testAdminToken, http.StatusOK},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			resp, _ := do(t, mustRequest(t, http.MethodGet, tt.url, tt.token))
@@ -42,7 +42,7 @@ func TestAdminPprof(t *testing.T) {
 	}
 
 	t.Run("on, the index lists the named profiles", func(t *testing.T) {
-		_, body := do(t, mustRequest(t, http.MethodGet, on.url+"/debug/pprof/", testAdminToken))
+		_, body := do(t, mustRequest(t, http.MethodGet, on.admin.URL+"/debug/pprof/", testAdminToken))
 		for _, name := range pprofProfiles {
 			if !strings.Contains(string(body), name) {
 				t.Errorf("the index does not list %s:\n%s", name, body)
@@ -51,7 +51,7 @@ func TestAdminPprof(t *testing.T) {
 	})
 	for _, name := range pprofProfiles {
 		t.Run("on, "+name, func(t *testing.T) {
-			resp, body := do(t, mustRequest(t, http.MethodGet, on.url+"/debug/pprof/"+name, testAdminToken))
+			resp, body := do(t, mustRequest(t, http.MethodGet, on.admin.URL+"/debug/pprof/"+name, testAdminToken))
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("%d: %s", resp.StatusCode, body)
 			}
@@ -59,14 +59,14 @@ func TestAdminPprof(t *testing.T) {
 		})
 	}
 	t.Run("on, a CPU profile of one second", func(t *testing.T) {
-		resp, body := do(t, mustRequest(t, http.MethodGet, on.url+"/debug/pprof/profile?seconds=1", testAdminToken))
+		resp, body := do(t, mustRequest(t, http.MethodGet, on.admin.URL+"/debug/pprof/profile?seconds=1", testAdminToken))
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%d: %s", resp.StatusCode, body)
 		}
 		mustProfile(t, body)
 	})
 	t.Run("on, an execution trace", func(t *testing.T) {
-		resp, body := do(t, mustRequest(t, http.MethodGet, on.url+"/debug/pprof/trace?seconds=0.1", testAdminToken))
+		resp, body := do(t, mustRequest(t, http.MethodGet, on.admin.URL+"/debug/pprof/trace?seconds=0.1", testAdminToken))
 		if resp.StatusCode != http.StatusOK || len(body) == 0 {
 			t.Fatalf("%d, %d bytes", resp.StatusCode, len(body))
 		}

@@ -1,11 +1,13 @@
 package admin
 
 import (
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,13 +24,16 @@ import (
 const testAdminToken = "admin-secret-for-tests"
 
 // testAdmin is the admin API on a database of its own, served on
-// loopback; the public API's own tests (server/api) drive it beside the
-// public listener.
+// loopback, with user alice and her API key. The tests that drive it
+// beside the public listener (a request's refusal on the dashboard, a key
+// made here used there) are the public API's, in server/api.
 type testAdmin struct {
 	*Server
-	url  string
-	db   *storage.DB
-	keys *keys.Keyring
+	admin *httptest.Server
+	db    *storage.DB
+	keys  *keys.Keyring
+	brake state.Brake
+	key   string // an API key of user "alice"
 }
 
 // adminOptions change newTestAdmin's defaults.
@@ -86,7 +91,49 @@ func newTestAdmin(t *testing.T, o adminOptions) *testAdmin {
 	}
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
-	return &testAdmin{Server: s, url: srv.URL, db: db, keys: kr}
+	secret, _, err := kr.Create("alice", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testAdmin{Server: s, admin: srv, db: db, keys: kr, brake: layers.Brake, key: secret}
+}
+
+// keyOf returns the id of user's one key.
+func (e *testAdmin) keyOf(t *testing.T, user string) string {
+	t.Helper()
+	list, err := e.keys.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range list {
+		if k.UserID == user {
+			return k.ID
+		}
+	}
+	t.Fatalf("no key of %s in %+v", user, list)
+	return ""
+}
+
+func adminClient(e *testAdmin) *operator.AdminClient {
+	return operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
+}
+
+func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, code string) edge.Problem {
+	t.Helper()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, data)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p edge.Problem
+	if err := json.Unmarshal(data, &p); err != nil {
+		t.Fatalf("decode %s: %v", data, err)
+	}
+	if p.Code != code || p.Status != status || p.Type == "" || p.Title == "" {
+		t.Errorf("problem %+v, want code %q status %d with type and title", p, code, status)
+	}
+	return p
 }
 
 func do(t testing.TB, req *http.Request) (*http.Response, []byte) {
@@ -118,7 +165,7 @@ func mustRequest(t *testing.T, method, url, token string) *http.Request {
 // scrape reads the admin listener's /metrics.
 func scrape(t *testing.T, a *testAdmin) string {
 	t.Helper()
-	resp, data := do(t, mustRequest(t, http.MethodGet, a.url+"/metrics", testAdminToken))
+	resp, data := do(t, mustRequest(t, http.MethodGet, a.admin.URL+"/metrics", testAdminToken))
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("metrics: %d", resp.StatusCode)
 	}

@@ -66,7 +66,7 @@ func TestServiceRefusalsBesideTheInstances(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	resp, page := do(t, mustRequest(t, http.MethodGet, e.url+"/", testAdminToken))
+	resp, page := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("dashboard: %d", resp.StatusCode)
 	}
@@ -87,7 +87,7 @@ func TestServiceRefusalsBesideTheInstances(t *testing.T) {
 	if got := svc.count(); got != 2 {
 		t.Errorf("%d reads after %v, want 2", got, serviceRefusalsTTL)
 	}
-	_, page = do(t, mustRequest(t, http.MethodGet, e.url+"/", testAdminToken))
+	_, page = do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
 	if !strings.Contains(string(page), `id="service-refusals-error"`) {
 		t.Errorf("the dashboard does not say the service's refusals are missing:\n%s", page)
 	}
@@ -102,7 +102,7 @@ func TestNoServiceRefusalsOnOneInstance(t *testing.T) {
 	if m := scrape(t, e); strings.Contains(m, "breakwater_service_") {
 		t.Error("/metrics of one instance has service series")
 	}
-	_, page := do(t, mustRequest(t, http.MethodGet, e.url+"/", testAdminToken))
+	_, page := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
 	if strings.Contains(string(page), `id="service-refusals"`) {
 		t.Error("the dashboard of one instance has the service's table")
 	}
