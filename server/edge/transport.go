@@ -14,9 +14,9 @@ import (
 )
 
 // This file bounds what request bodies cost, whatever clients send: the
-// memory they hold service-wide, the requests one user has in progress, the
-// rate an upload must keep, and (with readMultipartImage) the parts of a
-// form; listener.go bounds the connections. Each bound is cheap, in memory
+// memory they hold service-wide, the requests one user has in progress,
+// the rate an upload must keep (server/api's readMultipartImage bounds the
+// parts of a form); listener.go bounds the connections. Each bound is cheap, in memory
 // and always enforced: they guard resources, not money, and have no
 // machinery that could fail.
 
@@ -205,7 +205,7 @@ func (e *Edge) paced(c echo.Context, next echo.HandlerFunc) error {
 		rate: e.cfg.MinUploadBytesPerSecond, grace: e.cfg.UploadGrace}
 	// The body is put back before the answer goes out: Go's server
 	// looks at its own type to judge whether the unread rest is worth
-	// draining, and dontWaitForBody at limitBody's. Nothing reads b
+	// draining, and dontWaitForBody at LimitBody's. Nothing reads b
 	// after the handler has returned, so it is reused then (after a
 	// panic it is not).
 	outer := r.Body
