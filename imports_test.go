@@ -57,6 +57,14 @@ func modulePackages(t *testing.T) map[string][]string {
 	return pkgs
 }
 
+// httpEdge are the packages of the HTTP edge, the only ones but the
+// wiring that know Echo: the transport both listeners share, and the
+// public and the admin API built on it.
+var httpEdge = []string{"breakwater/server/edge", "breakwater/server/api", "breakwater/server/admin"}
+
+// isHTTPEdge reports whether pkg is one of httpEdge.
+func isHTTPEdge(pkg string) bool { return slices.Contains(httpEdge, pkg) }
+
 // wiring reports whether pkg is one of the packages that put the service
 // together (the App and the command line), which may import anything.
 func wiring(pkg string) bool {
@@ -74,8 +82,10 @@ func within(path, pkg string) bool {
 // neither the database nor the transport nor Echo, even through another
 // package of ours; nothing under detect depends on budget; no package
 // under server/ imports a package it lies under, and server/ itself
-// holds only its doc.go; only the HTTP edge (server/api and the wiring)
-// and main import Echo; only storage imports bbolt; the owners of the
+// holds only its doc.go; the HTTP edge's transport (server/edge) knows
+// neither the public API (server/api) nor the admin API (server/admin),
+// and those two do not know each other; only the HTTP edge (those three
+// and the wiring) and main import Echo; only storage imports bbolt; the owners of the
 // records (server/keys, server/invites) and the HTTP edge know neither
 // storage nor bbolt. Test files are left out: a test may open a real database.
 func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
@@ -83,7 +93,7 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 		t.Fatalf("the test runs from the module's root: %v", err)
 	}
 	pkgs := modulePackages(t)
-	for _, pkg := range []string{"breakwater", "breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server", "breakwater/server/api", "breakwater/server/guard/state", "breakwater/server/guard",
+	for _, pkg := range []string{"breakwater", "breakwater/budget", "breakwater/detect", "breakwater/limiter", "breakwater/ocr", "breakwater/server", "breakwater/server/api", "breakwater/server/admin", "breakwater/server/edge", "breakwater/server/guard/state", "breakwater/server/guard",
 		"breakwater/server/guard/replay", "breakwater/detect/smtptest", "breakwater/server/invites", "breakwater/server/jwtauth", "breakwater/server/keys", "breakwater/server/operator", "breakwater/storage"} {
 		if _, ok := pkgs[pkg]; !ok {
 			t.Fatalf("package %s not found among %d packages read", pkg, len(pkgs))
@@ -94,6 +104,7 @@ func TestLayerPackagesImportNeitherStorageNorServer(t *testing.T) {
 	t.Run("detect without budget", func(t *testing.T) { checkDetectWithoutBudget(t, pkgs) })
 	t.Run("server root", func(t *testing.T) { checkServerRootIsAMap(t, pkgs) })
 	t.Run("server subpackages", func(t *testing.T) { checkServerPartsKnowNoEdge(t, pkgs) })
+	t.Run("the HTTP edge by audience", func(t *testing.T) { checkEdgeSplitByAudience(t, pkgs) })
 	t.Run("no package under server imports its parent", func(t *testing.T) { checkNoServerPackageImportsItsParent(t, pkgs) })
 	t.Run("backendtest only in tests", func(t *testing.T) { checkBackendSuiteOnlyInTests(t, pkgs) })
 	checkLibrariesStayInTheirPackage(t, pkgs)
@@ -148,7 +159,7 @@ func checkDecidersKnowNeitherStorageNorHTTP(t *testing.T, pkgs map[string][]stri
 // through another package of ours: a second backend stands in for bolt
 // in the wiring alone.
 func checkRecordOwnersKnowNoStorage(t *testing.T, pkgs map[string][]string) {
-	for _, pkg := range []string{"breakwater/server/keys", "breakwater/server/invites", "breakwater/server/api"} {
+	for _, pkg := range append([]string{"breakwater/server/keys", "breakwater/server/invites"}, httpEdge...) {
 		t.Run(pkg+" without storage", func(t *testing.T) {
 			chains := moduleDeps(pkgs, pkg)
 			chains[pkg] = []string{pkg}
@@ -187,7 +198,7 @@ func checkServerRootIsAMap(t *testing.T, pkgs map[string][]string) {
 	}
 	for _, e := range entries {
 		if !e.IsDir() && strings.HasSuffix(e.Name(), ".go") && e.Name() != "doc.go" {
-			t.Errorf("server/%s: server/ holds only doc.go; code goes into a package under it (the HTTP edge into server/api)", e.Name())
+			t.Errorf("server/%s: server/ holds only doc.go; code goes into a package under it (the HTTP edge into server/edge, server/api, server/admin)", e.Name())
 		}
 	}
 	if imps := pkgs["breakwater/server"]; len(imps) > 0 {
@@ -201,11 +212,37 @@ func checkServerRootIsAMap(t *testing.T, pkgs map[string][]string) {
 // together with it.
 func checkServerPartsKnowNoEdge(t *testing.T, pkgs map[string][]string) {
 	for _, pkg := range slices.Sorted(maps.Keys(pkgs)) {
-		if !within(pkg, "breakwater/server") || within(pkg, "breakwater/server/api") || wiring(pkg) {
+		if !within(pkg, "breakwater/server") || isHTTPEdge(pkg) || wiring(pkg) {
 			continue
 		}
-		if chain, ok := moduleDeps(pkgs, pkg)["breakwater/server/api"]; ok {
-			t.Errorf("%s depends on breakwater/server/api: %s", pkg, strings.Join(chain, " -> "))
+		deps := moduleDeps(pkgs, pkg)
+		for _, edge := range httpEdge {
+			if chain, ok := deps[edge]; ok {
+				t.Errorf("%s depends on %s: %s", pkg, edge, strings.Join(chain, " -> "))
+			}
+		}
+	}
+}
+
+// checkEdgeSplitByAudience: the HTTP edge is split by audience, its
+// imports pointing one way: the public API (server/api) and the admin API
+// (server/admin) each build on the transport (server/edge), which knows
+// neither, and neither knows the other; the wiring puts the three
+// together.
+func checkEdgeSplitByAudience(t *testing.T, pkgs map[string][]string) {
+	for _, rule := range []struct{ pkg, not string }{
+		{"breakwater/server/edge", "breakwater/server/api"},
+		{"breakwater/server/edge", "breakwater/server/admin"},
+		{"breakwater/server/api", "breakwater/server/admin"},
+		{"breakwater/server/admin", "breakwater/server/api"},
+	} {
+		if chain, ok := moduleDeps(pkgs, rule.pkg)[rule.not]; ok {
+			t.Errorf("%s depends on %s: %s", rule.pkg, rule.not, strings.Join(chain, " -> "))
+		}
+	}
+	for _, pkg := range []string{"breakwater/server/api", "breakwater/server/admin"} {
+		if !slices.Contains(pkgs[pkg], "breakwater/server/edge") {
+			t.Errorf("%s does not import breakwater/server/edge: the imports were not read", pkg)
 		}
 	}
 }
@@ -260,8 +297,8 @@ var libraryRules = []struct {
 	{"echo", "github.com/labstack/echo/v4", func(pkg string) bool {
 		// bench/load runs a bare Echo handler as the baseline it
 		// measures against; it is a tool, not part of the service.
-		return pkg == module || pkg == "breakwater/server/api" || wiring(pkg) || pkg == "breakwater/bench/load"
-	}, "breakwater/server/api"},
+		return pkg == module || isHTTPEdge(pkg) || wiring(pkg) || pkg == "breakwater/bench/load"
+	}, "breakwater/server/edge"},
 	{"bbolt", "go.etcd.io/bbolt", func(pkg string) bool { return pkg == "breakwater/storage" }, "breakwater/storage"},
 	// Google's credentials are the BigQuery client's alone.
 	{"oauth2", "golang.org/x/oauth2", func(pkg string) bool { return pkg == "breakwater/budget/reconcile/bigquery" }, "breakwater/budget/reconcile/bigquery"},

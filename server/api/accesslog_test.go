@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"breakwater/server/edge"
 )
 
 // TestAccessLog: with server.access_log each request of the public API
@@ -13,7 +15,7 @@ import (
 // (once known), client IP and request id; without it, none.
 func TestAccessLog(t *testing.T) {
 	logs := &bytes.Buffer{}
-	e := newEnv(t, envOptions{logTo: logs, cfg: func(c *Config) { c.AccessLog = true }})
+	e := newEnv(t, envOptions{logTo: logs, cfg: func(c *edge.Config) { c.AccessLog = true }})
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 	decodeOK(t, resp, data)
 	okID := resp.Header.Get("X-Request-ID")

@@ -220,7 +220,7 @@ func TestDashboardShowsAlerts(t *testing.T) {
 	smtp.WaitFor(t, 1, 5*time.Second) // the alert has been handled
 	var shown string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		d, err := e.srv.dashboard(context.Background(), time.Now())
+		d, err := e.adm.Dashboard(context.Background(), time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

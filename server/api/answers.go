@@ -15,6 +15,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 )
 
 // Answering a read again without a second paid call: the repeat of a
@@ -241,7 +242,7 @@ var (
 // with the header value shared rather than made for each answer.
 func writeJSON(c echo.Context, status int, body []byte) error {
 	h := c.Response().Header()
-	if firstValue(h, echo.HeaderContentType) == "" {
+	if edge.FirstValue(h, echo.HeaderContentType) == "" {
 		h[echo.HeaderContentType] = jsonContentType
 	}
 	c.Response().WriteHeader(status)

@@ -24,6 +24,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/server/invites"
@@ -244,7 +245,7 @@ func newBenchService(b *testing.B, limits limiter.Config) (*Server, []string) {
 // newBenchServiceOn is newBenchService on a database opened with opts;
 // each tweak may change the server's config and dependencies before it
 // is built.
-func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options, tweaks ...func(*Config, *Deps)) (*Server, []string) {
+func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options, tweaks ...func(*edge.Config, *Deps)) (*Server, []string) {
 	b.Helper()
 	log := slog.New(slog.DiscardHandler)
 	opts.Logger = log
@@ -294,7 +295,7 @@ func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options
 		Windows: windows, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil),
 		Quotas: budget.NewQuotas(time.UTC, budget.MonthKey(now, time.UTC), nil), Brake: brake,
 	}
-	cfg, deps := Config{}, Deps{
+	cfg, deps := edge.Config{}, Deps{
 		Keys: kr, Budget: layers.Brake, Plans: plans, Reader: reader, Events: events, Logger: log,
 		Layers:      guard.Layers{Rate: layers.Windows, Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake, Usage: db},
 		Operator:    operator.New(kr, codes, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, plans.All, time.UTC, operator.Options{}),
@@ -303,7 +304,11 @@ func newBenchServiceOn(b *testing.B, limits limiter.Config, opts storage.Options
 	for _, tweak := range tweaks {
 		tweak(&cfg, &deps)
 	}
-	srv, err := New(cfg, deps)
+	ed, err := edge.New(cfg, edge.Options{Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(ed, deps)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"time"
+
+	"breakwater/server/edge"
 )
 
 // AnswerClaimer holds an idempotency key while its first request is in
@@ -23,10 +25,10 @@ type AnswerClaimer interface {
 
 // answerClaimTTL is how long a claim holds a key: longer than a read
 // takes once its upload is in (the claim is taken then). ocr.timeout (at
-// most 90 s, the retry included) bounds the call and writeTimeout the
+// most 90 s, the retry included) bounds the call and edge.WriteTimeout the
 // handler's answer; the record may wait recordTimeout after the call. A
 // claim that lapses is, in practice, a crashed instance's.
-const answerClaimTTL = writeTimeout + recordTimeout
+const answerClaimTTL = edge.WriteTimeout + recordTimeout
 
 // claimTimeout bounds one claim or release statement.
 const claimTimeout = 5 * time.Second
@@ -56,7 +58,7 @@ func (s *Server) claimKey(r *ocrRequest) (claimed bool, err error) {
 			"request_id", r.id, "err", err)
 		return false, nil
 	case !won:
-		return false, errIdempotencyKeyInUse.withRetryAfter(1)
+		return false, errIdempotencyKeyInUse.WithRetryAfter(1)
 	}
 	return true, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 )
 
 // fakeClaims is the shared claims table of storage/postgres as one
@@ -120,8 +121,8 @@ func TestClaimHeldByAnotherInstance(t *testing.T) {
 	if owner, n, releases := claims.state("alice", "k1"); owner != "me" || n != 2 || releases != 0 {
 		t.Errorf("after the read: claim held by %q, %d claims, %d releases; want this instance's claim, 2, 0", owner, n, releases)
 	}
-	if ttl := claims.ttls[len(claims.ttls)-1]; ttl < writeTimeout {
-		t.Errorf("claimed for %v, less than a read may take (%v)", ttl, writeTimeout)
+	if ttl := claims.ttls[len(claims.ttls)-1]; ttl < edge.WriteTimeout {
+		t.Errorf("claimed for %v, less than a read may take (%v)", ttl, edge.WriteTimeout)
 	}
 	resp, data = e.postKey("k1", img) // a retry here: the kept answer, no claim
 	if again := decodeOK(t, resp, data); resp.Header.Get(headerReplayed) != "true" || again.Quota != first.Quota {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"flag"
 	"image/png"
-	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +16,8 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/admin"
+	"breakwater/server/edge"
 	"breakwater/server/operator"
 )
 
@@ -40,7 +40,7 @@ func dashboardEnv(t *testing.T) *env {
 
 func TestDashboardData(t *testing.T) {
 	e := dashboardEnv(t)
-	d, err := e.srv.dashboard(context.Background(), time.Now())
+	d, err := e.adm.Dashboard(context.Background(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestDashboardData(t *testing.T) {
 	if len(d.TopUsers) != 2 || d.TopUsers[0].User != "alice" || d.TopUsers[0].AttemptsToday != 3 || d.TopUsers[1].User != "bob" {
 		t.Errorf("top users %+v", d.TopUsers)
 	}
-	if len(d.Refusals) != 1 || d.Refusals[0] != (refusalCount{Layer: "rate", Reason: "rate", Count: 1}) {
+	if len(d.Refusals) != 1 || d.Refusals[0] != (edge.RefusalCount{Layer: "rate", Reason: "rate", Count: 1}) {
 		t.Errorf("refusals %+v", d.Refusals)
 	}
 	if len(d.Days) != 1 || d.Days[0].Requests != 4 {
@@ -70,102 +70,6 @@ func TestDashboardData(t *testing.T) {
 	}
 }
 
-func TestChartScales(t *testing.T) {
-	for _, c := range []struct{ n, even, nice int64 }{
-		{0, 2, 1}, {1, 2, 1}, {3, 4, 5}, {4, 4, 5}, {5, 10, 5}, {11, 20, 20}, {600, 1000, 1000}, {150, 200, 200},
-	} {
-		if got := evenCeil(c.n); got != c.even {
-			t.Errorf("evenCeil(%d) = %d, want %d", c.n, got, c.even)
-		}
-		if got := niceCeil(c.n); got != c.nice {
-			t.Errorf("niceCeil(%d) = %d, want %d", c.n, got, c.nice)
-		}
-	}
-}
-
-// formTokenIn reads the brake form's token off the dashboard.
-func formTokenIn(t *testing.T, e *env) string {
-	t.Helper()
-	resp, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("dashboard: %d", resp.StatusCode)
-	}
-	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindSubmatch(body)
-	if m == nil {
-		t.Fatalf("no form token in the dashboard:\n%s", body)
-	}
-	return string(m[1])
-}
-
-// TestDashboardBrakeButton: the dashboard's brake form engages and
-// releases the manual brake only with the admin token, the page's form
-// token and no foreign origin.
-func TestDashboardBrakeButton(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	token := formTokenIn(t, e)
-	post := func(admin string, form url.Values, headers ...string) *http.Response {
-		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, e.admin.URL+"/brake", strings.NewReader(form.Encode()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		if admin != "" {
-			req.SetBasicAuth("admin", admin)
-		}
-		for i := 0; i+1 < len(headers); i += 2 {
-			req.Header.Set(headers[i], headers[i+1])
-		}
-		resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp
-	}
-	for _, c := range []struct {
-		name    string
-		admin   string
-		form    url.Values
-		headers []string
-		status  int
-	}{
-		{"no form token", testAdminToken, url.Values{"on": {"true"}}, nil, http.StatusForbidden},
-		{"wrong form token", testAdminToken, url.Values{"on": {"true"}, "csrf": {strings.Repeat("0", 64)}}, nil, http.StatusForbidden},
-		{"another origin", testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, []string{"Origin", "http://evil.example"}, http.StatusForbidden},
-		{"cross-site fetch", testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, []string{"Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
-		{"no admin token", "", url.Values{"on": {"true"}, "csrf": {token}}, nil, http.StatusUnauthorized},
-		{"wrong admin token", "wrong", url.Values{"on": {"true"}, "csrf": {token}}, nil, http.StatusUnauthorized},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if resp := post(c.admin, c.form, c.headers...); resp.StatusCode != c.status {
-				t.Errorf("status %d, want %d", resp.StatusCode, c.status)
-			}
-			if st := e.brake.Status(time.Now()); st.Manual || st.Engaged {
-				t.Errorf("the brake moved: %+v", st)
-			}
-		})
-	}
-	origin := []string{"Origin", e.admin.URL, "Sec-Fetch-Site", "same-origin"}
-	resp := post(testAdminToken, url.Values{"on": {"true"}, "csrf": {token}}, origin...)
-	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
-		t.Fatalf("with the form token: %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
-	}
-	if st := e.brake.Status(time.Now()); !st.Manual || !st.Engaged {
-		t.Fatalf("the brake is not engaged: %+v", st)
-	}
-	_, body := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken))
-	if !strings.Contains(string(body), "Release the manual brake") {
-		t.Error("the dashboard does not offer to release the brake")
-	}
-	if resp := post(testAdminToken, url.Values{"on": {"false"}, "csrf": {token}}); resp.StatusCode != http.StatusSeeOther {
-		t.Errorf("release: %d", resp.StatusCode)
-	}
-	if st := e.brake.Status(time.Now()); st.Manual {
-		t.Errorf("the brake is still on: %+v", st)
-	}
-}
-
 // The would-be refusals in shadow mode show per layer, read from the
 // recorded events as breakwater usage reads them: live (the minute the
 // recorder still counts in memory) and the same after a restart.
@@ -179,18 +83,18 @@ func TestDashboardShowsShadowRefusals(t *testing.T) {
 	}
 	check := func(when string, e *env) {
 		t.Helper()
-		d, err := e.srv.dashboard(context.Background(), time.Now())
+		d, err := e.adm.Dashboard(context.Background(), time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(d.Refusals) != 0 || len(d.Shadow) != 1 || d.Shadow[0] != (shadowRow{Layer: "rate", Count: 2}) {
+		if len(d.Refusals) != 0 || len(d.Shadow) != 1 || d.Shadow[0] != (admin.ShadowRow{Layer: "rate", Count: 2}) {
 			t.Errorf("%s: refusals %+v, shadow %+v; want 2 in shadow mode at layer rate and none refused", when, d.Refusals, d.Shadow)
 		}
 	}
 	// The events reach the recorder's count through its queue, a moment
 	// after the answers.
 	waitFor(t, "the recorder to count the shadowed refusals", func() bool {
-		d, err := e.srv.dashboard(context.Background(), time.Now())
+		d, err := e.adm.Dashboard(context.Background(), time.Now())
 		return err == nil && len(d.Shadow) == 1 && d.Shadow[0].Count >= 2
 	})
 	check("live", e)
@@ -199,24 +103,6 @@ func TestDashboardShowsShadowRefusals(t *testing.T) {
 	e.events.Close(context.Background())
 	e.db.Close()
 	check("after a restart", newEnv(t, envOptions{dir: dir}))
-}
-
-func TestDashboardNeedsToken(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	resp, _ := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", ""))
-	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Basic") {
-		t.Errorf("no token: %d %q", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
-	}
-	req := mustRequest(t, http.MethodGet, e.admin.URL+"/", "")
-	req.SetBasicAuth("admin", "wrong")
-	if resp, _ := do(t, req); resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("wrong password: %d", resp.StatusCode)
-	}
-	req.SetBasicAuth("admin", testAdminToken)
-	resp, body := do(t, req)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<svg") {
-		t.Errorf("with the token: %d", resp.StatusCode)
-	}
 }
 
 // TestDashboardInChromium loads the dashboard in real headless Chromium

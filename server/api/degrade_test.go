@@ -13,6 +13,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 )
 
 // stopCold ends e as a kill -9 would leave its database: the HTTP server,
@@ -97,19 +98,19 @@ func TestDegradeBeforeDeny(t *testing.T) {
 	if got := rec.got(); !slices.Contains(got, detect.KindDegraded) || slices.Contains(got, detect.KindRestored) {
 		t.Errorf("alerts: %v, want %s and not %s", got, detect.KindDegraded, detect.KindRestored)
 	}
-	d, err := e.srv.dashboard(context.Background(), clk.now())
+	d, err := e.adm.Dashboard(context.Background(), clk.now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b := d.Budget; b.DegradedBy != "soft_daily_requests" || b.ReadsByModel[ocr.DefaultModel] != 5 || b.ReadsByModel[testFallback] != 5 {
 		t.Errorf("the dashboard's budget: degraded by %q, reads by model %v", b.DegradedBy, b.ReadsByModel)
 	}
-	var page strings.Builder
-	if err := dashboardPage.Execute(&page, d); err != nil {
-		t.Fatal(err)
+	resp, page := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/", testAdminToken)) // the page of d, at the same clock
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("dashboard: %d", resp.StatusCode)
 	}
-	if !strings.Contains(page.String(), `id="model-state">fallback<`) ||
-		!strings.Contains(page.String(), testFallback+" 5") {
+	if !strings.Contains(string(page), `id="model-state">fallback<`) ||
+		!strings.Contains(string(page), testFallback+" 5") {
 		t.Error("the dashboard page does not show the fallback model and its reads")
 	}
 	users, err := e.srv.d.Operator.Usage(context.Background(), "alice")
@@ -274,4 +275,4 @@ func holdCalls(f *fakeGemini, n int64) {
 }
 
 // burstConfig lets a burst's users have all their reads in flight at once.
-func burstConfig(c *Config) { c.MaxInFlightPerUser = 64 }
+func burstConfig(c *edge.Config) { c.MaxInFlightPerUser = 64 }

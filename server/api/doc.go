@@ -1,12 +1,12 @@
-// Package api is Breakwater's HTTP edge: the public API (POST /v1/ocr,
-// POST /v1/invites/verify, GET /healthz), the admin API on its own loopback listener, and the
-// transport rules every request meets first: client IP from trusted proxies
-// only, a body limit enforced before anything is buffered, a request id we
-// generate ourselves, panic recovery, and one error handler that answers
-// every failure as application/problem+json (RFC 9457).
+// Package api is Breakwater's public API: POST /v1/ocr, POST
+// /v1/invites/verify, GET /healthz, and the app's guarded routes (forward
+// auth, and the paths proxied to the app), each a handler on the
+// transport of server/edge, which it shares with the admin API
+// (server/admin).
 //
-// Echo stays inside this package. Handlers walk the protection layers in the
-// order docs/DESIGN.md describes (through server/guard); the package holds
-// no thresholds of its own and never writes to disk except through the
-// recorders and stores it is given.
+// Handlers walk the protection layers in the order docs/DESIGN.md
+// describes (through server/guard); the package holds no thresholds of
+// its own and never writes to disk except through the recorders and
+// stores it is given. Its Metrics join the edge's on the registry the
+// admin listener serves.
 package api

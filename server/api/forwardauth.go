@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"breakwater/detect"
+	"breakwater/server/edge"
 	"breakwater/server/routes"
 )
 
@@ -37,7 +38,7 @@ func (s *Server) handleForwardAuth(c echo.Context) error {
 	if err == nil {
 		return c.NoContent(http.StatusOK)
 	}
-	p := toProblem(err)
+	p := edge.ToProblem(err)
 	c.Response().Header().Set(headerStatus, strconv.Itoa(p.Status))
 	if isNginx(c.Request().Header) && p.Status != http.StatusUnauthorized && p.Status != http.StatusForbidden {
 		q := *p
@@ -58,7 +59,7 @@ func isNginx(h http.Header) bool {
 // gets past.
 func (s *Server) forwardAuth(c echo.Context, now time.Time) error {
 	r := c.Request()
-	if peer := parseAddr(r.RemoteAddr); !peer.IsValid() || !s.clients.isTrusted(peer) {
+	if !s.edge.FromTrustedProxy(r) {
 		return errUntrustedProxy
 	}
 	if hasIdentityHeader(r.Header) {

@@ -7,6 +7,7 @@ import (
 
 	"breakwater/budget"
 	"breakwater/limiter"
+	"breakwater/server/edge"
 	"breakwater/server/routes"
 	"breakwater/storage"
 )
@@ -28,7 +29,7 @@ func BenchmarkForwardAuth(b *testing.B) {
 		}
 		return Route{Config: c, Windows: w, Attempts: budget.NewAttempts(time.UTC, budget.DayKey(now, time.UTC), nil)}
 	}
-	srv, secrets := newBenchServiceOn(b, limiter.Config{Rate: 1, Window: time.Hour}, storage.Options{}, func(c *Config, d *Deps) {
+	srv, secrets := newBenchServiceOn(b, limiter.Config{Rate: 1, Window: time.Hour}, storage.Options{}, func(c *edge.Config, d *Deps) {
 		c.TrustedProxies = []string{"127.0.0.1"}
 		d.Routes = []Route{
 			route(routes.Config{Name: "checkout", Methods: []string{"POST"}, Path: "/api/checkout", Identity: routes.IdentityUser}),

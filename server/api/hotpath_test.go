@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"breakwater/limiter"
+	"breakwater/server/edge"
 )
 
 // deadlineWriter is a discardWriter that takes read deadlines, as Go's
@@ -54,11 +55,11 @@ func TestReadImageAllocations(t *testing.T) {
 	img := pngBytes(t, 64, 32)
 	req, body := refusalRequest(img)
 	req.Body = io.NopCloser(iotest.DataErrReader(body)) // as Go's server's body: io.EOF with the last bytes
-	mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, inFlight: &inFlight{n: map[string]int{}}}
+	mem := edge.NewLease(1 << 30)
 	allocs := testing.AllocsPerRun(100, func() {
 		body.Reset(img)
-		mem.held = 0
-		if _, _, err := readImage(req, 1<<20, DefaultMaxMultipartParts, mem); err != nil {
+		mem.Close()
+		if _, _, err := readImage(req, 1<<20, edge.DefaultMaxMultipartParts, mem); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -26,6 +26,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	dto "github.com/prometheus/client_model/go"
 
+	"breakwater/server/edge"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 )
@@ -577,8 +578,8 @@ func FuzzAuthenticate(f *testing.F) {
 		if tok := strings.TrimSpace(token); err == nil && tok != valid && tok != e.key {
 			t.Fatalf("token %q let in as %+v", token, id)
 		}
-		if err != nil && err != errUnauthorized {
-			t.Fatalf("token %q: error %v, want errUnauthorized", token, err)
+		if err != nil && err != edge.ErrUnauthorized {
+			t.Fatalf("token %q: error %v, want edge.ErrUnauthorized", token, err)
 		}
 	})
 }

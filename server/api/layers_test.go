@@ -23,6 +23,7 @@ import (
 	"breakwater/budget"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 	"breakwater/server/guard/state"
 	"breakwater/storage"
 )
@@ -80,7 +81,7 @@ func (e *env) postParallel(keys []string, n int) map[int]int {
 
 func TestGlobalDailyRequestsNeverOvershot(t *testing.T) {
 	e := newEnv(t, envOptions{quota: 1000, budget: budget.Config{DailyRequests: 30},
-		cfg: func(c *Config) { c.MaxInFlightPerUser = 300 }}) // 30 at once per key: the brake's race, not the in-flight cap
+		cfg: func(c *edge.Config) { c.MaxInFlightPerUser = 300 }}) // 30 at once per key: the brake's race, not the in-flight cap
 	keys := []string{e.key}
 	for i := range 9 {
 		keys = append(keys, e.newKey(fmt.Sprintf("user-%d", i), ""))

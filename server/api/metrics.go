@@ -2,16 +2,13 @@ package api
 
 import (
 	"maps"
-	"net/http"
-	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"breakwater/budget"
 	"breakwater/detect"
+	"breakwater/server/edge"
 )
 
 // waitBuckets are the bounds of the commit-wait histograms, fine enough
@@ -19,18 +16,15 @@ import (
 var waitBuckets = []float64{100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3,
 	10e-3, 20e-3, 50e-3, 0.1, 0.25, 1}
 
-// Metrics are the Prometheus series the service exports on the admin
-// listener's GET /metrics.
+// Metrics are the public API's Prometheus series, which the admin
+// listener's GET /metrics exports beside the transport's (edge.Metrics,
+// whose registry they join).
 type Metrics struct {
-	reg      *prometheus.Registry
+	reg      *prometheus.Registry   // the edge's: set by register
 	failOpen *prometheus.CounterVec // layer
-	refusals *prometheus.CounterVec // layer, reason
 	guard    prometheus.Histogram   // layers 0-3 of an admitted request, without waits
 
-	requests        *prometheus.CounterVec // route, status
-	requestsBy      *counterTable[routeStatus]
-	refusalsBy      *counterTable[[2]string] // refusals by layer, reason
-	upstreamCalls   *prometheus.CounterVec   // outcome, model
+	upstreamCalls   *prometheus.CounterVec // outcome, model
 	upstreamLatency prometheus.Histogram
 	tokens          *prometheus.CounterVec // kind
 	// A call's counters, resolved once: a call counts in all four.
@@ -78,19 +72,14 @@ func (m *Metrics) calls(model string) callCounters {
 	return callCounters{ok: m.upstreamCalls.WithLabelValues("ok", "other"), failed: m.upstreamCalls.WithLabelValues("failed", "other")}
 }
 
-// NewMetrics registers every series on a registry of its own, with the Go
-// runtime and process collectors.
+// NewMetrics makes the public API's series; New registers them on the
+// edge's registry.
 func NewMetrics() *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
 		failOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "breakwater_layer_failopen_total",
 			Help: "Requests let through because a defense layer's own machinery failed (panic or persistence error).",
 		}, []string{"layer"}),
-		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "breakwater_refusals_total",
-			Help: "Requests refused, by layer and reason.",
-		}, []string{"layer", "reason"}),
 		guard: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "breakwater_guard_check_seconds",
 			Help:    "Time spent in layers 0-3 on a request that reached the upstream, excluding the upload, the image check and commit waits.",
@@ -101,10 +90,6 @@ func NewMetrics() *Metrics {
 			Help: "Bearer tokens refused by JWT verification, by reason (expired, issuer, unknown_kid, ...). Every one answered the same 401.",
 		}, []string{"reason"}),
 	}
-	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "breakwater_http_requests_total",
-		Help: "HTTP requests answered, by route pattern and status.",
-	}, []string{"route", "status"})
 	m.upstreamCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "breakwater_upstream_calls_total",
 		Help: "Calls to the OCR provider, by outcome (ok or failed) and model (ocr.model or ocr.fallback_model).",
@@ -137,29 +122,32 @@ func NewMetrics() *Metrics {
 		Help:    "Time from a request's arrival until its budget reservation is committed, on a request that reached the upstream, excluding the upload and the image check.",
 		Buckets: waitBuckets,
 	})
-	m.requestsBy = newCounterTable(m.requests, func(k routeStatus) []string {
-		return []string{k.route, strconv.Itoa(k.status)}
-	})
-	m.refusalsBy = newCounterTable(m.refusals, func(k [2]string) []string { return k[:] })
 	m.promptTokens, m.outputTokens = m.tokens.WithLabelValues("prompt"), m.tokens.WithLabelValues("output")
 	m.thoughtsTokens = m.tokens.WithLabelValues("thoughts")
-	m.reg.MustRegister(m.requests, m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency,
-		m.reserveLatency, m.guardOverhead)
 	m.inviteRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "breakwater_invite_refusals_total",
 		Help: "Invite verifications refused, by reason: rate, burst, invalid, expired, used_up, revoked, cooldown, in_flight, global.",
 	}, []string{"reason"})
-	m.reg.MustRegister(m.failOpen, m.refusals, m.guard, m.jwt, m.inviteRefusals,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.registerRoutes()
-	m.startAtZero()
+	m.newRouteSeries()
+	m.alertsRaised = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "breakwater_alerts_raised_total",
+		Help: "Immediate alerts raised, by kind: every event, before the alerter's min_interval decides which are mailed.",
+	}, []string{"kind"})
+	m.upstreamFailures = newUpstreamFailures()
 	m.startModels()
 	return m
 }
 
-// Handler serves the metrics in the Prometheus text format.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+// register adds m's series to the edge's registry, every known label set
+// at zero.
+func (m *Metrics) register(em *edge.Metrics) {
+	m.reg = em.Registry()
+	m.reg.MustRegister(m.upstreamCalls, m.upstreamLatency, m.tokens, m.cost, m.commitLatency,
+		m.reserveLatency, m.guardOverhead)
+	m.reg.MustRegister(m.failOpen, m.guard, m.jwt, m.inviteRefusals)
+	m.reg.MustRegister(m.shadowRefusals, m.routeFailures, m.alertsRaised, m.upstreamFailures)
+	em.StartRefusals(knownRefusals)
+	m.startAtZero()
 }
 
 // observeBudget exports the global budget's figures and ceilings as gauges
@@ -226,31 +214,6 @@ func (m *Metrics) observeDetect(c *detect.Counters) {
 	counterFunc(m, "breakwater_webhooks_sent_total", "Alerts delivered to webhooks.", c.WebhooksSent.Load)
 	counterFunc(m, "breakwater_webhook_failures_total", "Failed webhook delivery attempts (each try).", c.WebhookFailures.Load)
 	counterFunc(m, "breakwater_webhook_dropped_total", "Webhook alerts dropped: a full queue, a refusal, or their tries used up.", c.WebhookDropped.Load)
-}
-
-// observeTransport exports the body memory and the connections in use.
-func (m *Metrics) observeTransport(bodyBytes, conns func() int64) {
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "breakwater_body_memory_bytes",
-		Help: "Bytes of request bodies held in memory now (at most server.max_body_memory).",
-	}, func() float64 { return float64(bodyBytes()) }))
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "breakwater_connections_open",
-		Help: "Connections held open, public and admin listeners together (each at most server.max_connections).",
-	}, func() float64 { return float64(conns()) }))
-}
-
-// countRequest counts an answer by route pattern (never the raw path,
-// which a client controls) and status, as answered gives them; front
-// calls it for every request of the public listener.
-func (m *Metrics) countRequest(route string, status int) {
-	m.requestsBy.get(routeStatus{route, status}).Inc()
-}
-
-// routeStatus is a label set of breakwater_http_requests_total.
-type routeStatus struct {
-	route  string
-	status int
 }
 
 // usd turns micro-dollars into dollars for metrics.

@@ -17,6 +17,7 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 	"breakwater/server/failpoint"
 	"breakwater/server/guard"
 	"breakwater/server/jwtauth"
@@ -53,11 +54,11 @@ func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, er
 	// server might each believe a different one.
 	auth := c.Request().Header[echo.HeaderAuthorization] // canonical already: not checked again
 	if len(auth) != 1 {
-		return keys.Identity{}, false, errUnauthorized
+		return keys.Identity{}, false, edge.ErrUnauthorized
 	}
-	token, ok := bearer(auth[0])
+	token, ok := edge.Bearer(auth[0])
 	if !ok {
-		return keys.Identity{}, false, errUnauthorized
+		return keys.Identity{}, false, edge.ErrUnauthorized
 	}
 	if s.d.JWT != nil && jwtauth.IsJWT(token) {
 		id, err := s.d.JWT.Verify(c.Request().Context(), token)
@@ -69,13 +70,13 @@ func (s *Server) authenticate(c echo.Context) (id keys.Identity, banned bool, er
 			}
 			s.d.Metrics.jwt.WithLabelValues(reason).Inc()
 			s.log.Debug("JWT refused", "reason", reason, "err", err, "request_id", requestID(c))
-			return keys.Identity{}, false, errUnauthorized
+			return keys.Identity{}, false, edge.ErrUnauthorized
 		}
 		return id, s.d.Keys.Banned(id.UserID), nil
 	}
 	id, banned, ok = s.d.Keys.Authenticate(token)
 	if !ok {
-		return keys.Identity{}, false, errUnauthorized
+		return keys.Identity{}, false, edge.ErrUnauthorized
 	}
 	return id, banned, nil
 }
@@ -134,7 +135,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	r := &req
 	if r.key != "" {
 		if !s.pending.acquire(r.who.UserID, r.key) {
-			return errIdempotencyKeyInUse.withRetryAfter(1)
+			return errIdempotencyKeyInUse.WithRetryAfter(1)
 		}
 		defer s.pending.release(r.who.UserID, r.key)
 	}
@@ -147,7 +148,7 @@ func (s *Server) handleOCR(c echo.Context) error {
 	if err != nil {
 		return s.end(r, a, s.now(), err) // a bad upload counts against the rate as any other
 	}
-	defer in.mem.close()
+	defer in.mem.Close()
 	if r.key != "" {
 		return s.readKeyed(r, a, in)
 	}
@@ -253,7 +254,7 @@ type received struct {
 	data []byte
 	img  ocr.Image
 	fp   [32]byte
-	mem  *lease
+	mem  *edge.Lease
 	at   time.Time // when the guard's checks before the body ended
 	end  time.Time // when the upload was read and checked
 }
@@ -262,14 +263,14 @@ type received struct {
 // and checks it cheaply: type sniffing and the image header. The caller
 // closes mem.
 func (s *Server) receive(r *ocrRequest) (received, error) {
-	mem, err := s.enter(r.who)
+	mem, err := s.edge.Enter(r.who)
 	if err != nil {
 		return received{}, err
 	}
 	in := received{mem: mem, at: s.now()}
 	in.data, in.img, err = readValidImage(r.c.Request(), s.cfg, mem)
 	if err != nil {
-		mem.close()
+		mem.Close()
 		return received{}, err
 	}
 	in.fp = fingerprint(in.img)
@@ -425,7 +426,7 @@ func (s *Server) identify(c echo.Context) (keys.Identity, budget.Plan, error) {
 	if err != nil {
 		return keys.Identity{}, budget.Plan{}, err
 	}
-	setUser(c, id.UserID) // for the access log
+	edge.SetUser(c, id.UserID) // for the access log
 	if banned {
 		return keys.Identity{}, budget.Plan{}, errBanned
 	}
@@ -441,7 +442,7 @@ func (s *Server) identify(c echo.Context) (keys.Identity, budget.Plan, error) {
 
 // readValidImage reads the upload into memory taken from mem and checks it
 // cheaply: type sniffing and the image header only, nothing decoded.
-func readValidImage(r *http.Request, cfg Config, mem *lease) ([]byte, ocr.Image, error) {
+func readValidImage(r *http.Request, cfg edge.Config, mem *edge.Lease) ([]byte, ocr.Image, error) {
 	data, declared, err := readImage(r, cfg.MaxImageBytes, cfg.MaxMultipartParts, mem)
 	if err != nil {
 		return nil, ocr.Image{}, err
@@ -524,7 +525,7 @@ func (s *Server) SetShadow(rate bool) {
 // taken from mem first: a declared length before a byte is read, so that
 // an upload that cannot fit is refused at once; an unknown length as its
 // bytes arrive.
-func readImage(r *http.Request, max int64, maxParts int, mem *lease) (data []byte, declared string, err error) {
+func readImage(r *http.Request, max int64, maxParts int, mem *edge.Lease) (data []byte, declared string, err error) {
 	ct := r.Header.Get(echo.HeaderContentType)
 	var params map[string]string
 	multi := false
@@ -534,15 +535,15 @@ func readImage(r *http.Request, max int64, maxParts int, mem *lease) (data []byt
 		multi = mt == formType
 	}
 	if !multi && r.ContentLength > max {
-		return nil, "", errTooLarge
+		return nil, "", edge.ErrTooLarge
 	}
 	var body io.Reader = r.Body
 	if r.ContentLength > 0 {
-		if err := mem.need(min(r.ContentLength, max)); err != nil {
+		if err := mem.Need(min(r.ContentLength, max)); err != nil {
 			return nil, "", err
 		}
 	} else {
-		body = &arrivals{r: body, mem: mem, max: max}
+		body = edge.Arrivals(body, mem, max)
 	}
 	if multi {
 		return readMultipartImage(body, params["boundary"], max, r.ContentLength, maxParts, mem)
@@ -579,7 +580,7 @@ func maybeForm(ct string) bool {
 // parts (each part, even an empty one, costs a header parse), and then the
 // rest of the form, so that the body ends and its connection can be
 // reused. size is the body's declared length, -1 if unknown.
-func readMultipartImage(body io.Reader, boundary string, max, size int64, maxParts int, mem *lease) ([]byte, string, error) {
+func readMultipartImage(body io.Reader, boundary string, max, size int64, maxParts int, mem *edge.Lease) ([]byte, string, error) {
 	if boundary == "" {
 		return nil, "", errMissingImage
 	}
@@ -624,7 +625,7 @@ const firstBuffer = 64 << 10
 // doubles as bytes arrive. Each buffer's bytes are taken from mem before
 // it is made, so memory grows with the bytes that actually arrive, never
 // with what a Content-Length header merely claims beyond mem's lease.
-func readAtMost(r io.Reader, limit, size int64, mem *lease) ([]byte, error) {
+func readAtMost(r io.Reader, limit, size int64, mem *edge.Lease) ([]byte, error) {
 	n := min(limit, firstBuffer)
 	if size >= 0 {
 		n = min(limit, size)
@@ -642,10 +643,10 @@ func readAtMost(r io.Reader, limit, size int64, mem *lease) ([]byte, error) {
 				break
 			}
 			if err != nil {
-				return nil, bodyError(err, errBadBody)
+				return nil, bodyError(err, edge.ErrBadBody)
 			}
 			if int64(len(buf)) >= limit {
-				return nil, errTooLarge
+				return nil, edge.ErrTooLarge
 			}
 			if buf, err = grow(buf, min(limit, max(2*int64(cap(buf)), firstBuffer)), mem); err != nil {
 				return nil, err
@@ -659,7 +660,7 @@ func readAtMost(r io.Reader, limit, size int64, mem *lease) ([]byte, error) {
 			break
 		}
 		if err != nil {
-			return nil, bodyError(err, errBadBody)
+			return nil, bodyError(err, edge.ErrBadBody)
 		}
 	}
 	if len(buf) == 0 {
@@ -670,8 +671,8 @@ func readAtMost(r io.Reader, limit, size int64, mem *lease) ([]byte, error) {
 
 // grow returns buf copied into a buffer of capacity n, whose bytes it
 // takes from mem first.
-func grow(buf []byte, n int64, mem *lease) ([]byte, error) {
-	if err := mem.need(n); err != nil {
+func grow(buf []byte, n int64, mem *edge.Lease) ([]byte, error) {
+	if err := mem.Need(n); err != nil {
 		return nil, err
 	}
 	out := make([]byte, len(buf), n)
@@ -681,13 +682,13 @@ func grow(buf []byte, n int64, mem *lease) ([]byte, error) {
 
 // bodyError maps an error of reading the body to its problem, other for
 // any that is not the body limit, the upload rate or the body memory.
-func bodyError(err error, other *Problem) error {
-	var p *Problem
+func bodyError(err error, other *edge.Problem) error {
+	var p *edge.Problem
 	switch {
-	case isTooLarge(err):
-		return errTooLarge
-	case errors.Is(err, errReadTooSlow):
-		return errUploadTooSlow
+	case edge.IsTooLarge(err):
+		return edge.ErrTooLarge
+	case errors.Is(err, edge.ErrReadTooSlow):
+		return edge.ErrUploadTooSlow
 	case errors.As(err, &p):
 		return p
 	}

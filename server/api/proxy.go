@@ -20,6 +20,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/limiter"
+	"breakwater/server/edge"
 	"breakwater/server/routes"
 )
 
@@ -95,7 +96,7 @@ func (s *Server) handleRoute(c echo.Context) error {
 		return errRouteTooLarge
 	}
 	if r.ContentLength < 0 {
-		r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(c.Response(), r.Body, cfg.MaxBody)}
+		edge.CapBody(c, cfg.MaxBody)
 	}
 	who, err := s.routeCaller(c, cfg)
 	if err != nil {
@@ -127,12 +128,12 @@ func (s *Server) proxyResult(c echo.Context, call *routeCall) error {
 	}
 	call.attempt.Cancel()
 	switch {
-	case isTooLarge(call.err):
+	case edge.IsTooLarge(call.err):
 		return errRouteTooLarge
 	case c.Request().Context().Err() != nil:
 		return errClientGone
 	}
-	if ok, held := s.routeLog.allow(s.now(), refusalLogInterval); ok {
+	if ok, held := s.routeLog.Allow(s.now(), edge.RefusalLogInterval); ok {
 		s.log.Warn("route upstream failed", "route", call.rt.name, "request_id", call.requestID, "err", call.err, "unlogged_since_last", held)
 	}
 	return errRouteUpstream
@@ -155,11 +156,11 @@ func (s *Server) beginFails(c echo.Context, call *routeCall, now time.Time) (ref
 	}
 	s.d.Metrics.routeFailures.WithLabelValues(call.rt.name, r.Reason).Inc()
 	if u := call.cfg.Fail.UniformStatus; u != 0 {
-		s.refused(call.rt.layer, r.Reason) // answered here, not by the error handler
+		s.edge.Refused(call.rt.layer, r.Reason) // answered here, not by the error handler
 		writeUniform(c.Response(), u)
 		return true, nil
 	}
-	return true, errTooManyFailures.withRetryAfter(ceilSeconds(r.RetryAfter)).countedAs(call.rt.layer, r.Reason)
+	return true, errTooManyFailures.WithRetryAfter(ceilSeconds(r.RetryAfter)).CountedAs(call.rt.layer, r.Reason)
 }
 
 // failKeys are the fail limit's keys of a request: "ip:ADDRESS" and
@@ -199,10 +200,10 @@ func failKeys(r *http.Request, call *routeCall) ([]string, error) {
 func peekJSON(r *http.Request) (map[string]json.RawMessage, error) {
 	buf, err := io.ReadAll(io.LimitReader(r.Body, maxFailPeek+1))
 	if err != nil {
-		if isTooLarge(err) {
+		if edge.IsTooLarge(err) {
 			return nil, errRouteTooLarge
 		}
-		return nil, errBadBody
+		return nil, edge.ErrBadBody
 	}
 	r.Body = struct {
 		io.Reader
@@ -259,15 +260,12 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 		h.Set(headerPlan, call.who.id.Plan)
 	}
 	in := pr.In
-	peer := parseAddr(in.RemoteAddr)
-	trusted := peer.IsValid() && s.clients.isTrusted(peer)
-	chain := []string{}
+	chain, trusted := s.edge.ForwardedFor(in)
 	proto, host := "http", in.Host
 	if in.TLS != nil {
 		proto = "https"
 	}
 	if trusted {
-		chain = forwardedFor(in.Header.Values(headerXFF))
 		if v := in.Header.Get("X-Forwarded-Proto"); v != "" {
 			proto = v
 		}
@@ -275,13 +273,10 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 			host = v
 		}
 	} else {
-		h.Del(headerRealIP)
+		h.Del(edge.HeaderRealIP)
 		h.Del("Forwarded")
 	}
-	if peer.IsValid() {
-		chain = append(chain, peer.String())
-	}
-	h.Set(headerXFF, strings.Join(chain, ", "))
+	h.Set(edge.HeaderXFF, strings.Join(chain, ", "))
 	h.Set("X-Forwarded-Proto", proto)
 	h.Set("X-Forwarded-Host", host)
 	if call != nil {
@@ -379,7 +374,7 @@ func (s *Server) recordRoute(c echo.Context, call *routeCall, start time.Time) {
 		s.d.Events.Record(detect.Event{Time: start, UserID: call.who.id.UserID, IP: ip, Route: route, Outcome: detect.OutcomeCooldownStarted})
 	}
 	if call.failed {
-		if ok, held := s.routeLog.allow(start, refusalLogInterval); ok {
+		if ok, held := s.routeLog.Allow(start, edge.RefusalLogInterval); ok {
 			s.log.Info("route failure counted", "route", call.rt.name, "status", call.status, "cooldowns_started", len(call.started),
 				"request_id", call.requestID, "unlogged_since_last", held)
 		}

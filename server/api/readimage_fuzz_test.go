@@ -8,6 +8,8 @@ import (
 	"mime/multipart"
 	"net/http"
 	"testing"
+
+	"breakwater/server/edge"
 )
 
 // FuzzReadImage feeds the upload reader a body as a plain upload or as a
@@ -54,10 +56,10 @@ func FuzzReadImage(f *testing.F) {
 		if declared {
 			r.ContentLength = int64(len(body))
 		}
-		mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, inFlight: &inFlight{n: map[string]int{}}}
+		mem := edge.NewLease(1 << 30)
 		data, gotType, err := readImage(r, max, maxParts, mem)
-		if mem.held > max {
-			t.Fatalf("held %d bytes of body memory for max %d", mem.held, max)
+		if mem.Held() > max {
+			t.Fatalf("held %d bytes of body memory for max %d", mem.Held(), max)
 		}
 		if err == nil && (len(data) == 0 || int64(len(data)) > max) {
 			t.Fatalf("returned %d bytes for max %d", len(data), max)
@@ -101,7 +103,7 @@ func checkPlain(t *testing.T, body, data []byte, gotType, ct string, err error, 
 			t.Fatalf("empty body: error %v", err)
 		}
 	case int64(len(body)) > max:
-		if err != errTooLarge {
+		if err != edge.ErrTooLarge {
 			t.Fatalf("%d bytes for max %d: error %v", len(body), max, err)
 		}
 	case err != nil || !bytes.Equal(data, body) || gotType != ct:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"breakwater/limiter"
+	"breakwater/server/edge"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/storage"
@@ -47,7 +48,7 @@ func (limitedRate) Allow(key string, _ time.Time) error {
 // of today; a missing route adds nothing.
 func TestEveryRefusalCountedOnce(t *testing.T) {
 	e := newEnv(t, envOptions{rate: limitedRate{},
-		cfg: func(c *Config) { c.MaxImageBytes = 4096; c.MaxImagePixels = 10_000 }})
+		cfg: func(c *edge.Config) { c.MaxImageBytes = 4096; c.MaxImagePixels = 10_000 }})
 	carol := e.newKey("carol", "")
 	dave := e.newKey("dave", "")
 	if _, err := e.keys.SetBanned("dave", true, true); err != nil {
@@ -118,7 +119,7 @@ func TestEveryRefusalCountedOnce(t *testing.T) {
 		})
 	}
 	var today int64
-	for _, r := range e.srv.refusalsToday.list(e.srv.calendar.Day(time.Now())) {
+	for _, r := range e.edge.RefusalsOf(e.srv.calendar.Day(time.Now())) {
 		today += r.Count
 	}
 	if got, want := today, int64(total); got != want {
@@ -152,15 +153,15 @@ func TestRefusalCountsSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e2.srv.LoadRefusals(today, counts)
+	e2.edge.LoadRefusals(today, counts)
 	e2.post("", "image/png", pngBytes(t, 4, 4))
-	got := e2.srv.refusalsToday.list(today)
-	want := []refusalCount{{"auth", "unauthorized", 4}, {"input", "unsupported_media_type", 1}}
+	got := e2.edge.RefusalsOf(today)
+	want := []edge.RefusalCount{{Layer: "auth", Reason: "unauthorized", Count: 4}, {Layer: "input", Reason: "unsupported_media_type", Count: 1}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("refusals today after a restart %+v, want %+v", got, want)
 	}
-	e2.srv.LoadRefusals("1999-01-01", counts)
-	if got := e2.srv.refusalsToday.list(today); len(got) != 2 || got[0].Count != 4 {
+	e2.edge.LoadRefusals("1999-01-01", counts)
+	if got := e2.edge.RefusalsOf(today); len(got) != 2 || got[0].Count != 4 {
 		t.Errorf("another day's counts were loaded: %+v", got)
 	}
 }
@@ -222,10 +223,10 @@ func TestRefusalAnswers(t *testing.T) {
 	if resp, data := e.post(e.key, "image/png", img); resp.StatusCode != http.StatusOK {
 		t.Fatalf("first request: %d %s", resp.StatusCode, data)
 	}
-	check := func(resp *http.Response, data []byte, status int, want *Problem, retry bool) {
+	check := func(resp *http.Response, data []byte, status int, want *edge.Problem, retry bool) {
 		t.Helper()
-		if resp.StatusCode != status || string(data) != string(want.body) {
-			t.Errorf("%d %s, want %d %s", resp.StatusCode, data, status, want.body)
+		if resp.StatusCode != status || string(data) != string(want.Body()) {
+			t.Errorf("%d %s, want %d %s", resp.StatusCode, data, status, want.Body())
 		}
 		for name, value := range map[string]string{"Content-Type": "application/problem+json", "Cache-Control": "no-store"} {
 			if got := resp.Header.Values(name); len(got) != 1 || got[0] != value {
@@ -251,14 +252,13 @@ func TestRefusalAnswers(t *testing.T) {
 		resp, data := e.post(e.key, "image/png", img)
 		check(resp, data, http.StatusTooManyRequests, errRateLimited, true)
 		resp, data = e.post(unknown, "image/png", img)
-		check(resp, data, http.StatusUnauthorized, errUnauthorized, false)
+		check(resp, data, http.StatusUnauthorized, edge.ErrUnauthorized, false)
 		if got := resp.Header.Values("WWW-Authenticate"); len(got) != 1 || got[0] != `Bearer realm="breakwater"` {
 			t.Errorf("401: WWW-Authenticate %q", got)
 		}
 	}
-	if n := problemContentType[0] + noStore[0] + bearerChallenge[0]; n != `application/problem+jsonno-storeBearer realm="breakwater"` {
-		t.Errorf("a shared header value was written over: %q", n)
-	}
+	// server/edge's TestSharedHeaderValuesKept checks the shared values
+	// themselves after such answers.
 }
 
 // TestRefusalAllocations: a refusal through the public handler allocates
@@ -319,10 +319,11 @@ func TestQuotaUnavailableIsNotExceeded(t *testing.T) {
 		{guard.Refusal{Layer: guard.LayerQuota, Reason: guard.ReasonUnavailable, RetryAfter: 3 * time.Second}, http.StatusServiceUnavailable, "usage_unavailable"},
 		{guard.Refusal{Layer: guard.LayerQuota, Reason: "monthly_quota", RetryAfter: time.Hour}, http.StatusTooManyRequests, "quota_exceeded"},
 	} {
-		p := refusalProblem(&tc.r)
-		if p.Status != tc.status || p.Code != tc.code || p.retryAfter < 1 || p.retryAfter > ceilSeconds(tc.r.RetryAfter) {
+		b, retry := refusalProblem(&tc.r)
+		p := b.WithRetryAfter(retry)
+		if p.Status != tc.status || p.Code != tc.code || p.RetryAfter() < 1 || p.RetryAfter() > ceilSeconds(tc.r.RetryAfter) {
 			t.Errorf("%s/%s: %d %s, Retry-After %d; want %d %s, Retry-After 1 to %d",
-				tc.r.Layer, tc.r.Reason, p.Status, p.Code, p.retryAfter, tc.status, tc.code, ceilSeconds(tc.r.RetryAfter))
+				tc.r.Layer, tc.r.Reason, p.Status, p.Code, p.RetryAfter(), tc.status, tc.code, ceilSeconds(tc.r.RetryAfter))
 		}
 	}
 }

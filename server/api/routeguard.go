@@ -14,6 +14,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/limiter"
+	"breakwater/server/edge"
 	"breakwater/server/guard"
 	"breakwater/server/keys"
 	"breakwater/server/routes"
@@ -200,7 +201,7 @@ func (s *Server) routeRefused(rt *guardedRoute, cfg *routes.Config, r *guard.Ref
 		s.shadowed(now, rt.layer, reason)
 		s.d.Events.Record(detect.Event{Time: now, UserID: who.id.UserID, IP: ip, Route: detect.RoutePrefix + rt.name,
 			Layer: rt.layer, Outcome: detect.OutcomeShadowRefused})
-		if ok, held := s.routeLog.allow(now, refusalLogInterval); ok {
+		if ok, held := s.routeLog.Allow(now, edge.RefusalLogInterval); ok {
 			s.log.Info("shadow mode: a refusal let through", "route", rt.name, "reason", reason, "unlogged_since_last", held)
 		}
 		return nil

@@ -1,8 +1,6 @@
 package api
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-
 	"breakwater/detect"
 	"breakwater/server/guard"
 	"breakwater/server/invites"
@@ -29,28 +27,16 @@ var inviteReasons = []string{reasonInvalid, reasonExpired, reasonUsedUp, reasonR
 
 // startAtZero creates every known label set of the counters at zero, so
 // that each series exists from start and an alert rule on it needs no
-// absent(); it also registers breakwater_alerts_raised_total.
+// absent() (breakwater_refusals_total's are the edge's: knownRefusals).
 func (m *Metrics) startAtZero() {
-	m.alertsRaised = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "breakwater_alerts_raised_total",
-		Help: "Immediate alerts raised, by kind: every event, before the alerter's min_interval decides which are mailed.",
-	}, []string{"kind"})
-	m.reg.MustRegister(m.alertsRaised)
 	for _, kind := range alertKinds {
 		m.alertsRaised.WithLabelValues(kind)
 	}
-	m.upstreamFailures = newUpstreamFailures()
-	m.reg.MustRegister(m.upstreamFailures)
 	for _, reason := range upstreamReasons {
 		m.upstreamFailures.WithLabelValues(reason)
 	}
 	for _, layer := range failOpenLayers {
 		m.failOpen.WithLabelValues(layer)
-	}
-	for layer, reasons := range knownRefusals {
-		for _, reason := range reasons {
-			m.refusals.WithLabelValues(layer, reason)
-		}
 	}
 	for _, kind := range []string{"prompt", "output", "thoughts"} {
 		m.tokens.WithLabelValues(kind)

@@ -13,6 +13,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/ocr"
+	"breakwater/server/edge"
 	"breakwater/server/guard"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
@@ -21,14 +22,8 @@ import (
 	"breakwater/server/routes"
 )
 
-// Timeouts of the HTTP servers made by HTTPServer; the idle timeout is
-// server.idle_timeout.
-const (
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 60 * time.Second  // a 10 MiB upload needs about 1.4 Mbit/s to fit
-	writeTimeout      = 180 * time.Second // the upload, ocr.timeout (at most 90 s) and the commit
-	recordTimeout     = 10 * time.Second  // most a paid read waits to be recorded
-)
+// recordTimeout is the most a paid read waits to be recorded.
+const recordTimeout = 10 * time.Second
 
 // Reader reads serial numbers off an image: ocr.Gemini or ocr.Simulated.
 type Reader interface {
@@ -73,7 +68,7 @@ type CommitCounter interface {
 }
 
 // Deps are the components a Server works with. All but JWT, Metrics,
-// Commits, InviteLimits, Alerts, AdminToken, Logger and Now are required.
+// Commits, InviteLimits, Alerts, Logger and Now are required.
 type Deps struct {
 	Keys *keys.Keyring
 	JWT  *jwtauth.Verifier // nil: JWT sign-in is off, every bearer token is an API key
@@ -102,16 +97,12 @@ type Deps struct {
 	// share a database; nil: one instance, whose keys in flight are held
 	// in its memory only.
 	Claims AnswerClaimer
-	// ServiceRefusals sums the refusals of every instance that shares the
-	// database, for /metrics and the dashboard beside this instance's;
-	// nil: one instance, whose own counts are the service's.
-	ServiceRefusals ServiceRefusalReader
 	// IdempotencyTTL and DedupeWindow are ocr.idempotency_ttl and
 	// ocr.dedupe_window (0: the window is off).
 	IdempotencyTTL, DedupeWindow time.Duration
-	Metrics                      *Metrics           // nil: a fresh set
+	Metrics                      *Metrics           // registered on the edge's registry by New; nil: a fresh set
 	Commits                      CommitCounter      // exported in /metrics; nil: not
-	Operator                     *operator.Operator // the admin API's commands and the dashboard's figures
+	Operator                     *operator.Operator // the operator's time zone and figures, for alerts
 	// InviteCodes looks invite codes up and redeems them (POST
 	// /v1/invites/verify).
 	InviteCodes invites.Redeemer
@@ -128,20 +119,17 @@ type Deps struct {
 	Alerts Alerter
 	// DetectCounters feed the detection and alert metrics; nil: zeros.
 	DetectCounters *detect.Counters
-	// AdminToken guards the admin API; empty disables it (every call 401).
-	AdminToken string
-	Logger     *slog.Logger
-	Now        func() time.Time
+	Logger         *slog.Logger
+	Now            func() time.Time
 }
 
-// Server holds the public and admin HTTP handlers.
+// Server is the public API's handler.
 type Server struct {
-	cfg          Config
+	edge         *edge.Edge  // the transport it shares with the admin API
+	cfg          edge.Config // the [server] section, its defaults applied
 	d            Deps
 	log          *slog.Logger
 	now          func() time.Time
-	reqIDs       *requestIDs
-	clients      *clientIP
 	failOpen     *failOpens
 	inviteLimits *invites.Limits
 	invitesOpen  *guard.FailOpen          // runs the invite limits' checks, failing open
@@ -154,38 +142,21 @@ type Server struct {
 	// recordCtx bounds a paid read's wait to be recorded.
 	recordCtx recordContexts
 
-	// The transport bounds (transport.go).
-	bodies    *bodyMemory
-	inFlight  *inFlight
-	conns     atomic.Int64     // connections held open by HTTPServer's listeners
-	wallClock func() time.Time // for connection deadlines, always real time
-
-	refusalsToday dailyRefusals
-	csrf          formToken    // the dashboard's brake form
-	refusalLog    logEvery     // rate-limits the log lines of invite refusals
-	rateRun       atomic.Int64 // upstream calls in a row refused for its rate limit (upstream.go)
-
-	// serviceRefusals are today's refusals of every instance (nil: one
-	// instance); serviceLog rate-limits the lines of their failed reads.
-	serviceRefusals *serviceRefusals
-	serviceLog      logEvery
+	refusalLog edge.LogEvery // rate-limits the log lines of invite refusals
+	rateRun    atomic.Int64  // upstream calls in a row refused for its rate limit (upstream.go)
 
 	// The app's guarded routes (routeguard.go).
 	guarded     map[string]*guardedRoute
 	floods      *guard.Deny   // their refusals and the invite limits', beside the OCR route's (nil: none)
 	allRoutes   *routes.Table // forward auth
 	proxyRoutes *routes.Table // the routes with an upstream
-	routeLog    logEvery
+	routeLog    edge.LogEvery
 	public      *echo.Echo
-	admin       *echo.Echo
 }
 
-// New builds the handlers. cfg is taken with its defaults applied.
-func New(cfg Config, d Deps) (*Server, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// New builds the public API on the transport e, whose metrics it adds
+// its series to.
+func New(e *edge.Edge, d Deps) (*Server, error) {
 	l := d.Layers
 	if d.Keys == nil || l.Rate == nil || l.Attempts == nil || l.Quotas == nil || l.Brake == nil || d.Budget == nil ||
 		d.Reader == nil || l.Usage == nil || d.Events == nil || d.Plans == nil || d.Operator == nil ||
@@ -202,6 +173,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics()
 	}
+	d.Metrics.register(e.Metrics())
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
@@ -214,23 +186,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.DetectCounters == nil {
 		d.DetectCounters = &detect.Counters{}
 	}
-	trusted, _ := ParsePrefixes(cfg.TrustedProxies) // checked by Validate
-	header, _ := clientIPHeader(cfg.ClientIPHeader)
 	s := &Server{
-		cfg:          cfg,
+		edge:         e,
+		cfg:          e.Config(),
 		d:            d,
 		log:          d.Logger.With("component", "server"),
 		now:          d.Now,
-		reqIDs:       newRequestIDs(),
-		clients:      &clientIP{trusted: trusted, header: header, log: d.Logger.With("component", "server")},
 		inviteLimits: d.InviteLimits,
 		calendar:     budget.NewCalendar(d.Operator.Location()),
-		bodies:       &bodyMemory{capacity: cfg.MaxBodyMemory},
-		inFlight:     &inFlight{max: cfg.MaxInFlightPerUser, n: map[string]int{}},
-		wallClock:    time.Now,
-		csrf:         newFormToken(d.AdminToken),
 	}
-	s.recordCtx.now = s.wallClock
+	s.recordCtx.now = time.Now // real time: the deadline is a timer's
 	s.failOpen = &failOpens{metrics: d.Metrics, log: s.log, now: d.Now, logged: map[string]time.Time{}, missed: map[string]int{},
 		alerts: d.Alerts, recent: map[string][]time.Time{}}
 	g, err := guard.New(d.Layers, guard.Hooks{Refused: s.refusedBy, FailedOpen: s.failOpen.note, Shadowed: s.shadowedBy})
@@ -247,12 +212,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.models.Store(&modelSet{primary: d.Model, primaryPrice: d.Price, fallback: d.FallbackModel, fallbackPrice: d.FallbackPrice})
 	d.Metrics.startModels(d.Model, d.FallbackModel)
-	var access *slog.Logger
-	if cfg.AccessLog {
-		access = d.Logger.With("component", "access")
-	}
-	s.public = s.newEcho(s.countRefusal, s.front(d.Metrics, access))
-	s.admin = s.newEcho(nil, s.front(nil, nil))
+	s.public = e.NewEcho(true)
 	d.Metrics.observeBudget(func() budget.Status { return d.Budget.Status(d.Now()) })
 	if r, ok := d.Events.(interface{ Dropped() uint64 }); ok {
 		d.Metrics.observeDrops(r.Dropped)
@@ -265,8 +225,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 			func() uint64 { return deny.Answered() + s.floods.Answered() })
 	}
 	d.Metrics.observeDetect(d.DetectCounters)
-	s.observeService(d.ServiceRefusals)
-	d.Metrics.observeTransport(func() int64 { used, _ := s.bodies.inUse(); return used }, s.conns.Load)
 	s.routes()
 	return s, nil
 }
@@ -291,18 +249,3 @@ func (s *Server) SetPrice(p ocr.Price) {
 
 // Handler is the public API.
 func (s *Server) Handler() http.Handler { return s.public }
-
-// AdminHandler is the admin API; serve it on a loopback address only.
-func (s *Server) AdminHandler() http.Handler { return s.admin }
-
-// newEcho is an Echo with the transport's error handler, which tells
-// answered of every problem it answers (nil: nobody), and front as its one
-// global middleware.
-func (s *Server) newEcho(answered func(*Problem), front echo.MiddlewareFunc) *echo.Echo {
-	e := echo.New()
-	e.HideBanner, e.HidePort = true, true
-	e.IPExtractor = s.clients.extract
-	e.HTTPErrorHandler = errorHandler(s.log, answered)
-	e.Use(front)
-	return e
-}

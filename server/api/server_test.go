@@ -32,6 +32,8 @@ import (
 	"breakwater/detect"
 	"breakwater/limiter"
 	"breakwater/ocr"
+	"breakwater/server/admin"
+	"breakwater/server/edge"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/server/invites"
@@ -145,7 +147,9 @@ type env struct {
 	inviteKey    *invites.Key
 	inviteLimits *invites.Limits
 	plans        *keys.Plans
+	edge         *edge.Edge
 	srv          *Server
+	adm          *admin.Server
 	events       *detect.Recorder
 	http         *httptest.Server
 	admin        *httptest.Server
@@ -159,7 +163,7 @@ type envOptions struct {
 	quota      int64               // alice's monthly quota; default 100
 	timeout    time.Duration       // ocr.timeout; default 5s
 	usage      guard.UsageRecorder // default the database
-	cfg        func(*Config)       // server config changes
+	cfg        func(*edge.Config)  // server config changes
 	gemini     *fakeGemini         // reuse one across restarts
 	dir        string              // reuse a database across restarts
 	adminToken string              // default "admin-secret"
@@ -182,7 +186,7 @@ type envOptions struct {
 	planModel  map[string]string   // plans' model keys ("free" included)
 
 	// service is the service's refusals (several instances); nil: none.
-	service ServiceRefusalReader
+	service admin.ServiceRefusalReader
 	// deny is the OCR route's deny cache; nil: none.
 	deny *guard.Deny
 	// redeemer wraps the invite lookups (the database); nil: none.
@@ -267,7 +271,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if o.usage != nil {
 		usage = o.usage
 	}
-	cfg := Config{}
+	cfg := edge.Config{}
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}
@@ -290,25 +294,43 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if o.answers {
 		answers, ttl = db, 24*time.Hour
 	}
-	srv, err := New(cfg, Deps{
-		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims, ServiceRefusals: o.service,
+	ed, err := edge.New(cfg, edge.Options{Logger: log, Now: o.clock, Location: e.loc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock})
+	srv, err := New(ed, Deps{
+		Answers: answers, IdempotencyTTL: ttl, DedupeWindow: o.dedupe, Claims: o.claims,
 		Keys: e.keys, JWT: e.verifier, Budget: e.brake, Plans: e.plans, Reader: reader, Events: e.events, Price: ocfg.Price,
 		Model: ocfg.Model, FallbackModel: o.fallback, FallbackPrice: fallbackPrice,
 		Layers:      guard.Layers{Rate: cmp.Or[guard.RateLimiter](o.rate, e.windows), Attempts: e.attempts, Quotas: e.quotas, Brake: e.brake, Usage: usage, Deny: o.deny},
-		Operator:    operator.New(e.keys, e.invites, operator.Layers{Attempts: layers.Attempts, Quotas: layers.Quotas, Brake: layers.Brake}, db, e.plans.All, e.loc, operator.Options{Now: o.clock}),
+		Operator:    op,
 		InviteCodes: codes, InviteKey: e.inviteKey, InviteLimits: e.inviteLimits, Alerts: o.alerts, DetectCounters: o.counters,
-		Metrics: e.metrics, Commits: db, AdminToken: o.adminToken, Logger: log, Now: o.clock,
+		Metrics: e.metrics, Commits: db, Logger: log, Now: o.clock,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = srv
+	e.edge, e.srv = ed, srv
 	e.http = httptest.NewServer(srv.Handler())
 	t.Cleanup(e.http.Close)
-	e.admin = httptest.NewServer(srv.AdminHandler())
-	t.Cleanup(e.admin.Close)
+	e.openAdmin(o, op, log)
 	e.key = e.newKey("alice", "")
 	return e
+}
+
+// openAdmin gives e the admin API beside its public API, on the same
+// transport and operator, served on loopback.
+func (e *env) openAdmin(o envOptions, op *operator.Operator, log *slog.Logger) {
+	e.t.Helper()
+	recent, _ := o.alerts.(admin.RecentAlerts)
+	adm, err := admin.New(e.edge, admin.Deps{Operator: op, Alerts: recent, ServiceRefusals: o.service, AdminToken: o.adminToken, Logger: log, Now: o.clock})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.adm = adm
+	e.admin = httptest.NewServer(adm.Handler())
+	e.t.Cleanup(e.admin.Close)
 }
 
 // openInvites gives e its invite key, codes and limits, on e's database.
@@ -436,7 +458,7 @@ func decodeOK(t testing.TB, resp *http.Response, data []byte) okBody {
 	return b
 }
 
-func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, code string) Problem {
+func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, code string) edge.Problem {
 	t.Helper()
 	if resp.StatusCode != status {
 		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, data)
@@ -444,7 +466,7 @@ func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, c
 	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
 		t.Errorf("Content-Type %q, want application/problem+json", ct)
 	}
-	var p Problem
+	var p edge.Problem
 	if err := json.Unmarshal(data, &p); err != nil {
 		t.Fatalf("decode %s: %v", data, err)
 	}
@@ -571,7 +593,7 @@ func TestUnauthorizedBodiesIdentical(t *testing.T) {
 }
 
 func TestInputRefusedWithoutUpstreamCall(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxImageBytes = 4096; c.MaxImagePixels = 10_000 }})
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.MaxImageBytes = 4096; c.MaxImagePixels = 10_000 }})
 	small := pngBytes(t, 20, 20)
 	// A PNG header that claims 100000×100000 pixels with nothing behind it.
 	huge := pngBytes(t, 1, 1)
@@ -643,7 +665,7 @@ func TestThinImageRefusedBeforeTheBudget(t *testing.T) {
 // reads only after its write has ended may see the write reset instead of
 // the answer (Go's client did, about once in 150 runs).
 func TestBodyLimitWithoutContentLength(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxImageBytes = 4096 }})
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.MaxImageBytes = 4096 }})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.http.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -681,7 +703,7 @@ func TestBodyLimitWithoutContentLength(t *testing.T) {
 }
 
 func TestQuotaRaceOneSlotLeft(t *testing.T) {
-	e := newEnv(t, envOptions{quota: 3, cfg: func(c *Config) { c.MaxInFlightPerUser = 20 }}) // all 20 race for the slot
+	e := newEnv(t, envOptions{quota: 3, cfg: func(c *edge.Config) { c.MaxInFlightPerUser = 20 }}) // all 20 race for the slot
 	img := pngBytes(t, 16, 16)
 	for range 2 {
 		resp, data := e.post(e.key, "image/png", img)
@@ -1101,7 +1123,7 @@ func (e *env) writeBehind(store state.StateStore) *state.WriteBehind {
 	snapshots := append([]state.Snapshot{
 		state.Windows(state.StateUserWindows, guard.LayerRate, e.windows),
 		state.Attempts(guard.LayerAttempts, e.attempts),
-		state.Refusals(RefusalCountsLayer, e.srv.DirtyRefusals),
+		state.Refusals(RefusalCountsLayer, e.edge.DirtyRefusals),
 	}, e.inviteLimits.Snapshots()...)
 	wb, err := state.NewWriteBehind(store, snapshots, state.Options{FailedOpen: e.srv.FailedOpen, Now: e.srv.now})
 	if err != nil {

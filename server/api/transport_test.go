@@ -12,23 +12,24 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"breakwater/server/edge"
 )
 
 // realServer serves e's public handler the way `serve` does: through
 // Server.HTTPServer, with its timeouts, header cap and connection cap.
-func realServer(t *testing.T, e *env) (addr string, lim *connLimiter) {
+func realServer(t *testing.T, e *env) (addr string, lim net.Listener) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs, wrapped := e.srv.HTTPServer(ln, e.srv.Handler())
+	hs, wrapped := e.edge.HTTPServer(ln, e.srv.Handler())
 	go hs.Serve(wrapped)
 	t.Cleanup(func() { hs.Close() })
-	return ln.Addr().String(), wrapped.(*connLimiter)
+	return ln.Addr().String(), wrapped
 }
 
 // upload is one raw POST /v1/ocr on its own connection, written by hand
@@ -89,7 +90,7 @@ func startUpload(t *testing.T, addr, key string, length int64, body []byte, send
 			return
 		}
 		defer resp.Body.Close()
-		var p Problem
+		var p edge.Problem
 		_ = json.NewDecoder(resp.Body).Decode(&p)
 		u.resp <- result{status: resp.StatusCode, code: p.Code, retryAfter: resp.Header.Get("Retry-After"), closed: resp.Close}
 	}()
@@ -169,9 +170,9 @@ func heapWatch() (stop func() uint64) {
 // they stall for upload_grace. The heap never holds the 600 MiB the
 // uploads declare.
 func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: func(c *Config) { c.UploadGrace = 2 * time.Second }})
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.UploadGrace = 2 * time.Second }})
 	addr, _ := realServer(t, e)
-	const n, size, slots = 60, 10 << 20, DefaultMaxInFlightPerUser
+	const n, size, slots = 60, 10 << 20, edge.DefaultMaxInFlightPerUser
 	body := randomBytes(size) // shared by every sender: the only client-side copy
 
 	runtime.GC()
@@ -184,7 +185,7 @@ func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
 	for i := range uploads {
 		uploads[i] = startUpload(t, addr, e.key, size, body, size-1024)
 		if i == slots-1 {
-			waitFor(t, "four uploads in progress", func() bool { used, _ := e.srv.bodies.inUse(); return used == slots*size })
+			waitFor(t, "four uploads in progress", func() bool { used, _ := e.edge.BodyMemory(); return used == slots*size })
 		}
 	}
 	counts := map[string]int{}
@@ -196,7 +197,7 @@ func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
 		}
 		if i == n-slots-1 {
 			// Every refusal is in while the four still stall.
-			if used, _ := e.srv.bodies.inUse(); used != slots*size {
+			if used, _ := e.edge.BodyMemory(); used != slots*size {
 				t.Errorf("body memory %d while four 10 MiB uploads stall, want %d", used, slots*size)
 			}
 		}
@@ -209,7 +210,7 @@ func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
 	if got, want := counts["408 upload_too_slow"], slots; got != want {
 		t.Errorf("%d answers 408 upload_too_slow, want %d (all: %v)", got, want, counts)
 	}
-	used, peak := e.srv.bodies.inUse()
+	used, peak := e.edge.BodyMemory()
 	if used != 0 {
 		t.Errorf("%d bytes of body memory still held after every request ended", used)
 	}
@@ -240,7 +241,7 @@ func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
 // does.
 func TestBodyMemoryFullRefusesAtOnce(t *testing.T) {
 	const mib = 1 << 20
-	e := newEnv(t, envOptions{cfg: func(c *Config) {
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) {
 		c.MaxImageBytes, c.MaxBodyMemory, c.UploadGrace = mib, 2*mib+mib/2, 2*time.Second
 	}})
 	addr, _ := realServer(t, e)
@@ -248,7 +249,7 @@ func TestBodyMemoryFullRefusesAtOnce(t *testing.T) {
 	var stalled []*upload
 	for i, user := range []string{"bob", "carol"} {
 		stalled = append(stalled, startUpload(t, addr, e.newKey(user, ""), mib, body, mib/2))
-		waitFor(t, "the upload's memory to be taken", func() bool { used, _ := e.srv.bodies.inUse(); return used == int64(i+1)*mib })
+		waitFor(t, "the upload's memory to be taken", func() bool { used, _ := e.edge.BodyMemory(); return used == int64(i+1)*mib })
 	}
 
 	u := startUpload(t, addr, e.newKey("dave", ""), mib, body, mib/2)
@@ -266,7 +267,7 @@ func TestBodyMemoryFullRefusesAtOnce(t *testing.T) {
 	if r := u.answer(t); r.status != http.StatusServiceUnavailable || r.code != "server_busy" {
 		t.Errorf("large chunked upload: %+v, want 503 server_busy", r)
 	}
-	if _, peak := e.srv.bodies.inUse(); peak > e.srv.cfg.MaxBodyMemory {
+	if _, peak := e.edge.BodyMemory(); peak > e.srv.cfg.MaxBodyMemory {
 		t.Errorf("body memory peaked at %d, over max_body_memory %d", peak, e.srv.cfg.MaxBodyMemory)
 	}
 	for _, u := range stalled {
@@ -274,7 +275,7 @@ func TestBodyMemoryFullRefusesAtOnce(t *testing.T) {
 			t.Errorf("stalled upload: %+v, want 408 upload_too_slow", r)
 		}
 	}
-	if used, _ := e.srv.bodies.inUse(); used != 0 {
+	if used, _ := e.edge.BodyMemory(); used != 0 {
 		t.Errorf("%d bytes still held", used)
 	}
 	if got := metric(t, e, `breakwater_refusals_total{layer="transport",reason="server_busy"}`); got != "2" {
@@ -287,7 +288,7 @@ func TestBodyMemoryFullRefusesAtOnce(t *testing.T) {
 // without min_upload_bytes_per_second × upload_grace bytes, whether its
 // length is declared or not; one that keeps the pace goes through.
 func TestSlowUploadIsCutOff(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: func(c *Config) {
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) {
 		c.MinUploadBytesPerSecond, c.UploadGrace = 1000, 200*time.Millisecond // 200 bytes per 200 ms
 	}})
 	addr, _ := realServer(t, e)
@@ -360,13 +361,13 @@ func TestManyMultipartPartsRefused(t *testing.T) {
 
 	t.Run("read no further than the cap", func(t *testing.T) {
 		cb := &countingBytes{r: bytes.NewReader(body)}
-		mem := &lease{mem: &bodyMemory{capacity: 1 << 30}, inFlight: &inFlight{n: map[string]int{}}}
-		_, _, err := readMultipartImage(cb, "B", 10<<20, int64(len(body)), DefaultMaxMultipartParts, mem)
+		mem := edge.NewLease(1 << 30)
+		_, _, err := readMultipartImage(cb, "B", 10<<20, int64(len(body)), edge.DefaultMaxMultipartParts, mem)
 		if !errors.Is(err, errTooManyParts) {
 			t.Fatalf("err %v, want too_many_parts", err)
 		}
 		// multipart.Reader reads ahead through a 4 KiB buffer.
-		if limit := (DefaultMaxMultipartParts+1)*partSize + 4096; cb.n > limit {
+		if limit := (edge.DefaultMaxMultipartParts+1)*partSize + 4096; cb.n > limit {
 			t.Errorf("read %d bytes of the form, want at most %d (the cap's parts and a buffer)", cb.n, limit)
 		}
 	})
@@ -382,7 +383,7 @@ func TestManyMultipartPartsRefused(t *testing.T) {
 			t.Errorf("too_many_parts refusals counted %s, want 1", got)
 		}
 		// Within the cap (the image the last part) the form is read.
-		body, ct := manyParts(DefaultMaxMultipartParts-1, img)
+		body, ct := manyParts(edge.DefaultMaxMultipartParts-1, img)
 		resp, data = e.post(e.key, ct, body)
 		decodeOK(t, resp, data)
 		if e.gemini.calls.Load() != 1 {
@@ -391,65 +392,10 @@ func TestManyMultipartPartsRefused(t *testing.T) {
 	})
 }
 
-// TestTransportConfig: every new key takes its documented default when
-// left out, and a negative one is refused by name.
-func TestTransportConfig(t *testing.T) {
-	d := Config{}.WithDefaults()
-	for _, tt := range []struct {
-		key       string
-		got, want int64
-	}{
-		{"max_body_memory", d.MaxBodyMemory, 128 << 20},
-		{"max_in_flight_per_user", int64(d.MaxInFlightPerUser), 4},
-		{"min_upload_bytes_per_second", d.MinUploadBytesPerSecond, 32 << 10},
-		{"upload_grace", int64(d.UploadGrace), int64(5 * time.Second)},
-		{"max_multipart_parts", int64(d.MaxMultipartParts), 16},
-		{"max_header_bytes", int64(d.MaxHeaderBytes), 32 << 10},
-		{"max_header_lines", int64(d.MaxHeaderLines), 100},
-		{"max_header_memory", d.MaxHeaderMemory, 4 << 20},
-		{"max_connections", int64(d.MaxConnections), 1024},
-		{"idle_timeout", int64(d.IdleTimeout), int64(30 * time.Second)},
-	} {
-		if tt.got != tt.want {
-			t.Errorf("default %s = %d, want %d", tt.key, tt.got, tt.want)
-		}
-	}
-	for _, tt := range []struct {
-		name string
-		cfg  Config
-		want string
-	}{
-		{"negative memory", Config{MaxBodyMemory: -1}, "server.max_body_memory: must not be negative"},
-		{"negative in-flight", Config{MaxInFlightPerUser: -1}, "server.max_in_flight_per_user: must not be negative"},
-		{"negative rate", Config{MinUploadBytesPerSecond: -1}, "server.min_upload_bytes_per_second: must not be negative"},
-		{"negative grace", Config{UploadGrace: -time.Second}, "server.upload_grace: must not be negative"},
-		{"negative parts", Config{MaxMultipartParts: -1}, "server.max_multipart_parts: must not be negative"},
-		{"negative headers", Config{MaxHeaderBytes: -1}, "server.max_header_bytes: must not be negative"},
-		{"negative header lines", Config{MaxHeaderLines: -1}, "server.max_header_lines: must not be negative"},
-		{"negative header memory", Config{MaxHeaderMemory: -1}, "server.max_header_memory: must not be negative"},
-		{"header memory below one block", Config{MaxHeaderMemory: 1 << 10}, "server.max_header_memory: 1024 is less than server.max_header_bytes"},
-		{"negative connections", Config{MaxConnections: -1}, "server.max_connections: must not be negative"},
-		{"negative idle", Config{IdleTimeout: -time.Second}, "server.idle_timeout: must not be negative"},
-		{"memory below one image", Config{MaxBodyMemory: 1 << 20}, "server.max_body_memory: 1048576 is less than server.max_image_bytes"},
-		{"headers below a JWT", Config{MaxHeaderBytes: 4096}, "server.max_header_bytes: must be at least 8192"},
-		{"defaults", Config{}, ""},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			err := tt.cfg.WithDefaults().Validate()
-			switch {
-			case tt.want == "" && err != nil:
-				t.Errorf("Validate: %v, want nil", err)
-			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Errorf("Validate: %v, want %q", err, tt.want)
-			}
-		})
-	}
-}
-
 // TestInFlightSlotGivenBackOnEveryPath: refused, failed and successful
 // requests all give their in-flight slot and memory back.
 func TestInFlightSlotGivenBackOnEveryPath(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxInFlightPerUser = 1 }})
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.MaxInFlightPerUser = 1 }})
 	for _, tt := range []struct {
 		name, ct string
 		body     []byte
@@ -466,10 +412,10 @@ func TestInFlightSlotGivenBackOnEveryPath(t *testing.T) {
 			t.Errorf("%s: status %d, want %d: %s", tt.name, resp.StatusCode, tt.status, data)
 		}
 	}
-	if used, _ := e.srv.bodies.inUse(); used != 0 {
+	if used, _ := e.edge.BodyMemory(); used != 0 {
 		t.Errorf("%d bytes still held", used)
 	}
-	if n := len(e.srv.inFlight.n); n != 0 {
-		t.Errorf("in-flight counts left: %v", e.srv.inFlight.n)
+	if n := e.edge.UsersInFlight(); n != 0 {
+		t.Errorf("in-flight counts left for %d users", n)
 	}
 }

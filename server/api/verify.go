@@ -13,6 +13,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/limiter"
+	"breakwater/server/edge"
 	"breakwater/server/invites"
 )
 
@@ -46,13 +47,13 @@ func decodeVerifyRequest(r io.Reader) (verifyRequest, error) {
 	var req verifyRequest
 	dec := json.NewDecoder(r)
 	if err := dec.Decode(&req); err != nil {
-		if isTooLarge(err) {
+		if edge.IsTooLarge(err) {
 			return req, errVerifyTooLarge
 		}
 		return req, errVerifyBody
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		if isTooLarge(err) {
+		if edge.IsTooLarge(err) {
 			return req, errVerifyTooLarge
 		}
 		return req, errVerifyBody
@@ -85,7 +86,7 @@ func (s *Server) handleVerifyInvite(c echo.Context) error {
 		!s.inviteShadowed(start, ip, "", r.Reason) {
 		s.recordInviteLayer(start, ip, "", detect.OutcomeLayerRefused)
 		s.d.Metrics.inviteRefusals.WithLabelValues(r.Reason).Inc()
-		return errInviteRateLimited.withRetryAfter(ceilSeconds(r.RetryAfter))
+		return errInviteRateLimited.WithRetryAfter(ceilSeconds(r.RetryAfter))
 	}
 
 	req, err := decodeVerifyRequest(c.Request().Body)
@@ -179,12 +180,12 @@ func (s *Server) endAttempt(start time.Time, attempt *limiter.Attempt, limited b
 
 // inviteRefusal counts and records the precise reason, logs it, and
 // answers with the one face. The log gets at most one line per
-// refusalLogInterval, which says how many it held back; the metric and
+// edge.RefusalLogInterval, which says how many it held back; the metric and
 // the statistics count every refusal.
 func (s *Server) inviteRefusal(c echo.Context, start time.Time, reason, email string) error {
 	s.d.Metrics.inviteRefusals.WithLabelValues(reason).Inc()
 	s.recordVerify(c, start, email, reason, errInviteRefused.Status)
-	if ok, held := s.refusalLog.allow(start, refusalLogInterval); ok {
+	if ok, held := s.refusalLog.Allow(start, edge.RefusalLogInterval); ok {
 		s.log.Info("invite refused", "reason", reason, "ip", c.RealIP(), "email", email, "request_id", requestID(c), "held_back", held)
 	}
 	return errInviteRefused

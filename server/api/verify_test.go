@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"breakwater/detect"
+	"breakwater/server/edge"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
 	"breakwater/storage"
@@ -35,9 +36,9 @@ func loose(c invites.Config) invites.Config {
 
 // trustLoopback makes 127.0.0.1 a trusted proxy that names the client in
 // X-Real-IP, so that tests can play many clients.
-func trustLoopback(c *Config) {
+func trustLoopback(c *edge.Config) {
 	c.TrustedProxies = []string{"127.0.0.1"}
-	c.ClientIPHeader = headerRealIP
+	c.ClientIPHeader = edge.HeaderRealIP
 }
 
 // verify posts {"code","email"} with extra headers ("X-Real-IP": ...).
@@ -396,7 +397,7 @@ func TestVerifyForgedHeadersFromUntrustedPeer(t *testing.T) {
 // client's own writing; rotating it changes nothing, while two real
 // clients behind the proxy are kept apart.
 func TestVerifyBehindTrustedProxy(t *testing.T) {
-	xff := func(c *Config) { c.TrustedProxies = []string{"127.0.0.1"}; c.ClientIPHeader = "x-forwarded-for" }
+	xff := func(c *edge.Config) { c.TrustedProxies = []string{"127.0.0.1"}; c.ClientIPHeader = "x-forwarded-for" }
 	e := newEnv(t, envOptions{cfg: xff, invites: loose(invites.Config{FailLimit: 3})})
 	code, _ := e.newInvite(2, 0)
 	var r refusedBody
@@ -548,11 +549,11 @@ func TestVerifyRotatingTheUntrustedHeader(t *testing.T) {
 		header        string // client_ip_header
 		rotated, real string // the header the client rotates, the proxy's own
 	}{
-		{"Caddy", headerXFF, "X-Real-IP", "X-Forwarded-For"},
-		{"nginx with X-Real-IP only", headerRealIP, "X-Forwarded-For", "X-Real-IP"},
+		{"Caddy", edge.HeaderXFF, "X-Real-IP", "X-Forwarded-For"},
+		{"nginx with X-Real-IP only", edge.HeaderRealIP, "X-Forwarded-For", "X-Real-IP"},
 	} {
 		t.Run(p.name, func(t *testing.T) {
-			proxy := func(c *Config) { c.TrustedProxies, c.ClientIPHeader = []string{"127.0.0.1"}, p.header }
+			proxy := func(c *edge.Config) { c.TrustedProxies, c.ClientIPHeader = []string{"127.0.0.1"}, p.header }
 			e := newEnv(t, envOptions{cfg: proxy, invites: loose(invites.Config{})})
 			var r refusedBody
 			for i := range 30 {

@@ -22,7 +22,9 @@ import (
 	"breakwater/budget/reconcile/bigquery"
 	"breakwater/detect"
 	"breakwater/ocr"
+	"breakwater/server/admin"
 	"breakwater/server/api"
+	"breakwater/server/edge"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/server/invites"
@@ -105,7 +107,9 @@ type App struct {
 	detect       *detect.Runner
 	mail         detect.Sender // the mailer, nil (not a nil *Mailer) without [alerts]
 	operator     *operator.Operator
-	srv          *api.Server
+	edge         *edge.Edge    // the transport both listeners share
+	srv          *api.Server   // the public API
+	admin        *admin.Server // the admin API and the dashboard
 	// deny remembers the OCR route's exact refusals (guard.Deny); every
 	// operator's change and every reload clears it.
 	deny *guard.Deny
@@ -185,21 +189,19 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	a.shareLimits(guarded)
 	a.setCooldowns(guarded)
-	var claims api.AnswerClaimer // keys in flight across instances: only a shared database has other instances
-	var service api.ServiceRefusalReader
-	if pg, ok := db.(*postgres.DB); ok {
-		claims, service = pg, pg
-	}
 	ocfg := cfg.OCR.WithDefaults()
 	fallbackPrice, _ := ocfg.PriceOf(ocfg.FallbackModel) // Validate has checked it is known
-	a.srv, err = api.New(cfg.Server, api.Deps{
+	if err := a.openEdge(cfg, loc, alerter, adminToken); err != nil {
+		return nil, err
+	}
+	a.srv, err = api.New(a.edge, api.Deps{
 		Keys: a.keys, JWT: verifier, Budget: a.layers.Brake, Plans: a.plans, Reader: reader, Events: events, Price: cfg.OCR.Price,
 		Model: ocfg.Model, FallbackModel: ocfg.FallbackModel, FallbackPrice: fallbackPrice,
 		Layers:  guard.Layers{Rate: a.layers.Windows, Attempts: a.layers.Attempts, Quotas: a.layers.Quotas, Brake: a.layers.Brake, Usage: a.usage, Deny: a.deny},
-		Answers: db, Claims: claims, ServiceRefusals: service, Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
+		Answers: db, Claims: answerClaimer(db), Commits: a.commits, IdempotencyTTL: cfg.OCR.IdempotencyTTL, DedupeWindow: cfg.OCR.DedupeWindow,
 		InviteCodes: db, InviteKey: a.inviteKey, InviteLimits: a.inviteLimits, Routes: guarded,
 		Operator: a.operator, Alerts: alerter, DetectCounters: counters,
-		AdminToken: adminToken, Logger: log, Now: opts.Now,
+		Logger: log, Now: opts.Now,
 	})
 	if err != nil {
 		return nil, err
@@ -226,10 +228,34 @@ func Open(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		} else {
 			log.Warn("BREAKWATER_ADMIN_TOKEN is not set: the admin API is off, so the operator commands work only while the server is stopped")
 		}
-	} else if a.adminAddr, err = a.listen("admin", cfg.Server.AdminListen, a.srv.AdminHandler()); err != nil {
+	} else if a.adminAddr, err = a.listen("admin", cfg.Server.AdminListen, a.admin.Handler()); err != nil {
 		return nil, err
 	}
 	return a, nil
+}
+
+// answerClaimer holds idempotency keys in flight across instances: only
+// a shared database has other instances (nil on bolt).
+func answerClaimer(db Backend) api.AnswerClaimer {
+	if pg, ok := db.(*postgres.DB); ok {
+		return pg
+	}
+	return nil
+}
+
+// openEdge builds the transport both listeners share and, on it, the
+// admin API and the dashboard; the public API is built on it next.
+func (a *App) openEdge(cfg Config, loc *time.Location, alerter *detect.Alerter, adminToken string) (err error) {
+	if a.edge, err = edge.New(cfg.Server, edge.Options{Logger: a.log, Now: a.opts.Now, Location: loc}); err != nil {
+		return err
+	}
+	var service admin.ServiceRefusalReader // every instance's refusals: only a shared database has other instances
+	if pg, ok := a.db.(*postgres.DB); ok {
+		service = pg
+	}
+	a.admin, err = admin.New(a.edge, admin.Deps{Operator: a.operator, Alerts: alerter, ServiceRefusals: service,
+		AdminToken: adminToken, Logger: a.log, Now: a.opts.Now})
+	return err
 }
 
 // logStart says what the service runs with, so that an override from
@@ -409,13 +435,13 @@ func (a *App) startWriteBehind(guarded []api.Route) error {
 		// instances would write theirs over each other under one key:
 		// there an instance counts its own from its start, and the
 		// service's refusals of the day are read from the events.
-		snapshots = append(snapshots, state.Refusals(api.RefusalCountsLayer, a.srv.DirtyRefusals))
+		snapshots = append(snapshots, state.Refusals(api.RefusalCountsLayer, a.edge.DirtyRefusals))
 		loc, _ := a.cfg.Budget.Location() // checked by Load
 		today := budget.DayKey(a.opts.Now(), loc)
 		if counts, err := a.db.LoadState(state.RefusalsState(today)); err != nil {
 			a.log.Warn("refusal counts of today not loaded: the dashboard counts them from zero", "err", err)
 		} else {
-			a.srv.LoadRefusals(today, counts)
+			a.edge.LoadRefusals(today, counts)
 		}
 	}
 	snapshots = append(snapshots, routeSnapshots(guarded, a.limits != nil)...)
@@ -538,7 +564,7 @@ func (a *App) listen(name, addr string, h http.Handler) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s listener: %w", name, err)
 	}
-	hs, ln := a.srv.HTTPServer(ln, h)
+	hs, ln := a.edge.HTTPServer(ln, h)
 	a.servers = append(a.servers, hs)
 	go func() {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

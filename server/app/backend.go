@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"breakwater/detect"
+	"breakwater/server/admin"
 	"breakwater/server/api"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
@@ -54,5 +55,5 @@ var (
 	_ api.CommitCounter   = (*postgres.Money)(nil)
 	_ api.AnswerClaimer   = (*postgres.DB)(nil) // keys in flight across instances
 	// the service's refusals, beside the instance's
-	_ api.ServiceRefusalReader = (*postgres.DB)(nil)
+	_ admin.ServiceRefusalReader = (*postgres.DB)(nil)
 )

@@ -27,6 +27,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server/api"
+	"breakwater/server/edge"
 	"breakwater/server/invites"
 	"breakwater/server/jwtauth"
 	"breakwater/server/routes"
@@ -39,7 +40,7 @@ const envPrefix = "BREAKWATER_"
 // Config is config.toml. Each package owns its section's struct, defaults
 // and validation.
 type Config struct {
-	Server  api.Config             `koanf:"server"`
+	Server  edge.Config            `koanf:"server"`
 	Storage storage.Config         `koanf:"storage"`
 	OCR     ocr.Config             `koanf:"ocr"`
 	Budget  budget.Config          `koanf:"budget"`
@@ -268,7 +269,7 @@ func (c *Config) relax(warnings *[]string) error {
 		if _, _, aerr := net.SplitHostPort(admin); aerr != nil {
 			return fmt.Errorf("server.admin_listen: %q is not host:port", admin)
 		}
-		c.Server = api.Config{AdminListen: admin}.WithDefaults()
+		c.Server = edge.Config{AdminListen: admin}.WithDefaults()
 		fallback(err, "[server] takes its defaults, but for admin_listen")
 	}
 	if err := c.Storage.Validate(); err != nil {

@@ -127,7 +127,7 @@ func TestDenyCountsAsTheFirstRefusal(t *testing.T) {
 	if n := a.deny.Len(); n != 1 {
 		t.Fatalf("%d refusals remembered, want 1", n)
 	}
-	_, counts := a.srv.DirtyRefusals()
+	_, counts := a.edge.DirtyRefusals()
 	if v := counts["attempts daily_line"]; len(v) != 8 || encbinary.BigEndian.Uint64(v) != refusals {
 		t.Errorf("today's count of attempts/daily_line %x, want %d", v, refusals)
 	}

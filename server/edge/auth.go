@@ -1,9 +1,9 @@
-package api
+package edge
 
 import "strings"
 
-// bearer extracts the token from an Authorization header value.
-func bearer(h string) (string, bool) {
+// Bearer extracts the token from an Authorization header value.
+func Bearer(h string) (string, bool) {
 	const scheme = "bearer "
 	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
 		return "", false

@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"errors"
@@ -50,7 +50,10 @@ func TestServiceRefusalsBesideTheInstances(t *testing.T) {
 	svc := &fakeServiceRefusals{rows: []detect.LayerRefusals{
 		{Layer: "budget", Count: 1}, {Layer: "rate", Count: 12}, {Layer: "rate", Shadow: true, Count: 2},
 	}}
-	e := newEnv(t, envOptions{clock: clock, service: svc})
+	var logs syncBuffer
+	e := newTestAdmin(t, adminOptions{clock: clock, service: svc, logTo: &logs})
+	// The public API starts the instance's own series at zero.
+	e.edge.Metrics().StartRefusals(map[string][]string{"rate": {"rate"}})
 
 	m := scrape(t, e)
 	for _, want := range []string{
@@ -88,14 +91,14 @@ func TestServiceRefusalsBesideTheInstances(t *testing.T) {
 	if !strings.Contains(string(page), `id="service-refusals-error"`) {
 		t.Errorf("the dashboard does not say the service's refusals are missing:\n%s", page)
 	}
-	if logs := e.logs.String(); strings.Count(logs, "the service's refusals not read") != 1 {
+	if logs := logs.String(); strings.Count(logs, "the service's refusals not read") != 1 {
 		t.Errorf("want one log line of the failed read:\n%s", logs)
 	}
 }
 
 // One instance (bolt): no service series, no service table.
 func TestNoServiceRefusalsOnOneInstance(t *testing.T) {
-	e := newEnv(t, envOptions{})
+	e := newTestAdmin(t, adminOptions{})
 	if m := scrape(t, e); strings.Contains(m, "breakwater_service_") {
 		t.Error("/metrics of one instance has service series")
 	}
@@ -103,4 +106,22 @@ func TestNoServiceRefusalsOnOneInstance(t *testing.T) {
 	if strings.Contains(string(page), `id="service-refusals"`) {
 		t.Error("the dashboard of one instance has the service's table")
 	}
+}
+
+// syncBuffer is a log buffer concurrent writes share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"breakwater/server/edge"
 	"breakwater/server/invites"
 	"breakwater/server/keys"
 	"breakwater/server/operator"
@@ -30,7 +31,7 @@ import (
 func (s *Server) adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 	want := sha256.Sum256([]byte(s.d.AdminToken))
 	return func(c echo.Context) error {
-		token, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization))
+		token, ok := edge.Bearer(c.Request().Header.Get(echo.HeaderAuthorization))
 		if !ok {
 			_, token, ok = c.Request().BasicAuth()
 		}
@@ -162,7 +163,7 @@ func (s *Server) handleUpdateUser(c echo.Context) error {
 		return err
 	}
 	if req.Banned == nil && req.Plan == "" {
-		return badRequest(hint)
+		return edge.BadRequest(hint)
 	}
 	ctx, user := c.Request().Context(), pathParam(c, "id")
 	var info operator.UserInfo
@@ -196,7 +197,7 @@ func (s *Server) handleUsage(c echo.Context) error {
 
 // errBadRange refuses a statistics range that is not two RFC 3339 times
 // in order.
-var errBadRange = badRequest("Send from and to as RFC 3339 times, from before to.")
+var errBadRange = edge.BadRequest("Send from and to as RFC 3339 times, from before to.")
 
 // handleRecorded streams the statistics events and findings of [from,
 // to) (RFC 3339 times), for replay and thresholds while serving, in the
@@ -244,7 +245,7 @@ func (s *Server) handleRecorded(c echo.Context) error {
 var errWrite = errors.New("server: write of a streamed answer")
 
 // streamWriter writes a streamed answer, moving its write deadline
-// writeTimeout past each write.
+// edge.WriteTimeout past each write.
 type streamWriter struct {
 	w   io.Writer
 	rc  *http.ResponseController
@@ -252,7 +253,7 @@ type streamWriter struct {
 }
 
 func (d *streamWriter) Write(p []byte) (int, error) {
-	_ = d.rc.SetWriteDeadline(d.now().Add(writeTimeout)) // not every writer has one
+	_ = d.rc.SetWriteDeadline(d.now().Add(edge.WriteTimeout)) // not every writer has one
 	n, err := d.w.Write(p)
 	if err != nil {
 		return n, fmt.Errorf("%w: %w", errWrite, err)
@@ -283,7 +284,7 @@ func (s *Server) handleLedger(c echo.Context) error {
 }
 
 // errBadDays refuses a span of days that Ledger does not read.
-var errBadDays = badRequest("Send from and to as days YYYY-MM-DD, from not after to, at most a year apart.")
+var errBadDays = edge.BadRequest("Send from and to as days YYYY-MM-DD, from not after to, at most a year apart.")
 
 func (s *Server) handleBrake(c echo.Context) error {
 	var req operator.BrakeRequest
@@ -292,7 +293,7 @@ func (s *Server) handleBrake(c echo.Context) error {
 		return err
 	}
 	if req.On == nil {
-		return badRequest(hint)
+		return edge.BadRequest(hint)
 	}
 	info, err := s.d.Operator.SetBrake(c.Request().Context(), *req.On)
 	if err != nil {
@@ -333,7 +334,7 @@ func (s *Server) handleCreateInvite(c echo.Context) error {
 	if req.Expires != "" {
 		d, err := time.ParseDuration(req.Expires)
 		if err != nil {
-			return badRequest("expires must be a duration such as \"72h\".")
+			return edge.BadRequest("expires must be a duration such as \"72h\".")
 		}
 		ttl = d
 	}
@@ -376,26 +377,26 @@ func (s *Server) inviteAction(c echo.Context, done string, act func(context.Cont
 }
 
 // errBodyNotUTF8 refuses an admin API body that is not valid UTF-8.
-var errBodyNotUTF8 = badRequest("The body is not valid UTF-8: send JSON in UTF-8.")
+var errBodyNotUTF8 = edge.BadRequest("The body is not valid UTF-8: send JSON in UTF-8.")
 
 // bindBody reads an admin API body into v as c.Bind does, answering
-// badRequest(hint) for one that does not bind. A body that is not valid
+// edge.BadRequest(hint) for one that does not bind. A body that is not valid
 // UTF-8 is refused first (errBodyNotUTF8): the JSON decoder would read
 // each bad byte as U+FFFD, so that an id of such bytes would name another
 // id, and two of them one. The body is held to its route's limit
-// (limitBody) before it gets here.
+// (edge.LimitBody) before it gets here.
 func bindBody(c echo.Context, v any, hint string) error {
 	r := c.Request()
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		return badRequest(hint)
+		return edge.BadRequest(hint)
 	}
 	if !utf8.Valid(body) {
 		return errBodyNotUTF8
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	if err := c.Bind(v); err != nil {
-		return badRequest(hint)
+		return edge.BadRequest(hint)
 	}
 	return nil
 }
@@ -434,7 +435,7 @@ func (s *Server) handleClearCooldown(c echo.Context) error {
 		return err
 	}
 	if req.Key == "" {
-		return badRequest(hint)
+		return edge.BadRequest(hint)
 	}
 	info, err := s.d.Operator.ClearCooldown(c.Request().Context(), req.Source, req.Key)
 	switch {

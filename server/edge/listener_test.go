@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"bufio"
@@ -16,8 +16,8 @@ import (
 // TestHugeHeaderBlockRefused: a megabyte of header lines gets 431 after
 // max_header_bytes, not a megabyte of memory; a JWT-sized header passes.
 func TestHugeHeaderBlockRefused(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	addr, _ := realServer(t, e)
+	e := newTestEdge(t, nil)
+	addr := e.addr
 	send := func(headers string) int { return sendHeaders(t, addr, headers) }
 	var huge strings.Builder
 	line := "X-Pad: " + strings.Repeat("a", 1000) + "\r\n"
@@ -38,8 +38,8 @@ func TestHugeHeaderBlockRefused(t *testing.T) {
 // and counted.
 func TestIdleConnectionsBounded(t *testing.T) {
 	const max = 8
-	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxConnections, c.UploadGrace = max, 2*time.Second }})
-	addr, lim := realServer(t, e)
+	e := newTestEdge(t, func(c *Config) { c.MaxConnections, c.UploadGrace = max, 2*time.Second })
+	addr, lim := e.addr, e.lim
 	type client struct {
 		conn net.Conn
 		r    *bufio.Reader
@@ -83,7 +83,7 @@ func TestIdleConnectionsBounded(t *testing.T) {
 	body := randomBytes(100_000)
 	var uploads []*upload
 	for i := range max {
-		uploads = append(uploads, startUpload(t, addr, e.newKey(fmt.Sprintf("u%d", i), ""), int64(len(body)), body, 1000))
+		uploads = append(uploads, startUpload(t, addr, fmt.Sprintf("u%d", i), int64(len(body)), body, 1000))
 	}
 	waitFor(t, "every upload to be in progress", func() bool {
 		lim.mu.Lock()
@@ -209,8 +209,8 @@ func TestFreshConnectionSparedAtCap(t *testing.T) {
 // lines gets 431, however few its bytes, and is counted; a block of
 // max_header_lines passes.
 func TestHeaderLinesRefused(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	addr, _ := realServer(t, e)
+	e := newTestEdge(t, nil)
+	addr := e.addr
 	lines := func(n int) string {
 		var b strings.Builder
 		for i := range n - 1 { // Host is one
@@ -235,8 +235,8 @@ func TestHeaderLinesRefused(t *testing.T) {
 // request sent behind another in the same write is counted as a block of
 // its own.
 func TestHeaderLinesFollowTheFraming(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	addr, _ := realServer(t, e)
+	e := newTestEdge(t, nil)
+	addr := e.addr
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -367,8 +367,8 @@ func FuzzHeaderConnScan(f *testing.F) {
 // served.
 func TestHeaderMemoryBounded(t *testing.T) {
 	const block = 20_000 // 20 lines of 1,000 bytes, never ended
-	e := newEnv(t, envOptions{cfg: func(c *Config) { c.MaxHeaderMemory = 3*block + block/2 }})
-	addr, lim := realServer(t, e)
+	e := newTestEdge(t, func(c *Config) { c.MaxHeaderMemory = 3*block + block/2 })
+	addr, lim := e.addr, e.lim
 	heldBytes := func() int64 {
 		lim.mu.Lock()
 		defer lim.mu.Unlock()
@@ -393,7 +393,7 @@ func TestHeaderMemoryBounded(t *testing.T) {
 			}
 		}
 	}
-	if got, most := heldBytes(), e.srv.cfg.MaxHeaderMemory; got > most {
+	if got, most := heldBytes(), e.cfg.MaxHeaderMemory; got > most {
 		t.Errorf("the blocks hold %d bytes, more than max_header_memory %d", got, most)
 	}
 	for i, conn := range conns {

@@ -1,10 +1,12 @@
-package api
+package admin
 
 import (
 	"net/http"
 	"net/http/pprof"
 
 	"github.com/labstack/echo/v4"
+
+	"breakwater/server/edge"
 )
 
 // pprofProfiles are the runtime's named profiles served under
@@ -27,7 +29,7 @@ func pprofRoutes(g *echo.Group) {
 	g.GET("/debug/pprof/cmdline", echo.WrapHandler(http.HandlerFunc(pprof.Cmdline)))
 	g.GET("/debug/pprof/profile", echo.WrapHandler(http.HandlerFunc(pprof.Profile)))
 	g.GET("/debug/pprof/symbol", echo.WrapHandler(http.HandlerFunc(pprof.Symbol)))
-	g.POST("/debug/pprof/symbol", echo.WrapHandler(http.HandlerFunc(pprof.Symbol)), limitBody(maxSymbolBody))
+	g.POST("/debug/pprof/symbol", echo.WrapHandler(http.HandlerFunc(pprof.Symbol)), edge.LimitBody(maxSymbolBody))
 	g.GET("/debug/pprof/trace", echo.WrapHandler(http.HandlerFunc(pprof.Trace)))
 	for _, name := range pprofProfiles {
 		g.GET("/debug/pprof/"+name, echo.WrapHandler(pprof.Handler(name)))

@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"log/slog"
@@ -8,12 +8,12 @@ import (
 )
 
 // userKey is where the access log leaves a slot (a *string) for the
-// request's user id, which setUser fills once layer 0 knows it. Without
+// request's user id, which SetUser fills once layer 0 knows it. Without
 // the access log there is no slot, and naming the user costs nothing.
 const userKey = "breakwater.user"
 
-// setUser records who is asking, for the access log if it is on.
-func setUser(c echo.Context, user string) {
+// SetUser records who is asking, for the access log if it is on.
+func SetUser(c echo.Context, user string) {
 	if slot, ok := c.Get(userKey).(*string); ok {
 		*slot = user
 	}
@@ -24,9 +24,9 @@ func setUser(c echo.Context, user string) {
 // once layer 0 has named one; the status the client gets, a problem's
 // included (route and status as answered gives them); the latency in
 // real time since start. front calls it.
-func (s *Server) logAccess(log *slog.Logger, c echo.Context, start time.Time, route string, status int) {
+func (e *Edge) logAccess(log *slog.Logger, c echo.Context, start time.Time, route string, status int) {
 	attrs := []any{"method", c.Request().Method, "route", route, "status", status,
-		"latency", s.wallClock().Sub(start), "ip", c.RealIP(), "request_id", requestID(c)}
+		"latency", e.wallClock().Sub(start), "ip", c.RealIP(), "request_id", RequestID(c)}
 	if user, ok := c.Get(userKey).(*string); ok && *user != "" {
 		attrs = append(attrs, "user", *user)
 	}

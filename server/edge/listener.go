@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"container/list"
@@ -18,15 +18,15 @@ import (
 // the unfinished blocks hold at most max_header_memory bytes in all;
 // serve with hs.Serve(ln). It serves the public and the admin handlers
 // alike.
-func (s *Server) HTTPServer(ln net.Listener, h http.Handler) (*http.Server, net.Listener) {
-	lim := &connLimiter{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns, conns: map[net.Conn]*connEntry{},
-		refused:   func() { s.refused(layerTransport, "max_connections") },
-		now:       s.now,
-		headerCap: s.cfg.MaxHeaderMemory,
-		evicted:   func() { s.refused(layerTransport, "max_header_memory") },
+func (e *Edge) HTTPServer(ln net.Listener, h http.Handler) (*http.Server, net.Listener) {
+	lim := &connLimiter{Listener: ln, max: e.cfg.MaxConnections, open: &e.conns, conns: map[net.Conn]*connEntry{},
+		refused:   func() { e.Refused(LayerTransport, "max_connections") },
+		now:       e.now,
+		headerCap: e.cfg.MaxHeaderMemory,
+		evicted:   func() { e.Refused(LayerTransport, "max_header_memory") },
 	}
 	lim.lines = func(c net.Conn) net.Conn {
-		h := newHeaderConn(c, s.cfg.MaxHeaderLines, s.wallClock, func() { s.refused(layerTransport, "max_header_lines") })
+		h := newHeaderConn(c, e.cfg.MaxHeaderLines, e.wallClock, func() { e.Refused(LayerTransport, "max_header_lines") })
 		h.hold = lim.holdHeader
 		return h
 	}
@@ -35,11 +35,11 @@ func (s *Server) HTTPServer(ln net.Listener, h http.Handler) (*http.Server, net.
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		WriteTimeout:      WriteTimeout,
+		IdleTimeout:       e.cfg.IdleTimeout,
+		MaxHeaderBytes:    e.cfg.MaxHeaderBytes,
 		ConnState:         lim.track,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
 	}
 	return hs, lim
 }

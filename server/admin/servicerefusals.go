@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"sync"
@@ -66,12 +66,12 @@ func (s *Server) observeService(r ServiceRefusalReader) {
 			return from, to
 		},
 		warn: func(err error) {
-			if ok, held := s.serviceLog.allow(s.now(), time.Minute); ok {
+			if ok, held := s.serviceLog.Allow(s.now(), time.Minute); ok {
 				s.log.Warn("the service's refusals not read: /metrics and the dashboard show this instance's only", "err", err, "held_back", held)
 			}
 		},
 	}
-	s.d.Metrics.reg.MustRegister(newServiceRefusalCollector(func() ([]detect.LayerRefusals, error) {
+	s.edge.Metrics().Registry().MustRegister(newServiceRefusalCollector(func() ([]detect.LayerRefusals, error) {
 		return s.serviceRefusals.today(s.now())
 	}))
 }
@@ -114,24 +114,24 @@ func (c serviceRefusalCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// serviceRefusalRow is one layer's row of the dashboard's table of the
+// ServiceRefusalRow is one layer's row of the dashboard's table of the
 // service's refusals. The would-be refusals in shadow mode are the
 // dashboard's shadow table, read as breakwater usage reads them.
-type serviceRefusalRow struct {
+type ServiceRefusalRow struct {
 	Layer   string
 	Refused int64
 }
 
 // serviceRefusalRows folds the refusals of rows into one row per layer, in
 // layer order.
-func serviceRefusalRows(rows []detect.LayerRefusals) []serviceRefusalRow {
-	var out []serviceRefusalRow
+func serviceRefusalRows(rows []detect.LayerRefusals) []ServiceRefusalRow {
+	var out []ServiceRefusalRow
 	for _, r := range rows { // ordered by layer
 		if r.Shadow {
 			continue
 		}
 		if len(out) == 0 || out[len(out)-1].Layer != r.Layer {
-			out = append(out, serviceRefusalRow{Layer: r.Layer})
+			out = append(out, ServiceRefusalRow{Layer: r.Layer})
 		}
 		out[len(out)-1].Refused += r.Count
 	}

@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"fmt"
@@ -134,7 +134,7 @@ func (c Config) WithDefaults() Config {
 		c.AdminListen = DefaultAdminListen
 	}
 	if c.ClientIPHeader == "" {
-		c.ClientIPHeader = headerXFF
+		c.ClientIPHeader = HeaderXFF
 	}
 	if c.MaxImageBytes == 0 {
 		c.MaxImageBytes = DefaultMaxImageBytes
@@ -229,7 +229,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	if _, ok := clientIPHeader(c.ClientIPHeader); !ok {
-		return fmt.Errorf("server.client_ip_header: must be %q or %q, got %q", headerXFF, headerRealIP, c.ClientIPHeader)
+		return fmt.Errorf("server.client_ip_header: must be %q or %q, got %q", HeaderXFF, HeaderRealIP, c.ClientIPHeader)
 	}
 	if _, err := ParsePrefixes(c.TrustedProxies); err != nil {
 		return err

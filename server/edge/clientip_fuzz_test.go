@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"net/http"
@@ -37,9 +37,9 @@ func FuzzClientIP(f *testing.F) {
 		if err != nil {
 			prefixes = nil
 		}
-		ci := &clientIP{trusted: prefixes, header: headerXFF}
+		ci := &clientIP{trusted: prefixes, header: HeaderXFF}
 		if realMode {
-			ci.header = headerRealIP
+			ci.header = HeaderRealIP
 		}
 		xffLines, realLines := headerLines(xff), headerLines(realIP)
 		got := ci.extract(request(peer, xffLines, realLines))
@@ -139,10 +139,10 @@ func lastValue(lines []string) string {
 func request(peer string, xff, realIP []string) *http.Request {
 	r := &http.Request{Method: http.MethodGet, Header: http.Header{}, RemoteAddr: peer}
 	for _, v := range xff {
-		r.Header.Add(headerXFF, v)
+		r.Header.Add(HeaderXFF, v)
 	}
 	for _, v := range realIP {
-		r.Header.Add(headerRealIP, v)
+		r.Header.Add(HeaderRealIP, v)
 	}
 	return r
 }

@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ func TestClientIP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const xff, real = headerXFF, headerRealIP
+	const xff, real = HeaderXFF, HeaderRealIP
 	cases := []struct {
 		name    string
 		trusted bool   // use the trusted list above
@@ -93,7 +93,7 @@ func TestParsePrefixes(t *testing.T) {
 func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 	trusted, _ := ParsePrefixes([]string{"127.0.0.1"})
 	var logs bytes.Buffer
-	ci := &clientIP{trusted: trusted, header: headerXFF, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	ci := &clientIP{trusted: trusted, header: HeaderXFF, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	for range 3 {
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = "127.0.0.1:4000"
@@ -107,7 +107,7 @@ func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 		t.Errorf("%d warnings, want 1:\n%s", n, logs.String())
 	}
 	logs.Reset()
-	agree := &clientIP{trusted: trusted, header: headerXFF, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	agree := &clientIP{trusted: trusted, header: HeaderXFF, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	r.RemoteAddr = "127.0.0.1:4000"
 	r.Header.Set("X-Real-IP", "198.51.100.7")
@@ -122,7 +122,7 @@ func TestClientIPWarnsWhenHeadersDisagree(t *testing.T) {
 // than replacing the client's puts it last; the last one is believed.
 func TestClientIPTwoRealIPHeaders(t *testing.T) {
 	trusted, _ := ParsePrefixes([]string{"127.0.0.1"})
-	ci := &clientIP{trusted: trusted, header: headerRealIP}
+	ci := &clientIP{trusted: trusted, header: HeaderRealIP}
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	r.RemoteAddr = "127.0.0.1:4000"
 	r.Header.Add("X-Real-IP", "6.6.6.6")      // the client's

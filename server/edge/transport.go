@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"errors"
@@ -14,15 +14,15 @@ import (
 )
 
 // This file bounds what request bodies cost, whatever clients send: the
-// memory they hold service-wide, the requests one user has in progress, the
-// rate an upload must keep, and (with readMultipartImage) the parts of a
-// form; listener.go bounds the connections. Each bound is cheap, in memory
+// memory they hold service-wide, the requests one user has in progress,
+// the rate an upload must keep (server/api's readMultipartImage bounds the
+// parts of a form); listener.go bounds the connections. Each bound is cheap, in memory
 // and always enforced: they guard resources, not money, and have no
 // machinery that could fail.
 
-// errReadTooSlow is what a paced body returns once its read deadline has
+// ErrReadTooSlow is what a paced body returns once its read deadline has
 // passed.
-var errReadTooSlow = errors.New("server: upload slower than server.min_upload_bytes_per_second")
+var ErrReadTooSlow = errors.New("server: upload slower than server.min_upload_bytes_per_second")
 
 // busyRetryAfter is the Retry-After of server_busy and too_many_in_flight,
 // in seconds: uploads end within seconds, so a short wait usually finds
@@ -63,32 +63,43 @@ func (m *bodyMemory) inUse() (used, peak int64) {
 	return m.used, m.peak
 }
 
-// lease is one request's share of bodyMemory and of its user's in-flight
-// slots, held by the handler's goroutine alone; close gives both back.
-type lease struct {
+// Lease is one request's share of bodyMemory and of its user's in-flight
+// slots, held by the handler's goroutine alone; Close gives both back.
+type Lease struct {
 	mem      *bodyMemory
 	held     int64
-	inFlight *inFlight // where user's slot is given back
+	inFlight *inFlight // where user's slot is given back; nil: none
 	user     string
 }
 
-// need makes the lease hold at least n bytes, or refuses with server_busy.
-func (l *lease) need(n int64) error {
+// Need makes the lease hold at least n bytes, or refuses with server_busy.
+func (l *Lease) Need(n int64) error {
 	if n <= l.held {
 		return nil
 	}
 	if !l.mem.take(n - l.held) {
-		return errServerBusy.withRetryAfter(busyRetryAfter)
+		return ErrServerBusy.WithRetryAfter(busyRetryAfter)
 	}
 	l.held = n
 	return nil
 }
 
-func (l *lease) close() {
+// Close gives the lease's memory and in-flight slot back.
+func (l *Lease) Close() {
 	l.mem.give(l.held)
 	l.held = 0
-	l.inFlight.leave(l.user)
+	if l.inFlight != nil {
+		l.inFlight.leave(l.user)
+	}
 }
+
+// Held is how many bytes of body memory the lease holds.
+func (l *Lease) Held() int64 { return l.held }
+
+// NewLease is a lease on a body memory of its own of capacity bytes, in
+// no user's in-flight slots: for a reader of bodies outside a request
+// (tests, benchmarks). A request's lease comes from Edge.Enter.
+func NewLease(capacity int64) *Lease { return &Lease{mem: &bodyMemory{capacity: capacity}} }
 
 // inFlight counts each user's requests in progress. Safe for concurrent
 // use.
@@ -116,23 +127,38 @@ func (f *inFlight) leave(user string) {
 	}
 }
 
-// enter takes one of the user's in-flight slots (429 too_many_in_flight
+// Enter takes one of the user's in-flight slots (429 too_many_in_flight
 // when all are taken) and opens the request's body-memory lease. It runs
-// after authentication and before the body is read; the lease's close
+// after authentication and before the body is read; the lease's Close
 // gives both back when the handler returns.
-func (s *Server) enter(id keys.Identity) (*lease, error) {
-	if !s.inFlight.enter(id.UserID) {
-		return nil, errTooManyInFlight.withRetryAfter(busyRetryAfter)
+func (e *Edge) Enter(id keys.Identity) (*Lease, error) {
+	if !e.inFlight.enter(id.UserID) {
+		return nil, ErrTooManyInFlight.WithRetryAfter(busyRetryAfter)
 	}
-	return &lease{mem: s.bodies, inFlight: s.inFlight, user: id.UserID}, nil
+	return &Lease{mem: e.bodies, inFlight: e.inFlight, user: id.UserID}, nil
 }
 
-// arrivals makes a body of unknown length take memory from its lease as
+// BodyMemory returns the bytes of request bodies held now and the most
+// held at once so far.
+func (e *Edge) BodyMemory() (used, peak int64) { return e.bodies.inUse() }
+
+// UsersInFlight is how many users have a request in progress.
+func (e *Edge) UsersInFlight() int {
+	e.inFlight.mu.Lock()
+	defer e.inFlight.mu.Unlock()
+	return len(e.inFlight.n)
+}
+
+// Arrivals makes a body of unknown length take memory from its lease as
 // its bytes arrive, up to max: the multipart framing and headers around the
 // image are held in memory too.
+func Arrivals(r io.Reader, mem *Lease, max int64) io.Reader {
+	return &arrivals{r: r, mem: mem, max: max}
+}
+
 type arrivals struct {
 	r    io.Reader
-	mem  *lease
+	mem  *Lease
 	max  int64
 	seen int64
 }
@@ -140,13 +166,13 @@ type arrivals struct {
 func (a *arrivals) Read(p []byte) (int, error) {
 	n, err := a.r.Read(p)
 	a.seen += int64(n)
-	if merr := a.mem.need(min(a.seen, a.max)); merr != nil {
+	if merr := a.mem.Need(min(a.seen, a.max)); merr != nil {
 		return n, merr
 	}
 	return n, err
 }
 
-// boundUploads is middleware for upload routes. It holds a request's body
+// BoundUploads is middleware for upload routes. It holds a request's body
 // to the minimum upload rate, as a leaky bucket: from the first read the
 // body may fall behind at most upload_grace, each
 // byte earning 1/min_upload_bytes_per_second of time and the credit
@@ -157,14 +183,14 @@ func (a *arrivals) Read(p []byte) (int, error) {
 // deadline reaches past the server's read timeout. Once the body has
 // ended the deadline is lifted, so that Go's server, which watches an idle
 // connection for a hang-up while the handler runs, does not cancel a paid
-// call in progress. It goes after limitBody.
-func (s *Server) boundUploads(next echo.HandlerFunc) echo.HandlerFunc {
+// call in progress. It goes after LimitBody.
+func (e *Edge) BoundUploads(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
 		if r.ContentLength == 0 {
 			return next(c)
 		}
-		return s.paced(c, next)
+		return e.paced(c, next)
 	}
 }
 
@@ -172,14 +198,14 @@ func (s *Server) boundUploads(next echo.HandlerFunc) echo.HandlerFunc {
 // at a time, from paced's start until the body is put back.
 var pacedBodies = sync.Pool{New: func() any { return new(pacedBody) }}
 
-func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
+func (e *Edge) paced(c echo.Context, next echo.HandlerFunc) error {
 	r := c.Request()
 	b := pacedBodies.Get().(*pacedBody)
-	*b = pacedBody{ReadCloser: r.Body, rc: *http.NewResponseController(c.Response()), now: s.wallClock,
-		rate: s.cfg.MinUploadBytesPerSecond, grace: s.cfg.UploadGrace}
+	*b = pacedBody{ReadCloser: r.Body, rc: *http.NewResponseController(c.Response()), now: e.wallClock,
+		rate: e.cfg.MinUploadBytesPerSecond, grace: e.cfg.UploadGrace}
 	// The body is put back before the answer goes out: Go's server
 	// looks at its own type to judge whether the unread rest is worth
-	// draining, and dontWaitForBody at limitBody's. Nothing reads b
+	// draining, and dontWaitForBody at LimitBody's. Nothing reads b
 	// after the handler has returned, so it is reused then (after a
 	// panic it is not).
 	outer := r.Body
@@ -194,7 +220,7 @@ func (s *Server) paced(c echo.Context, next echo.HandlerFunc) error {
 	return err
 }
 
-// pacedBody is a request body read under boundUploads' deadlines.
+// pacedBody is a request body read under BoundUploads' deadlines.
 type pacedBody struct {
 	io.ReadCloser
 	rc       http.ResponseController // a value: one allocation less per request
@@ -228,7 +254,7 @@ func (b *pacedBody) Read(p []byte) (int, error) {
 		_ = b.rc.SetReadDeadline(time.Time{})
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		b.slow = true
-		return n, errReadTooSlow
+		return n, ErrReadTooSlow
 	}
 	return n, err
 }

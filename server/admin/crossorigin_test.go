@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"context"
@@ -101,8 +101,8 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal("this test needs Debian's chromium (apt-get install chromium); .ci/run installs it")
 	}
-	e := newEnv(t, envOptions{})
-	keyID := e.keyOf("alice")
+	e := newTestAdmin(t, adminOptions{})
+	keyID := e.keyOf(t, "alice")
 
 	// Every address is known before any server starts, so the handlers
 	// only read what is set up front.
@@ -124,7 +124,7 @@ func TestAdminRefusesCrossOriginPostsInChromium(t *testing.T) {
 		}
 	}))
 	t.Cleanup(attacker.Close)
-	rec := &adminRecorder{h: e.srv.AdminHandler(), next: attacker.URL + "/"}
+	rec := &adminRecorder{h: e.Handler(), next: attacker.URL + "/"}
 	admin := &httptest.Server{Listener: ln, Config: &http.Server{Handler: rec}}
 	admin.Start()
 	t.Cleanup(admin.Close)
@@ -253,7 +253,7 @@ document.getElementById("f").submit();
 // followed from another site, the CLI (no browser headers) and the
 // dashboard's own origin pass.
 func TestAdminWritesRefuseAnotherOrigin(t *testing.T) {
-	e := newEnv(t, envOptions{})
+	e := newTestAdmin(t, adminOptions{})
 	host := strings.TrimPrefix(e.admin.URL, "http://")
 	send := func(method, path, body string, headers ...string) (int, string) {
 		t.Helper()
@@ -273,7 +273,7 @@ func TestAdminWritesRefuseAnotherOrigin(t *testing.T) {
 	}
 	writes := []struct{ method, path, body string }{
 		{http.MethodPost, "/api/keys", `{"user":"mallory"}`},
-		{http.MethodPost, "/api/keys/" + e.keyOf("alice") + "/revoke", ""},
+		{http.MethodPost, "/api/keys/" + e.keyOf(t, "alice") + "/revoke", ""},
 		{http.MethodPost, "/api/invites", `{"uses":1}`},
 		{http.MethodPost, "/api/invites/inv_x/revoke", ""},
 		{http.MethodDelete, "/api/invites/inv_x", ""},

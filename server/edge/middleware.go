@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"errors"
@@ -40,6 +40,9 @@ func (g *requestIDs) next() string {
 	return string(strconv.AppendUint(b[:n+1], mrand.Uint64(), 36))
 }
 
+// RequestID is the id front gave the request (X-Request-ID), for logs.
+func RequestID(c echo.Context) string { return c.Response().Header().Get(echo.HeaderXRequestID) }
+
 // front is a listener's one global middleware: it gives the request its
 // id (X-Request-ID), turns a panic in a handler into a 500 problem and a
 // log line with the request id, keeping the process alive, and, where they
@@ -47,24 +50,24 @@ func (g *requestIDs) next() string {
 // applies its global middleware anew on every request, one closure per
 // step, so the steps are one function here: one closure a request. A
 // panic is neither counted nor access-logged.
-func (s *Server) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFunc {
+func (e *Edge) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) (err error) {
-			c.Response().Header()[echo.HeaderXRequestID] = []string{s.reqIDs.next()} // canonical already
+			c.Response().Header()[echo.HeaderXRequestID] = []string{e.reqIDs.next()} // canonical already
 			defer func() {
 				if r := recover(); r != nil {
 					if r == http.ErrAbortHandler {
 						panic(r)
 					}
-					s.log.Error("panic in handler", "panic", fmt.Sprint(r), "path", c.Path(),
-						"request_id", requestID(c))
-					err = errInternal
+					e.log.Error("panic in handler", "panic", fmt.Sprint(r), "path", c.Path(),
+						"request_id", RequestID(c))
+					err = ErrInternal
 				}
 			}()
 			var start time.Time
 			if access != nil {
-				start = s.wallClock()
-				c.Set(userKey, new(string)) // filled by setUser
+				start = e.wallClock()
+				c.Set(userKey, new(string)) // filled by SetUser
 			}
 			err = next(c)
 			if metrics != nil || access != nil {
@@ -73,7 +76,7 @@ func (s *Server) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFun
 					metrics.countRequest(route, status)
 				}
 				if access != nil {
-					s.logAccess(access, c, start, route, status)
+					e.logAccess(access, c, start, route, status)
 				}
 			}
 			return err
@@ -87,7 +90,7 @@ func (s *Server) front(metrics *Metrics, access *slog.Logger) echo.MiddlewareFun
 func answered(c echo.Context, err error) (route string, status int) {
 	status = c.Response().Status
 	if err != nil {
-		status = toProblem(err).Status
+		status = ToProblem(err).Status
 	}
 	route = c.Path()
 	if route == "" {
@@ -96,26 +99,26 @@ func answered(c echo.Context, err error) (route string, status int) {
 	return route, status
 }
 
-// chain is h behind the route middleware mw, the first outermost, made
+// Chain is h behind the route middleware mw, the first outermost, made
 // once: Echo would apply a route's middleware anew on every request.
-func chain(h echo.HandlerFunc, mw ...echo.MiddlewareFunc) echo.HandlerFunc {
+func Chain(h echo.HandlerFunc, mw ...echo.MiddlewareFunc) echo.HandlerFunc {
 	for i := len(mw) - 1; i >= 0; i-- {
 		h = mw[i](h)
 	}
 	return h
 }
 
-// limitBody refuses a body whose declared length exceeds max before reading
+// LimitBody refuses a body whose declared length exceeds max before reading
 // a byte of it, and caps a body of unknown length (chunked) at max, so an
 // absent Content-Length cannot make us buffer more. A declared length is
 // already a cap: the server reads no further. Such a body is left as it
 // is, so that the server still sees how much of it is unread when a
 // refusal goes out (see dontWaitForBody).
-func limitBody(max int64) echo.MiddlewareFunc { return limitBodyWith(max, errTooLarge) }
+func LimitBody(max int64) echo.MiddlewareFunc { return LimitBodyWith(max, ErrTooLarge) }
 
-// limitBodyWith is limitBody answering a declared length over max with
+// LimitBodyWith is LimitBody answering a declared length over max with
 // tooLarge.
-func limitBodyWith(max int64, tooLarge *Problem) echo.MiddlewareFunc {
+func LimitBodyWith(max int64, tooLarge *Problem) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			r := c.Request()
@@ -123,11 +126,19 @@ func limitBodyWith(max int64, tooLarge *Problem) echo.MiddlewareFunc {
 				return tooLarge
 			}
 			if r.ContentLength < 0 {
-				r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(c.Response(), r.Body, max)}
+				CapBody(c, max)
 			}
 			return next(c)
 		}
 	}
+}
+
+// CapBody caps the request's body of unknown length at max as LimitBody
+// does, for a handler that knows its limit only once it has found its
+// route.
+func CapBody(c echo.Context, max int64) {
+	r := c.Request()
+	r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(c.Response(), r.Body, max)}
 }
 
 // limitedBody is a body of unknown length held to a limit; done once it has
@@ -145,8 +156,8 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// isTooLarge reports whether err came from reading past the body limit.
-func isTooLarge(err error) bool {
+// IsTooLarge reports whether err came from reading past the body limit.
+func IsTooLarge(err error) bool {
 	var mbe *http.MaxBytesError
 	return errors.As(err, &mbe)
 }

@@ -1,4 +1,4 @@
-package api
+package edge
 
 import (
 	"log/slog"
@@ -11,8 +11,8 @@ import (
 
 // The headers a trusted proxy may name the client in.
 const (
-	headerXFF    = "X-Forwarded-For"
-	headerRealIP = "X-Real-IP"
+	HeaderXFF    = "X-Forwarded-For"
+	HeaderRealIP = "X-Real-IP"
 	// keyRealIP is X-Real-IP as a header map holds it; looked up so,
 	// it is not canonicalised again on every request.
 	keyRealIP = "X-Real-Ip"
@@ -22,10 +22,10 @@ const (
 // name, and whether it is one of the two.
 func clientIPHeader(name string) (string, bool) {
 	switch {
-	case strings.EqualFold(name, headerXFF):
-		return headerXFF, true
-	case strings.EqualFold(name, headerRealIP):
-		return headerRealIP, true
+	case strings.EqualFold(name, HeaderXFF):
+		return HeaderXFF, true
+	case strings.EqualFold(name, HeaderRealIP):
+		return HeaderRealIP, true
 	}
 	return "", false
 }
@@ -35,7 +35,7 @@ func clientIPHeader(name string) (string, bool) {
 // never falls back to Echo's own header handling.
 type clientIP struct {
 	trusted  []netip.Prefix
-	header   string // headerXFF or headerRealIP
+	header   string // HeaderXFF or HeaderRealIP
 	log      *slog.Logger
 	warn     sync.Once
 	disagree sync.Once
@@ -56,7 +56,7 @@ func (ci *clientIP) extract(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	if !ci.isTrusted(peer) {
-		if len(ci.trusted) == 0 && ci.log != nil && (firstValue(r.Header, headerXFF) != "" || firstValue(r.Header, keyRealIP) != "") {
+		if len(ci.trusted) == 0 && ci.log != nil && (FirstValue(r.Header, HeaderXFF) != "" || FirstValue(r.Header, keyRealIP) != "") {
 			ci.warn.Do(func() {
 				ci.log.Warn("requests carry X-Forwarded-For or X-Real-IP but server.trusted_proxies is empty: " +
 					"the headers are ignored and every client is its TCP peer; behind a reverse proxy, list its address in trusted_proxies")
@@ -64,10 +64,10 @@ func (ci *clientIP) extract(r *http.Request) string {
 		}
 		return addrString(peer, host)
 	}
-	forwarded := ci.rightmostUntrusted(r.Header[headerXFF])
+	forwarded := ci.rightmostUntrusted(r.Header[HeaderXFF])
 	real := lastRealIP(r.Header[keyRealIP])
 	client, other := forwarded, real
-	if ci.header == headerRealIP {
+	if ci.header == HeaderRealIP {
 		client, other = real, forwarded
 	}
 	if client.IsValid() && other.IsValid() && client != other && ci.log != nil {
@@ -93,10 +93,10 @@ func addrString(a netip.Addr, host string) string {
 	return a.String()
 }
 
-// firstValue is h.Get(key) for a key in its canonical spelling, which
+// FirstValue is h.Get(key) for a key in its canonical spelling, which
 // Go's server gives every header it reads: looked up as it is, not
 // checked and canonicalised again.
-func firstValue(h http.Header, key string) string {
+func FirstValue(h http.Header, key string) string {
 	if v := h[key]; len(v) > 0 {
 		return v[0]
 	}
@@ -127,6 +127,30 @@ func (ci *clientIP) rightmostUntrusted(lines []string) netip.Addr {
 		}
 	}
 	return netip.Addr{}
+}
+
+// ForwardedFor is the X-Forwarded-For chain a request r passes on to an
+// app behind the public listener should carry: the entries a trusted
+// proxy sent (none from any other peer), then the peer's own address; and
+// whether the peer is a trusted proxy.
+func (e *Edge) ForwardedFor(r *http.Request) (chain []string, trusted bool) {
+	peer := parseAddr(r.RemoteAddr)
+	trusted = peer.IsValid() && e.clients.isTrusted(peer)
+	chain = []string{}
+	if trusted {
+		chain = forwardedFor(r.Header.Values(HeaderXFF))
+	}
+	if peer.IsValid() {
+		chain = append(chain, peer.String())
+	}
+	return chain, trusted
+}
+
+// FromTrustedProxy reports whether r's TCP peer is one of
+// server.trusted_proxies.
+func (e *Edge) FromTrustedProxy(r *http.Request) bool {
+	peer := parseAddr(r.RemoteAddr)
+	return peer.IsValid() && e.clients.isTrusted(peer)
 }
 
 func (ci *clientIP) isTrusted(a netip.Addr) bool {

@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 
 	"breakwater/budget"
 	"breakwater/budget/reconcile"
+	"breakwater/detect"
+	"breakwater/server/edge"
 	"breakwater/server/operator"
 )
 
@@ -35,18 +37,18 @@ var dashboardPage = template.Must(template.New("dashboard.html").Funcs(template.
 	},
 }).ParseFS(webFS, "web/dashboard.html"))
 
-// dashboardData is everything the dashboard shows.
-type dashboardData struct {
+// Dashboard is everything the dashboard shows (Server.Dashboard).
+type Dashboard struct {
 	Now      string
 	Zone     string
 	Budget   operator.BudgetInfo
-	Refusals []refusalCount
+	Refusals []edge.RefusalCount
 	// Shadow are today's would-be refusals of layers in shadow mode, by
 	// layer: what breakwater usage counts per user, read from the stored
 	// statistics events (operator.ShadowToday), so that a restart or a
 	// restore keeps them and on PostgreSQL they are every instance's;
 	// ShadowError says why they are missing.
-	Shadow      []shadowRow
+	Shadow      []ShadowRow
 	ShadowError string
 	TopUsers    []operator.UsageInfo
 	Findings    []string
@@ -58,7 +60,7 @@ type dashboardData struct {
 	// then ServiceRefusals are every instance's refusals today, by layer,
 	// and ServiceError says why they are missing.
 	Service         bool
-	ServiceRefusals []serviceRefusalRow
+	ServiceRefusals []ServiceRefusalRow
 	ServiceError    string
 
 	// Reconciled is the daily reconciliation's last result (Reconciliation
@@ -68,36 +70,36 @@ type dashboardData struct {
 	ReconcileError string
 }
 
-// shadowRow is one layer's row of the dashboard's would-be refusals in
+// ShadowRow is one layer's row of the dashboard's would-be refusals in
 // shadow mode.
-type shadowRow struct {
+type ShadowRow struct {
 	Layer string
 	Count int64
 }
 
 // shadowRows lists the counts per layer, in layer order.
-func shadowRows(byLayer map[string]int64) []shadowRow {
-	out := make([]shadowRow, 0, len(byLayer))
+func shadowRows(byLayer map[string]int64) []ShadowRow {
+	out := make([]ShadowRow, 0, len(byLayer))
 	for layer, n := range byLayer {
-		out = append(out, shadowRow{Layer: layer, Count: n})
+		out = append(out, ShadowRow{Layer: layer, Count: n})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })
 	return out
 }
 
-// dashboard gathers the dashboard's figures.
-func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, error) {
+// Dashboard gathers the dashboard's figures at now.
+func (s *Server) Dashboard(ctx context.Context, now time.Time) (Dashboard, error) {
 	op := s.d.Operator
 	loc := op.Location()
 	b, err := op.Budget(ctx)
 	if err != nil {
-		return dashboardData{}, err
+		return Dashboard{}, err
 	}
-	d := dashboardData{
+	d := Dashboard{
 		Now:      now.In(loc).Format("2006-01-02 15:04:05"),
 		Zone:     loc.String(),
 		Budget:   b,
-		Refusals: s.refusalsToday.list(budget.DayKey(now, loc)),
+		Refusals: s.edge.RefusalsOf(budget.DayKey(now, loc)),
 		TopUsers: op.TopUsers(10, now),
 		CSRF:     s.csrf.token,
 	}
@@ -110,7 +112,7 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 	to := budget.DayKey(now, loc)
 	from := budget.DayKey(now.AddDate(0, 0, -29), loc)
 	if d.Days, err = op.BudgetDays(from, to); err != nil {
-		return dashboardData{}, err
+		return Dashboard{}, err
 	}
 	d.Chart = chart(now, loc, d.Days)
 	d.Findings = s.dashboardFindings(now)
@@ -132,7 +134,7 @@ func (s *Server) dashboard(ctx context.Context, now time.Time) (dashboardData, e
 }
 
 func (s *Server) handleDashboard(c echo.Context) error {
-	d, err := s.dashboard(c.Request().Context(), s.now())
+	d, err := s.Dashboard(c.Request().Context(), s.now())
 	if err != nil {
 		return err
 	}
@@ -266,11 +268,35 @@ func (s *Server) handleDashboardBrake(c echo.Context) error {
 		on = true
 	case "false":
 	default:
-		return badRequest("Send the form field on=true or on=false.")
+		return edge.BadRequest("Send the form field on=true or on=false.")
 	}
 	if _, err := s.d.Operator.SetBrake(c.Request().Context(), on); err != nil {
 		return err
 	}
 	s.log.Warn("manual brake set by the operator from the dashboard", "on", on)
 	return c.Redirect(http.StatusSeeOther, "/")
+}
+
+// dashboardFindings lists the last week's findings, newest day first, and
+// the last alert of each kind, for the dashboard.
+func (s *Server) dashboardFindings(now time.Time) []string {
+	var out []string
+	if s.d.Alerts != nil {
+		for _, st := range s.d.Alerts.Recent() {
+			out = append(out, fmt.Sprintf("alert %s at %s: %s", st.Kind, st.SentAt.In(s.d.Operator.Location()).Format("2006-01-02 15:04"), st.Summary))
+		}
+	}
+	loc := s.d.Operator.Location()
+	l := now.In(loc)
+	from := time.Date(l.Year(), l.Month(), l.Day()-7, 12, 0, 0, 0, loc).Format("2006-01-02")
+	findings, err := s.d.Operator.RecentFindings(from)
+	if err != nil {
+		s.log.Warn("findings not shown on the dashboard", "err", err)
+		return out
+	}
+	for i := len(findings) - 1; i >= 0 && len(out) < 50; i-- {
+		f := findings[i]
+		out = append(out, fmt.Sprintf("%s %s %s: %s", f.Day, f.Detector, f.Subject, detect.FiguresText(f.Figures)))
+	}
+	return out
 }
