@@ -126,7 +126,7 @@ func (s *Server) storedAnswer(user, key string, now time.Time) (budget.Answer, b
 	}
 	a, at, found, err := s.d.Answers.StoredAnswer(user, key)
 	if err != nil {
-		s.log.Warn("idempotency answers unreadable: the request is made again", "err", err)
+		s.warnStore(answersUnreadable, "idempotency answers unreadable: the request is made again", "err", err)
 	}
 	return a, found && err == nil && now.Sub(at) < s.d.IdempotencyTTL
 }
@@ -139,7 +139,7 @@ func (s *Server) recentRead(user string, fp [32]byte, now time.Time) (budget.Ans
 	}
 	a, at, found, err := s.d.Answers.RecentRead(user, fp)
 	if err != nil {
-		s.log.Warn("recent reads unreadable: the image is read again", "err", err)
+		s.warnStore(recentUnreadable, "recent reads unreadable: the image is read again", "err", err)
 	}
 	return a, found && err == nil && now.Sub(at) < s.d.DedupeWindow
 }
@@ -348,4 +348,28 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// A storeWarning is a warning of the stored answers and the key claims,
+// each of which a request may meet: with the database down, every request
+// would log it.
+type storeWarning int
+
+const (
+	answersUnreadable storeWarning = iota
+	recentUnreadable
+	keyNotClaimed
+	keyNotGivenBack
+	storeWarnings // how many
+)
+
+// storeWarnEvery is the least time between two log lines of one store
+// warning; the next line says how many were held back.
+const storeWarnEvery = 10 * time.Second
+
+// warnStore logs a store warning, at most once per storeWarnEvery each.
+func (s *Server) warnStore(w storeWarning, msg string, args ...any) {
+	if ok, held := s.storeLogs[w].Allow(s.now(), storeWarnEvery); ok {
+		s.log.Warn(msg, append(args, "unlogged_since_last", held)...)
+	}
 }

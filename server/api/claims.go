@@ -54,7 +54,7 @@ func (s *Server) claimKey(r *ocrRequest) (claimed bool, err error) {
 	won, err := s.d.Claims.ClaimAnswer(ctx, r.who.UserID, r.key, answerClaimTTL)
 	switch {
 	case err != nil:
-		s.log.Warn("idempotency key not claimed across instances: the request goes on", "user", r.who.UserID,
+		s.warnStore(keyNotClaimed, "idempotency key not claimed across instances: the request goes on", "user", r.who.UserID,
 			"request_id", r.id, "err", err)
 		return false, nil
 	case !won:
@@ -75,7 +75,7 @@ func (s *Server) releaseKey(r *ocrRequest) {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	if err := s.d.Claims.ReleaseAnswer(ctx, r.who.UserID, r.key); err != nil {
-		s.log.Warn("idempotency key claim not given back now: it is once the database answers, or it lapses", "user", r.who.UserID,
+		s.warnStore(keyNotGivenBack, "idempotency key claim not given back now: it is once the database answers, or it lapses", "user", r.who.UserID,
 			"request_id", r.id, "lapses_in", answerClaimTTL.String(), "err", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -203,6 +204,32 @@ func TestClaimErrorGoesOn(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "idempotency key not claimed across instances") {
 		t.Errorf("log does not say the claim failed:\n%s", logs.String())
+	}
+}
+
+// With the database down, each request would log that its key was not
+// claimed: one line per storeWarnEvery goes out, the next saying how many
+// were held back.
+func TestClaimErrorsAreLoggedAtARate(t *testing.T) {
+	claims := newFakeClaims()
+	claims.err = errors.New("connection refused")
+	var logs bytes.Buffer
+	clk := newClock(time.Now())
+	e := newEnv(t, envOptions{answers: true, claims: claims, logTo: &logs, clock: clk.now})
+	img := pngBytes(t, 64, 32)
+	for i := range 5 {
+		resp, data := e.postKey(fmt.Sprint("flood-", i), img)
+		decodeOK(t, resp, data)
+	}
+	const line = "idempotency key not claimed across instances"
+	if n := strings.Count(logs.String(), line); n != 1 {
+		t.Fatalf("%d log lines for 5 claims that failed at once, want 1:\n%s", n, logs.String())
+	}
+	clk.add(storeWarnEvery)
+	resp, data := e.postKey("flood-late", img)
+	decodeOK(t, resp, data)
+	if n := strings.Count(logs.String(), line); n != 2 || !strings.Contains(logs.String(), "unlogged_since_last=4") {
+		t.Errorf("after storeWarnEvery: %d lines, want 2, the second counting the 4 held back:\n%s", n, logs.String())
 	}
 }
 

@@ -151,7 +151,10 @@ type Server struct {
 	allRoutes   *routes.Table // forward auth
 	proxyRoutes *routes.Table // the routes with an upstream
 	routeLog    edge.LogEvery
-	public      *echo.Echo
+	// storeLogs rate-limit the warnings of stored answers and key claims
+	// the database cannot give (answers.go).
+	storeLogs [storeWarnings]edge.LogEvery
+	public    *echo.Echo
 }
 
 // New builds the public API on the transport e, whose metrics it adds
