@@ -83,7 +83,7 @@ func startUpload(t *testing.T, addr, key string, length int64, body []byte, send
 		}
 	}()
 	go func() {
-		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		conn.SetReadDeadline(time.Now().Add(30 * time.Second)) // a bound on a hang: upload_grace is 5 s by default, judged over two intervals at most
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
 			u.resp <- result{err: err}
@@ -170,7 +170,7 @@ func heapWatch() (stop func() uint64) {
 // they stall for upload_grace. The heap never holds the 600 MiB the
 // uploads declare.
 func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.UploadGrace = 2 * time.Second }})
+	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.UploadGrace = 5 * time.Second }})
 	addr, _ := realServer(t, e)
 	const n, size, slots = 60, 10 << 20, edge.DefaultMaxInFlightPerUser
 	body := randomBytes(size) // shared by every sender: the only client-side copy
