@@ -50,6 +50,7 @@ func admit(g *guard.Guard, req guard.Request, now time.Time) *guard.Refusal {
 // rate window, the attempt and the quota slot in one group transaction,
 // and no window decision of its own.
 func TestAdmissionIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
 	in := openInstance(t, pgtest.NewDatabase(t))
 	limits := in.db.Limits()
 	g := admitGuard(t, in, limiter.Config{Rate: 5, Window: time.Minute}, nil)
@@ -76,6 +77,7 @@ func TestAdmissionIsOneRoundTrip(t *testing.T) {
 // attempt and no slot; then 60 at once over both, for another user:
 // exactly the rate passes; a burst of 3 a second likewise.
 func TestAdmissionRateExactAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	cfg := limiter.Config{Rate: 5, Window: time.Minute}
 	g := [2]*guard.Guard{admitGuard(t, in[0], cfg, nil), admitGuard(t, in[1], cfg, nil)}
@@ -137,6 +139,7 @@ func TestAdmissionRateExactAcrossInstances(t *testing.T) {
 // once each, and the window counts as when enforcing (a refusal records
 // nothing); the attempt and the slot are taken.
 func TestAdmissionShadowedRate(t *testing.T) {
+	t.Parallel()
 	in := openInstance(t, pgtest.NewDatabase(t))
 	var shadowed atomic.Int64
 	g := admitGuard(t, in, limiter.Config{Rate: 3, Window: time.Minute}, &shadowed)
@@ -166,6 +169,7 @@ func TestAdmissionShadowedRate(t *testing.T) {
 // their order: the window admits the first rate of them; of those, the
 // line takes the first line; of those, the quota holds what is left.
 func TestAdmissionsTogetherDecideInOrder(t *testing.T) {
+	t.Parallel()
 	in := openInstance(t, pgtest.NewDatabase(t))
 	w := in.db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 6, Window: time.Minute}.WithDefaults()
@@ -207,6 +211,7 @@ var _ limiter.SharedWindows = (*postgres.Windows)(nil)
 // after the budget's look, so a flood under the brake makes no round
 // trip at all.
 func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
+	t.Parallel()
 	in := openInstance(t, pgtest.NewDatabase(t))
 	limits := in.db.Limits()
 	rate, err := limiter.New(limiter.Config{Rate: 1000, Window: time.Minute})
@@ -239,6 +244,7 @@ func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
 // refuses it); the fourth is refused by the window, and nothing else is
 // taken for it (enforced) or everything is decided as if it passed (shadow).
 func TestLoneAdmissionsDecideEveryLayer(t *testing.T) {
+	t.Parallel()
 	type outcome struct{ rate, line, quota, slot bool }
 	for _, c := range []struct {
 		name                     string

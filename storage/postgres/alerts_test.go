@@ -14,6 +14,7 @@ import (
 // Instances that raise the same alert at once, each on its own
 // connection pool: exactly one claim wins, every round.
 func TestClaimAlertOneWinnerAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	dbs := [2]interface {
 		ClaimAlert(detect.AlertState, time.Time) (bool, detect.AlertState, error)
@@ -58,6 +59,7 @@ func TestClaimAlertOneWinnerAcrossInstances(t *testing.T) {
 // warning's claim (once per period) loses in the same period whatever
 // the interval, and wins again once its kind is re-armed.
 func TestClaimAlertInterval(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	t0 := time.Date(2026, 3, 4, 23, 30, 0, 0, time.UTC)
@@ -148,6 +150,7 @@ func (s *countingSender) count() int {
 // the instance that lost the claim shows the other's sending, and an
 // interval later one more mail goes.
 func TestAlertersOnOneDatabaseSendOnce(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	var mu sync.Mutex
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
@@ -223,6 +226,7 @@ func TestAlertersOnOneDatabaseSendOnce(t *testing.T) {
 // raises the warning, with the lower share it covers: one mail for the
 // service, and the covered share counts as sent on both.
 func TestEarlyWarningOnceAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }

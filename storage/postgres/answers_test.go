@@ -23,6 +23,7 @@ func readRecord(user string, at time.Time, a *budget.Answer) budget.UsageRecord 
 // A read's answer kept through one instance is found by key and by image
 // through another, for its own user only, with its time.
 func TestAnswersAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	ctx := context.Background()
@@ -79,6 +80,7 @@ func TestAnswersAcrossInstances(t *testing.T) {
 }
 
 func TestPruneAnswers(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	ctx := context.Background()
 	for i, at := range []time.Time{t0, t0.Add(time.Hour), t0.Add(2 * time.Hour)} {
@@ -107,6 +109,7 @@ func TestPruneAnswers(t *testing.T) {
 // claim wins, so one upstream call is made; the others find the kept
 // answer once the winner's read is recorded.
 func TestClaimAnswerAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	dbs := []*postgres.DB{open(t, url), open(t, url)}
 	ctx := context.Background()
@@ -139,6 +142,7 @@ func TestClaimAnswerAcrossInstances(t *testing.T) {
 // A claim goes with the kept answer or a release, only the holder's; one
 // left by a crashed instance lapses after its ttl.
 func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	var mu sync.Mutex
 	now := t0
@@ -201,6 +205,7 @@ func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
 // waits for the kept answer. Ten requests with one key over two instances
 // make one call and all get its answer.
 func TestOneUpstreamCallPerIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	dbs := []*postgres.DB{open(t, url), open(t, url)}
 	var calls atomic.Int32

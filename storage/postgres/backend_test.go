@@ -45,9 +45,32 @@ func pgKit() backendtest.Kit {
 	}
 }
 
-func TestBackendKeys(t *testing.T)      { backendtest.Keys(t, pgKit()) }
-func TestBackendPersonal(t *testing.T)  { backendtest.Personal(t, pgKit()) }
-func TestBackendRekey(t *testing.T)     { backendtest.Rekey(t, pgKit()) }
-func TestBackendEvents(t *testing.T)    { backendtest.Events(t, pgKit()) }
-func TestBackendDetection(t *testing.T) { backendtest.Detection(t, pgKit()) }
-func TestBackendInvites(t *testing.T)   { backendtest.Invites(t, pgKit()) }
+func TestBackendKeys(t *testing.T) {
+	t.Parallel()
+	backendtest.Keys(t, pgKit())
+}
+
+func TestBackendPersonal(t *testing.T) {
+	t.Parallel()
+	backendtest.Personal(t, pgKit())
+}
+
+func TestBackendRekey(t *testing.T) {
+	t.Parallel()
+	backendtest.Rekey(t, pgKit())
+}
+
+func TestBackendEvents(t *testing.T) {
+	t.Parallel()
+	backendtest.Events(t, pgKit())
+}
+
+func TestBackendDetection(t *testing.T) {
+	t.Parallel()
+	backendtest.Detection(t, pgKit())
+}
+
+func TestBackendInvites(t *testing.T) {
+	t.Parallel()
+	backendtest.Invites(t, pgKit())
+}

@@ -23,6 +23,7 @@ func routes(events []detect.Event) string {
 // ids the server hands out before and after it are two apart (the second
 // look takes one of its own).
 func TestAppendEventsIsOneTransactionPerBatch(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	ctx := context.Background()
 	xid := func() int64 {
@@ -53,6 +54,7 @@ func TestAppendEventsIsOneTransactionPerBatch(t *testing.T) {
 // per-minute rows by their count, shadow apart, other days, outcomes and
 // unlayered rows left out.
 func TestLayerRefusalsSumsEveryInstance(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	day := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)

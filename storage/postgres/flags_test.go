@@ -8,6 +8,7 @@ import (
 
 // The brake set through one instance is read by another; unset is off.
 func TestFlagsAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	if on, err := b.Flag("brake"); err != nil || on {

@@ -14,6 +14,7 @@ import (
 // nothing, a figure that grew adds the rest, a lower one (an older copy of
 // the file) takes nothing away, and another source adds its own.
 func TestImportAddsEachSourceOnce(t *testing.T) {
+	t.Parallel()
 	db := open(t, pgtest.NewDatabase(t))
 	ctx := context.Background()
 	day := budget.LedgerDay{Day: "2026-12-06", DayTotals: budget.DayTotals{Requests: 5, SpendMicroUSD: 5000}}

@@ -27,6 +27,7 @@ func newKey(id, user string, created time.Time) keys.Key {
 // Keys and users written through one instance are read by another: what
 // two binaries on one database see.
 func TestKeysAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	if err := a.CreateKey(newKey("k1", "alice", t0), keys.User{Plan: "pro"}); err != nil {

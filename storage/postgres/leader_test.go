@@ -11,6 +11,7 @@ import (
 // One instance at a time leads the daily detection; a release, or the
 // end of the leader's sessions (a process that died), lets another lead.
 func TestLeadDetectionOneAtATime(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -16,6 +16,7 @@ import (
 // finds nothing to move; with another mark it refuses and moves nothing.
 // (What one instance does is the suite's backendtest.Rekey.)
 func TestRekeyInvitesAcrossInstances(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	db, other := open(t, url), open(t, url)
 	old := sha256.Sum256([]byte("CODE"))

@@ -82,6 +82,7 @@ func softCycles(t *testing.T, brakes []*budget.Global, n int, primary, fallback 
 // claims' worth, exactly 10: their worst cases within one of the line.
 // Fails with the side read from each instance's view before the claim.
 func TestSoftLineAcrossInstances(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name        string
 		cfg         budget.Config
@@ -122,6 +123,7 @@ func TestSoftLineAcrossInstances(t *testing.T) {
 // the read over the line to the fallback, as the ledger says, and marks
 // it as the first on that side.
 func TestSoftLineStaleViewAsksTheLedger(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	cfg := budget.Config{DailyRequests: 10, SoftDailyRequests: 3}
 	a, b := openInstance(t, url), openInstance(t, url)
