@@ -11,7 +11,6 @@ import (
 	"breakwater/limiter"
 	"breakwater/server/guard"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // admitGuard is the OCR route's guard as the service wires it on postgres:
@@ -51,7 +50,7 @@ func admit(g *guard.Guard, req guard.Request, now time.Time) *guard.Refusal {
 // and no window decision of its own.
 func TestAdmissionIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
-	in := openInstance(t, pgtest.NewDatabase(t))
+	in := openInstance(t, migratedDatabase(t))
 	limits := in.db.Limits()
 	g := admitGuard(t, in, limiter.Config{Rate: 5, Window: time.Minute}, nil)
 	txs, trips := in.m.Transactions(), limits.WindowTrips()
@@ -140,7 +139,7 @@ func TestAdmissionRateExactAcrossInstances(t *testing.T) {
 // nothing); the attempt and the slot are taken.
 func TestAdmissionShadowedRate(t *testing.T) {
 	t.Parallel()
-	in := openInstance(t, pgtest.NewDatabase(t))
+	in := openInstance(t, migratedDatabase(t))
 	var shadowed atomic.Int64
 	g := admitGuard(t, in, limiter.Config{Rate: 3, Window: time.Minute}, &shadowed)
 	if err := g.SetShadow(guard.LayerRate); err != nil {
@@ -170,7 +169,7 @@ func TestAdmissionShadowedRate(t *testing.T) {
 // line takes the first line; of those, the quota holds what is left.
 func TestAdmissionsTogetherDecideInOrder(t *testing.T) {
 	t.Parallel()
-	in := openInstance(t, pgtest.NewDatabase(t))
+	in := openInstance(t, migratedDatabase(t))
 	w := in.db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 6, Window: time.Minute}.WithDefaults()
 	res, err := in.m.Quotas().AdmitTogether("fa", limiter.Joined{Store: w, Config: cfg, Enforce: true}, 10, 4, 3, testNow)
@@ -212,7 +211,7 @@ var _ limiter.SharedWindows = (*postgres.Windows)(nil)
 // trip at all.
 func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
 	t.Parallel()
-	in := openInstance(t, pgtest.NewDatabase(t))
+	in := openInstance(t, migratedDatabase(t))
 	limits := in.db.Limits()
 	rate, err := limiter.New(limiter.Config{Rate: 1000, Window: time.Minute})
 	if err != nil {
@@ -257,7 +256,7 @@ func TestLoneAdmissionsDecideEveryLayer(t *testing.T) {
 		{"rate shadowed", false, true, []outcome{{slot: true}, {quota: true}, {line: true}, {rate: true, line: true}}, 2, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			in := openInstance(t, pgtest.NewDatabase(t))
+			in := openInstance(t, migratedDatabase(t))
 			q := in.m.Quotas()
 			window := limiter.Joined{Store: in.db.Limits().Windows("user"),
 				Config: limiter.Config{Rate: 3, Window: time.Minute}.WithDefaults(), Enforce: c.enforceRate}

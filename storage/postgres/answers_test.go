@@ -13,7 +13,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 func readRecord(user string, at time.Time, a *budget.Answer) budget.UsageRecord {
@@ -24,7 +23,7 @@ func readRecord(user string, at time.Time, a *budget.Answer) budget.UsageRecord 
 // through another, for its own user only, with its time.
 func TestAnswersAcrossInstances(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	ctx := context.Background()
 	fp := sha256.Sum256([]byte("image/png image"))
@@ -110,7 +109,7 @@ func TestPruneAnswers(t *testing.T) {
 // answer once the winner's read is recorded.
 func TestClaimAnswerAcrossInstances(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	dbs := []*postgres.DB{open(t, url), open(t, url)}
 	ctx := context.Background()
 	var won atomic.Int32
@@ -143,7 +142,7 @@ func TestClaimAnswerAcrossInstances(t *testing.T) {
 // left by a crashed instance lapses after its ttl.
 func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	var mu sync.Mutex
 	now := t0
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -206,7 +205,7 @@ func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
 // make one call and all get its answer.
 func TestOneUpstreamCallPerIdempotencyKey(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	dbs := []*postgres.DB{open(t, url), open(t, url)}
 	var calls atomic.Int32
 	request := func(db *postgres.DB) ([]byte, error) {

@@ -6,17 +6,16 @@ import (
 
 	"breakwater/storage/backendtest"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
-// pgKit opens a fresh database of the test's own (pgtest.NewDatabase)
+// pgKit opens a fresh database of the test's own (migratedDatabase)
 // for the suite both backends run.
 func pgKit() backendtest.Kit {
 	var mu sync.Mutex
 	urls := map[backendtest.Backend]string{}
 	return backendtest.Kit{
 		Open: func(t *testing.T) backendtest.Backend {
-			url := pgtest.NewDatabase(t)
+			url := migratedDatabase(t)
 			db := open(t, url)
 			mu.Lock()
 			defer mu.Unlock()

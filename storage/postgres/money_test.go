@@ -50,7 +50,7 @@ func openInstance(t testing.TB, url string) *instance {
 
 // twoInstances opens two instances on one fresh database.
 func twoInstances(t testing.TB) [2]*instance {
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	return [2]*instance{openInstance(t, url), openInstance(t, url)}
 }
 
@@ -754,7 +754,7 @@ func TestQuotaHoldsGivenBackOnClose(t *testing.T) {
 // one fails the record whole.
 func TestKeepAnswerInTheUsageTransaction(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	ctx := context.Background()
 	db := open(t, url)
 	if _, err := db.Pool().Exec(ctx, "CREATE TABLE kept (request_id text PRIMARY KEY, body bytea NOT NULL)"); err != nil {
@@ -856,7 +856,7 @@ func openInstanceAt(t testing.TB, url string, now func() time.Time) *instance {
 // stayed busy for the rest of the day.
 func TestBudgetDeadInstanceRestIsSpent(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	crashed := openInstance(t, url)
 	var clock atomic.Int64
 	clock.Store(testNow.UnixNano())

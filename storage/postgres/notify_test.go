@@ -49,7 +49,7 @@ func await(t *testing.T, ch <-chan change, want change, start time.Time, limit t
 // instance reach a listener of another within a second.
 func TestChangesReachOtherInstanceWithinASecond(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	heard := listen(t, b)
 	await(t, heard, change{postgres.KindResync, ""}, time.Now(), 10*time.Second)

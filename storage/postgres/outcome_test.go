@@ -249,7 +249,7 @@ func TestTimedOutRecordNeverLandsLater(t *testing.T) {
 	t.Parallel()
 	for _, pooler := range []bool{false, true} {
 		t.Run(map[bool]string{false: "direct", true: "behind a pooler"}[pooler], func(t *testing.T) {
-			url := pgtest.NewDatabase(t)
+			url := migratedDatabase(t)
 			direct := openInstance(t, url)
 			if pooler {
 				u, err := neturl.Parse(url)

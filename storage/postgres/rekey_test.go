@@ -9,7 +9,6 @@ import (
 	"breakwater/server/invites"
 	"breakwater/storage/backendtest"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // Another instance starting with the same mark after the first re-keyed
@@ -17,7 +16,7 @@ import (
 // (What one instance does is the suite's backendtest.Rekey.)
 func TestRekeyInvitesAcrossInstances(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	db, other := open(t, url), open(t, url)
 	old := sha256.Sum256([]byte("CODE"))
 	if err := db.CreateInvite(invites.Invite{ID: "inv_a", Hash: old, MaxUses: 3, CreatedAt: t0}); err != nil {

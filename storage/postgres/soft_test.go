@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"breakwater/budget"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // softCycles runs n parallel reads through ClaimSoft over brakes (read i
@@ -94,7 +93,7 @@ func TestSoftLineAcrossInstances(t *testing.T) {
 		{"soft_daily_usd", budget.Config{DailyUSD: 1, SoftDailyUSD: 0.0105}, 60, 10},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			url := pgtest.NewDatabase(t)
+			url := migratedDatabase(t)
 			var brakes []*budget.Global
 			var ins []*instance
 			for range 3 {
@@ -124,7 +123,7 @@ func TestSoftLineAcrossInstances(t *testing.T) {
 // it as the first on that side.
 func TestSoftLineStaleViewAsksTheLedger(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	cfg := budget.Config{DailyRequests: 10, SoftDailyRequests: 3}
 	a, b := openInstance(t, url), openInstance(t, url)
 	ga, gb := newBrake(t, a, cfg), newBrake(t, b, cfg)

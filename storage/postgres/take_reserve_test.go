@@ -9,7 +9,6 @@ import (
 
 	"breakwater/server/guard"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 var _ guard.AttemptsAndQuotas = (*postgres.Quotas)(nil)
@@ -54,7 +53,7 @@ func waitHolds(t *testing.T, in *instance, user string, want int64) {
 // two), and both are written.
 func TestGuardTakesAttemptAndSlotInOneTransaction(t *testing.T) {
 	t.Parallel()
-	in := openInstance(t, pgtest.NewDatabase(t))
+	in := openInstance(t, migratedDatabase(t))
 	g := newGuard(t, in)
 	tk, r := g.Admit(guard.Request{Key: "kim", DailyLine: 5, MonthlyQuota: 5}, testNow)
 	if r != nil {
