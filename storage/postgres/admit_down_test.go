@@ -22,6 +22,7 @@ import (
 // says that the request was refused all the same (RefusedClosed): the
 // log line then says so, not "let through".
 func TestAdmissionRateDecidedInMemoryWithTheDatabaseDown(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	admin := openInstance(t, c.URL("postgres"))
 	if _, err := admin.db.Pool().Exec(context.Background(), "CREATE DATABASE money"); err != nil {

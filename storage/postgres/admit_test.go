@@ -11,7 +11,6 @@ import (
 	"breakwater/limiter"
 	"breakwater/server/guard"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // admitGuard is the OCR route's guard as the service wires it on postgres:
@@ -50,7 +49,8 @@ func admit(g *guard.Guard, req guard.Request, now time.Time) *guard.Refusal {
 // rate window, the attempt and the quota slot in one group transaction,
 // and no window decision of its own.
 func TestAdmissionIsOneRoundTrip(t *testing.T) {
-	in := openInstance(t, pgtest.NewDatabase(t))
+	t.Parallel()
+	in := openInstance(t, migratedDatabase(t))
 	limits := in.db.Limits()
 	g := admitGuard(t, in, limiter.Config{Rate: 5, Window: time.Minute}, nil)
 	txs, trips := in.m.Transactions(), limits.WindowTrips()
@@ -76,6 +76,7 @@ func TestAdmissionIsOneRoundTrip(t *testing.T) {
 // attempt and no slot; then 60 at once over both, for another user:
 // exactly the rate passes; a burst of 3 a second likewise.
 func TestAdmissionRateExactAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	cfg := limiter.Config{Rate: 5, Window: time.Minute}
 	g := [2]*guard.Guard{admitGuard(t, in[0], cfg, nil), admitGuard(t, in[1], cfg, nil)}
@@ -137,7 +138,8 @@ func TestAdmissionRateExactAcrossInstances(t *testing.T) {
 // once each, and the window counts as when enforcing (a refusal records
 // nothing); the attempt and the slot are taken.
 func TestAdmissionShadowedRate(t *testing.T) {
-	in := openInstance(t, pgtest.NewDatabase(t))
+	t.Parallel()
+	in := openInstance(t, migratedDatabase(t))
 	var shadowed atomic.Int64
 	g := admitGuard(t, in, limiter.Config{Rate: 3, Window: time.Minute}, &shadowed)
 	if err := g.SetShadow(guard.LayerRate); err != nil {
@@ -166,7 +168,8 @@ func TestAdmissionShadowedRate(t *testing.T) {
 // their order: the window admits the first rate of them; of those, the
 // line takes the first line; of those, the quota holds what is left.
 func TestAdmissionsTogetherDecideInOrder(t *testing.T) {
-	in := openInstance(t, pgtest.NewDatabase(t))
+	t.Parallel()
+	in := openInstance(t, migratedDatabase(t))
 	w := in.db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 6, Window: time.Minute}.WithDefaults()
 	res, err := in.m.Quotas().AdmitTogether("fa", limiter.Joined{Store: w, Config: cfg, Enforce: true}, 10, 4, 3, testNow)
@@ -207,7 +210,8 @@ var _ limiter.SharedWindows = (*postgres.Windows)(nil)
 // after the budget's look, so a flood under the brake makes no round
 // trip at all.
 func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
-	in := openInstance(t, pgtest.NewDatabase(t))
+	t.Parallel()
+	in := openInstance(t, migratedDatabase(t))
 	limits := in.db.Limits()
 	rate, err := limiter.New(limiter.Config{Rate: 1000, Window: time.Minute})
 	if err != nil {
@@ -239,6 +243,7 @@ func TestBrakeRefusesWithoutARoundTrip(t *testing.T) {
 // refuses it); the fourth is refused by the window, and nothing else is
 // taken for it (enforced) or everything is decided as if it passed (shadow).
 func TestLoneAdmissionsDecideEveryLayer(t *testing.T) {
+	t.Parallel()
 	type outcome struct{ rate, line, quota, slot bool }
 	for _, c := range []struct {
 		name                     string
@@ -251,7 +256,7 @@ func TestLoneAdmissionsDecideEveryLayer(t *testing.T) {
 		{"rate shadowed", false, true, []outcome{{slot: true}, {quota: true}, {line: true}, {rate: true, line: true}}, 2, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			in := openInstance(t, pgtest.NewDatabase(t))
+			in := openInstance(t, migratedDatabase(t))
 			q := in.m.Quotas()
 			window := limiter.Joined{Store: in.db.Limits().Windows("user"),
 				Config: limiter.Config{Rate: 3, Window: time.Minute}.WithDefaults(), Enforce: c.enforceRate}

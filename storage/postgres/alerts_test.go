@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"breakwater/detect"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // Instances that raise the same alert at once, each on its own
 // connection pool: exactly one claim wins, every round.
 func TestClaimAlertOneWinnerAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	dbs := [2]interface {
 		ClaimAlert(detect.AlertState, time.Time) (bool, detect.AlertState, error)
 	}{open(t, url), open(t, url)}
@@ -58,7 +58,8 @@ func TestClaimAlertOneWinnerAcrossInstances(t *testing.T) {
 // warning's claim (once per period) loses in the same period whatever
 // the interval, and wins again once its kind is re-armed.
 func TestClaimAlertInterval(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	t0 := time.Date(2026, 3, 4, 23, 30, 0, 0, time.UTC)
 	alert := func(at time.Time) detect.AlertState {
@@ -148,7 +149,8 @@ func (s *countingSender) count() int {
 // the instance that lost the claim shows the other's sending, and an
 // interval later one more mail goes.
 func TestAlertersOnOneDatabaseSendOnce(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	var mu sync.Mutex
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -223,7 +225,8 @@ func TestAlertersOnOneDatabaseSendOnce(t *testing.T) {
 // raises the warning, with the lower share it covers: one mail for the
 // service, and the covered share counts as sent on both.
 func TestEarlyWarningOnceAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	now := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
 	month := func(t time.Time) string { return t.Format("2006-01") }

@@ -13,7 +13,6 @@ import (
 
 	"breakwater/budget"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 func readRecord(user string, at time.Time, a *budget.Answer) budget.UsageRecord {
@@ -23,7 +22,8 @@ func readRecord(user string, at time.Time, a *budget.Answer) budget.UsageRecord 
 // A read's answer kept through one instance is found by key and by image
 // through another, for its own user only, with its time.
 func TestAnswersAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	ctx := context.Background()
 	fp := sha256.Sum256([]byte("image/png image"))
@@ -79,6 +79,7 @@ func TestAnswersAcrossInstances(t *testing.T) {
 }
 
 func TestPruneAnswers(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	ctx := context.Background()
 	for i, at := range []time.Time{t0, t0.Add(time.Hour), t0.Add(2 * time.Hour)} {
@@ -107,7 +108,8 @@ func TestPruneAnswers(t *testing.T) {
 // claim wins, so one upstream call is made; the others find the kept
 // answer once the winner's read is recorded.
 func TestClaimAnswerAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	dbs := []*postgres.DB{open(t, url), open(t, url)}
 	ctx := context.Background()
 	var won atomic.Int32
@@ -139,7 +141,8 @@ func TestClaimAnswerAcrossInstances(t *testing.T) {
 // A claim goes with the kept answer or a release, only the holder's; one
 // left by a crashed instance lapses after its ttl.
 func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	var mu sync.Mutex
 	now := t0
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -201,7 +204,8 @@ func TestClaimAnswerReleaseAndExpiry(t *testing.T) {
 // waits for the kept answer. Ten requests with one key over two instances
 // make one call and all get its answer.
 func TestOneUpstreamCallPerIdempotencyKey(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	dbs := []*postgres.DB{open(t, url), open(t, url)}
 	var calls atomic.Int32
 	request := func(db *postgres.DB) ([]byte, error) {

@@ -6,17 +6,16 @@ import (
 
 	"breakwater/storage/backendtest"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
-// pgKit opens a fresh database of the test's own (pgtest.NewDatabase)
+// pgKit opens a fresh database of the test's own (migratedDatabase)
 // for the suite both backends run.
 func pgKit() backendtest.Kit {
 	var mu sync.Mutex
 	urls := map[backendtest.Backend]string{}
 	return backendtest.Kit{
 		Open: func(t *testing.T) backendtest.Backend {
-			url := pgtest.NewDatabase(t)
+			url := migratedDatabase(t)
 			db := open(t, url)
 			mu.Lock()
 			defer mu.Unlock()
@@ -45,9 +44,32 @@ func pgKit() backendtest.Kit {
 	}
 }
 
-func TestBackendKeys(t *testing.T)      { backendtest.Keys(t, pgKit()) }
-func TestBackendPersonal(t *testing.T)  { backendtest.Personal(t, pgKit()) }
-func TestBackendRekey(t *testing.T)     { backendtest.Rekey(t, pgKit()) }
-func TestBackendEvents(t *testing.T)    { backendtest.Events(t, pgKit()) }
-func TestBackendDetection(t *testing.T) { backendtest.Detection(t, pgKit()) }
-func TestBackendInvites(t *testing.T)   { backendtest.Invites(t, pgKit()) }
+func TestBackendKeys(t *testing.T) {
+	t.Parallel()
+	backendtest.Keys(t, pgKit())
+}
+
+func TestBackendPersonal(t *testing.T) {
+	t.Parallel()
+	backendtest.Personal(t, pgKit())
+}
+
+func TestBackendRekey(t *testing.T) {
+	t.Parallel()
+	backendtest.Rekey(t, pgKit())
+}
+
+func TestBackendEvents(t *testing.T) {
+	t.Parallel()
+	backendtest.Events(t, pgKit())
+}
+
+func TestBackendDetection(t *testing.T) {
+	t.Parallel()
+	backendtest.Detection(t, pgKit())
+}
+
+func TestBackendInvites(t *testing.T) {
+	t.Parallel()
+	backendtest.Invites(t, pgKit())
+}

@@ -14,6 +14,7 @@ import (
 // same key made after it was owed (a retry once the database is back,
 // which then reads) is left alone, and the owed one, still there, goes.
 func TestOwedGiveBackSparesALaterClaim(t *testing.T) {
+	t.Parallel()
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC).UnixNano())
 	now := func() time.Time { return time.Unix(0, clock.Load()).UTC() }

@@ -16,6 +16,7 @@ import (
 // A connection refused again and again is logged once a minute per
 // cause, by the injected clock; another cause is logged at once.
 func TestRefusedConnectionsLoggedOnceAMinute(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 	tr := newConnTracer(slog.New(slog.NewTextHandler(&buf, nil)), func() time.Time { return now })

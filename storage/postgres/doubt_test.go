@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"breakwater/budget"
 	"breakwater/storage/postgres"
 	"breakwater/storage/postgres/pgtest"
@@ -72,6 +74,7 @@ func loggedInstance(t *testing.T, c *pgtest.Cluster) (*instance, *instance, *log
 // money transaction whose commit may have been sent (the ERROR line
 // before). The refresh answers again once the database is back.
 func TestStopWithNothingInFlightIsNoDoubt(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	_, in, logs := loggedInstance(t, c)
 	ctx := context.Background()
@@ -121,24 +124,26 @@ func TestStopWithNothingInFlightIsNoDoubt(t *testing.T) {
 // given back and its call settled, the give-back is written by the next
 // lease.
 func TestDoubtIsReadBackWhenTheDatabaseReturns(t *testing.T) {
-	c := pgtest.NewCluster(t)
+	t.Parallel()
+	c := pgtest.NewClusterWith(t, pgtest.Options{Settings: []string{"max_prepared_transactions=1"}})
 	admin, in, logs := loggedInstance(t, c)
 	slot := alicesReads(t, in)
 	ctx := context.Background()
-	// The rows the record and the give-back write, locked from a session
-	// of the money database that the stop ends too.
-	blocker := openInstance(t, c.URL("money"))
-	tx, err := blocker.db.Pool().Begin(ctx)
+	// The rows the record and the give-back write, locked by a prepared
+	// transaction, which outlives the stop: locked from a session, they
+	// were freed as the stop ended that session, and a waiter the stop
+	// had not reached yet took them and committed (1 run in 10 or so).
+	blocker, err := pgx.Connect(ctx, c.URL("money"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) // fails, the session ended: its connection goes
-	if _, err := tx.Exec(ctx, "SELECT * FROM quota_counts WHERE user_id = 'alice' FOR UPDATE"); err != nil {
-		t.Fatal(err)
+	for _, sql := range []string{"BEGIN", "SELECT * FROM quota_counts WHERE user_id = 'alice' FOR UPDATE",
+		"SELECT * FROM ledger_days WHERE day = '2026-12-03' FOR UPDATE", "PREPARE TRANSACTION 'blocker'"} {
+		if _, err := blocker.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
 	}
-	if _, err := tx.Exec(ctx, "SELECT * FROM ledger_days WHERE day = '2026-12-03' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	blocker.Close(ctx)
 	results := make(chan error, 2)
 	go func() {
 		read := budget.Settlement{Day: "2026-12-03", ActualMicroUSD: 100, Leased: true, LeasedMicroUSD: 1000}
@@ -164,12 +169,21 @@ func TestDoubtIsReadBackWhenTheDatabaseReturns(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
+	if blocker, err = pgx.Connect(ctx, c.URL("money")); err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(ctx)
+	if _, err := blocker.Exec(ctx, "ROLLBACK PREPARED 'blocker'"); err != nil {
+		t.Fatal(err)
+	}
 	checkReadBack(t, in, logs)
 }
 
 // checkReadBack waits (10 s at most: the heartbeat reads the doubts back
-// every 5 s) for the record's hold to be given back, then checks the
-// books after one more refresh, which writes the give-back owed.
+// every 5 s) for the record's hold to be given back and for a refresh to
+// write the give-back owed, then checks the books after one more refresh,
+// which has nothing left to write. The give-back's doubt may be read back
+// after the record's: a refresh before that reads (nothing is owed yet).
 func checkReadBack(t *testing.T, in *instance, logs *logBuffer) {
 	t.Helper()
 	ctx := context.Background()
@@ -180,14 +194,24 @@ func checkReadBack(t *testing.T, in *instance, logs *logBuffer) {
 		}
 		return n
 	}
-	for deadline := time.Now().Add(10 * time.Second); held() != 1; time.Sleep(50 * time.Millisecond) {
+	refresh := func() {
+		if _, _, err := in.m.LeaseUnder(ctx, "2026-12-03", 0, 0, budget.Ceilings{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ; held() != 1; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("alice's holds are %d 10 s after the database returned, want 1 (the record's given back)\n%s", held(), logs.String())
 		}
 	}
-	if _, _, err := in.m.LeaseUnder(ctx, "2026-12-03", 0, 0, budget.Ceilings{}); err != nil {
-		t.Fatal(err)
+	for refresh(); count(t, in, "SELECT calls FROM ledger_days WHERE day = '2026-12-03'") == 3; refresh() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the give-back is not written 10 s after the database returned\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
+	refresh()
 	for query, want := range map[string]int64{
 		"SELECT count(*) FROM usage_rows":                                0,
 		"SELECT calls FROM ledger_days WHERE day = '2026-12-03'":         2, // 3 leased, 1 given back

@@ -19,6 +19,7 @@ import (
 // Before 0014 the key was admitted after the failover, and the operator's
 // list of cooldowns was empty.
 func TestCooldownSurvivesFailover(t *testing.T) {
+	t.Parallel()
 	r := pgtest.NewReplicated(t, true)
 	r.CreateDatabase(t, "bw")
 	url := r.MultiHostURL("bw")

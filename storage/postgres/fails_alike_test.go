@@ -20,6 +20,7 @@ import (
 // index scans and 2 updates fewer on limit_fails, 2 scans and the update
 // fewer on limit_fail_minutes (the net: 6 scans fewer on limit_fails).
 func TestFailsRefusalDoesTheWorkOfAFailure(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	f := db.Limits().Fails("invites")
 	cfg := limiter.FailConfig{Limit: 3, GlobalPerHour: 1000}.WithDefaults()

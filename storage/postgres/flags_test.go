@@ -2,13 +2,12 @@ package postgres_test
 
 import (
 	"testing"
-
-	"breakwater/storage/postgres/pgtest"
 )
 
 // The brake set through one instance is read by another; unset is off.
 func TestFlagsAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	if on, err := b.Flag("brake"); err != nil || on {
 		t.Fatalf("Flag(brake) never set = %v, %v; want off", on, err)

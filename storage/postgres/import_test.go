@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"breakwater/budget"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // An import adds a source's money once: runs of the same source at once
@@ -14,7 +13,8 @@ import (
 // nothing, a figure that grew adds the rest, a lower one (an older copy of
 // the file) takes nothing away, and another source adds its own.
 func TestImportAddsEachSourceOnce(t *testing.T) {
-	db := open(t, pgtest.NewDatabase(t))
+	t.Parallel()
+	db := open(t, migratedDatabase(t))
 	ctx := context.Background()
 	day := budget.LedgerDay{Day: "2026-12-06", DayTotals: budget.DayTotals{Requests: 5, SpendMicroUSD: 5000}}
 	settled := map[string]int64{day.Day: 4000}

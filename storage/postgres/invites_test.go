@@ -15,6 +15,7 @@ import (
 // An invite copied from bolt keeps its use count and its e-mails; a
 // second copy copies nothing.
 func TestImportInvite(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	inv := backendtest.NewInvite("inv_old", 3)
 	inv.Used = 2

@@ -8,7 +8,6 @@ import (
 
 	"breakwater/server/keys"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -16,7 +15,7 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // newDB opens a fresh database of t's own.
 func newDB(t *testing.T) *postgres.DB {
 	t.Helper()
-	return open(t, pgtest.NewDatabase(t))
+	return open(t, migratedDatabase(t))
 }
 
 // newKey returns a key for user with a hash derived from id.
@@ -27,7 +26,8 @@ func newKey(id, user string, created time.Time) keys.Key {
 // Keys and users written through one instance are read by another: what
 // two binaries on one database see.
 func TestKeysAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	if err := a.CreateKey(newKey("k1", "alice", t0), keys.User{Plan: "pro"}); err != nil {
 		t.Fatal(err)

@@ -4,14 +4,13 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"breakwater/storage/postgres/pgtest"
 )
 
 // One instance at a time leads the daily detection; a release, or the
 // end of the leader's sessions (a process that died), lets another lead.
 func TestLeadDetectionOneAtATime(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -16,6 +16,7 @@ import (
 // instance's rest exactly as their sum, and the groups did carry several
 // records each (so the sum, not one update per record, was what ran).
 func TestSummedSettlementsKeepTheLedgerExact(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	const perInstance, worst = 100, 1000

@@ -33,6 +33,7 @@ func sameDecision(mem error, db *limiter.Refusal) bool {
 // windows and bursts, gets the same admissions, the same reasons and the
 // same retry-after, the clock stepping back included.
 func TestWindowsDecideAsMemory(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	limits := db.Limits()
 	rng := rand.New(rand.NewSource(29))
@@ -78,6 +79,7 @@ func TestWindowsDecideAsMemory(t *testing.T) {
 // exactly the rate: the row's lock makes the check and the record one
 // step.
 func TestWindowsAdmitExactlyTheRateUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	w := db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 7, Window: time.Minute}
@@ -130,6 +132,7 @@ type openAttempt struct {
 // retry-after), the same cooldowns started and the same trips of the
 // service-wide net, with backoff, decay and the net at random.
 func TestFailsDecideAsMemory(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	limits := db.Limits()
 	rng := rand.New(rand.NewSource(2929))
@@ -226,6 +229,7 @@ func mustGlobal(t *testing.T, f *postgres.Fails, now time.Time) int {
 // N wrong guesses on one key at once are evaluated at most Limit times:
 // each Begin counts as in progress, under the row's lock.
 func TestFailsBeginAtMostTheLimitUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	f := db.Limits().Fails("invites")
 	cfg := limiter.FailConfig{Limit: 5}.WithDefaults()
@@ -278,6 +282,7 @@ func TestFailsBeginAtMostTheLimitUnderConcurrency(t *testing.T) {
 // nothing: the attempt in progress still counts, the run and the
 // service-wide count stay, and no cooldown starts.
 func TestFailsReleaseOfNothingChangesNothing(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	f := db.Limits().Fails("invites")
 	cfg := limiter.FailConfig{Limit: 3}.WithDefaults()
@@ -318,6 +323,7 @@ func TestFailsReleaseOfNothingChangesNothing(t *testing.T) {
 // An attempt in progress that an instance never finishes (it crashed)
 // stops counting after PendingTTL.
 func TestFailsForgetAnAttemptLeftInProgress(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	f := db.Limits().Fails("route:login")
 	cfg := limiter.FailConfig{Limit: 1}.WithDefaults()
@@ -337,6 +343,7 @@ func TestFailsForgetAnAttemptLeftInProgress(t *testing.T) {
 // in memory and reports the fault, and the database is then left alone
 // for a while (no wait per request).
 func TestSharedLimiterFallsBackToMemory(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	cfg := limiter.Config{Rate: 3, Window: time.Minute}
 	var faults []error
@@ -397,6 +404,7 @@ func mustLimiter(t *testing.T, cfg limiter.Config) *limiter.Limiter {
 // longer counts is deleted with its times; and the key kept still decides
 // as memory does.
 func TestWindowsKeepOnlyLiveTimes(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	w := db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 100_000, Window: time.Minute}
@@ -463,6 +471,7 @@ func windowRows(t *testing.T, db *postgres.DB, key string) [2]int {
 // grows, once it has wrapped or not) leaves the database deciding as
 // memory does under SetConfig: the key keeps its history.
 func TestWindowsFollowAConfigChange(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	shared := db.Limits().Windows("user")
 	rng := rand.New(rand.NewSource(2929))
@@ -512,6 +521,7 @@ func TestWindowsFollowAConfigChange(t *testing.T) {
 // refusing in turn, and the clients coming back at the exact retry-after
 // (admitted) or a microsecond before it (refused).
 func TestWindowsDecideAsMemoryAtALargeRate(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	shared := db.Limits().Windows("user")
 	cfg := limiter.Config{Rate: 5_000, Window: 2 * time.Second, Burst: 3_000}
@@ -554,6 +564,7 @@ func TestWindowsDecideAsMemoryAtALargeRate(t *testing.T) {
 // A shared daily line counts every instance's attempts: N at once on one
 // key take exactly the line, and the next day starts from none.
 func TestDailyTakesExactlyTheLine(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	d := db.Limits().Daily("route:login")
 	const n, line = 25, 7
@@ -596,6 +607,7 @@ func TestDailyTakesExactlyTheLine(t *testing.T) {
 // (a key that is not valid UTF-8) fails alone: the others of its batch
 // are decided.
 func TestWindowDecisionsShareRoundTrips(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	limits := db.Limits()
 	w := limits.Windows("user")

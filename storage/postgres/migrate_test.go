@@ -32,6 +32,7 @@ func open(t *testing.T, url string) *postgres.DB {
 // one migrate, the others find the schema done; each migration is recorded
 // once.
 func TestOpenMigratesOnceWhenInstancesStartTogether(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	var wg sync.WaitGroup
 	dbs := make([]*postgres.DB, 4)
@@ -71,6 +72,7 @@ func TestOpenMigratesOnceWhenInstancesStartTogether(t *testing.T) {
 }
 
 func TestOpenRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	db := open(t, url)
 	newer := postgres.LatestSchema() + 1
@@ -84,6 +86,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 }
 
 func TestOpenWithoutURLSaysWhereItIsRead(t *testing.T) {
+	t.Parallel()
 	_, err := postgres.Open(context.Background(), "", postgres.Options{})
 	if !errors.Is(err, postgres.ErrNoURL) {
 		t.Fatalf("Open(\"\"): %v, want ErrNoURL", err)
@@ -92,6 +95,7 @@ func TestOpenWithoutURLSaysWhereItIsRead(t *testing.T) {
 
 // A mistyped URL's error must not echo the password it holds.
 func TestOpenBadURLDoesNotEchoPassword(t *testing.T) {
+	t.Parallel()
 	_, err := postgres.Open(context.Background(), "postgres://u:s3cret@127.0.0.1:notaport/db", postgres.Options{})
 	if err == nil {
 		t.Fatal("Open accepted a URL with a bad port")
@@ -103,6 +107,7 @@ func TestOpenBadURLDoesNotEchoPassword(t *testing.T) {
 
 // Every session commits synchronously, whatever the server's default.
 func TestSessionsCommitSynchronously(t *testing.T) {
+	t.Parallel()
 	url := pgtest.NewDatabase(t)
 	db := open(t, url)
 	// The database's own default says off; the session must still say on.

@@ -50,7 +50,7 @@ func openInstance(t testing.TB, url string) *instance {
 
 // twoInstances opens two instances on one fresh database.
 func twoInstances(t testing.TB) [2]*instance {
-	url := pgtest.NewDatabase(t)
+	url := migratedDatabase(t)
 	return [2]*instance{openInstance(t, url), openInstance(t, url)}
 }
 
@@ -62,6 +62,7 @@ func usageRecord(user string) budget.UsageRecord {
 // instances: exactly one gets it, and the others are refused with the
 // quota's typed refusal.
 func TestQuotaOneSlotLeftAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	const limit = 3
@@ -98,6 +99,7 @@ func TestQuotaOneSlotLeftAcrossInstances(t *testing.T) {
 // transaction: the next reservation sees it used and no longer held, on
 // either instance; a released slot is free again.
 func TestQuotaRecordAndReleaseAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	q0, q1 := in[0].m.Quotas(), in[1].m.Quotas()
@@ -138,6 +140,7 @@ func TestQuotaRecordAndReleaseAcrossInstances(t *testing.T) {
 // A crashed instance's holds stop counting HoldTTL after its last
 // heartbeat (by the reserving request's clock), and not before.
 func TestQuotaHoldOfCrashedInstanceExpires(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	if _, err := in[0].m.Quotas().Reserve("carol", 1, testNow); err != nil {
 		t.Fatal(err)
@@ -156,6 +159,7 @@ func TestQuotaHoldOfCrashedInstanceExpires(t *testing.T) {
 // instances, exactly the line's number pass, and the shared count is the
 // line.
 func TestDailyLineAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	const line = 7
 	var passed, refused atomic.Int64
@@ -195,6 +199,7 @@ func TestDailyLineAcrossInstances(t *testing.T) {
 // The usage record is one transaction: the quota count, the usage row
 // (with its whole record) and the settlement of its leased call.
 func TestRecordUsageWritesRowQuotaAndSettlement(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	m := in[0].m
@@ -287,6 +292,7 @@ func cycles(t *testing.T, brakes []*budget.Global, n int, worst, actual int64) i
 // more than 30 calls, in the cycles and in the ledger, and nearly all of
 // the 30 made.
 func TestBudgetDailyRequestsAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	cfg := budget.Config{DailyRequests: 30}
 	brakes := []*budget.Global{newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)}
@@ -311,6 +317,7 @@ func TestBudgetDailyRequestsAcrossInstances(t *testing.T) {
 // The same with daily_usd as the only ceiling: the ledger's money never
 // passes it, calls in flight held at their worst case.
 func TestBudgetDailyUSDAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	cfg := budget.Config{DailyUSD: 0.03} // 30 calls at their worst case of 1000 µ$
 	brakes := []*budget.Global{newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)}
@@ -336,6 +343,7 @@ func TestBudgetDailyUSDAcrossInstances(t *testing.T) {
 // it resets: instance A takes the whole day, B's claim passes its own
 // view and is refused by the ledger.
 func TestBudgetRefusalFromTheSharedLedger(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	cfg := budget.Config{DailyRequests: 2}
 	a, b := newBrake(t, in[0], cfg), newBrake(t, in[1], cfg)
@@ -371,6 +379,7 @@ func TestBudgetRefusalFromTheSharedLedger(t *testing.T) {
 // Close gives the rest back, so that the ledger holds exactly the calls
 // made.
 func TestBudgetLeaseCrashAndClose(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	cfg := budget.Config{DailyRequests: 10000} // a lease of 100 calls
@@ -407,6 +416,7 @@ func TestBudgetLeaseCrashAndClose(t *testing.T) {
 // PostgreSQL stopped: Reserve, Take, RecordUsage and a lease fail (closed),
 // and once it is back they work again on the same pools.
 func TestMoneyFailsClosedWhilePostgresIsDown(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	ctx := context.Background()
 	admin := openInstance(t, c.URL("postgres"))
@@ -455,6 +465,7 @@ func TestMoneyFailsClosedWhilePostgresIsDown(t *testing.T) {
 // Refresh brings the other instances' calls into an instance's view, so
 // that its Status (the dashboard's figures) and Check are the service's.
 func TestBudgetRefreshSeesTheOtherInstance(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	cfg := budget.Config{DailyRequests: 5}
@@ -490,6 +501,7 @@ func TestBudgetRefreshSeesTheOtherInstance(t *testing.T) {
 // costs, as the day's is: not the ledger's month, which also holds every
 // live instance's unused lease.
 func TestMonthFigureIsSettled(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	// An earlier day of the month, settled at 500 µ$, its leases given back.
@@ -533,6 +545,7 @@ func TestMonthFigureIsSettled(t *testing.T) {
 
 // The operator's figures of the daily line are every instance's.
 func TestAttemptsCountAndTopAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	for i, user := range []string{"gina", "gina", "gina", "hank", "hank", "ivan"} {
 		if err := in[i%2].m.Attempts().Take(user, 0, testNow); err != nil {
@@ -556,6 +569,7 @@ func TestAttemptsCountAndTopAcrossInstances(t *testing.T) {
 // only the worst cases of calls in flight on another instance fill the
 // day, and paused until midnight once settled money does.
 func TestBudgetDailyUSDRefusalBusyThenPaused(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	cfg := budget.Config{DailyUSD: 0.01} // 10000 µ$: two calls at their worst case of 5000
@@ -626,6 +640,7 @@ func TestBudgetDailyUSDRefusalBusyThenPaused(t *testing.T) {
 // each user's quota holds the reads recorded and never passes its limit,
 // the daily line the attempts, the ledger the calls.
 func TestWholeReadsAcrossInstancesStayExact(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	cfg := budget.Config{DailyRequests: 1000, DailyUSD: 100}
@@ -715,6 +730,7 @@ func TestWholeReadsAcrossInstancesStayExact(t *testing.T) {
 
 // A clean Close gives this instance's holds back at once.
 func TestQuotaHoldsGivenBackOnClose(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	if _, err := in[0].m.Quotas().Reserve("judy", 1, testNow); err != nil {
 		t.Fatal(err)
@@ -737,7 +753,8 @@ func TestQuotaHoldsGivenBackOnClose(t *testing.T) {
 // transaction: a kept answer and its read are one commit, and a failing
 // one fails the record whole.
 func TestKeepAnswerInTheUsageTransaction(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	ctx := context.Background()
 	db := open(t, url)
 	if _, err := db.Pool().Exec(ctx, "CREATE TABLE kept (request_id text PRIMARY KEY, body bytea NOT NULL)"); err != nil {
@@ -770,6 +787,7 @@ func TestKeepAnswerInTheUsageTransaction(t *testing.T) {
 // monthly_usd is checked on the month's row: a lease that fits the day
 // but not the month is refused whole (the day keeps nothing of it).
 func TestBudgetMonthlyUSDAcrossDays(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	if err := in[0].m.Lease(ctx, "2026-12-01", 3, 8000); err != nil { // spent earlier this month
@@ -837,7 +855,8 @@ func openInstanceAt(t testing.TB, url string, now func() time.Time) *instance {
 // Status says the brake is engaged. Before ledger_rests the other instance
 // stayed busy for the rest of the day.
 func TestBudgetDeadInstanceRestIsSpent(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	crashed := openInstance(t, url)
 	var clock atomic.Int64
 	clock.Store(testNow.UnixNano())
@@ -882,6 +901,7 @@ func TestBudgetDeadInstanceRestIsSpent(t *testing.T) {
 // instance's, while the ledger's totals also hold both instances' unused
 // leases.
 func TestBudgetFiguresAreTheCallsMade(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	cfg := budget.Config{DailyRequests: 10000} // a lease of 100 calls
@@ -921,6 +941,7 @@ func TestBudgetFiguresAreTheCallsMade(t *testing.T) {
 // the callers' order, as many as fit under the line or the limit, with
 // another instance's holds counted.
 func TestMergedTakesGrantWhatFits(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	a := in[0].m.Attempts()
 	for range 2 {
@@ -965,6 +986,7 @@ func TestMergedTakesGrantWhatFits(t *testing.T) {
 // disk, the usage records with it; the session's own setting stays on,
 // whatever transaction last ran on the connection.
 func TestCountersCommitWithoutWaitingForTheDisk(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	ctx := context.Background()
 	pool := in[0].db.Pool()

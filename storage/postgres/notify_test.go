@@ -48,7 +48,8 @@ func await(t *testing.T, ch <-chan change, want change, start time.Time, limit t
 // A key created and revoked, a user banned and a flag set through one
 // instance reach a listener of another within a second.
 func TestChangesReachOtherInstanceWithinASecond(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	a, b := open(t, url), open(t, url)
 	heard := listen(t, b)
 	await(t, heard, change{postgres.KindResync, ""}, time.Now(), 10*time.Second)
@@ -92,6 +93,7 @@ func TestChangesReachOtherInstanceWithinASecond(t *testing.T) {
 // A listener whose server restarts reconnects and is told to resync, and
 // then hears changes again.
 func TestListenerResyncsAfterServerRestart(t *testing.T) {
+	t.Parallel()
 	cluster := pgtest.NewCluster(t)
 	db := open(t, cluster.URL("postgres"))
 	heard := listen(t, db)

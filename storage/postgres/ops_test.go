@@ -70,6 +70,7 @@ func withMoney(t *testing.T) (*postgres.DB, string, []budget.UsageRecord) {
 // The operator's money figures are read from the shared tables, whichever
 // instance asks.
 func TestUsageAndBudgetDays(t *testing.T) {
+	t.Parallel()
 	db, url, want := withMoney(t)
 	other := open(t, url)
 	got, err := other.Usage(t0, t0.Add(2*time.Hour))
@@ -92,6 +93,7 @@ func TestUsageAndBudgetDays(t *testing.T) {
 }
 
 func TestPathHidesThePassword(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	p := db.Path()
 	if !strings.HasPrefix(p, "postgres://postgres@127.0.0.1:") || strings.Contains(p, "sslmode") {
@@ -134,6 +136,7 @@ func restore(t *testing.T, url string, script []byte) error {
 // at the same schema; new rows go on after the restored ones; a database
 // that holds Breakwater's tables refuses it whole.
 func TestBackupRestores(t *testing.T) {
+	t.Parallel()
 	db, _, usage := withMoney(t)
 	ctx := context.Background()
 	if err := db.CreateKey(newKey("k1", "alice", t0), keys.User{Plan: "pro"}); err != nil {

@@ -119,6 +119,20 @@ func standby(t *testing.T, admin *instance, on bool) {
 	}
 }
 
+// standbyOff is standby(t, admin, false), then waits (10 s at most) until
+// no session waits for the standby: the commits it held end once the
+// server's processes have reloaded the setting, some time after a
+// session sees it.
+func standbyOff(t *testing.T, admin *instance) {
+	t.Helper()
+	standby(t, admin, false)
+	for deadline := time.Now().Add(10 * time.Second); count(t, admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a commit still waits for the standby 10 s after it was switched off")
+		}
+	}
+}
+
 // count is one figure of the money database.
 func count(t *testing.T, in *instance, query string) int64 {
 	t.Helper()
@@ -154,6 +168,7 @@ func alicesReads(t *testing.T, in *instance) budget.Slot {
 // have committed (its lease's answer is lost), and each is in the ledger
 // once.
 func TestStalledCommitIsReadBack(t *testing.T) {
+	t.Parallel()
 	_, admin, in := stalledCluster(t)
 	slot := alicesReads(t, in)
 	standby(t, admin, true)
@@ -170,7 +185,7 @@ func TestStalledCommitIsReadBack(t *testing.T) {
 	if _, _, err := in.m.LeaseUnder(ctx, "", 0, 0, budget.Ceilings{}, back); !errors.Is(err, budget.ErrMaybeCommitted) {
 		t.Fatalf("a give-back whose commit outlasted the timeout: %v, want ErrMaybeCommitted", err)
 	}
-	standby(t, admin, false)
+	standbyOff(t, admin)
 	for query, want := range map[string]int64{
 		"SELECT count(*) FROM usage_rows":                                        1,
 		"SELECT used FROM quota_counts WHERE user_id = 'alice'":                  1,
@@ -197,6 +212,7 @@ func TestStalledCommitIsReadBack(t *testing.T) {
 // be read back, and the error says so (budget.ErrMaybeCommitted), so that
 // the guard does not undo it. It did commit.
 func TestUnknownOutcomeSaysMaybeCommitted(t *testing.T) {
+	t.Parallel()
 	c, admin, in := stalledCluster(t)
 	slot := alicesReads(t, in)
 	standby(t, admin, true)
@@ -230,9 +246,10 @@ func TestUnknownOutcomeSaysMaybeCommitted(t *testing.T) {
 // slot back) without the record landing later beside the undoing. Behind
 // a pooler the session is found by its server id, not the pooler's.
 func TestTimedOutRecordNeverLandsLater(t *testing.T) {
+	t.Parallel()
 	for _, pooler := range []bool{false, true} {
 		t.Run(map[bool]string{false: "direct", true: "behind a pooler"}[pooler], func(t *testing.T) {
-			url := pgtest.NewDatabase(t)
+			url := migratedDatabase(t)
 			direct := openInstance(t, url)
 			if pooler {
 				u, err := neturl.Parse(url)

@@ -22,6 +22,7 @@ import (
 // Breakwater's application_name; Probe, connecting the same way, finds the
 // same.
 func TestOpenThroughPgBouncerSessionMode(t *testing.T) {
+	t.Parallel()
 	direct := pgtest.NewDatabase(t)
 	setup := open(t, direct)
 	name := setup.Pool().Config().ConnConfig.Database
@@ -68,6 +69,7 @@ func TestOpenThroughPgBouncerSessionMode(t *testing.T) {
 // (LISTEN, session locks and settings would not hold), and create nothing;
 // in session mode, with one server connection per client, both pass.
 func TestOpenRefusesTransactionPooling(t *testing.T) {
+	t.Parallel()
 	type pooler struct {
 		mode     string
 		size     int
@@ -131,6 +133,7 @@ func TestOpenRefusesTransactionPooling(t *testing.T) {
 // (by its server pid, not the pooler's ids) and ended, the token read,
 // and the record counted once, with no error to undo it.
 func TestStalledCommitIsReadBackBehindPgBouncer(t *testing.T) {
+	t.Parallel()
 	c, admin, _ := stalledCluster(t)
 	b := pgtest.NewBouncer(t, c.URL("money"), pgtest.BouncerOptions{Mode: "session", PoolSize: 30})
 	in := openInstance(t, b.URL())
@@ -140,7 +143,7 @@ func TestStalledCommitIsReadBackBehindPgBouncer(t *testing.T) {
 	if err := in.m.RecordUsage(context.Background(), slot.Month, usageRecord("alice"), read); err != nil {
 		t.Fatalf("RecordUsage whose commit outlasted the timeout, behind PgBouncer: %v, want no error (it committed)\n%s", err, b.Log())
 	}
-	standby(t, admin, false)
+	standbyOff(t, admin)
 	for query, want := range map[string]int64{
 		"SELECT count(*) FROM usage_rows":                                    1,
 		"SELECT used FROM quota_counts WHERE user_id = 'alice'":              1,

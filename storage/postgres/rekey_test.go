@@ -9,14 +9,14 @@ import (
 	"breakwater/server/invites"
 	"breakwater/storage/backendtest"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // Another instance starting with the same mark after the first re-keyed
 // finds nothing to move; with another mark it refuses and moves nothing.
 // (What one instance does is the suite's backendtest.Rekey.)
 func TestRekeyInvitesAcrossInstances(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	db, other := open(t, url), open(t, url)
 	old := sha256.Sum256([]byte("CODE"))
 	if err := db.CreateInvite(invites.Invite{ID: "inv_a", Hash: old, MaxUses: 3, CreatedAt: t0}); err != nil {

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"breakwater/budget"
-	"breakwater/storage/postgres/pgtest"
 )
 
 // softCycles runs n parallel reads through ClaimSoft over brakes (read i
@@ -82,6 +81,7 @@ func softCycles(t *testing.T, brakes []*budget.Global, n int, primary, fallback 
 // claims' worth, exactly 10: their worst cases within one of the line.
 // Fails with the side read from each instance's view before the claim.
 func TestSoftLineAcrossInstances(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name        string
 		cfg         budget.Config
@@ -93,7 +93,7 @@ func TestSoftLineAcrossInstances(t *testing.T) {
 		{"soft_daily_usd", budget.Config{DailyUSD: 1, SoftDailyUSD: 0.0105}, 60, 10},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			url := pgtest.NewDatabase(t)
+			url := migratedDatabase(t)
 			var brakes []*budget.Global
 			var ins []*instance
 			for range 3 {
@@ -122,7 +122,8 @@ func TestSoftLineAcrossInstances(t *testing.T) {
 // the read over the line to the fallback, as the ledger says, and marks
 // it as the first on that side.
 func TestSoftLineStaleViewAsksTheLedger(t *testing.T) {
-	url := pgtest.NewDatabase(t)
+	t.Parallel()
+	url := migratedDatabase(t)
 	cfg := budget.Config{DailyRequests: 10, SoftDailyRequests: 3}
 	a, b := openInstance(t, url), openInstance(t, url)
 	ga, gb := newBrake(t, a, cfg), newBrake(t, b, cfg)

@@ -10,6 +10,7 @@ import (
 )
 
 func TestSaveLoadDropStates(t *testing.T) {
+	t.Parallel()
 	db := newDB(t)
 	if got, err := db.LoadState("never"); err != nil || len(got) != 0 {
 		t.Fatalf("LoadState of a state never saved = %v, %v; want empty", got, err)

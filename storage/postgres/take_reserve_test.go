@@ -9,7 +9,6 @@ import (
 
 	"breakwater/server/guard"
 	"breakwater/storage/postgres"
-	"breakwater/storage/postgres/pgtest"
 )
 
 var _ guard.AttemptsAndQuotas = (*postgres.Quotas)(nil)
@@ -53,7 +52,8 @@ func waitHolds(t *testing.T, in *instance, user string, want int64) {
 // transaction on postgres (one commit waited for before the call, not
 // two), and both are written.
 func TestGuardTakesAttemptAndSlotInOneTransaction(t *testing.T) {
-	in := openInstance(t, pgtest.NewDatabase(t))
+	t.Parallel()
+	in := openInstance(t, migratedDatabase(t))
 	g := newGuard(t, in)
 	tk, r := g.Admit(guard.Request{Key: "kim", DailyLine: 5, MonthlyQuota: 5}, testNow)
 	if r != nil {
@@ -81,6 +81,7 @@ func TestGuardTakesAttemptAndSlotInOneTransaction(t *testing.T) {
 // across both, a request the line refuses keeps no quota slot, and with a
 // quota of 4 and no line exactly 4 get a slot.
 func TestGuardOneWriteLimitsStayExactAcrossInstances(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	guards := [2]*guard.Guard{newGuard(t, in[0]), newGuard(t, in[1])}
 	run := func(user string, line, quota int64) (passed int64, layers map[string]int64) {

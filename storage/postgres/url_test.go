@@ -24,6 +24,7 @@ var rawPasswords = []string{"Qz7/Wk4@Jm2", "1234/5678", "Vb3#Xr8", "Hq5?Tz1", "L
 // message that says to percent-encode it and quotes no part of it (nor of
 // the URL); the same password percent-encoded connects.
 func TestRawPasswordSaysToPercentEncode(t *testing.T) {
+	t.Parallel()
 	base, err := url.Parse(pgtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +77,7 @@ func passwordPart(msg, pw string) string {
 
 // The message does not depend on the URL: a test of it without a server.
 func TestBadURLMessageQuotesNothing(t *testing.T) {
+	t.Parallel()
 	_, err := postgres.Open(context.Background(), "postgres://u:s3cr#t@host/db", postgres.Options{})
 	if err == nil || errors.Is(err, postgres.ErrNoURL) || strings.Contains(err.Error(), "s3cr") || strings.Contains(err.Error(), "host/db") {
 		t.Fatalf("Open: %v", err)
@@ -88,6 +90,7 @@ func TestBadURLMessageQuotesNothing(t *testing.T) {
 // network namespace test, test/netcut, cuts a link and measures the
 // return); one with connect_timeout keeps its own.
 func TestConnectTimeoutDefault(t *testing.T) {
+	t.Parallel()
 	base := pgtest.NewDatabase(t)
 	for _, tc := range []struct {
 		query string

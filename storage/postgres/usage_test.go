@@ -15,6 +15,7 @@ import (
 // are one insert: each row still carries its own record, column by
 // column, and an invalid record in the group fails alone.
 func TestUsageRowsOfOneGroupKeepTheirRecords(t *testing.T) {
+	t.Parallel()
 	in := twoInstances(t)
 	m := in[0].m
 	ctx := context.Background()

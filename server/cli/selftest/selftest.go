@@ -134,6 +134,9 @@ type Options struct {
 	Open Opener
 	// Scale is the largest figure a limit is tested at. 0: DefaultScale.
 	Scale int64
+	// retryWait replaces the package's retryWait; a test's proxy that
+	// drops answers sets it shorter.
+	retryWait time.Duration
 }
 
 // Run checks every limit of cfg that is on, printing one line per limit
@@ -152,7 +155,10 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	r := &runner{ctx: ctx, cfg: cfg, open: o.Open, scale: o.Scale, dir: dir, client: newClient()}
+	if o.retryWait <= 0 {
+		o.retryWait = retryWait
+	}
+	r := &runner{ctx: ctx, cfg: cfg, open: o.Open, scale: o.Scale, retryWait: o.retryWait, dir: dir, client: newClient()}
 	defer r.client.CloseIdleConnections()
 	var checks []func() (Result, error)
 	if cfg.Budget.DailyRequests > 0 {
@@ -200,14 +206,16 @@ func Run(ctx context.Context, cfg app.Config, w io.Writer, o Options) ([]Result,
 
 // runner is one selftest run.
 type runner struct {
-	ctx    context.Context
-	cfg    app.Config
-	open   Opener
-	scale  int64
-	dir    string
-	n      int          // services opened, for their folders
-	images atomic.Int64 // images sent, so that no read is a repeat
-	client *http.Client
+	ctx   context.Context
+	cfg   app.Config
+	open  Opener
+	scale int64
+	// retryWait is the wait before ocr sends a request again.
+	retryWait time.Duration
+	dir       string
+	n         int          // services opened, for their folders
+	images    atomic.Int64 // images sent, so that no read is a repeat
+	client    *http.Client
 }
 
 // service opens the pipeline on a fresh database with the copy that
@@ -645,7 +653,7 @@ func (r *runner) ocr(s Service, key string) answer {
 			select {
 			case <-r.ctx.Done():
 				return a
-			case <-time.After(retryWait):
+			case <-time.After(r.retryWait):
 			}
 		}
 		req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, s.URL()+"/v1/ocr", bytes.NewReader(img))
@@ -718,6 +726,21 @@ func makeKeys(s Service, n int, plan string) ([]string, error) {
 // sampleSize is the width and height of every sample image.
 func sampleSize() (width, height int) { return 32, 8 }
 
+// sampleEncoder is the one PNG encoder sampleImage uses, kept with its
+// compressor, under sampleMu: a new compressor allocates and clears
+// about a megabyte, which cost more than the rest of a request (under
+// the race detector, three quarters of a selftest's CPU).
+var (
+	sampleMu      sync.Mutex
+	sampleEncoder = png.Encoder{BufferPool: &oneBuffer{}}
+)
+
+// oneBuffer is a png.EncoderBufferPool of one buffer, used under sampleMu.
+type oneBuffer struct{ b *png.EncoderBuffer }
+
+func (p *oneBuffer) Get() *png.EncoderBuffer  { return p.b }
+func (p *oneBuffer) Put(b *png.EncoderBuffer) { p.b = b }
+
 // sampleImage is a small PNG that differs for every i.
 func sampleImage(i int) []byte {
 	w, h := sampleSize()
@@ -730,7 +753,9 @@ func sampleImage(i int) []byte {
 		}
 	}
 	var buf bytes.Buffer
-	_ = png.Encode(&buf, img)
+	sampleMu.Lock()
+	defer sampleMu.Unlock()
+	_ = sampleEncoder.Encode(&buf, img)
 	return buf.Bytes()
 }
 

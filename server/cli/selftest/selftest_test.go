@@ -46,6 +46,7 @@ func result(t *testing.T, results []Result, limit string) Result {
 // The selftest passes on the shipped config, checking each limit it
 // sets, and says so line by line.
 func TestShippedConfigHolds(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	start := time.Now()
 	results, err := Run(context.Background(), shipped(t), &out, Options{Scale: 100})
@@ -208,6 +209,7 @@ func withKeys(t *testing.T, base, keys string) string {
 // money brake's cases of the day fail as well with soft ceilings and a
 // fallback model, and those of the limits with a mode in shadow mode.
 func TestBrokenLimitFails(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		limit  string
@@ -252,9 +254,13 @@ func TestBrokenLimitFails(t *testing.T) {
 		}},
 		{"one failure more before the cooldown", "invites.fail_limit", shadowKeys, func(c *app.Config) { c.Invites.FailLimit++ }},
 	} {
-		t.Run(tc.name, func(t *testing.T) { failsOnly(t, small(t), tc.limit, tc.tamper) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			failsOnly(t, small(t), tc.limit, tc.tamper)
+		})
 		if tc.also != "" {
 			t.Run(tc.name+" (soft ceilings or shadow)", func(t *testing.T) {
+				t.Parallel()
 				failsOnly(t, load(t, withKeys(t, smallTOML, tc.also)), tc.limit, tc.tamper)
 			})
 		}
@@ -288,6 +294,7 @@ func failsOnly(t *testing.T, cfg app.Config, limit string, tamper func(c *app.Co
 // On a config of its own the selftest holds too, and says which limits
 // it tested scaled down.
 func TestSmallConfigHolds(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	if _, err := Run(context.Background(), small(t), &out, Options{}); err != nil {
 		t.Fatalf("Run: %v\n%s", err, out.String())
@@ -309,6 +316,7 @@ func TestSmallConfigHolds(t *testing.T) {
 // the shipped config, the snippet's lines verbatim, the selftest holds:
 // reads past the soft line go to the fallback model and cost its price.
 func TestDegradeBeforeDenyHolds(t *testing.T) {
+	t.Parallel()
 	cfg := load(t, withKeys(t, file(t, "config.toml"), docSnippet(t, "Degrade before deny")))
 	if cfg.OCR.FallbackModel == "" || !cfg.Budget.HasSoft() {
 		t.Fatalf("the snippet set no soft ceiling or fallback model: %+v", cfg.Budget)
@@ -332,6 +340,7 @@ func TestDegradeBeforeDenyHolds(t *testing.T) {
 // flight count at their worst case) and to the fallback past it, each at
 // its own price: the selftest bills them so, and the money ceilings hold.
 func TestSmallDegradedHolds(t *testing.T) {
+	t.Parallel()
 	cfg := load(t, withKeys(t, smallTOML, smallDegraded))
 	var out bytes.Buffer
 	results, err := Run(context.Background(), cfg, &out, Options{})
@@ -353,6 +362,7 @@ func TestSmallDegradedHolds(t *testing.T) {
 // counted, not enforced; the run passes. The limits that cannot be
 // shadowed still hold.
 func TestShadowModeIsSaid(t *testing.T) {
+	t.Parallel()
 	cfg := load(t, withKeys(t, file(t, "config.toml"), shadowKeys+"[plans.pro]\ndaily_mode = \"shadow\"\n"))
 	var out bytes.Buffer
 	results, err := Run(context.Background(), cfg, &out, Options{Scale: 40})
@@ -383,11 +393,18 @@ func TestShadowModeIsSaid(t *testing.T) {
 // gets no answer (a client timeout on a loaded machine does the same).
 type lossy struct {
 	Service
-	proxy *httptest.Server
+	proxy     *httptest.Server
+	transport *http.Transport
 }
 
 func (l lossy) URL() string { return l.proxy.URL }
-func (l lossy) Close()      { l.proxy.Close(); l.Service.Close() }
+func (l lossy) Close() {
+	l.proxy.Close()
+	// A connection the proxy dialled and never used would hold the
+	// service's shutdown for seconds.
+	l.transport.CloseIdleConnections()
+	l.Service.Close()
+}
 
 func openLossy(n int64) Opener {
 	return func(ctx context.Context, cfg app.Config, now func() time.Time) (Service, error) {
@@ -400,6 +417,8 @@ func openLossy(n int64) Opener {
 			return nil, err
 		}
 		forward := httputil.NewSingleHostReverseProxy(target)
+		transport := http.DefaultTransport.(*http.Transport).Clone()
+		forward.Transport = transport
 		var reads atomic.Int64
 		var seen sync.Map // Idempotency-Keys sent before: a repeat is never lost
 		proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -411,7 +430,7 @@ func openLossy(n int64) Opener {
 			}
 			forward.ServeHTTP(w, r)
 		}))
-		return lossy{s, proxy}, nil
+		return lossy{s, proxy, transport}, nil
 	}
 }
 
@@ -419,9 +438,12 @@ func openLossy(n int64) Opener {
 // sends it again with its Idempotency-Key and gets the kept answer, so
 // the limits hold. Without that, every ceiling seemed to stop short.
 func TestLostAnswersAreCounted(t *testing.T) {
+	t.Parallel()
 	cfg := load(t, withKeys(t, smallTOML, "[limits.user]\nrate = 0\nburst = 0\n"))
 	var out bytes.Buffer
-	if _, err := Run(context.Background(), cfg, &out, Options{Open: openLossy(7)}); err != nil {
+	// The lost reads were answered before their answers were dropped:
+	// the repeat needs no second's wait to find the kept answer.
+	if _, err := Run(context.Background(), cfg, &out, Options{Open: openLossy(7), retryWait: 100 * time.Millisecond}); err != nil {
 		t.Fatalf("Run: %v\n%s", err, out.String())
 	}
 	if strings.Contains(out.String(), "EOF") {

@@ -44,6 +44,7 @@ var (
 // NewDatabase started, if any: call it from TestMain.
 func Main(m *testing.M) int {
 	code := m.Run()
+	dropTemplates()
 	if serverStop != nil {
 		serverStop()
 	}
@@ -76,18 +77,34 @@ func ServerURL(t testing.TB) string {
 // database is dropped when t ends (its connections closed first).
 func NewDatabase(t testing.TB) string {
 	t.Helper()
-	admin := ServerURL(t)
+	return newDatabase(t, ServerURL(t), "")
+}
+
+// newDatabase is NewDatabase on the server admin, with the clauses more
+// of CREATE DATABASE (" TEMPLATE name").
+func newDatabase(t testing.TB, admin, more string) string {
+	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "bw_test_" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", redact(admin), err)
+	create := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Fatalf("pgtest: connect to %s: %v", redact(admin), err)
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+name+more)
+		return err
 	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	var err error
+	if more == "" {
+		err = create()
+	} else {
+		err = execAdmin(admin, "CREATE DATABASE "+name+more)
+	}
+	if err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
 	t.Cleanup(func() {
