@@ -2,7 +2,6 @@ package hostile
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"breakwater/detect"
-	"breakwater/server/keys"
 	"breakwater/storage"
 	"breakwater/test/harness"
 )
@@ -130,6 +128,25 @@ func fill(t *testing.T, path string, rows func(add func(detect.Event))) (events 
 	return events
 }
 
+// fillCommand runs the fill command (built without -race) on the
+// database at path with args and returns how many rows it wrote.
+func fillCommand(t *testing.T, path string, args ...string) int64 {
+	t.Helper()
+	serverBinary(t)
+	cmd := exec.Command(build.fill, append([]string{"-db", path}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("fill %v: %v\n%s", args, err, stderr.Bytes())
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		t.Fatalf("fill %v: %q", args, out)
+	}
+	return n
+}
+
 // serveDB starts the server on the database at dbPath (a config of
 // defaults beside it) and waits for both listeners; it returns the
 // process and the path of a config the CLI can use to reach its admin
@@ -232,17 +249,10 @@ func TestRecordedThroughTheAdminAPI(t *testing.T) {
 	now := time.Now().UTC()
 	day := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
 	const users, perUser = 10_000, 100
-	stored := fill(t, dbPath, func(add func(detect.Event)) {
-		// Each user's requests, 800 s apart, all day; written in time
-		// order, as the recorder does.
-		for i := range perUser {
-			for u := range users {
-				at := day.Add(time.Duration(i*users+u) * 80 * time.Millisecond)
-				add(detect.Event{Time: at, UserID: fmt.Sprintf("user-%05d", u), KeyID: "k", Plan: plan, IP: "192.0.2.1",
-					Route: "/v1/ocr", Outcome: "ok", Status: 200, Bytes: 1000, LatencyMS: 900, PromptTokens: 300, OutputTokens: 100, CostMicroUSD: 60})
-			}
-		}
-	})
+	// Each user's requests, 800 s apart, all day; written in time order,
+	// as the recorder does (the fill command, without -race).
+	stored := fillCommand(t, dbPath, "-mode", "events", "-users", itoa(users), "-per-user", itoa(perUser),
+		"-day", day.Format("2006-01-02"), "-plan", plan)
 	if stored != users*perUser {
 		t.Fatalf("stored %d events", stored)
 	}
@@ -399,27 +409,10 @@ func TestUsageOfManyUsers(t *testing.T) {
 	_, bin := serverBinary(t)
 	dbPath := filepath.Join(t.TempDir(), "breakwater.db")
 	const users = 100_000
-	db, err := storage.Open(dbPath, storage.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created := time.Now().UTC()
-	// Each user with a key, 10,000 in a transaction: a transaction a
-	// user (PutUser) took 70 s under -race. A key is not in the usage
-	// list, so the answer is the same.
-	ks, us := make([]keys.Key, users), make([]keys.User, users)
-	for i := range users {
-		id := fmt.Sprintf("user-%06d", i)
-		ks[i] = keys.Key{ID: "key_" + id, Hash: sha256.Sum256([]byte("bw_" + id)), UserID: id, CreatedAt: created}
-		us[i] = keys.User{ID: id, Plan: plan, CreatedAt: created}
-	}
-	for i := 0; i < users; i += 10_000 { // bbolt's nodes split at commit: one transaction of 100,000 puts is quadratic
-		if err := db.CreateKeys(ks[i:i+10_000], us[i:i+10_000]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
+	// Each user with a key (a key is not in the usage list, so the answer
+	// is the same), 10,000 in a transaction, by the fill command.
+	if n := fillCommand(t, dbPath, "-mode", "users", "-users", itoa(users), "-plan", plan); n != users {
+		t.Fatalf("stored %d users", n)
 	}
 	_, cli := serveDB(t, dbPath)
 	r := runBounded(t, bin, 256<<20, []string{"BREAKWATER_ADMIN_TOKEN=" + adminToken}, "usage", "--config", cli, "--json")
