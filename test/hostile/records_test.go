@@ -18,6 +18,15 @@ import (
 	"breakwater/test/harness"
 )
 
+// parallelNote: the tests without a legitimate client timed beside a
+// flood (TestMemoryPerUser's three and the records tests here) run two
+// at a time, after the flood tests, which run one at a time: each has a
+// server and a database of its own, and what they assert (the peak
+// resident set and memory per key of their own processes, what the
+// commands read) does not hang on how long another test takes. The
+// users of TestMemoryPerUser wait on a durable write each.
+const parallelNote = 0
+
 // The evidence tools (replay, thresholds, usage) against recorded
 // traffic far larger than a run of the other scenarios makes: the rows
 // are written straight into the database through storage's API, then
@@ -244,6 +253,7 @@ type replayJSON struct {
 // now the server streams them a page at a time and the CLI measures them
 // as they come, both in bounded memory.
 func TestRecordedThroughTheAdminAPI(t *testing.T) {
+	t.Parallel() // see parallelNote
 	_, bin := serverBinary(t)
 	dbPath := filepath.Join(t.TempDir(), "breakwater.db")
 	now := time.Now().UTC()
@@ -304,6 +314,7 @@ func TestRecordedThroughTheAdminAPI(t *testing.T) {
 // million; now both run in the memory of the rows and the keys, and the
 // flood is left out of the suggested lines, which say so.
 func TestRefusalRowsAsCounts(t *testing.T) {
+	t.Parallel() // see parallelNote
 	_, bin := serverBinary(t)
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "breakwater.db")
@@ -406,6 +417,7 @@ func TestRefusalRowsAsCounts(t *testing.T) {
 // about 18 MB: "unexpected end of JSON input"; now it reads answers of
 // any size.
 func TestUsageOfManyUsers(t *testing.T) {
+	t.Parallel() // see parallelNote
 	_, bin := serverBinary(t)
 	dbPath := filepath.Join(t.TempDir(), "breakwater.db")
 	const users = 100_000
