@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,7 +12,8 @@ import (
 )
 
 // TestMain lets the test binary serve as the harness's own children (the
-// bare Echo server and the Redis peer), as the harness binary does.
+// bare Echo server and the Redis peer), as the harness binary does, and
+// builds breakwater once for both smoke tests.
 func TestMain(m *testing.M) {
 	if child, err := childMain(); child {
 		if err != nil {
@@ -20,7 +22,26 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "breakwater-bench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if prebuilt, err = buildBreakwater(root, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
 }
 
 // smokePlan runs every case and every memory figure, briefly and small.
@@ -39,6 +60,7 @@ var smokePlan = plan{
 // wrote one. It judges no timing: shared CI machines are too noisy for
 // that.
 func TestSmoke(t *testing.T) {
+	t.Parallel() // beside TestSmokePostgres: both mostly wait out their cases' seconds, and neither judges timing
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)

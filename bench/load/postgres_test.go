@@ -28,6 +28,7 @@ import (
 // open-loop search and the one-client runs ran, and that the report shows
 // it all. It judges no timing.
 func TestSmokePostgres(t *testing.T) {
+	t.Parallel() // beside TestSmoke: both mostly wait out their cases' seconds, and neither judges timing
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -240,8 +240,16 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// buildBreakwater builds the binary from the module at root into dir.
+// prebuilt, when set, is the binary buildBreakwater returns instead of
+// building one: the tests build it once for both smoke tests (TestMain).
+var prebuilt string
+
+// buildBreakwater builds the binary from the module at root into dir (or
+// returns prebuilt).
 func buildBreakwater(root, dir string) (string, error) {
+	if prebuilt != "" {
+		return prebuilt, nil
+	}
 	bin := filepath.Join(dir, "breakwater")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Dir = root

@@ -347,7 +347,28 @@ func PNG() []byte { return NthPNG(0) }
 // NthPNG returns a small valid PNG image, a different one for each n (the
 // bits of n are drawn in its last row), for tests where a repeated image
 // would be answered from the same-image window.
+//
+// It is cheap under -race, where a burst of 200 clients each encoding
+// its image spent seconds of the test's CPU and starved the fake Gemini
+// in the same process (an upstream timeout, a 502): the stripes are drawn
+// once, the image is stored uncompressed, and the encoder's buffers (a
+// zlib writer is some 800 KiB, about 25 ms of -race's bookkeeping to
+// allocate) are reused.
 func NthPNG(n uint64) []byte {
+	img := image.NewGray(image.Rect(0, 0, 64, 24))
+	copy(img.Pix, stripes())
+	for x := range 64 {
+		if n>>uint(x)&1 == 1 {
+			img.SetGray(x, 23, color.Gray{Y: 0})
+		}
+	}
+	var b bytes.Buffer
+	_ = pngEncoder.Encode(&b, img) // cannot fail on a bytes.Buffer
+	return b.Bytes()
+}
+
+// stripes is the pixels NthPNG draws its bits on: black bars on white.
+var stripes = sync.OnceValue(func() []byte {
 	img := image.NewGray(image.Rect(0, 0, 64, 24))
 	for y := range 24 {
 		for x := range 64 {
@@ -358,14 +379,37 @@ func NthPNG(n uint64) []byte {
 			}
 		}
 	}
-	for x := range 64 {
-		if n>>uint(x)&1 == 1 {
-			img.SetGray(x, 23, color.Gray{Y: 0})
-		}
+	return img.Pix
+})
+
+// pngEncoder encodes NthPNG's images, uncompressed, with reused buffers.
+var pngEncoder = png.Encoder{CompressionLevel: png.NoCompression, BufferPool: &pngBuffers{}}
+
+// pngBuffers is a png.EncoderBufferPool safe for concurrent use, of at
+// most 16 buffers. It is no sync.Pool, which under -race drops what it is
+// given at random.
+type pngBuffers struct {
+	mu   sync.Mutex
+	free []*png.EncoderBuffer
+}
+
+func (p *pngBuffers) Get() *png.EncoderBuffer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) == 0 {
+		return nil // the encoder makes a new one
 	}
-	var b bytes.Buffer
-	_ = png.Encode(&b, img) // cannot fail on a bytes.Buffer
-	return b.Bytes()
+	b := p.free[len(p.free)-1]
+	p.free = p.free[:len(p.free)-1]
+	return b
+}
+
+func (p *pngBuffers) Put(b *png.EncoderBuffer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) < 16 { // a burst's encoders are few at a time: no more are kept
+		p.free = append(p.free, b)
+	}
 }
 
 // BuildForMain is the start of a TestMain that runs the real binary: it

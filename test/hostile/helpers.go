@@ -99,14 +99,15 @@ burst = 1000
 	return os.WriteFile(path, []byte(body), 0o600)
 }
 
-// The server and the flood command are built once per test run, both
-// without -race.
+// The server and the flood and fill commands are built once per test
+// run, all without -race.
 var build struct {
 	once  sync.Once
 	dir   string
 	root  string
 	bin   string
 	flood string
+	fill  string
 	err   error
 }
 
@@ -124,11 +125,14 @@ func serverBinary(t *testing.T) (root, bin string) {
 		if build.bin, build.err = harness.Build(ctx, build.root, build.dir); build.err != nil {
 			return
 		}
-		build.flood = filepath.Join(build.dir, "flood")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", build.flood, "./test/hostile/flood")
-		cmd.Dir = build.root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			build.err = fmt.Errorf("go build flood: %w\n%s", err, out)
+		build.flood, build.fill = filepath.Join(build.dir, "flood"), filepath.Join(build.dir, "fill")
+		for _, c := range [][2]string{{build.flood, "./test/hostile/flood"}, {build.fill, "./test/hostile/fill"}} {
+			cmd := exec.CommandContext(ctx, "go", "build", "-o", c[0], c[1])
+			cmd.Dir = build.root
+			if out, err := cmd.CombinedOutput(); err != nil {
+				build.err = fmt.Errorf("go build %s: %w\n%s", c[1], err, out)
+				return
+			}
 		}
 	})
 	if build.err != nil {

@@ -297,7 +297,9 @@ const (
 // with its own e-mail, as a guessing bot sends them), measured at two
 // sizes or more.
 func TestMemoryPerUser(t *testing.T) {
+	t.Parallel() // see parallelNote
 	t.Run("users", func(t *testing.T) {
+		t.Parallel()
 		e := start(t, defaults)
 		e.warm(e.mustKey("warm"), 200)
 		// Keys are created one durable write at a time, 50 to 500 a
@@ -308,6 +310,7 @@ func TestMemoryPerUser(t *testing.T) {
 	// Each IP's wrong code counts towards its fail limit and its e-mail's,
 	// with the service-wide net out of the way: the most an IP costs.
 	t.Run("ips", func(t *testing.T) {
+		t.Parallel()
 		e := start(t, defaults)
 		e.flood("-mode", "ips", "-from", "0", "-to", "200", "-workers", "4").wait() // warm-up
 		measure(t, e, "ips", pick([]int{2_000, 20_000}, []int{2_000, 20_000, 200_000}), maxPerIP)
@@ -316,6 +319,7 @@ func TestMemoryPerUser(t *testing.T) {
 	// early in the run and refuses every verification: an IP then costs
 	// its rate window only, which is still taken.
 	t.Run("ips behind the net", func(t *testing.T) {
+		t.Parallel()
 		c := defaults
 		c.InviteNet = 0
 		e := start(t, c)

@@ -14,10 +14,18 @@ import (
 	"time"
 
 	"breakwater/detect"
-	"breakwater/server/keys"
 	"breakwater/storage"
 	"breakwater/test/harness"
 )
+
+// parallelNote: the tests without a legitimate client timed beside a
+// flood (TestMemoryPerUser's three and the records tests here) run two
+// at a time, after the flood tests, which run one at a time: each has a
+// server and a database of its own, and what they assert (the peak
+// resident set and memory per key of their own processes, what the
+// commands read) does not hang on how long another test takes. The
+// users of TestMemoryPerUser wait on a durable write each.
+const parallelNote = 0
 
 // The evidence tools (replay, thresholds, usage) against recorded
 // traffic far larger than a run of the other scenarios makes: the rows
@@ -129,6 +137,25 @@ func fill(t *testing.T, path string, rows func(add func(detect.Event))) (events 
 	return events
 }
 
+// fillCommand runs the fill command (built without -race) on the
+// database at path with args and returns how many rows it wrote.
+func fillCommand(t *testing.T, path string, args ...string) int64 {
+	t.Helper()
+	serverBinary(t)
+	cmd := exec.Command(build.fill, append([]string{"-db", path}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("fill %v: %v\n%s", args, err, stderr.Bytes())
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		t.Fatalf("fill %v: %q", args, out)
+	}
+	return n
+}
+
 // serveDB starts the server on the database at dbPath (a config of
 // defaults beside it) and waits for both listeners; it returns the
 // process and the path of a config the CLI can use to reach its admin
@@ -226,22 +253,16 @@ type replayJSON struct {
 // now the server streams them a page at a time and the CLI measures them
 // as they come, both in bounded memory.
 func TestRecordedThroughTheAdminAPI(t *testing.T) {
+	t.Parallel() // see parallelNote
 	_, bin := serverBinary(t)
 	dbPath := filepath.Join(t.TempDir(), "breakwater.db")
 	now := time.Now().UTC()
 	day := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
 	const users, perUser = 10_000, 100
-	stored := fill(t, dbPath, func(add func(detect.Event)) {
-		// Each user's requests, 800 s apart, all day; written in time
-		// order, as the recorder does.
-		for i := range perUser {
-			for u := range users {
-				at := day.Add(time.Duration(i*users+u) * 80 * time.Millisecond)
-				add(detect.Event{Time: at, UserID: fmt.Sprintf("user-%05d", u), KeyID: "k", Plan: plan, IP: "192.0.2.1",
-					Route: "/v1/ocr", Outcome: "ok", Status: 200, Bytes: 1000, LatencyMS: 900, PromptTokens: 300, OutputTokens: 100, CostMicroUSD: 60})
-			}
-		}
-	})
+	// Each user's requests, 800 s apart, all day; written in time order,
+	// as the recorder does (the fill command, without -race).
+	stored := fillCommand(t, dbPath, "-mode", "events", "-users", itoa(users), "-per-user", itoa(perUser),
+		"-day", day.Format("2006-01-02"), "-plan", plan)
 	if stored != users*perUser {
 		t.Fatalf("stored %d events", stored)
 	}
@@ -293,6 +314,7 @@ func TestRecordedThroughTheAdminAPI(t *testing.T) {
 // million; now both run in the memory of the rows and the keys, and the
 // flood is left out of the suggested lines, which say so.
 func TestRefusalRowsAsCounts(t *testing.T) {
+	t.Parallel() // see parallelNote
 	_, bin := serverBinary(t)
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "breakwater.db")
@@ -395,21 +417,14 @@ func TestRefusalRowsAsCounts(t *testing.T) {
 // about 18 MB: "unexpected end of JSON input"; now it reads answers of
 // any size.
 func TestUsageOfManyUsers(t *testing.T) {
+	t.Parallel() // see parallelNote
 	_, bin := serverBinary(t)
 	dbPath := filepath.Join(t.TempDir(), "breakwater.db")
 	const users = 100_000
-	db, err := storage.Open(dbPath, storage.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created := time.Now().UTC()
-	for i := range users {
-		if err := db.PutUser(keys.User{ID: fmt.Sprintf("user-%06d", i), Plan: plan, CreatedAt: created}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
+	// Each user with a key (a key is not in the usage list, so the answer
+	// is the same), 10,000 in a transaction, by the fill command.
+	if n := fillCommand(t, dbPath, "-mode", "users", "-users", itoa(users), "-plan", plan); n != users {
+		t.Fatalf("stored %d users", n)
 	}
 	_, cli := serveDB(t, dbPath)
 	r := runBounded(t, bin, 256<<20, []string{"BREAKWATER_ADMIN_TOKEN=" + adminToken}, "usage", "--config", cli, "--json")

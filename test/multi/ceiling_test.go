@@ -2,7 +2,6 @@ package multi
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -78,7 +77,8 @@ func TestDailyUSDAcrossInstances(t *testing.T) {
 // burstRetrying is burst with each client retrying, after a short pause,
 // an answer with the code retry (at most 200 times, within ctx).
 func (p *pair) burstRetrying(ctx context.Context, n int, retry string) []result {
-	client := &http.Client{Timeout: 30 * time.Second}
+	client := burstClient(n)
+	defer client.CloseIdleConnections()
 	out := make([]result, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,6 +39,25 @@ import (
 //     flood's stretch. Every stretch is one resync period long and starts
 //     halfway between two resyncs, so that each holds each instance's
 //     resync once, reported within it.
+
+// soakEnv is the variable that runs the module's one soak: the floods'
+// counts of transactions, TestFloodsCostNoTransactions and
+// TestGuardedFloodsCostNoTransactions.
+const soakEnv = "BREAKWATER_SOAK"
+
+// soak skips t unless soakEnv is 1. The flood tests wait out stretches of
+// 30 s to read PostgreSQL's count of transactions (about 140 and 170 s,
+// most of this package's time), and that count, within ±10, is only as
+// steady as the machine is quiet: run beside other tests (other packages
+// in go test ./..., or this package's own bursts), a stretch strayed by
+// 60 (measured). .ci/run runs them alone, after the suite, with
+// BREAKWATER_SOAK=1.
+func soak(t *testing.T) {
+	t.Helper()
+	if os.Getenv(soakEnv) != "1" {
+		t.Skip("a soak: .ci/run runs it alone after the suite, with " + soakEnv + "=1")
+	}
+}
 
 // statLag is how long after some work its transactions are all in
 // pg_stat_database: PGSTAT_IDLE_INTERVAL (10 s), and a second for the
@@ -234,6 +254,7 @@ func randomKey() string {
 // in memory: at most 10 as well. Last, a user banned and unbanned
 // through A is served by B within a second of the unban.
 func TestFloodsCostNoTransactions(t *testing.T) {
+	soak(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
 	dbURL := pgtest.NewDatabase(t)

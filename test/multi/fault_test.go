@@ -26,6 +26,16 @@ type load struct {
 	rs []result
 }
 
+// refusedPause is how long a client of startLoad waits after an answer
+// other than a 200 (or none: the killed instance's refused connection).
+// Until harness.NthPNG was made cheap, each request's image cost its
+// client some 25 ms of CPU under -race, which paced the clients; with a
+// 2 ms pause alone they sent ten to twenty times the refused requests
+// (544 connections refused where 42 were, in the daily_requests kill),
+// CPU the instances under test then lacked. The pause keeps the pace the
+// load was designed with.
+const refusedPause = 25 * time.Millisecond
+
 // startLoad starts workers clients.
 func (p *pair) startLoad(ctx context.Context, workers int) *load {
 	ctx, cancel := context.WithCancel(ctx)
@@ -42,7 +52,7 @@ func (p *pair) startLoad(ctx context.Context, workers int) *load {
 				l.rs = append(l.rs, r)
 				l.mu.Unlock()
 				if r.answer.Status != http.StatusOK {
-					time.Sleep(2 * time.Millisecond) // a refused client does not spin
+					time.Sleep(refusedPause) // a refused client does not spin
 				}
 			}
 		})

@@ -180,6 +180,7 @@ func contains(list []string, s string) bool {
 // a cooldown lifted through A's admin API lets the key through on B
 // within a second, for a route and for the invite check.
 func TestGuardedFloodsCostNoTransactions(t *testing.T) {
+	soak(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
 	dbURL := pgtest.NewDatabase(t)

@@ -47,8 +47,12 @@ const resumeWithin = 2 * time.Second
 // reads the cut instance had in flight for that user at the cut (the
 // documented bound), and the test prints by how many it was.
 func TestCutOffFromTheDatabase(t *testing.T) {
+	t.Parallel() // beside TestDatabaseLatency: each rig is a namespace, a cluster and instances of its own
 	for _, d := range []time.Duration{5 * time.Second, 60 * time.Second} {
-		t.Run(d.String(), func(t *testing.T) { cutOff(t, d) })
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel() // the long cut is a minute of waiting
+			cutOff(t, d)
+		})
 	}
 }
 

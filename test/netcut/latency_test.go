@@ -22,6 +22,7 @@ const dbOneWay = 100 * time.Millisecond
 // quotas stay exact; the test prints what the latency costs an accepted
 // read (p50 and p99 on each instance; docs/INSTANCES.md gives them).
 func TestDatabaseLatency(t *testing.T) {
+	t.Parallel() // beside the cuts: a rig of its own
 	const (
 		ceiling = 1500
 		quota   = 40
