@@ -120,8 +120,7 @@ func (g *Guard) Admit(req Request, now time.Time) (*Admission, *Refusal) {
 		return nil, r
 	}
 	if r := a.look(now); r != nil {
-		a.rate(rateRefusedBeforeBody, now)
-		return nil, r
+		return nil, r // the admission ends with its count, if still due, untaken
 	}
 	admitted := a
 	return &admitted, nil
@@ -157,7 +156,7 @@ func (a *Admission) Look(now time.Time) *Refusal {
 		return nil
 	}
 	a.step = StepReleased
-	if r2 := a.rate(rateLookRefused, now); r2 != nil {
+	if r2 := a.rate(rateEnded, now); r2 != nil {
 		return r2
 	}
 	return r
@@ -224,11 +223,9 @@ func (a *Admission) Gone(ctx context.Context, now time.Time) *Refusal {
 type rateStep uint8
 
 const (
-	rateBeforeBody        rateStep = iota // Admit, AdmitKeyed
-	rateRefusedBeforeBody                 // Admit's looks refused the request
-	rateLookRefused                       // a keyed request's Look refused it
-	rateReserve                           // Reserve
-	rateEnded                             // End, Gone
+	rateBeforeBody rateStep = iota // Admit, AdmitKeyed
+	rateReserve                    // Reserve
+	rateEnded                      // End, Gone, a keyed request's Look refusing it
 )
 
 // rateAt is the one place that decides when layer 1 counts a request
@@ -258,8 +255,6 @@ func (a *Admission) rateAt(s rateStep, joined bool) rateAction {
 		if joined {
 			return rateLater
 		}
-	case rateRefusedBeforeBody:
-		return rateDrop
 	case rateReserve:
 		if joined {
 			return rateInWrite
@@ -271,11 +266,10 @@ func (a *Admission) rateAt(s rateStep, joined bool) rateAction {
 type rateAction uint8
 
 const (
-	rateNone    rateAction = iota // counted already, or dropped
+	rateNone    rateAction = iota // counted already
 	rateLater                     // still due: a later step counts it
 	rateNow                       // counted now, in memory (or the joined store, by the limiter)
 	rateInWrite                   // counted by the reservation's write (takeAndReserve)
-	rateDrop                      // not counted at all
 )
 
 // rate applies rateAt at s.
@@ -294,8 +288,6 @@ func (a *Admission) apply(act rateAction, now time.Time) *Refusal {
 	case rateNow:
 		a.rateDue = false
 		return a.g.count(a.req, now)
-	case rateDrop:
-		a.rateDue = false
 	}
 	return nil
 }

@@ -140,7 +140,6 @@ func (a *Admission) takeAndReserve(aq AttemptsAndQuotas, window limiter.Joined, 
 			return false, nil
 		}
 	}
-	rate = rate && joined
 	if rate {
 		window.Enforce = !g.shadowed(LayerRate, req)
 	} else {
