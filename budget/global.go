@@ -121,8 +121,6 @@ type Reservation struct {
 	// refused, it moves to the fallback at fallbackWorst.
 	underSoft     bool
 	fallbackWorst int64
-	// seq orders the claims of ClaimSoft on one brake (noteSide).
-	seq uint64
 }
 
 // GlobalState is what the global budget starts from, loaded from storage.
@@ -171,12 +169,17 @@ type Global struct {
 	// taken only under the soft ceilings as well (every instance's calls
 	// counted), for the claims of ClaimSoft that go to the primary model.
 	primary DayTotals
-	// side is the side of the soft line that the newest claim of
-	// ClaimSoft decided so far was decided on (its Degraded), sideSeq
-	// that claim's seq and seq the last one given, for
-	// Reservation.NewSide.
-	side             string
-	sideSeq, softSeq uint64
+	// side is the side of the soft line that degraded mode is on (the
+	// Degraded of the claim that entered or left it), for
+	// Reservation.NewSide; lineEpoch counts the turns of the day and the
+	// changes of the soft ceilings, and degradedIn is lineEpoch when
+	// degraded mode was entered (noteSide).
+	side                  string
+	lineEpoch, degradedIn uint64
+	// undecided is what today's primary claims that a shared ledger has
+	// yet to take under the soft ceilings (underSoft) hold in the view:
+	// their calls and their worst cases (ClaimSoft).
+	undecided DayTotals
 	// giveBack is headroom of earlier leases no longer used (a past day,
 	// or ceilings changed by SetConfig), to subtract from the ledger with
 	// the next write.
@@ -274,6 +277,9 @@ func (g *Global) SetConfig(cfg Config) {
 		g.returnLease()
 	case soft != g.soft:
 		g.returnPrimary()
+	}
+	if soft != g.soft {
+		g.lineEpoch++
 	}
 	g.limits = next
 	g.soft = soft
@@ -474,6 +480,7 @@ func (g *Global) Settled(r Reservation, actual int64) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.decided(&r) // a claim whose Commit failed
 	delta := actual - r.Worst
 	if r.Day == g.day {
 		g.settled += actual
@@ -539,6 +546,8 @@ func (g *Global) Status(now time.Time) Status {
 func (g *Global) rollover(day, month string) {
 	if day > g.day {
 		g.returnLease() // the old day's rest, to its own day
+		g.lineEpoch++
+		g.undecided = DayTotals{}
 		g.day, g.requests, g.spend, g.open = day, 0, 0, 0
 		g.settled, g.settledCalls, g.dead = 0, 0, 0
 	}

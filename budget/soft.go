@@ -44,12 +44,13 @@ func (g *Global) ClaimSoft(primary, fallback int64, now time.Time) (Reservation,
 	if err != nil {
 		return Reservation{}, err
 	}
-	g.softSeq++
-	r.Soft, r.seq = true, g.softSeq
+	r.Soft = true
 	if side == "" && g.shared != nil && g.soft != (ceilings{}) {
 		// Primary if the ledger agrees, at Commit: written even when no
 		// hard ceiling is on, since the soft ones hold across instances.
 		r.underSoft, r.fallbackWorst, r.Unbound = true, fallback, false
+		g.undecided.Requests++
+		g.undecided.SpendMicroUSD += primary
 		return r, nil
 	}
 	g.noteSide(&r, side)
@@ -57,15 +58,23 @@ func (g *Global) ClaimSoft(primary, fallback int64, now time.Time) (Reservation,
 }
 
 // softSide is the first soft ceiling that one more call at worst would
-// pass ("" for none), from the totals in memory. g.mu is held.
+// pass ("" for none), from the totals in memory less g.undecided: this
+// brake's primary claims that a shared ledger has yet to decide. Those
+// may yet go to the fallback, and a read sent to the fallback at once
+// because of them could reach the ledger first and take a primary slot
+// from them (a fallback call counts toward the line too): so a read that
+// passes the line only with them is left to the ledger as well. g.mu is
+// held.
 func (g *Global) softSide(worst int64) string {
 	lim := g.soft
+	u := g.undecided
+	requests, spend, monthSpend := g.requests-u.Requests, g.spend-u.SpendMicroUSD, g.monthSpend-u.SpendMicroUSD
 	switch {
-	case lim.requests > 0 && g.requests+1 > lim.requests:
+	case lim.requests > 0 && requests+1 > lim.requests:
 		return "soft_daily_requests"
-	case lim.dailyMicro > 0 && g.spend+worst > lim.dailyMicro:
+	case lim.dailyMicro > 0 && spend+worst > lim.dailyMicro:
 		return "soft_daily_usd"
-	case lim.monthlyMicro > 0 && g.monthSpend+worst > lim.monthlyMicro:
+	case lim.monthlyMicro > 0 && monthSpend+worst > lim.monthlyMicro:
 		return "soft_monthly_usd"
 	}
 	return ""
@@ -106,8 +115,21 @@ func (g *Global) primaryShare() int64 {
 // now covers final. g.mu is held.
 func (g *Global) confirm(r *Reservation) {
 	if r.underSoft {
-		r.underSoft = false
+		g.decided(r)
 		g.noteSide(r, "")
+	}
+}
+
+// decided takes r, if a shared ledger had yet to decide it, out of what
+// undecided claims hold. g.mu is held.
+func (g *Global) decided(r *Reservation) {
+	if !r.underSoft {
+		return
+	}
+	r.underSoft = false
+	if r.Day == g.day {
+		g.undecided.Requests = max(0, g.undecided.Requests-1)
+		g.undecided.SpendMicroUSD = max(0, g.undecided.SpendMicroUSD-r.Worst)
 	}
 }
 
@@ -117,7 +139,7 @@ func (g *Global) confirm(r *Reservation) {
 // case, and leases as any other claim, or not at all when every ceiling is
 // off. g.mu is held, and the claim was dropped from the view (drop).
 func (g *Global) toFallback(r *Reservation, side string) {
-	r.underSoft = false
+	g.decided(r)
 	r.Worst, r.fallbackWorst = r.fallbackWorst, 0
 	r.Unbound = g.limits == (ceilings{}) && !g.manual
 	if r.Day == g.day {
@@ -132,20 +154,24 @@ func (g *Global) toFallback(r *Reservation, side string) {
 	g.noteSide(r, side)
 }
 
-// noteSide decides r on side of the soft line, and whether it is the
-// first claim on that side since one on the other. A primary claim
-// decided after a newer claim was (a shared ledger's answer at Commit,
-// arriving after a later claim went to the fallback) is primary without
-// leaving degraded mode: a burst at the line enters it once, not once per
-// late answer. g.mu is held.
+// noteSide decides r on side of the soft line, and whether it enters or
+// leaves degraded mode. Degraded mode, once entered, ends only when the
+// day turns or the soft ceilings change (lineEpoch): within them, a
+// primary claim near the line (a shared ledger's late answer, headroom
+// another instance gave back, money in flight settled below its worst
+// case) goes to the primary model without leaving it, so a burst at the
+// line raises one alert, not one each way per such read. g.mu is held.
 func (g *Global) noteSide(r *Reservation, side string) {
 	r.Degraded = side
-	if side == "" && r.seq < g.sideSeq {
+	if side == "" && g.side != "" && g.degradedIn == g.lineEpoch {
 		r.NewSide = false
 		return
 	}
 	r.NewSide = side != g.side
-	g.side, g.sideSeq = side, max(g.sideSeq, r.seq)
+	if r.NewSide && side != "" {
+		g.degradedIn = g.lineEpoch
+	}
+	g.side = side
 }
 
 // tighter is, for each ceiling, the lower of a's and b's that are on.

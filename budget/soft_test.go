@@ -328,3 +328,82 @@ func TestClaimSoftNewSide(t *testing.T) {
 		t.Errorf("sides %v, want %v", got, want)
 	}
 }
+
+// On a shared ledger, three reads claimed at once against a line of two
+// calls, the third one committed and settled first (a quick fallback
+// call): two still go to the primary model. Fails when the third is sent
+// to the fallback at once because of the first two, which the ledger has
+// not yet decided: its call reaches the ledger before them and takes a
+// primary slot.
+func TestUndecidedClaimsKeepTheirPrimarySlots(t *testing.T) {
+	cfg := Config{SoftDailyRequests: 2}
+	book := newBook(cfg)
+	g := mustGlobal(t, cfg, sharedBook{book}, GlobalState{})
+	var rs [3]Reservation
+	for i := range rs {
+		r, err := g.ClaimSoft(1000, 100, leaseNoon)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[i] = r
+	}
+	primary := 0
+	for _, i := range []int{2, 0, 1} {
+		if err := g.Commit(t.Context(), &rs[i]); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Settle(t.Context(), rs[i], rs[i].Worst); err != nil {
+			t.Fatal(err)
+		}
+		if rs[i].Degraded == "" {
+			primary++
+		}
+	}
+	if primary != 2 {
+		t.Errorf("%d of 3 reads on the primary model under a line of 2, want 2: %+v", primary, rs)
+	}
+	if d := book.day(leaseDay); d.Requests != 3 {
+		t.Errorf("the ledger's day: %+v, want 3 calls", d)
+	}
+	if g.undecided != (DayTotals{}) {
+		t.Errorf("undecided claims left: %+v", g.undecided)
+	}
+}
+
+// Near a soft_daily_usd line on one brake, money in flight at its worst
+// case sends a read to the fallback (degraded mode entered, once); the
+// call settling below its worst case lets the next read go to the
+// primary model again, without leaving degraded mode: no alert each way
+// per read near the line. The next day leaves it.
+func TestDegradedModeEndsWithTheDayNotWithOneRead(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	g, err := NewGlobal(Config{SoftDailyUSD: 0.001}, time.UTC, &memLedger{}, GlobalState{Day: "2026-12-03", Month: "2026-12"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	read := func(at time.Time) Reservation {
+		t.Helper()
+		r, err := g.ClaimSoft(600, 10, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		side := map[bool]string{true: "primary", false: "fallback"}[r.Degraded == ""]
+		if r.NewSide {
+			side += "*"
+		}
+		got = append(got, side)
+		return r
+	}
+	first := read(now)
+	second := read(now) // 600 in flight + 600 > 1000
+	g.Settled(first, 100)
+	g.Settled(second, 10)
+	read(now) // 110 + 600 <= 1000: primary, still degraded
+	read(now) // 710 + 600 > 1000
+	read(now.Add(24 * time.Hour))
+	want := []string{"primary", "fallback*", "primary", "fallback", "primary*"}
+	if !slices.Equal(got, want) {
+		t.Errorf("sides %v, want %v", got, want)
+	}
+}
