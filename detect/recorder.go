@@ -164,6 +164,16 @@ func (r *Recorder) loop() {
 	}
 	timer := time.NewTimer(r.opts.FlushInterval)
 	defer timer.Stop()
+	// The timer runs only while something waits to be written (a partial
+	// batch, a tally, a count of lost events): an idle service is not woken
+	// five times a second for nothing.
+	armed := true
+	idle := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(batch) == 0 && t.start.IsZero() && rt.start.IsZero() && answers.start.IsZero() &&
+			r.Dropped() == r.reported.Load()
+	}
 	// take files one event into the batch or a tally, and writes a full
 	// batch.
 	take := func(e Event) {
@@ -214,6 +224,10 @@ func (r *Recorder) loop() {
 				r.flush(r.dropped(drainMinutes(t.drain(batch), time.Time{}, true)))
 				return
 			}
+			if !armed {
+				timer.Reset(r.opts.FlushInterval)
+				armed = true
+			}
 			time.Sleep(gatherPause)
 		case <-timer.C:
 			now := r.opts.Now()
@@ -222,7 +236,9 @@ func (r *Recorder) loop() {
 			}
 			batch = drainMinutes(batch, now, false)
 			batch = r.flush(r.dropped(batch))
-			timer.Reset(r.opts.FlushInterval)
+			if armed = !idle(); armed {
+				timer.Reset(r.opts.FlushInterval)
+			}
 		}
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"breakwater/detect"
@@ -218,4 +220,66 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met within 5s")
+}
+
+// countingWriter counts the events written to it.
+type countingWriter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (w *countingWriter) AppendEvents(events []detect.Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n += len(events)
+	return nil
+}
+
+func (w *countingWriter) written() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// An idle recorder sleeps: once its last batch is written, an hour
+// without events never wakes it (its clock is not read), and the next
+// event is still written within a flush interval; a tally waiting for its
+// window's end keeps it awake until the tally is written. Fails with the
+// timer reset after every flush (18,000 wake-ups an hour).
+func TestRecorderSleepsWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := &countingWriter{}
+		var reads atomic.Int64
+		now := func() time.Time { reads.Add(1); return time.Now() }
+		r := detect.NewRecorder(w, detect.RecorderOptions{Now: now})
+		defer r.Close(context.Background())
+		settle := func(d time.Duration) {
+			time.Sleep(d)
+			synctest.Wait()
+		}
+		r.Record(detect.Event{Time: time.Now(), Route: "ocr", Outcome: "ok"})
+		settle(time.Second)
+		if got := w.written(); got != 1 {
+			t.Fatalf("%d events written, want 1", got)
+		}
+		before := reads.Load()
+		settle(time.Hour)
+		if n := reads.Load() - before; n > 0 {
+			t.Errorf("the idle recorder read its clock %d times in an hour, want none", n)
+		}
+		r.Record(detect.Event{Time: time.Now(), Route: "ocr", Outcome: "ok"})
+		settle(time.Second)
+		if got := w.written(); got != 2 {
+			t.Fatalf("%d events written after an idle hour, want 2", got)
+		}
+		r.Record(detect.Event{Time: time.Now(), Route: detect.RouteInvite, Outcome: "invalid", IP: "192.0.2.7", UserID: "guess@example.com"})
+		settle(time.Second)
+		if got := w.written(); got != 2 {
+			t.Fatalf("%d events written before the tally's window ended, want 2", got)
+		}
+		settle(detect.DefaultTallyWindow + time.Second)
+		if got := w.written(); got <= 2 {
+			t.Errorf("the tally was not written after its window: %d events", got)
+		}
+	})
 }

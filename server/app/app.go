@@ -71,6 +71,11 @@ type Options struct {
 	// BigQueryEndpoint replaces BigQuery's REST API for the daily
 	// reconciliation (a test's fake); "": Google's.
 	BigQueryEndpoint string
+	// WriteBehindEvery is how often the defense layers' memory is copied
+	// to the database. Zero: state.DefaultWriteBehindInterval (a second).
+	// A test that simulates days in a synctest bubble spaces it out: each
+	// copy is a wake-up of the whole service.
+	WriteBehindEvery time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -85,6 +90,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Listen == nil {
 		o.Listen = net.Listen
+	}
+	if o.WriteBehindEvery <= 0 {
+		o.WriteBehindEvery = state.DefaultWriteBehindInterval
 	}
 	return o
 }
@@ -451,7 +459,7 @@ func (a *App) startWriteBehind(guarded []api.Route) error {
 	if err != nil {
 		return err
 	}
-	a.background(func(ctx context.Context) { wb.Run(ctx, state.DefaultWriteBehindInterval) })
+	a.background(func(ctx context.Context) { wb.Run(ctx, a.opts.WriteBehindEvery) })
 	return nil
 }
 

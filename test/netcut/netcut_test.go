@@ -35,21 +35,10 @@ func runMain(m *testing.M) int {
 	defer done()
 	sweepNamespaces(os.Stderr)
 	flag.Parse()
-	if !flagSet("test.parallel") {
-		// The two cuts and the latency test at once, each on a rig of
-		// its own: the long cut is a minute of waiting. go test's
-		// default is GOMAXPROCS slots, 2 here, which would run the
-		// long cut after one of the others.
-		_ = flag.Set("test.parallel", "3")
-	}
+	// The two cuts and the latency test at once, each on a rig of its
+	// own: the long cut is a minute of waiting.
+	harness.Parallel(3)
 	return pgtest.Main(m)
-}
-
-// flagSet reports whether the flag name was given on the command line.
-func flagSet(name string) bool {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }
 
 const (
