@@ -15,6 +15,7 @@ import (
 // service, not per instance (at most 30 upstream calls, counted at the
 // fake), nearly all of it is used, and every 200 has its usage row.
 func TestDailyRequestsAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const ceiling = 30
@@ -48,6 +49,7 @@ const oneCallMicro = 438
 // budget_busy (calls in flight hold the rest at their worst case), as the
 // API asks, so the ceiling is nearly used up.
 func TestDailyUSDAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const ceilingMicro = 30 * oneCallMicro

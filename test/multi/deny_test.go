@@ -324,6 +324,7 @@ func (p *pair) waitBanned(ctx context.Context, t *testing.T, i, user int) {
 // while PostgreSQL (a cluster of the test's own) is stopped; started
 // again, another user is served.
 func TestCachedRefusalsWhilePostgresIsDown(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	cluster := pgtest.NewCluster(t)

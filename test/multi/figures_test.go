@@ -17,6 +17,7 @@ import (
 // figures, not the instance's: today's calls and spend, and each user's
 // reads.
 func TestMoneyFiguresAreTheService(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p := newPair(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 100000, DailyUSD: 50}, 2, 0)

@@ -44,6 +44,15 @@ func run(m *testing.M) int {
 	return pgtest.Main(m)
 }
 
+// Each test has its own database (a cluster, where it stops one), fake
+// Gemini and instances, so most run two at a time (t.Parallel; go test's
+// default of GOMAXPROCS at once). The tests of the shared defense limits
+// (limits_test.go) and the soak's floods run alone, before the others: a
+// limit the database does not decide within postgres.LimitTimeout
+// (300 ms) is decided in memory, as it should be, and would no longer be
+// exact, as they check, on a machine loaded by another test.
+const parallelNote = 0
+
 const (
 	adminToken = "multi-test-admin-token-0123456789abcdef"
 	secret     = "multi-test-server-secret-0123456789"

@@ -27,6 +27,7 @@ const propagationBound = time.Second
 // both. Each delay is measured from the change's answer to the first
 // request that shows it, and printed.
 func TestOperatorChangesReachTheOtherInstance(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p := newPair(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 100000}, 2, 0)
@@ -133,6 +134,7 @@ func (p *pair) until(ctx context.Context, t *testing.T, start time.Time, i, user
 // Idempotency-Key and retried on B gets A's answer byte for byte, and is
 // charged once: one upstream call, one usage row.
 func TestIdempotentRetryOnTheOtherInstance(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p := newPair(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 100000}, 1, 0)
@@ -160,6 +162,7 @@ func TestIdempotentRetryOnTheOtherInstance(t *testing.T) {
 // the advisory lock, the other waits and finds it done), and a key the
 // CLI creates afterwards works on both.
 func TestStartTogetherOnAFreshDatabase(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dbURL := pgtest.NewDatabase(t)

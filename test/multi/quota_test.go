@@ -13,6 +13,7 @@ import (
 // TestQuotaRaceAcrossInstances: one read left of a monthly quota, 20
 // requests at once spread over both instances: exactly one 200.
 func TestQuotaRaceAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const quota = 3
@@ -50,6 +51,7 @@ func TestQuotaRaceAcrossInstances(t *testing.T) {
 // requests of one user at once over both instances: exactly 7 pass, and
 // the rest are refused by the line before any upstream call.
 func TestDailyLineAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const line = 7

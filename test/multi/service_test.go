@@ -118,6 +118,7 @@ func seedFailures(t *testing.T, dbURL string) {
 // for the service, one run record, and both instances' dashboards see
 // the findings.
 func TestDetectionOnceForTheService(t *testing.T) {
+	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
 	smtp := smtptest.Start(t, "127.0.0.1:0")
 	seedFailures(t, dbURL)
@@ -146,6 +147,7 @@ func TestDetectionOnceForTheService(t *testing.T) {
 // refuses on both instances, each refusal raising the brake alert: one
 // alert mail for the service, not one per instance.
 func TestBrakeAlertOnceForTheService(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	smtp := smtptest.Start(t, "127.0.0.1:0")
@@ -201,6 +203,7 @@ func (p *pair) scrapeMetrics(ctx context.Context, t *testing.T, i int) string {
 // breakwater_refusals_total, which counts only what that instance refused
 // since it started.
 func TestServiceRefusalsOnEveryInstance(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p := newServicePair(t, pgtest.NewDatabase(t), "")

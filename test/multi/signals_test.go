@@ -42,6 +42,7 @@ const hookEnv = "BREAKWATER_TEST_HOOK_URL"
 // client gets the brake's own answer (budget_paused or budget_busy),
 // never usage_unavailable.
 func TestCeilingRaceAlertsTheBrakeOnly(t *testing.T) {
+	t.Parallel()
 	for _, race := range ceilingRaces {
 		t.Run(race.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -47,6 +47,7 @@ func byModel(t *testing.T, rs []result) map[string]int {
 // view, refreshed once a second: a burst spends the soft band at primary
 // prices (150 primary).
 func TestSoftLineAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	p := newGroup(t, pgtest.NewDatabase(t), harness.Config{DailyRequests: 200}, 15, 20*time.Millisecond, 3,
@@ -77,6 +78,7 @@ func TestSoftLineAcrossInstances(t *testing.T) {
 // worst cases fit go to it. Fails with the side read from each instance's
 // view (every read of the burst on the primary).
 func TestSoftUSDAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	price, known := ocr.Config{Model: harness.Model, Price: ocr.Price{MaxOutputTokens: 40}}.PriceOf(harness.Model)

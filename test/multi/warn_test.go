@@ -29,6 +29,7 @@ url_env = "BW_TEST_HOOK_URL"
 // 80% warnings, then brake_engaged, within seconds, each once for the
 // service.
 func TestEarlyWarningsBeforeTheBrakeAcrossInstances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	hook, err := harness.NewWebhook()
