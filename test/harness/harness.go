@@ -15,7 +15,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"image"
 	"image/color"
@@ -437,19 +436,6 @@ func BuildForMain(name string) (bin string, cleanup func(), err error) {
 		return "", nil, err
 	}
 	return bin, cleanup, nil
-}
-
-// Parallel sets go test's -parallel to n unless the command line set it:
-// for a package whose tests mostly wait on processes and databases, not
-// on this process's CPU, where go test's default (GOMAXPROCS slots, 2 on
-// a 2-core machine) would run them nearly one after the other. Call it
-// from TestMain, after flag.Parse.
-func Parallel(n int) {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", fmt.Sprint(n))
-	}
 }
 
 // StopAll stops every process of procs at once (nil ones skipped), each

@@ -37,7 +37,7 @@ func runMain(m *testing.M) int {
 	flag.Parse()
 	// The two cuts and the latency test at once, each on a rig of its
 	// own: the long cut is a minute of waiting.
-	harness.Parallel(3)
+	pgtest.Parallel(3)
 	return pgtest.Main(m)
 }
 

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -49,6 +50,22 @@ func Main(m *testing.M) int {
 		serverStop()
 	}
 	return code
+}
+
+// Parallel sets go test's -parallel to n unless the command line set it:
+// for a package whose tests mostly wait on processes and databases, not
+// on this process's CPU, where go test's default (GOMAXPROCS slots, 2 on
+// a 2-core machine) would run them nearly one after the other. Call it
+// from TestMain, before Main.
+func Parallel(n int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", fmt.Sprint(n))
+	}
 }
 
 // ServerURL returns the admin URL of the server tests use, starting a
