@@ -304,15 +304,7 @@ func TestClaimSoftNewSide(t *testing.T) {
 	var got []string
 	read := func() {
 		t.Helper()
-		r, err := g.ClaimSoft(100, 10, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		side := map[bool]string{true: "primary", false: "fallback"}[r.Degraded == ""]
-		if r.NewSide {
-			side += "*"
-		}
-		got = append(got, side)
+		got = append(got, sideOf(t, g, 100, 10, now).side)
 	}
 	read()
 	if _, err := g.Claim(100, now); err != nil {
@@ -384,16 +376,9 @@ func TestDegradedModeEndsWithTheDayNotWithOneRead(t *testing.T) {
 	var got []string
 	read := func(at time.Time) Reservation {
 		t.Helper()
-		r, err := g.ClaimSoft(600, 10, at)
-		if err != nil {
-			t.Fatal(err)
-		}
-		side := map[bool]string{true: "primary", false: "fallback"}[r.Degraded == ""]
-		if r.NewSide {
-			side += "*"
-		}
-		got = append(got, side)
-		return r
+		c := sideOf(t, g, 600, 10, at)
+		got = append(got, c.side)
+		return c.r
 	}
 	first := read(now)
 	second := read(now) // 600 in flight + 600 > 1000
@@ -406,4 +391,25 @@ func TestDegradedModeEndsWithTheDayNotWithOneRead(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("sides %v, want %v", got, want)
 	}
+}
+
+// sideClaim is a claim of ClaimSoft and its side as the tests write it:
+// "primary" or "fallback", with a "*" when it enters or leaves degraded
+// mode.
+type sideClaim struct {
+	r    Reservation
+	side string
+}
+
+func sideOf(t *testing.T, g *Global, primary, fallback int64, now time.Time) sideClaim {
+	t.Helper()
+	r, err := g.ClaimSoft(primary, fallback, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	side := map[bool]string{true: "primary", false: "fallback"}[r.Degraded == ""]
+	if r.NewSide {
+		side += "*"
+	}
+	return sideClaim{r, side}
 }
