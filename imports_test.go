@@ -58,9 +58,9 @@ func modulePackages(t *testing.T) map[string][]string {
 }
 
 // httpEdge are the packages of the HTTP edge, the only ones but the
-// wiring that know Echo: the transport both listeners share, and the
-// public and the admin API built on it.
-var httpEdge = []string{"breakwater/server/edge", "breakwater/server/api", "breakwater/server/admin"}
+// wiring that know Echo: the transport both listeners share, the public
+// and the admin API built on it, and the helpers their tests share.
+var httpEdge = []string{"breakwater/server/edge", "breakwater/server/api", "breakwater/server/admin", "breakwater/server/edgetest"}
 
 // isHTTPEdge reports whether pkg is one of httpEdge.
 func isHTTPEdge(pkg string) bool { return slices.Contains(httpEdge, pkg) }
@@ -235,6 +235,8 @@ func checkEdgeSplitByAudience(t *testing.T, pkgs map[string][]string) {
 		{"breakwater/server/edge", "breakwater/server/admin"},
 		{"breakwater/server/api", "breakwater/server/admin"},
 		{"breakwater/server/admin", "breakwater/server/api"},
+		{"breakwater/server/edgetest", "breakwater/server/api"},
+		{"breakwater/server/edgetest", "breakwater/server/admin"},
 	} {
 		if chain, ok := moduleDeps(pkgs, rule.pkg)[rule.not]; ok {
 			t.Errorf("%s depends on %s: %s", rule.pkg, rule.not, strings.Join(chain, " -> "))

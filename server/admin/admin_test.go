@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"breakwater/detect"
+	"breakwater/server/edgetest"
 )
 
 func TestAdminNeedsToken(t *testing.T) {
 	e := newTestAdmin(t, adminOptions{})
 	for _, token := range []string{"", "wrong", testAdminToken + "x", e.key} {
 		resp, data := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/api/keys", token))
-		decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+		edgetest.DecodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 	}
 	resp, _ := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/api/keys", testAdminToken))
 	if resp.StatusCode != http.StatusOK {
@@ -54,5 +55,5 @@ func TestRecordedThroughAdminClient(t *testing.T) {
 		t.Errorf("findings %+v", findings)
 	}
 	resp, data := do(t, mustRequest(t, http.MethodGet, e.admin.URL+"/api/recorded?from=2026-11-21T00:00:00Z&to=2026-11-20T00:00:00Z", testAdminToken))
-	decodeProblem(t, resp, data, http.StatusBadRequest, "bad_request")
+	edgetest.DecodeProblem(t, resp, data, http.StatusBadRequest, "bad_request")
 }

@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -116,24 +115,6 @@ func (e *testAdmin) keyOf(t *testing.T, user string) string {
 
 func adminClient(e *testAdmin) *operator.AdminClient {
 	return operator.NewAdminClient(strings.TrimPrefix(e.admin.URL, "http://"), testAdminToken)
-}
-
-func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, code string) edge.Problem {
-	t.Helper()
-	if resp.StatusCode != status {
-		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, data)
-	}
-	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
-		t.Errorf("Content-Type %q, want application/problem+json", ct)
-	}
-	var p edge.Problem
-	if err := json.Unmarshal(data, &p); err != nil {
-		t.Fatalf("decode %s: %v", data, err)
-	}
-	if p.Code != code || p.Status != status || p.Type == "" || p.Title == "" {
-		t.Errorf("problem %+v, want code %q status %d with type and title", p, code, status)
-	}
-	return p
 }
 
 func do(t testing.TB, req *http.Request) (*http.Response, []byte) {

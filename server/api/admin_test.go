@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"breakwater/budget"
+	"breakwater/server/edgetest"
 	"breakwater/server/keys"
 	"breakwater/server/operator"
 	"breakwater/storage"
@@ -52,7 +53,7 @@ func TestAdminClientManagesKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, data = e.post(secret, "image/png", pngBytes(t, 8, 8))
-	decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+	edgetest.DecodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 
 	if _, err := ac.RevokeKey(ctx, "key_nope"); !errors.Is(err, keys.ErrNotFound) {
 		t.Errorf("revoke unknown: %v, want keys.ErrNotFound", err)
@@ -81,7 +82,7 @@ func TestBanTakesEffectOnNextRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
+	edgetest.DecodeProblem(t, resp, data, http.StatusForbidden, "banned")
 	if got := e.gemini.calls.Load(); got != 1 {
 		t.Errorf("%d upstream calls, want 1", got)
 	}
@@ -137,7 +138,7 @@ func TestManualBrake(t *testing.T) {
 	// The answer says what is true: the operator paused the service (not
 	// a spending limit), and to look again in five minutes.
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 8, 8))
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "paused_by_operator")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "paused_by_operator")
 	if got := resp.Header.Get("Retry-After"); got != "300" {
 		t.Errorf("Retry-After %q, want 300", got)
 	}

@@ -16,6 +16,7 @@ import (
 	"breakwater/budget"
 	"breakwater/detect"
 	"breakwater/detect/smtptest"
+	"breakwater/server/edgetest"
 	"breakwater/storage"
 )
 
@@ -81,7 +82,7 @@ func TestBrakeEngagedMailsOnceWithinMinInterval(t *testing.T) {
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 
 	msgs := smtp.WaitFor(t, 1, 5*time.Second)
 	if !strings.Contains(msgs[0].Headers(), "Subject: [breakwater] alert: brake engaged") {
@@ -97,7 +98,7 @@ func TestBrakeEngagedMailsOnceWithinMinInterval(t *testing.T) {
 
 	// A second engagement within min_interval sends nothing.
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 	a.close(t) // drains both queues: anything queued is delivered now
 	if got := len(smtp.Messages()); got != 1 {
 		t.Errorf("%d e-mails, want exactly 1", got)
@@ -117,7 +118,7 @@ func TestSMTPDownNeitherSlowsRequestsNorLosesTheAlert(t *testing.T) {
 	// The second call passes the day's ceiling of one: the brake engages.
 	start := time.Now()
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 	took := time.Since(start)
 	if took > time.Second {
 		t.Errorf("the refusal that raised the alert took %s with SMTP hanging", took)
@@ -216,7 +217,7 @@ func TestDashboardShowsAlerts(t *testing.T) {
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 	smtp.WaitFor(t, 1, 5*time.Second) // the alert has been handled
 	var shown string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -244,7 +245,7 @@ func TestRefusedUpstreamKeyAlertsAtOnce(t *testing.T) {
 			`"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID"}]}}`)
 	})
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 8, 8))
-	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 	if got := rec.got(); len(got) != 1 || got[0] != detect.KindUpstreamKeyRefused {
 		t.Errorf("alerts %v, want %s", got, detect.KindUpstreamKeyRefused)
 	}
@@ -293,7 +294,7 @@ func TestDeadWebhookDoesNotSlowRequests(t *testing.T) {
 			start := time.Now()
 			resp, data := e.post(e.key, "image/png", img)
 			took = append(took, time.Since(start))
-			decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+			edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 			if d := took[len(took)-1]; d > time.Second {
 				t.Errorf("a refusal took %s", d)
 			}

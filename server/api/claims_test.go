@@ -14,6 +14,7 @@ import (
 	"breakwater/budget"
 	"breakwater/ocr"
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 )
 
 // fakeClaims is the shared claims table of storage/postgres as one
@@ -102,7 +103,7 @@ func TestClaimHeldByAnotherInstance(t *testing.T) {
 	img := pngBytes(t, 64, 32)
 	claims.set("alice", "k1", "other")
 	resp, data := e.postKey("k1", img)
-	decodeProblem(t, resp, data, http.StatusConflict, "idempotency_key_in_use")
+	edgetest.DecodeProblem(t, resp, data, http.StatusConflict, "idempotency_key_in_use")
 	if got := resp.Header.Get("Retry-After"); got != "1" {
 		t.Errorf("Retry-After %q, want 1", got)
 	}

@@ -18,6 +18,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/server/admin"
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 	"breakwater/server/operator"
 )
 
@@ -93,7 +94,7 @@ func TestDashboardShowsShadowRefusals(t *testing.T) {
 	}
 	// The events reach the recorder's count through its queue, a moment
 	// after the answers.
-	waitFor(t, "the recorder to count the shadowed refusals", func() bool {
+	edgetest.WaitFor(t, "the recorder to count the shadowed refusals", func() bool {
 		d, err := e.adm.Dashboard(context.Background(), time.Now())
 		return err == nil && len(d.Shadow) == 1 && d.Shadow[0].Count >= 2
 	})

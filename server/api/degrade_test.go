@@ -14,6 +14,7 @@ import (
 	"breakwater/detect"
 	"breakwater/ocr"
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 )
 
 // stopCold ends e as a kill -9 would leave its database: the HTTP server,
@@ -66,7 +67,7 @@ func TestDegradeBeforeDeny(t *testing.T) {
 		read(e, i)
 	}
 	resp, data := e.post(key, "image/png", pngBytes(t, 40, 16))
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 
 	want := []string{ocr.DefaultModel, ocr.DefaultModel, ocr.DefaultModel, ocr.DefaultModel, ocr.DefaultModel,
 		testFallback, testFallback, testFallback, testFallback, testFallback}
@@ -175,7 +176,7 @@ func TestDegradeReloadAndPlans(t *testing.T) {
 	e.brake.SetConfig(budget.Config{DailyRequests: 8, SoftDailyRequests: 2})
 	read(pro) // the 8th call, on the primary model
 	resp, data := e.post(pro, "image/png", pngBytes(t, 99, 16))
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 }
 
 // degradeBurst sends n reads at once, over users of their own (so that no

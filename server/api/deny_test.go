@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"testing"
 
+	"breakwater/server/edgetest"
 	"breakwater/server/guard"
 )
 
@@ -20,7 +21,7 @@ func TestDenyCacheCountedInMetrics(t *testing.T) {
 	var first []byte
 	for i := range refusals {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-		decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+		edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
 		if resp.Header.Get("Retry-After") == "" {
 			t.Errorf("refusal %d without Retry-After", i+1)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"breakwater/server/edgetest"
 	"breakwater/server/keys"
 	"breakwater/storage"
 )
@@ -86,7 +87,7 @@ func TestUserIDsNormalised(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, data := e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
+	edgetest.DecodeProblem(t, resp, data, http.StatusForbidden, "banned")
 }
 
 // TestUserIDInvisibleRefused: an id holding a character that draws
@@ -149,7 +150,7 @@ func TestJWTSubDoesNotShareAPIKeyUser(t *testing.T) {
 		decodeOK(t, resp, data)
 	}
 	resp, data := e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "quota_exceeded")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "quota_exceeded")
 
 	resp, data = e.post(token, "image/png", img)
 	b := decodeOK(t, resp, data)

@@ -27,6 +27,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 	"breakwater/server/jwtauth"
 	"breakwater/server/keys"
 )
@@ -217,7 +218,7 @@ func (e *env) jwtRefusals(reason string) float64 {
 func (e *env) unauthorizedBody() []byte {
 	e.t.Helper()
 	resp, data := e.post("bw_"+strings.Repeat("Z", 32), "image/png", pngBytes(e.t, 8, 8))
-	decodeProblem(e.t, resp, data, http.StatusUnauthorized, "unauthorized")
+	edgetest.DecodeProblem(e.t, resp, data, http.StatusUnauthorized, "unauthorized")
 	return data
 }
 
@@ -225,7 +226,7 @@ func (e *env) unauthorizedBody() []byte {
 func (e *env) expect401(token string, want []byte) {
 	e.t.Helper()
 	resp, data := e.post(token, "image/png", pngBytes(e.t, 8, 8))
-	decodeProblem(e.t, resp, data, http.StatusUnauthorized, "unauthorized")
+	edgetest.DecodeProblem(e.t, resp, data, http.StatusUnauthorized, "unauthorized")
 	if !bytes.Equal(data, want) {
 		e.t.Errorf("401 body %s differs from the API-key 401 %s", data, want)
 	}
@@ -614,7 +615,7 @@ func TestJWTUserBan(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, data = e.post(token, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusForbidden, "banned")
+	edgetest.DecodeProblem(t, resp, data, http.StatusForbidden, "banned")
 	if _, err := adminClient(e).SetBanned(context.Background(), "JWT:user_jwt_ban", false, false); err != nil {
 		t.Fatal(err)
 	}

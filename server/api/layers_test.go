@@ -24,6 +24,7 @@ import (
 	"breakwater/limiter"
 	"breakwater/ocr"
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 	"breakwater/server/guard/state"
 	"breakwater/storage"
 )
@@ -101,7 +102,7 @@ func TestGlobalDailyRequestsNeverOvershot(t *testing.T) {
 		t.Errorf("ledger holds %d requests, want at most 30", day.Requests)
 	}
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-	p := decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	p := edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 	// A ceiling on requests, not money, and without its figure.
 	if !strings.Contains(p.Detail, "ceiling on requests for today") || strings.Contains(p.Detail, "spending") || strings.Contains(p.Detail, "30") {
 		t.Errorf("detail %q, want it to name the ceiling on requests, not a spending limit, and no figure", p.Detail)
@@ -117,7 +118,7 @@ func TestDailyLineCountsFailedAttempts(t *testing.T) {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		statuses[resp.StatusCode]++
 		if resp.StatusCode == http.StatusTooManyRequests {
-			decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+			edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
 			ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 			if ra < 1 || ra > 86400 {
 				t.Errorf("Retry-After %d, want until midnight", ra)
@@ -138,7 +139,7 @@ func TestDailyLineCountsFailedAttempts(t *testing.T) {
 	e2 := newEnv(t, envOptions{attempts: 1})
 	for range 3 {
 		resp, data := e2.post(e2.key, "image/gif", []byte("GIF89a"))
-		decodeProblem(t, resp, data, http.StatusUnsupportedMediaType, "unsupported_media_type")
+		edgetest.DecodeProblem(t, resp, data, http.StatusUnsupportedMediaType, "unsupported_media_type")
 	}
 	resp, data := e2.post(e2.key, "image/png", pngBytes(t, 16, 16))
 	decodeOK(t, resp, data)
@@ -152,7 +153,7 @@ func TestRateLimitAndBurst(t *testing.T) {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		statuses[resp.StatusCode]++
 		if resp.StatusCode == http.StatusTooManyRequests {
-			decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+			edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 			// The first request, at second 0, leaves the window at second 60.
 			if got, want := resp.Header.Get("Retry-After"), strconv.Itoa(60-i); got != want {
 				t.Errorf("request %d: Retry-After %q, want %s", i, got, want)
@@ -214,7 +215,7 @@ func TestDailyUSDSettlesToActualTokens(t *testing.T) {
 	e2 := newEnv(t, envOptions{budget: budget.Config{DailyUSD: 1}})
 	e2.gemini.set(func(w http.ResponseWriter, r *http.Request) { writeUpstreamError(w, 500, "INTERNAL") })
 	resp, data := e2.post(e2.key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 	if err := e2.brake.Close(t.Context()); err != nil { // the lease's unused calls given back
 		t.Fatal(err)
 	}
@@ -262,10 +263,10 @@ func TestMidnightRollover(t *testing.T) {
 		decodeOK(t, resp, data)
 	}
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
 	other := e.newKey("zoe", "")
 	resp, data = e.post(other, "image/png", pngBytes(t, 16, 16))
-	p := decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	p := edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 	if ra := resp.Header.Get("Retry-After"); ra != "2" {
 		t.Errorf("Retry-After %q, want 2 (seconds to midnight)", ra)
 	}
@@ -304,7 +305,7 @@ func TestLayersFailOpen(t *testing.T) {
 	for range 3 {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
 		if resp.StatusCode == http.StatusServiceUnavailable {
-			decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+			edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 			continue
 		}
 		decodeOK(t, resp, data)
@@ -335,7 +336,7 @@ func TestFailedReservationRefusesTheCall(t *testing.T) {
 	e := newEnv(t, envOptions{ledger: ledger, budget: budget.Config{DailyRequests: 100}})
 	for range 3 {
 		resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-		decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+		edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
 		if resp.Header.Get("Retry-After") == "" {
 			t.Error("no Retry-After")
 		}
@@ -386,14 +387,14 @@ func TestRestartKeepsDailyLineAndWindows(t *testing.T) {
 
 	e2 := newEnv(t, opts)
 	resp, data := e2.post(key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "daily_limit")
 	if got := e2.windows.(*limiter.Limiter).Len(); got != 1 {
 		t.Errorf("%d rate windows after restart, want 1", got)
 	}
 	// The fourth request used the last rate slot of the hour; a fifth
 	// is refused by layer 1, as before the restart.
 	resp, data = e2.post(key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 }
 
 // TestRefusalsWriteNothing sends refused requests and checks the database
@@ -412,9 +413,9 @@ func TestRefusalsWriteNothing(t *testing.T) {
 
 	for range 50 {
 		resp, data := e.post(e.key, "image/png", img)
-		decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+		edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 		resp, data = e.post("bw_"+strings.Repeat("x", 32), "image/png", img)
-		decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+		edgetest.DecodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 	}
 	if after := fileHash(t, e.db.Path()); after != before {
 		t.Error("refused requests changed the database file")
@@ -444,7 +445,7 @@ func TestChangedThresholdsTakeEffect(t *testing.T) {
 	resp, data := e.post(e.key, "image/png", img)
 	decodeOK(t, resp, data)
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 
 	e.windows.SetConfig(limiter.Config{Rate: 10, Window: time.Hour})
 	resp, data = e.post(e.key, "image/png", img)
@@ -452,7 +453,7 @@ func TestChangedThresholdsTakeEffect(t *testing.T) {
 
 	e.brake.SetConfig(budget.Config{DailyRequests: 2})
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "budget_paused")
 }
 
 // panickingReader is an upstream client with a bug.
@@ -466,7 +467,7 @@ func TestPanicAfterReserveReleasesSlot(t *testing.T) {
 	e := newEnv(t, envOptions{quota: 1})
 	e.srv.d.Reader = panickingReader{}
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusInternalServerError, "internal")
+	edgetest.DecodeProblem(t, resp, data, http.StatusInternalServerError, "internal")
 	if got := e.quotas.Used("alice", time.Now()); got != 0 {
 		t.Errorf("used %d after a panic, want 0", got)
 	}
@@ -511,7 +512,7 @@ func TestExhaustedUserRefusedBeforeBodyIsRead(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+e.key)
 			req.Header.Set("Content-Type", "image/png")
 			resp, data = do(t, req)
-			decodeProblem(t, resp, data, http.StatusTooManyRequests, c.code)
+			edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, c.code)
 			// The client may have sent some bytes before the answer; the
 			// server did not wait for the 8 MiB.
 			if got := body.n.Load(); got >= 8<<20 {

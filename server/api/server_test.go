@@ -34,6 +34,7 @@ import (
 	"breakwater/ocr"
 	"breakwater/server/admin"
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 	"breakwater/server/guard"
 	"breakwater/server/guard/state"
 	"breakwater/server/invites"
@@ -458,24 +459,6 @@ func decodeOK(t testing.TB, resp *http.Response, data []byte) okBody {
 	return b
 }
 
-func decodeProblem(t testing.TB, resp *http.Response, data []byte, status int, code string) edge.Problem {
-	t.Helper()
-	if resp.StatusCode != status {
-		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, data)
-	}
-	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
-		t.Errorf("Content-Type %q, want application/problem+json", ct)
-	}
-	var p edge.Problem
-	if err := json.Unmarshal(data, &p); err != nil {
-		t.Fatalf("decode %s: %v", data, err)
-	}
-	if p.Code != code || p.Status != status || p.Type == "" || p.Title == "" {
-		t.Errorf("problem %+v, want code %q status %d with type and title", p, code, status)
-	}
-	return p
-}
-
 // usedOnDisk is alice's durable count this month.
 func (e *env) usedOnDisk(user string) int64 {
 	e.t.Helper()
@@ -541,7 +524,7 @@ func TestOCRMultipart(t *testing.T) {
 	_ = mw.WriteField("picture", "x")
 	mw.Close()
 	resp, data = e.post(e.key, mw.FormDataContentType(), body.Bytes())
-	decodeProblem(t, resp, data, http.StatusBadRequest, "missing_image")
+	edgetest.DecodeProblem(t, resp, data, http.StatusBadRequest, "missing_image")
 	if got := e.gemini.calls.Load(); got != 1 {
 		t.Errorf("upstream calls %d, want 1", got)
 	}
@@ -571,7 +554,7 @@ func TestUnauthorizedBodiesIdentical(t *testing.T) {
 				req.Header.Set("Authorization", c.header)
 			}
 			resp, data := do(t, req)
-			decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+			edgetest.DecodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 			if first == nil {
 				first = data
 			} else if !bytes.Equal(first, data) {
@@ -589,7 +572,7 @@ func TestUnauthorizedBodiesIdentical(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+	edgetest.DecodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 }
 
 func TestInputRefusedWithoutUpstreamCall(t *testing.T) {
@@ -619,7 +602,7 @@ func TestInputRefusedWithoutUpstreamCall(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			resp, data := e.post(e.key, c.contentType, c.body)
-			decodeProblem(t, resp, data, c.status, c.code)
+			edgetest.DecodeProblem(t, resp, data, c.status, c.code)
 		})
 	}
 	if got := e.gemini.calls.Load(); got != 0 {
@@ -642,7 +625,7 @@ func TestThinImageRefusedBeforeTheBudget(t *testing.T) {
 	binary.BigEndian.PutUint32(thin[29:33], crc32.ChecksumIEEE(thin[12:29])) // IHDR's CRC
 	for range 3 {
 		resp, data := e.post(e.key, "image/png", thin)
-		decodeProblem(t, resp, data, http.StatusUnprocessableEntity, "too_many_pixels")
+		edgetest.DecodeProblem(t, resp, data, http.StatusUnprocessableEntity, "too_many_pixels")
 	}
 	if st := e.brake.Status(time.Now()); st.Requests != 0 || st.SpendMicroUSD != 0 {
 		t.Errorf("budget after refused images: %d calls, %d µ$; want nothing reserved", st.Requests, st.SpendMicroUSD)
@@ -696,7 +679,7 @@ func TestBodyLimitWithoutContentLength(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	decodeProblem(t, resp, data, http.StatusRequestEntityTooLarge, "body_too_large")
+	edgetest.DecodeProblem(t, resp, data, http.StatusRequestEntityTooLarge, "body_too_large")
 	if got := e.gemini.calls.Load(); got != 0 {
 		t.Errorf("upstream calls %d, want 0", got)
 	}
@@ -741,7 +724,7 @@ func TestQuotaRaceOneSlotLeft(t *testing.T) {
 		t.Errorf("quota on disk %d, want 3", got)
 	}
 	resp, data := e.post(e.key, "image/png", img)
-	p := decodeProblem(t, resp, data, http.StatusTooManyRequests, "quota_exceeded")
+	p := edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "quota_exceeded")
 	if strings.Contains(p.Detail, "3") {
 		t.Errorf("detail %q should not need numbers", p.Detail)
 	}
@@ -759,7 +742,7 @@ func TestFailClosedWhenUsageCannotBeRecorded(t *testing.T) {
 	fu := &failingUsage{}
 	e := newEnv(t, envOptions{usage: fu})
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
 	if bytes.Contains(data, []byte("SN-12345")) {
 		t.Errorf("result leaked in %s", data)
 	}
@@ -800,10 +783,10 @@ func TestUsageFailurePausesPaidCalls(t *testing.T) {
 	fu.db = e.db
 	img := pngBytes(t, 16, 16)
 	resp, data := e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
 	for range 5 {
 		resp, data = e.post(e.key, "image/png", img)
-		decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+		edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
 		if ra := resp.Header.Get("Retry-After"); ra != "10" {
 			t.Errorf("Retry-After %q, want 10", ra)
 		}
@@ -821,7 +804,7 @@ func TestUsageFailurePausesPaidCalls(t *testing.T) {
 	for range 20 {
 		wg.Go(func() {
 			resp, data := e.post(e.key, "image/png", img)
-			decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+			edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
 		})
 	}
 	wg.Wait()
@@ -852,7 +835,7 @@ func TestFailClosedOnClosedDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
+	edgetest.DecodeProblem(t, resp, data, http.StatusServiceUnavailable, "usage_unavailable")
 	if bytes.Contains(data, []byte("SN-")) {
 		t.Errorf("result leaked in %s", data)
 	}
@@ -913,7 +896,7 @@ func TestUpstreamFailureReleasesSlot(t *testing.T) {
 			e := newEnv(t, envOptions{timeout: c.timeout})
 			e.gemini.set(c.respond)
 			resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-			p := decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+			p := edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 			if strings.Contains(string(data), "upstream says no") || strings.Contains(p.Detail, geminiKey) {
 				t.Errorf("upstream text leaked: %s", data)
 			}
@@ -942,7 +925,7 @@ func TestWrongGeminiKeyIsLogged(t *testing.T) {
 		io.WriteString(w, `{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT"}}`)
 	})
 	resp, data := e.post(e.key, "image/png", pngBytes(t, 16, 16))
-	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 	time.Sleep(10 * time.Millisecond) // let the log line land; nothing waits on a window here
 	if !strings.Contains(logs.String(), "GEMINI_API_KEY was refused") {
 		t.Errorf("log lacks the key refusal:\n%s", logs.String())
@@ -976,11 +959,11 @@ func TestMalformedModelOutput(t *testing.T) {
 func TestNotFoundIsProblem(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	resp, data := do(t, mustRequest(t, http.MethodGet, e.http.URL+"/v1/nope", ""))
-	decodeProblem(t, resp, data, http.StatusNotFound, "not_found")
+	edgetest.DecodeProblem(t, resp, data, http.StatusNotFound, "not_found")
 	resp, data = do(t, mustRequest(t, http.MethodGet, e.http.URL+"/v1/ocr", ""))
-	decodeProblem(t, resp, data, http.StatusMethodNotAllowed, "method_not_allowed")
+	edgetest.DecodeProblem(t, resp, data, http.StatusMethodNotAllowed, "method_not_allowed")
 	resp, data = do(t, mustRequest(t, http.MethodGet, e.http.URL+"/api/keys", testAdminToken))
-	decodeProblem(t, resp, data, http.StatusNotFound, "not_found") // no admin route on the public listener
+	edgetest.DecodeProblem(t, resp, data, http.StatusNotFound, "not_found") // no admin route on the public listener
 	resp, _ = do(t, mustRequest(t, http.MethodGet, e.http.URL+"/healthz", ""))
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("healthz %d", resp.StatusCode)
@@ -1062,7 +1045,7 @@ func TestTwoAuthorizationHeadersRefused(t *testing.T) {
 		req.Header.Add("Authorization", "Bearer "+pair[0])
 		req.Header.Add("Authorization", "Bearer "+pair[1])
 		resp, data := do(t, req)
-		decodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
+		edgetest.DecodeProblem(t, resp, data, http.StatusUnauthorized, "unauthorized")
 	}
 	if got := e.gemini.calls.Load(); got != 0 {
 		t.Errorf("%d upstream calls, want 0", got)

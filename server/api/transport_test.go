@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"runtime"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 )
 
 // realServer serves e's public handler the way `serve` does: through
@@ -120,28 +120,6 @@ func (u *upload) answer(t *testing.T) result {
 	return r
 }
 
-// waitFor polls cond, which watches the server's own state, until it
-// holds or 5 seconds pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	r := rand.New(rand.NewPCG(uint64(n), 7))
-	for i := range b {
-		b[i] = byte(r.UintN(256))
-	}
-	return b
-}
-
 // heapWatch samples the heap in use until stopped and returns its peak.
 func heapWatch() (stop func() uint64) {
 	var peak uint64
@@ -173,7 +151,7 @@ func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
 	e := newEnv(t, envOptions{cfg: func(c *edge.Config) { c.UploadGrace = 5 * time.Second }})
 	addr, _ := realServer(t, e)
 	const n, size, slots = 60, 10 << 20, edge.DefaultMaxInFlightPerUser
-	body := randomBytes(size) // shared by every sender: the only client-side copy
+	body := edgetest.RandomBytes(size) // shared by every sender: the only client-side copy
 
 	runtime.GC()
 	var base runtime.MemStats
@@ -185,7 +163,7 @@ func TestStalledUploadsFromOneKeyStayBounded(t *testing.T) {
 	for i := range uploads {
 		uploads[i] = startUpload(t, addr, e.key, size, body, size-1024)
 		if i == slots-1 {
-			waitFor(t, "four uploads in progress", func() bool { used, _ := e.edge.BodyMemory(); return used == slots*size })
+			edgetest.WaitFor(t, "four uploads in progress", func() bool { used, _ := e.edge.BodyMemory(); return used == slots*size })
 		}
 	}
 	counts := map[string]int{}
@@ -245,11 +223,11 @@ func TestBodyMemoryFullRefusesAtOnce(t *testing.T) {
 		c.MaxImageBytes, c.MaxBodyMemory, c.UploadGrace = mib, 2*mib+mib/2, 2*time.Second
 	}})
 	addr, _ := realServer(t, e)
-	body := randomBytes(mib)
+	body := edgetest.RandomBytes(mib)
 	var stalled []*upload
 	for i, user := range []string{"bob", "carol"} {
 		stalled = append(stalled, startUpload(t, addr, e.newKey(user, ""), mib, body, mib/2))
-		waitFor(t, "the upload's memory to be taken", func() bool { used, _ := e.edge.BodyMemory(); return used == int64(i+1)*mib })
+		edgetest.WaitFor(t, "the upload's memory to be taken", func() bool { used, _ := e.edge.BodyMemory(); return used == int64(i+1)*mib })
 	}
 
 	u := startUpload(t, addr, e.newKey("dave", ""), mib, body, mib/2)
@@ -292,7 +270,7 @@ func TestSlowUploadIsCutOff(t *testing.T) {
 		c.MinUploadBytesPerSecond, c.UploadGrace = 1000, 200*time.Millisecond // 200 bytes per 200 ms
 	}})
 	addr, _ := realServer(t, e)
-	body := randomBytes(100_000)
+	body := edgetest.RandomBytes(100_000)
 	for _, tt := range []struct {
 		name   string
 		length int64
@@ -375,7 +353,7 @@ func TestManyMultipartPartsRefused(t *testing.T) {
 		e := newEnv(t, envOptions{})
 		start := time.Now()
 		resp, data := e.post(e.key, ct, body)
-		decodeProblem(t, resp, data, http.StatusBadRequest, "too_many_parts")
+		edgetest.DecodeProblem(t, resp, data, http.StatusBadRequest, "too_many_parts")
 		if took := time.Since(start); took > 2*time.Second {
 			t.Errorf("refusal took %s", took)
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"breakwater/detect"
+	"breakwater/server/edgetest"
 )
 
 // The bodies Gemini sends with each refusal (its error reference and
@@ -52,7 +53,7 @@ func TestUpstreamRefusalsToldApart(t *testing.T) {
 			e := newEnv(t, envOptions{alerts: rec})
 			e.gemini.set(sendBody(tc.status, tc.body))
 			resp, data := e.post(e.key, "image/png", pngBytes(t, 8, 8))
-			p := decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+			p := edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 			if strings.Contains(p.Detail, "credit") || strings.Contains(p.Detail, "cap") || strings.Contains(p.Detail, "key") {
 				t.Errorf("the client's detail %q tells the upstream's reason", p.Detail)
 			}
@@ -76,7 +77,7 @@ func TestUpstreamRateLimitRunAlerts(t *testing.T) {
 	e.gemini.set(sendBody(429, bodyRateLimit))
 	for range 2 {
 		resp, data := e.post(e.key, "image/png", img)
-		decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+		edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 	}
 	if got := rec.got(); len(got) != 0 {
 		t.Fatalf("alerts after 2 rate-limited reads: %v, want none", got)
@@ -90,13 +91,13 @@ func TestUpstreamRateLimitRunAlerts(t *testing.T) {
 	decodeOK(t, resp, data)
 	e.gemini.set(sendBody(429, bodyRateLimit))
 	resp, data = e.post(e.key, "image/png", img)
-	decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+	edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 	if got := rec.got(); len(got) != 0 {
 		t.Fatalf("alerts after a success and a rate-limited read: %v, want none", got)
 	}
 	for range 4 {
 		resp, data = e.post(e.key, "image/png", pngBytes(t, 9, 9))
-		decodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
+		edgetest.DecodeProblem(t, resp, data, http.StatusBadGateway, "upstream_failed")
 	}
 	if got := rec.got(); len(got) == 0 || got[0] != detect.KindUpstreamRateLimited {
 		t.Errorf("alerts after a run of rate-limited reads: %v, want %s", got, detect.KindUpstreamRateLimited)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"breakwater/limiter"
+	"breakwater/server/edgetest"
 	"breakwater/server/guard"
 	"breakwater/server/invites"
 )
@@ -266,7 +267,7 @@ func TestVerifyRateFloodFromMemory(t *testing.T) {
 	for i := range 101 {
 		clk.add(time.Millisecond)
 		resp, data := e.verify(code, "b4@example.com")
-		decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+		edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 		if resp.Header.Get("Retry-After") != "1" {
 			t.Fatalf("refusal %d: Retry-After %q, want 1", i, resp.Header.Get("Retry-After"))
 		}

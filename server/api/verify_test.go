@@ -17,6 +17,7 @@ import (
 
 	"breakwater/detect"
 	"breakwater/server/edge"
+	"breakwater/server/edgetest"
 	"breakwater/server/invites"
 	"breakwater/server/operator"
 	"breakwater/storage"
@@ -91,7 +92,7 @@ func (r *refusedBody) wantVerify(t *testing.T, e *env, code, email string, heade
 
 func (r *refusedBody) want(t *testing.T, resp *http.Response, data []byte) {
 	t.Helper()
-	decodeProblem(t, resp, data, http.StatusForbidden, "invite_refused")
+	edgetest.DecodeProblem(t, resp, data, http.StatusForbidden, "invite_refused")
 	if ra := resp.Header.Get("Retry-After"); ra != "" {
 		t.Errorf("refusal carries Retry-After %q", ra)
 	}
@@ -384,7 +385,7 @@ func TestVerifyForgedHeadersFromUntrustedPeer(t *testing.T) {
 	}
 	r.wantVerify(t, e, code, "new@example.com", "X-Forwarded-For", "192.0.2.50", "X-Real-IP", "192.0.2.51")
 	resp, data := e.verify(code, "new2@example.com", "X-Real-IP", "192.0.2.52")
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 	if resp.Header.Get("Retry-After") == "" {
 		t.Error("429 without Retry-After")
 	}
@@ -428,7 +429,7 @@ func TestVerifyBurstIs429WithRetryAfter(t *testing.T) {
 		wantValid(t, e, code, fmt.Sprintf("b%d@example.com", i))
 	}
 	resp, data := e.verify(code, "b4@example.com")
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 	if resp.Header.Get("Retry-After") != "1" {
 		t.Errorf("Retry-After %q, want 1", resp.Header.Get("Retry-After"))
 	}
@@ -458,7 +459,7 @@ func TestVerifyBadRequests(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			resp, data := e.verifyRaw([]byte(c.body))
-			decodeProblem(t, resp, data, c.status, c.code)
+			edgetest.DecodeProblem(t, resp, data, c.status, c.code)
 		})
 	}
 	// None of them counted as a failure: the right code still works.
@@ -528,7 +529,7 @@ func TestVerifyRateWindowSurvivesRestart(t *testing.T) {
 
 	e2 := newEnv(t, envOptions{dir: dir, clock: clk.now, invites: cfg, gemini: e.gemini})
 	resp, data := e2.verify(code, "r3@example.com")
-	decodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
+	edgetest.DecodeProblem(t, resp, data, http.StatusTooManyRequests, "rate_limited")
 	if e2.inviteRefusals("rate") != 1 {
 		t.Errorf("rate refusals %d, want 1", e2.inviteRefusals("rate"))
 	}
