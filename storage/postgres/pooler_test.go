@@ -87,6 +87,7 @@ func TestOpenRefusesTransactionPooling(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s, %d server connections %v", c.mode, c.size, c.settings), func(t *testing.T) {
+			t.Parallel() // a database and a PgBouncer of its own; the round-robin cases wait out the probe twice
 			direct := pgtest.NewDatabase(t)
 			b := pgtest.NewBouncer(t, direct, pgtest.BouncerOptions{Mode: c.mode, PoolSize: c.size, Settings: c.settings})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -134,23 +134,60 @@ func (r *rig) readsOK(n int) {
 }
 
 // untilUnavailable reads until a usage record fails (503
-// usage_unavailable), one request at a time so that none is in flight
-// when the pause starts. Every other answer must be a 200.
+// usage_unavailable), from fillClients clients at once, each image a new
+// one (a repeated image would wait for its twin's answer), and returns
+// once every client has had its last answer, so that none is in flight
+// when the pause's checks begin. Every other answer must be a 200.
 func (r *rig) untilUnavailable(max int) {
 	r.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	for i := 0; i < max && time.Now().Before(deadline); i++ {
-		a := r.post()
-		switch {
-		case a.Status == http.StatusServiceUnavailable && a.Code == "usage_unavailable":
-			r.t.Logf("the usage record failed after %d more reads", i)
-			return
-		case a.Status != http.StatusOK:
-			r.t.Fatalf("read %d: %d %s %v; log:\n%s", i, a.Status, a.Code, a.Err, harness.Tail(r.proc.LogPath))
-		}
+	var (
+		mu          sync.Mutex
+		sent        int
+		unavailable bool
+		bad         []string
+		wg          sync.WaitGroup
+	)
+	for range fillClients {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				if unavailable || len(bad) > 0 || sent >= max || time.Now().After(deadline) {
+					mu.Unlock()
+					return
+				}
+				sent++
+				n := sent
+				mu.Unlock()
+				a := harness.Post(context.Background(), r.client, r.proc.Addr, r.key, harness.NthPNG(uint64(n)))
+				mu.Lock()
+				switch {
+				case a.Status == http.StatusOK:
+					r.ok = append(r.ok, a.RequestID)
+				case a.Status == http.StatusServiceUnavailable && a.Code == "usage_unavailable":
+					if !unavailable {
+						r.t.Logf("the usage record failed after %d more reads", n)
+					}
+					unavailable = true
+				default:
+					bad = append(bad, fmt.Sprintf("read %d: %d %s %v", n, a.Status, a.Code, a.Err))
+				}
+				mu.Unlock()
+			}
+		})
 	}
-	r.t.Fatalf("no usage record failed within %d reads; log:\n%s", max, harness.Tail(r.proc.LogPath))
+	wg.Wait()
+	switch {
+	case len(bad) > 0:
+		r.t.Fatalf("%s; log:\n%s", strings.Join(bad, "; "), harness.Tail(r.proc.LogPath))
+	case !unavailable:
+		r.t.Fatalf("no usage record failed within %d reads; log:\n%s", sent, harness.Tail(r.proc.LogPath))
+	}
 }
+
+// fillClients is how many clients fill the disk with reads: some seven
+// thousand reads fill it, a minute's worth one at a time.
+const fillClients = 4
 
 // paused checks that the pause holds: n reads refused with 503
 // usage_unavailable and a Retry-After, before any upstream call.

@@ -112,6 +112,7 @@ func TestKillOneInstanceUnderLoad(t *testing.T) {
 		{"daily_usd", 150 * oneCallMicro},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // a database and a pair of its own; daily_usd may wait out a dead lease (HoldTTL)
 			cfg := harness.Config{DailyRequests: ceiling, DailyUSD: float64(tc.usd) / 1e6, MaxOutputTokens: 40}
 			rs, upstream, b, held := killUnderLoad(t, cfg)
 			if upstream > ceiling || b.ledger.calls > ceiling {

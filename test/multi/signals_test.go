@@ -45,6 +45,7 @@ func TestCeilingRaceAlertsTheBrakeOnly(t *testing.T) {
 	t.Parallel()
 	for _, race := range ceilingRaces {
 		t.Run(race.name, func(t *testing.T) {
+			t.Parallel() // a database, a webhook and a pair of its own
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			hook, err := harness.NewWebhook()

@@ -36,7 +36,7 @@ func runMain(m *testing.M) int {
 	sweepNamespaces(os.Stderr)
 	flag.Parse()
 	// The two cuts and the latency test at once, each on a rig of its
-	// own: the long cut is a minute of waiting.
+	// own: the long cut is 40 s of waiting.
 	pgtest.Parallel(3)
 	return pgtest.Main(m)
 }
