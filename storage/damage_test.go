@@ -232,6 +232,7 @@ func TestOpenDamagedFiles(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // a copy and a child process of its own; the child's start is most of the time
 			path := writeCopy(t, "copy.db", c.data)
 			got := openInChild(t, path)
 			t.Log(got)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"breakwater/storage/postgres"
@@ -135,8 +136,9 @@ func serveReads(t *testing.T, config string, env map[string]string, reads map[st
 }
 
 // seed numbers the images of serveReadsWith, so that no read is answered
-// from another's as the same image.
-var seed uint8
+// from another's as the same image (the tests on a cluster of their own
+// run at once).
+var seed atomic.Uint32
 
 // serveReadsWith starts an instance, has it serve each user's reads with
 // their key, and stops it.
@@ -146,8 +148,7 @@ func serveReadsWith(t *testing.T, config string, env, keys map[string]string, re
 	defer stop()
 	for user, n := range reads {
 		for range n {
-			seed++
-			if status, body, err := postImage(a.Addr(), keys[user], labelPNG(t, seed)); err != nil || status != http.StatusOK {
+			if status, body, err := postImage(a.Addr(), keys[user], labelPNG(t, uint8(seed.Add(1)))); err != nil || status != http.StatusOK {
 				t.Fatalf("a read of %s's: %d %s %v", user, status, body, err)
 			}
 		}

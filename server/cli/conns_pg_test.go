@@ -72,6 +72,7 @@ var roomLine = regexp.MustCompile(`room for (\d+) instances? at their full pool`
 // the server's connections beside its other clients, and warns when one
 // more than those running would not fit.
 func TestConfigCheckCountsConnections(t *testing.T) {
+	t.Parallel() // a cluster of its own: its start is mostly waiting
 	_, url := smallServer(t)
 	env := map[string]string{postgres.EnvURL: url("bw"), "BREAKWATER_SECRET": migrateSecret}
 	config := func(pool int) string {
@@ -144,6 +145,7 @@ monthly_quota = 100
 // call, and the log says why once, not per request; once connections
 // free up, reads go on.
 func TestNoConnectionLeftFailsClosed(t *testing.T) {
+	t.Parallel() // a cluster of its own: its start is mostly waiting
 	c, url := smallServer(t)
 	gemini, called := slowGemini(t, 0)
 	config := writeConfig(t, instancesTOML(t)+fmt.Sprintf(`postgres_max_connections = 4

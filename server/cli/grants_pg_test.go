@@ -73,6 +73,7 @@ func serveRefusal(t *testing.T, config string, env map[string]string) error {
 // CREATE TABLE IF NOT EXISTS at every start and refused such a role
 // ("permission denied for schema public") that config check had passed.
 func TestMinimalGrantsAsDocumented(t *testing.T) {
+	t.Parallel() // a cluster of its own: its start is mostly waiting
 	c := pgtest.NewCluster(t)
 	super := c.URL("postgres")
 	execAs(t, super, "CREATE ROLE breakwater LOGIN")

@@ -24,6 +24,7 @@ import (
 // pg_stat_replication's state, and a refusal of a URL that reaches the
 // standby itself, as serve's.
 func TestConfigCheckSaysWhetherThereIsASynchronousStandby(t *testing.T) {
+	t.Parallel() // a cluster of its own: its start is mostly waiting
 	cfg := writeConfig(t, instancesTOML(t)+"[ocr]\nprovider = \"simulated\"\n[plans.free]\nmonthly_quota = 100\n")
 	check := func(url string) string {
 		t.Helper()

@@ -112,6 +112,7 @@ func writeServerFile(data, name string, body []byte) error {
 // that did not sign it, is refused by config check and by serve, each
 // saying which, and neither prints the password.
 func TestTLSVerifyFull(t *testing.T) {
+	t.Parallel() // a cluster of its own: its start is mostly waiting
 	ca, other := newTestCA(t, "breakwater test CA"), newTestCA(t, "another CA")
 	certPEM, keyPEM := ca.serverCert(t)
 	c := pgtest.NewClusterWith(t, pgtest.Options{

@@ -20,6 +20,7 @@ import (
 // ceiling of one call a day, the next request is refused without an
 // upstream call. The server is the binary built from the module's root.
 func TestCrashKeepsReservation(t *testing.T) {
+	t.Parallel() // its binary, fake and database of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var calls atomic.Int64

@@ -54,6 +54,7 @@ type boltTotals struct {
 // committed (the rest follow, none twice); the third run finishes. Counts
 // and sums of every kind then equal the source's.
 func TestMigrateKilledMidCopyCopiesOnce(t *testing.T) {
+	t.Parallel() // the longest here: the others run beside it
 	if testing.Short() {
 		t.Skip("builds the binary and a bolt database of 100,000 keys")
 	}

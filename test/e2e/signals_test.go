@@ -25,6 +25,7 @@ const oneCallMicro = 438
 // and never usage_commit_failed, the server logs no error, and every
 // refused client gets the brake's answer.
 func TestCeilingRaceAlertsTheBrakeOnly(t *testing.T) {
+	t.Parallel() // its binary, fake, webhook and database of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

@@ -19,6 +19,7 @@ import (
 // -buildvcs=true overrides a GOFLAGS that turns it off. It needs git, and
 // fails without it.
 func TestVersionNamesTheRevision(t *testing.T) {
+	t.Parallel() // a build of its own; it only reads the checkout
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
