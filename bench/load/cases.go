@@ -37,12 +37,14 @@ type plan struct {
 	// The open-loop figures (-postgres): each step of the search for the
 	// highest constant rate within the p99 bound lasts openStep; the
 	// rate starts at openStart, doubles up to openCeiling, then is
-	// bisected openBisect times; openConns connections in all. serial is
-	// how long one client sends for the p99 the guard adds. A zero
-	// openStep leaves both figures out.
+	// bisected openBisect times; openConns connections in all; a step
+	// sends at least openMinRequests (0: minStepRequests). serial is how
+	// long one client sends for the p99 the guard adds. A zero openStep
+	// leaves both figures out.
 	openStep               time.Duration
 	openStart, openCeiling float64
 	openBisect, openConns  int
+	openMinRequests        int
 	serial                 time.Duration
 	pin                    bool // -pin: PostgreSQL on a core of its own
 }

@@ -318,13 +318,13 @@ func (b *bench) openLoop(c tcase, backend string) openLoopFigure {
 	pool := newOpenPool(addrs, conns, 5*time.Second)
 	defer closeOpenPool(pool)
 	step := func(rate float64) openOutcome {
-		span := stepSpan(p.openStep, rate)
+		span := p.stepSpan(rate)
 		return generateOpen(openLoad{addrs: addrs, rate: rate, span: span, conns: conns, pool: pool, request: c.request, expect: c.expect})
 	}
 	step(p.openStart) // a step not counted: the connections dialled, their first requests served
 	try := func(rate float64) time.Duration {
 		out := step(rate)
-		b.progress("open loop, %s: %s req/s for %s: p99 %s, %d of %d missed %v", backend, thousands(rate), stepSpan(p.openStep, rate),
+		b.progress("open loop, %s: %s req/s for %s: p99 %s, %d of %d missed %v", backend, thousands(rate), p.stepSpan(rate),
 			p99String(out.p99()), out.missed, out.due, out.firstErr)
 		time.Sleep(200 * time.Millisecond) // what the step left behind (commits, statistics) settles
 		return out.p99()
@@ -337,10 +337,18 @@ func (b *bench) openLoop(c tcase, backend string) openLoopFigure {
 // not its slowest request or two.
 const minStepRequests = 300
 
-// stepSpan is how long a step at rate lasts: step, or as long as
-// minStepRequests take.
-func stepSpan(step time.Duration, rate float64) time.Duration {
-	return max(step, time.Duration(minStepRequests/rate*float64(time.Second)).Round(time.Millisecond))
+// stepSpan is how long a step at rate lasts: openStep, or as long as its
+// fewest requests take.
+func (p plan) stepSpan(rate float64) time.Duration {
+	return max(p.openStep, time.Duration(float64(p.stepRequests())/rate*float64(time.Second)).Round(time.Millisecond))
+}
+
+// stepRequests is the fewest requests a step sends.
+func (p plan) stepRequests() int {
+	if p.openMinRequests > 0 {
+		return p.openMinRequests
+	}
+	return minStepRequests
 }
 
 // p99String prints a p99, "missed" for one that more than 1% of the
@@ -460,7 +468,7 @@ func (r *report) printOpenLoop(w io.Writer) {
 	fmt.Fprintf(w, " the answers, latency from when each was due; accepted, %s users, ceilings on, %d connections in all, the requests\n",
 		thousands(float64(p.users)), p.openConns)
 	fmt.Fprintf(w, " alternating between the instances; steps of %s (at least %d requests) from %s req/s, doubling, then bisecting\n",
-		p.openStep, minStepRequests, thousands(p.openStart))
+		p.openStep, p.stepRequests(), thousands(p.openStart))
 	fmt.Fprintf(w, " %d times, after a step not counted; a request not answered as accepted counts as slower than any, and one\n", p.openBisect)
 	fmt.Fprintln(w, " due more than 1s ago ends its step; the generator's own lateness counts, as the server's)")
 	fmt.Fprintf(w, "%-28s %10s %10s %14s %10s %6s\n", "backend", "req/s", "its p99", "first over", "its p99", "steps")
