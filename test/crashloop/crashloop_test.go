@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -44,7 +45,11 @@ func runShortLoop(t *testing.T, timeout time.Duration, o Options) {
 		}
 	}
 	if !rep.CeilingReached {
-		t.Errorf("the loop did not reach daily_requests %d (ledger %d)", rep.DailyRequests, rep.Ledger)
+		// The last round's server log says what the brake saw: its
+		// warnings and brake_engaged count the calls in flight with the
+		// ledger's.
+		t.Errorf("the loop did not reach daily_requests %d (ledger %d); the last round's server log ends:\n%s",
+			rep.DailyRequests, rep.Ledger, harness.Tail(filepath.Join(o.Dir, fmt.Sprintf("round-%02d.log", rep.Rounds))))
 	}
 	if rep.OK == 0 || rep.Calls == 0 || rep.UsageRows == 0 {
 		t.Errorf("%d 200s, %d upstream calls, %d usage rows: the load did not run", rep.OK, rep.Calls, rep.UsageRows)

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"breakwater/server/failpoint"
@@ -51,6 +52,13 @@ const roundLoad = 3 * time.Second
 // ceilingLoad bounds each of the last rounds, which load the server until
 // the budget ceiling refuses calls.
 const ceilingLoad = 20 * time.Second
+
+// ceilingSettle bounds the wait, in the last rounds, between the first
+// 503 budget_paused and the kill's random delay, for the requests that
+// were in flight then to be answered (see kill). Near the ceiling each
+// call's lease is one call, written alone and in turn: 8 clients' leases
+// took up to 0.1 s each on a loaded machine.
+const ceilingSettle = 5 * time.Second
 
 // Report is the outcome of a crash loop.
 type Report struct {
@@ -287,7 +295,7 @@ func (l *loop) round(ctx context.Context, n int) error {
 	_, callsBefore := l.gemini.Calls()
 
 	ld := l.startLoad(ctx, proc.Addr, n)
-	cause := l.kill(n, mode, proc, logPath, ld.paused)
+	cause := l.kill(n, mode, proc, logPath, ld)
 	<-proc.Done()
 	l.rep.Kills[cause]++
 	ld.stop()
@@ -321,9 +329,37 @@ func (l *loop) roundMode(n int) string {
 // roundClients is the clients of one round, running until stopped.
 type roundClients struct {
 	paused    <-chan struct{} // closed at the first 503 budget_paused
+	answered  []atomic.Int64  // the answers (or failures) each client has had
 	cancel    context.CancelFunc
 	wg        *sync.WaitGroup
 	transport *http.Transport
+}
+
+// settle waits until every client has had an answer since settle was
+// called, so that each request in flight then has ended, or until timeout
+// or done. It reports whether they all had one.
+func (r roundClients) settle(timeout time.Duration, done <-chan struct{}) bool {
+	before := make([]int64, len(r.answered))
+	for i := range r.answered {
+		before[i] = r.answered[i].Load()
+	}
+	end := time.After(timeout)
+	for {
+		all := true
+		for i := range r.answered {
+			all = all && r.answered[i].Load() > before[i]
+		}
+		if all {
+			return true
+		}
+		select {
+		case <-end:
+			return false
+		case <-done:
+			return false
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // stop stops the clients and waits for them.
@@ -342,6 +378,7 @@ func (l *loop) startLoad(ctx context.Context, addr string, n int) roundClients {
 	transport := &http.Transport{MaxIdleConnsPerHost: l.o.Workers}
 	client := &http.Client{Transport: transport, Timeout: 15 * time.Second}
 	wg := &sync.WaitGroup{}
+	answered := make([]atomic.Int64, l.o.Workers)
 	for w := range l.o.Workers {
 		rng := rand.New(rand.NewPCG(uint64(l.o.Seed), uint64(n*1000+w+1)))
 		wg.Go(func() {
@@ -352,6 +389,7 @@ func (l *loop) startLoad(ctx context.Context, addr string, n int) roundClients {
 					return // our own stop, not the server's answer
 				}
 				l.answer(k.user, a)
+				answered[w].Add(1)
 				if a.Status == http.StatusServiceUnavailable && a.Code == "budget_paused" {
 					pausedOnce.Do(func() { close(paused) })
 				}
@@ -361,18 +399,31 @@ func (l *loop) startLoad(ctx context.Context, addr string, n int) roundClients {
 			}
 		})
 	}
-	return roundClients{paused: paused, cancel: stopLoad, wg: wg, transport: transport}
+	return roundClients{paused: paused, answered: answered, cancel: stopLoad, wg: wg, transport: transport}
 }
 
 // kill ends the server of round n the way mode says, and returns the kill
 // cause to count. A server that exits by itself, or dies but not at the
 // failpoint it was given, is a violation.
-func (l *loop) kill(n int, mode string, proc *harness.Process, logPath string, paused <-chan struct{}) string {
+func (l *loop) kill(n int, mode string, proc *harness.Process, logPath string, ld roundClients) string {
 	cause := mode
+	paused := ld.paused
 	switch mode {
 	case killCeiling:
 		select {
 		case <-paused:
+			// The brake refuses once its claims reach the ceiling, and a
+			// claim reaches the ledger only with its lease's write, after
+			// the claim: the first refusal may come while the last calls
+			// under the ceiling are still being written (on a loaded
+			// machine, for longer than the kill's delay). Those calls are
+			// the ceiling's, and a kill before their writes leaves the
+			// ledger short of it without a fault. The kill waits for the
+			// requests in flight at the refusal to end; then the ledger
+			// holds the ceiling, unless the brake refused below it.
+			if !ld.settle(ceilingSettle, proc.Done()) {
+				l.o.Log("round %d: requests in flight at the first budget_paused still unanswered after %s", n, ceilingSettle)
+			}
 		case <-time.After(ceilingLoad):
 		case <-proc.Done():
 		}
