@@ -566,10 +566,12 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 	r.samples = b.rounds()
 	r.idle = b.idle
 	r.profiles = b.profiles
+	var floorErr error
+	r.floor, floorErr = b.floorCPU()
 	if p.openStep > 0 {
 		r.open, r.serial, err = b.openFigures()
 	}
-	return r, errors.Join(err, b.profileErr, b.idleErr)
+	return r, errors.Join(err, floorErr, b.profileErr, b.idleErr)
 }
 
 // openFigures runs, after the rounds, the open-loop search of the
@@ -691,6 +693,7 @@ func (r *report) printPostgres(w io.Writer) {
 	}
 	r.printIdle(w)
 	r.printTxPerRead(w)
+	r.printFloor(w)
 	r.printTxPerRefusals(w)
 	r.printStages(w)
 	r.printOpenLoop(w)
