@@ -98,6 +98,6 @@ func (r *report) printFloor(w io.Writer) {
 		per := r.pgCPUPerRead(c.id)
 		ratio := float64(per) / float64(r.floor)
 		fmt.Fprintf(w, "%-*s %10s %8.2f %8s  %s\n", lw, c.label, roundDuration(per), ratio,
-			"≤ "+fmt.Sprintf("%.1f", maxFloorRatio), metLabel(ratio <= maxFloorRatio))
+			fmt.Sprintf("≤ %.1f", maxFloorRatio), metLabel(ratio <= maxFloorRatio))
 	}
 }
