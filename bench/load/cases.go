@@ -38,15 +38,18 @@ type plan struct {
 	// highest constant rate within the p99 bound lasts openStep; the
 	// rate starts at openStart, doubles up to openCeiling, then is
 	// bisected openBisect times; openConns connections in all; a step
-	// sends at least openMinRequests (0: minStepRequests). serial is how
-	// long one client sends for the p99 the guard adds. A zero openStep
-	// leaves both figures out.
+	// sends at least openMinRequests (0: minStepRequests), openTries times
+	// (0: once), and counts the median try's p99. serial is how long one
+	// client sends for the p99 the guard adds. A zero openStep leaves both
+	// figures out.
 	openStep               time.Duration
 	openStart, openCeiling float64
 	openBisect, openConns  int
 	openMinRequests        int
+	openTries              int
 	serial                 time.Duration
 	pin                    bool // -pin: PostgreSQL on a core of its own
+	openOnly               bool // -open: the open-loop and one-client figures alone
 }
 
 var (
@@ -57,7 +60,7 @@ var (
 	}
 	quickPlan = plan{
 		rounds: 2, warmup: 300 * time.Millisecond, duration: 1500 * time.Millisecond, clients: 64, users: 1000,
-		openStep: 500 * time.Millisecond, openStart: 250, openCeiling: 64_000, openBisect: 3, openConns: 256, serial: time.Second,
+		openStep: 500 * time.Millisecond, openStart: 250, openCeiling: 64_000, openBisect: 3, openConns: 256, openTries: 3, serial: time.Second,
 	}
 )
 

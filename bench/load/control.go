@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -166,6 +167,24 @@ type fsyncLatency struct {
 	idle, busy time.Duration // medians
 }
 
+// flushPages writes and flushes one page of f, n times over its first
+// 256 pages, and returns each write's and flush's latency.
+func flushPages(f *os.File, n int) ([]time.Duration, error) {
+	page := make([]byte, 4096)
+	var out []time.Duration
+	for i := range n {
+		start := time.Now()
+		if _, err := f.WriteAt(page, int64(i%256)*4096); err != nil {
+			return nil, err
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
 // measureFsync writes and flushes one page of a file in dir, rounds times
 // with nothing else running and rounds times while another process keeps
 // every core busy (as a loaded server's handlers and the load generator
@@ -177,21 +196,7 @@ func measureFsync(dir string, rounds int) (fsyncLatency, error) {
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	page := make([]byte, 4096)
-	flushes := func() ([]time.Duration, error) {
-		var out []time.Duration
-		for i := range rounds {
-			start := time.Now()
-			if _, err := f.WriteAt(page, int64(i%256)*4096); err != nil {
-				return nil, err
-			}
-			if err := syscall.Fdatasync(int(f.Fd())); err != nil {
-				return nil, err
-			}
-			out = append(out, time.Since(start))
-		}
-		return out, nil
-	}
+	flushes := func() ([]time.Duration, error) { return flushPages(f, rounds) }
 	if _, err := flushes(); err != nil { // the file's blocks allocated: both runs overwrite
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
 	}
@@ -216,4 +221,33 @@ func measureFsync(dir string, rounds int) (fsyncLatency, error) {
 	}
 	out.busy = median(busy)
 	return out, nil
+}
+
+// diskFigure is the disk's flush latency under the one-client runs of the
+// postgres cases: every accepted read waits for at least one flush (its
+// usage record is on the disk before its answer, on either backend), so
+// no read's added p99 at one client is below the flush's p99.
+type diskFigure struct {
+	n        int
+	p50, p99 time.Duration
+}
+
+// probeDisk flushes n pages of a file in dir one after another, after as
+// many that allocate its blocks.
+func probeDisk(dir string, n int) (diskFigure, error) {
+	f, err := os.Create(filepath.Join(dir, "fsync-probe"))
+	if err != nil {
+		return diskFigure{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if _, err := flushPages(f, 256); err != nil {
+		return diskFigure{}, fmt.Errorf("disk probe: %w", err)
+	}
+	lat, err := flushPages(f, n)
+	if err != nil {
+		return diskFigure{}, fmt.Errorf("disk probe: %w", err)
+	}
+	slices.Sort(lat)
+	return diskFigure{n: n, p50: lat[n/2], p99: lat[n*99/100]}, nil
 }

@@ -62,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pgCases := fs.Bool("postgres", false, "run the postgres cases instead: the accepted path on one instance on bolt, one on PostgreSQL and two sharing one database, the refusals on bolt and two instances (3 rounds of 3 s, -quick 2 of 1.5 s), then the highest constant rate within a p99 of 20 ms and the guard's added p99 at one client")
 	pgURL := fs.String("postgres-url", "", "with -postgres: the `URL` of a PostgreSQL role that may create databases (default: a throwaway cluster the harness starts)")
 	pin := fs.Bool("pin", false, "with -postgres: the throwaway cluster pinned to the last core, the instances, the load generator and the harness to the others (as taskset would), the closest to a database on its own host")
+	openOnly := fs.Bool("open", false, "with -postgres: only the highest constant rate and the one-client p99, without the rounds and the floor (a minute or two)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,9 +75,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if *quick {
 			p, form = quickPlan, "postgres cases, quick form (-postgres -quick)"
 		}
-		p.pin = *pin
-	} else if *pgURL != "" || *pin {
-		return errors.New("-postgres-url and -pin go with -postgres")
+		p.pin, p.openOnly = *pin, *openOnly
+	} else if *pgURL != "" || *pin || *openOnly {
+		return errors.New("-postgres-url, -pin and -open go with -postgres")
 	} else if *quick {
 		p, form = quickPlan, "quick form (-quick)"
 		fs.Visit(func(f *flag.Flag) {
@@ -222,6 +223,7 @@ type report struct {
 	// latency direct and through each backend.
 	open   []openLoopFigure
 	serial []serialFigure
+	disk   diskFigure // the disk's flush after the one-client runs (zero: not probed)
 }
 
 // figure is one case's medians across the rounds.
@@ -307,6 +309,11 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "load average when the rounds started (1, 5, 15 min): %s\n", r.loadAvg)
 	}
 	fmt.Fprintln(w)
+	if p.openOnly {
+		r.printOpenLoop(w)
+		r.printSerial(w)
+		return
+	}
 
 	lw := r.labelWidth()
 	fmt.Fprintf(w, "%-*s %8s %15s %9s %9s %7s %7s  %s\n", lw, "case", "req/s", "rounds' range", "p50", "p99", "srv cpu", "gen cpu", "answers")

@@ -144,3 +144,24 @@ func TestGenerateOpenGivesUp(t *testing.T) {
 		t.Errorf("p99 %s, want past any bound", out.p99())
 	}
 }
+
+// TestMedianTry checks that a rate's p99 is its median try's: one slow
+// try, or one lucky one, does not decide the step.
+func TestMedianTry(t *testing.T) {
+	for _, tt := range []struct {
+		tries int
+		p99s  []time.Duration
+		want  time.Duration
+	}{
+		{0, []time.Duration{7}, 7},
+		{1, []time.Duration{7}, 7},
+		{3, []time.Duration{5, 90, 6}, 6},
+		{3, []time.Duration{30, 4, 25}, 25},
+	} {
+		calls := 0
+		got := medianTry(tt.tries, func() time.Duration { calls++; return tt.p99s[calls-1] })
+		if got != tt.want || calls != len(tt.p99s) {
+			t.Errorf("tries %d of %v: %v after %d calls, want %v after %d", tt.tries, tt.p99s, got, calls, tt.want, len(tt.p99s))
+		}
+	}
+}

@@ -42,7 +42,12 @@ const pgStatsSettle = 1500 * time.Millisecond
 // pgPlan is the postgres cases' full run: short cases, the database
 // sharing the cores with everything else.
 var pgPlan = plan{rounds: 3, warmup: time.Second, duration: 3 * time.Second, clients: 64, users: 1000,
-	openStep: 2 * time.Second, openStart: 250, openCeiling: 64_000, openBisect: 5, openConns: 256, serial: 3 * time.Second}
+	openStep: 2 * time.Second, openStart: 250, openCeiling: 64_000, openBisect: 5, openConns: 256, openTries: 3,
+	serial: 3 * time.Second}
+
+// diskProbes is how many flushes give the disk's p99 beside the one-client
+// figures.
+const diskProbes = 2000
 
 // pgServer is the PostgreSQL server of the postgres cases: a throwaway
 // cluster the harness started, or the server -postgres-url names.
@@ -570,6 +575,9 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 	r.floor, floorErr = b.floorCPU()
 	if p.openStep > 0 {
 		r.open, r.serial, err = b.openFigures()
+		if err == nil {
+			r.disk, err = probeDisk(b.dir, diskProbes)
+		}
 	}
 	return r, errors.Join(err, floorErr, b.profileErr, b.idleErr)
 }

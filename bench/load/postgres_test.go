@@ -78,7 +78,7 @@ func TestSmokePostgres(t *testing.T) {
 	checkOpenFigures(t, r)
 	for _, want := range []string{"postgres, 2 instances ÷ bolt, 1 user", "load average when the rounds started", "PostgreSQL transactions per accepted read",
 		"where the time goes", "PostgreSQL 1", "refusals (429), postgres, 2 instances ÷ bolt", "refusals (401), postgres, 2 instances ÷ bolt",
-		"PostgreSQL transactions per 1,000 refusals", "idle: the transactions", "highest constant rate", "the p99 the guard adds at one client"} {
+		"PostgreSQL transactions per 1,000 refusals", "idle: the transactions", "highest constant rate", "the p99 the guard adds at one client", "the disk under them"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report does not show %q", want)
 		}
@@ -123,6 +123,9 @@ func checkOpenFigures(t *testing.T, r *report) {
 		if len(f.search.steps) == 0 || f.search.steps[0].rate != r.plan.openStart {
 			t.Errorf("open loop, %s: steps %+v", f.label, f.search.steps)
 		}
+	}
+	if d := r.disk; d.n != diskProbes || d.p50 <= 0 || d.p99 < d.p50 {
+		t.Errorf("the disk's flushes: %+v", d)
 	}
 	if len(r.serial) != 3 {
 		t.Fatalf("%d one-client figures, want 3 (bare Echo, bolt, postgres with 2 instances)", len(r.serial))
