@@ -190,16 +190,12 @@ func flushPages(f *os.File, n int) ([]time.Duration, error) {
 // every core busy (as a loaded server's handlers and the load generator
 // do).
 func measureFsync(dir string, rounds int) (fsyncLatency, error) {
-	f, err := os.Create(filepath.Join(dir, "fsync-control"))
+	f, done, err := flushFile(dir, "fsync-control")
 	if err != nil {
-		return fsyncLatency{}, err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	flushes := func() ([]time.Duration, error) { return flushPages(f, rounds) }
-	if _, err := flushes(); err != nil { // the file's blocks allocated: both runs overwrite
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
 	}
+	defer done()
+	flushes := func() ([]time.Duration, error) { return flushPages(f, rounds) }
 	idle, err := flushes()
 	if err != nil {
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
@@ -232,22 +228,33 @@ type diskFigure struct {
 	p50, p99 time.Duration
 }
 
-// probeDisk flushes n pages of a file in dir one after another, after as
-// many that allocate its blocks.
+// probeDisk flushes a page of a file in dir n times, one after another.
 func probeDisk(dir string, n int) (diskFigure, error) {
-	f, err := os.Create(filepath.Join(dir, "fsync-probe"))
+	f, done, err := flushFile(dir, "fsync-probe")
 	if err != nil {
-		return diskFigure{}, err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	if _, err := flushPages(f, 256); err != nil {
 		return diskFigure{}, fmt.Errorf("disk probe: %w", err)
 	}
+	defer done()
 	lat, err := flushPages(f, n)
 	if err != nil {
 		return diskFigure{}, fmt.Errorf("disk probe: %w", err)
 	}
 	slices.Sort(lat)
 	return diskFigure{n: n, p50: lat[n/2], p99: lat[n*99/100]}, nil
+}
+
+// flushFile creates the file name in dir for flushPages, with its 256
+// pages written and flushed once, so that the flushes measured overwrite
+// and allocate no block; done removes it.
+func flushFile(dir, name string) (f *os.File, done func(), err error) {
+	f, err = os.Create(filepath.Join(dir, name))
+	if err != nil {
+		return nil, nil, err
+	}
+	done = func() { f.Close(); os.Remove(f.Name()) }
+	if _, err := flushPages(f, 256); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return f, done, nil
 }

@@ -301,8 +301,10 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "machine: %s\n", machine())
 	fmt.Fprintf(w, "load: %d keep-alive connections, one request in flight each, from this Go program on the same %d cores as the servers; 127.0.0.1 only\n",
 		p.clients, runtime.NumCPU())
-	fmt.Fprintf(w, "rounds: %d, every case once per round (interleaved), %s measured per case after a %s warm-up; figures are medians of the rounds\n",
-		p.rounds, p.duration, p.warmup)
+	if !p.openOnly {
+		fmt.Fprintf(w, "rounds: %d, every case once per round (interleaved), %s measured per case after a %s warm-up; figures are medians of the rounds\n",
+			p.rounds, p.duration, p.warmup)
+	}
 	fmt.Fprintf(w, "breakwater: simulated upstream at zero latency, POST /v1/ocr with a 64x32 PNG; many users = %s\n", thousands(float64(p.users)))
 	if r.postgres != "" {
 		fmt.Fprintf(w, "postgres: %s;\n  two instances share one database and the connections, half each; every case with the budget ceilings on\n", r.postgres)
