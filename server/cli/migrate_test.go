@@ -65,7 +65,7 @@ func boltToMigrate(t *testing.T, path string, now time.Time) (secret string) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		rec := budget.UsageRecord{Time: now.Add(time.Duration(i-10) * time.Minute), UserID: "alice", KeyID: "key_alice",
+		rec := budget.UsageRecord{Time: sameDay(now, time.Duration(10-i)*time.Minute), UserID: "alice", KeyID: "key_alice",
 			RequestID: "req-" + string(rune('a'+i)), Model: "gemini-3.5-flash-lite", CostMicroUSD: 700}
 		s := budget.Settlement{Day: day, ActualMicroUSD: 700, Leased: true, LeasedMicroUSD: 1000}
 		if err := db.RecordUsage(context.Background(), month, rec, s); err != nil {
@@ -76,6 +76,18 @@ func boltToMigrate(t *testing.T, path string, now time.Time) (secret string) {
 		t.Fatal(err)
 	}
 	return migrateSecret
+}
+
+// sameDay is ago before now, or now's midnight if that is sooner: a
+// server files a read's row and settles its call on the day the read
+// began, so a fixture's reads of today must have begun today (a run just
+// after midnight would otherwise file them on yesterday).
+func sameDay(now time.Time, ago time.Duration) time.Time {
+	midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, now.Location())
+	if t := now.Add(-ago); t.After(midnight) {
+		return t
+	}
+	return midnight
 }
 
 // migrate --from copies every kind once: a second run copies nothing, the
@@ -302,7 +314,7 @@ func TestMigrateIntoADatabaseInUse(t *testing.T) {
 	}
 
 	// The bolt file serves one more read of alice's: the next run adds it.
-	boltRead(t, boltPath, "alice", now.Add(-time.Minute))
+	boltRead(t, boltPath, "alice", sameDay(now, time.Minute))
 	if out, err := migrate(); err != nil {
 		t.Fatalf("migrate after the bolt file served again: %v\n%s", err, out)
 	}
