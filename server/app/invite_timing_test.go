@@ -67,8 +67,9 @@ type verifyCall struct{ code, ip, email string }
 // address in a cooldown, with another e-mail each time or again with the
 // one that cooled down with it. A class whose median lies more than
 // refusalMargin (5µs) from the unknown code's, with its 95% interval
-// wholly beyond it, fails: neither whether a code exists nor whether a
-// cooldown holds may show in the answer's time (docs/API.md).
+// wholly beyond it in two samples (checkAlike), fails: neither whether a
+// code exists nor whether a cooldown holds may show in the answer's time
+// (docs/API.md).
 //
 // The classes are interleaved: each round sends one request of each, in
 // random order, on one keep-alive connection, so that drift and the
@@ -93,7 +94,7 @@ type verifyCall struct{ code, ip, email string }
 func TestInviteRefusalsTakeAlike(t *testing.T) {
 	timedAlone(t)
 	a, classes := alikeApp(t, "bolt")
-	judgeAlike(t, classes, timeAlike(t, a, classes, 2500), refusalMargin)
+	checkAlike(t, a, classes, 2500, refusalMargin)
 }
 
 // TestInviteRefusalsTakeAlikeOnPostgres is TestInviteRefusalsTakeAlike
@@ -130,7 +131,7 @@ func TestInviteRefusalsTakeAlikeOnPostgres(t *testing.T) {
 	classes = slices.DeleteFunc(classes, func(c refusalClass) bool {
 		return c.name != "unknown" && c.name != "cooldown"
 	})
-	judgeAlike(t, classes, timeAlike(t, a, classes, 5000), pgRefusalMargin)
+	checkAlike(t, a, classes, 5000, pgRefusalMargin)
 }
 
 // timeAlike sends rounds of one request of each class, in random order,
@@ -157,10 +158,32 @@ func timeAlike(t *testing.T, a *App, classes []refusalClass, rounds int) [][]flo
 	return times
 }
 
+// checkAlike times rounds of classes and fails a class whose difference
+// from an unknown code lies beyond ±within. A class beyond it is timed
+// again, with fresh rounds, and fails only if it is beyond it again: a
+// timing leak is in every sample, while a stall of the shared machine
+// that fell on the unknown code's requests (once, in CI, every class
+// came out 4 to 15µs sooner than it under -race) is not. A leak found in
+// one sample and not the next is logged.
+func checkAlike(t *testing.T, a *App, classes []refusalClass, rounds int, within time.Duration) {
+	t.Helper()
+	beyond := judgeAlike(t, classes, timeAlike(t, a, classes, rounds), within)
+	if len(beyond) == 0 {
+		return
+	}
+	t.Logf("%v beyond ±%v: timing every class again", beyond, within)
+	again := judgeAlike(t, classes, timeAlike(t, a, classes, rounds), within)
+	for _, name := range beyond {
+		if slices.Contains(again, name) {
+			t.Errorf("%s is answered apart from an unknown code in two samples of %d rounds", name, rounds)
+		}
+	}
+}
+
 // judgeAlike compares each class with the first (the unknown code) by
-// the median of the rounds' differences, logs it, and fails a class
-// whose 95% interval lies wholly beyond ±refusalMargin.
-func judgeAlike(t *testing.T, classes []refusalClass, times [][]float64, within time.Duration) {
+// the median of the rounds' differences, logs it, and returns the classes
+// whose 95% interval lies wholly beyond ±within.
+func judgeAlike(t *testing.T, classes []refusalClass, times [][]float64, within time.Duration) (beyond []string) {
 	t.Helper()
 	margin := float64(within)
 	for k := 1; k < len(classes); k++ {
@@ -172,10 +195,12 @@ func judgeAlike(t *testing.T, classes []refusalClass, times [][]float64, within 
 		t.Logf("%-14s the rounds' difference from an unknown code %+6.2fµs, 95%% interval [%+6.2f, %+6.2f]µs (medians %.1fµs and %.1fµs)",
 			classes[k].name, d/1e3, lo/1e3, hi/1e3, harness.Median(times[k])/1e3, harness.Median(times[0])/1e3)
 		if lo > margin || hi < -margin {
-			t.Errorf("%s is answered %+.2fµs from an unknown code (95%% interval [%+.2f, %+.2f]µs), beyond ±%v",
+			t.Logf("%s is answered %+.2fµs from an unknown code (95%% interval [%+.2f, %+.2f]µs), beyond ±%v",
 				classes[k].name, d/1e3, lo/1e3, hi/1e3, within)
+			beyond = append(beyond, classes[k].name)
 		}
 	}
+	return beyond
 }
 
 // alikeApp opens an App on a fresh database of backend ("bolt" or
