@@ -6,7 +6,11 @@ package main
 // distinct users, in a database of its own on the same cluster, and counts
 // the cluster's CPU over it as the cases' pg cpu is counted (every process
 // of the cluster, background included). Each accepted case's CPU per read
-// is then read against it.
+// is then read against it, and against the same rows sent from a client a
+// statement each (pgtest.FloorFromClient): what the protocol and the
+// per-row statements cost before any of Breakwater's logic, the bound
+// under which a path that sends its statements from the instances cannot
+// go.
 
 import (
 	"context"
@@ -32,28 +36,54 @@ const floorReads = 20_000
 // per read over the floor's.
 const maxFloorRatio = 1.5
 
-// floorCPU writes the floor's reads and returns the cluster's CPU per read
-// over them; zero, with no error, on a server the harness did not start
-// (its CPU is not counted).
-func (b *bench) floorCPU() (time.Duration, error) {
+// floorFigure is PostgreSQL's CPU per read at the floor, and with the
+// same rows sent from a client a statement a row.
+type floorFigure struct {
+	set, client time.Duration
+}
+
+// floorCPU writes the floor's reads, set-based in one DO block and then
+// from a client (pgtest.FloorFromClient), and returns the cluster's CPU
+// per read over each; zero, with no error, on a server the harness did
+// not start (its CPU is not counted).
+func (b *bench) floorCPU() (floorFigure, error) {
 	if b.pg == nil || b.pg.cluster == nil {
-		return 0, nil
+		return floorFigure{}, nil
 	}
-	b.progress("the floor: %s reads in groups of %d, set-based, one session", thousands(floorReads), floorGroup)
-	db, err := b.pg.newDatabase("floor", "the floor")
-	if err != nil {
-		return 0, err
+	b.progress("the floor: %s reads in groups of %d, set-based, one session; then from a client", thousands(floorReads), floorGroup)
+	var f floorFigure
+	for _, client := range []bool{false, true} {
+		name := map[bool]string{false: "floor", true: "floor_client"}[client]
+		db, err := b.pg.newDatabase(name, "the floor")
+		if err != nil {
+			return f, err
+		}
+		bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), bwConfig{postgresURL: db.url})
+		if err != nil {
+			return f, err
+		}
+		if _, err := bw.createKeyStopped("floor"); err != nil { // the schema, made as an instance makes it
+			return f, err
+		}
+		per, err := b.floorRun(db.url, client)
+		if err != nil {
+			return f, err
+		}
+		if client {
+			f.client = per
+		} else {
+			f.set = per
+		}
 	}
-	bw, err := newBreakwater("floor", b.bin, filepath.Join(b.dir, "floor"), bwConfig{postgresURL: db.url})
-	if err != nil {
-		return 0, err
-	}
-	if _, err := bw.createKeyStopped("floor"); err != nil { // the schema, made as an instance makes it
-		return 0, err
-	}
+	return f, nil
+}
+
+// floorRun writes the floor's reads into the database at url, set-based
+// or from a client, and returns the cluster's CPU per read.
+func (b *bench) floorRun(url string, client bool) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, db.url)
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return 0, fmt.Errorf("the floor: connect: %w", err)
 	}
@@ -62,7 +92,12 @@ func (b *bench) floorCPU() (time.Duration, error) {
 		return 0, fmt.Errorf("the floor: setup: %w", err)
 	}
 	before := b.pg.cpu()
-	if _, err := conn.Exec(ctx, pgtest.FloorReads(floorReads/floorGroup, floorGroup)); err != nil {
+	if client {
+		err = pgtest.FloorFromClient(ctx, conn, floorReads/floorGroup, floorGroup)
+	} else {
+		_, err = conn.Exec(ctx, pgtest.FloorReads(floorReads/floorGroup, floorGroup))
+	}
+	if err != nil {
 		return 0, fmt.Errorf("the floor: %w", err)
 	}
 	return (b.pg.cpu() - before) / floorReads, nil
@@ -81,23 +116,31 @@ func (r *report) pgCPUPerRead(id string) time.Duration {
 }
 
 // printFloor writes each accepted postgres case's CPU per read beside the
-// floor's, with issue 42's target.
+// floor's, with issue 42's target, and beside the client floor's, the
+// bound below the target that no path sending its statements from the
+// instances goes under.
 func (r *report) printFloor(w io.Writer) {
-	if r.floor <= 0 {
+	if r.floor.set <= 0 {
 		return
 	}
 	fmt.Fprintf(w, "\nPostgreSQL CPU per accepted read (the cluster's processes over the measured time, over the reads), against its floor:\n")
-	fmt.Fprintf(w, " %s a read, %s reads in groups of %d distinct users, every statement set-based, in one session (pgtest.FloorReads)\n",
-		roundDuration(r.floor), thousands(floorReads), floorGroup)
+	fmt.Fprintf(w, " %s a read, %s reads in groups of %d distinct users, every statement set-based, in one session (pgtest.FloorReads);\n",
+		roundDuration(r.floor.set), thousands(floorReads), floorGroup)
+	fmt.Fprintf(w, " from a client, the same rows a statement each, pipelined, one session (pgtest.FloorFromClient): %s a read, %.2f × the floor\n",
+		roundDuration(r.floor.client), float64(r.floor.client)/float64(r.floor.set))
 	lw := r.labelWidth()
-	fmt.Fprintf(w, "%-*s %10s %8s %8s  %s\n", lw, "case", "cpu/read", "÷ floor", "target", "")
+	fmt.Fprintf(w, "%-*s %10s %8s %8s %9s  %s\n", lw, "case", "cpu/read", "÷ floor", "target", "÷ client", "")
 	for _, c := range r.cases {
 		if c.pg == nil || c.refusals {
 			continue
 		}
 		per := r.pgCPUPerRead(c.id)
-		ratio := float64(per) / float64(r.floor)
-		fmt.Fprintf(w, "%-*s %10s %8.2f %8s  %s\n", lw, c.label, roundDuration(per), ratio,
-			fmt.Sprintf("≤ %.1f", maxFloorRatio), metLabel(ratio <= maxFloorRatio))
+		ratio := float64(per) / float64(r.floor.set)
+		client := "–"
+		if r.floor.client > 0 {
+			client = fmt.Sprintf("%.2f", float64(per)/float64(r.floor.client))
+		}
+		fmt.Fprintf(w, "%-*s %10s %8.2f %8s %9s  %s\n", lw, c.label, roundDuration(per), ratio,
+			fmt.Sprintf("≤ %.1f", maxFloorRatio), client, metLabel(ratio <= maxFloorRatio))
 	}
 }

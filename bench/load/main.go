@@ -212,9 +212,9 @@ type report struct {
 	// pgCPUCounted says PostgreSQL's CPU was counted (a cluster the
 	// harness started).
 	pgCPUCounted bool
-	// floor is PostgreSQL's CPU per read at its floor (floor.go); zero
-	// when not measured.
-	floor time.Duration
+	// floor is PostgreSQL's CPU per read at its floor, and from a client
+	// (floor.go); zero when not measured.
+	floor floorFigure
 	// idle is, per round, each case database's transactions over an
 	// idle interval (-postgres).
 	idle []map[string]idleSample

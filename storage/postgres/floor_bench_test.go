@@ -17,17 +17,21 @@ import (
 // session, no round trip per statement). It reports pg-µs/read,
 // PostgreSQL's CPU per read, to set beside BenchmarkMoneyReadCycle's
 // figure of the same name (the money path as it is: requests from two
-// instances, a round trip per group, 64 sessions' worth of switching). The database must run on this machine (its
-// backends' CPU is read from /proc).
+// instances, a round trip per group, 64 sessions' worth of switching).
+// from-client is the same rows sent from a client, a statement a row
+// (pgtest.FloorFromClient): what the protocol and the per-row statements
+// add before any logic of Breakwater's. The database must run on this
+// machine (its backends' CPU is read from /proc).
 //
 //	go test -run '^$' -bench 'ReadRowsFloor|MoneyReadCycle/concurrency=64' -benchtime 20000x ./storage/postgres
 func BenchmarkReadRowsFloor(b *testing.B) {
 	for _, group := range []int{5, 20} {
-		b.Run(fmt.Sprintf("group=%d", group), func(b *testing.B) { benchFloor(b, group) })
+		b.Run(fmt.Sprintf("group=%d", group), func(b *testing.B) { benchFloor(b, group, false) })
 	}
+	b.Run("group=5/from-client", func(b *testing.B) { benchFloor(b, 5, true) })
 }
 
-func benchFloor(b *testing.B, group int) {
+func benchFloor(b *testing.B, group int, fromClient bool) {
 	url := pgtest.NewDatabase(b)
 	openInstance(b, url) // the schema
 	ctx := context.Background()
@@ -43,7 +47,12 @@ func benchFloor(b *testing.B, group int) {
 	script := pgtest.FloorReads(groups, group)
 	cpu := backendCPU(b, url)
 	b.ResetTimer()
-	if _, err := conn.Exec(ctx, script); err != nil {
+	if fromClient {
+		err = pgtest.FloorFromClient(ctx, conn, groups, group)
+	} else {
+		_, err = conn.Exec(ctx, script)
+	}
+	if err != nil {
 		b.Fatal(err)
 	}
 	b.StopTimer()

@@ -1,8 +1,13 @@
 package pgtest
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The floor of PostgreSQL's work per accepted read: the rows a read must
@@ -68,3 +73,54 @@ BEGIN
         COMMIT;
     END LOOP;
 END $$`
+
+// FloorFromClient writes the rows of FloorReads(groups, group) as a client
+// sends them: each row its own statement (the usage rows one insert, as
+// the money path's), a group's admissions in one pipelined transaction and
+// its usage records in another, from one session. Beside FloorReads it
+// measures what the protocol and the per-row statements cost before any
+// of Breakwater's own logic: the floor a path that sends its statements
+// from the instances cannot go below.
+func FloorFromClient(ctx context.Context, conn *pgx.Conn, groups, group int) error {
+	body := []byte(strings.Repeat("x", 300))
+	users := make([]string, group)
+	for k := range groups {
+		for i := range users {
+			users[i] = "u" + strconv.Itoa((k*group+i)%64)
+		}
+		slices.Sort(users)
+		admit := &pgx.Batch{}
+		admit.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+		for _, u := range users {
+			admit.Queue("SELECT 1 FROM limit_window_heads WHERE name = 'user' AND key = $1 FOR UPDATE", u)
+			admit.Queue("UPDATE limit_window_heads SET seq = seq + 1, newest = $2 WHERE name = 'user' AND key = $1", u, k)
+			admit.Queue(`INSERT INTO limit_window_slots (name, key, slot, t) VALUES ('user', $1, $2, $3)
+				ON CONFLICT (name, key, slot) DO UPDATE SET t = excluded.t`, u, k%1000, k)
+			admit.Queue(`INSERT INTO attempt_counts AS a (user_id, day, count) VALUES ($1, '2026-12-03', 1)
+				ON CONFLICT (user_id, day) DO UPDATE SET count = a.count + 1`, u)
+			admit.Queue("SELECT 1 FROM quota_counts WHERE user_id = $1 AND month = '2026-12' FOR UPDATE", u)
+			admit.Queue(`SELECT sum(x.n) FROM quota_holds x JOIN money_owners o ON o.owner = x.owner
+				WHERE x.user_id = $1 AND x.month = '2026-12'`, u)
+			admit.Queue(`INSERT INTO quota_holds AS h (user_id, month, owner, n) VALUES ($1, '2026-12', 'floor', 1)
+				ON CONFLICT (user_id, month, owner) DO UPDATE SET n = h.n + 1`, u)
+		}
+		if err := conn.SendBatch(ctx, admit).Close(); err != nil {
+			return fmt.Errorf("the floor's admissions: %w", err)
+		}
+		record := &pgx.Batch{}
+		record.Queue(`INSERT INTO usage_rows (at, day, month, user_id, key_id, request_id, calls, micro_usd, input_tokens,
+				output_tokens, simulated, model, body)
+			SELECT now(), '2026-12-03', '2026-12', u, 'key', md5(u || $2::bigint), 1, 400, 100, 20, false, 'model', $3
+			FROM unnest($1::text[]) u`, users, k, body)
+		for _, u := range users {
+			record.Queue(`INSERT INTO quota_counts AS q (user_id, month, used) VALUES ($1, '2026-12', 1)
+				ON CONFLICT (user_id, month) DO UPDATE SET used = q.used + 1`, u)
+			record.Queue("UPDATE quota_holds SET n = greatest(n - 1, 0) WHERE user_id = $1 AND month = '2026-12' AND owner = 'floor'", u)
+		}
+		record.Queue("UPDATE ledger_days SET calls = calls + $1, micro_usd = micro_usd + 400 * $1 WHERE day = '2026-12-03'", group)
+		if err := conn.SendBatch(ctx, record).Close(); err != nil {
+			return fmt.Errorf("the floor's usage records: %w", err)
+		}
+	}
+	return nil
+}
