@@ -8,9 +8,7 @@ package main
 // of the cluster, background included). Each accepted case's CPU per read
 // is then read against it, and against the same rows sent from a client a
 // statement each (pgtest.FloorFromClient): what the protocol and the
-// per-row statements cost before any of Breakwater's logic, the bound
-// under which a path that sends its statements from the instances cannot
-// go.
+// per-row statements add before any of Breakwater's logic.
 
 import (
 	"context"
@@ -116,9 +114,8 @@ func (r *report) pgCPUPerRead(id string) time.Duration {
 }
 
 // printFloor writes each accepted postgres case's CPU per read beside the
-// floor's, with issue 42's target, and beside the client floor's, the
-// bound below the target that no path sending its statements from the
-// instances goes under.
+// floor's, with issue 42's target, and beside the client floor's (the
+// same rows a statement each from a client: what the protocol adds).
 func (r *report) printFloor(w io.Writer) {
 	if r.floor.set <= 0 {
 		return

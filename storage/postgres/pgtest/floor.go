@@ -79,8 +79,8 @@ END $$`
 // the money path's), a group's admissions in one pipelined transaction and
 // its usage records in another, from one session. Beside FloorReads it
 // measures what the protocol and the per-row statements cost before any
-// of Breakwater's own logic: the floor a path that sends its statements
-// from the instances cannot go below.
+// of Breakwater's own logic: what a path that sends a statement per row
+// from the instances pays for that alone.
 func FloorFromClient(ctx context.Context, conn *pgx.Conn, groups, group int) error {
 	body := []byte(strings.Repeat("x", 300))
 	users := make([]string, group)
