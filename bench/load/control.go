@@ -195,8 +195,7 @@ func measureFsync(dir string, rounds int) (fsyncLatency, error) {
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
 	}
 	defer done()
-	flushes := func() ([]time.Duration, error) { return flushPages(f, rounds) }
-	idle, err := flushes()
+	idle, err := flushPages(f, rounds)
 	if err != nil {
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
 	}
@@ -210,7 +209,7 @@ func measureFsync(dir string, rounds int) (fsyncLatency, error) {
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)
 	}
 	time.Sleep(200 * time.Millisecond) // its goroutines running
-	busy, err := flushes()
+	busy, err := flushPages(f, rounds)
 	spinner.stop()
 	if err != nil {
 		return fsyncLatency{}, fmt.Errorf("fsync control: %w", err)

@@ -50,38 +50,31 @@ func (b *bench) floorCPU() (floorFigure, error) {
 	}
 	b.progress("the floor: %s reads in groups of %d, set-based, one session; then from a client", thousands(floorReads), floorGroup)
 	var f floorFigure
-	for _, client := range []bool{false, true} {
-		name := map[bool]string{false: "floor", true: "floor_client"}[client]
-		db, err := b.pg.newDatabase(name, "the floor")
-		if err != nil {
-			return f, err
-		}
-		bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), bwConfig{postgresURL: db.url})
-		if err != nil {
-			return f, err
-		}
-		if _, err := bw.createKeyStopped("floor"); err != nil { // the schema, made as an instance makes it
-			return f, err
-		}
-		per, err := b.floorRun(db.url, client)
-		if err != nil {
-			return f, err
-		}
-		if client {
-			f.client = per
-		} else {
-			f.set = per
-		}
+	var err error
+	if f.set, err = b.floorRun("floor", false); err != nil {
+		return f, err
 	}
-	return f, nil
+	f.client, err = b.floorRun("floor_client", true)
+	return f, err
 }
 
-// floorRun writes the floor's reads into the database at url, set-based
-// or from a client, and returns the cluster's CPU per read.
-func (b *bench) floorRun(url string, client bool) (time.Duration, error) {
+// floorRun writes the floor's reads into a database of its own, name,
+// set-based or from a client, and returns the cluster's CPU per read.
+func (b *bench) floorRun(name string, client bool) (time.Duration, error) {
+	db, err := b.pg.newDatabase(name, "the floor")
+	if err != nil {
+		return 0, err
+	}
+	bw, err := newBreakwater(name, b.bin, filepath.Join(b.dir, name), bwConfig{postgresURL: db.url})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := bw.createKeyStopped("floor"); err != nil { // the schema, made as an instance makes it
+		return 0, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgx.Connect(ctx, db.url)
 	if err != nil {
 		return 0, fmt.Errorf("the floor: connect: %w", err)
 	}

@@ -329,8 +329,7 @@ func (b *bench) openLoop(c tcase, backend string) openLoopFigure {
 		after, err := sumHistograms(insts)
 		var guard, usage string // the instances' own p99s over the step: where a slow step's time went
 		if err == nil && before != nil {
-			guard = bound(after[overheadSeries[0].name].minus(before[overheadSeries[0].name]).quantile(0.99))
-			usage = bound(after[overheadSeries[2].name].minus(before[overheadSeries[2].name]).quantile(0.99))
+			guard, usage = guardUsageP99(histogramsSince(after, before))
 		}
 		b.progress("open loop, %s: %s req/s for %s: p99 %s (guard p99 %s, usage record p99 %s), %d of %d missed %v", backend,
 			thousands(rate), p.stepSpan(rate), p99String(out.p99()), guard, usage, out.missed, out.due, out.firstErr)
@@ -409,10 +408,7 @@ func (b *bench) serialRun(label string, addrs []string, insts []*breakwater, req
 		if err != nil {
 			return f, err
 		}
-		f.series = map[string]histogram{}
-		for name, h := range after {
-			f.series[name] = h.minus(before[name])
-		}
+		f.series = histogramsSince(after, before)
 	}
 	b.progress("one client, %s: p50 %s, p99 %s, %s", label, roundDuration(out.percentile(0.5)), roundDuration(out.percentile(0.99)),
 		statusSummary(sample{statuses: out.statuses, errors: out.errors}))
@@ -436,6 +432,22 @@ func sumHistograms(insts []*breakwater) (map[string]histogram, error) {
 		}
 	}
 	return sum, nil
+}
+
+// histogramsSince is each of after's histograms less before's of the same
+// name: the observations between the two reads.
+func histogramsSince(after, before map[string]histogram) map[string]histogram {
+	out := make(map[string]histogram, len(after))
+	for name, h := range after {
+		out[name] = h.minus(before[name])
+	}
+	return out
+}
+
+// guardUsageP99 is the p99 of the guard's overhead and of the usage
+// record's commit wait in series, as bucket bounds.
+func guardUsageP99(series map[string]histogram) (guard, usage string) {
+	return bound(series[overheadSeries[0].name].quantile(0.99)), bound(series[overheadSeries[2].name].quantile(0.99))
 }
 
 // plus is h's observations and o's (the same buckets).
@@ -532,8 +544,7 @@ func (r *report) printSerial(w io.Writer) {
 		added, guard, usage := "–", "–", "–"
 		if i > 0 {
 			added = roundDuration(f.out.percentile(0.99) - direct)
-			guard = bound(f.series[overheadSeries[0].name].quantile(0.99))
-			usage = bound(f.series[overheadSeries[2].name].quantile(0.99))
+			guard, usage = guardUsageP99(f.series)
 		}
 		fmt.Fprintf(w, "%-30s %9s %9s %9s %10s %12s %14s  %s\n", f.label, thousands(float64(f.out.requests)), roundDuration(f.out.percentile(0.5)),
 			roundDuration(f.out.percentile(0.99)), added, guard, usage, statusSummary(sample{statuses: f.out.statuses, errors: f.out.errors, expected: f.expected}))
