@@ -307,8 +307,9 @@ type openLoopFigure struct {
 
 // openLoop searches the highest constant rate of c's requests (all its
 // instances, the requests alternating between them) at which the p99 stays
-// within openLoopP99, each step plan.openStep long.
-func (b *bench) openLoop(c tcase, backend string) openLoopFigure {
+// within openLoopP99, each step plan.openStep long. turn runs each step
+// (with its scrapes and the pause after it) in the search's turn.
+func (b *bench) openLoop(c tcase, backend string, turn func(func())) openLoopFigure {
 	addrs := []string{c.addr}
 	if c.also != nil {
 		addrs = append(addrs, c.also.addr)
@@ -321,20 +322,23 @@ func (b *bench) openLoop(c tcase, backend string) openLoopFigure {
 		span := p.stepSpan(rate)
 		return generateOpen(openLoad{addrs: addrs, rate: rate, span: span, conns: conns, pool: pool, request: c.request, expect: c.expect})
 	}
-	step(p.openStart) // a step not counted: the connections dialled, their first requests served
+	turn(func() { step(p.openStart) }) // a step not counted: the connections dialled, their first requests served
 	insts := c.instances()
-	once := func(rate float64) time.Duration {
-		before, _ := sumHistograms(insts)
-		out := step(rate)
-		after, err := sumHistograms(insts)
-		var guard, usage string // the instances' own p99s over the step: where a slow step's time went
-		if err == nil && before != nil {
-			guard, usage = guardUsageP99(histogramsSince(after, before))
-		}
-		b.progress("open loop, %s: %s req/s for %s: p99 %s (guard p99 %s, usage record p99 %s), %d of %d missed %v", backend,
-			thousands(rate), p.stepSpan(rate), p99String(out.p99()), guard, usage, out.missed, out.due, out.firstErr)
-		time.Sleep(200 * time.Millisecond) // what the step left behind (commits, statistics) settles
-		return out.p99()
+	once := func(rate float64) (p99 time.Duration) {
+		turn(func() {
+			before, _ := sumHistograms(insts)
+			out := step(rate)
+			after, err := sumHistograms(insts)
+			var guard, usage string // the instances' own p99s over the step: where a slow step's time went
+			if err == nil && before != nil {
+				guard, usage = guardUsageP99(histogramsSince(after, before))
+			}
+			b.progress("open loop, %s: %s req/s for %s: p99 %s (guard p99 %s, usage record p99 %s), %d of %d missed %v", backend,
+				thousands(rate), p.stepSpan(rate), p99String(out.p99()), guard, usage, out.missed, out.due, out.firstErr)
+			time.Sleep(200 * time.Millisecond) // what the step left behind (commits, statistics) settles
+			p99 = out.p99()
+		})
+		return p99
 	}
 	// A rate's p99 is the median of its tries': one stall of the shared
 	// machine (a checkpoint, the cores taken by another process) neither
@@ -344,6 +348,64 @@ func (b *bench) openLoop(c tcase, backend string) openLoopFigure {
 		return medianTry(p.openTries, func() time.Duration { return once(rate) })
 	}
 	return openLoopFigure{label: backend, search: searchRate(try, openLoopP99, p.openStart, p.openCeiling, p.openBisect)}
+}
+
+// turns lets searches run their steps in turn, one step each, so that
+// every backend's steps meet the machine as the others' do: a shared
+// host's speed moves by the minute (bolt's figure ranged 3,500 to 16,000
+// within one hour), and a search run after another would meet another
+// machine. A search that has ended takes no more turns.
+type turns struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	next   int    // whose turn it is
+	active []bool // searches not yet ended
+}
+
+func newTurns(n int) *turns {
+	t := &turns{active: make([]bool, n)}
+	for i := range t.active {
+		t.active[i] = true
+	}
+	t.cond = sync.NewCond(&t.mu)
+	return t
+}
+
+// take runs f as search i's turn, once it is i's, and then passes the
+// turn on.
+func (t *turns) take(i int, f func()) {
+	t.mu.Lock()
+	for t.next != i {
+		t.cond.Wait()
+	}
+	t.mu.Unlock()
+	f()
+	t.mu.Lock()
+	t.pass(i)
+	t.mu.Unlock()
+}
+
+// done ends search i: its turns go to the others.
+func (t *turns) done(i int) {
+	t.mu.Lock()
+	t.active[i] = false
+	if t.next == i {
+		t.pass(i)
+	}
+	t.mu.Unlock()
+}
+
+// pass gives the turn to the next search after i that has not ended (i
+// itself when it is the last). t.mu is held.
+func (t *turns) pass(i int) {
+	n := len(t.active)
+	for k := 1; k <= n; k++ {
+		if j := (i + k) % n; t.active[j] {
+			t.next = j
+			break
+		}
+	}
+	t.cond.Broadcast()
 }
 
 // medianTry is the median of tries (at least one) calls of once.
@@ -393,26 +455,65 @@ type serialFigure struct {
 	expected float64              // share of the expected status
 }
 
-// serialRun sends c's requests one at a time from one client for
-// plan.serial, alternating between c's instances, and reads their
-// histograms before and after.
-func (b *bench) serialRun(label string, addrs []string, insts []*breakwater, request func([]byte, int64, *clientScratch) []byte, expect int) (serialFigure, error) {
-	before, err := sumHistograms(insts)
-	if err != nil {
-		return serialFigure{}, err
-	}
-	out := serialLoad(addrs, b.plan.serial, request)
-	f := serialFigure{label: label, out: out, expected: out.share(expect)}
-	if len(insts) > 0 {
-		after, err := sumHistograms(insts)
-		if err != nil {
-			return f, err
+// serialPath is one path of the one-client figure: its addresses (the
+// requests alternating between them), its instances (none for bare
+// Echo), its requests and the status they should have.
+type serialPath struct {
+	label   string
+	addrs   []string
+	insts   []*breakwater
+	request func([]byte, int64, *clientScratch) []byte
+	expect  int
+}
+
+// serialSlice is how long one path's client sends before the next path's
+// takes over.
+const serialSlice = 250 * time.Millisecond
+
+// serialRuns sends each path's requests one at a time from one client,
+// plan.serial in all for each, the paths taking turns a serialSlice each
+// (so that every path meets the machine as the others do), and reads the
+// instances' histograms before and after.
+func (b *bench) serialRuns(paths []serialPath) ([]serialFigure, error) {
+	before := make([]map[string]histogram, len(paths))
+	conns := make([][]openConn, len(paths))
+	outs := make([]outcome, len(paths))
+	for i, p := range paths {
+		var err error
+		if before[i], err = sumHistograms(p.insts); err != nil {
+			return nil, err
 		}
-		f.series = histogramsSince(after, before)
+		conns[i] = make([]openConn, len(p.addrs))
+		for k, a := range p.addrs {
+			conns[i][k] = openConn{addr: a, timeout: 10 * time.Second}
+			defer conns[i][k].close()
+		}
+		outs[i] = outcome{statuses: map[int]int64{}}
 	}
-	b.progress("one client, %s: p50 %s, p99 %s, %s", label, roundDuration(out.percentile(0.5)), roundDuration(out.percentile(0.99)),
-		statusSummary(sample{statuses: out.statuses, errors: out.errors}))
-	return f, nil
+	scratch := &clientScratch{rand: 1}
+	for range max(1, int(b.plan.serial/serialSlice)) {
+		for i, p := range paths {
+			serialLoad(conns[i], min(serialSlice, b.plan.serial), p.request, scratch, &outs[i])
+		}
+	}
+	figures := make([]serialFigure, len(paths))
+	for i, p := range paths {
+		out := outs[i]
+		slices.Sort(out.latencies)
+		out.requests = int64(len(out.latencies))
+		f := serialFigure{label: p.label, out: out, expected: out.share(p.expect)}
+		if len(p.insts) > 0 {
+			after, err := sumHistograms(p.insts)
+			if err != nil {
+				return figures[:i], err
+			}
+			f.series = histogramsSince(after, before[i])
+		}
+		b.progress("one client, %s: p50 %s, p99 %s, %s", p.label, roundDuration(out.percentile(0.5)), roundDuration(out.percentile(0.99)),
+			statusSummary(sample{statuses: out.statuses, errors: out.errors}))
+		figures[i] = f
+	}
+	return figures, nil
 }
 
 // sumHistograms is the overhead histograms of insts, added up.
@@ -462,16 +563,9 @@ func (h histogram) plus(o histogram) histogram {
 }
 
 // serialLoad is one client sending requests one after another for d,
-// request i to addrs[i % len(addrs)], each on a keep-alive connection of
-// its own address.
-func serialLoad(addrs []string, d time.Duration, request func([]byte, int64, *clientScratch) []byte) outcome {
-	conns := make([]openConn, len(addrs))
-	for i, a := range addrs {
-		conns[i] = openConn{addr: a, timeout: 10 * time.Second}
-		defer conns[i].close()
-	}
-	out := outcome{statuses: map[int]int64{}}
-	scratch := &clientScratch{rand: 1}
+// the i-th to conns[i % len(conns)] (keep-alive connections, each of its
+// own address), adding what it measured to out.
+func serialLoad(conns []openConn, d time.Duration, request func([]byte, int64, *clientScratch) []byte, scratch *clientScratch, out *outcome) {
 	var buf []byte
 	start := time.Now()
 	for i := int64(0); time.Since(start) < d; i++ {
@@ -489,10 +583,7 @@ func serialLoad(addrs []string, d time.Duration, request func([]byte, int64, *cl
 		out.latencies = append(out.latencies, time.Since(t0))
 		out.statuses[status]++
 	}
-	out.elapsed = time.Since(start)
-	out.requests = int64(len(out.latencies))
-	slices.Sort(out.latencies)
-	return out
+	out.elapsed += time.Since(start)
 }
 
 // printOpenLoop writes the highest constant rate within the p99 bound.
@@ -509,7 +600,7 @@ func (r *report) printOpenLoop(w io.Writer) {
 	fmt.Fprintf(w, " the median try's, from %s req/s, doubling, then bisecting %d times, after a step not counted; a request not\n",
 		thousands(p.openStart), p.openBisect)
 	fmt.Fprintln(w, " answered as accepted counts as slower than any, and one due more than 1s ago ends its step; the generator's own")
-	fmt.Fprintln(w, " lateness counts, as the server's)")
+	fmt.Fprintln(w, " lateness counts, as the server's; the backends' searches take turns, a step each, so that both meet the machine alike)")
 	fmt.Fprintf(w, "%-28s %10s %10s %14s %10s %6s\n", "backend", "req/s", "its p99", "first over", "its p99", "steps")
 	for _, f := range r.open {
 		best, over, isOver := f.search.bestStep()
@@ -535,9 +626,11 @@ func (r *report) printSerial(w io.Writer) {
 	if len(r.serial) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nthe p99 the guard adds at one client (one client, serial requests for %s each, 1 user, ceilings on; added p99:\n", r.plan.serial)
-	fmt.Fprintln(w, " the client's p99 through the backend less its p99 direct to a bare Echo handler answering the same request, the")
-	fmt.Fprintln(w, " simulated upstream answering at once; beside it, the instances' own histograms over the same requests, as bucket bounds)")
+	fmt.Fprintf(w, "\nthe p99 the guard adds at one client (one client, serial requests for %s each, the paths taking turns %s at a time,\n", r.plan.serial, serialSlice)
+	fmt.Fprint(w, " 1 user, ceilings on; added p99:")
+	fmt.Fprintln(w, " the client's p99 through the backend less its p99 direct to a bare Echo handler answering the same request,")
+	fmt.Fprintln(w, " the simulated upstream answering at once; beside it, the instances' own histograms over the same requests, as bucket")
+	fmt.Fprintln(w, " bounds)")
 	fmt.Fprintf(w, "%-30s %9s %9s %9s %10s %12s %14s  %s\n", "path", "requests", "p50", "p99", "added p99", "guard p99", "usage rec. p99", "answers")
 	direct := r.serial[0].out.percentile(0.99)
 	for i, f := range r.serial {

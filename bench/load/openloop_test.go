@@ -5,7 +5,9 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,6 +164,58 @@ func TestMedianTry(t *testing.T) {
 		got := medianTry(tt.tries, func() time.Duration { calls++; return tt.p99s[calls-1] })
 		if got != tt.want || calls != len(tt.p99s) {
 			t.Errorf("tries %d of %v: %v after %d calls, want %v after %d", tt.tries, tt.p99s, got, calls, tt.want, len(tt.p99s))
+		}
+	}
+}
+
+// TestTurnsAlternate runs searches of different lengths through turns: the
+// steps go one search at a time, each search's steps alternating with the
+// others' while they last, and a search left alone goes on without
+// waiting for the ended ones.
+func TestTurnsAlternate(t *testing.T) {
+	for _, steps := range [][]int{{3, 3}, {5, 2}, {1, 4}, {2, 0, 3}, {4}} {
+		tr := newTurns(len(steps))
+		var (
+			order   []int
+			running atomic.Int32
+			wg      sync.WaitGroup
+		)
+		for i, n := range steps {
+			wg.Go(func() {
+				defer tr.done(i)
+				for range n {
+					tr.take(i, func() {
+						if running.Add(1) != 1 {
+							t.Errorf("%v: two steps at once", steps)
+						}
+						order = append(order, i) // one step at a time: no race
+						time.Sleep(time.Millisecond)
+						running.Add(-1)
+					})
+				}
+			})
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v: the searches never ended (order so far %v)", steps, order)
+		}
+		// The expected order: round after round, every search with a step
+		// left takes one, in index order.
+		var want []int
+		left := slices.Clone(steps)
+		for slices.ContainsFunc(left, func(n int) bool { return n > 0 }) {
+			for i := range left {
+				if left[i] > 0 {
+					want = append(want, i)
+					left[i]--
+				}
+			}
+		}
+		if !slices.Equal(order, want) {
+			t.Errorf("%v: steps in order %v, want %v", steps, order, want)
 		}
 	}
 }

@@ -582,9 +582,9 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 	return r, errors.Join(err, floorErr, b.profileErr, b.idleErr)
 }
 
-// openFigures runs, after the rounds, the open-loop search of the
+// openFigures runs, after the rounds, the open-loop searches of the
 // accepted path with many users on bolt and on two postgres instances,
-// then one client's serial requests direct to bare Echo and through the
+// their steps in turn, then one client's serial requests direct to bare Echo and through the
 // one-user case of each.
 func (b *bench) openFigures() ([]openLoopFigure, []serialFigure, error) {
 	find := func(id string) tcase {
@@ -595,31 +595,30 @@ func (b *bench) openFigures() ([]openLoopFigure, []serialFigure, error) {
 		}
 		panic("no case " + id) // the ids are the harness's own
 	}
-	var open []openLoopFigure
-	for _, id := range []string{"bolt-N", "pg2-N"} {
-		c := find(id)
-		b.progress("open loop: %s", c.label)
-		open = append(open, b.openLoop(c, backendOf(c)))
+	cs := []tcase{find("bolt-N"), find("pg2-N")}
+	open := make([]openLoopFigure, len(cs))
+	b.progress("open loop: %s and %s, their steps in turn", cs[0].label, cs[1].label)
+	t := newTurns(len(cs))
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Go(func() {
+			defer t.done(i)
+			open[i] = b.openLoop(c, backendOf(c), func(f func()) { t.take(i, f) })
+		})
 	}
-	direct, err := b.serialRun("bare Echo (direct, no guard)", []string{b.echoAddr}, nil,
-		oneOf(ocrRequest(b.echoAddr, "bw_none", testPNG())), http.StatusOK)
-	if err != nil {
-		return open, nil, err
-	}
-	serial := []serialFigure{direct}
+	wg.Wait()
+	paths := []serialPath{{label: "bare Echo (direct, no guard)", addrs: []string{b.echoAddr},
+		request: oneOf(ocrRequest(b.echoAddr, "bw_none", testPNG())), expect: http.StatusOK}}
 	for _, id := range []string{"bolt-1", "pg2-1"} {
 		c := find(id)
-		addrs := []string{c.addr}
-		for _, bw := range c.instances()[1:] {
+		var addrs []string
+		for _, bw := range c.instances() {
 			addrs = append(addrs, bw.addr)
 		}
-		f, err := b.serialRun(backendOf(c), addrs, c.instances(), c.request, c.expect)
-		if err != nil {
-			return open, serial, err
-		}
-		serial = append(serial, f)
+		paths = append(paths, serialPath{label: backendOf(c), addrs: addrs, insts: c.instances(), request: c.request, expect: c.expect})
 	}
-	return open, serial, nil
+	serial, err := b.serialRuns(paths)
+	return open, serial, err
 }
 
 // backendOf names what serves c: "bolt, 1 instance", "postgres, 2
