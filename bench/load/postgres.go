@@ -568,11 +568,13 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 	}
 	r := &report{plan: p, started: time.Now().UTC(), cases: b.cases, postgres: b.pg.describe(), loadAvg: loadAverage(),
 		pgCPUCounted: b.pg.cluster != nil}
-	r.samples = b.rounds()
-	r.idle = b.idle
-	r.profiles = b.profiles
 	var floorErr error
-	r.floor, floorErr = b.floorCPU()
+	if !p.openOnly {
+		r.samples = b.rounds()
+		r.idle = b.idle
+		r.profiles = b.profiles
+		r.floor, floorErr = b.floorCPU()
+	}
 	if p.openStep > 0 {
 		r.open, r.serial, err = b.openFigures()
 		if err == nil {

@@ -85,6 +85,36 @@ func TestSmokePostgres(t *testing.T) {
 	}
 }
 
+// TestSmokePostgresOpenOnly runs -postgres -open briefly: the open-loop
+// search and the one-client runs, and neither the rounds nor the floor
+// (the flag once ran the rounds all the same).
+func TestSmokePostgresOpenOnly(t *testing.T) {
+	t.Parallel()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := plan{rounds: 1, warmup: 200 * time.Millisecond, duration: time.Second, clients: 16, users: 50, openOnly: true,
+		openStep: 200 * time.Millisecond, openStart: 100, openCeiling: 200, openBisect: 1, openConns: 8, serial: 300 * time.Millisecond,
+		openMinRequests: 60}
+	start := time.Now()
+	r, err := benchmarkPostgres(p, root, t.TempDir(), os.Getenv(pgtest.EnvURL), t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	r.print(&out)
+	t.Logf("in %s:\n%s", time.Since(start).Round(time.Millisecond), out.String())
+	if len(r.samples) != 0 || r.floor != (floorFigure{}) || len(r.idle) != 0 {
+		t.Errorf("-open ran the rounds or the floor: %d cases' samples, floor %+v, %d idle figures", len(r.samples), r.floor, len(r.idle))
+	}
+	checkOpenFigures(t, r)
+	text := out.String()
+	if strings.Contains(text, "rounds:") || !strings.Contains(text, "highest constant rate") || !strings.Contains(text, "the p99 the guard adds at one client") {
+		t.Errorf("the report of -open:\n%s", text)
+	}
+}
+
 // checkPostgresCase checks a case on PostgreSQL: its transactions and
 // answers counted, its database's idle rate measured.
 func checkPostgresCase(t *testing.T, r *report, c tcase, adminURL string) {
