@@ -417,19 +417,22 @@ func (c tcase) counters() caseCounters {
 	return out
 }
 
+// cpu is the CPU time so far of c's serving processes (extraCPU's
+// included), of those extraCPU counts (PostgreSQL's), and of this
+// program (the load generator).
+func (c tcase) cpu() (srv, extra, gen time.Duration) {
+	for _, pid := range c.pids() {
+		srv += cpuTime(pid)
+	}
+	if c.extraCPU != nil {
+		extra = c.extraCPU()
+	}
+	return srv + extra, extra, cpuTime(os.Getpid())
+}
+
 // measureLoad is measure's load and its figures.
 func (b *bench) measureLoad(c tcase, profile bool) sample {
-	pids := c.pids()
-	self := os.Getpid()
-	cpu := func() (srv, extra, gen time.Duration) {
-		for _, pid := range pids {
-			srv += cpuTime(pid)
-		}
-		if c.extraCPU != nil {
-			extra = c.extraCPU()
-		}
-		return srv + extra, extra, cpuTime(self)
-	}
+	cpu := c.cpu
 	l := load{addr: c.addr, clients: b.plan.clients, warmup: b.plan.warmup, duration: b.plan.duration, request: c.request}
 	// CPU is read at the start and end of the measured time, from a
 	// goroutine beside the clients.

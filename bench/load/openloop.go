@@ -19,6 +19,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -303,6 +304,44 @@ func searchRate(try func(rate float64) time.Duration, bound time.Duration, start
 type openLoopFigure struct {
 	label  string // the backend
 	search rateSearch
+	// cpu is each rate's tries' CPU, in the order tried.
+	cpu map[float64][]stepCPU
+}
+
+// stepCPU is what one open-loop step cost: the cores the serving
+// processes used over its span (PostgreSQL's included), and PostgreSQL's
+// CPU per request due (0 where it is not counted).
+type stepCPU struct {
+	srv   float64
+	pgPer time.Duration
+}
+
+// cpuCells prints cpuAt(rate): the cores and PostgreSQL's CPU per
+// request, "–" for what was not measured.
+func (f openLoopFigure) cpuCells(rate float64) (srv, pgPer string) {
+	cores, per, ok := f.cpuAt(rate)
+	if !ok {
+		return "–", "–"
+	}
+	srv, pgPer = fmt.Sprintf("%.2f", cores), "–"
+	if per > 0 {
+		pgPer = roundDuration(per)
+	}
+	return srv, pgPer
+}
+
+// cpuAt is the median over rate's tries of the cores the serving
+// processes used and of PostgreSQL's CPU per request.
+func (f openLoopFigure) cpuAt(rate float64) (srv float64, pgPer time.Duration, ok bool) {
+	tries := f.cpu[rate]
+	if len(tries) == 0 {
+		return 0, 0, false
+	}
+	srvs, pers := make([]float64, len(tries)), make([]float64, len(tries))
+	for i, t := range tries {
+		srvs[i], pers[i] = t.srv, float64(t.pgPer)
+	}
+	return median(srvs), time.Duration(median(pers)), true
 }
 
 // openLoop searches the highest constant rate of c's requests (all its
@@ -324,10 +363,14 @@ func (b *bench) openLoop(c tcase, backend string, turn func(func())) openLoopFig
 	}
 	turn(func() { step(p.openStart) }) // a step not counted: the connections dialled, their first requests served
 	insts := c.instances()
+	cpu := map[float64][]stepCPU{}
 	once := func(rate float64) (p99 time.Duration) {
 		turn(func() {
 			before, _ := sumHistograms(insts)
+			srv0, pg0, _ := c.cpu()
 			out := step(rate)
+			srv1, pg1, _ := c.cpu()
+			cpu[rate] = append(cpu[rate], stepCPU{srv: (srv1 - srv0).Seconds() / p.stepSpan(rate).Seconds(), pgPer: (pg1 - pg0) / time.Duration(max(out.due, 1))})
 			after, err := sumHistograms(insts)
 			var guard, usage string // the instances' own p99s over the step: where a slow step's time went
 			if err == nil && before != nil {
@@ -347,7 +390,7 @@ func (b *bench) openLoop(c tcase, backend string, turn func(func())) openLoopFig
 	try := func(rate float64) time.Duration {
 		return medianTry(p.openTries, func() time.Duration { return once(rate) })
 	}
-	return openLoopFigure{label: backend, search: searchRate(try, openLoopP99, p.openStart, p.openCeiling, p.openBisect)}
+	return openLoopFigure{label: backend, search: searchRate(try, openLoopP99, p.openStart, p.openCeiling, p.openBisect), cpu: cpu}
 }
 
 // turns lets searches run their steps in turn, one step each, so that
@@ -601,10 +644,13 @@ func (r *report) printOpenLoop(w io.Writer) {
 		thousands(p.openStart), p.openBisect)
 	fmt.Fprintln(w, " answered as accepted counts as slower than any, and one due more than 1s ago ends its step; the generator's own")
 	fmt.Fprintln(w, " lateness counts, as the server's; the backends' searches take turns, a step each, so that both meet the machine alike)")
-	fmt.Fprintf(w, "%-28s %10s %10s %14s %10s %6s\n", "backend", "req/s", "its p99", "first over", "its p99", "steps")
+	fmt.Fprintf(w, "%-28s %10s %10s %8s %8s %12s %10s %8s %8s %6s\n", "backend", "req/s", "its p99", "srv cpu", "pg/req",
+		"first over", "its p99", "srv cpu", "pg/req", "steps")
 	for _, f := range r.open {
 		best, over, isOver := f.search.bestStep()
 		rate, bestP99, first, firstP99 := thousands(f.search.best), p99String(best.p99), "–", "–"
+		bestCPU, bestPG := f.cpuCells(f.search.best)
+		overCPU, overPG := "–", "–"
 		switch {
 		case f.search.capped:
 			rate = "≥ " + rate
@@ -613,9 +659,13 @@ func (r *report) printOpenLoop(w io.Writer) {
 		}
 		if isOver {
 			first, firstP99 = thousands(over.rate), p99String(over.p99)
+			overCPU, overPG = f.cpuCells(over.rate)
 		}
-		fmt.Fprintf(w, "%-28s %10s %10s %14s %10s %6d\n", f.label, rate, bestP99, first, firstP99, len(f.search.steps))
+		fmt.Fprintf(w, "%-28s %10s %10s %8s %8s %12s %10s %8s %8s %6d\n", f.label, rate, bestP99, bestCPU, bestPG,
+			first, firstP99, overCPU, overPG, len(f.search.steps))
 	}
+	fmt.Fprintf(w, "(srv cpu: the cores of %d the serving processes used over the step, PostgreSQL's included; pg/req: PostgreSQL's CPU\n", runtime.NumCPU())
+	fmt.Fprintln(w, " per request due, where the harness started the cluster; medians of the rate's tries)")
 	if len(r.open) == 2 && r.open[0].search.best > 0 {
 		fmt.Fprintf(w, "(%s ÷ %s: %.2f, no target)\n", r.open[1].label, r.open[0].label, r.open[1].search.best/r.open[0].search.best)
 	}

@@ -859,7 +859,7 @@ func (r *report) meanLatency(id string) time.Duration {
 // counted.
 func (r *report) pgProblems() error {
 	var errs []error
-	for _, c := range r.cases {
+	for _, c := range r.measuredCases() {
 		if c.pg == nil {
 			continue
 		}

@@ -105,12 +105,15 @@ func TestSmokePostgresOpenOnly(t *testing.T) {
 	var out bytes.Buffer
 	r.print(&out)
 	t.Logf("in %s:\n%s", time.Since(start).Round(time.Millisecond), out.String())
+	if err := r.problems(); err != nil {
+		t.Error(err)
+	}
 	if len(r.samples) != 0 || r.floor != (floorFigure{}) || len(r.idle) != 0 {
 		t.Errorf("-open ran the rounds or the floor: %d cases' samples, floor %+v, %d idle figures", len(r.samples), r.floor, len(r.idle))
 	}
 	checkOpenFigures(t, r)
 	text := out.String()
-	if strings.Contains(text, "rounds:") || !strings.Contains(text, "highest constant rate") || !strings.Contains(text, "the p99 the guard adds at one client") {
+	if strings.Contains(text, "rounds") || !strings.Contains(text, "highest constant rate") || !strings.Contains(text, "the p99 the guard adds at one client") {
 		t.Errorf("the report of -open:\n%s", text)
 	}
 }
@@ -152,6 +155,15 @@ func checkOpenFigures(t *testing.T, r *report) {
 	for _, f := range r.open {
 		if len(f.search.steps) == 0 || f.search.steps[0].rate != r.plan.openStart {
 			t.Errorf("open loop, %s: steps %+v", f.label, f.search.steps)
+		}
+		// Every rate tried has each try's CPU: the serving processes',
+		// and PostgreSQL's per request where the harness counts it.
+		pgCounted := r.pgCPUCounted && strings.HasPrefix(f.label, "postgres")
+		for _, st := range f.search.steps {
+			srv, per, ok := f.cpuAt(st.rate)
+			if !ok || len(f.cpu[st.rate]) != max(1, r.plan.openTries) || srv <= 0 || (per > 0) != pgCounted {
+				t.Errorf("open loop, %s, %.0f req/s: cpu %+v (pg counted: %v)", f.label, st.rate, f.cpu[st.rate], pgCounted)
+			}
 		}
 	}
 	if d := r.disk; d.n != diskProbes || d.p50 <= 0 || d.p99 < d.p50 {
