@@ -370,14 +370,15 @@ func (b *bench) openLoop(c tcase, backend string, turn func(func())) openLoopFig
 			srv0, pg0, _ := c.cpu()
 			out := step(rate)
 			srv1, pg1, _ := c.cpu()
-			cpu[rate] = append(cpu[rate], stepCPU{srv: (srv1 - srv0).Seconds() / p.stepSpan(rate).Seconds(), pgPer: (pg1 - pg0) / time.Duration(max(out.due, 1))})
+			used := stepCPU{srv: (srv1 - srv0).Seconds() / p.stepSpan(rate).Seconds(), pgPer: (pg1 - pg0) / time.Duration(max(out.due, 1))}
+			cpu[rate] = append(cpu[rate], used)
 			after, err := sumHistograms(insts)
 			var guard, usage string // the instances' own p99s over the step: where a slow step's time went
 			if err == nil && before != nil {
 				guard, usage = guardUsageP99(histogramsSince(after, before))
 			}
-			b.progress("open loop, %s: %s req/s for %s: p99 %s (guard p99 %s, usage record p99 %s), %d of %d missed %v", backend,
-				thousands(rate), p.stepSpan(rate), p99String(out.p99()), guard, usage, out.missed, out.due, out.firstErr)
+			b.progress("open loop, %s: %s req/s for %s: p99 %s (guard p99 %s, usage record p99 %s; srv cpu %.2f, pg/req %s), %d of %d missed %v", backend,
+				thousands(rate), p.stepSpan(rate), p99String(out.p99()), guard, usage, used.srv, roundDuration(used.pgPer), out.missed, out.due, out.firstErr)
 			time.Sleep(200 * time.Millisecond) // what the step left behind (commits, statistics) settles
 			p99 = out.p99()
 		})

@@ -26,11 +26,13 @@ import (
 // transactions per read (its group commits and leases), and PostgreSQL's
 // CPU per read (pg-µs/read, its sessions' for this database, as
 // BenchmarkReadRowsFloor measures it; the database must then run on this
-// machine), for concurrency 16 and 64.
+// machine), for concurrency 1, 16 and 64. At concurrency 1 a read's two
+// transactions go in turn, each its own group: its time per read is what
+// the storage adds to one client's latency.
 //
 //	go test -run '^$' -bench MoneyReadCycle -benchtime 2000x ./storage/postgres
 func BenchmarkMoneyReadCycle(b *testing.B) {
-	for _, conc := range []int{16, 64} {
+	for _, conc := range []int{1, 16, 64} {
 		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) { benchCycles(b, conc) })
 	}
 }
