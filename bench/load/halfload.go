@@ -18,11 +18,18 @@ import (
 // its admin listener before and after. At full load every figure is mostly
 // queueing; at half load it is what a request costs.
 
+// The two series most figures read: the guard's overhead, and the usage
+// record's commit wait.
+const (
+	guardSeries = "breakwater_guard_overhead_seconds"
+	usageSeries = "breakwater_usage_commit_seconds"
+)
+
 // overheadSeries are the histograms read, in the order printed.
 var overheadSeries = []struct{ name, label string }{
-	{"breakwater_guard_overhead_seconds", "guard overhead: arrival to committed reservation (upload excluded)"},
+	{guardSeries, "guard overhead: arrival to committed reservation (upload excluded)"},
 	{"breakwater_reservation_commit_seconds", "  of which the reservation's commit wait"},
-	{"breakwater_usage_commit_seconds", "usage record's commit wait (after the call)"},
+	{usageSeries, "usage record's commit wait (after the call)"},
 	{"breakwater_guard_check_seconds", "the layers' own work, no waits"},
 }
 
@@ -229,7 +236,7 @@ func (f overheadFigures) print(w io.Writer) {
 		h := f.series[s.name]
 		fmt.Fprintf(w, "%-70s %10s %10s %8.0f\n", s.label, bound(h.quantile(0.5)), bound(h.quantile(0.99)), h.count())
 	}
-	p99 := f.series[overheadSeries[0].name].quantile(0.99)
+	p99 := f.series[guardSeries].quantile(0.99)
 	fmt.Fprintf(w, "target: guard overhead p99 ≤ %s: %s\n", guardOverheadTarget, metLabel(p99 > 0 && p99 <= guardOverheadTarget.Seconds()))
 	fmt.Fprintf(w, "client latency (the generator, whole request): p50 %s, p99 %s\n\n", roundDuration(f.client[0]), roundDuration(f.client[1]))
 }

@@ -414,9 +414,9 @@ func (r *report) problems() error {
 			errs = append(errs, fmt.Errorf("case %q: %w", c.label, f.commitErr))
 		}
 	}
-	if o := r.overhead; o.series != nil && (o.expected < 0.99 || o.series[overheadSeries[0].name].count() == 0) {
+	if o := r.overhead; o.series != nil && (o.expected < 0.99 || o.series[guardSeries].count() == 0) {
 		errs = append(errs, fmt.Errorf("half load: %.1f%% of answers were 200, %.0f guard observations", 100*o.expected,
-			o.series[overheadSeries[0].name].count()))
+			o.series[guardSeries].count()))
 	}
 	if r.postgres != "" {
 		errs = append(errs, r.pgProblems())

@@ -592,7 +592,7 @@ func histogramsSince(after, before map[string]histogram) map[string]histogram {
 // guardUsageP99 is the p99 of the guard's overhead and of the usage
 // record's commit wait in series, as bucket bounds.
 func guardUsageP99(series map[string]histogram) (guard, usage string) {
-	return bound(series[overheadSeries[0].name].quantile(0.99)), bound(series[overheadSeries[2].name].quantile(0.99))
+	return bound(series[guardSeries].quantile(0.99)), bound(series[usageSeries].quantile(0.99))
 }
 
 // plus is h's observations and o's (the same buckets).

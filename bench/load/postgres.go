@@ -248,9 +248,9 @@ func (b *breakwater) sumSeries(name, want string) (float64, error) {
 // stageSeries are the histograms that say where an accepted read's time
 // goes, in the order printed.
 var stageSeries = []struct{ name, label string }{
-	{"breakwater_guard_overhead_seconds", "guard"},
+	{guardSeries, "guard"},
 	{"breakwater_reservation_commit_seconds", "of which commit"},
-	{"breakwater_usage_commit_seconds", "usage record"},
+	{usageSeries, "usage record"},
 }
 
 // stageSum is one histogram's sum of seconds and count.

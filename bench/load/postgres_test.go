@@ -62,7 +62,7 @@ func TestSmokePostgres(t *testing.T) {
 			if f.commits <= 0 {
 				t.Errorf("case %q: %.0f commits/s", c.label, f.commits)
 			}
-			if d := r.stageMean(c.id, "breakwater_usage_commit_seconds"); d <= 0 || d > r.meanLatency(c.id) {
+			if d := r.stageMean(c.id, usageSeries); d <= 0 || d > r.meanLatency(c.id) {
 				t.Errorf("case %q: usage record's commit wait %s against a mean latency of %s", c.label, d, r.meanLatency(c.id))
 			}
 		}
@@ -176,8 +176,8 @@ func checkOpenFigures(t *testing.T, r *report) {
 		if f.out.requests == 0 || f.expected != 1 {
 			t.Errorf("one client, %s: %d answers, %.0f%% as expected", f.label, f.out.requests, 100*f.expected)
 		}
-		if i > 0 && f.series[overheadSeries[0].name].count() < float64(f.out.statuses[200]) {
-			t.Errorf("one client, %s: %v guard observations for %d reads", f.label, f.series[overheadSeries[0].name].count(), f.out.statuses[200])
+		if i > 0 && f.series[guardSeries].count() < float64(f.out.statuses[200]) {
+			t.Errorf("one client, %s: %v guard observations for %d reads", f.label, f.series[guardSeries].count(), f.out.statuses[200])
 		}
 	}
 }
