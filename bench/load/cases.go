@@ -432,7 +432,6 @@ func (c tcase) cpu() (srv, extra, gen time.Duration) {
 
 // measureLoad is measure's load and its figures.
 func (b *bench) measureLoad(c tcase, profile bool) sample {
-	cpu := c.cpu
 	l := load{addr: c.addr, clients: b.plan.clients, warmup: b.plan.warmup, duration: b.plan.duration, request: c.request}
 	// CPU is read at the start and end of the measured time, from a
 	// goroutine beside the clients.
@@ -444,11 +443,11 @@ func (b *bench) measureLoad(c tcase, profile bool) sample {
 		defer close(done)
 		time.Sleep(l.warmup)
 		t0 = time.Now()
-		srv0, pg0, gen0 = cpu()
+		srv0, pg0, gen0 = c.cpu()
 		k0 = c.counters()
 		time.Sleep(l.duration)
 		t1 = time.Now()
-		srv1, pg1, gen1 = cpu()
+		srv1, pg1, gen1 = c.cpu()
 		k1 = c.counters()
 	}()
 	profiled := make(chan struct{})

@@ -678,8 +678,7 @@ func (r *report) printSerial(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "\nthe p99 the guard adds at one client (one client, serial requests for %s each, the paths taking turns %s at a time,\n", r.plan.serial, serialSlice)
-	fmt.Fprint(w, " 1 user, ceilings on; added p99:")
-	fmt.Fprintln(w, " the client's p99 through the backend less its p99 direct to a bare Echo handler answering the same request,")
+	fmt.Fprintln(w, " 1 user, ceilings on; added p99: the client's p99 through the backend less its p99 direct to a bare Echo handler answering the same request,")
 	fmt.Fprintln(w, " the simulated upstream answering at once; beside it, the instances' own histograms over the same requests, as bucket")
 	fmt.Fprintln(w, " bounds)")
 	fmt.Fprintf(w, "%-30s %9s %9s %9s %10s %12s %14s  %s\n", "path", "requests", "p50", "p99", "added p99", "guard p99", "usage rec. p99", "answers")

@@ -586,8 +586,8 @@ func benchmarkPostgres(p plan, root, dir, adminURL string, progress func(string,
 
 // openFigures runs, after the rounds, the open-loop searches of the
 // accepted path with many users on bolt and on two postgres instances,
-// their steps in turn, then one client's serial requests direct to bare Echo and through the
-// one-user case of each.
+// their steps in turn, then one client's serial requests direct to bare
+// Echo and through the one-user case of each, the paths in turn.
 func (b *bench) openFigures() ([]openLoopFigure, []serialFigure, error) {
 	find := func(id string) tcase {
 		for _, c := range b.cases {
